@@ -1,0 +1,70 @@
+"""One place for the errors cumatrix raises on purpose.
+
+Every error carries the exit code the CLI returns for it and a message that says what
+happened, where (``file:line:col`` when there is a place), and how to fix it.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+class CumatrixError(Exception):
+    """Base of every error cumatrix raises deliberately."""
+
+    exit_code = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One validation problem at a place in a file."""
+
+    file: str
+    line: int
+    col: int
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}: {self.message}"
+
+
+class ConfigError(CumatrixError):
+    """Bad input: a matrix file, a command-line value, a results file.
+
+    Holds one or more :class:`Problem`; ``str()`` gives one line per problem.
+    """
+
+    def __init__(self, problems: Iterable[Problem] | str) -> None:
+        if isinstance(problems, str):
+            self.problems: tuple[Problem, ...] = ()
+            text = problems
+        else:
+            self.problems = tuple(problems)
+            text = "\n".join(str(p) for p in self.problems)
+        super().__init__(text)
+
+
+class UsageError(CumatrixError):
+    """The command line asks for something that cannot be done."""
+
+
+class RuntimeNotFound(CumatrixError):
+    """A runtime requirement did not resolve to a wheel."""
+
+
+class DaemonUnavailable(CumatrixError):
+    """No Docker daemon answers."""
+
+
+class HarnessError(CumatrixError):
+    """cumatrix itself failed; not the code under test."""
+
+    exit_code = 3
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """Return ``" (did you mean 'x'?)"`` for the closest choice, or ``""``."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -1,0 +1,302 @@
+"""The typed data every stage passes on: matrix parts, cells, outcomes, results.
+
+Nothing past :mod:`cumatrix.matrix` sees a raw YAML dict; nothing past
+:mod:`cumatrix.isolate` sees a raw child line.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Literal
+
+# --------------------------------------------------------------------------- variants
+
+Family = Literal["driver", "runtime"]
+
+#: Variants and the API family each belongs to.  ``loop`` exists in both families; a
+#: matrix that names ``loop`` gets a driver-family and a runtime-family loop cell.
+VARIANT_FAMILIES: dict[str, tuple[Family, ...]] = {
+    "proc-address": ("driver",),
+    "direct-link": ("driver",),
+    "runtime-dispatch": ("runtime",),
+    "driver-dispatch": ("runtime",),
+    "header-dispatch": ("runtime",),
+    "loop": ("driver", "runtime"),
+}
+
+#: Runtime name used in cell ids for driver-family cells, which load no CUDA runtime.
+NO_RUNTIME = "none"
+
+DIRECTIONS = ("d2h", "h2d", "d2d")
+STREAM_KINDS = ("dedicated", "legacy", "per-thread")
+
+
+# --------------------------------------------------------------------------- versions
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class CudaVersion:
+    """A CUDA version as ``major.minor``; ``int()`` gives CUDA's encoding (12080)."""
+
+    major: int
+    minor: int
+
+    _RE = re.compile(r"^(\d{1,2})\.(\d{1,2})$")
+
+    @classmethod
+    def parse(cls, text: str) -> CudaVersion:
+        m = cls._RE.match(str(text).strip())
+        if not m:
+            raise ValueError(f"not a CUDA version (want MAJOR.MINOR such as 12.8): {text!r}")
+        return cls(int(m.group(1)), int(m.group(2)))
+
+    @classmethod
+    def from_int(cls, value: int) -> CudaVersion:
+        return cls(value // 1000, (value % 1000) // 10)
+
+    def __int__(self) -> int:
+        return self.major * 1000 + self.minor * 10
+
+    def __str__(self) -> str:
+        return f"{self.major}.{self.minor}"
+
+
+# --------------------------------------------------------------------------- matrix parts
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Runtime:
+    """A CUDA runtime a cell loads: a wheel requirement, an image, or this Python's."""
+
+    name: str
+    requirement: str | None = None
+    image: str | None = None
+    site: bool = False
+
+    @property
+    def source(self) -> str:
+        if self.requirement:
+            return f"wheel {self.requirement}"
+        if self.image:
+            return f"image {self.image}"
+        return "site (this Python environment)"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Driver:
+    """``host`` (the real driver) or ``emulated-X.Y`` (interposer over the real one)."""
+
+    name: str
+    emulated: CudaVersion | None = None
+
+    @property
+    def is_host(self) -> bool:
+        return self.emulated is None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Workload:
+    name: str
+    direction: str
+    block_bytes: int
+    blocks: int
+    layers: int = 1
+    stream: str = "dedicated"
+    repetitions: int = 20
+    warmup: int = 3
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Case:
+    """An arbitrary command run under every runtime x driver pairing."""
+
+    name: str
+    argv: tuple[str, ...]
+    timeout: float | None = None
+    env: tuple[tuple[str, str], ...] = ()
+
+
+#: Axis names a selector (``exclude``/``expect``) may use.
+SELECTOR_AXES = ("runtime", "driver", "variant", "build", "workload", "case", "kind", "family")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Selector:
+    """Matches cells whose axes equal every given value (``None`` = any)."""
+
+    values: tuple[tuple[str, str], ...]
+    line: int = 0
+    col: int = 0
+
+    def matches(self, cell: Cell) -> bool:
+        axes = cell.axes()
+        return all(axes.get(k) == v for k, v in self.values)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ExpectOverride:
+    selector: Selector
+    outcomes: frozenset[str]
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Host:
+    """A machine of a nightly matrix spread over several hosts (for ``plan``)."""
+
+    name: str
+    driver: str
+    label: str
+    cuda: CudaVersion | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Matrix:
+    path: str
+    sha256: str
+    version: int
+    runtimes: tuple[Runtime, ...]
+    drivers: tuple[Driver, ...]
+    builds: tuple[CudaVersion, ...] = ()
+    variants: tuple[str, ...] = ()
+    workloads: tuple[Workload, ...] = ()
+    cases: tuple[Case, ...] = ()
+    exclude: tuple[Selector, ...] = ()
+    expect: tuple[ExpectOverride, ...] = ()
+    hosts: tuple[Host, ...] = ()
+    probe: bool = True
+
+    def runtime(self, name: str) -> Runtime:
+        for r in self.runtimes:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+    def driver(self, name: str) -> Driver:
+        for d in self.drivers:
+            if d.name == name:
+                return d
+        raise KeyError(name)
+
+
+# --------------------------------------------------------------------------- cells
+
+CellKind = Literal["probe", "command", "swap"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Cell:
+    """One isolated run: a runtime x driver pairing and what runs there.
+
+    Ids are stable and readable: ``cu12.9/host/probe``, ``cu12.9/host/import-smoke``,
+    ``cu12.9/host/driver-dispatch/h13.0/kv-16k-d2h``, ``none/emulated-12.4/proc-address/h12.8/kv-16k-d2h``.
+    """
+
+    kind: CellKind
+    runtime: str  # a runtime name, or NO_RUNTIME for driver-family swap cells
+    driver: str
+    variant: str | None = None
+    family: Family | None = None
+    build: CudaVersion | None = None
+    workload: Workload | None = None
+    case: Case | None = None
+
+    @property
+    def id(self) -> str:
+        head = f"{self.runtime}/{self.driver}"
+        if self.kind == "probe":
+            return f"{head}/probe"
+        if self.kind == "command":
+            assert self.case is not None
+            return f"{head}/{self.case.name}"
+        assert self.workload is not None and self.build is not None
+        return f"{head}/{self.variant}/h{self.build}/{self.workload.name}"
+
+    def axes(self) -> dict[str, str]:
+        out: dict[str, str] = {"runtime": self.runtime, "driver": self.driver, "kind": self.kind}
+        if self.variant:
+            out["variant"] = self.variant
+        if self.family:
+            out["family"] = self.family
+        if self.build:
+            out["build"] = str(self.build)
+        if self.workload:
+            out["workload"] = self.workload.name
+        if self.case:
+            out["case"] = self.case.name
+        return out
+
+
+# --------------------------------------------------------------------------- outcomes
+
+
+class Kind(str, Enum):
+    OK = "ok"
+    CUDA_ERROR = "cuda-error"
+    UNDEFINED_SYMBOL = "undefined-symbol"
+    BUILD_ERROR = "build-error"
+    CRASH = "crash"
+    EXIT = "exit"
+    TIMEOUT = "timeout"
+    CANNOT_EMULATE = "cannot-emulate"
+    REFUSED = "refused"
+    SKIPPED = "skipped"
+    HARNESS_ERROR = "harness-error"
+
+
+OUTCOME_RE = re.compile(
+    r"^(?:ok(?::(?:batch|fallback|kernel|n/a))?"
+    r"|cuda-error:\d+|undefined-symbol:[A-Za-z_][A-Za-z0-9_]*|build-error"
+    r"|crash:SIG[A-Z0-9+]+|exit:-?\d+|timeout|cannot-emulate|refused"
+    r"|skipped:[a-z0-9][a-z0-9-]*|harness-error)$"
+)
+
+PATHS = ("batch", "fallback", "kernel", "n/a")
+
+
+def outcome_kind(outcome: str) -> Kind:
+    return Kind(outcome.split(":", 1)[0])
+
+
+def is_neutral(outcome: str) -> bool:
+    """Outcomes that neither pass nor fail a cell (reported as skipped)."""
+    return outcome.startswith("skipped:") or outcome == "cannot-emulate"
+
+
+def outcome_matches(expected: str, outcome: str, path: str | None) -> bool:
+    """Whether an observed ``outcome`` (and ``path``) satisfies one expected word.
+
+    ``ok`` matches ``ok`` on any path; ``ok:batch`` only on the batch path.
+    """
+    if expected.startswith("ok:"):
+        return outcome == "ok" and path == expected[3:]
+    return expected == outcome
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Expected:
+    """What the oracle predicts for a cell: a set of outcome words and why."""
+
+    outcomes: frozenset[str]
+    reason: str
+    rule: str = ""  # short id of the rule that produced it
+
+    def admits(self, outcome: str, path: str | None) -> bool:
+        return any(outcome_matches(e, outcome, path) for e in self.outcomes)
+
+    def label(self) -> str:
+        return " | ".join(sorted(self.outcomes))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Observed:
+    """What a child did, classified."""
+
+    outcome: str
+    path: str | None = None
+    error_name: str | None = None
+    detail: str = ""
+    exit_status: int | None = None
+    data: dict[str, object] = field(default_factory=dict)
