@@ -1,0 +1,7 @@
+"""``python -m cumatrix`` is the ``cumatrix`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())
