@@ -1,0 +1,275 @@
+"""Predict what each cell should do, from NVIDIA's rules and each variant's mechanics.
+
+Nothing here is a list of cell ids: every expectation is derived from the versions in
+play (runtime, effective driver, build headers), the variant's API family and how it
+picks an ABI, and the limits of driver emulation.  Each expectation carries a one-line
+reason, printed next to any mismatch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+from .model import Cell, CudaVersion, Expected, Matrix, Observed, outcome_matches
+
+# --------------------------------------------------------------------------- data
+
+
+@cache
+def nvidia_data() -> dict[str, object]:
+    data = json.loads(resources.files("cumatrix").joinpath("data/nvidia.json").read_text())
+    if data.get("schema") != 1:
+        raise ValueError("cumatrix/data/nvidia.json: unsupported schema")
+    return data
+
+
+def error_name(code: int) -> str:
+    errors = nvidia_data()["errors"]
+    assert isinstance(errors, dict)
+    return str(errors.get(str(code), f"error {code}"))
+
+
+def _batch() -> dict[str, object]:
+    b = nvidia_data()["batch_copy"]
+    assert isinstance(b, dict)
+    return b
+
+
+def batch_introduced() -> int:
+    return int(str(_batch()["introduced"]))
+
+
+def abi_change() -> int:
+    return int(str(_batch()["abi_change"]))
+
+
+def _branch(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split("."))
+
+
+def cuda_for_driver(driver: str) -> CudaVersion:
+    """The newest CUDA a Linux driver branch supports (``580.159`` -> 13.0)."""
+    table = nvidia_data()["min_driver"]
+    assert isinstance(table, dict)
+    best = None
+    for cuda, floor in table.items():
+        if _branch(driver) >= _branch(str(floor)):
+            v = CudaVersion.parse(cuda)
+            best = v if best is None or v > best else best
+    if best is None:
+        raise ValueError(f"driver {driver} is older than any CUDA 12 driver (525.60.13)")
+    return best
+
+
+# --------------------------------------------------------------------------- host facts
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HostFacts:
+    """What the oracle needs to know about where a cell runs."""
+
+    driver_version: int | None  # cuDriverGetVersion of the real driver; None: no driver
+    backend: str = "local"
+
+
+def effective_driver(cell: Cell, host: HostFacts) -> int | None:
+    if host.driver_version is None:
+        return None
+    if cell.driver.startswith("emulated-"):
+        return int(CudaVersion.parse(cell.driver[len("emulated-"):]))
+    return host.driver_version
+
+
+def _v(n: int) -> str:
+    return str(CudaVersion.from_int(n))
+
+
+def _abi(version: int) -> int:
+    return 13 if version >= abi_change() else 12
+
+
+# --------------------------------------------------------------------------- rules
+
+
+def expect(cell: Cell, host: HostFacts, *, runtime_version: int | None, matrix: Matrix | None = None) -> Expected:
+    """The expected outcome set of ``cell`` with its reason.
+
+    ``runtime_version`` is the loaded runtime's ``cudaRuntimeGetVersion`` (None for
+    driver-family cells, or where it cannot be known before the run).
+    """
+    if matrix is not None:
+        for ov in reversed(matrix.expect):  # the last matching override wins
+            if ov.selector.matches(cell):
+                return Expected(outcomes=ov.outcomes, reason=ov.reason, rule="matrix-override")
+    return _derive(cell, host, runtime_version)
+
+
+def _derive(cell: Cell, host: HostFacts, rv: int | None) -> Expected:
+    if cell.kind == "command":
+        return Expected(outcomes=frozenset({"ok"}), reason="a command passes when it exits 0 (override with expect:)",
+                        rule="command-default")
+    d = effective_driver(cell, host)
+    if d is None:
+        return Expected(outcomes=frozenset({"skipped:no-cuda-driver"}), reason="no NVIDIA driver on this host",
+                        rule="no-driver")
+    emulated = cell.driver.startswith("emulated-")
+    if emulated and host.driver_version is not None and d > host.driver_version:
+        return Expected(outcomes=frozenset({"harness-error"}),
+                        reason=f"cannot emulate driver {_v(d)} on a {_v(host.driver_version)} driver", rule="emulate-newer")
+    if cell.kind == "swap" and cell.family == "driver":
+        return _driver_family(cell, d, emulated)
+    if rv is None:
+        return Expected(outcomes=frozenset({"ok"}), reason="runtime version unknown before the run; any clean run passes",
+                        rule="unknown-runtime")
+    # Runtime-family rules (probe and swap): NVIDIA's compatibility rules first.
+    if rv // 1000 > d // 1000:
+        return Expected(outcomes=frozenset({"cuda-error:35"}),
+                        reason=f"runtime {_v(rv)} needs a CUDA {rv // 1000} driver; the driver is {_v(d)} (cudaErrorInsufficientDriver)",
+                        rule="major-newer-than-driver")
+    if emulated and rv // 1000 == 12 and d != host.driver_version:
+        return Expected(outcomes=frozenset({"cannot-emulate"}),
+                        reason=f"a CUDA 12 runtime detects the interposer (error 103) when the emulated version {_v(d)} differs from the real driver's",
+                        rule="interposer-detected")
+    if cell.kind == "probe":
+        minor = " (minor-version compatibility)" if rv > d else ""
+        return Expected(outcomes=frozenset({"ok:n/a"}), reason=f"runtime {_v(rv)} runs on driver {_v(d)}{minor}",
+                        rule="probe-compatible")
+    return _runtime_family(cell, rv, d)
+
+
+def _driver_family(cell: Cell, d: int, emulated: bool) -> Expected:
+    assert cell.workload is not None and cell.build is not None
+    intro = batch_introduced()
+    legacy = cell.workload.stream == "legacy"
+    v = cell.variant
+    if v == "loop":
+        return Expected(outcomes=frozenset({"ok:fallback"}), reason="per-block cuMemcpyAsync baseline", rule="loop")
+    if v == "proc-address":
+        if legacy:
+            return Expected(outcomes=frozenset({"ok:fallback"}),
+                            reason="legacy NULL stream: the batch call fails there (vLLM issue 46345), so the reference falls back",
+                            rule="legacy-guard")
+        if d < intro:
+            return Expected(outcomes=frozenset({"ok:fallback"}),
+                            reason=f"driver {_v(d)} predates cuMemcpyBatchAsync ({_v(intro)}): cuGetProcAddress gives NULL, per-block fallback",
+                            rule="proc-address-fallback")
+        return Expected(outcomes=frozenset({"ok:batch"}),
+                        reason=f"cuGetProcAddress(cuMemcpyBatchAsync, {intro}) pins the 9-parameter entry on driver {_v(d)}",
+                        rule="proc-address-batch")
+    if v == "direct-link":
+        if int(cell.build) >= abi_change():
+            return Expected(outcomes=frozenset({"build-error"}),
+                            reason=f"CUDA {cell.build} headers #define cuMemcpyBatchAsync to the 8-parameter _v2: the 9-argument call does not compile (vLLM's CUDA 13 break)",
+                            rule="direct-link-cuda13-build")
+        if d < intro:
+            return Expected(outcomes=frozenset({f"undefined-symbol:{_batch()['driver_symbol']}"}),
+                            reason=f"links cuMemcpyBatchAsync directly; driver {_v(d)} predates it ({_v(intro)}): the loader refuses (vLLM PR 38460)",
+                            rule="direct-link-old-driver")
+        if legacy:
+            return Expected(outcomes=frozenset({"cuda-error:1"}),
+                            reason="batch call on the legacy NULL stream returns CUDA_ERROR_INVALID_VALUE at index 0 (vLLM issue 46345)",
+                            rule="legacy-unguarded")
+        return Expected(outcomes=frozenset({"ok:batch"}), reason=f"driver {_v(d)} exports cuMemcpyBatchAsync", rule="direct-link-ok")
+    return Expected(outcomes=frozenset({"harness-error"}), reason=f"no rule for driver-family variant {v}", rule="none")
+
+
+def _runtime_family(cell: Cell, rv: int, d: int) -> Expected:
+    assert cell.workload is not None and cell.build is not None
+    intro = batch_introduced()
+    legacy = cell.workload.stream == "legacy"
+    v = cell.variant
+    if v == "loop":
+        return Expected(outcomes=frozenset({"ok:fallback"}), reason="per-block cudaMemcpyAsync baseline", rule="loop")
+    if rv < intro:
+        return Expected(outcomes=frozenset({"ok:fallback"}),
+                        reason=f"runtime {_v(rv)} does not export cudaMemcpyBatchAsync ({_v(intro)}+): per-block fallback",
+                        rule="symbol-absent")
+    if d < intro:
+        # The runtime has the call but the driver does not: cudaErrorCallRequiresNewerDriver (36).
+        if v == "runtime-dispatch":
+            return Expected(outcomes=frozenset({"ok:fallback"}),
+                            reason=f"driver {_v(d)} predates the batch copy: error 36, the reference falls back", rule="newer-driver-fallback")
+        return Expected(outcomes=frozenset({"cuda-error:36"}),
+                        reason=f"driver {_v(d)} predates the batch copy and this variant does not fall back on error 36",
+                        rule="newer-driver-unhandled")
+    actual = _abi(rv)
+    if v == "runtime-dispatch":
+        if legacy:
+            return Expected(outcomes=frozenset({"ok:fallback"}),
+                            reason="legacy NULL stream: the reference falls back (vLLM issue 46345)", rule="legacy-guard")
+        return Expected(outcomes=frozenset({"ok:batch"}),
+                        reason=f"ABI from cudaRuntimeGetVersion ({_v(rv)}): the {_params(actual)}-parameter call matches",
+                        rule="runtime-dispatch-batch")
+    if v == "driver-dispatch":
+        assumed, source = _abi(d), f"cudaDriverGetVersion ({_v(d)})"
+        bug = "SGLang PR 23172"
+    elif v == "header-dispatch":
+        assumed, source = _abi(int(cell.build)), f"compile-time CUDA_VERSION ({cell.build})"
+        bug = "SGLang issue 36302"
+    else:
+        return Expected(outcomes=frozenset({"harness-error"}), reason=f"no rule for runtime-family variant {v}", rule="none")
+    if assumed == 13 and actual == 12:
+        return Expected(outcomes=frozenset({"crash:SIGSEGV"}),
+                        reason=f"ABI from {source} -> 8-parameter call into runtime {_v(rv)}'s 9-parameter function: SIGSEGV ({bug})",
+                        rule="abi-8-into-9")
+    if assumed == 12 and actual == 13:
+        return Expected(outcomes=frozenset({"cuda-error:400"}),
+                        reason=f"ABI from {source} -> 9-parameter call into runtime {_v(rv)}: failIdx is taken as the stream, cudaErrorInvalidResourceHandle ({bug})",
+                        rule="abi-9-into-8")
+    if legacy:
+        return Expected(outcomes=frozenset({"cuda-error:1"}),
+                        reason="batch call on the legacy NULL stream returns cudaErrorInvalidValue (vLLM issue 46345)",
+                        rule="legacy-unguarded")
+    return Expected(outcomes=frozenset({"ok:batch"}), reason=f"ABI from {source} happens to match runtime {_v(rv)}",
+                    rule=f"{v}-match")
+
+
+def _params(abi: int) -> int:
+    return 8 if abi == 13 else 9
+
+
+# --------------------------------------------------------------------------- verdicts
+
+
+def reconcile(cell: Cell, observed: Observed, host: HostFacts) -> Observed:
+    """Map observations that mean "this pairing cannot be emulated" to ``cannot-emulate``."""
+    d = effective_driver(cell, host)
+    if (cell.driver.startswith("emulated-") and observed.outcome == "cuda-error:103"
+            and d != host.driver_version):
+        return Observed(outcome="cannot-emulate", path=observed.path, error_name=observed.error_name,
+                        detail=f"observed cuda-error:103 ({observed.error_name or 'integrity checks failed'}): "
+                               "the runtime detected the interposer", exit_status=observed.exit_status, data=observed.data)
+    return observed
+
+
+def verdict(expected: Expected, observed: Observed) -> tuple[str, str | None]:
+    """(status, mismatch reason): status is pass, fail or skip."""
+    from .model import is_neutral
+
+    if is_neutral(observed.outcome):
+        if observed.outcome == "cannot-emulate" or any(outcome_matches(e, observed.outcome, observed.path) for e in expected.outcomes):
+            return "skip", None
+        if observed.outcome.startswith("skipped:") and all(e.startswith("skipped:") or e == "cannot-emulate" for e in expected.outcomes):
+            return "skip", None
+        if observed.outcome.startswith("skipped:"):
+            return "skip", None
+    if expected.admits(observed.outcome, observed.path):
+        return "pass", None
+    shown = observed.outcome + (f" (path {observed.path})" if observed.path and observed.outcome == "ok" else "")
+    why = f"expected {expected.label()} because {expected.reason}; observed {shown}"
+    if observed.detail:
+        why += f": {observed.detail.splitlines()[0][:300]}"
+    return "fail", why
+
+
+_IMAGE_VERSION = re.compile(r":(\d+)\.(\d+)")
+
+
+def image_runtime_version(image: str) -> int | None:
+    """Best guess of an image's CUDA runtime from its tag (``nvidia/cuda:12.9.1-...``)."""
+    m = _IMAGE_VERSION.search(image)
+    return int(CudaVersion(int(m.group(1)), int(m.group(2)))) if m else None
