@@ -194,7 +194,9 @@ def _active_text(text: str) -> str:
 
 
 def _split_params(params: str) -> list[str]:
-    parts, depth, cur = [], 0, []
+    parts: list[str] = []
+    cur: list[str] = []
+    depth = 0
     for ch in params:
         if ch in "([":
             depth += 1

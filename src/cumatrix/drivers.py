@@ -1,0 +1,459 @@
+"""The driver axis: the host's real ``libcuda.so.1``, or an emulated older driver.
+
+An emulated driver ``emulated-X.Y`` is a ``libcuda.so.1`` generated and compiled with gcc on
+the host, found first through ``LD_LIBRARY_PATH``. It forwards every entry point to the real
+driver except those introduced after X.Y (introduction versions from the ``PFN_`` typedefs of
+``cudaTypedefs.h``, see :mod:`cumatrix.headers`), answers ``cuDriverGetVersion`` with X.Y and
+caps ``cuGetProcAddress`` / ``cuGetProcAddress_v2`` at X.Y. What that reproduces, and where it
+cannot (a cu12 runtime notices it: error 103), is measured in FACTS.md section 4.
+
+Forwarding needs no signatures: each export is a one-instruction x86-64 trampoline
+(``jmp *ptr(%rip)``) through a table filled by a constructor that ``dlopen``\\s the real driver
+by absolute path (so the interposer never finds itself).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import NoteSection, SymbolTableSection
+
+from .cache import cache_dir
+from .errors import ConfigError, CumatrixError
+from .model import CudaVersion
+
+
+class InterposerError(CumatrixError):
+    """An emulated driver cannot be built on this host (no real driver, no compiler).
+
+    A host problem, not bad input: a run turns it into an error for the emulated cells only.
+    """
+
+
+# ------------------------------------------------------------------ parsing the axis
+
+_EMULATED_RE = re.compile(r"^emulated-(?P<rest>.*)$")
+
+
+def parse_driver_name(text: str) -> CudaVersion | None:
+    """``host`` -> ``None``; ``emulated-X.Y`` -> ``CudaVersion(X, Y)``; anything else: ValueError."""
+    name = text.strip()
+    if name == "host":
+        return None
+    m = _EMULATED_RE.match(name)
+    if not m:
+        raise ValueError(f"unknown driver {text!r}: want 'host' or 'emulated-X.Y' (e.g. emulated-12.4)")
+    try:
+        return CudaVersion.parse(m["rest"])
+    except ValueError:
+        raise ValueError(
+            f"bad emulated driver {text!r}: the version must be MAJOR.MINOR, e.g. emulated-12.4"
+        ) from None
+
+
+# ------------------------------------------------------------------ finding the real driver
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FoundLibcuda:
+    """A real ``libcuda.so.1`` and the search step that found it."""
+
+    path: Path  # absolute, symlinks resolved
+    found_by: str
+
+
+_LDCONFIG_RE = re.compile(r"^\s*libcuda\.so\.1\s+\((?P<tags>[^)]*)\)\s+=>\s+(?P<path>\S+)\s*$")
+
+
+def _find_in_ldconfig() -> FoundLibcuda | None:
+    ldconfig = shutil.which("ldconfig") or ("/sbin/ldconfig" if Path("/sbin/ldconfig").exists() else None)
+    if ldconfig is None:
+        return None
+    try:
+        out = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    want = "x86-64" if platform.machine() == "x86_64" else ""
+    for line in out.splitlines():
+        m = _LDCONFIG_RE.match(line)
+        if m and want in m["tags"] and Path(m["path"]).is_file():
+            return FoundLibcuda(path=Path(m["path"]).resolve(), found_by=f"ldconfig -p ({m['path']})")
+    return None
+
+
+def _find_in_dirs(dirs: tuple[str, ...], label: str) -> Callable[[], FoundLibcuda | None]:
+    def step() -> FoundLibcuda | None:
+        for d in dirs:
+            p = Path(d) / "libcuda.so.1"
+            if p.is_file():
+                return FoundLibcuda(path=p.resolve(), found_by=f"{label} ({p})")
+        return None
+    step.__name__ = f"_find_in_{label.replace(' ', '_')}"
+    return step
+
+
+#: Ordered search for the host's real driver; the first hit wins.
+LIBCUDA_STEPS: tuple[Callable[[], FoundLibcuda | None], ...] = (
+    _find_in_ldconfig,
+    _find_in_dirs(("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib/x86_64-linux-gnu",
+                   "/lib64"), "standard dirs"),
+    _find_in_dirs(("/usr/local/nvidia/lib64",), "nvidia container toolkit dir"),
+    _find_in_dirs(("/usr/lib/wsl/lib",), "WSL dir"),
+)
+
+
+def search_real_libcuda() -> FoundLibcuda | None:
+    """Run :data:`LIBCUDA_STEPS` in order; the hit records which step found it."""
+    for step in LIBCUDA_STEPS:
+        hit = step()
+        if hit is not None:
+            return hit
+    return None
+
+
+def find_real_libcuda() -> Path | None:
+    """The host's real ``libcuda.so.1`` (absolute, resolved), or ``None`` where there is none."""
+    hit = search_real_libcuda()
+    return hit.path if hit else None
+
+
+_VERSION_SNIPPET = (
+    "import ctypes,sys\n"
+    "lib=ctypes.CDLL(sys.argv[1])\n"
+    "v=ctypes.c_int(0)\n"
+    "print(lib.cuDriverGetVersion(ctypes.byref(v)), v.value)\n"
+)
+
+
+def read_driver_version(libcuda: Path) -> int:
+    """``cuDriverGetVersion`` of ``libcuda`` (e.g. 13000), asked in a throwaway child."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    proc = subprocess.run([sys.executable, "-c", _VERSION_SNIPPET, str(libcuda)],
+                          capture_output=True, text=True, timeout=60, env=env)
+    parts = proc.stdout.split()
+    if proc.returncode != 0 or len(parts) != 2 or parts[0] != "0":
+        raise InterposerError(f"{libcuda}: cuDriverGetVersion failed: {proc.stderr.strip()[-300:] or proc.stdout}")
+    return int(parts[1])
+
+
+# ------------------------------------------------------------------ ELF
+
+
+def exported_functions(path: Path) -> tuple[str, ...]:
+    """Names of the functions ``path`` defines in its dynamic symbol table (sorted, unique)."""
+    names: set[str] = set()
+    with open(path, "rb") as fh:
+        elf = ELFFile(fh)
+        dynsym = elf.get_section_by_name(".dynsym")
+        if not isinstance(dynsym, SymbolTableSection):
+            return ()
+        for sym in dynsym.iter_symbols():
+            if (sym["st_shndx"] != "SHN_UNDEF" and sym["st_info"]["type"] in ("STT_FUNC", "STT_GNU_IFUNC")
+                    and sym["st_info"]["bind"] in ("STB_GLOBAL", "STB_WEAK")
+                    and sym["st_other"]["visibility"] in ("STV_DEFAULT", "STV_PROTECTED")):
+                names.add(sym.name)
+    return tuple(sorted(names))
+
+
+def _build_id(path: Path) -> str:
+    with open(path, "rb") as fh:
+        elf = ELFFile(fh)
+        for sec in elf.iter_sections():
+            if isinstance(sec, NoteSection):
+                for note in sec.iter_notes():
+                    if note["n_type"] == "NT_GNU_BUILD_ID":
+                        return str(note["n_desc"])
+    return ""
+
+
+# ------------------------------------------------------------------ the interposer
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Interposer:
+    """A built emulated driver: put ``lib_dir`` first on ``LD_LIBRARY_PATH``."""
+
+    lib_dir: Path  # holds libcuda.so.1
+    version: int  # what cuDriverGetVersion answers, e.g. 12040
+    hidden: tuple[str, ...]  # real exports left out (introduced after ``version``)
+    exported: int  # how many symbols the interposer exports
+    cache_hit: bool
+    real_libcuda: Path
+
+    @property
+    def library(self) -> Path:
+        return self.lib_dir / "libcuda.so.1"
+
+
+#: The entry points the interposer implements itself instead of forwarding.
+_OWN = ("cuDriverGetVersion", "cuGetProcAddress", "cuGetProcAddress_v2")
+
+
+def _c_string(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def generate_source(*, version: int, real_libcuda: Path, exports: tuple[str, ...],
+                    hidden_bases: tuple[str, ...], unknown: tuple[str, ...]) -> str:
+    """C source of the interposer (x86-64): trampolines for ``exports`` plus its own
+    ``cuDriverGetVersion`` and ``cuGetProcAddress[_v2]`` where the real driver has them."""
+    forwarded = [n for n in exports if n not in _OWN]
+    own = [n for n in _OWN if n in exports]
+    lines = [
+        f"/* Generated by cumatrix: an emulated CUDA driver {version} forwarding to",
+        f" * {real_libcuda}. Do not edit. */",
+        "#define _GNU_SOURCE",
+        "#include <dlfcn.h>",
+        "#include <stdio.h>",
+        "#include <stdlib.h>",
+        "#include <string.h>",
+        "",
+        f"#define EMULATED_VERSION {version}",
+        f"#define N_FORWARDED {len(forwarded)}",
+        f"static const char REAL_PATH[] = {_c_string(str(real_libcuda))};",
+        "",
+        "/* Filled by the constructor; the trampolines jump through it. */",
+        "__attribute__((visibility(\"hidden\"))) void *cumatrix_real[N_FORWARDED + 1];",
+        "static const char *const forwarded_names[N_FORWARDED + 1] = {",
+    ]
+    lines += [f"    {_c_string(n)}," for n in forwarded]
+    lines += ["    0,", "};", ""]
+    if unknown:
+        lines += ["/* Exported by the real driver but in no PFN_ typedef, so of unknown introduction",
+                  " * version: kept. */"]
+        lines += [f"/*   {n} */" for n in unknown]
+        lines.append("")
+    lines += [
+        "/* Base names (as given to cuGetProcAddress) introduced after EMULATED_VERSION. */",
+        "static const char *const hidden_bases[] = {",
+    ]
+    lines += [f"    {_c_string(n)}," for n in hidden_bases]
+    lines += [
+        "    0,",
+        "};",
+        "",
+        "static void *real_handle;",
+        "static int (*real_gpa)(const char *, void **, int, unsigned long long);",
+        "static int (*real_gpa_v2)(const char *, void **, int, unsigned long long, int *);",
+        "",
+        "__attribute__((visibility(\"hidden\"))) void cumatrix_unresolved(void) {",
+        "    fprintf(stderr, \"cumatrix emulated driver: an entry point of %s did not resolve\\n\", REAL_PATH);",
+        "    abort();",
+        "}",
+        "",
+        "__attribute__((constructor)) static void cumatrix_load(void) {",
+        "    if (real_handle) return;",
+        "    /* By absolute path, RTLD_LOCAL: the interposer must never find itself. */",
+        "    real_handle = dlopen(REAL_PATH, RTLD_NOW | RTLD_LOCAL);",
+        "    if (!real_handle) {",
+        "        fprintf(stderr, \"cumatrix emulated driver: cannot load the real driver: %s\\n\", dlerror());",
+        "    }",
+        "    for (int i = 0; i < N_FORWARDED; i++) {",
+        "        void *p = real_handle ? dlsym(real_handle, forwarded_names[i]) : 0;",
+        "        cumatrix_real[i] = p ? p : (void *)cumatrix_unresolved;",
+        "    }",
+        "    if (real_handle) {",
+        "        real_gpa = (int (*)(const char *, void **, int, unsigned long long))dlsym(real_handle, \"cuGetProcAddress\");",
+        "        real_gpa_v2 = (int (*)(const char *, void **, int, unsigned long long, int *))dlsym(real_handle, \"cuGetProcAddress_v2\");",
+        "    }",
+        "}",
+        "",
+        "static int is_hidden(const char *symbol) {",
+        "    for (int i = 0; hidden_bases[i]; i++)",
+        "        if (strcmp(symbol, hidden_bases[i]) == 0) return 1;",
+        "    return 0;",
+        "}",
+        "",
+        "int cuDriverGetVersion(int *driverVersion) {",
+        "    if (!driverVersion) return 1; /* CUDA_ERROR_INVALID_VALUE */",
+        "    *driverVersion = EMULATED_VERSION;",
+        "    return 0;",
+        "}",
+        "",
+    ]
+    has_v1, has_v2 = "cuGetProcAddress" in own, "cuGetProcAddress_v2" in own
+    # Entry points the driver hands out through cuGetProcAddress must be this interposer's own
+    # where it answers differently from the real driver, or a caller of the returned pointer
+    # (libcudart resolves everything that way) would see the real version.
+    lines += [
+        "static int own_entry(const char *symbol, int version, void **pfn) {",
+        "    if (strcmp(symbol, \"cuDriverGetVersion\") == 0) { *pfn = (void *)cuDriverGetVersion; return 1; }",
+    ]
+    if has_v1 or has_v2:
+        lines += ["    if (strcmp(symbol, \"cuGetProcAddress\") == 0) {"]
+        if has_v2:
+            lines += ["        extern int cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);",
+                      "        if (version >= 12000) { *pfn = (void *)cuGetProcAddress_v2; return 1; }"]
+        if has_v1:
+            lines += ["        extern int cuGetProcAddress(const char *, void **, int, unsigned long long);",
+                      "        *pfn = (void *)cuGetProcAddress; return 1;"]
+        lines += ["    }"]
+    lines += [
+        "    (void)version;",
+        "    return 0;",
+        "}",
+        "",
+    ]
+    if has_v2:
+        lines += [
+            "int cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion,",
+            "                        unsigned long long flags, int *symbolStatus) {",
+            "    if (!real_handle) cumatrix_load();",
+            "    if (cudaVersion > EMULATED_VERSION) cudaVersion = EMULATED_VERSION;",
+            "    if (!symbol || !pfn) return real_gpa_v2 ? real_gpa_v2(symbol, pfn, cudaVersion, flags, symbolStatus) : 1;",
+            "    /* As the real driver answers below a symbol's introduction (FACTS.md section 3):",
+            "     * CUDA_SUCCESS, NULL, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT. */",
+            "    if (is_hidden(symbol)) { *pfn = 0; if (symbolStatus) *symbolStatus = 2; return 0; }",
+            "    if (own_entry(symbol, cudaVersion, pfn)) { if (symbolStatus) *symbolStatus = 0; return 0; }",
+            "    if (!real_gpa_v2) { cumatrix_unresolved(); }",
+            "    return real_gpa_v2(symbol, pfn, cudaVersion, flags, symbolStatus);",
+            "}",
+            "",
+        ]
+    if has_v1:
+        lines += [
+            "int cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, unsigned long long flags) {",
+            "    if (!real_handle) cumatrix_load();",
+            "    if (cudaVersion > EMULATED_VERSION) cudaVersion = EMULATED_VERSION;",
+            "    if (!symbol || !pfn) return real_gpa ? real_gpa(symbol, pfn, cudaVersion, flags) : 1;",
+            "    /* No status to report here: the real driver, asked at the capped version, answers",
+            "     * for hidden symbols as it does below their introduction. */",
+            "    if (own_entry(symbol, cudaVersion, pfn)) return 0;",
+            "    if (!real_gpa) { cumatrix_unresolved(); }",
+            "    return real_gpa(symbol, pfn, cudaVersion, flags);",
+            "}",
+            "",
+        ]
+    lines += ["/* One trampoline per forwarded export: jump through the table, arguments untouched. */",
+              "__asm__(", '    ".text\\n"']
+    for i, name in enumerate(forwarded):
+        lines += [
+            f'    ".globl {name}\\n.type {name}, @function\\n.p2align 4\\n{name}:\\n"',
+            f'    "    jmp *cumatrix_real+{8 * i}(%rip)\\n.size {name}, .-{name}\\n"',
+        ]
+    lines += [");", ""]
+    return "\n".join(lines)
+
+
+def _compiler_identity(cc_path: str) -> str:
+    try:
+        out = subprocess.run([cc_path, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise InterposerError(f"{cc_path} --version failed ({e}): install gcc (apt-get install gcc)") from e
+    return f"{Path(cc_path).resolve()} {out.splitlines()[0] if out else ''}"
+
+
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def build_interposer(emulated: CudaVersion, *, real_libcuda: Path | None, introductions: Mapping[str, int],
+                     base_introductions: Mapping[str, int] | None = None,
+                     real_driver_version: int | None = None, cache: Path | None = None,
+                     cc: str = "gcc") -> Interposer:
+    """Generate, compile (cached) and return a ``libcuda.so.1`` emulating driver ``emulated``.
+
+    ``introductions`` maps exported names to introduction versions
+    (:func:`cumatrix.headers.load_introductions`); ``base_introductions`` maps
+    ``cuGetProcAddress`` names (default: derived from ``introductions`` by dropping ``_vN``
+    and per-thread suffixes). ``real_driver_version`` defaults to asking ``real_libcuda``.
+
+    Raises :class:`ConfigError` when ``introductions`` is empty or ``emulated`` is newer than
+    the real driver, :class:`InterposerError` when there is no real driver, no compiler, or
+    the build fails.
+    """
+    version = int(emulated)
+    if not introductions:
+        raise ConfigError(
+            f"emulated-{emulated}: no symbol introduction versions (the runtime headers have no "
+            "cudaTypedefs.h PFN_ typedefs); use a runtime wheel of CUDA >= 12.0"
+        )
+    if real_libcuda is None or not Path(real_libcuda).is_file():
+        where = f" (looked for {real_libcuda})" if real_libcuda else ""
+        raise InterposerError(
+            f"emulated-{emulated}: no real NVIDIA driver (libcuda.so.1) on this host{where}; an "
+            "emulated driver forwards to the real one, so it needs an NVIDIA GPU host"
+        )
+    if platform.machine() != "x86_64":
+        raise InterposerError(f"emulated-{emulated}: emulated drivers are built for x86-64 only, "
+                              f"this host is {platform.machine()}")
+    real = Path(real_libcuda).resolve()
+    real_v = real_driver_version if real_driver_version is not None else read_driver_version(real)
+    if version > real_v:
+        raise ConfigError(
+            f"emulating {emulated} on a host whose driver is {CudaVersion.from_int(real_v)} cannot "
+            "work: an interposer only hides what the real driver has"
+        )
+    cc_path = shutil.which(cc)
+    if cc_path is None:
+        raise InterposerError(
+            f"emulated-{emulated}: no C compiler {cc!r} on PATH; emulated drivers are compiled on "
+            "the host at run time: install gcc (e.g. apt-get install gcc)"
+        )
+    bases = dict(base_introductions) if base_introductions is not None else _bases_from(introductions)
+
+    exports = tuple(n for n in exported_functions(real) if _NAME_RE.match(n))
+    hidden = tuple(n for n in exports if introductions.get(n, 0) > version)
+    kept = tuple(n for n in exports if n not in hidden)
+    unknown = tuple(n for n in kept if n not in introductions)
+    hidden_bases = tuple(sorted(b for b, v in bases.items() if v > version))
+    source = generate_source(version=version, real_libcuda=real, exports=kept,
+                             hidden_bases=hidden_bases, unknown=unknown)
+
+    st = real.stat()
+    key = "\n".join([source, str(real), str(st.st_size), str(st.st_mtime_ns), _build_id(real),
+                     _compiler_identity(cc_path)])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:20]
+    root = cache if cache is not None else cache_dir("drivers")
+    root.mkdir(parents=True, exist_ok=True)
+    lib_dir = root / f"emulated-{emulated}-{digest}"
+
+    def result(cache_hit: bool) -> Interposer:
+        return Interposer(lib_dir=lib_dir, version=version, hidden=hidden, exported=len(kept),
+                          cache_hit=cache_hit, real_libcuda=real)
+
+    if (lib_dir / "libcuda.so.1").is_file():
+        return result(True)
+
+    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
+    try:
+        (tmp / "interposer.c").write_text(source)
+        cmd = [cc_path, "-shared", "-fPIC", "-O2", "-Wl,-soname,libcuda.so.1", "-o",
+               str(tmp / "libcuda.so.1"), str(tmp / "interposer.c"), "-ldl"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            raise InterposerError(
+                f"emulated-{emulated}: compiling the interposer failed ({' '.join(cmd)}):\n"
+                + proc.stderr.strip()[-2000:]
+            )
+        try:
+            tmp.rename(lib_dir)
+        except OSError:  # another worker built the same one first; theirs is identical
+            shutil.rmtree(tmp, ignore_errors=True)
+            return result(True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return result(False)
+
+
+_BASE_RE = re.compile(r"^(?P<base>.+?)(?:_v\d+)?(?:_ptds|_ptsz)?$")
+
+
+def _bases_from(introductions: Mapping[str, int]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for name, v in introductions.items():
+        m = _BASE_RE.match(name)
+        base = m["base"] if m else name
+        out[base] = min(v, out.get(base, v))
+    return out
