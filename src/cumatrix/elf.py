@@ -1,0 +1,366 @@
+"""Small pure functions over ELF files, read with pyelftools straight from a wheel.
+
+A wheel can be hundreds of megabytes, so nothing here extracts it.  Each ELF member is
+read through a seekable view of the zip: a stored member is a window on the archive
+file (``seek`` is free), a deflated member is inflated on demand with checkpoints of the
+decompressor every few MiB and a small cache of decoded blocks.  ``zipfile``'s own member
+streams cannot serve pyelftools: in Python 3.11 a backward ``seek`` rewinds the member
+and re-reads it from the start, and pyelftools jumps between the section header table
+(at the end of the file), the section name table and the sections many times per file.
+Peak memory is bounded by the block cache and checkpoints, not by the member's size.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import shutil
+import struct
+import tempfile
+import zipfile
+import zlib
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Callable, cast
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.dynamic import DynamicSection
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
+
+__all__ = [
+    "ELF_MAGIC",
+    "elf_defined_symbols",
+    "elf_needed",
+    "elf_soname",
+    "elf_strings",
+    "elf_undefined_symbols",
+    "iter_wheel_elves",
+    "open_member",
+]
+
+ELF_MAGIC = b"\x7fELF"
+
+# Local file header of a zip entry: signature, then fixed fields; the name and extra
+# field lengths sit at offsets 26 and 28 (APPNOTE 4.3.7).
+_LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")
+_LOCAL_SIGNATURE = b"PK\x03\x04"
+
+_BLOCK = 1 << 20  # bytes per decoded block of a deflated member
+_CHECKPOINT_EVERY = 8  # blocks between decompressor checkpoints (8 MiB)
+_CACHED_BLOCKS = 16  # decoded blocks kept (16 MiB)
+_INPUT_CHUNK = 1 << 16  # compressed bytes fed to zlib at a time
+_SCAN_CHUNK = 4 << 20  # bytes of a section scanned at a time by elf_strings
+_MAX_NAME = 512  # longest name elf_strings reports; also the overlap between chunks
+
+
+class _MemberView(io.RawIOBase):
+    """Common ``seek``/``tell``/``read`` over a member of known uncompressed size."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self._size = size
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_SET:
+            pos = offset
+        elif whence == io.SEEK_CUR:
+            pos = self._pos + offset
+        elif whence == io.SEEK_END:
+            pos = self._size + offset
+        else:
+            raise ValueError(f"bad whence {whence}")
+        if pos < 0:
+            raise ValueError("negative seek position")
+        self._pos = pos
+        return pos
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
+        data = self.read(len(buffer))
+        n = len(data)
+        memoryview(buffer)[:n] = data
+        return n
+
+    def read(self, size: int | None = -1) -> bytes:
+        end = self._size if size is None or size < 0 else min(self._size, self._pos + size)
+        if end <= self._pos:
+            return b""
+        data = self._read_range(self._pos, end)
+        self._pos = end
+        return data
+
+    def _read_range(self, start: int, end: int) -> bytes:
+        raise NotImplementedError
+
+
+class _StoredMember(_MemberView):
+    """A stored (uncompressed) member: a window on the archive file."""
+
+    def __init__(self, raw: IO[bytes], data_start: int, size: int) -> None:
+        super().__init__(size)
+        self._raw = raw
+        self._start = data_start
+
+    def _read_range(self, start: int, end: int) -> bytes:
+        self._raw.seek(self._start + start)
+        return self._raw.read(end - start)
+
+
+class _InflatedMember(_MemberView):
+    """A deflated member, inflated on demand.
+
+    Decoded in blocks of ``_BLOCK`` bytes; the decompressor state is saved every
+    ``_CHECKPOINT_EVERY`` blocks (``zlib`` objects can be copied), so a backward seek
+    restarts from the nearest checkpoint instead of the start of the member.
+    """
+
+    def __init__(self, raw: IO[bytes], data_start: int, compressed: int, size: int) -> None:
+        super().__init__(size)
+        self._raw = raw
+        self._cstart = data_start
+        self._cend = data_start + compressed
+        self._blocks: OrderedDict[int, bytes] = OrderedDict()
+        # block index -> (compressed offset, pending input, decompressor) at that block's start
+        self._checkpoints: dict[int, tuple[int, bytes, zlib._Decompress]] = {
+            0: (data_start, b"", zlib.decompressobj(-zlib.MAX_WBITS)),
+        }
+        self._cur_block = -1  # the block the live decompressor would produce next; -1: none
+        self._cur: tuple[int, bytes, zlib._Decompress] | None = None
+
+    def _read_range(self, start: int, end: int) -> bytes:
+        first, last = start // _BLOCK, (end - 1) // _BLOCK
+        parts = [self._block(i) for i in range(first, last + 1)]
+        joined = parts[0] if len(parts) == 1 else b"".join(parts)
+        off = start - first * _BLOCK
+        return joined[off:off + (end - start)]
+
+    def _block(self, index: int) -> bytes:
+        cached = self._blocks.get(index)
+        if cached is not None:
+            self._blocks.move_to_end(index)
+            return cached
+        if not (self._cur is not None and self._cur_block <= index
+                and index - self._cur_block <= _CHECKPOINT_EVERY):
+            cp = (index // _CHECKPOINT_EVERY) * _CHECKPOINT_EVERY
+            while cp not in self._checkpoints:
+                cp -= _CHECKPOINT_EVERY
+            if not (self._cur is not None and cp <= self._cur_block <= index):
+                coff, pending, d = self._checkpoints[cp]
+                self._cur, self._cur_block = (coff, pending, d.copy()), cp
+        while True:
+            data = self._decode_next()
+            if self._cur_block - 1 == index:
+                return data
+
+    def _decode_next(self) -> bytes:
+        """Decode the block at ``self._cur_block`` and advance the live decompressor."""
+        assert self._cur is not None  # set by _block before any decode
+        coff, pending, d = self._cur
+        want = min(_BLOCK, self._size - self._cur_block * _BLOCK)
+        out: list[bytes] = []
+        got = 0
+        while got < want:
+            if not pending:
+                if coff >= self._cend:
+                    raise zipfile.BadZipFile("deflated member ends before its declared size")
+                self._raw.seek(coff)
+                pending = self._raw.read(min(_INPUT_CHUNK, self._cend - coff))
+                coff += len(pending)
+            chunk = d.decompress(pending, want - got)
+            pending = d.unconsumed_tail
+            out.append(chunk)
+            got += len(chunk)
+            if not chunk and d.eof:
+                raise zipfile.BadZipFile("deflated member ends before its declared size")
+        data = b"".join(out)
+        index = self._cur_block
+        self._cur_block += 1
+        self._cur = (coff, pending, d)
+        if self._cur_block % _CHECKPOINT_EVERY == 0 and self._cur_block not in self._checkpoints:
+            self._checkpoints[self._cur_block] = (coff, pending, d.copy())
+        self._blocks[index] = data
+        if len(self._blocks) > _CACHED_BLOCKS:
+            self._blocks.popitem(last=False)
+        return data
+
+
+def _data_start(raw: IO[bytes], info: zipfile.ZipInfo) -> int:
+    raw.seek(info.header_offset)
+    header = raw.read(_LOCAL_HEADER.size)
+    if len(header) != _LOCAL_HEADER.size or header[:4] != _LOCAL_SIGNATURE:
+        raise zipfile.BadZipFile(f"{info.filename}: bad local file header")
+    fields = _LOCAL_HEADER.unpack(header)
+    name_len, extra_len = fields[-2], fields[-1]
+    return info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
+
+
+def open_member(zf: zipfile.ZipFile, raw: IO[bytes], info: zipfile.ZipInfo) -> IO[bytes]:
+    """A seekable, read-only stream over one member of ``zf`` without extracting it.
+
+    ``raw`` is the archive opened in binary mode (a handle separate from the one ``zf``
+    reads through).  Stored and deflated members are read in place; any other method
+    (bzip2, lzma: never seen in wheels) is copied once into a temporary file.
+    """
+    if info.flag_bits & 0x1:
+        raise zipfile.BadZipFile(f"{info.filename}: encrypted member")
+    if info.compress_type == zipfile.ZIP_STORED:
+        return cast(IO[bytes], _StoredMember(raw, _data_start(raw, info), info.file_size))
+    if info.compress_type == zipfile.ZIP_DEFLATED:
+        return cast(IO[bytes], _InflatedMember(raw, _data_start(raw, info),
+                                               info.compress_size, info.file_size))
+    spool = tempfile.TemporaryFile()
+    with zf.open(info) as src:
+        shutil.copyfileobj(src, spool, _SCAN_CHUNK)
+    spool.seek(0)
+    return spool
+
+
+def iter_wheel_elves(
+    wheel: Path,
+    *,
+    on_error: Callable[[str, Exception], None] | None = None,
+) -> Iterator[tuple[str, ELFFile]]:
+    """Yield ``(member path, ELFFile)`` for every ELF member of ``wheel``, in archive order.
+
+    Members are recognised by the ELF magic, not by their name.  Each ``ELFFile`` reads
+    from the archive and is valid only until the iterator advances.  A member that starts
+    with the magic but does not parse goes to ``on_error`` (when given) or raises
+    :class:`elftools.common.exceptions.ELFError`.  Raises :class:`zipfile.BadZipFile`
+    when ``wheel`` is not a zip archive.
+    """
+    with zipfile.ZipFile(wheel) as zf, open(wheel, "rb") as raw:
+        for info in zf.infolist():
+            if info.is_dir() or info.file_size < len(ELF_MAGIC):
+                continue
+            stream = open_member(zf, raw, info)
+            try:
+                if stream.read(len(ELF_MAGIC)) != ELF_MAGIC:
+                    continue
+                stream.seek(0)
+                try:
+                    elf = ELFFile(stream)
+                except (ELFError, struct.error, ValueError) as e:
+                    if on_error is None:
+                        raise ELFError(f"{info.filename}: {e}") from e
+                    on_error(info.filename, e)
+                    continue
+                yield info.filename, elf
+            finally:
+                stream.close()
+
+
+def _dynamic(elf: ELFFile) -> DynamicSection | None:
+    for section in elf.iter_sections():
+        if isinstance(section, DynamicSection):
+            return section
+    return None
+
+
+def elf_needed(elf: ELFFile) -> Iterator[str]:
+    """The ``DT_NEEDED`` entries of ``elf``, in order."""
+    dynamic = _dynamic(elf)
+    if dynamic is None:
+        return
+    for tag in dynamic.iter_tags():
+        if tag.entry.d_tag == "DT_NEEDED":
+            yield str(tag.needed)  # type: ignore[attr-defined]
+
+
+def elf_soname(elf: ELFFile) -> str | None:
+    """The ``DT_SONAME`` of ``elf``, or ``None``."""
+    dynamic = _dynamic(elf)
+    if dynamic is None:
+        return None
+    for tag in dynamic.iter_tags():
+        if tag.entry.d_tag == "DT_SONAME":
+            return str(tag.soname)  # type: ignore[attr-defined]
+    return None
+
+
+def elf_undefined_symbols(elf: ELFFile) -> Iterator[str]:
+    """Names of the undefined dynamic symbols of ``elf``; weak ones are skipped.
+
+    A weak undefined symbol resolves to NULL when absent instead of failing the load,
+    so it cannot cause ``undefined symbol`` at import.
+    """
+    section = elf.get_section_by_name(".dynsym")
+    if not isinstance(section, SymbolTableSection):
+        return
+    for sym in section.iter_symbols():
+        if (sym.name and sym["st_shndx"] == "SHN_UNDEF"
+                and sym["st_info"]["bind"] != "STB_WEAK"):
+            yield sym.name
+
+
+def elf_defined_symbols(elf: ELFFile) -> Iterator[str]:
+    """Names of the dynamic symbols ``elf`` defines (exports), weak ones included."""
+    section = elf.get_section_by_name(".dynsym")
+    if not isinstance(section, SymbolTableSection):
+        return
+    for sym in section.iter_symbols():
+        if sym.name and sym["st_shndx"] != "SHN_UNDEF":
+            yield sym.name
+
+
+_NAME_CHAR = re.compile(rb"[A-Za-z0-9_]")
+_NAME_TAIL = re.compile(rb"[A-Za-z0-9_]*\x00")
+
+
+def _is_data_section(section: object, string_tables: bool) -> bool:
+    header = section.header  # type: ignore[attr-defined]
+    kind = header["sh_type"]
+    if kind == "SHT_STRTAB":
+        # .dynstr holds the names of imported symbols; .strtab/.shstrtab are not loaded.
+        return string_tables and bool(header["sh_flags"] & 0x2)
+    if kind != "SHT_PROGBITS" or not header["sh_flags"] & 0x2:  # SHF_ALLOC
+        return False  # not loaded: .comment, .debug_* (names of declarations, not lookups)
+    return not header["sh_flags"] & 0x4  # SHF_EXECINSTR: code, not data
+
+
+def elf_strings(elf: ELFFile, prefix: str, *, string_tables: bool = False) -> set[str]:
+    """Identifiers starting with ``prefix`` that appear as NUL-terminated strings in data.
+
+    Scans the loaded, non-executable sections (``.rodata``, ``.data.rel.ro``, ...), where a
+    name passed to ``dlsym`` lives; with ``string_tables=True`` also ``.dynstr``, where
+    the names of directly linked symbols live.  A name counts when it is not preceded by
+    an identifier character and is followed by identifier characters and a NUL.
+    Sections are read in chunks, so a large constant array costs time, not memory.
+    """
+    needle = prefix.encode()
+    found: set[str] = set()
+    stream = elf.stream
+    for section in elf.iter_sections():
+        if not _is_data_section(section, string_tables) or section["sh_type"] == "SHT_NOBITS":
+            continue
+        start, size = section["sh_offset"], section["sh_size"]
+        carry = b"\x00"  # the section start counts as a string boundary
+        keep = _MAX_NAME + len(needle) + 1
+        pos = 0
+        while pos < size:
+            stream.seek(start + pos)
+            chunk = stream.read(min(_SCAN_CHUNK, size - pos))
+            if not chunk:
+                break
+            pos += len(chunk)
+            buf = carry + chunk
+            i = buf.find(needle, 1)
+            while i != -1:
+                tail = _NAME_TAIL.match(buf, i + len(needle), i + _MAX_NAME)
+                if tail is not None and not _NAME_CHAR.match(buf, i - 1):
+                    found.add(buf[i:tail.end() - 1].decode("ascii"))
+                i = buf.find(needle, i + 1)
+            # The next round rescans the end of this one, so a name cut by the chunk
+            # boundary is seen whole there; names seen twice collapse in the set.
+            carry = buf[-keep:]
+    return found
