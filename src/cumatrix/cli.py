@@ -1,0 +1,312 @@
+"""The ``cumatrix`` command.
+
+Exit codes: 0 every cell met its expectation; 1 some cell did not; 2 bad usage or bad
+input (a message naming file:line:col where there is one, never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .errors import ConfigError, CumatrixError, UsageError
+
+DEFAULT_MATRIX = "matrix.yaml"
+DEFAULT_OUT = "out"
+
+EPILOG_RUN = """\
+examples:
+  cumatrix run                              # the bundled matrix.yaml, results in ./out
+  cumatrix run matrix.yaml -n 2 --out out   # two cells at a time
+  cumatrix run -k 'cu12.9 and probe'        # select cells by id, as pytest -k
+  cumatrix run --resume --out out           # finish a run that was interrupted
+  cumatrix run --wheel-dir wheels/          # offline: runtime wheels from a directory
+
+outcome words: ok (path batch|fallback|kernel|n/a), cuda-error:N, undefined-symbol:SYM,
+build-error, crash:SIGNAME, exit:N, timeout, cannot-emulate, refused, skipped:REASON,
+harness-error. A cell passes when what it did is in its expected set.
+"""
+
+
+def _matrix_arg(path: str | None) -> Path:
+    p = Path(path or DEFAULT_MATRIX)
+    if not p.is_file():
+        hint = " (run from a directory holding matrix.yaml, or name a matrix file)" if path is None else ""
+        raise UsageError(f"{p}: no such matrix file{hint}")
+    return p
+
+
+def _plugin_args() -> list[str]:
+    """Load the plugin explicitly unless its pytest11 entry point is installed."""
+    try:
+        eps = metadata.entry_points(group="pytest11")
+        if any(ep.value == "cumatrix.plugin" for ep in eps):
+            return []
+    except Exception:  # broken metadata of an unrelated distribution
+        pass
+    return ["-p", "cumatrix.plugin"]
+
+
+# --------------------------------------------------------------------------- run
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from . import matrix as _matrix
+    from .session import Runner
+
+    mpath = _matrix_arg(args.matrix)
+    m = _matrix.load(mpath)
+    if args.wheel_dir and not Path(args.wheel_dir).is_dir():
+        raise UsageError(f"--wheel-dir {args.wheel_dir}: no such directory")
+    out = Path(args.out)
+    # Fetch every runtime up front: a requirement that does not resolve is bad input (exit 2),
+    # found before any cell runs rather than once per cell.
+    if args.backend == "local":
+        runner = Runner(matrix=m, wheel_dir=Path(args.wheel_dir) if args.wheel_dir else None)
+        for rt in m.runtimes:
+            if rt.requirement or rt.site:
+                if not args.quiet:
+                    print(f"cumatrix: runtime {rt.name}: {rt.source}", file=sys.stderr)
+                runner.runtime(rt.name)
+    import pytest
+
+    pargs = [str(mpath), *_plugin_args(), "-c", os.devnull, "--rootdir", str(Path.cwd()),
+             "-p", "no:cacheprovider", "--cumatrix-out", str(out), "--cumatrix-backend", args.backend,
+             "-o", "console_output_style=count", "-rfE"]
+    pargs += ["-q"] if not args.verbose else ["-v"]
+    if args.keyword:
+        pargs += ["-k", args.keyword]
+    if args.numprocesses:
+        pargs += ["-n", args.numprocesses]
+    if args.resume:
+        pargs.append("--cumatrix-resume")
+    if args.wheel_dir:
+        pargs += ["--cumatrix-wheel-dir", args.wheel_dir]
+    if args.timeout:
+        pargs += ["--cumatrix-timeout", str(args.timeout)]
+    if args.base_image:
+        pargs += ["--cumatrix-base-image", args.base_image]
+    if args.host:
+        pargs += ["--cumatrix-host", args.host]
+    if args.junitxml:
+        pargs += ["--junitxml", args.junitxml]
+    code = int(pytest.main(pargs))
+    if code == 5:  # no tests ran
+        if args.resume:
+            print("cumatrix: every selected cell already has a result; nothing left to run", file=sys.stderr)
+            return 0
+        raise UsageError(f"no cell of {mpath} matches -k {args.keyword!r}" if args.keyword else f"{mpath}: no cells to run")
+    if code in (0, 1):
+        print(f"cumatrix: results in {out}/ (results.json, junit.xml, summary.md, index.html)", file=sys.stderr)
+        return code
+    if code == 2:
+        print(f"cumatrix: interrupted; finished cells are kept in {out}/results.jsonl (resume with --resume)", file=sys.stderr)
+        return 130
+    if code == 4:
+        return 2
+    return code
+
+
+def add_run(sub: Any) -> None:
+    p = sub.add_parser("run", help="run a matrix (default: ./matrix.yaml)", epilog=EPILOG_RUN,
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Run every cell of a matrix in its own process (or container) and judge it.")
+    p.add_argument("matrix", nargs="?", help="matrix file (default: matrix.yaml)")
+    p.add_argument("--backend", choices=("local", "docker"), default="local",
+                   help="local: a child process per cell (default); docker: a container per cell")
+    p.add_argument("-k", dest="keyword", metavar="EXPR", help="only cells whose id matches EXPR (pytest -k syntax)")
+    p.add_argument("-n", dest="numprocesses", metavar="N", help="run N cells at a time (pytest-xdist; 'auto' = one per core)")
+    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"results and reports go here (default: {DEFAULT_OUT})")
+    p.add_argument("--resume", action="store_true", help="run only cells without a result in --out")
+    p.add_argument("--wheel-dir", metavar="DIR", help="take runtime wheels from DIR; no network")
+    p.add_argument("--timeout", type=float, metavar="S", help="kill a cell after S seconds (default 300)")
+    p.add_argument("--base-image", metavar="IMAGE", help="docker: base image for runtime images")
+    p.add_argument("--host", metavar="NAME", help="tag results with this host name (for `cumatrix merge`)")
+    p.add_argument("--junitxml", metavar="FILE", help="also write pytest's own JUnit file")
+    p.add_argument("-v", "--verbose", action="store_true", help="one line per cell from pytest too")
+    p.add_argument("-q", "--quiet", action="store_true", help="less chatter")
+    p.set_defaults(func=cmd_run)
+
+
+# --------------------------------------------------------------------------- validate, plan
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from . import matrix as _matrix
+
+    m = _matrix.load(_matrix_arg(args.matrix))
+    cells = _matrix.cells(m)
+    kinds: dict[str, int] = {}
+    for c in cells:
+        kinds[c.kind] = kinds.get(c.kind, 0) + 1
+    parts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    print(f"{m.path}: ok: {len(cells)} cells ({parts}) from {len(m.runtimes)} runtimes x {len(m.drivers)} drivers")
+    if args.list:
+        for c in cells:
+            print(c.id)
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from . import plan
+
+    data = plan.plan(_matrix_arg(args.matrix))
+    print(json.dumps(data if args.format == "json" else plan.github_matrix(data), indent=None if args.format == "github" else 2))
+    return 0
+
+
+# --------------------------------------------------------------------------- reports
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import load_records, write_all
+
+    d = Path(args.dir)
+    if not (d / "results.jsonl").is_file():
+        raise UsageError(f"{d}: no results.jsonl here (a run's --out directory holds one)")
+    run = load_records(d / "results.jsonl")
+    for w in getattr(run, "warnings", ()):
+        print(f"cumatrix: warning: {w}", file=sys.stderr)
+    for p in write_all(run, d):
+        print(p)
+    return 0
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from .report import write_all
+    from .report.merge import merge_runs
+
+    dirs = [Path(d) for d in args.dirs]
+    for d in dirs:
+        if not (d / "results.jsonl").is_file():
+            raise UsageError(f"{d}: no results.jsonl here (merge takes the --out directories of runs)")
+    run = merge_runs(dirs, host_names=None)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for p in write_all(run, out):
+        print(p)
+    return 0
+
+
+# --------------------------------------------------------------------------- doctor, build
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from .fingerprint import cached_runtimes, host_fingerprint
+
+    fp = host_fingerprint(with_docker=True)
+    fp["cached_runtimes"] = cached_runtimes()
+    fp["cumatrix"] = __version__
+    if args.json:
+        print(json.dumps(fp, indent=2, sort_keys=True))
+        return 0
+    dv = fp.get("driver_version")
+    print(f"cumatrix {__version__} on {fp['hostname']} ({fp['platform']}, Python {fp['python']})")
+    print(f"driver      {'CUDA ' + str(dv // 1000) + '.' + str(dv % 1000 // 10) if dv else 'none found'}"
+          f"{'  (' + fp['driver_string'] + ')' if fp.get('driver_string') else ''}")
+    if fp.get("driver_error") and not dv:
+        print(f"            {fp['driver_error']}")
+    for i, g in enumerate(fp.get("gpus") or []):
+        print(f"gpu {i}       {g['name']} (compute capability {g['compute_capability']})")
+    if not fp.get("gpus"):
+        print("gpus        none: GPU cells will be skipped:no-cuda-driver")
+    print(f"fwd compat  {'in use' if fp['forward_compat'] else 'not in use'}")
+    d = fp["docker"]
+    print(f"docker      {'daemon ' + str(d.get('version')) + ' answers' if d.get('answers') else 'no daemon: ' + str(d.get('why'))}")
+    rts = fp["cached_runtimes"]
+    print(f"runtimes    {len(rts)} cached" + "".join(f"\n            {r['wheel']} ({r['version']})" for r in rts))
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from . import build
+
+    return build.cli_build(args.variant, args.headers, Path(args.wheel_dir) if args.wheel_dir else None,
+                           family=args.family)
+
+
+def add_misc(sub: Any) -> None:
+    p = sub.add_parser("validate", help="check a matrix file; list its cells")
+    p.add_argument("matrix", help="matrix file")
+    p.add_argument("--list", action="store_true", help="print every cell id")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("plan", help="spread a matrix over the hosts it names (CI strategy matrix)",
+                       description="Print which cells each host of `hosts:` runs, as a GitHub Actions strategy matrix or JSON.")
+    p.add_argument("matrix", help="matrix file with a hosts: section")
+    p.add_argument("--format", choices=("github", "json"), default="github")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("report", help="rebuild the reports of a run from its results.jsonl")
+    p.add_argument("dir", help="a run's --out directory")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("merge", help="combine runs of several hosts into one report")
+    p.add_argument("dirs", nargs="+", metavar="DIR", help="--out directories of runs of the same matrix")
+    p.add_argument("--out", required=True, metavar="DIR", help="write the merged reports here")
+    p.set_defaults(func=cmd_merge)
+
+    p = sub.add_parser("doctor", help="what this host offers: driver, GPUs, runtimes, docker")
+    p.add_argument("--json", action="store_true", help="machine-readable")
+    p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("build", help="compile a reference variant against a runtime wheel's headers",
+                       description="Compile a reference variant; prints the library path as the last line "
+                                   "(exit 0) or the compiler's message (exit 1: build-error).")
+    p.add_argument("variant", help="proc-address, direct-link, runtime-dispatch, driver-dispatch, header-dispatch, loop")
+    p.add_argument("--headers", default="13.0", metavar="X.Y", help="headers of the runtime wheel of CUDA X.Y (default 13.0)")
+    p.add_argument("--family", choices=("driver", "runtime"), help="for loop: which API family (default runtime)")
+    p.add_argument("--wheel-dir", metavar="DIR", help="take the runtime wheel from DIR")
+    p.set_defaults(func=cmd_build)
+
+
+def _optional_commands(sub: Any) -> None:
+    from . import gate
+
+    gate.add_gate_parser(sub)
+    try:
+        from . import repro
+    except ImportError:
+        return
+    repro.add_repro_parser(sub)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="cumatrix",
+        description="Run native CUDA code across CUDA runtimes x host drivers x build headers, one isolated "
+                    "process or container per cell; predict what each cell should do; report what it did.",
+        epilog="Start with `cumatrix doctor`, then `cumatrix run`. Each command has --help.",
+    )
+    p.add_argument("--version", action="version", version=f"cumatrix {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    add_run(sub)
+    add_misc(sub)
+    _optional_commands(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    if not getattr(args, "func", None):
+        p.print_help()
+        return 2
+    try:
+        return int(args.func(args))
+    except ConfigError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    except CumatrixError as e:
+        print(f"cumatrix: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("cumatrix: interrupted", file=sys.stderr)
+        return 130
