@@ -1,0 +1,86 @@
+/*
+ * kvswap.h - copy a batch of KV-cache blocks between device and host memory.
+ *
+ * One function, kvswap_swap_blocks(), copies n blocks (src[i] -> dst[i], sizes[i] bytes)
+ * in stream order on `stream`.  Each shared library built from this directory implements
+ * it one way (a "variant"); kvswap_variant_name() says which.  The correct variants are
+ * proc-address (driver API) and runtime-dispatch (runtime API); see README.md.
+ *
+ * Pointers: any address the CUDA copy APIs accept under unified addressing (device
+ * memory, pinned host memory).  Driver-family variants pass them on as CUdeviceptr.
+ *
+ * Streams: a CUstream (driver family) or cudaStream_t (runtime family), or one of the
+ * special handles: NULL and 0x1 (the legacy default stream), 0x2 (per-thread default).
+ *
+ * Thread safety: every CUDA entry point is resolved once (pthread_once); concurrent calls
+ * are safe as long as CUDA's own rules for the stream are kept.  The chunk limit is a
+ * process-wide setting meant to be set before copying.
+ */
+#ifndef KVSWAP_H
+#define KVSWAP_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define KVSWAP_API __attribute__((visibility("default")))
+#else
+#define KVSWAP_API
+#endif
+
+/* Which mechanism copied the blocks (or was attempted when an error is returned). */
+typedef enum {
+    KVSWAP_PATH_NONE = 0,     /* nothing was attempted (bad arguments, resolution failed) */
+    KVSWAP_PATH_BATCH = 1,    /* cuMemcpyBatchAsync / cudaMemcpyBatchAsync */
+    KVSWAP_PATH_FALLBACK = 2, /* one cuMemcpyAsync / cudaMemcpyAsync per block (also the loop variants) */
+    KVSWAP_PATH_KERNEL = 3    /* a copy kernel (reserved; host-only variants never take it) */
+} kvswap_path;
+
+/* Negative codes are kvswap's own; positive ones are CUDA's (see kvswap_status.code). */
+#define KVSWAP_OK 0
+#define KVSWAP_E_INVALID_ARGUMENT (-1) /* n == 0, a NULL array or pointer, a zero size */
+#define KVSWAP_E_NO_LIBRARY (-2)       /* libcuda.so.1 / a loaded libcudart not found */
+#define KVSWAP_E_MISSING_SYMBOL (-3)   /* a required entry point (e.g. cuMemcpyAsync) is absent */
+
+#define KVSWAP_DEFAULT_CHUNK 4096 /* descriptors per batch call unless changed */
+
+typedef struct {
+    /* 0 on success; else the CUDA error number (CUresult for the driver family,
+     * cudaError_t for the runtime family), or a negative KVSWAP_E_* code. */
+    int code;
+    /* Index (into the caller's arrays) of the block that failed, or -1 when the error
+     * is not specific to one block. */
+    long failed_index;
+    /* CUDA's name of the error ("CUDA_ERROR_INVALID_VALUE", "cudaErrorInvalidValue"),
+     * or kvswap's ("KVSWAP_E_INVALID_ARGUMENT"); NULL on success.  Static storage. */
+    const char *error_name;
+    /* A sentence for humans; empty on success. */
+    char message[256];
+} kvswap_status;
+
+/*
+ * Copy sizes[i] bytes from src[i] to dst[i] for i in [0, n), enqueued on `stream`.
+ * Returns status->code (0 on success).  `path` and `status` may be NULL.
+ * The copies are asynchronous: synchronise the stream before reading dst.
+ */
+KVSWAP_API int kvswap_swap_blocks(void *const *src, void *const *dst, const size_t *sizes, size_t n,
+                                  void *stream, kvswap_path *path, kvswap_status *status);
+
+/* "proc-address", "runtime-dispatch", "direct-link", "driver-dispatch",
+ * "header-dispatch", "driver-loop" or "runtime-loop". */
+KVSWAP_API const char *kvswap_variant_name(void);
+
+/* "driver" or "runtime": which CUDA API the variant calls (and which error numbers it returns). */
+KVSWAP_API const char *kvswap_family(void);
+
+/* At most this many descriptors per batch call (0 restores KVSWAP_DEFAULT_CHUNK).
+ * Larger batches are split; failed_index always refers to the caller's arrays. */
+KVSWAP_API void kvswap_set_chunk_limit(size_t max_descriptors_per_call);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KVSWAP_H */

@@ -1,0 +1,108 @@
+"""Every reference variant on a real GPU: correct bytes, the expected path, timings.
+
+Needs an NVIDIA driver; skipped with the reason where ``libcuda.so.1`` cannot be loaded
+or ``cuInit`` fails (``CUMATRIX_REQUIRE_GPU=1`` turns the skip into a failure).  Each cell
+runs in its own child, as the harness runs them: a runtime and a driver share a process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import cumatrix
+from cumatrix.build import build_variant
+from cumatrix.runtimes import from_wheel, KNOWN_WHEELS, headers_for
+
+pytestmark = pytest.mark.gpu
+SRC_ROOT = str(Path(cumatrix.__file__).resolve().parents[1])
+
+
+def _gpu_reason() -> str | None:
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        return f"no NVIDIA driver: {e}"
+    rc = lib.cuInit(0)
+    return None if rc == 0 else f"cuInit failed with CUresult {rc}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def gpu() -> None:
+    reason = _gpu_reason()
+    if reason:
+        if os.environ.get("CUMATRIX_REQUIRE_GPU") == "1":
+            pytest.fail(f"CUMATRIX_REQUIRE_GPU=1 but {reason}")
+        pytest.skip(reason)
+
+
+_CHILD = "import json,sys; from cumatrix import swapcell; print(json.dumps(swapcell.run(json.loads(sys.argv[1]))))"
+
+
+def run_cell(spec: dict[str, object]) -> dict[str, object]:
+    proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(spec)], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, PYTHONPATH=SRC_ROOT))
+    assert proc.returncode == 0, f"child exit {proc.returncode}: {proc.stderr[-2000:]}"
+    result: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+# (variant, family, runtime wheel or None, headers, expected path); every row is expected to pass
+# on a 13.x driver (FACTS.md sections 2 and 6).
+ROWS = [
+    ("proc-address", "driver", None, "12.8", "batch"),
+    ("proc-address", "driver", None, "13.0", "batch"),
+    ("direct-link", "driver", None, "12.8", "batch"),
+    ("loop", "driver", None, "12.8", "fallback"),
+    ("runtime-dispatch", "runtime", "12.9", "12.8", "batch"),
+    ("runtime-dispatch", "runtime", "13.0", "13.0", "batch"),
+    ("runtime-dispatch", "runtime", "12.4", "12.8", "fallback"),
+    ("driver-dispatch", "runtime", "13.0", "12.8", "batch"),
+    ("header-dispatch", "runtime", "12.9", "12.8", "batch"),
+    ("header-dispatch", "runtime", "13.0", "13.0", "batch"),
+    ("loop", "runtime", "13.0", "13.0", "fallback"),
+    ("loop", "runtime", "12.9", "12.8", "fallback"),
+]
+
+
+@pytest.mark.parametrize("direction", ["d2h", "h2d", "d2d"])
+@pytest.mark.parametrize(("variant", "family", "runtime", "headers", "path"), ROWS,
+                         ids=[f"{r[0]}-{r[1]}-cu{r[2] or 'none'}-h{r[3]}" for r in ROWS])
+def test_variant_on_gpu(tmp_path_factory: pytest.TempPathFactory, variant: str, family: str, runtime: str | None,
+                        headers: str, path: str, direction: str) -> None:
+    include = headers_for(headers)
+    lib = build_variant(variant, family, include)
+    base = build_variant("loop", family, include)
+    assert lib.ok and base.ok, lib.log + base.log
+    spec: dict[str, object] = {"family": family, "variant": variant, "library": str(lib.library),
+                               "baseline": str(base.library), "direction": direction, "block_bytes": 16384,
+                               "blocks": 256, "layers": 1, "stream": "dedicated", "repetitions": 20, "warmup": 2}
+    if runtime:
+        spec["libcudart"] = str(from_wheel(f"cu{runtime}", KNOWN_WHEELS[runtime]).libcudart)
+    v = run_cell(spec)
+    assert (v["outcome"], v["path"]) == ("ok", path), v
+    data = v["data"]
+    assert isinstance(data, dict) and data["verified_bytes"] == 16384 * 256
+    t = v["timings"]
+    assert isinstance(t, dict) and t["gbps"] > 0 and t["repetitions"] >= 20
+
+
+@pytest.mark.parametrize("family", ["driver", "runtime"])
+def test_legacy_stream_guard_on_gpu(family: str) -> None:
+    # vLLM issue 46345: the correct variants fall back on the legacy stream.
+    variant = "proc-address" if family == "driver" else "runtime-dispatch"
+    include = headers_for("13.0")
+    lib, base = build_variant(variant, family, include), build_variant("loop", family, include)
+    spec: dict[str, object] = {"family": family, "variant": variant, "library": str(lib.library),
+                               "baseline": str(base.library), "direction": "d2h", "block_bytes": 16384,
+                               "blocks": 256, "layers": 1, "stream": "legacy", "repetitions": 20, "warmup": 2}
+    if family == "runtime":
+        spec["libcudart"] = str(from_wheel("cu13.0", KNOWN_WHEELS["13.0"]).libcudart)
+    v = run_cell(spec)
+    assert (v["outcome"], v["path"]) == ("ok", "fallback"), v

@@ -1,0 +1,67 @@
+"""Build every reference variant with gcc against real runtime wheels' headers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from elftools.elf.dynamic import DynamicSection
+from elftools.elf.elffile import ELFFile
+
+from cumatrix.build import build_variant, headers_version
+from cumatrix.runtimes import headers_for
+
+CORRECT = [("proc-address", "driver"), ("loop", "driver"), ("runtime-dispatch", "runtime"),
+           ("driver-dispatch", "runtime"), ("header-dispatch", "runtime"), ("loop", "runtime")]
+
+
+@pytest.fixture(scope="module", params=["12.8", "13.0"])
+def headers(request: pytest.FixtureRequest) -> tuple[str, Path]:
+    return request.param, headers_for(request.param)
+
+
+def needed(path: Path) -> list[str]:
+    with open(path, "rb") as f:
+        elf = ELFFile(f)
+        return [t.needed for s in elf.iter_sections() if isinstance(s, DynamicSection)
+                for t in s.iter_tags() if t.entry.d_tag == "DT_NEEDED"]
+
+
+def test_headers_version(headers: tuple[str, Path]) -> None:
+    version, include = headers
+    assert headers_version(include) == {"12.8": 12080, "13.0": 13000}[version]
+
+
+@pytest.mark.parametrize(("variant", "family"), CORRECT)
+def test_builds_without_cuda_dt_needed(headers: tuple[str, Path], variant: str, family: str, tmp_path: Path) -> None:
+    _, include = headers
+    result = build_variant(variant, family, include, cache=tmp_path)
+    assert result.ok, result.log
+    assert result.library is not None and result.library.is_file()
+    libs = needed(result.library)
+    assert not [n for n in libs if n.startswith(("libcuda", "libcudart"))], libs
+    again = build_variant(variant, family, include, cache=tmp_path)
+    assert again.cache_hit and again.library == result.library
+
+
+def test_direct_link_links_libcuda_with_12_8_headers(tmp_path: Path) -> None:
+    result = build_variant("direct-link", "driver", headers_for("12.8"), cache=tmp_path)
+    assert result.ok, result.log
+    assert result.library is not None
+    assert "libcuda.so.1" in needed(result.library)
+
+
+def test_direct_link_is_a_build_error_with_13_0_headers(tmp_path: Path) -> None:
+    # vLLM's CUDA 13 break: cuda.h #defines cuMemcpyBatchAsync to the 8-parameter _v2.
+    result = build_variant("direct-link", "driver", headers_for("13.0"), cache=tmp_path)
+    assert not result.ok and result.library is None
+    assert "too many arguments" in result.log
+    again = build_variant("direct-link", "driver", headers_for("13.0"), cache=tmp_path)
+    assert again.cache_hit and not again.ok and again.log == result.log
+
+
+def test_unknown_variant_suggests(tmp_path: Path) -> None:
+    from cumatrix.errors import UsageError
+
+    with pytest.raises(UsageError, match="did you mean 'proc-address'"):
+        build_variant("proc-adress", "driver", headers_for("12.8"), cache=tmp_path)
