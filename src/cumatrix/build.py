@@ -225,20 +225,26 @@ def _load(final: Path, lib_name: str, *, cache_hit: bool) -> BuildResult | None:
                        command=tuple(info["command"]), cache_hit=cache_hit)
 
 
-def cli_build(variant: str, headers_version: str, wheel_dir: Path | None) -> int:
+def cli_build(variant: str, headers_version: str, wheel_dir: Path | None, *, family: str | None = None) -> int:
     """``cumatrix build VARIANT [--headers X.Y]``: print the library path last, or the compiler's message.
 
-    ``variant`` is a library name (``proc-address``, ``driver-loop``, ``runtime-loop``, ...).
+    ``variant`` is a library name (``proc-address``, ``driver-loop``, ``runtime-loop``, ...), or
+    ``loop`` together with ``family``.
     Returns 0 (built), 1 (``build-error``: the compiler refused the source) or 2 (bad input).
     """
     from .runtimes import headers_for  # provisioning pulls in pip and subprocess helpers
 
+    if variant == "loop" and family in ("driver", "runtime"):
+        variant = f"{family}-loop"
     if variant == "loop":
         print("error: `loop` exists in both families; say driver-loop or runtime-loop", file=sys.stderr)
         return 2
     if variant not in SOURCES:
         print(f"error: unknown variant {variant!r}{did_you_mean(variant, SOURCES)}; known: {', '.join(SOURCES)}",
               file=sys.stderr)
+        return 2
+    if family is not None and family != library_family(variant):
+        print(f"error: {variant} is a {library_family(variant)}-family variant, not {family}", file=sys.stderr)
         return 2
     family = library_family(variant)
     base = "loop" if variant.endswith("-loop") else variant
