@@ -136,8 +136,10 @@ class Ran:
     err: str
 
 
-_CLI = (Path(cumatrix.__file__).parent / "__main__.py").is_file() and \
-    (Path(cumatrix.__file__).parent / "cli.py").is_file()
+_PKG = Path(cumatrix.__file__).parent
+# The real command line once the package wires `gate` into it; gate_main directly before.
+_CLI = (_PKG / "__main__.py").is_file() and (_PKG / "cli.py").is_file() and \
+    "add_gate_parser" in (_PKG / "cli.py").read_text()
 
 
 def gate(*argv: str | Path, capsys: pytest.CaptureFixture[str]) -> Ran:
