@@ -454,7 +454,7 @@ exit status: 0 no error finding, 1 an error finding (or a failed dynamic cell),
 
 def add_gate_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
                     ) -> argparse.ArgumentParser:
-    """Register ``gate`` on ``subparsers``; its handler is ``handler=gate_main``."""
+    """Register ``gate`` on ``subparsers`` with ``func=gate_main`` (the CLI calls ``args.func``)."""
     p = subparsers.add_parser(
         "gate",
         help="pre-release gate for wheels: static ELF audit, then the matrix",
@@ -485,7 +485,7 @@ def add_gate_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
                    help="write summary.md, static.json and junit.xml here")
     p.add_argument("--wheel-dir", type=Path, default=None, metavar="DIR",
                    help="directory of already-downloaded CUDA runtime wheels")
-    p.set_defaults(handler=gate_main)
+    p.set_defaults(func=gate_main)
     return p
 
 
