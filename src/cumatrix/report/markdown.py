@@ -1,0 +1,191 @@
+"""``summary.md``: the table a person reads in a CI step summary.
+
+Order: a one-line verdict with counts, the mismatches with their reasons, one grid per
+driver (and workload), then batch-vs-loop bandwidth.  Grids in which every cell met its
+expectation are folded into ``<details>`` so a 300-cell matrix stays short.  Everything a
+child wrote is escaped (Markdown and HTML) and stripped of terminal escapes.
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from .grid import LEGEND, SYMBOLS, Grid, grids, timed
+from .records import CellResult, RunData
+from .text import clean, md_code, md_inline, shorten
+
+#: GitHub caps a step summary at 1 MiB; stay well under it.
+_MAX_MISMATCHES_LISTED = 100
+_MAX_STDERR_EXCERPTS = 30
+_STDERR_EXCERPT_CHARS = 1500
+
+
+def verdict_line(run: RunData) -> str:
+    """The first line of the summary: verdict and counts."""
+    c = run.counts
+    counts = f"{c.passed} pass, {c.skipped} skipped, {c.not_run} not run"
+    v = run.verdict
+    if v == "FAIL":
+        tail = f"{c.failed} of {c.total} cells did not meet expectations ({counts})"
+    elif v == "INCOMPLETE":
+        why = "run interrupted; " if run.interrupted else ""
+        tail = f"{why}{c.not_run} of {c.total} cells not run, the rest met expectations ({counts})"
+    elif v == "EMPTY":
+        tail = "the matrix selection has no cells; nothing ran"
+    else:
+        tail = f"all {c.total} cells met expectations ({counts})"
+    return f"**cumatrix: {v}** — {tail}"
+
+
+def _gbps(x: float | None) -> str:
+    return "—" if x is None else f"{x:.1f}"
+
+
+def _meta(run: RunData) -> list[str]:
+    head = run.header
+    fp = head.host_fingerprint
+    bits = [f"matrix {md_code(head.matrix)} (sha256 {md_code(head.matrix_sha256[:12])})"]
+    if run.started:
+        bits.append(f"started {md_inline(run.started)}")
+    if run.finished:
+        bits.append(f"finished {md_inline(run.finished)}")
+    if head.harness_version:
+        bits.append(f"cumatrix {md_inline(head.harness_version)}")
+    if head.backend:
+        bits.append(f"backend {md_inline(head.backend)}")
+    if run.merged:
+        bits.append("hosts " + ", ".join(md_inline(h) for h in run.hosts))
+    else:
+        if fp.get("driver_string"):
+            bits.append(f"driver {md_inline(str(fp['driver_string']))}")
+        gpus = fp.get("gpus")
+        if isinstance(gpus, list) and gpus:
+            names = sorted({str(g.get("name", "?")) for g in gpus if isinstance(g, dict)})
+            bits.append(f"{len(gpus)}× " + ", ".join(md_inline(n) for n in names))
+    lines = [" · ".join(bits)]
+    for w in run.warnings:
+        lines.append(f"> ⚠️ {md_inline(w)}")
+    return lines
+
+
+def _expected(cell: CellResult) -> str:
+    return " \\| ".join(md_inline(o) for o in sorted(cell.expected.outcomes)) or "(nothing)"
+
+
+def _mismatches(run: RunData) -> list[str]:
+    failed = [c for c in run.cells if c.status == "fail"]
+    if not failed:
+        return []
+    out = [f"### ❌ Mismatches ({len(failed)})", ""]
+    for n, cell in enumerate(failed[:_MAX_MISMATCHES_LISTED]):
+        where = f" on {md_inline(cell.host)}" if run.merged and cell.host else ""
+        out.append(
+            f"- {md_code(cell.id)}{where}: observed **{md_inline(cell.outcome_label)}**, "
+            f"expected {_expected(cell)} — {md_inline(cell.mismatch or 'no reason recorded')}"
+        )
+        if cell.expected.reason:
+            out.append(f"  <br>prediction: {md_inline(cell.expected.reason)}")
+        if cell.stderr_tail.strip() and n < _MAX_STDERR_EXCERPTS:
+            excerpt = shorten(clean(cell.stderr_tail).strip(), _STDERR_EXCERPT_CHARS)
+            out.append(f"  <details><summary>stderr</summary><pre>{html.escape(excerpt)}</pre></details>")
+    if len(failed) > _MAX_MISMATCHES_LISTED:
+        out.append(f"- … and {len(failed) - _MAX_MISMATCHES_LISTED} more: see results.json")
+    out.append("")
+    return out
+
+
+def _grid_table(g: Grid) -> list[str]:
+    out = ["| runtime | " + " | ".join(md_inline(c) for c in g.cols) + " |"]
+    out.append("|---" * (len(g.cols) + 1) + "|")
+    for row in g.rows:
+        cells = []
+        for col in g.cols:
+            e = g.cells.get((row, col))
+            cells.append("" if e is None else f"{e.symbol} {md_inline(e.label)}")
+        out.append(f"| **{md_inline(row)}** | " + " | ".join(cells) + " |")
+    return out
+
+
+def _grid_counts(g: Grid) -> str:
+    parts = [f"{g.count(cat)} {SYMBOLS[cat]}" for cat in SYMBOLS if g.count(cat)]
+    return ", ".join(parts)
+
+
+def _grids(run: RunData) -> list[str]:
+    gs = grids(run)
+    if not gs:
+        return []
+    out = ["### Outcomes by driver", ""]
+    out.append("Legend: " + " · ".join(f"{SYMBOLS[k]} {v}" for k, v in LEGEND.items()) + ".")
+    out.append("Rows are runtimes (`none`: driver-API cells that load no runtime); columns are variants with the headers they were built against, or cases.")
+    out.append("")
+    for g in gs:
+        n = len(g.cells)
+        if g.all_as_expected:
+            out.append(
+                f"<details><summary>{html.escape(g.title)}: {n} cells, all as expected ({_grid_counts(g)})</summary>"
+            )
+            out.append("")
+            out += _grid_table(g)
+            out += ["", "</details>", ""]
+        else:
+            out.append(f"#### {md_inline(g.title)} — {_grid_counts(g)}")
+            out.append("")
+            out += _grid_table(g)
+            out.append("")
+    return out
+
+
+def _speed(run: RunData) -> list[str]:
+    by_workload = timed(run)
+    if not by_workload:
+        return []
+    out = ["### Bandwidth: batch copy vs one copy per block", ""]
+    out.append("GB/s counts bytes copied once; median of the repetitions, spread p10–p90; speedup = batch / loop.")
+    out.append("")
+    for workload, cells in by_workload.items():
+        opened = " open" if len(cells) <= 24 else ""
+        out.append(f"<details{opened}><summary>workload {html.escape(clean(workload))} ({len(cells)} cells)</summary>")
+        out.append("")
+        host_col = "host | " if run.merged else ""
+        out.append(f"| variant | build | runtime | driver | {host_col}GB/s | p10–p90 | loop GB/s | speedup | reps |")
+        out.append("|---|---|---|---|" + ("---|" if run.merged else "") + "--:|---|--:|--:|--:|")
+        for c in cells:
+            t = c.timings
+            spread = (
+                f"{_gbps(t.spread.p10)}–{_gbps(t.spread.p90)}"
+                if t.spread and t.spread.p10 is not None and t.spread.p90 is not None
+                else "—"
+            )
+            speedup = "—" if t.speedup is None else f"{t.speedup:.2f}×"
+            host = f"{md_inline(c.host or '')} | " if run.merged else ""
+            a = c.axes
+            out.append(
+                f"| {md_inline(a.get('variant', '?'))} | {md_inline(a.get('build', ''))} | {md_inline(a.get('runtime', '?'))} "
+                f"| {md_inline(a.get('driver', '?'))} | {host}{_gbps(t.gbps)} | {spread} | {_gbps(t.loop_gbps)} "
+                f"| {speedup} | {t.repetitions if t.repetitions is not None else '—'} |"
+            )
+        out += ["", "</details>", ""]
+    return out
+
+
+def to_markdown(run: RunData) -> str:
+    """The ``summary.md`` text of a run."""
+    lines = [verdict_line(run), ""]
+    lines += _meta(run)
+    lines.append("")
+    lines += _mismatches(run)
+    lines += _grids(run)
+    lines += _speed(run)
+    if run.extra:
+        kinds = sorted({str(e.get("type", "?")) for e in run.extra})
+        lines.append(f"Also recorded: {len(run.extra)} record(s) of type {', '.join(md_code(k) for k in kinds)} (see results.json).")
+        lines.append("")
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def write_markdown(run: RunData, path: Path) -> Path:
+    """Write ``summary.md`` and return its path."""
+    path.write_text(to_markdown(run), encoding="utf-8")
+    return path

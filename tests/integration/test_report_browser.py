@@ -1,0 +1,246 @@
+"""index.html in real headless Chromium, driven over the DevTools protocol.
+
+Loads the page from a file:// URL, checks the grid, a filter, the details panel, that no
+network request is made, that hostile stderr stays text, and saves a screenshot under
+``test-artifacts/``.
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cumatrix.report import load_records, write_all
+
+pytestmark = pytest.mark.browser
+
+ROOT = Path(__file__).resolve().parents[2]
+ARTIFACTS = ROOT / "test-artifacts"
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-extensions",
+    "--hide-scrollbars",
+    "--window-size=1440,1000",
+    "--remote-debugging-port=0",
+    "--remote-allow-origins=*",
+]
+
+
+def _sample_module() -> Any:
+    # The realistic record builder lives beside the unit tests; load it by path since the
+    # test folders are not packages.
+    path = ROOT / "tests" / "unit" / "test_report_sample.py"
+    spec = importlib.util.spec_from_file_location("report_sample", path)
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+class Page:
+    """A minimal DevTools protocol client for one page target."""
+
+    def __init__(self, ws_url: str) -> None:
+        import websocket  # websocket-client, from the `test` extra
+
+        self.ws = websocket.create_connection(ws_url, timeout=30, suppress_origin=True)
+        self.next_id = 0
+        self.events: list[dict[str, Any]] = []
+
+    def call(self, method: str, **params: Any) -> dict[str, Any]:
+        self.next_id += 1
+        my_id = self.next_id
+        self.ws.send(json.dumps({"id": my_id, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv())
+            if msg.get("id") == my_id:
+                if "error" in msg:
+                    raise AssertionError(f"{method}: {msg['error']}")
+                result: dict[str, Any] = msg.get("result", {})
+                return result
+            self.events.append(msg)
+
+    def wait_event(self, method: str, timeout: float = 20) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        for ev in self.events:
+            if ev.get("method") == method:
+                return ev
+        while time.monotonic() < deadline:
+            msg = json.loads(self.ws.recv())
+            self.events.append(msg)
+            if msg.get("method") == method:
+                return msg
+        raise AssertionError(f"no {method} within {timeout} s")
+
+    def js(self, expression: str) -> Any:
+        res = self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
+        if "exceptionDetails" in res:
+            raise AssertionError(f"JS error in {expression!r}: {res['exceptionDetails']}")
+        return res["result"].get("value")
+
+    def click(self, selector: str) -> None:
+        """A real mouse click at the element's centre."""
+        box = self.js(
+            f"(() => {{ const e = document.querySelector({json.dumps(selector)}); e.scrollIntoView({{block: 'center'}});"
+            " const r = e.getBoundingClientRect(); return [r.x + r.width / 2, r.y + r.height / 2]; })()"
+        )
+        assert box, f"nothing matches {selector}"
+        for kind in ("mousePressed", "mouseReleased"):
+            self.call("Input.dispatchMouseEvent", type=kind, x=box[0], y=box[1], button="left", clickCount=1)
+
+    def close(self) -> None:
+        self.ws.close()
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[str]:
+    exe = _chromium()
+    if exe is None:
+        if os.environ.get("CUMATRIX_REQUIRE_BROWSER") == "1":
+            pytest.fail("CUMATRIX_REQUIRE_BROWSER=1 but no chromium on PATH (apt-get install chromium)")
+        pytest.skip("no headless Chromium on PATH (apt-get install chromium); set CUMATRIX_REQUIRE_BROWSER=1 to require it")
+    profile = Path(tempfile.mkdtemp(prefix="cumatrix-chromium-"))
+    proc = subprocess.Popen(
+        [exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "about:blank"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        port_file = profile / "DevToolsActivePort"
+        deadline = time.monotonic() + 30
+        while not port_file.is_file() or not port_file.read_text().strip():
+            if proc.poll() is not None:
+                pytest.fail(f"chromium exited with {proc.returncode} before opening its DevTools port")
+            if time.monotonic() > deadline:
+                pytest.fail("chromium did not open its DevTools port within 30 s")
+            time.sleep(0.1)
+        port = port_file.read_text().split()[0]
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list", timeout=10) as resp:
+            targets = json.load(resp)
+        page = next(t for t in targets if t.get("type") == "page")
+        yield page["webSocketDebuggerUrl"]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def test_index_html_in_chromium(browser: str, tmp_path: Path) -> None:
+    sample = _sample_module()
+    jsonl = sample.write_jsonl(tmp_path / "results.jsonl", sample.sample_records())
+    run = load_records(jsonl)
+    write_all(run, tmp_path)
+    index = tmp_path / "index.html"
+    n_cells = len(run.cells) + len(run.not_run)
+
+    page = Page(browser)
+    try:
+        page.call("Network.enable")
+        page.call("Page.enable")
+        page.call("Runtime.enable")
+        page.call("Log.enable")
+        page.call("Emulation.setDeviceMetricsOverride", width=1440, height=1000, deviceScaleFactor=1, mobile=False)
+        page.call("Page.navigate", url=index.as_uri())
+        page.wait_event("Page.loadEventFired")
+
+        # The grid renders every cell.
+        assert page.js("document.querySelectorAll('button.cell').length") == n_cells
+        assert page.js("document.querySelector('.verdict').textContent") == "FAIL"
+        assert page.js("document.getElementById('shown').textContent") == f"{n_cells} of {n_cells} cells shown"
+
+        # A filter hides cells: only mismatches.
+        page.js("(() => { const s = document.getElementById('f-cat'); s.value = 'fail'; s.dispatchEvent(new Event('change')); })()")
+        visible = page.js("[...document.querySelectorAll('button.cell')].filter(b => b.checkVisibility({visibilityProperty: true})).length")
+        assert visible == run.counts.failed == 2
+        # A driver filter on top of reset.
+        page.click("#f-reset")
+        page.js("(() => { const s = document.getElementById('f-driver'); s.value = 'emulated-12.4'; s.dispatchEvent(new Event('change')); })()")
+        visible = page.js("[...document.querySelectorAll('button.cell')].filter(b => b.checkVisibility({visibilityProperty: true})).length")
+        assert 0 < visible < n_cells
+        page.click("#f-reset")
+
+        # Clicking the hostile cell opens its details, with the stderr as text.
+        bad_id = "cu13.0/host/header-dispatch/h12.8/kv-16k-d2h"
+        page.click(f'button.cell[data-id="{bad_id}"]')
+        assert page.js("document.getElementById('panel').hidden") is False
+        panel = page.js("document.getElementById('detail').innerText")
+        assert bad_id in panel
+        assert "9-param call into a 13.x runtime" in panel  # the mismatch reason
+        assert "predicted by rule abi-header-version" in panel  # the prediction's reason
+        stderr = page.js("document.querySelector('#detail pre.stderr').textContent")
+        assert "<script>window.__pwned = 1</script>" in stderr
+        assert "\x1b" not in stderr and "[31m" not in stderr
+        assert page.js("document.querySelectorAll('#detail script, #detail img').length") == 0
+        assert page.js("typeof window.__pwned") == "undefined"
+        # Fingerprint table made it into the panel.
+        assert "580.159.04" in panel
+
+        # Screenshot of the page with the panel open, for people to look at.
+        page.js("window.scrollTo(0, 0)")
+        shot = page.call("Page.captureScreenshot", format="png", captureBeyondViewport=False)
+        ARTIFACTS.mkdir(exist_ok=True)
+        (ARTIFACTS / "report-index.png").write_bytes(base64.b64decode(shot["data"]))
+        page.click("#close")
+        full = page.call("Page.captureScreenshot", format="png", captureBeyondViewport=True,
+                         clip={"x": 0, "y": 0, "width": 1440,
+                               "height": page.js("document.documentElement.scrollHeight"), "scale": 1})  # fmt: skip
+        (ARTIFACTS / "report-index-full.png").write_bytes(base64.b64decode(full["data"]))
+
+        # Nothing but the page itself was requested; no script error, no CSP violation.
+        page.js("0")  # drain pending events
+        urls = [ev["params"]["request"]["url"] for ev in page.events if ev.get("method") == "Network.requestWillBeSent"]
+        assert urls == [index.as_uri()], urls
+        errors = [ev for ev in page.events if ev.get("method") == "Runtime.exceptionThrown"]
+        assert not errors, errors
+        logs = [ev["params"]["entry"] for ev in page.events if ev.get("method") == "Log.entryAdded"]
+        assert not [e for e in logs if e.get("level") == "error"], logs
+    finally:
+        page.close()
+
+
+def test_empty_run_page_in_chromium(browser: str, tmp_path: Path) -> None:
+    sample = _sample_module()
+    header = dict(sample.sample_records()[0], cells=[], cells_total=0)
+    jsonl = sample.write_jsonl(tmp_path / "results.jsonl", [header])
+    write_all(load_records(jsonl), tmp_path)
+    page = Page(browser)
+    try:
+        page.call("Page.enable")
+        page.call("Page.navigate", url=(tmp_path / "index.html").as_uri())
+        page.wait_event("Page.loadEventFired")
+        assert page.js("document.querySelectorAll('button.cell').length") == 0
+        assert "no cells" in page.js("document.querySelector('.empty-run').textContent")
+        assert page.js("document.getElementById('shown').textContent") == "0 of 0 cells shown"
+    finally:
+        page.close()
