@@ -548,18 +548,22 @@ def _gate(args: argparse.Namespace) -> int:
           f"{','.join(map(str, runtime_majors)) if runtime_majors else 'any'}, "
           f"facts from CUDA {' and '.join(data.sources)} headers")
     print(format_findings(audits), end="")
-    if args.out is not None:
-        _write_outputs(args.out, audits)
     status = 1 if any(a.errors for a in audits) else 0
     if args.static_only:
+        if args.out is not None:
+            _write_outputs(args.out, audits)
         return status
     print("dynamic stage: runs after the static one, installing each wheel into every "
           "runtime cell of the matrix")
     try:
+        # Owns --out when it runs: summary.md with findings_markdown(audits) on top, junit.xml,
+        # results.json, and findings_record(audits) appended to the results store.
         dynamic = run_dynamic_stage(args, wheels, audits)
     except NotImplementedError:
         print("dynamic stage not available in this build; the verdict is the static audit's "
               "(use --static-only to say so explicitly)")
+        if args.out is not None:
+            _write_outputs(args.out, audits)
         return status
     return max(status, dynamic)
 
