@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Runs the GPU evidence of the project on a host with an NVIDIA GPU and no network:
+# runtime wheels come from ./.wheels (pip download them first), extra Python packages
+# from ./.whl.  Output: one folder per run under ${OUT:-gpu-out}.
+#   bash scripts/gpu-evidence.sh [reference] [drivers] [repro] [bench] [tests]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-out}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/cumatrix-site .whl/*.whl
+  export PYTHONPATH=/tmp/cumatrix-site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD/src:${PYTHONPATH:-} XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/cumatrix-cache} PYTHONUNBUFFERED=1
+# Seed the wheel cache so that code paths without --wheel-dir find the wheels offline too.
+mkdir -p "$XDG_CACHE_HOME/cumatrix/wheels" && cp -n .wheels/*.whl "$XDG_CACHE_HOME/cumatrix/wheels/" 2>/dev/null
+stages=${*:-tests reference drivers}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || true
+python3 -m cumatrix doctor --json > "$OUT/doctor.json"
+for stage in $stages; do
+  echo "=== $stage ($(date -u +%H:%M:%S))"
+  case $stage in
+    tests) python3 -m pytest -p no:cacheprovider -c /dev/null --rootdir . -q -m gpu tests/gpu -p cumatrix.plugin \
+             -o markers=gpu --junitxml "$OUT/gpu-tests.xml" 2>&1 | tail -40 ;;
+    reference) python3 -m cumatrix run examples/h200-reference.yaml --wheel-dir .wheels --out "$OUT/gpu-h200" -q | tail -60 ;;
+    drivers) python3 -m cumatrix run examples/h200-drivers.yaml --wheel-dir .wheels --out "$OUT/gpu-h200-drivers" -q | tail -60 ;;
+    *) echo "unknown stage $stage" ;;
+  esac
+done

@@ -1,0 +1,25 @@
+"""Ship the reference C sources inside the package (``cumatrix/native/``).
+
+``reference/`` at the top of the repository is the source of truth; a wheel or a
+non-editable install carries a copy so that ``cumatrix build`` works anywhere.
+"""
+
+import shutil
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+
+class BuildPyWithReference(build_py):
+    def run(self) -> None:
+        super().run()
+        src = Path(__file__).parent / "reference"
+        dst = Path(self.build_lib) / "cumatrix" / "native"
+        dst.mkdir(parents=True, exist_ok=True)
+        for f in sorted(src.iterdir()):
+            if f.suffix in (".c", ".h"):
+                shutil.copy2(f, dst / f.name)
+
+
+setup(cmdclass={"build_py": BuildPyWithReference})
