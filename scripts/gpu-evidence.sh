@@ -22,8 +22,8 @@ for stage in $stages; do
   case $stage in
     tests) python3 -m pytest -p no:cacheprovider -c /dev/null --rootdir . -q -m gpu tests/gpu -p cumatrix.plugin \
              -o markers=gpu --junitxml "$OUT/gpu-tests.xml" 2>&1 | tail -40 ;;
-    reference) python3 -m cumatrix run examples/h200-reference.yaml --wheel-dir .wheels --out "$OUT/gpu-h200" -q | tail -60 ;;
-    drivers) python3 -m cumatrix run examples/h200-drivers.yaml --wheel-dir .wheels --out "$OUT/gpu-h200-drivers" -q | tail -60 ;;
+    reference) python3 -m cumatrix run examples/h200-reference.yaml --wheel-dir .wheels --out "$OUT/gpu-h200" -q ${NPROC:+-n $NPROC} | tail -60 ;;
+    drivers) python3 -m cumatrix run examples/h200-drivers.yaml --wheel-dir .wheels --out "$OUT/gpu-h200-drivers" -q ${NPROC:+-n $NPROC} | tail -60 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done

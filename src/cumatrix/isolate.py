@@ -8,6 +8,7 @@ Timeout, signal, missing verdict and malformed verdict are distinct outcomes.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
@@ -15,7 +16,7 @@ import selectors
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from .model import OUTCOME_RE, Observed
@@ -124,6 +125,29 @@ def verdicts_in(text: str) -> list[str]:
     return [ln for ln in text.splitlines() if ln.startswith(VERDICT_TAG)]
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child die with the harness (Linux ``PR_SET_PDEATHSIG``).
+
+    Children run in their own session, so a SIGKILL of the harness (which runs no
+    ``finally``) would otherwise leave a cell running with nobody to time it out.
+    """
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before fork, not in the child
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:  # the harness died before prctl took effect
+            os._exit(128 + int(signal.SIGKILL))
+
+    return preexec
+
+
 def run_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | None = None) -> ChildResult:
     """Run ``job.argv`` as a child in its own process group, bounded in time and output."""
     env = dict(os.environ if base_env is None else base_env)
@@ -135,7 +159,8 @@ def run_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str |
     start = time.monotonic()
     try:
         proc = subprocess.Popen(job.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True)
+                                stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True,
+                                preexec_fn=_die_with_parent())
     except OSError as e:
         # A command that cannot even start is what a shell reports as 126/127.
         code = 127 if isinstance(e, FileNotFoundError) else 126

@@ -60,6 +60,7 @@ _SIGNAL_BASE = 128  # docker-init (tini) exits with 128+N when its child dies of
 _NAME_RE = re.compile(r"[^a-zA-Z0-9_.-]+")
 # What the NVIDIA container toolkit says when an image's NVIDIA_REQUIRE_CUDA exceeds the driver.
 _REFUSED_RE = re.compile(r"unsatisfied condition: cuda[^\n]*")
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 _DRIVER_LIB_PATTERNS = ("libcuda.so*", "libnvidia-ptxjitcompiler.so*", "libnvidia-*.so*")
 
 
@@ -232,11 +233,13 @@ class DockerBackend:
         self.keep = _truthy(os.environ.get("CUMATRIX_KEEP_CONTAINERS")) if keep is None else keep
         self.mem_limit = mem_limit
         self.pids_limit = pids_limit
+        self._own_client = client is None
         try:
             self.client = client or docker.from_env(timeout=120)
             self._version = self.client.version()
             self._info = self.client.info()
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+            self.close()
             where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
             raise DaemonUnavailable(f"no Docker daemon answers at {where}: {_short(e)}; {_START_HINT}") from e
         self.gpu = gpu if gpu is not None else detect_gpu(self._info)
@@ -245,6 +248,18 @@ class DockerBackend:
         self._facts: dict[str, _ImageFacts] = {}
         self._images: dict[str, ImageInfo] = {}
         self.cleanup_stale()
+
+    def close(self) -> None:
+        """Close the connection to the daemon (when this backend opened it)."""
+        own: docker.DockerClient | None = getattr(self, "client", None)
+        if self._own_client and own is not None:
+            own.close()
+
+    def __enter__(self) -> DockerBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # -------------------------------------------------------------------- facts
 
@@ -348,7 +363,7 @@ class DockerBackend:
                                "CUDART_RELPATH": relpath, "RUNTIME_NAME": runtime.name,
                                "RUNTIME_VERSION": version, "RUNTIME_REQUIREMENT": runtime.requirement})
             except docker.errors.BuildError as e:
-                log = "".join(str(chunk.get("stream") or chunk.get("error") or "") for chunk in e.build_log)
+                log = _ANSI_RE.sub("", "".join(str(c.get("stream") or c.get("error") or "") for c in e.build_log))
                 tail = "\n".join(log.strip().splitlines()[-12:])
                 raise ImageBuildError(
                     f"building the image of runtime {runtime.name!r} ({runtime.requirement}) on "
@@ -539,7 +554,10 @@ class DockerBackend:
 
 def _logs(container: Any, *, stdout: bool, stderr: bool) -> Iterator[bytes]:
     stream = container.logs(stdout=stdout, stderr=stderr, stream=True, follow=False)
-    yield from stream
+    try:
+        yield from stream
+    finally:
+        stream.close()
 
 
 def _short(e: BaseException) -> str:
