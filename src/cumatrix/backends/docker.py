@@ -56,6 +56,7 @@ DRIVER_LIB_DIR = "/usr/local/cumatrix-driver/lib"
 LABEL = "cumatrix"
 _START_HINT = ("start one with `sudo dockerd &` (or `sudo systemctl start docker`), or point "
                "DOCKER_HOST at a daemon that runs")
+_DEFAULT_HOST = "unix:///var/run/docker.sock"
 _SIGNAL_BASE = 128  # docker-init (tini) exits with 128+N when its child dies of signal N
 _NAME_RE = re.compile(r"[^a-zA-Z0-9_.-]+")
 # What the NVIDIA container toolkit says when an image's NVIDIA_REQUIRE_CUDA exceeds the driver.
@@ -234,13 +235,15 @@ class DockerBackend:
         self.mem_limit = mem_limit
         self.pids_limit = pids_limit
         self._own_client = client is None
+        if client is None:
+            _check_unix_socket()
         try:
             self.client = client or docker.from_env(timeout=120)
             self._version = self.client.version()
             self._info = self.client.info()
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
             self.close()
-            where = os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+            where = os.environ.get("DOCKER_HOST") or _DEFAULT_HOST
             raise DaemonUnavailable(f"no Docker daemon answers at {where}: {_short(e)}; {_START_HINT}") from e
         self.gpu = gpu if gpu is not None else detect_gpu(self._info)
         self._host = socket.gethostname()
@@ -550,6 +553,24 @@ class DockerBackend:
                     pass
                 except docker.errors.APIError:
                     pass  # left for cleanup_stale on the next start (it carries our label)
+
+
+def _check_unix_socket() -> None:
+    """Connect to the daemon's unix socket once with a socket we close ourselves.
+
+    docker-py's unix transport leaves its socket open when ``connect`` fails (a
+    ``ResourceWarning`` at collection), so a missing daemon is detected here first.
+    """
+    host = os.environ.get("DOCKER_HOST") or _DEFAULT_HOST
+    if not host.startswith("unix://"):
+        return
+    path = host[len("unix://"):]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        try:
+            sock.connect(path)
+        except OSError as e:
+            raise DaemonUnavailable(f"no Docker daemon answers at {host}: {e.strerror or e}; {_START_HINT}") from e
 
 
 def _logs(container: Any, *, stdout: bool, stderr: bool) -> Iterator[bytes]:

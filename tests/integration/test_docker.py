@@ -1,0 +1,294 @@
+"""The docker backend against a real Docker daemon: real images, real containers.
+
+The base image is built by ``containers/build-base.sh`` (debootstrap, no registry), the
+runtime image from a real runtime wheel.  Skipped with the reason when no daemon answers,
+unless ``CUMATRIX_REQUIRE_DOCKER=1``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+import uuid
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import docker.errors
+import pytest
+
+from cumatrix import runtimes
+from cumatrix.errors import DaemonUnavailable
+from cumatrix.isolate import Job, classify, run_local
+from cumatrix.model import Runtime
+
+pytestmark = pytest.mark.docker
+
+REPO = Path(__file__).resolve().parents[2]
+SRC = REPO / "src"
+WHEEL_REQ = "nvidia-cuda-runtime-cu12==12.9.79"
+REQUIRED = os.environ.get("CUMATRIX_REQUIRE_DOCKER") == "1"
+
+
+def _unavailable(reason: str) -> None:
+    if REQUIRED:
+        pytest.fail(f"CUMATRIX_REQUIRE_DOCKER=1 but {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def client() -> docker.DockerClient:
+    try:
+        c = docker.from_env(timeout=60)
+        c.ping()
+    except Exception as e:  # any failure to reach the daemon means: no docker here
+        _unavailable(f"no Docker daemon answers ({type(e).__name__}: {e}); start one with `sudo dockerd &`")
+    return c
+
+
+@pytest.fixture(scope="session")
+def base_image(client: docker.DockerClient) -> str:
+    proc = subprocess.run(["bash", str(REPO / "containers" / "build-base.sh")],
+                          capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        _unavailable(f"containers/build-base.sh failed: {proc.stderr.strip()[-500:]}")
+    tag = proc.stdout.strip().splitlines()[-1]
+    client.images.get(tag)  # it exists
+    return tag
+
+
+@pytest.fixture(scope="session")
+def wheel_dir() -> Path:
+    """A directory holding the real cu12.9 runtime wheel (fetched into the cache by pip)."""
+    return runtimes.fetch_wheel(WHEEL_REQ).parent
+
+
+@pytest.fixture(scope="session")
+def backend(base_image: str) -> Iterator[object]:
+    from cumatrix.backends.docker import DockerBackend
+
+    with DockerBackend(base_image) as be:
+        yield be
+
+
+@pytest.fixture(scope="session")
+def rt_image(backend: object, wheel_dir: Path) -> object:
+    info = backend.prepare_runtime(Runtime(name="cu12.9", requirement=WHEEL_REQ), wheel_dir)  # type: ignore[attr-defined]
+    assert info.ok, info.problem
+    return info
+
+
+@pytest.fixture
+def scratch_image(client: docker.DockerClient) -> Iterator[str]:
+    """An image with no shell and no python3: one file, imported from a tarball."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        data = b"cumatrix test image without python3\n"
+        ti = tarfile.TarInfo("etc/motd")
+        ti.size = len(data)
+        tf.addfile(ti, io.BytesIO(data))
+    tag = f"cumatrix-test-nopython:{uuid.uuid4().hex[:8]}"
+    client.api.import_image_from_data(buf.getvalue(), repository=tag.split(":")[0], tag=tag.split(":")[1])
+    yield tag
+    client.images.remove(tag, force=True)
+
+
+def _job(cell: str, *argv: str, kind: str = "command", timeout: float = 60.0, image: str | None = None,
+         **kw: object) -> Job:
+    return Job(cell_id=f"cu12.9/host/{cell}", kind=kind, argv=argv, timeout=timeout,
+               runtime_name="cu12.9", image=image, **kw)  # type: ignore[arg-type]
+
+
+def _ours(client: docker.DockerClient, cell_id: str) -> list[object]:
+    return client.containers.list(all=True, filters={"label": f"cumatrix.cell={cell_id}"})
+
+
+# ------------------------------------------------------------------------ images
+
+
+def test_build_base_skips_when_image_exists(base_image: str) -> None:
+    t0 = time.monotonic()
+    proc = subprocess.run(["bash", str(REPO / "containers" / "build-base.sh")],
+                          capture_output=True, text=True, timeout=60, check=True)
+    assert proc.stdout.strip().splitlines()[-1] == base_image
+    assert "nothing to do" in proc.stderr
+    assert time.monotonic() - t0 < 10
+
+
+def test_runtime_image_is_built_once_and_labelled(backend: object, rt_image: object,
+                                                 client: docker.DockerClient, wheel_dir: Path) -> None:
+    from cumatrix.backends.docker import DockerBackend
+
+    assert rt_image.tag.startswith("cumatrix-rt:cu12.9-")  # type: ignore[attr-defined]
+    img = client.images.get(rt_image.tag)  # type: ignore[attr-defined]
+    assert img.labels["cumatrix.runtime.version"] == "12.9.79"
+    env = dict(e.split("=", 1) for e in img.attrs["Config"]["Env"])
+    assert env["CUMATRIX_CUDART"].endswith("/lib/libcudart.so.12")
+    # A fresh backend, same inputs: the same tag, found, not rebuilt.
+    with DockerBackend(backend.base_image) as fresh:  # type: ignore[attr-defined]
+        again = fresh.prepare_runtime(Runtime(name="cu12.9", requirement=WHEEL_REQ), wheel_dir)
+    assert (again.tag, again.image_id, again.built) == (rt_image.tag, rt_image.image_id, False)  # type: ignore[attr-defined]
+
+
+def test_probe_in_container_matches_local(backend: object, rt_image: object) -> None:
+    spec = json.dumps({"kind": "probe", "libcudart": None})
+    res = backend.run_job(_job("probe", "python3", "-m", "cumatrix.case", spec, kind="probe"))  # type: ignore[attr-defined]
+    obs = classify(res, kind="probe")
+    assert res.verdict is not None, res.stderr_tail
+    assert res.verdict["data"]["runtime_version"] == 12090  # type: ignore[index]
+    assert res.extra["image"] == rt_image.tag and res.extra["image_id"] == rt_image.image_id  # type: ignore[attr-defined]
+    # The same cell run locally against the same wheel classifies the same way.
+    local_rt = runtimes.from_wheel("cu12.9", WHEEL_REQ, wheel_dir=None)
+    local = run_local(_job("probe", sys.executable, "-m", "cumatrix.case",
+                           json.dumps({"kind": "probe", "libcudart": str(local_rt.libcudart)}), kind="probe"),
+                      base_env={**os.environ, "PYTHONPATH": str(SRC)})
+    assert classify(local, kind="probe").outcome == obs.outcome
+    # No GPU on a host without a driver: the child says so itself.
+    if not Path("/dev/nvidiactl").exists():
+        assert obs.outcome == "skipped:no-cuda-driver"
+
+
+@pytest.mark.parametrize(("cell", "code", "expected"), [
+    ("segfault", "import ctypes; ctypes.string_at(0)", "crash:SIGSEGV"),
+    ("abort", "import os; os.abort()", "crash:SIGABRT"),
+    ("exit-3", "raise SystemExit(3)", "exit:3"),
+    ("ok", "import ctypes", "ok"),
+])
+def test_command_outcomes_match_local(backend: object, rt_image: object, cell: str, code: str,
+                                      expected: str, client: docker.DockerClient) -> None:
+    res = backend.run_job(_job(cell, "python3", "-c", code))  # type: ignore[attr-defined]
+    assert classify(res, kind="command").outcome == expected, res.stderr_tail
+    local = run_local(_job(cell, sys.executable, "-c", code))
+    assert classify(local, kind="command").outcome == expected
+    assert _ours(client, f"cu12.9/host/{cell}") == []  # removed after the run
+
+
+def test_hang_times_out_and_container_is_gone(backend: object, rt_image: object, client: docker.DockerClient) -> None:
+    t0 = time.monotonic()
+    res = backend.run_job(_job("hang", "python3", "-c", "import time; time.sleep(300)", timeout=2))  # type: ignore[attr-defined]
+    assert res.timed_out and classify(res, kind="command").outcome == "timeout"
+    assert time.monotonic() - t0 < 30
+    assert _ours(client, "cu12.9/host/hang") == []
+
+
+def test_oom_killed_is_sigkill_with_oom_noted(base_image: str) -> None:
+    from cumatrix.backends.docker import DockerBackend
+
+    with DockerBackend(base_image, mem_limit="64m") as small:
+        res = small.run_job(_job("oom", "python3", "-c", "b = b'x' * (512 << 20)", image=base_image))
+    obs = classify(res, kind="command")
+    assert res.oom_killed
+    assert obs.outcome == "crash:SIGKILL" and "OOM" in obs.detail
+
+
+def test_mounts_are_read_only_and_network_is_off(backend: object, rt_image: object, tmp_path: Path) -> None:
+    (tmp_path / "in.txt").write_text("hello")
+    code = ("import os, pathlib, sys\n"
+            f"d = pathlib.Path({str(tmp_path)!r})\n"
+            "assert (d / 'in.txt').read_text() == 'hello'\n"
+            "try:\n    (d / 'out.txt').write_text('x')\nexcept OSError as e:\n    print('ro', e.errno)\n"
+            "print('nets', sorted(os.listdir('/sys/class/net')))\n"
+            "print('ld', os.environ['LD_LIBRARY_PATH'])\n")
+    res = backend.run_job(_job("mounts", "python3", "-c", code, mounts=(str(tmp_path),),  # type: ignore[attr-defined]
+                               lib_path=("/opt/first",), env=(("CUMATRIX_X", "1"),)))
+    assert res.returncode == 0, res.stderr_tail
+    assert "ro 30" in res.stdout_tail  # EROFS
+    assert "nets ['lo']" in res.stdout_tail
+    assert "ld /opt/first" in res.stdout_tail
+    assert not (tmp_path / "out.txt").exists()
+
+
+# ------------------------------------------------------------------------ bad input and faults
+
+
+def test_daemon_not_running_says_how_to_start_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from cumatrix.backends.docker import DockerBackend
+
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-daemon.sock")
+    with pytest.raises(DaemonUnavailable) as exc:
+        DockerBackend(None)
+    assert exc.value.exit_code == 2
+    assert "dockerd" in str(exc.value) and "no-daemon.sock" in str(exc.value)
+
+
+def test_missing_image_is_a_per_cell_harness_error(backend: object) -> None:
+    ref = f"cumatrix-test-absent:{uuid.uuid4().hex[:8]}"
+    info = backend.prepare_runtime(Runtime(name="ghost", image=ref))  # type: ignore[attr-defined]
+    assert not info.ok and f"image {ref} not found locally; build or pull it" in info.problem
+    res = backend.run_job(Job(cell_id="ghost/host/probe", kind="probe", argv=("python3",), runtime_name="ghost"))  # type: ignore[attr-defined]
+    obs = classify(res, kind="probe")
+    assert obs.outcome == "harness-error" and "not found locally" in obs.detail
+
+
+def test_image_without_python3_is_a_per_cell_error(backend: object, scratch_image: str) -> None:
+    info = backend.prepare_runtime(Runtime(name="nopy", image=scratch_image))  # type: ignore[attr-defined]
+    assert not info.ok and "has no working python3" in info.problem
+    res = backend.run_job(Job(cell_id="nopy/host/probe", kind="probe", argv=("python3",), runtime_name="nopy"))  # type: ignore[attr-defined]
+    assert classify(res, kind="probe").outcome == "harness-error"
+
+
+def test_failing_dockerfile_build_is_a_clear_error(base_image: str, tmp_path: Path, scratch_image: str) -> None:
+    from cumatrix.backends.docker import DockerBackend, ImageBuildError
+
+    # A wheel whose libcudart is no ELF file: the build's own load check must fail.
+    bad = tmp_path / "nvidia_cuda_runtime_cu12-12.9.79-py3-none-manylinux2014_x86_64.whl"
+    with zipfile.ZipFile(bad, "w") as zf:
+        zf.writestr("nvidia/cuda_runtime/lib/libcudart.so.12", b"not an ELF file\n" * 1024)
+    with DockerBackend(base_image) as be:
+        with pytest.raises(ImageBuildError) as exc:
+            be.build_runtime_image(Runtime(name="bad", requirement=WHEEL_REQ), bad)
+        msg = str(exc.value)
+        assert "building the image of runtime 'bad'" in msg and "invalid ELF header" in msg
+        # Through prepare_runtime the same failure is a per-cell problem, not a crash of the run.
+        info = be.prepare_runtime(Runtime(name="bad", requirement=WHEEL_REQ), tmp_path)
+        assert not info.ok and "invalid ELF header" in info.problem
+    # A base image that is not there, and one without a shell, fail as clearly.
+    with DockerBackend("cumatrix-test-absent:1") as be, \
+            pytest.raises(ImageBuildError, match="base image cumatrix-test-absent:1 not found locally"):
+        be.build_runtime_image(Runtime(name="x", requirement=WHEEL_REQ), bad)
+    with DockerBackend(scratch_image) as be, pytest.raises(ImageBuildError, match="/bin/sh"):
+        be.build_runtime_image(Runtime(name="x", requirement=WHEEL_REQ), runtimes.fetch_wheel(WHEEL_REQ))
+
+
+_KILLED_CHILD = """
+import sys
+from cumatrix.backends.docker import DockerBackend
+from cumatrix.isolate import Job
+image, cell = sys.argv[1], sys.argv[2]
+DockerBackend(image).run_job(Job(cell_id=cell, kind="command", image=image, timeout=600,
+                                 argv=("python3", "-c", "import time; time.sleep(600)")))
+"""
+
+
+def test_killed_harness_leaves_nothing_running_after_next_start(base_image: str, client: docker.DockerClient) -> None:
+    from cumatrix.backends.docker import DockerBackend
+
+    cell = f"killed/{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_CHILD, base_image, cell],
+                            env={**os.environ, "PYTHONPATH": str(SRC)})
+    try:
+        deadline = time.monotonic() + 60
+        while not client.containers.list(filters={"label": f"cumatrix.cell={cell}", "status": "running"}):
+            assert proc.poll() is None and time.monotonic() < deadline, "the container never started"
+            time.sleep(0.2)
+    finally:
+        proc.kill()
+        proc.wait()
+    # The daemon does not know its client died: the container is still there ...
+    assert _ours(client, cell)
+    # ... until the next backend starts, while a live run's containers are left alone.
+    keep_cell = f"live/{uuid.uuid4().hex[:8]}"
+    with DockerBackend(base_image) as live:
+        c = client.containers.run(base_image, ["sleep", "60"], detach=True, labels=live._labels(keep_cell))
+        try:
+            DockerBackend(base_image).close()
+            assert _ours(client, cell) == []
+            assert _ours(client, keep_cell)  # its owner (this process) is alive
+        finally:
+            c.remove(force=True)
