@@ -64,7 +64,7 @@ def base_image(client: docker.DockerClient) -> str:
 
 
 @pytest.fixture(scope="session")
-def wheel_dir() -> Path:
+def wheel_dir(wheel_cache: Path) -> Path:
     """A directory holding the real cu12.9 runtime wheel (fetched into the cache by pip)."""
     return runtimes.fetch_wheel(WHEEL_REQ).parent
 
