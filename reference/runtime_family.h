@@ -116,7 +116,10 @@ static inline kv_rt_error kv_rt_batch_call(void *const *src, void *const *dst, c
     memset(&attr, 0, sizeof attr);
     attr.srcAccessOrder = KV_RT_SRC_ACCESS_ORDER_STREAM;
     size_t attr_index = 0;
-    *fail = SIZE_MAX;
+    /* Zero, as callers write it.  A 9-parameter call into a 13.x runtime passes this pointer
+     * where the stream belongs: what the runtime then does depends on the bytes it points at
+     * (zeroes: cudaErrorInvalidResourceHandle; all ones: a dereference and SIGSEGV, both seen). */
+    *fail = 0;
     if (kv_rt.abi == 9)
         return ((kv_rt_batch9_fn)kv_rt.batch)((void **)(uintptr_t)(dst + first), (void **)(uintptr_t)(src + first),
                                               (size_t *)(uintptr_t)(sizes + first), count, &attr, &attr_index, 1,
@@ -152,7 +155,7 @@ KVSWAP_API int kvswap_swap_blocks(void *const *src, void *const *dst, const size
                 atomic_store(&kv_rt_batch_unsupported, 1);
                 break;
             }
-            long index = fail < count ? (long)(first + fail) : -1;
+            long index = fail < count ? (long)(first + fail) : -1; /* 13.x reports no index */
             return kv_fail(st, r, index, kv_rt_error_name(r), "cudaMemcpyBatchAsync (%d-parameter ABI) failed (block %ld): %s",
                            kv_rt.abi, index, kv_rt_error_name(r));
         }

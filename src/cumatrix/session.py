@@ -102,7 +102,7 @@ class Runner:
                 raise CumatrixError("no real libcuda.so.1 on this host to put an interposer in front of")
             includes = [self.runtime(r.name).include_dir for r in self.matrix.runtimes if r.requirement]
             includes = [i for i in includes if i is not None] or [_runtimes.headers_for("13.5", wheel_dir=self.wheel_dir)]
-            intro = headers.load_introductions(headers.newest_typedefs(includes).parent)
+            intro = headers.load_introductions(headers.newest_typedefs(includes))
             ip = drivers.build_interposer(emu, real_libcuda=real.path if hasattr(real, "path") else real,
                                           introductions=intro, real_driver_version=self.host().driver_version)
             self._interposers[cell.driver] = str(ip.lib_dir)
