@@ -155,7 +155,7 @@ KVSWAP_API int kvswap_swap_blocks(void *const *src, void *const *dst, const size
                 atomic_store(&kv_rt_batch_unsupported, 1);
                 break;
             }
-            long index = fail < count ? (long)(first + fail) : -1; /* 13.x reports no index */
+            long index = (kv_rt.abi == 9 && fail < count) ? (long)(first + fail) : -1; /* 13.x reports no index */
             return kv_fail(st, r, index, kv_rt_error_name(r), "cudaMemcpyBatchAsync (%d-parameter ABI) failed (block %ld): %s",
                            kv_rt.abi, index, kv_rt_error_name(r));
         }

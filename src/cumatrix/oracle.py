@@ -104,7 +104,9 @@ def expect(cell: Cell, host: HostFacts, *, runtime_version: int | None, matrix: 
     if matrix is not None:
         for ov in reversed(matrix.expect):  # the last matching override wins
             if ov.selector.matches(cell):
-                return Expected(outcomes=ov.outcomes, reason=ov.reason, rule="matrix-override")
+                # Reasons are printed on one line next to a mismatch: fold a multi-line YAML reason.
+                reason = " ".join(ov.reason.split()) or f"matrix override (line {ov.selector.line})"
+                return Expected(outcomes=ov.outcomes, reason=reason, rule="matrix-override")
     return _derive(cell, host, runtime_version)
 
 
@@ -161,6 +163,10 @@ def _driver_family(cell: Cell, d: int, emulated: bool) -> Expected:
                         reason=f"cuGetProcAddress(cuMemcpyBatchAsync, {intro}) pins the 9-parameter entry on driver {_v(d)}",
                         rule="proc-address-batch")
     if v == "direct-link":
+        if int(cell.build) < intro:
+            return Expected(outcomes=frozenset({"build-error"}),
+                            reason=f"CUDA {cell.build} headers predate cuMemcpyBatchAsync ({_v(intro)}): the direct call does not compile",
+                            rule="direct-link-old-headers")
         if int(cell.build) >= abi_change():
             return Expected(outcomes=frozenset({"build-error"}),
                             reason=f"CUDA {cell.build} headers #define cuMemcpyBatchAsync to the 8-parameter _v2: the 9-argument call does not compile (vLLM's CUDA 13 break)",
@@ -184,6 +190,10 @@ def _runtime_family(cell: Cell, rv: int, d: int) -> Expected:
     v = cell.variant
     if v == "loop":
         return Expected(outcomes=frozenset({"ok:fallback"}), reason="per-block cudaMemcpyAsync baseline", rule="loop")
+    if v == "header-dispatch" and int(cell.build) < intro:
+        return Expected(outcomes=frozenset({"ok:fallback"}),
+                        reason=f"CUDA {cell.build} headers predate the batch copy ({_v(intro)}): the batch path is compiled out",
+                        rule="header-dispatch-old-headers")
     if rv < intro:
         return Expected(outcomes=frozenset({"ok:fallback"}),
                         reason=f"runtime {_v(rv)} does not export cudaMemcpyBatchAsync ({_v(intro)}+): per-block fallback",
