@@ -292,3 +292,34 @@ def test_killed_harness_leaves_nothing_running_after_next_start(base_image: str,
             assert _ours(client, keep_cell)  # its owner (this process) is alive
         finally:
             c.remove(force=True)
+
+
+def test_driver_libraries_reach_the_container_without_a_toolkit(base_image: str, tmp_path: Path) -> None:
+    """Device-nodes mode: the driver's user-mode libraries are mounted read-only and on LD_LIBRARY_PATH.
+
+    Stand-ins: this host has no NVIDIA driver, so the "driver" below is a directory of small
+    files laid out like a real driver install (versioned files plus SONAME links, and a
+    leftover of an older version that must not be taken).
+    """
+    from cumatrix.backends.docker import DRIVER_LIB_DIR, DockerBackend, GpuAccess, driver_libraries
+
+    drv = tmp_path / "driver"
+    drv.mkdir()
+    for name in ("libcuda.so.580.159.04", "libnvidia-ptxjitcompiler.so.580.159.04",
+                 "libnvidia-ml.so.580.159.04", "libnvidia-ml.so.550.1"):
+        (drv / name).write_text(f"stand-in for {name}\n")
+    (drv / "libcuda.so.1").symlink_to("libcuda.so.580.159.04")
+    (drv / "libnvidia-ptxjitcompiler.so.1").symlink_to("libnvidia-ptxjitcompiler.so.580.159.04")
+    libs = driver_libraries(drv / "libcuda.so.1")
+    inside = {Path(c).name for _, c in libs}
+    assert inside == {"libcuda.so.1", "libcuda.so.580.159.04", "libnvidia-ptxjitcompiler.so.1",
+                      "libnvidia-ptxjitcompiler.so.580.159.04", "libnvidia-ml.so.580.159.04"}
+    gpu = GpuAccess(mode="device-nodes", libraries=libs)  # no device nodes: there are none here
+    code = ("import os\n"
+            f"print(open('{DRIVER_LIB_DIR}/libcuda.so.1').read().strip())\n"
+            "print(os.environ['LD_LIBRARY_PATH'])\n")
+    with DockerBackend(base_image, gpu=gpu) as be:
+        res = be.run_job(_job("driver-libs", "python3", "-c", code, image=base_image))
+    assert res.returncode == 0, res.stderr_tail
+    assert "stand-in for libcuda.so.580.159.04" in res.stdout_tail
+    assert DRIVER_LIB_DIR in res.stdout_tail

@@ -203,6 +203,10 @@ def detect_gpu(info: dict[str, Any], *, dev_dir: Path = Path("/dev"),
     """Choose how containers reach the GPU, from ``docker info`` and the host's files."""
     if "nvidia" in (info.get("Runtimes") or {}):
         return GpuAccess(mode="nvidia-runtime", detail="daemon has the nvidia runtime: --gpus all")
+    # `--gpus` needs only the toolkit's prestart hook, registered runtime or not.
+    hook = shutil.which("nvidia-container-runtime-hook")
+    if hook and (dev_dir / "nvidiactl").exists():
+        return GpuAccess(mode="nvidia-runtime", detail=f"NVIDIA container toolkit hook at {hook}: --gpus all")
     nodes = sorted(p for p in dev_dir.glob("nvidia*") if not p.is_dir())
     nodes += sorted(p for p in (dev_dir / "nvidia-caps").glob("*") if not p.is_dir())
     libcuda = _find_libcuda(lib_dirs)
