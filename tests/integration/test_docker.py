@@ -285,7 +285,8 @@ def test_killed_harness_leaves_nothing_running_after_next_start(base_image: str,
     # ... until the next backend starts, while a live run's containers are left alone.
     keep_cell = f"live/{uuid.uuid4().hex[:8]}"
     with DockerBackend(base_image) as live:
-        c = client.containers.run(base_image, ["sleep", "60"], detach=True, labels=live._labels(keep_cell))
+        c = client.containers.run(base_image, ["sleep", "60"], detach=True, network_mode="none",
+                                  labels=live._labels(keep_cell))
         try:
             DockerBackend(base_image).close()
             assert _ours(client, cell) == []
