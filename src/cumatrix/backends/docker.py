@@ -345,7 +345,8 @@ class DockerBackend:
 
     def build_runtime_image(self, runtime: Runtime, wheel: Path) -> ImageInfo:
         """Build (or find) the image of a wheel runtime; raise :class:`ImageBuildError` on failure."""
-        assert runtime.requirement is not None
+        if not runtime.requirement:
+            raise ImageBuildError(f"runtime {runtime.name!r} has no wheel requirement to build an image from")
         base = self._image_facts(self.base_image)
         if base is None:
             raise ImageBuildError(
@@ -409,8 +410,7 @@ class DockerBackend:
         return info
 
     def _check_foreign_image(self, runtime: Runtime) -> ImageInfo:
-        assert runtime.image is not None
-        ref = runtime.image
+        ref = runtime.image or ""
         facts = self._image_facts(ref)
         if facts is None:
             return ImageInfo(runtime_name=runtime.name, tag=ref, image_id=None, source="image",
