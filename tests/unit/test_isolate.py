@@ -1,0 +1,168 @@
+"""The local backend's child runner and classifier, on real child processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from cumatrix.isolate import KEEP_HEAD, KEEP_TAIL, Job, classify, run_local, scan_verdict
+
+PY = sys.executable
+
+
+def _run(code: str, *, kind: str = "probe", timeout: float = 30.0, env: tuple[tuple[str, str], ...] = ()):
+    res = run_local(Job(cell_id="t", kind=kind, argv=(PY, "-c", code), timeout=timeout, env=env))
+    return res, classify(res, kind=kind)
+
+
+def _gone(pid: int, within: float = 5.0) -> bool:
+    """True once ``pid`` no longer runs (a zombie waiting for its reaper counts as gone)."""
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (FileNotFoundError, ProcessLookupError):
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_verdict_line_is_the_outcome() -> None:
+    res, obs = _run("print('log'); print('CUMATRIX-RESULT ' + '{\"outcome\": \"ok\", \"path\": \"batch\", \"x\": 1}')")
+    assert obs.outcome == "ok" and obs.path == "batch" and obs.data["x"] == 1
+    assert res.verdict_error is None
+
+
+def test_malformed_verdict_is_harness_error() -> None:
+    res, obs = _run("print('CUMATRIX-RESULT {not json')")
+    assert obs.outcome == "harness-error"
+    assert obs.detail.startswith("malformed verdict: verdict line is not JSON")
+
+
+def test_two_verdict_lines_are_malformed() -> None:
+    line = "CUMATRIX-RESULT {\"outcome\": \"ok\"}"
+    _, obs = _run(f"print({line!r}); print({line!r})")
+    assert obs.outcome == "harness-error"
+    assert "2 verdict lines" in obs.detail
+
+
+def test_verdict_with_invalid_outcome() -> None:
+    _, obs = _run("print('CUMATRIX-RESULT {\"outcome\": \"fine\"}')")
+    assert obs.outcome == "harness-error"
+    assert "no valid 'outcome': 'fine'" in obs.detail
+
+
+def test_scan_verdict_rejects_non_objects() -> None:
+    assert scan_verdict(["CUMATRIX-RESULT [1]"])[1] is not None
+    assert scan_verdict([]) == (None, None)
+
+
+def test_no_verdict_from_harness_child_is_harness_error() -> None:
+    _, obs = _run("print('nothing to say')")
+    assert obs.outcome == "harness-error" and "without a verdict" in obs.detail
+
+
+def test_uncaught_exception_in_case_child_keeps_traceback() -> None:
+    # The harness's own child code fails before it can reach a verdict.
+    job = Job(cell_id="t", kind="probe", argv=(PY, "-m", "cumatrix.case", "{not a spec"), timeout=30,
+              env=(("PYTHONPATH", os.pathsep.join(sys.path)),))
+    res = run_local(job)
+    obs = classify(res, kind="probe")
+    assert obs.outcome == "harness-error"
+    assert "Traceback (most recent call last)" in res.stderr_tail
+    assert "JSONDecodeError" in res.stderr_tail and "JSONDecodeError" in obs.detail
+
+
+def test_exception_inside_the_probe_is_caught_with_traceback() -> None:
+    spec = json.dumps({"kind": "probe", "libcudart": 5})  # ctypes.CDLL(5): TypeError inside the probe
+    job = Job(cell_id="t", kind="probe", argv=(PY, "-m", "cumatrix.case", spec), timeout=30,
+              env=(("PYTHONPATH", os.pathsep.join(sys.path)),))
+    res = run_local(job)
+    obs = classify(res, kind="probe")
+    assert obs.outcome == "harness-error" and "TypeError" in obs.detail
+    assert "Traceback (most recent call last)" in res.stderr_tail
+
+
+def test_signals_are_crashes() -> None:
+    _, obs = _run("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", kind="command")
+    assert obs.outcome == "crash:SIGSEGV" and obs.exit_status == -11
+    assert "Segmentation fault" in obs.detail  # faulthandler is on in the child
+    _, obs = _run("import os; os.abort()", kind="command")
+    assert obs.outcome == "crash:SIGABRT"
+
+
+def test_verdict_then_crash_keeps_verdict_and_says_so() -> None:
+    _, obs = _run("import os; print('CUMATRIX-RESULT {\"outcome\": \"ok\"}', flush=True); os.abort()")
+    assert obs.outcome == "ok" and "SIGABRT" in obs.detail
+
+
+def test_exit_status_of_a_command() -> None:
+    _, obs = _run("import sys; sys.stderr.write('bad thing\\n'); sys.exit(7)", kind="command")
+    assert obs.outcome == "exit:7" and "bad thing" in obs.detail
+    _, obs = _run("pass", kind="command")
+    assert obs.outcome == "ok" and obs.path == "n/a"
+
+
+def test_command_that_cannot_start() -> None:
+    res = run_local(Job(cell_id="t", kind="command", argv=("/nonexistent/cumatrix-nothing",), timeout=5))
+    assert classify(res, kind="command").outcome == "exit:127"
+
+
+def test_timeout_kills_the_whole_group(tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild"
+    code = (f"import subprocess, time; p = subprocess.Popen(['sleep', '300']); "
+            f"open({str(pidfile)!r}, 'w').write(str(p.pid)); time.sleep(300)")
+    t0 = time.monotonic()
+    res, obs = _run(code, kind="command", timeout=1.5)
+    assert time.monotonic() - t0 < 10
+    assert obs.outcome == "timeout" and res.timed_out
+    assert _gone(int(pidfile.read_text())), "the grandchild sleep outlived the timeout"
+
+
+def test_twenty_megabytes_of_stdout_do_not_stall() -> None:
+    code = ("import sys\nfor _ in range(20): sys.stdout.buffer.write(b'x' * (1 << 20))\n"
+            "sys.stderr.write('e' * (5 << 20))\nprint(); print('CUMATRIX-RESULT {\"outcome\": \"ok\"}')")
+    t0 = time.monotonic()
+    res, obs = _run(code, timeout=60)
+    assert time.monotonic() - t0 < 10
+    assert obs.outcome == "ok"  # the verdict at the very end is still found
+    assert len(res.stdout_tail) <= KEEP_HEAD + KEEP_TAIL + 100
+    assert len(res.stderr_tail) <= KEEP_HEAD + KEEP_TAIL + 100
+    assert "bytes not kept" in res.stdout_tail
+
+
+def test_library_path_goes_first(tmp_path: Path) -> None:
+    job = Job(cell_id="t", kind="command", lib_path=(str(tmp_path),), timeout=10,
+              argv=(PY, "-c", "import os; print(os.environ['LD_LIBRARY_PATH'])"))
+    res = run_local(job, base_env={**os.environ, "LD_LIBRARY_PATH": "/opt/old"})
+    assert res.stdout_tail.strip() == f"{tmp_path}{os.pathsep}/opt/old"
+
+
+def test_child_dies_with_a_killed_harness(tmp_path: Path) -> None:
+    # A SIGKILLed harness runs no `finally`; the child (in its own session) must not outlive it.
+    pidfile = tmp_path / "child"
+    code = (
+        "import sys\n"
+        "from cumatrix.isolate import Job, run_local\n"
+        f"run_local(Job(cell_id='t', kind='command', timeout=300, argv=('sh', '-c', 'echo $$ > {pidfile}; exec sleep 300')))\n"
+    )
+    harness = subprocess.Popen([PY, "-c", code], env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    try:
+        end = time.monotonic() + 20
+        while not (pidfile.exists() and pidfile.read_text().strip()) and time.monotonic() < end:
+            time.sleep(0.05)
+        child = int(pidfile.read_text())
+        assert not _gone(child, within=0.2)
+        harness.send_signal(signal.SIGKILL)
+        harness.wait()
+        assert _gone(child), "the cell's child outlived its SIGKILLed harness"
+    finally:
+        harness.kill()
+        harness.wait()
