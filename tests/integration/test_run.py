@@ -1,0 +1,270 @@
+"""`cumatrix run` end to end: bad cells, interrupted runs, resume, the bundled matrix, doctor, plan."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+RUNTIME = "nvidia-cuda-runtime-cu12==12.9.79"
+
+pytestmark = pytest.mark.network  # every run provisions a real runtime wheel (cached after the first)
+
+
+def cells(out: Path) -> list[dict[str, Any]]:
+    recs = []
+    for line in (out / "results.jsonl").read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a SIGKILL
+        if rec.get("type") == "cell":
+            recs.append(rec)
+    return recs
+
+
+def _gone(pid: int, within: float = 5.0) -> bool:
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except FileNotFoundError:
+            return True
+        if state in ("Z", "X"):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _gcc_undefined_symbol(d: Path) -> tuple[Path, Path]:
+    """A program linked against libshim.so's ``shim_new``, and a libshim.so that lacks it."""
+    (d / "new").mkdir()
+    (d / "old").mkdir()
+    (d / "new.c").write_text("int shim_new(void) { return 0; }\n")
+    (d / "old.c").write_text("int shim_old(void) { return 0; }\n")
+    (d / "main.c").write_text("int shim_new(void);\nint main(void) { return shim_new(); }\n")
+    for src, lib in (("new.c", "new"), ("old.c", "old")):
+        subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libshim.so", "-o", str(d / lib / "libshim.so"),
+                        str(d / src)], check=True)
+    subprocess.run(["gcc", "-o", str(d / "prog"), str(d / "main.c"), f"-L{d / 'new'}", "-lshim"], check=True)
+    return d / "prog", d / "old"
+
+
+@pytest.fixture(scope="module")
+def bad_run(tmp_path_factory: pytest.TempPathFactory, wheel_cache: Path, cli: Any) -> dict[str, Any]:
+    if shutil.which("gcc") is None:
+        if os.environ.get("CUMATRIX_REQUIRE_GCC") == "1":
+            raise RuntimeError("CUMATRIX_REQUIRE_GCC=1 but gcc is not on PATH")
+        pytest.skip("gcc is not on PATH (the undefined-symbol cell is built with it)")
+    d = tmp_path_factory.mktemp("bad")
+    prog, old = _gcc_undefined_symbol(d)
+    py = sys.executable
+    m = d / "m.yaml"
+    m.write_text(f"""
+runtimes:
+  cu12.9: {{wheel: {RUNTIME}}}
+drivers: [host]
+cases:
+  - {{name: segv, argv: [{py}, -c, "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"]}}
+  - {{name: abort, argv: [{py}, -c, "import os; os.abort()"]}}
+  - {{name: hang, argv: [sh, -c, "sleep 300 & echo $! > {d}/grandchild; wait"], timeout: 1.5}}
+  - {{name: exit3, argv: [sh, -c, "echo failing >&2; exit 3"]}}
+  - {{name: flood, argv: [{py}, -c, "import sys; [sys.stdout.buffer.write(b'y' * (1 << 20)) for _ in range(20)]"]}}
+  - {{name: undef, argv: [{prog}], env: {{LD_LIBRARY_PATH: {old}}}}}
+  - {{name: fine, argv: [true]}}
+expect:
+  - {{case: segv, outcome: "crash:SIGSEGV"}}
+  - {{case: abort, outcome: "crash:SIGABRT"}}
+  - {{case: hang, outcome: timeout}}
+  - {{case: undef, outcome: "undefined-symbol:shim_new"}}
+""")
+    out = d / "out"
+    t0 = time.monotonic()
+    proc = cli("run", m, "--out", out, "-q", cwd=d, timeout=120)
+    return {"proc": proc, "out": out, "dir": d, "wall": time.monotonic() - t0,
+            "cells": {r["id"]: r for r in cells(out)}}
+
+
+def test_every_bad_cell_has_its_outcome(bad_run: dict[str, Any]) -> None:
+    got = {i.split("/")[-1]: r["observed"]["outcome"] for i, r in bad_run["cells"].items()}
+    assert got == {"probe": "skipped:no-cuda-driver", "segv": "crash:SIGSEGV", "abort": "crash:SIGABRT",
+                   "hang": "timeout", "exit3": "exit:3", "flood": "ok", "undef": "undefined-symbol:shim_new",
+                   "fine": "ok"}, bad_run["proc"].stderr
+    # exit3 alone has no expect override: it is the one failure, so the run exits 1
+    assert bad_run["proc"].returncode == 1
+    assert [i for i, r in bad_run["cells"].items() if r["status"] == "fail"] == ["cu12.9/host/exit3"]
+    assert "Traceback" not in bad_run["proc"].stderr
+
+
+def test_bad_cells_details(bad_run: dict[str, Any]) -> None:
+    c = {i.split("/")[-1]: r for i, r in bad_run["cells"].items()}
+    assert "failing" in c["exit3"]["stderr_tail"]
+    assert "undefined symbol: shim_new" in c["undef"]["observed"]["detail"]
+    assert c["flood"]["timings"]["wall_s"] < 10 and len(c["flood"]["stdout_tail"]) <= 4096
+    assert bad_run["wall"] < 60
+    assert _gone(int((bad_run["dir"] / "grandchild").read_text())), "hang's grandchild sleep survived the timeout"
+    final = json.loads((bad_run["out"] / "results.json").read_text())
+    assert sorted(r["id"] for r in final["cells"]) == sorted(bad_run["cells"])
+
+
+INTERRUPTIBLE = """
+runtimes:
+  cu12.9: {{wheel: {rt}}}
+drivers: [host]
+probe: false
+cases:
+  - {{name: a, argv: [true]}}
+  - {{name: b, argv: [true]}}
+  - {{name: slow, argv: [sh, -c, "echo $$ > {d}/slow.pid; test -e {d}/go || exec sleep 120"]}}
+  - {{name: d, argv: [true]}}
+  - {{name: e, argv: [true]}}
+"""
+
+
+def _start_and_stop(tmp_path: Path, cli_env: Any, sig: signal.Signals) -> tuple[int, Path, Path, int]:
+    m = tmp_path / "m.yaml"
+    m.write_text(INTERRUPTIBLE.format(rt=RUNTIME, d=tmp_path))
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "cumatrix", "run", str(m), "--out", str(out), "-q"],
+                            cwd=tmp_path, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        pidfile = tmp_path / "slow.pid"
+        end = time.monotonic() + 60
+        while not (pidfile.exists() and pidfile.read_text().strip()) and time.monotonic() < end:
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        time.sleep(0.2)  # the shell has exec'd sleep
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in err
+    return proc.returncode, m, out, int(pidfile.read_text())
+
+
+def _resume_completes(tmp_path: Path, m: Path, out: Path, cli: Any) -> None:
+    (tmp_path / "go").touch()
+    proc = cli("run", m, "--out", out, "--resume", "-q", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ran_now = [r["id"] for r in cells(out)][2:]
+    assert sorted(ran_now) == ["cu12.9/host/d", "cu12.9/host/e", "cu12.9/host/slow"]
+    final = json.loads((out / "results.json").read_text())
+    ids = [r["id"] for r in final["cells"]]
+    assert sorted(ids) == sorted(f"cu12.9/host/{n}" for n in "a b slow d e".split())
+
+
+def test_sigint_keeps_finished_cells_then_resume(tmp_path: Path, wheel_cache: Path, cli: Any, cli_env: Any) -> None:
+    rc, m, out, slow = _start_and_stop(tmp_path, cli_env, signal.SIGINT)
+    assert rc == 130
+    assert [r["id"] for r in cells(out)] == ["cu12.9/host/a", "cu12.9/host/b"]
+    assert _gone(slow), "the interrupted cell's child is still running"
+    _resume_completes(tmp_path, m, out, cli)
+
+
+def test_sigkill_keeps_finished_cells_then_resume(tmp_path: Path, wheel_cache: Path, cli: Any, cli_env: Any) -> None:
+    rc, m, out, slow = _start_and_stop(tmp_path, cli_env, signal.SIGKILL)
+    assert rc == -signal.SIGKILL
+    assert [r["id"] for r in cells(out)] == ["cu12.9/host/a", "cu12.9/host/b"]
+    assert _gone(slow), "the cell's child outlived the SIGKILLed harness"
+    _resume_completes(tmp_path, m, out, cli)
+
+
+def test_resume_with_nothing_left(tmp_path: Path, wheel_cache: Path, write_matrix: Any, cli: Any) -> None:
+    m = write_matrix(f"""
+        runtimes: {{cu12.9: {{wheel: {RUNTIME}}}}}
+        drivers: [host]
+        cases: [{{name: a, argv: [true]}}]
+    """)
+    assert cli("run", m, "--out", tmp_path / "o", "-q", cwd=tmp_path).returncode == 0
+    proc = cli("run", m, "--out", tmp_path / "o", "--resume", "-q", cwd=tmp_path)
+    assert proc.returncode == 0 and "nothing left to run" in proc.stderr
+
+
+def test_no_cell_matches_k_exits_2(tmp_path: Path, wheel_cache: Path, write_matrix: Any, cli: Any) -> None:
+    m = write_matrix(f"""
+        runtimes: {{cu12.9: {{wheel: {RUNTIME}}}}}
+        drivers: [host]
+        cases: [{{name: a, argv: [true]}}]
+    """)
+    proc = cli("run", m, "--out", tmp_path / "o", "-k", "nosuchcell", "-q", cwd=tmp_path)
+    assert proc.returncode == 2 and "nosuchcell" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_bundled_matrix_runs_without_a_gpu(tmp_path: Path, wheel_cache: Path, cli: Any) -> None:
+    bundled = REPO / "matrix.yaml"
+    if not bundled.is_file():
+        pytest.skip("no bundled matrix.yaml at the repository root")
+    proc = cli("doctor", "--json")
+    if json.loads(proc.stdout).get("driver_version"):
+        pytest.skip("this host has an NVIDIA driver: GPU cells run for real (tests/gpu covers that)")
+    proc = cli("run", bundled, "--out", tmp_path / "out", "-n", "2", "-q", cwd=REPO, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    recs = cells(tmp_path / "out")
+    assert recs and all(r["status"] != "fail" for r in recs)
+    probes = [r for r in recs if r["axes"]["kind"] == "probe"]
+    assert probes and all(r["observed"]["outcome"] == "skipped:no-cuda-driver" for r in probes)
+    # on the host driver the probe still loaded each runtime and read its version from the library
+    for r in probes:
+        name = r["axes"]["runtime"]
+        if r["axes"]["driver"] == "host" and name.startswith("cu"):
+            major, minor = name[2:].split(".")
+            assert r["observed"]["data"]["runtime_version"] == int(major) * 1000 + int(minor) * 10, r["id"]
+    for r in recs:
+        if r["axes"]["kind"] == "swap":
+            assert r["observed"]["outcome"] == "skipped:no-cuda-driver", r["id"]
+        if r["axes"]["kind"] == "command":
+            assert not r["observed"]["outcome"].startswith(("crash", "timeout", "harness-error")), r["id"]
+
+
+def test_doctor_human_and_json(cli: Any) -> None:
+    proc = cli("doctor")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("cumatrix ")
+    fp = json.loads(cli("doctor", "--json").stdout)
+    assert {"driver_version", "gpus", "docker", "cached_runtimes", "platform", "python"} <= set(fp)
+    if not fp["driver_version"]:
+        assert "driver      none found" in proc.stdout
+        assert "GPU cells will be skipped:no-cuda-driver" in proc.stdout
+
+
+PLAN = """
+runtimes:
+  cu12.9: {wheel: nvidia-cuda-runtime-cu12==12.9.79}
+drivers: [host, emulated-12.4]
+cases: [{name: a, argv: [true]}]
+hosts:
+  h200-580: {driver: "580.159", label: gpu-h200}
+  a100-550: {driver: "550.163", label: gpu-a100}
+"""
+
+
+def test_plan_github_and_json(tmp_path: Path, cli: Any) -> None:
+    f = tmp_path / "m.yaml"
+    f.write_text(PLAN)
+    proc = cli("plan", f)
+    assert proc.returncode == 0, proc.stderr
+    inc = json.loads(proc.stdout)["include"]
+    by = {e["host"]: e for e in inc}
+    assert by["a100-550"]["runner"] == "gpu-a100" and by["a100-550"]["k"] == "/host/ or /emulated-12.4/"
+    assert by["h200-580"]["runner"] == "gpu-h200" and by["h200-580"]["k"] == "/host/"
+    data = json.loads(cli("plan", f, "--format", "json").stdout)
+    assert data["cells_total"] == 4 and sum(h["cells"] for h in data["hosts"]) == 4 + 2  # host cells run on both
+
+
+def test_plan_idle_host_exits_2(tmp_path: Path, cli: Any) -> None:
+    f = tmp_path / "m.yaml"
+    f.write_text(PLAN.replace("drivers: [host, emulated-12.4]", "drivers: [emulated-12.4]"))
+    proc = cli("plan", f)
+    assert proc.returncode == 2
+    assert "host 'h200-580' runs no cell" in proc.stderr and "Traceback" not in proc.stderr
