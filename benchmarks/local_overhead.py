@@ -1,0 +1,101 @@
+"""Per-cell overhead of the local backend, against a bare ``python3 -c pass`` spawn.
+
+One run measures, on the same machine:
+  (a) a bare ``python3 -c pass`` through ``subprocess.run`` (median of N),
+  (b) the same command as a cell through ``isolate.run_local`` (median of N),
+  (c) the full per-cell cost through ``cumatrix run`` for a matrix of such command cells
+      (wall time / cells, start-up included),
+  (d) cells per second for a 500-cell command-only matrix (1 runtime x 500 ``true`` cases)
+      with ``-n 2``.
+
+Usage: python benchmarks/local_overhead.py [-N 50] [--wheel-dir DIR]
+The runtime wheel of the matrices is fetched into the cache once (or taken from --wheel-dir).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import cumatrix
+from cumatrix.isolate import Job, run_local
+
+RUNTIME = "nvidia-cuda-runtime-cu12==12.9.79"
+PYTHON = sys.executable  # the interpreter itself: a launcher shim would inflate (a)
+
+
+def bare(n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        subprocess.run([PYTHON, "-c", "pass"], check=True)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def local_backend(n: int) -> list[float]:
+    job = Job(cell_id="bench", kind="command", argv=(PYTHON, "-c", "pass"), timeout=60)
+    out = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        res = run_local(job)
+        out.append(time.perf_counter() - t0)
+        assert res.returncode == 0, res.stderr_tail
+    return out
+
+
+def matrix_text(n_cases: int, argv: str) -> str:
+    cases = "\n".join(f"  - {{name: c{i:03d}, argv: {argv}}}" for i in range(n_cases))
+    return f"runtimes:\n  cu12.9: {{wheel: {RUNTIME}}}\ndrivers: [host]\nprobe: false\ncases:\n{cases}\n"
+
+
+def cli_run(work: Path, name: str, n_cases: int, argv: str, extra: list[str], wheel_dir: str | None) -> float:
+    m = work / f"{name}.yaml"
+    m.write_text(matrix_text(n_cases, argv))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(cumatrix.__file__).parent.parent), env.get("PYTHONPATH", "")])
+    env["CI"] = "true"  # no per-cell progress lines
+    cmd = [sys.executable, "-m", "cumatrix", "run", str(m), "--out", str(work / name), "-q", *extra]
+    if wheel_dir:
+        cmd += ["--wheel-dir", wheel_dir]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        sys.exit(f"cumatrix run failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return wall
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-N", type=int, default=50, help="spawns per median (default 50)")
+    ap.add_argument("--cells", type=int, default=50, help="cells of the matrix for (c) (default 50)")
+    ap.add_argument("--wheel-dir", help="take the runtime wheel from here (offline)")
+    a = ap.parse_args()
+
+    bare(3), local_backend(3)  # warm the page cache
+    ta = statistics.median(bare(a.N))
+    tb = statistics.median(local_backend(a.N))
+    with tempfile.TemporaryDirectory(prefix="cumatrix-bench-") as tmp:
+        work = Path(tmp)
+        cli_run(work, "warm", 1, "[true]", [], a.wheel_dir)  # fetch/unpack the runtime once
+        wall_c = cli_run(work, "c", a.cells, f"[{PYTHON}, -c, pass]", [], a.wheel_dir)
+        wall_d = cli_run(work, "d", 500, "[true]", ["-n", "2"], a.wheel_dir)
+    tc = wall_c / a.cells
+    print(f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}, cumatrix {cumatrix.__version__}")
+    print(f"(a) bare `python3 -c pass` spawn           median {ta * 1e3:7.2f} ms  (N={a.N})")
+    print(f"(b) local backend, same command as a cell  median {tb * 1e3:7.2f} ms  (N={a.N})")
+    print(f"(c) `cumatrix run`, {a.cells} python3 cells        {tc * 1e3:7.2f} ms/cell  (wall {wall_c:.2f} s)")
+    print(f"(d) `cumatrix run -n 2`, 500 `true` cells      {500 / wall_d:7.1f} cells/s  (wall {wall_d:.2f} s)")
+    print(f"b/a = {tb / ta:.2f}x (target <= 1.5x)   c/a = {tc / ta:.2f}x")
+    return 0 if tb / ta <= 1.5 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
