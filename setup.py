@@ -1,4 +1,4 @@
-"""Ship the reference C sources inside the package (``cumatrix/native/``).
+"""Ship the reference C sources (``cumatrix/native/``) and the runtime Dockerfile inside the package.
 
 ``reference/`` at the top of the repository is the source of truth; a wheel or a
 non-editable install carries a copy so that ``cumatrix build`` works anywhere.
@@ -20,6 +20,9 @@ class BuildPyWithReference(build_py):
         for f in sorted(src.iterdir()):
             if f.suffix in (".c", ".h"):
                 shutil.copy2(f, dst / f.name)
+        data = Path(self.build_lib) / "cumatrix" / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(Path(__file__).parent / "containers" / "runtime.Dockerfile", data / "runtime.Dockerfile")
 
 
 setup(cmdclass={"build_py": BuildPyWithReference})

@@ -68,6 +68,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     # Fetch every runtime up front: a requirement that does not resolve is bad input (exit 2),
     # found before any cell runs rather than once per cell.
+    if args.backend == "docker":
+        from .backends.docker import DockerBackend
+
+        with DockerBackend(args.base_image):  # the daemon must answer before any cell runs
+            pass
     if args.backend == "local":
         runner = Runner(matrix=m, wheel_dir=Path(args.wheel_dir) if args.wheel_dir else None)
         for rt in m.runtimes:

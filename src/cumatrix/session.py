@@ -52,6 +52,8 @@ class Runner:
             from .fingerprint import host_fingerprint
 
             self._host_fp = host_fingerprint()
+            if self.backend == "docker":
+                self._host_fp["docker"] = self.docker().fingerprint()
         return self._host_fp
 
     def host(self) -> oracle.HostFacts:
@@ -176,7 +178,7 @@ class Runner:
                 libcudart = str(res.libcudart)
                 env.append(("CUMATRIX_CUDART", libcudart))
         elif self.backend == "docker":
-            image = self.docker().base_runtime_image()
+            image = self.docker().base_image  # driver-family cells load no runtime
         python = "python3" if self.backend == "docker" else sys.executable
         timeout = self.timeout
         if cell.kind == "command":
