@@ -6,6 +6,7 @@
  * A variant defines, before including this file:
  *   KV_VARIANT_NAME   its name
  *   KV_USE_BATCH      1: try cuMemcpyBatchAsync (pinned to the 12.8 ABI); 0: per-block loop only
+ *   KV_USE_KERNEL     1: also the copy-kernel path and the path policy (kernel_path.h); default 0
  */
 #ifndef KV_DRIVER_FAMILY_H
 #define KV_DRIVER_FAMILY_H
@@ -17,6 +18,10 @@
 #include <cudaTypedefs.h>
 
 #include "kvswap_internal.h"
+
+#ifndef KV_USE_KERNEL
+#define KV_USE_KERNEL 0
+#endif
 
 _Static_assert(sizeof(CUdeviceptr) == sizeof(void *), "CUdeviceptr must hold a pointer");
 
@@ -67,6 +72,10 @@ static inline void *kv_drv_lookup(kv_cu_gpa_v2_fn gpa2, kv_cu_gpa_v1_fn gpa1, co
     return fn;
 }
 
+#if KV_USE_KERNEL
+static void kv_kernel_resolve(kv_cu_gpa_v2_fn gpa2, kv_cu_gpa_v1_fn gpa1);
+#endif
+
 static inline void kv_drv_resolve(void) {
     /* The driver is already in the process if CUDA was initialised; this just takes a reference. */
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
@@ -90,6 +99,9 @@ static inline void kv_drv_resolve(void) {
     /* Ask for 12080 exactly: that pins the 9-parameter ABI on every driver that has it (a
      * 13.x driver hands out the 8-parameter _v2 for 13000).  NULL below 12.8 -> fallback. */
     kv_drv.batch = (kv_cu_batch_fn)kv_drv_lookup(gpa2, gpa1, "cuMemcpyBatchAsync", KV_CU_BATCH_ABI_VERSION);
+#endif
+#if KV_USE_KERNEL
+    kv_kernel_resolve(gpa2, gpa1);
 #endif
     if (!kv_drv.memcpy_async) {
         kv_drv.code = KVSWAP_E_MISSING_SYMBOL;
@@ -135,19 +147,53 @@ static inline int kv_drv_batch(void *const *src, void *const *dst, const size_t 
 }
 #endif
 
-KVSWAP_API int kvswap_swap_blocks(void *const *src, void *const *dst, const size_t *sizes, size_t n,
-                                  void *stream, kvswap_path *path, kvswap_status *st) {
+#if KV_USE_KERNEL
+#include "kernel_path.h"
+#endif
+
+static int kv_drv_swap(void *const *src, void *const *dst, const size_t *sizes, size_t n, void *stream,
+                       int direction, kvswap_path *path, kvswap_status *st) {
     kv_set_path(path, KVSWAP_PATH_NONE);
     kv_ok(st);
     int rc = kv_check_args(src, dst, sizes, n, st);
     if (rc) return rc;
+    if (direction < KVSWAP_DIR_UNKNOWN || direction > KVSWAP_DIR_D2D)
+        return kv_fail(st, KVSWAP_E_INVALID_ARGUMENT, -1, NULL, "direction %d is not a kvswap_direction", direction);
     pthread_once(&kv_drv_once, kv_drv_resolve);
     if (kv_drv.code) return kv_fail(st, kv_drv.code, -1, NULL, "%s", kv_drv.message);
     CUstream s = (CUstream)stream;
+    int use_batch = KV_USE_BATCH;
+#if KV_USE_KERNEL
+    int policy = kv_policy_now();
+    if (policy == KVSWAP_POLICY_LOOP) use_batch = 0;
+    if (policy == KVSWAP_POLICY_FASTEST || policy == KVSWAP_POLICY_KERNEL) {
+        int why = 0;
+        int slot = kv_kernel_ready(src, dst, n, &direction, &why);
+        int choice = KVSWAP_PATH_KERNEL;
+        if (slot >= 0 && policy == KVSWAP_POLICY_FASTEST) {
+            unsigned long long total = 0;
+            for (size_t i = 0; i < n; i++) total += sizes[i];
+            choice = kv_cal_pick(direction, total / n, n);
+            if (choice == KVSWAP_PATH_FALLBACK) use_batch = 0;
+        }
+        if (slot >= 0 && choice == KVSWAP_PATH_KERNEL) {
+            kv_set_path(path, KVSWAP_PATH_KERNEL);
+            return kv_kernel_copy(slot, src, dst, sizes, n, s, st);
+        }
+        /* Forced kernel that cannot load (e.g. 222, PTX newer than the driver): say so, do not hide it. */
+        if (policy == KVSWAP_POLICY_KERNEL && why) {
+            kv_set_path(path, KVSWAP_PATH_KERNEL);
+            return kv_fail(st, why, -1, why > 0 ? kv_drv_error_name((CUresult)why) : NULL,
+                           "copy kernel unavailable: %s", kvswap_kernel_info());
+        }
+    }
+#else
+    (void)direction;
+#endif
 #if KV_USE_BATCH
     /* The legacy default stream goes to the per-block path: the batch call rejects it with
      * CUDA_ERROR_INVALID_VALUE at index 0 (vLLM issue 46345). */
-    if (kv_drv.batch && !kv_is_legacy_stream(stream)) {
+    if (use_batch && kv_drv.batch && !kv_is_legacy_stream(stream)) {
         kv_set_path(path, KVSWAP_PATH_BATCH);
         size_t chunk = kv_chunk();
         for (size_t first = 0; first < n; first += chunk) {
@@ -158,9 +204,22 @@ KVSWAP_API int kvswap_swap_blocks(void *const *src, void *const *dst, const size
         return 0;
     }
 #endif
+    (void)use_batch;
     kv_set_path(path, KVSWAP_PATH_FALLBACK);
     return kv_drv_loop(src, dst, sizes, 0, n, s, st);
 }
+
+KVSWAP_API int kvswap_swap_blocks(void *const *src, void *const *dst, const size_t *sizes, size_t n,
+                                  void *stream, kvswap_path *path, kvswap_status *st) {
+    return kv_drv_swap(src, dst, sizes, n, stream, KVSWAP_DIR_UNKNOWN, path, st);
+}
+
+#if KV_USE_KERNEL
+KVSWAP_API int kvswap_swap_blocks_dir(void *const *src, void *const *dst, const size_t *sizes, size_t n,
+                                      void *stream, int direction, kvswap_path *path, kvswap_status *st) {
+    return kv_drv_swap(src, dst, sizes, n, stream, direction, path, st);
+}
+#endif
 
 KVSWAP_API const char *kvswap_variant_name(void) { return KV_VARIANT_NAME; }
 KVSWAP_API const char *kvswap_family(void) { return "driver"; }

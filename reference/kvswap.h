@@ -36,8 +36,26 @@ typedef enum {
     KVSWAP_PATH_NONE = 0,     /* nothing was attempted (bad arguments, resolution failed) */
     KVSWAP_PATH_BATCH = 1,    /* cuMemcpyBatchAsync / cudaMemcpyBatchAsync */
     KVSWAP_PATH_FALLBACK = 2, /* one cuMemcpyAsync / cudaMemcpyAsync per block (also the loop variants) */
-    KVSWAP_PATH_KERNEL = 3    /* a copy kernel (reserved; host-only variants never take it) */
+    KVSWAP_PATH_KERNEL = 3    /* one launch of a runtime-compiled copy kernel (proc-address only) */
 } kvswap_path;
+
+/* Direction of a call, for kvswap_swap_blocks_dir(); every block of one call shares it. */
+typedef enum {
+    KVSWAP_DIR_UNKNOWN = 0, /* infer it from block 0's pointer attributes */
+    KVSWAP_DIR_D2H = 1,
+    KVSWAP_DIR_H2D = 2,
+    KVSWAP_DIR_D2D = 3
+} kvswap_direction;
+
+/* Which path a call may take (kvswap_set_policy; initial value from env KVSWAP_POLICY:
+ * fastest, copy-engine-only, kernel, batch, loop). */
+typedef enum {
+    KVSWAP_POLICY_FASTEST = 0,          /* per call, the calibrated best of kernel/batch/loop (default) */
+    KVSWAP_POLICY_COPY_ENGINE_ONLY = 1, /* never the kernel: keeps the SMs free for compute */
+    KVSWAP_POLICY_KERNEL = 2,           /* the kernel whenever it applies; its failures are returned */
+    KVSWAP_POLICY_BATCH = 3,            /* the batch copy (per-block where it cannot be used) */
+    KVSWAP_POLICY_LOOP = 4              /* one copy per block */
+} kvswap_policy;
 
 /* Negative codes are kvswap's own; positive ones are CUDA's (see kvswap_status.code). */
 #define KVSWAP_OK 0
@@ -68,6 +86,27 @@ typedef struct {
  */
 KVSWAP_API int kvswap_swap_blocks(void *const *src, void *const *dst, const size_t *sizes, size_t n,
                                   void *stream, kvswap_path *path, kvswap_status *status);
+
+/*
+ * As kvswap_swap_blocks, with the direction given.  With KVSWAP_DIR_UNKNOWN (and always in
+ * kvswap_swap_blocks) the kernel path asks the driver for block 0's memory types; an explicit
+ * direction skips that, and promises that every host pointer is pinned (cuMemHostAlloc /
+ * cuMemHostRegister) and so mapped at the same address on the device (unified addressing).
+ * Only proc-address defines it.
+ */
+KVSWAP_API int kvswap_swap_blocks_dir(void *const *src, void *const *dst, const size_t *sizes, size_t n,
+                                      void *stream, int direction, kvswap_path *path, kvswap_status *status);
+
+/* Set the process-wide path policy (a kvswap_policy); returns 0 or KVSWAP_E_INVALID_ARGUMENT.
+ * Calibration for KVSWAP_POLICY_FASTEST: env KVSWAP_CALIBRATION names a text file of lines
+ * `direction block_bytes blocks path` (`cumatrix calibrate` writes it), read once; without it,
+ * built-in choices measured on an H200.  Only proc-address defines these. */
+KVSWAP_API int kvswap_set_policy(int policy);
+KVSWAP_API int kvswap_get_policy(void);
+/* Where the calibration came from: the file's name, or "built-in". */
+KVSWAP_API const char *kvswap_calibration_source(void);
+/* How the kernel was built ("cubin sm_90 via libnvrtc.so.13 (NVRTC 13.0)") or why it is unavailable. */
+KVSWAP_API const char *kvswap_kernel_info(void);
 
 /* "proc-address", "runtime-dispatch", "direct-link", "driver-dispatch",
  * "header-dispatch", "driver-loop" or "runtime-loop". */
