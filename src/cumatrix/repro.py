@@ -1,0 +1,774 @@
+"""``cumatrix repro``: re-run one cell, or one known real-world bug, and write a bug report.
+
+A cell of a matrix is re-run alone through :meth:`cumatrix.session.Runner.run_cell`.  A
+catalog entry (``data/bugs.json``) is a bad cell that must show the bug's signature and a
+good cell, on the same pairing, that must pass; only both together reproduce the bug.
+Each report is Markdown: the environment, expected against observed with the oracle's
+reason, on a crash a native backtrace (``gdb``) and the libraries the child had mapped, the
+upstream reference, and one shell command that reproduces the cell without pytest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .errors import ConfigError, CumatrixError, UsageError, did_you_mean
+from .isolate import Job
+from .model import (
+    NO_RUNTIME,
+    OUTCOME_RE,
+    VARIANT_FAMILIES,
+    Cell,
+    CudaVersion,
+    Driver,
+    Matrix,
+    Runtime,
+    Workload,
+    is_neutral,
+    outcome_matches,
+)
+from .session import PACKAGE_PARENT, Runner
+from .swapcell import MAPS_BEGIN, MAPS_END, MAPS_ENV
+
+DEFAULT_OUT = "repro"
+CATALOG_SCHEMA = 1
+CATALOG_FILE = "cumatrix/data/bugs.json"
+NO_GPU = "needs an NVIDIA GPU and driver; this host has none"
+GDB_TIMEOUT_EXTRA = 120.0
+
+# --------------------------------------------------------------------------- the catalog
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BugRef:
+    """An upstream issue or pull request."""
+
+    project: str
+    kind: str  # PR | issue
+    number: int
+    role: str  # introduced | fixed | reported
+    url: str
+
+    def __str__(self) -> str:
+        return f"{self.project} {self.kind} {self.number} ({self.role})"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BugNeeds:
+    gpu: bool
+    driver_min: CudaVersion | None = None
+    build_only_without_gpu: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BugCell:
+    """One cell of a catalog entry, by its axes, and the outcome it must show."""
+
+    runtime: CudaVersion | None  # None: a driver-family cell, no CUDA runtime loaded
+    driver: Driver
+    variant: str
+    build: CudaVersion
+    workload: Workload
+    outcome: str
+    detail_contains: str | None = None
+
+    @property
+    def family(self) -> str:
+        return "runtime" if self.runtime is not None else "driver"
+
+    def cell(self) -> Cell:
+        rt = f"cu{self.runtime}" if self.runtime is not None else NO_RUNTIME
+        return Cell(kind="swap", runtime=rt, driver=self.driver.name, variant=self.variant,
+                    family="runtime" if self.runtime is not None else "driver", build=self.build,
+                    workload=self.workload)
+
+    def shows(self, outcome: str, path: str | None, detail: str) -> bool:
+        """Whether an observation is this cell's outcome (and carries its detail text)."""
+        if not outcome_matches(self.outcome, outcome, path):
+            return False
+        return self.detail_contains is None or self.detail_contains in detail
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Bug:
+    id: str
+    title: str
+    refs: tuple[BugRef, ...]
+    needs: BugNeeds
+    bad: BugCell
+    good: BugCell
+
+    def needs_text(self) -> str:
+        emulated = {c.driver.emulated for c in (self.bad, self.good) if c.driver.emulated}
+        heads = sorted({str(c.build) for c in (self.bad, self.good)})
+        rts = sorted({f"cu{c.runtime}" for c in (self.bad, self.good) if c.runtime is not None})
+        parts = [f"gpu {'yes' if self.needs.gpu else 'no'}"]
+        if self.needs.driver_min:
+            parts.append(f"driver >= CUDA {self.needs.driver_min}")
+        parts.append(f"emulated driver {', '.join(str(e) for e in sorted(emulated)) if emulated else 'no'}")
+        parts.append(f"headers {', '.join(heads)}")
+        parts.append(f"runtime {', '.join(rts) if rts else 'none (driver API only)'}")
+        return "; ".join(parts)
+
+    def matrix(self) -> Matrix:
+        """An in-memory matrix holding exactly this entry's two cells."""
+        from . import runtimes as _runtimes
+
+        cells = (self.bad, self.good)
+        rts = []
+        for v in sorted({c.runtime for c in cells if c.runtime is not None}):
+            rts.append(Runtime(name=f"cu{v}", requirement=_runtimes.KNOWN_WHEELS[str(v)]))
+        drivers = tuple({c.driver.name: c.driver for c in cells}.values())
+        return Matrix(path=f"<catalog entry {self.id}>", sha256=hashlib.sha256(self.id.encode()).hexdigest(),
+                      version=1, runtimes=tuple(rts), drivers=drivers,
+                      builds=tuple(sorted({c.build for c in cells})),
+                      variants=tuple(dict.fromkeys(c.variant for c in cells)),
+                      workloads=tuple({c.workload.name: c.workload for c in cells}.values()), probe=False)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Catalog:
+    schema: int
+    bugs: tuple[Bug, ...]
+
+    def get(self, bug_id: str) -> Bug:
+        for b in self.bugs:
+            if b.id == bug_id:
+                return b
+        ids = [b.id for b in self.bugs]
+        raise UsageError(f"unknown bug {bug_id!r}{did_you_mean(bug_id, ids)}; known: {', '.join(ids)} "
+                         "(`cumatrix repro --list`)")
+
+
+class _Check:
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.problems: list[str] = []
+
+    def err(self, where: str, message: str) -> None:
+        self.problems.append(f"{self.source}: {where}: {message}")
+
+
+def _cell(chk: _Check, raw: Any, where: str, workloads: dict[str, Workload]) -> BugCell | None:
+    from . import runtimes as _runtimes
+    from .matrix import parse_driver
+
+    if not isinstance(raw, dict):
+        chk.err(where, "expected an object")
+        return None
+    allowed = ("runtime", "driver", "variant", "build", "workload", "outcome", "detail_contains")
+    for k in raw:
+        if k not in allowed:
+            chk.err(where, f"unknown key {k!r}{did_you_mean(k, allowed)}")
+    missing = [k for k in allowed[:6] if k not in raw]
+    if missing:
+        chk.err(where, f"missing {', '.join(missing)}")
+        return None
+    n = len(chk.problems)
+    runtime = None
+    if raw["runtime"] is not None:
+        try:
+            runtime = CudaVersion.parse(str(raw["runtime"]))
+        except ValueError as e:
+            chk.err(f"{where}.runtime", str(e))
+        if runtime is not None and str(runtime) not in _runtimes.KNOWN_WHEELS:
+            chk.err(f"{where}.runtime", f"no known wheel for CUDA {runtime} (known: {', '.join(_runtimes.KNOWN_WHEELS)})")
+    try:
+        driver = parse_driver(str(raw["driver"]))
+    except ValueError as e:
+        chk.err(f"{where}.driver", str(e))
+    variant = str(raw["variant"])
+    fams = VARIANT_FAMILIES.get(variant)
+    if fams is None:
+        chk.err(f"{where}.variant", f"unknown variant {variant!r}{did_you_mean(variant, VARIANT_FAMILIES)}")
+    elif ("runtime" if raw["runtime"] is not None else "driver") not in fams:
+        chk.err(f"{where}.variant", f"{variant} is a {'/'.join(fams)}-family variant: "
+                                    f"{'give a runtime' if 'runtime' in fams else 'runtime must be null'}")
+    try:
+        build = CudaVersion.parse(str(raw["build"]))
+    except ValueError as e:
+        chk.err(f"{where}.build", str(e))
+    if str(raw["build"]) not in _runtimes.KNOWN_WHEELS:
+        chk.err(f"{where}.build", f"no known wheel for headers {raw['build']}")
+    wl = workloads.get(str(raw["workload"]))
+    if wl is None:
+        chk.err(f"{where}.workload", f"unknown workload {raw['workload']!r}{did_you_mean(str(raw['workload']), workloads)}")
+    outcome = str(raw["outcome"])
+    if not OUTCOME_RE.match(outcome):
+        chk.err(f"{where}.outcome", f"{outcome!r} is not an outcome word")
+    dc = raw.get("detail_contains")
+    if dc is not None and not isinstance(dc, str):
+        chk.err(f"{where}.detail_contains", "expected a string")
+    if len(chk.problems) > n:
+        return None
+    assert wl is not None
+    return BugCell(runtime=runtime, driver=driver, variant=variant, build=build, workload=wl, outcome=outcome,
+                   detail_contains=dc)
+
+
+def load_catalog(text: str | None = None, *, source: str = CATALOG_FILE) -> Catalog:
+    """Parse and validate the bug catalog (the packaged one unless ``text`` is given).
+
+    Raises :class:`ConfigError` listing every problem.
+    """
+    if text is None:
+        text = resources.files("cumatrix").joinpath("data/bugs.json").read_text()
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{source}:{e.lineno}:{e.colno}: not JSON: {e.msg}") from e
+    chk = _Check(source)
+    if not isinstance(raw, dict) or raw.get("schema") != CATALOG_SCHEMA:
+        raise ConfigError(f"{source}: schema must be {CATALOG_SCHEMA}, got "
+                          f"{raw.get('schema') if isinstance(raw, dict) else type(raw).__name__!r}")
+    workloads: dict[str, Workload] = {}
+    for name, w in (raw.get("workloads") or {}).items():
+        try:
+            workloads[name] = Workload(name=name, direction=str(w["direction"]), block_bytes=int(w["block_bytes"]),
+                                       blocks=int(w["blocks"]), stream=str(w.get("stream", "dedicated")))
+        except (KeyError, TypeError, ValueError) as e:
+            chk.err(f"workloads.{name}", f"needs direction, block_bytes, blocks ({type(e).__name__}: {e})")
+    bugs: list[Bug] = []
+    seen: set[str] = set()
+    for i, b in enumerate(raw.get("bugs") or []):
+        where = f"bugs[{i}]"
+        if not isinstance(b, dict) or not isinstance(b.get("id"), str):
+            chk.err(where, "expected an object with an id")
+            continue
+        bid = b["id"]
+        where = f"bugs[{i}] ({bid})"
+        if not re.match(r"^[a-z0-9][a-z0-9-]*$", bid):
+            chk.err(where, "id: lower-case letters, digits and - only")
+        if bid in seen:
+            chk.err(where, f"duplicate id {bid!r}")
+        seen.add(bid)
+        refs = []
+        for j, r in enumerate(b.get("refs") or []):
+            try:
+                refs.append(BugRef(project=str(r["project"]), kind=str(r["kind"]), number=int(r["number"]),
+                                   role=str(r["role"]), url=str(r["url"])))
+            except (KeyError, TypeError, ValueError):
+                chk.err(f"{where}.refs[{j}]", "needs project, kind, number, role, url")
+        if not refs:
+            chk.err(where, "needs at least one upstream reference in refs")
+        nraw = b.get("needs") or {}
+        dmin = None
+        if nraw.get("driver_min") is not None:
+            try:
+                dmin = CudaVersion.parse(str(nraw["driver_min"]))
+            except ValueError as e:
+                chk.err(f"{where}.needs.driver_min", str(e))
+        if not isinstance(nraw.get("gpu"), bool):
+            chk.err(f"{where}.needs.gpu", "expected true or false")
+        needs = BugNeeds(gpu=bool(nraw.get("gpu")), driver_min=dmin,
+                         build_only_without_gpu=bool(nraw.get("build_only_without_gpu", False)))
+        bad = _cell(chk, b.get("bad"), f"{where}.bad", workloads)
+        good = _cell(chk, b.get("good"), f"{where}.good", workloads)
+        if bad is not None and (is_neutral(bad.outcome) or bad.outcome.startswith("ok")):
+            chk.err(f"{where}.bad.outcome", f"{bad.outcome!r} is not a failure signature")
+        if good is not None and not good.outcome.startswith("ok"):
+            chk.err(f"{where}.good.outcome", f"the good cell must pass (ok...), not {good.outcome!r}")
+        if bad is not None and good is not None:
+            bugs.append(Bug(id=bid, title=str(b.get("title", "")), refs=tuple(refs), needs=needs, bad=bad, good=good))
+    if chk.problems:
+        raise ConfigError("\n".join(chk.problems))
+    return Catalog(schema=CATALOG_SCHEMA, bugs=tuple(bugs))
+
+
+# --------------------------------------------------------------------------- running
+
+
+class ReproRunner(Runner):
+    """A :class:`Runner` whose swap children print the libraries they mapped before the call."""
+
+    def _job(self, cell: Cell) -> tuple[Job | None, Any]:
+        job, pre = super()._job(cell)
+        if job is not None:
+            job = dataclasses.replace(job, env=(*job.env, (MAPS_ENV, "1")))
+        return job, pre
+
+
+def standalone_command(runner: Runner, job: Job) -> str:
+    """One shell command that runs ``job`` as the harness does, without pytest."""
+    env = dict(job.env)
+    if runner.backend == "docker":
+        own = list(job.lib_path)
+        if own:
+            env["LD_LIBRARY_PATH"] = ":".join(own)
+        env.setdefault("PYTHONPATH", PACKAGE_PARENT)
+        env.setdefault("PYTHONFAULTHANDLER", "1")
+        parts = ["docker", "run", "--rm", "--init", "--network", "none"]
+        if runner.host().driver_version is not None:
+            parts += ["--gpus", "all"]
+        for m in dict.fromkeys([PACKAGE_PARENT, *job.mounts]):
+            parts += ["-v", f"{m}:{m}:ro"]
+        for k, v in env.items():
+            parts += ["-e", f"{k}={v}"]
+        parts.append(job.image or "IMAGE")
+        return " ".join(shlex.quote(p) for p in [*parts, *job.argv])
+    if job.lib_path:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(job.lib_path)
+    env.setdefault("PYTHONFAULTHANDLER", "1")
+    return " ".join(shlex.quote(p) for p in ["env", *(f"{k}={v}" for k, v in env.items()), *job.argv])
+
+
+def child_environment(job: Job) -> dict[str, str]:
+    """The environment :func:`cumatrix.isolate.run_local` gives the child."""
+    env = dict(os.environ)
+    env.update(job.env)
+    if job.lib_path:
+        old = env.get("LD_LIBRARY_PATH", "")
+        env["LD_LIBRARY_PATH"] = os.pathsep.join([*job.lib_path, *([old] if old else [])])
+    env.setdefault("PYTHONFAULTHANDLER", "1")
+    env[MAPS_ENV] = "1"
+    return env
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NativeTrace:
+    """What re-running a crashed child under gdb gave (or why it could not)."""
+
+    tool: str | None  # "gdb", or None for the faulthandler fallback
+    backtrace: str
+    libraries: str
+    maps: tuple[str, ...]
+    note: str
+
+
+def gdb_backtrace(job: Job, *, gdb: str | None = None) -> NativeTrace:
+    """Re-run ``job`` under ``gdb -batch``: the crashing thread's backtrace and the loaded libraries."""
+    gdb = gdb or shutil.which("gdb")
+    if gdb is None:
+        return NativeTrace(tool=None, backtrace="", libraries="", maps=(),
+                           note="gdb is not installed: fallback to the faulthandler (Python) stack only")
+    argv = list(job.argv)
+    exe = shutil.which(argv[0]) if not os.path.isabs(argv[0]) else argv[0]
+    argv[0] = exe or argv[0]
+    cmd = [gdb, "-nx", "-batch", "-iex", "set debuginfod enabled off", "-ex", "run", "-ex", "bt",
+           "-ex", "info sharedlibrary", "--args", *argv]
+    try:
+        proc = subprocess.run(cmd, env=child_environment(job), stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, errors="replace", timeout=job.timeout + GDB_TIMEOUT_EXTRA,
+                              start_new_session=True)
+    except subprocess.TimeoutExpired:
+        return NativeTrace(tool="gdb", backtrace="", libraries="", maps=(),
+                           note=f"gdb did not finish within {job.timeout + GDB_TIMEOUT_EXTRA:.0f} s")
+    text = proc.stdout + "\n" + proc.stderr
+    lines = text.splitlines()
+    bt = [ln for ln in lines if re.match(r"^#\d+\s", ln)]
+    sig = [ln for ln in lines if ln.startswith("Program received signal") or ln.startswith("Thread ") and "received signal" in ln]
+    libs: list[str] = []
+    in_libs = False
+    for ln in lines:
+        if ln.startswith("From") and "Shared Object Library" in ln:
+            in_libs = True
+        if in_libs:
+            libs.append(ln)
+            if ln.startswith("(*)"):
+                break
+    if not bt:
+        tail = "\n".join(lines[-15:])
+        return NativeTrace(tool="gdb", backtrace="", libraries="\n".join(libs), maps=parse_maps(text),
+                           note=f"under gdb the child did not crash (it may depend on timing or memory layout); gdb said:\n{tail}")
+    return NativeTrace(tool="gdb", backtrace="\n".join([*sig, *bt]), libraries="\n".join(libs),
+                       maps=parse_maps(text), note="")
+
+
+def parse_maps(text: str) -> tuple[str, ...]:
+    """The lines of the child's ``CUMATRIX-MAPS`` block (the last one printed), if any."""
+    if MAPS_BEGIN not in text:
+        return ()
+    block = text.rsplit(MAPS_BEGIN, 1)[1].split(MAPS_END, 1)[0]
+    return tuple(ln.strip() for ln in block.splitlines() if ln.strip())
+
+
+@dataclass(kw_only=True)
+class CellRun:
+    """One cell run for a report: its record and what was gathered around it."""
+
+    cell: Cell
+    record: dict[str, Any]
+    command: str | None
+    native: NativeTrace | None = None
+    build_log: str = ""  # the compiler's whole message, for a build-error (the record keeps its tail)
+
+    @property
+    def outcome(self) -> str:
+        return str(self.record["observed"]["outcome"])
+
+    @property
+    def path(self) -> str | None:
+        p = self.record["observed"].get("path")
+        return None if p is None else str(p)
+
+    @property
+    def detail(self) -> str:
+        return self.build_log or str(self.record["observed"].get("detail") or "")
+
+    def shown(self) -> str:
+        p = self.path
+        return f"{self.outcome}:{p}" if self.outcome == "ok" and p and p != "n/a" else self.outcome
+
+
+def run_one(runner: Runner, cell: Cell) -> CellRun:
+    """Run ``cell`` once; on a crash, re-run it under gdb (local backend)."""
+    record = runner.run_cell(cell)
+    job: Job | None = None
+    command = None
+    try:
+        job, _ = runner._job(cell)
+    except CumatrixError:
+        job = None
+    if job is not None:
+        command = standalone_command(runner, job)
+    elif cell.kind == "swap" and cell.build is not None and cell.variant:
+        command = " ".join(shlex.quote(p) for p in ("python3", "-m", "cumatrix", "build", cell.variant,
+                                                    "--headers", str(cell.build), "--family", str(cell.family)))
+    native = None
+    build_log = ""
+    if record["observed"]["outcome"] == "build-error" and cell.build is not None and cell.variant and cell.family:
+        from . import build as _build
+        from . import runtimes as _runtimes
+
+        headers = _runtimes.headers_for(cell.build, wheel_dir=runner.wheel_dir, runtimes=runner.matrix.runtimes)
+        build_log = _build.build_variant(cell.variant, cell.family, headers).log  # cached: no recompile
+    if str(record["observed"]["outcome"]).startswith("crash:"):
+        if runner.backend == "docker":
+            native = NativeTrace(tool=None, backtrace="", libraries="", maps=(),
+                                 note="docker backend: the image carries no gdb; fallback to the faulthandler stack only")
+        elif job is not None:
+            native = gdb_backtrace(job)
+    return CellRun(cell=cell, record=record, command=command, native=native, build_log=build_log)
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def _fence(text: str, lang: str = "") -> list[str]:
+    body = text.rstrip() or "(empty)"
+    ticks = "```"
+    while ticks in body:
+        ticks += "`"
+    return [f"{ticks}{lang}", body, ticks]
+
+
+def _env_table(runner: Runner, runs: list[CellRun]) -> list[str]:
+    fp = runner.host_fingerprint()
+    dv = fp.get("driver_version")
+    gpus = fp.get("gpus") or []
+    rows = [
+        ("cumatrix", __version__),
+        ("host", f"{fp.get('hostname')} ({fp.get('platform')})"),
+        ("python", str(fp.get("python"))),
+        ("driver", (f"CUDA {CudaVersion.from_int(int(dv))} ({dv})" if dv else "none")
+         + (f", {fp['driver_string']}" if fp.get("driver_string") else "")),
+        ("GPUs", ", ".join(f"{g.get('name')} (cc {g.get('compute_capability')})" for g in gpus) or "none"),
+        ("forward compatibility", "in use" if fp.get("forward_compat") else "not in use"),
+        ("backend", runner.backend),
+        ("gdb", shutil.which("gdb") or "not installed"),
+    ]
+    for r in runs:
+        f = r.record.get("fingerprint") or {}
+        if f.get("runtime_file"):
+            rows.append((f"runtime of {r.cell.id}", f"{f['runtime_file']} ({f.get('runtime_version')})"))
+        if f.get("libcuda_file"):
+            rows.append((f"libcuda of {r.cell.id}", str(f["libcuda_file"])))
+        if f.get("image"):
+            rows.append((f"image of {r.cell.id}", f"{f['image']} ({f.get('image_id')})"))
+    out = ["| | |", "|---|---|"]
+    out += [f"| {k} | {str(v).replace('|', '/')} |" for k, v in rows]
+    return out
+
+
+def _python_stack(stderr: str) -> str:
+    i = stderr.find("Fatal Python error")
+    return stderr[i:] if i >= 0 else stderr[-3000:]
+
+
+def _cell_section(r: CellRun, title: str, want: str | None = None) -> list[str]:
+    rec = r.record
+    exp = rec["expected"]
+    lines = [f"## {title}: `{r.cell.id}`", ""]
+    lines += ["| | |", "|---|---|"]
+    for k, v in r.cell.axes().items():
+        lines.append(f"| {k} | {v} |")
+    if want:
+        lines.append(f"| catalog says | {want} |")
+    lines.append(f"| oracle expects | {' or '.join(exp['outcomes'])} |")
+    lines.append(f"| observed | **{r.shown()}** |")
+    lines.append(f"| oracle verdict | {rec['status']} |")
+    lines += ["", f"**The oracle's reason** ({exp.get('rule') or 'no rule'}): {exp['reason']}", ""]
+    if rec.get("mismatch"):
+        lines += [f"**Mismatch:** {rec['mismatch']}", ""]
+    if r.detail and not r.outcome.startswith("crash:"):  # a crash's detail is the stderr tail shown below
+        lines += ["Detail:", "", *_fence(r.detail), ""]
+    data = rec["observed"].get("data") or {}
+    if r.outcome.startswith("crash:"):
+        lines += ["### Python stack (faulthandler)", "", *_fence(_python_stack(str(rec.get("stderr_tail") or ""))), ""]
+        n = r.native
+        lines += ["### Native backtrace of the crashing thread", ""]
+        if n is not None and n.backtrace:
+            lines += ["From `gdb -batch -ex run -ex bt -ex \"info sharedlibrary\" --args <the command below>`:", "",
+                      *_fence(n.backtrace), ""]
+        else:
+            lines += [f"Not available: {n.note if n else 'the child could not be re-run'}.", ""]
+        if n is not None and n.backtrace and n.note:
+            lines += [n.note, ""]
+    maps = tuple(data.get("loaded_libraries") or ()) or parse_maps(str(rec.get("stderr_tail") or ""))
+    if not maps and r.native is not None:
+        maps = r.native.maps
+    if maps or (r.native is not None and r.native.libraries):
+        lines += ["### Libraries the child had loaded before the call", ""]
+        if maps:
+            lines += ["From the child's `/proc/self/maps` right before the variant ran:", "", *_fence("\n".join(maps)), ""]
+        if r.native is not None and r.native.libraries:
+            lines += ["gdb's `info sharedlibrary` at the crash:", "", *_fence(r.native.libraries), ""]
+    elif r.outcome.startswith("crash:"):
+        lines += ["### Libraries the child had loaded before the call", "",
+                  "Not captured (the child printed no CUMATRIX-MAPS block and gdb gave no library list).", ""]
+    if r.command:
+        lines += ["### Standalone command", "", *_fence(r.command, "sh"), ""]
+    tail = str(rec.get("stderr_tail") or "").strip()
+    if tail and not r.outcome.startswith("crash:"):
+        lines += ["<details><summary>stderr tail</summary>", "", *_fence(tail[-3000:]), "", "</details>", ""]
+    return lines
+
+
+def cell_report(runner: Runner, r: CellRun, matrix_path: str) -> str:
+    """The Markdown report of one re-run cell."""
+    lines = [f"# cumatrix repro: `{r.cell.id}`", "",
+             f"Cell of `{matrix_path}`, re-run alone; expected {' or '.join(r.record['expected']['outcomes'])}, "
+             f"observed **{r.shown()}** (oracle verdict: {r.record['status']}).", "",
+             "## Environment", "", *_env_table(runner, [r]), "", *_cell_section(r, "Cell")]
+    refs = sorted(set(re.findall(r"(?:vLLM|SGLang) (?:PR|issue) \d+", r.record["expected"]["reason"])))
+    lines += ["## Upstream reference", "", (", ".join(refs) if refs else "none named by the oracle's rule"), ""]
+    return "\n".join(lines)
+
+
+def bug_report(runner: Runner, bug: Bug, bad: CellRun | None, good: CellRun | None, verdict: str,
+               why: str, note: str = "", build_logs: dict[str, str] | None = None) -> str:
+    """The Markdown report of one catalog entry."""
+    lines = [f"# {bug.id}: {verdict}", "", bug.title + ".", "", f"**Verdict: {verdict}.** {why}", ""]
+    if note:
+        lines += [note, ""]
+    lines += ["## Upstream reference", ""]
+    lines += [f"- [{ref}]({ref.url})" for ref in bug.refs]
+    lines += ["", f"Needs: {bug.needs_text()}.", "", "## Environment", "",
+              *_env_table(runner, [r for r in (bad, good) if r is not None]), ""]
+    if bad is not None:
+        lines += _cell_section(bad, "Bad cell (must show the bug's signature)",
+                               f"{bug.bad.outcome}" + (f" with '{bug.bad.detail_contains}'" if bug.bad.detail_contains else ""))
+    if good is not None:
+        lines += _cell_section(good, "Good cell (the correct pattern, same pairing)", bug.good.outcome)
+    for name, log in (build_logs or {}).items():
+        lines += [f"## Build: {name}", "", *_fence(log), ""]
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- commands
+
+
+_ID_RE = re.compile(r"^[^/\s]+/(host|emulated-\d+\.\d+)/(?:[^/\s]+|[a-z-]+/h\d+\.\d+/[^/\s]+)$")
+
+
+def find_cell(m: Matrix, cell_id: str) -> Cell:
+    """The cell of ``m`` with this id, or a :class:`UsageError` that helps find the right one."""
+    from .matrix import cells
+
+    all_cells = cells(m)
+    for c in all_cells:
+        if c.id == cell_id:
+            return c
+    ids = [c.id for c in all_cells]
+    hint = did_you_mean(cell_id, ids)
+    if _ID_RE.match(cell_id) and _foreign_axis(m, cell_id):
+        raise UsageError(f"{cell_id} is not a cell of {m.path}; it looks like a cell id of another matrix: "
+                         f"pass --matrix{hint}")
+    raise UsageError(f"unknown cell id {cell_id!r} in {m.path}{hint} (`cumatrix validate {m.path} --list` lists them)")
+
+
+def _foreign_axis(m: Matrix, cell_id: str) -> bool:
+    parts = cell_id.split("/")
+    runtimes = {r.name for r in m.runtimes} | {NO_RUNTIME}
+    drivers = {d.name for d in m.drivers}
+    if parts[0] not in runtimes or parts[1] not in drivers:
+        return True
+    if len(parts) == 3:
+        return parts[2] != "probe" and parts[2] not in {c.name for c in m.cases}
+    variant, build, workload = parts[2], parts[3][1:], parts[4]
+    return (variant not in m.variants or build not in {str(b) for b in m.builds}
+            or workload not in {w.name for w in m.workloads})
+
+
+def _report_name(ident: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._+-]+", "--", ident) + ".md"
+
+
+def _write(out: Path, name: str, text: str) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    p = out / name
+    p.write_text(text)
+    return p
+
+
+def _runner(args: argparse.Namespace, m: Matrix) -> ReproRunner:
+    wd = Path(args.wheel_dir) if args.wheel_dir else None
+    if wd is not None and not wd.is_dir():
+        raise UsageError(f"--wheel-dir {args.wheel_dir}: no such directory")
+    return ReproRunner(matrix=m, backend=args.backend, wheel_dir=wd)
+
+
+def repro_cell(args: argparse.Namespace) -> int:
+    """``cumatrix repro CELL_ID``."""
+    from . import matrix as _matrix
+
+    mpath = Path(args.matrix)
+    if not mpath.is_file():
+        raise UsageError(f"{mpath}: no such matrix file (name one with --matrix)")
+    m = _matrix.load(mpath)
+    cell = find_cell(m, args.cell_id)
+    runner = _runner(args, m)
+    r = run_one(runner, cell)
+    rec = r.record
+    expected = list(rec["expected"]["outcomes"])
+    signature = any(not e.startswith("ok") and not is_neutral(e) for e in expected)
+    if r.outcome.startswith("skipped:"):
+        print(f"cumatrix: cell {cell.id} did not run here ({r.outcome}: {r.detail}); nothing reproduced", file=sys.stderr)
+        return 2
+    if rec["status"] in ("pass", "skip") and not signature:
+        print(f"cell {cell.id} behaves as expected ({r.shown()}): nothing to reproduce")
+        return 0
+    p = _write(Path(args.out), _report_name(cell.id), cell_report(runner, r, str(mpath)))
+    what = "as the oracle predicted" if rec["status"] == "pass" else f"not as predicted: {rec['mismatch']}"
+    print(f"cell {cell.id}: {r.shown()} ({what})")
+    if r.command:
+        print(f"standalone: {r.command}")
+    print(f"report: {p}")
+    return 0 if rec["status"] == "pass" else 1
+
+
+def _build_only(runner: Runner, bug: Bug) -> tuple[bool, str, dict[str, str]]:
+    """Without a GPU: build the bad and the good variant; the build alone proves a build bug."""
+    from . import build as _build
+    from . import runtimes as _runtimes
+
+    logs: dict[str, str] = {}
+    results = {}
+    for which, c in (("bad", bug.bad), ("good", bug.good)):
+        headers = _runtimes.headers_for(c.build, wheel_dir=runner.wheel_dir)
+        res = _build.build_variant(c.variant, c.family, headers)
+        results[which] = res
+        logs[f"{which}: {c.variant} ({c.family} family) with CUDA {c.build} headers -> "
+             f"{'built ' + str(res.library.name) if res.ok and res.library else 'build-error'}"] = (
+            " ".join(shlex.quote(a) for a in res.command) + "\n\n" + (res.log or "(no compiler output)"))
+    bad_ok = (not results["bad"].ok and bug.bad.outcome == "build-error"
+              and (bug.bad.detail_contains is None or bug.bad.detail_contains in results["bad"].log))
+    good_ok = results["good"].ok
+    why = (f"bad cell: {'build-error' if not results['bad'].ok else 'built'}"
+           + (f" ({'contains' if bug.bad.detail_contains and bug.bad.detail_contains in results['bad'].log else 'lacks'}"
+              f" '{bug.bad.detail_contains}')" if bug.bad.detail_contains else "")
+           + f"; good cell: {'builds' if good_ok else 'build-error'}")
+    return bad_ok and good_ok, why, logs
+
+
+def repro_bug(args: argparse.Namespace, bug: Bug) -> int:
+    """Run one catalog entry; write ``<out>/<id>.md``; 0 reproduced, 1 not, 2 cannot run here."""
+    m = bug.matrix()
+    runner = _runner(args, m)
+    host = runner.host()
+    out = Path(args.out)
+    if host.driver_version is None:
+        if bug.needs.build_only_without_gpu:
+            ok, why, logs = _build_only(runner, bug)
+            verdict = "reproduced" if ok else "not reproduced"
+            note = ("This host has no NVIDIA GPU or driver: only the build step ran, for both variants. "
+                    "The build alone proves this bug; on a GPU host the good cell also runs.")
+            p = _write(out, _report_name(bug.id), bug_report(runner, bug, None, None, verdict, why, note, logs))
+            print(f"{bug.id}: {verdict} ({why}; build step only: no GPU here)\nreport: {p}")
+            return 0 if ok else 1
+        print(f"cumatrix: {bug.id} {NO_GPU}", file=sys.stderr)
+        return 2
+    if bug.needs.driver_min is not None and host.driver_version < int(bug.needs.driver_min):
+        print(f"cumatrix: {bug.id} needs a driver for CUDA {bug.needs.driver_min} or newer; this host's driver is "
+              f"CUDA {CudaVersion.from_int(host.driver_version)}", file=sys.stderr)
+        return 2
+    bad = run_one(runner, bug.bad.cell())
+    good = run_one(runner, bug.good.cell())
+    bad_ok = bug.bad.shows(bad.outcome, bad.path, bad.detail)
+    good_ok = bug.good.shows(good.outcome, good.path, good.detail)
+    verdict = "reproduced" if bad_ok and good_ok else "not reproduced"
+    why = (f"bad cell {bad.cell.id}: {bad.shown()} ({'the signature' if bad_ok else 'not the signature ' + bug.bad.outcome}); "
+           f"good cell {good.cell.id}: {good.shown()} ({'passes' if good_ok else 'expected ' + bug.good.outcome})")
+    p = _write(out, _report_name(bug.id), bug_report(runner, bug, bad, good, verdict, why))
+    print(f"{bug.id}: {verdict}: {why}\nreport: {p}")
+    return 0 if bad_ok and good_ok else 1
+
+
+def list_bugs(catalog: Catalog) -> int:
+    """Print every catalog entry with its references and needs."""
+    for b in catalog.bugs:
+        print(f"{b.id}: {b.title}")
+        print(f"    bad:   {b.bad.cell().id} -> {b.bad.outcome}"
+              + (f" ('{b.bad.detail_contains}')" if b.bad.detail_contains else ""))
+        print(f"    good:  {b.good.cell().id} -> {b.good.outcome}")
+        print(f"    refs:  {'; '.join(f'{r} {r.url}' for r in b.refs)}")
+        print(f"    needs: {b.needs_text()}")
+    return 0
+
+
+def cmd_repro(args: argparse.Namespace) -> int:
+    """Handler of ``cumatrix repro``."""
+    modes = [bool(args.cell_id), bool(args.bug), args.list, args.all]
+    if sum(modes) != 1:
+        raise UsageError("give one of: a CELL_ID, --bug ID, --list, --all")
+    if args.cell_id:
+        return repro_cell(args)
+    catalog = load_catalog()
+    if args.list:
+        return list_bugs(catalog)
+    if args.bug:
+        return repro_bug(args, catalog.get(args.bug))
+    codes = {b.id: repro_bug(args, b) for b in catalog.bugs}
+    ran = [c for c in codes.values() if c != 2]
+    summary = ", ".join(f"{k}: {('reproduced', 'not reproduced', 'not run here')[v]}" for k, v in codes.items())
+    print(f"catalog: {summary}")
+    if any(c == 1 for c in ran):
+        return 1
+    return 0 if ran else 2
+
+
+def add_repro_parser(sub: Any) -> None:
+    """Register ``cumatrix repro`` on the CLI's subparsers."""
+    p = sub.add_parser(
+        "repro", help="re-run one cell, or a known real-world bug, and write a bug report",
+        description="Re-run one cell of a matrix alone (or a catalog entry: a bad cell that must show a known "
+                    "bug's signature and a good cell that must pass), and write a Markdown bug report with a "
+                    "standalone command.",
+        epilog="examples:\n  cumatrix repro cu12.9/host/driver-dispatch/h12.8/kv-16k-d2h\n"
+               "  cumatrix repro --list\n  cumatrix repro --bug vllm-cuda13-build --out reports/repro\n"
+               "  cumatrix repro --all --out reports/repro\n\n"
+               "exit: 0 reproduced / as predicted; 1 not reproduced / not as predicted; 2 bad input or cannot run here",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("cell_id", nargs="?", metavar="CELL_ID", help="a cell id of the matrix")
+    p.add_argument("--matrix", default="matrix.yaml", metavar="M", help="matrix file (default: matrix.yaml)")
+    p.add_argument("--bug", metavar="ID", help="run a catalog entry (see --list)")
+    p.add_argument("--list", action="store_true", help="print the catalog of known bugs")
+    p.add_argument("--all", action="store_true", help="run every catalog entry, one report each")
+    p.add_argument("--backend", choices=("local", "docker"), default="local")
+    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"reports go here (default: {DEFAULT_OUT}/)")
+    p.add_argument("--wheel-dir", metavar="DIR", help="take runtime wheels from DIR; no network")
+    p.set_defaults(func=cmd_repro)

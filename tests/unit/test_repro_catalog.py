@@ -1,0 +1,113 @@
+"""The bug catalog as data: it loads, validates, and each entry builds its two cells."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from importlib import resources
+
+import pytest
+
+from cumatrix import repro, runtimes
+from cumatrix.errors import ConfigError, UsageError
+from cumatrix.isolate import Job
+from cumatrix.model import OUTCOME_RE, VARIANT_FAMILIES
+
+IDS = ("vllm-undefined-symbol", "vllm-cuda13-build", "sglang-driver-dispatch", "sglang-header-dispatch",
+       "legacy-stream", "v12-abi-on-cu13")
+
+
+def _raw() -> dict:
+    return json.loads(resources.files("cumatrix").joinpath("data/bugs.json").read_text())
+
+
+def test_packaged_catalog_loads_every_known_failure() -> None:
+    cat = repro.load_catalog()
+    assert cat.schema == 1
+    assert tuple(b.id for b in cat.bugs) == IDS
+    for b in cat.bugs:
+        assert b.refs, b.id
+        assert OUTCOME_RE.match(b.bad.outcome) and not b.bad.outcome.startswith("ok")
+        assert b.good.outcome.startswith("ok")
+        for c in (b.bad, b.good):
+            assert c.family in VARIANT_FAMILIES[c.variant]
+
+
+@pytest.mark.parametrize("bug_id", IDS)
+def test_entry_matrix_holds_its_two_cells(bug_id: str) -> None:
+    b = repro.load_catalog().get(bug_id)
+    m = b.matrix()
+    for c in (b.bad, b.good):
+        cell = c.cell()
+        if c.runtime is not None:
+            assert m.runtime(cell.runtime).requirement == runtimes.KNOWN_WHEELS[str(c.runtime)]
+        assert m.driver(cell.driver).name == cell.driver
+        assert c.workload in m.workloads and c.build in m.builds and c.variant in m.variants
+
+
+def test_signatures_match_the_facts() -> None:
+    cat = repro.load_catalog()
+    assert cat.get("vllm-undefined-symbol").bad.cell().id == "none/emulated-12.4/direct-link/h12.8/kv-16k-d2h"
+    assert cat.get("vllm-undefined-symbol").bad.outcome == "undefined-symbol:cuMemcpyBatchAsync"
+    assert cat.get("sglang-driver-dispatch").bad.cell().id == "cu12.9/host/driver-dispatch/h12.8/kv-16k-d2h"
+    assert cat.get("sglang-driver-dispatch").bad.outcome == "crash:SIGSEGV"
+    assert cat.get("legacy-stream").bad.workload.stream == "legacy"
+    assert cat.get("v12-abi-on-cu13").bad.outcome == "cuda-error:400"
+    build = cat.get("vllm-cuda13-build")
+    assert not build.needs.gpu and build.needs.build_only_without_gpu
+    assert build.bad.shows("build-error", None, "error: too many arguments to function")
+    assert not build.bad.shows("build-error", None, "some other compiler error")
+
+
+def test_unknown_bug_id_suggests_the_closest() -> None:
+    with pytest.raises(UsageError, match="did you mean 'legacy-stream'"):
+        repro.load_catalog().get("legacy-steam")
+
+
+def test_catalog_problems_are_all_reported() -> None:
+    raw = _raw()
+    raw["bugs"][0]["bad"]["variant"] = "direct-lnk"
+    raw["bugs"][1]["good"]["outcome"] = "crash:SIGSEGV"
+    raw["bugs"][2]["bad"]["runtime"] = "11.8"
+    raw["bugs"].append(dict(raw["bugs"][3]))
+    with pytest.raises(ConfigError) as e:
+        repro.load_catalog(json.dumps(raw), source="bugs.json")
+    text = str(e.value)
+    assert "bugs[0] (vllm-undefined-symbol).bad.variant: unknown variant 'direct-lnk' (did you mean 'direct-link'?)" in text
+    assert "the good cell must pass" in text
+    assert "no known wheel for CUDA 11.8" in text
+    assert "duplicate id 'sglang-header-dispatch'" in text
+
+
+def test_wrong_schema_and_bad_json() -> None:
+    raw = _raw()
+    raw["schema"] = 2
+    with pytest.raises(ConfigError, match="schema must be 1"):
+        repro.load_catalog(json.dumps(raw))
+    with pytest.raises(ConfigError, match=r"bugs.json:1:\d+: not JSON"):
+        repro.load_catalog("{", source="bugs.json")
+
+
+def test_family_must_fit_the_runtime_axis() -> None:
+    raw = _raw()
+    raw["bugs"][2]["bad"]["runtime"] = None  # driver-dispatch is a runtime-family variant
+    with pytest.raises(ConfigError, match="runtime-family variant: give a runtime"):
+        repro.load_catalog(json.dumps(raw))
+
+
+def test_standalone_command_round_trips_through_the_shell() -> None:
+    spec = json.dumps({"kind": "swap", "library": "/x y/lib.so", "note": "it's"})
+    job = Job(cell_id="a/host/b", kind="swap", argv=("python3", "-m", "cumatrix.case", spec),
+              env=(("PYTHONPATH", "/p q"),), lib_path=("/l1", "/l 2"))
+    runner = repro.ReproRunner(matrix=repro.load_catalog().get("legacy-stream").matrix())
+    runner._host_fp = {"driver_version": None}  # a fingerprint without a driver: no --gpus for docker
+    words = shlex.split(repro.standalone_command(runner, job))
+    assert words[0] == "env"
+    assert "LD_LIBRARY_PATH=/l1:/l 2" in words and "PYTHONPATH=/p q" in words
+    assert words[-4:] == ["python3", "-m", "cumatrix.case", spec]
+
+
+def test_maps_block_is_parsed() -> None:
+    text = "noise\nCUMATRIX-MAPS-BEGIN\n7f00-7f01 r-xp 0 0:0 1 /a/libcudart.so.12\nCUMATRIX-MAPS-END\nFatal Python error"
+    assert repro.parse_maps(text) == ("7f00-7f01 r-xp 0 0:0 1 /a/libcudart.so.12",)
+    assert repro.parse_maps("no block") == ()
