@@ -11,7 +11,9 @@ spec keys: ``family`` ("driver" | "runtime"), ``variant``, ``library`` (the vari
 ``.so``), ``baseline`` (the same family's loop ``.so``), ``libcudart`` (runtime family:
 absolute path), ``direction`` ("d2h" | "h2d" | "d2d"), ``block_bytes``, ``blocks``,
 ``layers``, ``stream`` ("dedicated" | "legacy" | "per-thread"), ``repetitions`` (>= 20),
-``warmup``, ``seed`` (optional: reproducible data instead of fresh random bytes).
+``warmup``, ``seed`` (optional: reproducible data instead of fresh random bytes), ``policy``
+(optional: "fastest" | "copy-engine-only" | "kernel" | "batch" | "loop", set with
+``kvswap_set_policy`` before the first copy; only libraries that export it accept one).
 
 Verdict: ``{"outcome", "path", "error_name", "detail", "timings", "data"}``; a wrong
 byte is ``harness-error`` with a detail naming how many blocks differ and the first one.
@@ -23,6 +25,7 @@ import ctypes
 import os
 import random
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -31,6 +34,8 @@ _STREAM_LEGACY = None  # NULL: the legacy default stream
 _STREAM_PER_THREAD = 0x2  # CU_STREAM_PER_THREAD / cudaStreamPerThread
 _CUDA_ERROR_NO_DEVICE = 100  # CUDA_ERROR_NO_DEVICE / cudaErrorNoDevice
 _MIN_REPETITIONS = 20
+#: kvswap_policy values of reference/kvswap.h.
+POLICIES = {"fastest": 0, "copy-engine-only": 1, "kernel": 2, "batch": 3, "loop": 4}
 
 
 class KvStatus(ctypes.Structure):
@@ -333,6 +338,22 @@ class _Swap:
         self.path = ctypes.c_int(0)
         self.status = KvStatus()
 
+    def set_policy(self, policy: str) -> None:
+        """``kvswap_set_policy`` by name; a library without the policy API cannot honour one."""
+        if policy not in POLICIES:
+            raise CellFailure("harness-error", f"spec: policy must be one of {', '.join(POLICIES)}, not {policy!r}")
+        if not hasattr(self.lib, "kvswap_set_policy"):
+            raise CellFailure("harness-error", f"{self.name}: has no path policy (kvswap_set_policy)")
+        if self.lib.kvswap_set_policy(POLICIES[policy]) != 0:
+            raise CellFailure("harness-error", f"{self.name}: kvswap_set_policy({policy}) refused")
+
+    def kernel_info(self) -> str | None:
+        """How the copy kernel was built, or why not (``None`` for libraries without one)."""
+        if not hasattr(self.lib, "kvswap_kernel_info"):
+            return None
+        self.lib.kvswap_kernel_info.restype = ctypes.c_char_p
+        return (self.lib.kvswap_kernel_info() or b"").decode(errors="replace")
+
     def __call__(self, args: tuple[Any, Any, Any, int], stream: int | None) -> int:
         src, dst, sizes, n = args
         return int(self.fn(src, dst, sizes, n, stream, ctypes.byref(self.path), ctypes.byref(self.status)))
@@ -347,6 +368,33 @@ class _Swap:
 
 
 # --------------------------------------------------------------------------- the cell
+
+#: Set by ``cumatrix repro``: print the CUDA libraries really mapped right before the call.
+MAPS_ENV = "CUMATRIX_PRINT_MAPS"
+MAPS_BEGIN = "CUMATRIX-MAPS-BEGIN"
+MAPS_END = "CUMATRIX-MAPS-END"
+_MAPS_NAMES = ("libcudart", "libcuda.", "libkvswap")
+
+
+def print_loaded_libraries() -> list[str]:
+    """The libcudart/libcuda/libkvswap files this process has mapped, also printed to stderr.
+
+    Printed in a labelled block before the variant runs, because a child that crashes in
+    the call never prints its verdict.
+    """
+    seen: dict[str, str] = {}
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 6 and any(n in os.path.basename(parts[-1]) for n in _MAPS_NAMES):
+                    seen.setdefault(parts[-1], line.rstrip("\n"))
+    except OSError:
+        return []
+    lines = list(seen.values())
+    sys.stderr.write("\n".join([MAPS_BEGIN, *lines, MAPS_END]) + "\n")
+    sys.stderr.flush()
+    return lines
 
 
 def _spread(values: list[float]) -> dict[str, float]:
@@ -423,6 +471,8 @@ def _run(api: _Api, spec: dict[str, Any], block: int, blocks: int, layers: int, 
     if variant.family and variant.family != api.family:
         raise CellFailure("harness-error", f"{spec['library']} is a {variant.family}-family library, "
                                            f"the spec says {api.family}")
+    if spec.get("policy") is not None:
+        variant.set_policy(str(spec["policy"]))
     total = block * blocks * layers
     n = blocks * layers
     src_dev = direction in ("d2h", "d2d")
@@ -455,6 +505,7 @@ def _run(api: _Api, spec: dict[str, Any], block: int, blocks: int, layers: int, 
     stream = api.stream(stream_kind)
     api.sync()
 
+    loaded = print_loaded_libraries() if os.environ.get(MAPS_ENV) == "1" else None
     if variant(args, stream) != 0:
         raise variant.failure()
     api.sync()
@@ -465,6 +516,10 @@ def _run(api: _Api, spec: dict[str, Any], block: int, blocks: int, layers: int, 
                             "stream": stream_kind, "block_bytes": block, "blocks": blocks, "layers": layers,
                             "descriptors": n, "verified_bytes": total, "versions": api.versions,
                             "device": api.device_name(), "seed": seed}
+    if spec.get("policy") is not None:
+        data |= {"policy": spec["policy"], "kernel_info": variant.kernel_info()}
+    if loaded is not None:
+        data["loaded_libraries"] = loaded
     if bad:
         first = bad[0]
         return _verdict("harness-error", path=path,
