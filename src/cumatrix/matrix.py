@@ -379,8 +379,8 @@ def loads(text: str, filename: str = "<matrix>", *, sha256: str | None = None) -
         raise ConfigError([Problem(filename, 1, 1, "a matrix file is a mapping with at least `runtimes` and `drivers`")])
     top = _pairs(ctx, root, TOP_KEYS, "matrix")
 
-    def section(key: str, fn: Callable[[_Ctx, Node], T], default: T) -> T:
-        return fn(ctx, top[key][1]) if key in top else default
+    def section(key: str, fn: Callable[[_Ctx, Node], tuple[T, ...]]) -> tuple[T, ...]:
+        return fn(ctx, top[key][1]) if key in top else ()
 
     version = 1
     if "version" in top:
@@ -391,8 +391,8 @@ def loads(text: str, filename: str = "<matrix>", *, sha256: str | None = None) -
     for required in ("runtimes", "drivers"):
         if required not in top:
             ctx.err(root, f"matrix: missing required key {required!r}")
-    rts = section("runtimes", _runtimes_section, ())
-    drivers = section("drivers", _drivers_section, ())
+    rts = section("runtimes", _runtimes_section)
+    drivers = section("drivers", _drivers_section)
     builds: list[CudaVersion] = []
     bitems = []
     for b in (_list(ctx, top["builds"][1], "builds") if "builds" in top else []):
@@ -413,9 +413,9 @@ def loads(text: str, filename: str = "<matrix>", *, sha256: str | None = None) -
         vitems.append((name, item))
         variants.append(name)
     _names(ctx, vitems, "variant")
-    workloads = section("workloads", _workloads_section, ())
-    cases = section("cases", _cases_section, ())
-    hosts = section("hosts", _hosts_section, ())
+    workloads = section("workloads", _workloads_section)
+    cases = section("cases", _cases_section)
+    hosts = section("hosts", _hosts_section)
     probe = True
     if "probe" in top:
         pv = _scalar(ctx, top["probe"][1], "probe")

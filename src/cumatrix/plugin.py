@@ -161,7 +161,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if not (config.getoption("cumatrix_resume") and out):
         return
     done = Store(out).finished_ids()
-    keep, drop = [], []
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
     for it in items:
         (drop if isinstance(it, CellItem) and it.cell.id in done else keep).append(it)
     if drop:
@@ -189,9 +190,19 @@ def _selected_ids(config: pytest.Config) -> list[tuple[Matrix, list[str]]]:
             from _pytest.mark.expression import Expression
 
             expr = Expression.compile(kexpr)
-            ids = [i for i in ids if expr.evaluate(lambda s, _i=i, _n=p.name: s.lower() in _i.lower() or s.lower() in _n.lower())]
+            ids = [i for i in ids if expr.evaluate(_KeywordMatcher(i, p.name))]
         out.append((m, ids))
     return out
+
+
+class _KeywordMatcher:
+    """Matches -k words the way pytest does for an item: a substring of its names, any case."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = [n.lower() for n in names]
+
+    def __call__(self, word: str, /, **kwargs: object) -> bool:
+        return any(word.lower() in n for n in self.names)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -244,13 +255,12 @@ def _progress_lines(config: pytest.Config) -> bool:
 
 
 def progress_text(prog: dict[str, Any], record: dict[str, Any]) -> str:
-    done, total = prog["done"], max(prog["total"], prog["done"])
-    elapsed = time.monotonic() - prog["t0"]
-    eta = elapsed / done * (total - done) if done else 0.0
+    from .report import progress_line
+
     obs = record["observed"]
-    word = {"pass": "PASS", "fail": "FAIL", "skip": "SKIP"}[record["status"]]
-    path = f" [{obs['path']}]" if obs.get("path") and obs["path"] != "n/a" else ""
-    return f"[{done}/{total} ETA {eta:4.0f}s] {word} {record['id']}: {obs['outcome']}{path}"
+    outcome = obs["outcome"] + (f" [{obs['path']}]" if obs.get("path") and obs["path"] != "n/a" else "")
+    total = max(prog["total"], prog["done"])
+    return progress_line(prog["done"], total, time.monotonic() - prog["t0"], record["id"], record["status"], outcome)
 
 
 _CONFIG: dict[str, pytest.Config] = {}

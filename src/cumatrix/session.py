@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__, oracle
-from . import runtimes as _runtimes
+from . import runtimes as provision
 from .errors import CumatrixError
 from .isolate import ChildResult, Job, classify, run_local
 from .model import NO_RUNTIME, Cell, Expected, Matrix, Observed
@@ -41,7 +41,7 @@ class Runner:
     host_label: str | None = None
     _host: oracle.HostFacts | None = None
     _host_fp: dict[str, Any] | None = None
-    _runtimes: dict[str, _runtimes.ResolvedRuntime | CumatrixError] = field(default_factory=dict)
+    _runtimes: dict[str, provision.ResolvedRuntime | CumatrixError] = field(default_factory=dict)
     _docker: Any = None
     _interposers: dict[str, Any] = field(default_factory=dict)
 
@@ -71,10 +71,10 @@ class Runner:
 
     # ----------------------------------------------------------------- provisioning
 
-    def runtime(self, name: str) -> _runtimes.ResolvedRuntime:
+    def runtime(self, name: str) -> provision.ResolvedRuntime:
         if name not in self._runtimes:
             try:
-                self._runtimes[name] = _runtimes.resolve(self.matrix.runtime(name), wheel_dir=self.wheel_dir)
+                self._runtimes[name] = provision.resolve(self.matrix.runtime(name), wheel_dir=self.wheel_dir)
             except CumatrixError as e:
                 self._runtimes[name] = e
         got = self._runtimes[name]
@@ -102,8 +102,8 @@ class Runner:
             real = drivers.find_real_libcuda()
             if real is None:
                 raise CumatrixError("no real libcuda.so.1 on this host to put an interposer in front of")
-            includes = [self.runtime(r.name).include_dir for r in self.matrix.runtimes if r.requirement]
-            includes = [i for i in includes if i is not None] or [_runtimes.headers_for("13.5", wheel_dir=self.wheel_dir)]
+            found = [self.runtime(r.name).include_dir for r in self.matrix.runtimes if r.requirement]
+            includes = [i for i in found if i is not None] or [provision.headers_for("13.5", wheel_dir=self.wheel_dir)]
             intro = headers.load_introductions(headers.newest_typedefs(includes))
             ip = drivers.build_interposer(emu, real_libcuda=real.path if hasattr(real, "path") else real,
                                           introductions=intro, real_driver_version=self.host().driver_version)
@@ -202,7 +202,7 @@ class Runner:
         from . import build
 
         assert cell.workload is not None and cell.build is not None and cell.variant and cell.family
-        headers = _runtimes.headers_for(cell.build, wheel_dir=self.wheel_dir, runtimes=self.matrix.runtimes)
+        headers = provision.headers_for(cell.build, wheel_dir=self.wheel_dir, runtimes=self.matrix.runtimes)
         lib = build.build_variant(cell.variant, cell.family, headers)
         if not lib.ok:
             return {}, Observed(outcome="build-error", detail=lib.log.strip()[-2000:])
@@ -220,7 +220,8 @@ class Runner:
 
     def _record(self, cell: Cell, expected: Expected, observed: Observed, status: str, mismatch: str | None,
                 child: ChildResult | None, extra_fp: dict[str, Any], started: str, duration: float) -> dict[str, Any]:
-        data = dict(observed.data.get("data", {})) if isinstance(observed.data.get("data"), dict) else {}
+        raw = observed.data.get("data")
+        data: dict[str, Any] = dict(raw) if isinstance(raw, dict) else {}
         timings: dict[str, Any] = {"wall_s": round(child.duration_s if child else duration, 4)}
         t = observed.data.get("timings")
         if isinstance(t, dict):
@@ -243,7 +244,7 @@ class Runner:
         }
         if cell.runtime != NO_RUNTIME and fp["runtime_file"] is None:
             res = self._runtimes.get(cell.runtime)
-            if isinstance(res, _runtimes.ResolvedRuntime):
+            if isinstance(res, provision.ResolvedRuntime):
                 fp["runtime_file"] = str(res.libcudart)
                 fp["runtime_version"] = fp["runtime_version"] or res.version
         if cell.kind == "probe" and status != "fail":
@@ -266,7 +267,7 @@ class Runner:
         rv = data.get("runtime_version")
         if rv is None:
             return None
-        if isinstance(res, _runtimes.ResolvedRuntime) and rv != res.version:
+        if isinstance(res, provision.ResolvedRuntime) and rv != res.version:
             return f"the child loaded runtime {rv}, not the provisioned {res.version}: another libcudart shadows it"
         exported = data.get("batch_exported")
         if exported is not None and bool(exported) != (int(rv) >= oracle.batch_introduced()):
