@@ -209,10 +209,23 @@ class Cell:
         if self.kind == "probe":
             return f"{head}/probe"
         if self.kind == "command":
-            assert self.case is not None
-            return f"{head}/{self.case.name}"
-        assert self.workload is not None and self.build is not None
-        return f"{head}/{self.variant}/h{self.build}/{self.workload.name}"
+            return f"{head}/{self.need_case().name}"
+        return f"{head}/{self.variant}/h{self.need_build()}/{self.need_workload().name}"
+
+    def need_case(self) -> Case:
+        if self.case is None:
+            raise ValueError(f"{self.kind} cell without a case")
+        return self.case
+
+    def need_workload(self) -> Workload:
+        if self.workload is None:
+            raise ValueError(f"{self.kind} cell without a workload")
+        return self.workload
+
+    def need_build(self) -> CudaVersion:
+        if self.build is None:
+            raise ValueError(f"{self.kind} cell without build headers")
+        return self.build
 
     def axes(self) -> dict[str, str]:
         out: dict[str, str] = {"runtime": self.runtime, "driver": self.driver, "kind": self.kind}

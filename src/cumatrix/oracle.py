@@ -28,15 +28,18 @@ def nvidia_data() -> dict[str, object]:
 
 
 def error_name(code: int) -> str:
-    errors = nvidia_data()["errors"]
-    assert isinstance(errors, dict)
-    return str(errors.get(str(code), f"error {code}"))
+    return str(_table("errors").get(str(code), f"error {code}"))
+
+
+def _table(key: str) -> dict[str, object]:
+    value = nvidia_data()[key]
+    if not isinstance(value, dict):
+        raise ValueError(f"cumatrix/data/nvidia.json: {key!r} is not a table")
+    return value
 
 
 def _batch() -> dict[str, object]:
-    b = nvidia_data()["batch_copy"]
-    assert isinstance(b, dict)
-    return b
+    return _table("batch_copy")
 
 
 def batch_introduced() -> int:
@@ -53,8 +56,7 @@ def _branch(text: str) -> tuple[int, ...]:
 
 def cuda_for_driver(driver: str) -> CudaVersion:
     """The newest CUDA a Linux driver branch supports (``580.159`` -> 13.0)."""
-    table = nvidia_data()["min_driver"]
-    assert isinstance(table, dict)
+    table = _table("min_driver")
     best = None
     for cuda, floor in table.items():
         if _branch(driver) >= _branch(str(floor)):
@@ -144,9 +146,9 @@ def _derive(cell: Cell, host: HostFacts, rv: int | None) -> Expected:
 
 
 def _driver_family(cell: Cell, d: int, emulated: bool) -> Expected:
-    assert cell.workload is not None and cell.build is not None
+    workload, build = cell.need_workload(), cell.need_build()
     intro = batch_introduced()
-    legacy = cell.workload.stream == "legacy"
+    legacy = workload.stream == "legacy"
     v = cell.variant
     if v == "loop":
         return Expected(outcomes=frozenset({"ok:fallback"}), reason="per-block cuMemcpyAsync baseline", rule="loop")
@@ -163,13 +165,13 @@ def _driver_family(cell: Cell, d: int, emulated: bool) -> Expected:
                         reason=f"cuGetProcAddress(cuMemcpyBatchAsync, {intro}) pins the 9-parameter entry on driver {_v(d)}",
                         rule="proc-address-batch")
     if v == "direct-link":
-        if int(cell.build) < intro:
+        if int(build) < intro:
             return Expected(outcomes=frozenset({"build-error"}),
-                            reason=f"CUDA {cell.build} headers predate cuMemcpyBatchAsync ({_v(intro)}): the direct call does not compile",
+                            reason=f"CUDA {build} headers predate cuMemcpyBatchAsync ({_v(intro)}): the direct call does not compile",
                             rule="direct-link-old-headers")
-        if int(cell.build) >= abi_change():
+        if int(build) >= abi_change():
             return Expected(outcomes=frozenset({"build-error"}),
-                            reason=f"CUDA {cell.build} headers #define cuMemcpyBatchAsync to the 8-parameter _v2: the 9-argument call does not compile (vLLM's CUDA 13 break)",
+                            reason=f"CUDA {build} headers #define cuMemcpyBatchAsync to the 8-parameter _v2: the 9-argument call does not compile (vLLM's CUDA 13 break)",
                             rule="direct-link-cuda13-build")
         if d < intro:
             return Expected(outcomes=frozenset({f"undefined-symbol:{_batch()['driver_symbol']}"}),
@@ -184,15 +186,15 @@ def _driver_family(cell: Cell, d: int, emulated: bool) -> Expected:
 
 
 def _runtime_family(cell: Cell, rv: int, d: int) -> Expected:
-    assert cell.workload is not None and cell.build is not None
+    workload, build = cell.need_workload(), cell.need_build()
     intro = batch_introduced()
-    legacy = cell.workload.stream == "legacy"
+    legacy = workload.stream == "legacy"
     v = cell.variant
     if v == "loop":
         return Expected(outcomes=frozenset({"ok:fallback"}), reason="per-block cudaMemcpyAsync baseline", rule="loop")
-    if v == "header-dispatch" and int(cell.build) < intro:
+    if v == "header-dispatch" and int(build) < intro:
         return Expected(outcomes=frozenset({"ok:fallback"}),
-                        reason=f"CUDA {cell.build} headers predate the batch copy ({_v(intro)}): the batch path is compiled out",
+                        reason=f"CUDA {build} headers predate the batch copy ({_v(intro)}): the batch path is compiled out",
                         rule="header-dispatch-old-headers")
     if rv < intro:
         return Expected(outcomes=frozenset({"ok:fallback"}),
@@ -215,7 +217,7 @@ def _runtime_family(cell: Cell, rv: int, d: int) -> Expected:
         assumed, source = _abi(d), f"cudaDriverGetVersion ({_v(d)})"
         bug = "SGLang PR 23172"
     elif v == "header-dispatch":
-        assumed, source = _abi(int(cell.build)), f"compile-time CUDA_VERSION ({cell.build})"
+        assumed, source = _abi(int(build)), f"compile-time CUDA_VERSION ({build})"
         bug = "SGLang issue 36302"
     else:
         return Expected(outcomes=frozenset({"harness-error"}), reason=f"no rule for runtime-family variant {v}", rule="none")

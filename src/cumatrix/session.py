@@ -98,7 +98,8 @@ class Runner:
             from . import drivers, headers
 
             emu = self.matrix.driver(cell.driver).emulated
-            assert emu is not None
+            if emu is None:
+                raise CumatrixError(f"{cell.driver} is not an emulated driver")
             real = drivers.find_real_libcuda()
             if real is None:
                 raise CumatrixError("no real libcuda.so.1 on this host to put an interposer in front of")
@@ -147,9 +148,8 @@ class Runner:
         if expected.rule == "emulate-newer":
             return Observed(outcome="harness-error", detail=expected.reason), None, {}
         job, pre = self._job(cell)
-        if pre is not None:
-            return pre, None, {}
-        assert job is not None
+        if pre is not None or job is None:
+            return pre or Observed(outcome="harness-error", detail="no job for this cell"), None, {}
         if self.backend == "docker":
             res = self.docker().run_job(job)
         else:
@@ -182,10 +182,10 @@ class Runner:
         python = "python3" if self.backend == "docker" else sys.executable
         timeout = self.timeout
         if cell.kind == "command":
-            assert cell.case is not None
-            env += list(cell.case.env)
-            argv = cell.case.argv
-            timeout = cell.case.timeout or timeout
+            case = cell.need_case()
+            env += list(case.env)
+            argv = case.argv
+            timeout = case.timeout or timeout
         elif cell.kind == "probe":
             argv = (python, "-m", "cumatrix.case", json.dumps({"kind": "probe", "libcudart": libcudart}))
         else:
@@ -201,15 +201,16 @@ class Runner:
     def _swap_spec(self, cell: Cell, libcudart: str | None) -> tuple[dict[str, Any], Observed | None]:
         from . import build
 
-        assert cell.workload is not None and cell.build is not None and cell.variant and cell.family
-        headers = provision.headers_for(cell.build, wheel_dir=self.wheel_dir, runtimes=self.matrix.runtimes)
+        w, b = cell.need_workload(), cell.need_build()
+        if not (cell.variant and cell.family):
+            raise CumatrixError(f"swap cell {cell.id} has no variant or family")
+        headers = provision.headers_for(b, wheel_dir=self.wheel_dir, runtimes=self.matrix.runtimes)
         lib = build.build_variant(cell.variant, cell.family, headers)
         if not lib.ok:
             return {}, Observed(outcome="build-error", detail=lib.log.strip()[-2000:])
         base = build.build_variant("loop", cell.family, headers)
         if not base.ok:
             return {}, Observed(outcome="harness-error", detail=f"the loop baseline did not build: {base.log[-500:]}")
-        w = cell.workload
         spec = {"kind": "swap", "family": cell.family, "variant": cell.variant, "library": str(lib.library),
                 "baseline": str(base.library), "libcudart": libcudart, "direction": w.direction,
                 "block_bytes": w.block_bytes, "blocks": w.blocks, "layers": w.layers, "stream": w.stream,
