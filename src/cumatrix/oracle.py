@@ -112,10 +112,29 @@ def expect(cell: Cell, host: HostFacts, *, runtime_version: int | None, matrix: 
     return _derive(cell, host, runtime_version)
 
 
+def build_failure(cell: Cell) -> Expected | None:
+    """A variant that cannot compile against the cell's headers fails the same on any host."""
+    if cell.kind != "swap" or cell.variant != "direct-link":
+        return None
+    build, intro = cell.need_build(), batch_introduced()
+    if int(build) < intro:
+        return Expected(outcomes=frozenset({"build-error"}),
+                        reason=f"CUDA {build} headers predate cuMemcpyBatchAsync ({_v(intro)}): the direct call does not compile",
+                        rule="direct-link-old-headers")
+    if int(build) >= abi_change():
+        return Expected(outcomes=frozenset({"build-error"}),
+                        reason=f"CUDA {build} headers #define cuMemcpyBatchAsync to the 8-parameter _v2: the 9-argument call does not compile (vLLM's CUDA 13 break)",
+                        rule="direct-link-cuda13-build")
+    return None
+
+
 def _derive(cell: Cell, host: HostFacts, rv: int | None) -> Expected:
     if cell.kind == "command":
         return Expected(outcomes=frozenset({"ok"}), reason="a command passes when it exits 0 (override with expect:)",
                         rule="command-default")
+    failed_build = build_failure(cell)
+    if failed_build is not None:
+        return failed_build
     d = effective_driver(cell, host)
     if d is None:
         return Expected(outcomes=frozenset({"skipped:no-cuda-driver"}), reason="no NVIDIA driver on this host",
@@ -165,14 +184,6 @@ def _driver_family(cell: Cell, d: int, emulated: bool) -> Expected:
                         reason=f"cuGetProcAddress(cuMemcpyBatchAsync, {intro}) pins the 9-parameter entry on driver {_v(d)}",
                         rule="proc-address-batch")
     if v == "direct-link":
-        if int(build) < intro:
-            return Expected(outcomes=frozenset({"build-error"}),
-                            reason=f"CUDA {build} headers predate cuMemcpyBatchAsync ({_v(intro)}): the direct call does not compile",
-                            rule="direct-link-old-headers")
-        if int(build) >= abi_change():
-            return Expected(outcomes=frozenset({"build-error"}),
-                            reason=f"CUDA {build} headers #define cuMemcpyBatchAsync to the 8-parameter _v2: the 9-argument call does not compile (vLLM's CUDA 13 break)",
-                            rule="direct-link-cuda13-build")
         if d < intro:
             return Expected(outcomes=frozenset({f"undefined-symbol:{_batch()['driver_symbol']}"}),
                             reason=f"links cuMemcpyBatchAsync directly; driver {_v(d)} predates it ({_v(intro)}): the loader refuses (vLLM PR 38460)",

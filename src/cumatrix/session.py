@@ -142,6 +142,10 @@ class Runner:
             return Observed(outcome="skipped:needs-docker", detail=f"runtime {rt.name} is the image {rt.image}; run with --backend docker"), None, {}
         gpu_needed = cell.kind in ("swap", "probe") or cell.driver.startswith("emulated-")
         if cell.kind == "swap" and host.driver_version is None:
+            # Building needs no GPU: a variant that does not compile says so on any host.
+            _, pre = self._swap_spec(cell, None)
+            if pre is not None and pre.outcome == "build-error":
+                return pre, None, {}
             return Observed(outcome="skipped:no-cuda-driver", detail="no NVIDIA driver on this host"), None, {}
         if cell.driver.startswith("emulated-") and host.driver_version is None and gpu_needed:
             return Observed(outcome="skipped:no-cuda-driver", detail="driver emulation needs a real driver underneath"), None, {}
