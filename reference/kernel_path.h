@@ -215,6 +215,12 @@ KVSWAP_API int kvswap_set_policy(int policy) {
 
 KVSWAP_API int kvswap_get_policy(void) { return kv_policy_now(); }
 
+KVSWAP_API int kvswap_calibrated_path(int direction, size_t block_bytes, size_t blocks) {
+    if (direction < KVSWAP_DIR_D2H || direction > KVSWAP_DIR_D2D || !block_bytes || !blocks)
+        return KVSWAP_E_INVALID_ARGUMENT;
+    return kv_cal_pick(direction, block_bytes, blocks);
+}
+
 KVSWAP_API const char *kvswap_calibration_source(void) {
     pthread_once(&kv_cal.once, kv_cal_load);
     return kv_cal.source;

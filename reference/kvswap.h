@@ -103,6 +103,9 @@ KVSWAP_API int kvswap_swap_blocks_dir(void *const *src, void *const *dst, const 
  * built-in choices measured on an H200.  Only proc-address defines these. */
 KVSWAP_API int kvswap_set_policy(int policy);
 KVSWAP_API int kvswap_get_policy(void);
+/* The path KVSWAP_POLICY_FASTEST would choose for a call (a kvswap_path; the kernel only where it
+ * also applies), or KVSWAP_E_INVALID_ARGUMENT. */
+KVSWAP_API int kvswap_calibrated_path(int direction, size_t block_bytes, size_t blocks);
 /* Where the calibration came from: the file's name, or "built-in". */
 KVSWAP_API const char *kvswap_calibration_source(void);
 /* How the kernel was built ("cubin sm_90 via libnvrtc.so.13 (NVRTC 13.0)") or why it is unavailable. */

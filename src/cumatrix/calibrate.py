@@ -1,0 +1,298 @@
+"""``cumatrix calibrate``: measure loop, batch and kernel per direction x block size x count.
+
+The reference's ``fastest`` policy picks, per call, the path this table says is fastest for
+the nearest (direction, block size, count).  The measurement runs in a child process (stdlib +
+ctypes, driver API only, as a driver-family swap cell does), so a CUDA failure cannot take
+the CLI down.  The table is written twice: JSON (every measurement) and the plain text the
+C library reads (``direction block_bytes blocks path`` per line), which
+``KVSWAP_CALIBRATION=FILE`` hands to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .cache import cache_dir
+
+DIRECTIONS = ("d2h", "h2d", "d2d")
+#: 4 KiB .. 2 MiB, the block sizes KV caches use (a page of tokens x heads x head dim).
+DEFAULT_SIZES = (4096, 16384, 65536, 262144, 2097152)
+DEFAULT_COUNTS = (64, 1024)
+#: Paths a calibration compares, as the policies that force them.
+PATHS = ("loop", "batch", "kernel")
+RESULT_TAG = "CUMATRIX-RESULT "
+#: The most bytes one measurement moves (per side); larger (size, count) pairs are skipped.
+MAX_BYTES = 2 << 30
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Measurement:
+    """One timed configuration: median GB/s (bytes copied once) over ``repetitions`` calls."""
+
+    direction: str
+    block_bytes: int
+    blocks: int
+    policy: str
+    path: str
+    gbps: float | None
+    repetitions: int
+    spread: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CalibrationRow:
+    """The fastest path for one (direction, block size, count)."""
+
+    direction: str
+    block_bytes: int
+    blocks: int
+    path: str
+    gbps: float
+
+
+def best_rows(measurements: list[Measurement]) -> list[CalibrationRow]:
+    """Per (direction, block_bytes, blocks), the forced path with the highest median GB/s."""
+    best: dict[tuple[str, int, int], Measurement] = {}
+    for m in measurements:
+        if m.policy not in PATHS or m.gbps is None:
+            continue
+        key = (m.direction, m.block_bytes, m.blocks)
+        if key not in best or m.gbps > (best[key].gbps or 0.0):
+            best[key] = m
+    return [CalibrationRow(direction=k[0], block_bytes=k[1], blocks=k[2], path=m.policy, gbps=m.gbps or 0.0)
+            for k, m in sorted(best.items())]
+
+
+def table_text(rows: list[CalibrationRow]) -> str:
+    """The text ``KVSWAP_CALIBRATION`` names: ``direction block_bytes blocks path`` per line."""
+    lines = ["# kvswap calibration: direction block_bytes blocks path (written by cumatrix calibrate)"]
+    lines += [f"{r.direction} {r.block_bytes} {r.blocks} {r.path}" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- measuring (child side)
+
+
+class Bench:
+    """A driver-API context, one proc-address library, and buffers reused across paths."""
+
+    def __init__(self, library: str) -> None:
+        from . import swapcell
+
+        self._swapcell = swapcell
+        self.api = swapcell._Driver()
+        self.swap = swapcell._Swap(library)
+        self.lib = self.api.lib
+        self.lib.cuMemsetD8Async.argtypes = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t, ctypes.c_void_p]
+        self.lib.cuMemcpyDtoDAsync_v2.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t,
+                                                  ctypes.c_void_p]
+        self.stream = self.api.stream("dedicated")
+        self.start, self.end = self.api.event(), self.api.event()
+
+    def buffers(self, direction: str, total: int) -> tuple[int, int]:
+        """Fresh source and destination of ``total`` bytes each, the source filled."""
+        src = self.api.alloc_device(total) if direction in ("d2h", "d2d") else self.api.alloc_host(total)
+        dst = self.api.alloc_device(total) if direction in ("h2d", "d2d") else self.api.alloc_host(total)
+        self.api._check(self.lib.cuMemsetD8Async(src, 0x5A, total, self.stream), "cuMemsetD8Async")
+        return src, dst
+
+    def free(self) -> None:
+        """Release every buffer (large configurations do not fit side by side)."""
+        self.api.close()
+        self.api._dev_allocs.clear()
+        self.api._host_allocs.clear()
+
+    def time_ms(self, fn: Any, reps: int, warmup: int) -> list[float]:
+        """Event-timed milliseconds of ``fn()`` on the bench stream."""
+        out: list[float] = []
+        for i in range(warmup + reps):
+            self.api.record(self.start, self.stream)
+            fn()
+            self.api.record(self.end, self.stream)
+            ms = self.api.elapsed_ms(self.start, self.end)
+            if i >= warmup:
+                out.append(ms)
+        return out
+
+    def measure(self, direction: str, block: int, blocks: int, policies: tuple[str, ...], reps: int,
+                warmup: int = 2) -> list[Measurement]:
+        """Time every policy on one scattered layout (block i -> slot perm[i], as a KV swap does)."""
+        total = block * blocks
+        src, dst = self.buffers(direction, total)
+        perm = list(range(blocks))
+        import random
+
+        random.Random(blocks).shuffle(perm)
+        src_ptrs = (ctypes.c_void_p * blocks)(*[src + i * block for i in range(blocks)])
+        dst_ptrs = (ctypes.c_void_p * blocks)(*[dst + perm[i] * block for i in range(blocks)])
+        sizes = (ctypes.c_size_t * blocks)(*([block] * blocks))
+        args = (src_ptrs, dst_ptrs, sizes, blocks)
+        out = []
+        for policy in policies:
+            self.swap.set_policy(policy)
+
+            def call() -> None:
+                if self.swap(args, self.stream) != 0:
+                    raise self.swap.failure()
+
+            try:
+                times = self.time_ms(call, reps, warmup)
+            except self._swapcell.CellFailure as e:
+                out.append(Measurement(direction=direction, block_bytes=block, blocks=blocks, policy=policy,
+                                       path=e.path, gbps=None, repetitions=0, error=e.detail))
+                continue
+            med = statistics.median(times)
+            out.append(Measurement(direction=direction, block_bytes=block, blocks=blocks, policy=policy,
+                                   path=self._swapcell._PATHS.get(self.swap.path.value, "n/a"),
+                                   gbps=total / 1e9 / (med / 1e3), repetitions=reps,
+                                   spread=self._swapcell._spread(times)))
+        self.api.sync()
+        self.free()
+        return out
+
+    def device_copy_gbps(self, total: int, reps: int) -> tuple[float, dict[str, float]]:
+        """GB/s (bytes copied once) of one large cuMemcpyDtoDAsync: the device's own copy bandwidth."""
+        src, dst = self.buffers("d2d", total)
+        times = self.time_ms(lambda: self.api._check(self.lib.cuMemcpyDtoDAsync_v2(dst, src, total, self.stream),
+                                                    "cuMemcpyDtoDAsync"), reps, 2)
+        self.free()
+        return total / 1e9 / (statistics.median(times) / 1e3), self._swapcell._spread(times)
+
+
+def calibrate(library: str, directions: tuple[str, ...], sizes: tuple[int, ...], counts: tuple[int, ...],
+              reps: int) -> dict[str, Any]:
+    """Measure every forced path for each configuration; return measurements, table and device facts."""
+    bench = Bench(library)
+    measurements: list[Measurement] = []
+    for direction in directions:
+        for size in sizes:
+            for count in counts:
+                if size * count <= MAX_BYTES:
+                    measurements += bench.measure(direction, size, count, PATHS, reps)
+    rows = best_rows(measurements)
+    return {"device": bench.api.device_name(), "versions": bench.api.versions,
+            "kernel_info": bench.swap.kernel_info(), "measurements": [asdict(m) for m in measurements],
+            "table": [asdict(r) for r in rows]}
+
+
+def child_main(argv: list[str]) -> int:
+    """Child entry: ``argv[0]`` is a JSON spec; prints one ``CUMATRIX-RESULT`` line."""
+    from .swapcell import CellFailure
+
+    spec = json.loads(argv[0])
+    try:
+        result = calibrate(spec["library"], tuple(spec["directions"]), tuple(spec["sizes"]),
+                           tuple(spec["counts"]), int(spec["repetitions"]))
+    except CellFailure as e:
+        result = {"error": e.outcome, "detail": e.detail}
+    print(RESULT_TAG + json.dumps(result), flush=True)
+    return 0
+
+
+# --------------------------------------------------------------------------- the command (parent side)
+
+
+def gpu_absent_reason() -> str | None:
+    """Why no GPU can be measured here (no driver, cuInit fails), or ``None``."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        return f"no NVIDIA driver: libcuda.so.1 cannot be loaded ({e})"
+    rc = lib.cuInit(0)
+    return None if rc == 0 else f"cuInit failed with CUresult {rc} (no usable GPU)"
+
+
+def _size_arg(text: str) -> int:
+    t = text.strip().lower()
+    mult = 1
+    for suffix, m in (("kib", 1024), ("k", 1024), ("mib", 1 << 20), ("m", 1 << 20)):
+        if t.endswith(suffix):
+            t, mult = t[: -len(suffix)], m
+            break
+    try:
+        value = int(t) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size (e.g. 4096, 16k, 2MiB)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a block size must be positive")
+    return value
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Build proc-address, measure in a child, write FILE (text) and FILE.json, print the table."""
+    reason = gpu_absent_reason()
+    if reason:
+        print(f"error: calibrate measures on a GPU, and this host has none usable: {reason}", file=sys.stderr)
+        return 2
+    from .build import build_variant
+    from .runtimes import headers_for
+
+    built = build_variant("proc-address", "driver", headers_for(args.headers, wheel_dir=args.wheel_dir))
+    if not built.ok or built.library is None:
+        print(f"error: proc-address does not build against CUDA {args.headers} headers:\n{built.log}",
+              file=sys.stderr)
+        return 1
+    out = Path(args.out) if args.out else cache_dir("calibration") / "kvswap-calibration.txt"
+    spec = {"library": str(built.library), "directions": list(args.directions), "sizes": list(args.sizes),
+            "counts": list(args.counts), "repetitions": args.repetitions}
+    src_root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (src_root, os.environ.get("PYTHONPATH")) if p))
+    env.pop("KVSWAP_POLICY", None)
+    proc = subprocess.run([sys.executable, "-c", "import sys; from cumatrix.calibrate import child_main; "
+                           "sys.exit(child_main(sys.argv[1:]))", json.dumps(spec)],
+                          capture_output=True, text=True, env=env, timeout=3600)
+    line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith(RESULT_TAG)), None)
+    if line is None:
+        print(f"error: the measuring child ended with exit status {proc.returncode} and no result:\n"
+              f"{proc.stderr[-2000:]}", file=sys.stderr)
+        return 1
+    result = json.loads(line[len(RESULT_TAG):])
+    if "error" in result:
+        print(f"error: {result['error']}: {result['detail']}", file=sys.stderr)
+        return 1
+    rows = [CalibrationRow(**r) for r in result["table"]]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(table_text(rows))
+    out.with_suffix(".json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    print(f"{'dir':4} {'block':>8} {'blocks':>6}  " + "  ".join(f"{p:>8}" for p in PATHS) + "  best")
+    by_key: dict[tuple[str, int, int], dict[str, float | None]] = {}
+    for m in result["measurements"]:
+        by_key.setdefault((m["direction"], m["block_bytes"], m["blocks"]), {})[m["policy"]] = m["gbps"]
+    best = {(r.direction, r.block_bytes, r.blocks): r.path for r in rows}
+    for key, vals in by_key.items():
+        cells = "  ".join(f"{vals[p]:8.1f}" if vals.get(p) is not None else f"{'-':>8}" for p in PATHS)
+        print(f"{key[0]:4} {key[1]:>8} {key[2]:>6}  {cells}  {best.get(key, '-')}")
+    print(f"kernel: {result['kernel_info']}  (GB/s, bytes copied once)")
+    print(f"wrote {out} and {out.with_suffix('.json')}; use it with: export KVSWAP_CALIBRATION={out}")
+    return 0
+
+
+def add_calibrate_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]
+                         ) -> argparse.ArgumentParser:
+    """Register ``calibrate`` on ``subparsers`` with ``func=cmd_calibrate``."""
+    p = subparsers.add_parser(
+        "calibrate", help="measure loop, batch and kernel swaps on this GPU; write the path table",
+        description="Measure the reference swap's loop, batch and kernel paths per direction x block size x "
+                    "count, and write the table the `fastest` policy reads (KVSWAP_CALIBRATION=FILE).")
+    p.add_argument("--out", metavar="FILE", help="text table to write (JSON beside it as FILE.json); "
+                                                 "default: the cumatrix cache")
+    p.add_argument("--sizes", nargs="+", type=_size_arg, default=list(DEFAULT_SIZES), metavar="SIZE",
+                   help="block sizes (4096, 16k, 2MiB; default 4k 16k 64k 256k 2MiB)")
+    p.add_argument("--counts", nargs="+", type=int, default=list(DEFAULT_COUNTS), metavar="N",
+                   help="blocks per call (default 64 1024)")
+    p.add_argument("--directions", nargs="+", choices=DIRECTIONS, default=list(DIRECTIONS))
+    p.add_argument("--repetitions", type=int, default=10, metavar="N", help="timed calls per path (median)")
+    p.add_argument("--headers", default="13.0", metavar="X.Y", help="CUDA headers to build against (default 13.0)")
+    p.add_argument("--wheel-dir", type=Path, metavar="DIR", help="take the runtime wheel from DIR")
+    p.set_defaults(func=cmd_calibrate)
+    return p

@@ -1,0 +1,200 @@
+"""The copy-kernel path of proc-address on a real GPU: every byte, stream order, path choice.
+
+Each case runs in its own child (the kernel is compiled once per process, and a fault in it
+must not take the test run down).  The source of each swap is written on the same stream
+immediately before the swap (cuMemsetD8Async, or a device->host copy for h2d), so a kernel
+that did not wait for it would read stale bytes.  Needs a GPU and NVRTC (libnvrtc.so.13/.12
+on the library path, or KVSWAP_NVRTC); skipped with the reason otherwise
+(``CUMATRIX_REQUIRE_GPU=1`` turns the skip into a failure).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import cumatrix
+from cumatrix.build import build_variant
+from cumatrix.runtimes import headers_for
+
+pytestmark = pytest.mark.gpu
+SRC_ROOT = str(Path(cumatrix.__file__).resolve().parents[1])
+
+
+def _gpu_reason() -> str | None:
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        return f"no NVIDIA driver: {e}"
+    rc = lib.cuInit(0)
+    return None if rc == 0 else f"cuInit failed with CUresult {rc}"
+
+
+@pytest.fixture(scope="module")
+def library() -> str:
+    reason = _gpu_reason()
+    if reason:
+        if os.environ.get("CUMATRIX_REQUIRE_GPU") == "1":
+            pytest.fail(f"CUMATRIX_REQUIRE_GPU=1 but {reason}")
+        pytest.skip(reason)
+    built = build_variant("proc-address", "driver", headers_for("13.0"))
+    assert built.ok and built.library, built.log
+    return str(built.library)
+
+
+# The child: a driver context (as a driver-family cell makes one), scattered blocks, the source
+# rewritten on the stream right before the swap, then every destination byte compared.
+_CHILD = r'''
+import ctypes, json, os, random, sys
+from cumatrix import swapcell
+spec = json.loads(sys.argv[1])
+api = swapcell._Driver()
+lib = api.lib
+lib.cuMemsetD8Async.argtypes = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t, ctypes.c_void_p]
+lib.cuMemcpyAsync.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
+swap = swapcell._Swap(spec["library"])
+swap.set_policy(spec["policy"])
+d = spec["direction"]
+sizes_l, offsets = spec["sizes"], spec["offsets"]
+n = len(sizes_l)
+total = max(o + s for o, s in zip(offsets, sizes_l)) + 64 + 32 * n
+rng = random.Random(7)
+payload = rng.randbytes(total)
+pageable = spec.get("pageable_host", False)
+keep = []
+def host(size):
+    if pageable:
+        buf = ctypes.create_string_buffer(size); keep.append(buf); return ctypes.addressof(buf)
+    return api.alloc_host(size)
+src = api.alloc_device(total) if d in ("d2h", "d2d") else host(total)
+dst = api.alloc_device(total) if d in ("h2d", "d2d") else host(total)
+if d in ("d2h", "d2d"):
+    api.upload(src, payload)
+else:
+    ctypes.memmove(src, payload, total)
+api.zero(dst, total, host=d == "d2h")
+stream = api.stream("dedicated")
+api.sync()
+# Stream order: the first half of the source becomes 0xC3 on the stream, immediately before the swap.
+half = total // 2
+if d == "h2d":
+    scratch = api.alloc_device(half)
+    lib.cuMemsetD8Async(scratch, 0xC3, half, stream)
+    lib.cuMemcpyAsync(src, scratch, half, stream)
+else:
+    lib.cuMemsetD8Async(src, 0xC3, half, stream)
+expect_src = b"\xc3" * half + payload[half:]
+perm = list(range(n)); rng.shuffle(perm)
+dst_off = []
+pos = 0
+for i in range(n):
+    dst_off.append(None)
+order = sorted(range(n), key=lambda i: perm[i])
+for i in order:
+    pos = (pos + 15) // 16 * 16 + (offsets[i] % 16)
+    dst_off[i] = pos
+    pos += sizes_l[i]
+assert pos <= total, "layout"
+S = (ctypes.c_void_p * n)(*[src + offsets[i] for i in range(n)])
+D = (ctypes.c_void_p * n)(*[dst + dst_off[i] for i in range(n)])
+Z = (ctypes.c_size_t * n)(*sizes_l)
+if spec.get("explicit_direction"):
+    fn = swap.lib.kvswap_swap_blocks_dir
+    fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_size_t, ctypes.c_void_p, ctypes.c_int,
+                   ctypes.POINTER(ctypes.c_int), ctypes.POINTER(swapcell.KvStatus)]
+    rc = fn(S, D, Z, n, stream, {"d2h": 1, "h2d": 2, "d2d": 3}[d], ctypes.byref(swap.path), ctypes.byref(swap.status))
+else:
+    rc = swap((S, D, Z, n), stream)
+if rc != 0:
+    f = swap.failure()
+    print(json.dumps({"rc": rc, "detail": f.detail, "kernel_info": swap.kernel_info()})); sys.exit(0)
+api.sync()
+got = bytes(api.download(dst, total)) if d in ("h2d", "d2d") else ctypes.string_at(dst, total)
+bad = [i for i in range(n) if got[dst_off[i]:dst_off[i] + sizes_l[i]] != expect_src[offsets[i]:offsets[i] + sizes_l[i]]]
+print(json.dumps({"rc": 0, "path": swapcell._PATHS[swap.path.value], "bad": bad[:5], "nbad": len(bad),
+                  "bytes": sum(sizes_l), "kernel_info": swap.kernel_info()}))
+'''
+
+
+def uniform(block: int, blocks: int) -> tuple[list[int], list[int]]:
+    return [block] * blocks, [i * block for i in range(blocks)]
+
+
+def ragged() -> tuple[list[int], list[int]]:
+    """Sizes and source offsets that hit the 16-byte, 8-byte and byte paths and a split block."""
+    sizes = [16384, 4096, 24, 8, 1, 4097, 65536 + 8, 3 << 20, 333, 16, 2048 + 3, 7, 40960]
+    offsets, pos = [], 0
+    for i, s in enumerate(sizes):
+        pos = (pos + 15) // 16 * 16 + (0 if i % 3 == 0 else 8 if i % 3 == 1 else 5)
+        offsets.append(pos)
+        pos += s
+    return sizes, offsets
+
+
+def run_child(library: str, **spec: object) -> dict[str, object]:
+    proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(dict(spec, library=library))],
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=SRC_ROOT))
+    assert proc.returncode == 0, f"child exit {proc.returncode}: {proc.stderr[-3000:]}"
+    result: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def _kernel_or_skip(result: dict[str, object]) -> None:
+    if result["rc"] != 0 and "no NVRTC" in str(result.get("kernel_info")):
+        if os.environ.get("CUMATRIX_REQUIRE_GPU") == "1":
+            pytest.fail(f"no NVRTC on a GPU host: {result}")
+        pytest.skip(f"kernel path unavailable: {result['kernel_info']}")
+
+
+LAYOUTS = {"16k-x1024": uniform(16384, 1024), "4k-x1024": uniform(4096, 1024), "2m-x8": uniform(2 << 20, 8),
+           "ragged": ragged()}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("direction", ["d2h", "h2d", "d2d"])
+def test_kernel_path_every_byte(library: str, direction: str, layout: str) -> None:
+    sizes, offsets = LAYOUTS[layout]
+    r = run_child(library, direction=direction, policy="kernel", sizes=sizes, offsets=offsets)
+    _kernel_or_skip(r)
+    assert r["rc"] == 0, r
+    assert r["path"] == "kernel", r
+    assert r["nbad"] == 0, f"{r['nbad']} of {len(sizes)} blocks wrong, first {r['bad']}"
+    assert str(r["kernel_info"]).startswith("cubin sm_"), r["kernel_info"]
+
+
+@pytest.mark.parametrize("direction", ["d2h", "h2d", "d2d"])
+def test_explicit_direction(library: str, direction: str) -> None:
+    sizes, offsets = uniform(16384, 256)
+    r = run_child(library, direction=direction, policy="kernel", sizes=sizes, offsets=offsets,
+                  explicit_direction=True)
+    _kernel_or_skip(r)
+    assert (r["rc"], r["path"], r["nbad"]) == (0, "kernel", 0), r
+
+
+@pytest.mark.parametrize("direction", ["d2h", "h2d"])
+def test_copy_engine_only_never_launches(library: str, direction: str) -> None:
+    sizes, offsets = uniform(16384, 1024)
+    r = run_child(library, direction=direction, policy="copy-engine-only", sizes=sizes, offsets=offsets)
+    assert (r["rc"], r["path"], r["nbad"]) == (0, "batch", 0), r
+
+
+def test_pageable_host_memory_stays_on_copy_engines(library: str) -> None:
+    # Pageable memory is not mapped for the device: the direction is unknown and the kernel
+    # must not touch it, even when forced.
+    sizes, offsets = uniform(16384, 64)
+    r = run_child(library, direction="d2h", policy="kernel", sizes=sizes, offsets=offsets, pageable_host=True)
+    assert r["rc"] == 0 and r["path"] in ("batch", "fallback") and r["nbad"] == 0, r
+
+
+def test_fastest_builtin_takes_the_kernel_for_small_blocks(library: str) -> None:
+    sizes, offsets = uniform(16384, 1024)
+    r = run_child(library, direction="d2d", policy="fastest", sizes=sizes, offsets=offsets)
+    _kernel_or_skip(r)
+    assert (r["rc"], r["path"], r["nbad"]) == (0, "kernel", 0), r
