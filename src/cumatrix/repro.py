@@ -83,8 +83,12 @@ class BugCell:
     variant: str
     build: CudaVersion
     workload: Workload
-    outcome: str
+    outcomes: tuple[str, ...]  # any of these; a fallback may be the loop or the copy kernel
     detail_contains: str | None = None
+
+    @property
+    def outcome(self) -> str:
+        return " or ".join(self.outcomes)
 
     @property
     def family(self) -> str:
@@ -98,7 +102,7 @@ class BugCell:
 
     def shows(self, outcome: str, path: str | None, detail: str) -> bool:
         """Whether an observation is this cell's outcome (and carries its detail text)."""
-        if not outcome_matches(self.outcome, outcome, path):
+        if not any(outcome_matches(o, outcome, path) for o in self.outcomes):
             return False
         return self.detail_contains is None or self.detail_contains in detail
 
@@ -207,16 +211,20 @@ def _cell(chk: _Check, raw: Any, where: str, workloads: dict[str, Workload]) -> 
     wl = workloads.get(str(raw["workload"]))
     if wl is None:
         chk.err(f"{where}.workload", f"unknown workload {raw['workload']!r}{did_you_mean(str(raw['workload']), workloads)}")
-    outcome = str(raw["outcome"])
-    if not OUTCOME_RE.match(outcome):
-        chk.err(f"{where}.outcome", f"{outcome!r} is not an outcome word")
+    words = raw["outcome"] if isinstance(raw["outcome"], list) else [raw["outcome"]]
+    outcomes = tuple(str(w) for w in words)
+    for o in outcomes:
+        if not OUTCOME_RE.match(o):
+            chk.err(f"{where}.outcome", f"{o!r} is not an outcome word")
+    if not outcomes:
+        chk.err(f"{where}.outcome", "give at least one outcome word")
     dc = raw.get("detail_contains")
     if dc is not None and not isinstance(dc, str):
         chk.err(f"{where}.detail_contains", "expected a string")
     if len(chk.problems) > n:
         return None
     assert wl is not None
-    return BugCell(runtime=runtime, driver=driver, variant=variant, build=build, workload=wl, outcome=outcome,
+    return BugCell(runtime=runtime, driver=driver, variant=variant, build=build, workload=wl, outcomes=outcomes,
                    detail_contains=dc)
 
 
@@ -278,9 +286,9 @@ def load_catalog(text: str | None = None, *, source: str = CATALOG_FILE) -> Cata
                          build_only_without_gpu=bool(nraw.get("build_only_without_gpu", False)))
         bad = _cell(chk, b.get("bad"), f"{where}.bad", workloads)
         good = _cell(chk, b.get("good"), f"{where}.good", workloads)
-        if bad is not None and (is_neutral(bad.outcome) or bad.outcome.startswith("ok")):
+        if bad is not None and any(is_neutral(o) or o.startswith("ok") for o in bad.outcomes):
             chk.err(f"{where}.bad.outcome", f"{bad.outcome!r} is not a failure signature")
-        if good is not None and not good.outcome.startswith("ok"):
+        if good is not None and not all(o.startswith("ok") for o in good.outcomes):
             chk.err(f"{where}.good.outcome", f"the good cell must pass (ok...), not {good.outcome!r}")
         if bad is not None and good is not None:
             bugs.append(Bug(id=bid, title=str(b.get("title", "")), refs=tuple(refs), needs=needs, bad=bad, good=good))
@@ -675,7 +683,7 @@ def _build_only(runner: Runner, bug: Bug) -> tuple[bool, str, dict[str, str]]:
         logs[f"{which}: {c.variant} ({c.family} family) with CUDA {c.build} headers -> "
              f"{'built ' + str(res.library.name) if res.ok and res.library else 'build-error'}"] = (
             " ".join(shlex.quote(a) for a in res.command) + "\n\n" + (res.log or "(no compiler output)"))
-    bad_ok = (not results["bad"].ok and bug.bad.outcome == "build-error"
+    bad_ok = (not results["bad"].ok and "build-error" in bug.bad.outcomes
               and (bug.bad.detail_contains is None or bug.bad.detail_contains in results["bad"].log))
     good_ok = results["good"].ok
     why = (f"bad cell: {'build-error' if not results['bad'].ok else 'built'}"
