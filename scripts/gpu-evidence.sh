@@ -5,13 +5,17 @@
 #   bash scripts/gpu-evidence.sh [tests] [reference] [drivers] [repro] [bench]
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# Run from a neutral place so that the reports name the GPU host's paths, not the checkout's.
+if [ -n "${CUMATRIX_EVIDENCE_ROOT:-}" ] && [ "$PWD" != "$CUMATRIX_EVIDENCE_ROOT" ]; then
+  mkdir -p "$CUMATRIX_EVIDENCE_ROOT" && cp -a . "$CUMATRIX_EVIDENCE_ROOT/" && cd "$CUMATRIX_EVIDENCE_ROOT"
+fi
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/cumatrix-site .whl/*.whl
   export PYTHONPATH=/tmp/cumatrix-site:${PYTHONPATH:-}
 fi
-export PYTHONPATH=$PWD/src:${PYTHONPATH:-} XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/cumatrix-cache} PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD/src:${PYTHONPATH:-} XDG_CACHE_HOME=${XDG_CACHE_HOME:-/var/cache} PYTHONUNBUFFERED=1
 # Seed the wheel cache so that code paths without --wheel-dir find the wheels offline too.
 mkdir -p "$XDG_CACHE_HOME/cumatrix/wheels" && cp -n .wheels/*.whl "$XDG_CACHE_HOME/cumatrix/wheels/" 2>/dev/null
 stages=${*:-tests reference drivers}

@@ -359,10 +359,11 @@ class NativeTrace:
 
 def gdb_backtrace(job: Job, *, gdb: str | None = None) -> NativeTrace:
     """Re-run ``job`` under ``gdb -batch``: the crashing thread's backtrace and the loaded libraries."""
-    gdb = gdb or shutil.which("gdb")
+    gdb = gdb or find_debugger()
     if gdb is None:
         return NativeTrace(tool=None, backtrace="", libraries="", maps=(),
-                           note="gdb is not installed: fallback to the faulthandler (Python) stack only")
+                           note="neither gdb nor cuda-gdb is installed: fallback to the faulthandler (Python) stack only")
+    tool = Path(gdb).name
     argv = list(job.argv)
     exe = shutil.which(argv[0]) if not os.path.isabs(argv[0]) else argv[0]
     argv[0] = exe or argv[0]
@@ -373,8 +374,8 @@ def gdb_backtrace(job: Job, *, gdb: str | None = None) -> NativeTrace:
                               text=True, errors="replace", timeout=job.timeout + GDB_TIMEOUT_EXTRA,
                               start_new_session=True)
     except subprocess.TimeoutExpired:
-        return NativeTrace(tool="gdb", backtrace="", libraries="", maps=(),
-                           note=f"gdb did not finish within {job.timeout + GDB_TIMEOUT_EXTRA:.0f} s")
+        return NativeTrace(tool=tool, backtrace="", libraries="", maps=(),
+                           note=f"{tool} did not finish within {job.timeout + GDB_TIMEOUT_EXTRA:.0f} s")
     text = proc.stdout + "\n" + proc.stderr
     lines = text.splitlines()
     bt = [ln for ln in lines if re.match(r"^#\d+\s", ln)]
@@ -390,10 +391,22 @@ def gdb_backtrace(job: Job, *, gdb: str | None = None) -> NativeTrace:
                 break
     if not bt:
         tail = "\n".join(lines[-15:])
-        return NativeTrace(tool="gdb", backtrace="", libraries="\n".join(libs), maps=parse_maps(text),
-                           note=f"under gdb the child did not crash (it may depend on timing or memory layout); gdb said:\n{tail}")
-    return NativeTrace(tool="gdb", backtrace="\n".join([*sig, *bt]), libraries="\n".join(libs),
+        return NativeTrace(tool=tool, backtrace="", libraries="\n".join(libs), maps=parse_maps(text),
+                           note=f"under {tool} the child did not crash (it may depend on timing or memory layout); gdb said:\n{tail}")
+    return NativeTrace(tool=tool, backtrace="\n".join([*sig, *bt]), libraries="\n".join(libs),
                        maps=parse_maps(text), note="")
+
+
+def find_debugger() -> str | None:
+    """gdb, else cuda-gdb (which also debugs host-only programs; GPU hosts often have only it)."""
+    for name in ("gdb", "cuda-gdb"):
+        found = shutil.which(name)
+        if found:
+            return found
+    for candidate in ("/usr/local/cuda/bin/cuda-gdb",):
+        if os.access(candidate, os.X_OK):
+            return candidate
+    return None
 
 
 def parse_maps(text: str) -> tuple[str, ...]:
@@ -487,7 +500,7 @@ def _env_table(runner: Runner, runs: list[CellRun]) -> list[str]:
         ("GPUs", ", ".join(f"{g.get('name')} (cc {g.get('compute_capability')})" for g in gpus) or "none"),
         ("forward compatibility", "in use" if fp.get("forward_compat") else "not in use"),
         ("backend", runner.backend),
-        ("gdb", shutil.which("gdb") or "not installed"),
+        ("debugger", find_debugger() or "gdb/cuda-gdb not installed"),
     ]
     for r in runs:
         f = r.record.get("fingerprint") or {}

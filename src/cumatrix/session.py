@@ -243,7 +243,7 @@ class Runner:
             "forward_compat": cfp.get("forward_compat", hfp.get("forward_compat", False)),
             "libcuda_file": cfp.get("libcuda_file"),
             "runtime_file": cfp.get("runtime_file"),
-            "runtime_version": data.get("runtime_version"),
+            "runtime_version": data.get("runtime_version") or _nested(data, "versions", "runtime"),
             "image": extra_fp.get("image"),
             "image_id": extra_fp.get("image_id"),
         }
@@ -279,6 +279,14 @@ class Runner:
             return (f"runtime {rv} {'exports' if exported else 'does not export'} cudaMemcpyBatchAsync, "
                     f"against the rule that it appears in {oracle.batch_introduced()}")
         return None
+
+
+def _nested(data: dict[str, Any], *keys: str) -> Any:
+    for k in keys:
+        if not isinstance(data, dict):
+            return None
+        data = data.get(k)  # type: ignore[assignment]
+    return data
 
 
 def run_header(matrix: Matrix, cell_ids: list[str], *, backend: str, argv: list[str], host: str | None,
