@@ -11,22 +11,32 @@ imports it there; it lives behind :func:`run_dynamic_stage`.
 from __future__ import annotations
 
 import argparse
+import csv
 import fnmatch
+import hashlib
+import importlib.util
+import io
+import os
 import re
+import shutil
+import signal
+import subprocess
 import sys
 import textwrap
 import time
+import uuid
 import xml.etree.ElementTree as ET
 import zipfile
 from collections.abc import Mapping, Sequence, Set
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
-from . import headers, runtimes
+from . import headers, oracle, runtimes
+from . import matrix as _matrix
 from .elf import (
     elf_defined_symbols,
     elf_needed,
@@ -35,8 +45,12 @@ from .elf import (
     iter_wheel_elves,
 )
 from .errors import CumatrixError, UsageError
-from .model import CudaVersion
+from .isolate import ChildResult, Job
+from .model import Case, Cell, CudaVersion, Driver, Expected, Matrix, Observed, Runtime
+from .report import load_records, progress_line, write_all
 from .report.jsonout import dumps
+from .results import JSONL, Store
+from .session import DEFAULT_TIMEOUT, Runner, run_header, utcnow
 
 Severity = Literal["error", "warning"]
 
@@ -396,15 +410,427 @@ def findings_junit(audits: Sequence[WheelAudit]) -> str:
 
 # --------------------------------------------------------------------------- dynamic stage
 
+#: The matrix the dynamic stage reads when ``--matrix`` is not given (if it exists).
+DEFAULT_MATRIX = "matrix.yaml"
+#: Where the dynamic stage writes when ``--out`` is not given.
+DEFAULT_OUT = Path("gate-out")
+#: Sub-directory of ``--out`` holding one install target per cell.
+SITES_DIR = "gate-sites"
+#: ``matrix`` of the run header when no matrix file is used.
+BUILTIN_MATRIX = "<built-in: runtimes.KNOWN_WHEELS x host>"
+
+_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_PACKAGE_INIT_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)/__init__\.py$")
+_MODULE_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\.py$")
+_UNSAFE_RE = re.compile(r"[^A-Za-z0-9._-]+")
+
+# Run in each import cell as `python -c SCRIPT SITE PKG...`.  The traceback goes to stdout and
+# one line saying why to stderr, so the cell's recorded reason is the loader's own message
+# (`libcuda.so.1: cannot open shared object file`), not a line from the middle of a traceback.
+_IMPORT_SCRIPT = """\
+import importlib, os, sys, traceback
+site = os.path.realpath(sys.argv[1])
+for name in sys.argv[2:]:
+    try:
+        mod = importlib.import_module(name)
+    except Exception as e:
+        traceback.print_exc(file=sys.stdout)
+        sys.stdout.flush()
+        sys.exit(f"cannot import {name}: {type(e).__name__}: {e}")
+    where = getattr(mod, "__file__", None)
+    paths = [where] if where else list(getattr(mod, "__path__", []))
+    if not any(os.path.realpath(p).startswith(site + os.sep) for p in paths):
+        sys.exit(f"{name} was imported from {paths}, not from the installed wheel in {site}: "
+                 "another copy shadows it")
+    print(f"imported {name} from {paths[0]}")
+if len(sys.argv) == 2:
+    print("the wheel declares no top-level package: nothing to import")
+"""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GateWheel:
+    """A wheel as the dynamic stage runs it."""
+
+    path: Path
+    name: str  #: the name in case names: ``import-<name>``, ``smoke-<name>``
+    packages: tuple[str, ...]  #: top-level import names
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _CellSite:
+    wheel: str  #: GateWheel.name
+    site: Path  #: the cell's own install target (PYTHONPATH)
+    smoke: bool
+
+
+def wheel_packages(wheel: Path) -> tuple[str, ...]:
+    """Top-level import names of ``wheel``.
+
+    From ``*.dist-info/top_level.txt`` when the wheel has one; otherwise the top-level
+    directories with an ``__init__.py`` and the top-level ``*.py`` modules its ``RECORD`` lists.
+    """
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        top = [n for n in names if re.fullmatch(r"[^/]+\.dist-info/top_level\.txt", n)]
+        if top:
+            text = zf.read(top[0]).decode("utf-8", errors="replace")
+            found = [line.strip().replace("/", ".") for line in text.splitlines()]
+        else:
+            record = [n for n in names if re.fullmatch(r"[^/]+\.dist-info/RECORD", n)]
+            listed = names
+            if record:
+                rows = csv.reader(io.StringIO(zf.read(record[0]).decode("utf-8", errors="replace")))
+                listed = [row[0] for row in rows if row]
+            found = []
+            for path in listed:
+                m = _PACKAGE_INIT_RE.match(path) or _MODULE_RE.match(path)
+                if m:
+                    found.append(m.group(1))
+    return tuple(dict.fromkeys(n for n in found if _IDENT_RE.match(n)))
+
+
+def _gate_wheels(wheels: Sequence[Path]) -> list[GateWheel]:
+    out: list[GateWheel] = []
+    stems = [w.name.split("-") for w in wheels]
+    dists = [parts[0].lower() for parts in stems]
+    for w, parts, dist in zip(wheels, stems, dists):
+        # Two versions of one distribution gated together need different case names.
+        name = dist if dists.count(dist) == 1 else f"{dist}-{parts[1] if len(parts) > 1 else ''}"
+        name = _UNSAFE_RE.sub("_", name).strip("-.") or "wheel"
+        if any(g.name == name for g in out):
+            raise UsageError(f"{w}: gated twice (or two wheels of the same name and version)")
+        out.append(GateWheel(path=w, name=name, packages=wheel_packages(w)))
+    return out
+
+
+def builtin_matrix() -> Matrix:
+    """The runtimes of :data:`cumatrix.runtimes.KNOWN_WHEELS` on the host driver."""
+    rts = tuple(Runtime(name=f"cu{v}", requirement=req) for v, req in runtimes.KNOWN_WHEELS.items())
+    digest = hashlib.sha256(dumps({"runtimes": dict(runtimes.KNOWN_WHEELS),
+                                   "drivers": ["host"]}).encode()).hexdigest()
+    return Matrix(path=BUILTIN_MATRIX, sha256=digest, version=1, runtimes=rts,
+                  drivers=(Driver(name="host"),), probe=False)
+
+
+def gate_matrix(path: Path | None) -> Matrix:
+    """The runtime x driver pairings the dynamic stage runs.
+
+    ``path`` (else ``./matrix.yaml``, else :func:`builtin_matrix`) is loaded and stripped of
+    variants, workloads, cases and ``expect:`` overrides: every supported pairing must be
+    ``ok``.  ``exclude:`` entries that name only runtimes and drivers still apply.
+    """
+    if path is None:
+        default = Path(DEFAULT_MATRIX)
+        if not default.is_file():
+            return builtin_matrix()
+        path = default
+    if not path.is_file():
+        raise UsageError(f"--matrix {path}: no such matrix file")
+    m = _matrix.load(path)
+    pairs = tuple(s for s in m.exclude if {k for k, _ in s.values} <= {"runtime", "driver"})
+    return replace(m, builds=(), variants=(), workloads=(), cases=(), expect=(), exclude=pairs,
+                   probe=False)
+
+
+def unsupported_pairing(cell: Cell, host: oracle.HostFacts, runtime_version: int | None) -> str | None:
+    """Why NVIDIA does not support ``cell``'s runtime on its driver, or ``None``.
+
+    A runtime of a newer CUDA major than the (effective) driver fails with
+    ``cudaErrorInsufficientDriver``; minor-version compatibility covers the rest.  With no
+    driver, or an unknown runtime version, the pairing is run (a wheel must import there).
+    """
+    d = oracle.effective_driver(cell, host)
+    if d is None or runtime_version is None:
+        return None
+    if runtime_version // 1000 <= d // 1000:
+        return None
+    rv, dv = CudaVersion.from_int(runtime_version), CudaVersion.from_int(d)
+    return (f"runtime {rv} needs a CUDA {rv.major} driver; driver {cell.driver} is CUDA {dv}, and "
+            "NVIDIA supports no runtime of a newer major than the driver "
+            "(cudaErrorInsufficientDriver): not run")
+
+
+def _sanitise(cell_id: str) -> str:
+    return _UNSAFE_RE.sub("_", cell_id.replace("/", "__")).strip(".") or "cell"
+
+
+def gate_cells(matrix: Matrix, wheels: Sequence[GateWheel], *, smoke: str | None, sites: Path,
+               backend: str, timeout: float | None) -> tuple[list[Cell], dict[str, _CellSite]]:
+    """Command cells for every wheel on every pairing of ``matrix``, with their install targets."""
+    python = "python3" if backend == "docker" else sys.executable
+    pairings = [c for c in _matrix.expand(replace(matrix, probe=True)) if c.kind == "probe"]
+    cells: list[Cell] = []
+    plan: dict[str, _CellSite] = {}
+    for pair in pairings:
+        for w in wheels:
+            kinds = [("import", False)] + ([("smoke", True)] if smoke else [])
+            for prefix, is_smoke in kinds:
+                name = f"{prefix}-{w.name}"
+                cell_id = f"{pair.runtime}/{pair.driver}/{name}"
+                site = sites / _sanitise(cell_id)
+                env: list[tuple[str, str]] = [("PYTHONPATH", str(site))]
+                if is_smoke:
+                    assert smoke is not None
+                    argv: tuple[str, ...] = ("sh", "-c", smoke)
+                    if backend == "local":
+                        # `python3` in the smoke command is the interpreter that imported the wheel.
+                        path = os.environ.get("PATH", "")
+                        env.append(("PATH", os.pathsep.join([str(Path(sys.executable).parent),
+                                                             *([path] if path else [])])))
+                else:
+                    argv = (python, "-c", _IMPORT_SCRIPT, str(site), *w.packages)
+                case = Case(name=name, argv=argv, timeout=timeout, env=tuple(env))
+                cell = Cell(kind="command", runtime=pair.runtime, driver=pair.driver, case=case)
+                cells.append(cell)
+                plan[cell.id] = _CellSite(wheel=w.name, site=site, smoke=is_smoke)
+    return cells, plan
+
+
+def _pip_install(wheel: Path, target: Path, constraints: Path | None) -> tuple[int, str]:
+    argv = [sys.executable, "-m", "pip", "install", "--target", str(target), "--no-compile",
+            "--disable-pip-version-check", "--no-input", "--no-warn-script-location", "-q"]
+    if constraints is None:
+        argv += ["--no-deps", "--no-index"]  # the wheel alone: nothing fetched
+    else:
+        argv += ["--constraint", str(constraints)]
+    argv.append(str(wheel))
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return 124, "pip install did not finish in 30 minutes"
+    return proc.returncode, (proc.stderr or proc.stdout).strip()
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    # Hard links: a 300 MB wheel in twelve cells costs 300 MB, not 3.6 GB.  Python writes
+    # bytecode to new files, never through a link; the docker backend mounts the copy read-only.
+    def link(s: str, d: str) -> None:
+        try:
+            os.link(s, d)
+        except OSError:
+            shutil.copy2(s, d)
+
+    shutil.copytree(src, dst, symlinks=True, copy_function=link)
+
+
+def _shell_signal(observed: Observed) -> Observed:
+    """A shell reports a child killed by signal N as exit 128+N (dash does not exec ``-c``)."""
+    code = observed.exit_status
+    if not observed.outcome.startswith("exit:") or code is None or not 128 < code < 128 + 65:
+        return observed
+    try:
+        name = signal.Signals(code - 128).name
+    except ValueError:
+        return observed
+    detail = f"the shell running --smoke exited {code}: its command was killed by {name}"
+    if observed.detail:
+        detail += f"; {observed.detail}"
+    return replace(observed, outcome=f"crash:{name}", detail=detail)
+
+
+@dataclass
+class GateRunner(Runner):
+    """A :class:`Runner` that installs the wheel into each cell and skips unsupported pairings."""
+
+    sites: dict[str, _CellSite] = field(default_factory=dict)
+    staged: dict[str, Path] = field(default_factory=dict)  #: wheel name -> pip's install
+    install_failed: dict[str, Observed] = field(default_factory=dict)  #: wheel name -> outcome
+
+    def unsupported(self, cell: Cell) -> str | None:
+        try:
+            rv = self.runtime_version(cell)
+        except CumatrixError:
+            return None  # run_cell records the provisioning error itself
+        return unsupported_pairing(cell, self.host(), rv)
+
+    def expected(self, cell: Cell) -> Expected:
+        why = self.unsupported(cell)
+        if why is not None:
+            return Expected(outcomes=frozenset({"skipped:unsupported-pairing"}), reason=why,
+                            rule="unsupported-pairing")
+        plan = self.sites.get(cell.id)
+        what = ("the --smoke command must exit 0" if plan is not None and plan.smoke
+                else "the wheel's top-level packages must import")
+        d = oracle.effective_driver(cell, self.host())
+        where = (f"on every pairing NVIDIA supports (driver {cell.driver}: CUDA "
+                 f"{CudaVersion.from_int(d)})" if d is not None else
+                 "with no NVIDIA driver on the host too (CPU-only CI, docs builds)")
+        return Expected(outcomes=frozenset({"ok"}), reason=f"{what} {where}", rule="gate")
+
+    def _observe(self, cell: Cell, expected: Expected) -> tuple[Observed, ChildResult | None,
+                                                                 dict[str, Any]]:
+        if expected.rule == "unsupported-pairing":
+            return Observed(outcome="skipped:unsupported-pairing", detail=expected.reason), None, {}
+        plan = self.sites.get(cell.id)
+        if plan is not None:
+            failed = self.install_failed.get(plan.wheel)
+            if failed is not None:
+                return failed, None, {}
+            if not plan.site.exists():
+                _link_tree(self.staged[plan.wheel], plan.site)
+        observed, child, fp = super()._observe(cell, expected)
+        if plan is not None and plan.smoke:
+            observed = _shell_signal(observed)
+        return observed, child, fp
+
+    def _job(self, cell: Cell) -> tuple[Job | None, Observed | None]:
+        job, pre = super()._job(cell)
+        plan = self.sites.get(cell.id)
+        if job is not None and plan is not None:
+            job = replace(job, mounts=(*job.mounts, str(plan.site)))  # docker: read-only, same path
+        return job, pre
+
+
+def _gate_argv(args: argparse.Namespace) -> list[str]:
+    out = ["cumatrix", "gate", *(str(w) for w in args.wheels)]
+    for flag, attr in (("--min-driver", "min_driver"), ("--runtimes", "runtimes"),
+                       ("--matrix", "matrix"), ("--smoke", "smoke"),
+                       ("--constraints", "constraints"), ("--out", "out"),
+                       ("--backend", "backend"), ("--base-image", "base_image"),
+                       ("--timeout", "timeout"), ("--wheel-dir", "wheel_dir")):
+        value = getattr(args, attr, None)
+        if value is None or (attr == "backend" and value == "local"):
+            continue
+        out += [flag, ",".join(map(str, value)) if isinstance(value, tuple) else str(value)]
+    out += [f"--optional={g}" for g in getattr(args, "optional", [])]
+    out += ["--strict"] if getattr(args, "strict", False) else []
+    return out
+
+
+def _merge_junit(path: Path, audits: Sequence[WheelAudit]) -> None:
+    """Fold the static findings into ``junit.xml`` as ``static <wheel>`` test suites."""
+    root = ET.parse(path).getroot()
+    static = ET.fromstring(findings_junit(audits))
+    for suite in static.findall("testsuite"):
+        root.append(suite)
+        for key in ("tests", "failures"):
+            root.set(key, str(int(root.get(key, "0")) + int(suite.get(key, "0"))))
+    ET.indent(root)
+    tmp = path.with_name(f".{path.name}.tmp")
+    ET.ElementTree(root).write(tmp, encoding="utf-8", xml_declaration=True)
+    tmp.replace(path)
+
+
+def _write_reports(out: Path, audits: Sequence[WheelAudit]) -> None:
+    run = load_records(out / JSONL)
+    write_all(run, out)
+    summary = out / "summary.md"
+    matrix_part = summary.read_text(encoding="utf-8")
+    summary.write_text(findings_markdown(audits) + "\n" + matrix_part, encoding="utf-8")
+    _merge_junit(out / "junit.xml", audits)
+    (out / "static.json").write_text(dumps(findings_record(audits)), encoding="utf-8")
+
+
+def _check_dynamic_inputs(args: argparse.Namespace) -> None:
+    gate_matrix(Path(args.matrix) if args.matrix is not None else None)  # ConfigError: exit 2
+    if args.constraints is not None and not Path(args.constraints).is_file():
+        raise UsageError(f"--constraints {args.constraints}: no such file")
+    if args.wheel_dir is not None and not Path(args.wheel_dir).is_dir():
+        raise UsageError(f"--wheel-dir {args.wheel_dir}: no such directory")
+    if importlib.util.find_spec("pip") is None:
+        raise UsageError(f"the dynamic stage installs wheels with pip, which {sys.executable} "
+                         "lacks: `python -m ensurepip`, or gate with --static-only")
+
 
 def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path],
                       audits: Sequence[WheelAudit]) -> int:
     """Stage two: install each wheel into every runtime cell of ``args.matrix`` and import it.
 
-    Returns 0 when every pairing NVIDIA supports is ``ok``, 1 otherwise.  Not part of
-    this build: :func:`gate_main` reports that and keeps the static verdict.
+    One ``import-<wheel>`` cell (and ``smoke-<wheel>`` with ``--smoke``) per wheel and
+    runtime x driver pairing, each with its own install target, run crash-isolated through
+    :class:`cumatrix.session.Runner`.  Pairings NVIDIA does not support are recorded as
+    ``skipped:unsupported-pairing``.  Writes ``results.jsonl`` (with the static findings
+    record), ``results.json``, ``junit.xml`` (static suites folded in), ``summary.md``
+    (static findings first) and ``index.html`` into ``--out``.  Returns 0 when every cell
+    met its expectation, 1 otherwise.
     """
-    raise NotImplementedError("dynamic stage")
+    out = Path(args.out if args.out is not None else DEFAULT_OUT)
+    backend: str = args.backend
+    wheel_dir = Path(args.wheel_dir) if args.wheel_dir else None
+    matrix = gate_matrix(Path(args.matrix) if args.matrix is not None else None)
+    gws = _gate_wheels(wheels)
+    sites = (out / SITES_DIR).resolve()
+    cells, plan = gate_cells(matrix, gws, smoke=args.smoke, sites=sites, backend=backend,
+                             timeout=args.timeout)
+    if not cells:
+        raise UsageError(f"{matrix.path}: no runtime x driver pairing to run the wheels on")
+    runner = GateRunner(matrix=matrix, backend=backend, wheel_dir=wheel_dir,
+                        timeout=args.timeout or DEFAULT_TIMEOUT, base_image=args.base_image,
+                        sites=plan)
+    try:
+        # The daemon must answer before any cell runs (its facts join the host fingerprint).
+        fingerprint = runner.host_fingerprint()
+        npairs = len(cells) // (len(gws) * (2 if args.smoke else 1))
+        print(f"dynamic stage: {len(gws)} wheel{'s' if len(gws) != 1 else ''} x {npairs} "
+              f"pairing{'s' if npairs != 1 else ''} of {matrix.path} ({backend} backend), "
+              f"{len(cells)} cells; reports in {out}/", flush=True)
+        if sites.exists():
+            shutil.rmtree(sites)
+        for w in gws:
+            staged = sites / ".staged" / w.path.name[: -len(".whl")]
+            how = f"with constraints {args.constraints}" if args.constraints else "without dependencies"
+            print(f"installing {w.path.name} {how}", flush=True)
+            rc, log = _pip_install(w.path, staged, args.constraints)
+            if rc != 0 and "is not a supported wheel on this platform" in log:
+                # dist/*.whl often holds one wheel per Python version; each is run by a
+                # matching interpreter, and the static audit above still covered this one.
+                why = (f"{w.path.name} is not installable by this Python ({sys.executable}, "
+                       f"{sys.implementation.cache_tag}): gate it with a matching interpreter")
+                print(f"  {why}; its cells are skipped", flush=True)
+                runner.install_failed[w.name] = Observed(outcome="skipped:wheel-not-for-this-python",
+                                                         detail=why)
+            elif rc != 0:
+                print(f"  pip install failed (exit {rc}); every cell of {w.name} fails:\n"
+                      + textwrap.indent(log[-2000:], "    "), flush=True)
+                runner.install_failed[w.name] = Observed(
+                    outcome=f"exit:{rc}", exit_status=rc,
+                    detail=f"pip install of {w.path.name} failed: {log[-1500:]}")
+            runner.staged[w.name] = staged
+        store = Store(out)
+        if store.path.exists():
+            store.path.unlink()
+        store.append(run_header(matrix, [c.id for c in cells], backend=backend,
+                                argv=_gate_argv(args), host=None, fingerprint=fingerprint,
+                                run_id=uuid.uuid4().hex[:12]))
+        store.append(findings_record(audits))
+        try:
+            failed = _run_cells(runner, cells, store)
+        except KeyboardInterrupt:
+            _write_reports(out, audits)
+            raise
+    finally:
+        if runner._docker is not None:
+            runner._docker.close()
+    _write_reports(out, audits)
+    for rec in failed:
+        print(f"FAIL {rec['id']}: {rec['mismatch']}")
+    print(f"dynamic stage: {'FAIL' if failed else 'pass'}: {len(failed)} of {len(cells)} cells "
+          f"failed; reports in {out}/ (summary.md, junit.xml, results.json, index.html)")
+    return 1 if failed else 0
+
+
+def _run_cells(runner: GateRunner, cells: Sequence[Cell], store: Store) -> list[dict[str, Any]]:
+    failed: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    interrupted = True
+    try:
+        for n, cell in enumerate(cells, 1):
+            rec = runner.run_cell(cell)
+            store.append(rec)
+            if rec["status"] == "fail":
+                failed.append(rec)
+            obs = rec["observed"]
+            outcome = obs["outcome"] + (f" [{obs['path']}]" if obs.get("path") not in (None, "n/a")
+                                        else "")
+            print(progress_line(n, len(cells), time.monotonic() - t0, cell.id, rec["status"],
+                                outcome), file=sys.stderr, flush=True)
+        interrupted = False
+    finally:
+        # A killed gate still leaves a report of what it finished.
+        store.append({"schema": 1, "type": "end", "finished": utcnow(), "interrupted": interrupted})
+    return failed
 
 
 # --------------------------------------------------------------------------- command line
@@ -434,8 +860,19 @@ examples:
       also fail on DT_NEEDED libcuda.so.1 and on a libcudart of another major
   cumatrix gate dist/*.whl --static-only --optional 'mypkg/_flash*.so'
       report files loaded only inside a guarded import as warnings
-  cumatrix gate dist/*.whl --matrix matrix.yaml --smoke 'python -c "import mypkg"'
-      static audit, then install and import the wheel in every runtime cell
+  cumatrix gate dist/*.whl --matrix matrix.yaml --smoke 'python3 -m mypkg.selftest'
+      static audit, then install the wheel into every runtime x driver pairing of
+      matrix.yaml, import its top-level packages there and run the smoke command
+  cumatrix gate dist/*.whl --backend docker --constraints constraints.txt
+      the same in containers without network, dependencies installed on the host
+
+the dynamic stage (unless --static-only): one cell per wheel and pairing,
+<runtime>/<driver>/import-<wheel> (and smoke-<wheel>), each with its own install target
+(<out>/gate-sites/); every pairing NVIDIA supports must be ok; a runtime of a newer
+major than the driver is skipped:unsupported-pairing. Reports in --out (default
+gate-out/): summary.md (static findings first), junit.xml (static suites included),
+results.json, index.html. With the local backend, dependencies not installed with
+--constraints come from the Python environment cumatrix runs in.
 
 what the static audit reports (per ELF file, read from the zip without extracting):
   needs-libcuda          DT_NEEDED on libcuda.so*: warning (error with --strict)
@@ -447,8 +884,9 @@ what the static audit reports (per ELF file, read from the zip without extractin
 Introduction versions and ABI changes are read from the headers of the CUDA runtime
 wheels (fetched once into the cache; --wheel-dir uses already-downloaded wheels).
 
-exit status: 0 no error finding, 1 an error finding (or a failed dynamic cell),
-2 bad input (missing or non-wheel file, malformed option).
+exit status: 0 no error finding and every cell met its expectation, 1 an error
+finding or a failed cell, 2 bad input (missing or non-wheel file, malformed option,
+bad matrix).
 """
 
 
@@ -476,13 +914,27 @@ def add_gate_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
                          "import; their findings become warnings (repeatable)"))
     p.add_argument("--static-only", action="store_true", help="stop after the static audit")
     p.add_argument("--matrix", type=Path, default=None, metavar="M",
-                   help="matrix file for the dynamic stage (default: the nightly matrix)")
+                   help=("matrix file whose runtime x driver pairings the dynamic stage runs "
+                         "(its variants, workloads and cases are ignored); default: "
+                         f"./{DEFAULT_MATRIX} if present, else every known runtime on the "
+                         "host driver"))
     p.add_argument("--smoke", default=None, metavar="CMD",
-                   help="command run in each cell after importing the wheel's packages")
+                   help=("shell command run in each pairing after the import cell, as its own "
+                         "cell (smoke-<wheel>), with the installed wheel on PYTHONPATH"))
     p.add_argument("--constraints", type=Path, default=None, metavar="FILE",
-                   help="install the wheel with these pip constraints instead of --no-deps")
+                   help=("install the wheel with its dependencies under these pip constraints, "
+                         "instead of alone (--no-deps)"))
+    p.add_argument("--backend", choices=("local", "docker"), default="local",
+                   help=("local: a child process per cell (default); docker: a container per "
+                         "cell, no network, the install mounted read-only"))
+    p.add_argument("--base-image", default=None, metavar="IMAGE",
+                   help="docker: base image the runtime images are built on")
+    p.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help=f"kill a cell after S seconds (default {DEFAULT_TIMEOUT:.0f})")
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="write summary.md, static.json and junit.xml here")
+                   help=(f"reports go here (default {DEFAULT_OUT}/; with --static-only only when "
+                         "given): summary.md, junit.xml, static.json, and after the dynamic "
+                         "stage results.jsonl, results.json and index.html"))
     p.add_argument("--wheel-dir", type=Path, default=None, metavar="DIR",
                    help="directory of already-downloaded CUDA runtime wheels")
     p.set_defaults(func=gate_main)
@@ -531,6 +983,8 @@ def _gate(args: argparse.Namespace) -> int:
     wheels: list[Path] = [Path(w) for w in args.wheels]
     for w in wheels:
         _check_wheel(w)
+    if not args.static_only:
+        _check_dynamic_inputs(args)  # bad input is exit 2 before any work
     runtime_majors: tuple[int, ...] | None = args.runtimes
     min_driver: CudaVersion = args.min_driver or _default_min_driver(runtime_majors)
     data = load_audit_data(wheel_dir=args.wheel_dir)
@@ -553,17 +1007,5 @@ def _gate(args: argparse.Namespace) -> int:
         if args.out is not None:
             _write_outputs(args.out, audits)
         return status
-    print("dynamic stage: runs after the static one, installing each wheel into every "
-          "runtime cell of the matrix")
-    try:
-        # Owns --out when it runs: summary.md with findings_markdown(audits) on top, junit.xml,
-        # results.json, and findings_record(audits) appended to the results store.
-        dynamic = run_dynamic_stage(args, wheels, audits)
-    except NotImplementedError:
-        print("dynamic stage not available in this build; the verdict is the static audit's "
-              "(use --static-only to say so explicitly)")
-        if args.out is not None:
-            _write_outputs(args.out, audits)
-        return status
+    dynamic = run_dynamic_stage(args, wheels, audits)
     return max(status, dynamic)
-

@@ -1,0 +1,293 @@
+"""``cumatrix gate``'s dynamic stage: real wheels installed with pip and imported per cell.
+
+The wheels hold real gcc-built shared objects (the sources of ``test_gate``) and are gated
+through the real command line.  This machine has no NVIDIA driver: that is exactly where a
+wheel with ``DT_NEEDED libcuda.so.1`` breaks (CPU-only CI, docs builds).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import subprocess
+import sysconfig
+import zipfile
+from collections.abc import Callable, Iterator
+from importlib import resources
+from pathlib import Path
+
+import jsonschema
+import pytest
+from test_gate import SOURCES, STUB_LIBCUDA, _gcc  # the static stage's gcc-built ELF files
+
+from cumatrix import runtimes
+from cumatrix.gate import unsupported_pairing, wheel_packages
+from cumatrix.model import Cell, Case
+from cumatrix.oracle import HostFacts
+
+pytestmark = pytest.mark.network  # runtime wheels, fetched once into the cache
+
+REPO = Path(__file__).resolve().parents[2]
+Cli = Callable[..., subprocess.CompletedProcess[str]]
+
+MATRIX_TWO = """\
+version: 1
+runtimes:
+  cu12.9: {wheel: nvidia-cuda-runtime-cu12==12.9.79}
+  cu13.0: {wheel: nvidia-cuda-runtime==13.0.96}
+drivers: [host]
+variants: [proc-address]          # ignored by the gate: only the pairings count
+builds: ["12.8"]
+workloads:
+  - {name: kv-4k-d2h, direction: d2h, block_bytes: 4096, blocks: 8}
+"""
+MATRIX_ONE = """\
+version: 1
+runtimes:
+  cu12.9: {wheel: nvidia-cuda-runtime-cu12==12.9.79}
+drivers: [host]
+"""
+# Loads the package's shared object when the package is imported, as an extension would.
+INIT = b"""\
+import ctypes, os
+_lib = ctypes.CDLL(os.path.join(os.path.dirname(__file__), "%s"))
+"""
+SEGFAULT = "python3 -c 'import ctypes; ctypes.string_at(0)'"
+
+
+PLATFORM_TAG = "py3-none-" + sysconfig.get_platform().replace("-", "_").replace(".", "_")
+
+
+def _wheel(out_dir: Path, dist: str, files: dict[str, bytes], *, top_level: bool,
+           tag: str = PLATFORM_TAG) -> Path:
+    """A real wheel (default: for this platform, any Python 3): files, then *.dist-info metadata."""
+    info = f"{dist}-1.0.dist-info"
+    members = dict(files)
+    members[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n".encode()
+    members[f"{info}/WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: cumatrix-tests\n"
+                                f"Root-Is-Purelib: false\nTag: {tag}\n").encode()
+    if top_level:
+        members[f"{info}/top_level.txt"] = f"{dist}\n".encode()
+    record = []
+    for name, data in members.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(data)}")
+    record.append(f"{info}/RECORD,,")
+    members[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
+    path = out_dir / f"{dist}-1.0-{tag}.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return path
+
+
+@pytest.fixture(scope="module")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("gate-dynamic")
+    # The stub is a STAND-IN for the driver at link time only (as the toolkit's stubs/libcuda.so):
+    # it gives the .so its DT_NEEDED libcuda.so.1 and is never on any cell's library path.
+    (d / "stubs").mkdir()
+    _gcc(d, "stubs/libcuda.so", STUB_LIBCUDA, "-Wl,-soname,libcuda.so.1")
+    proc = _gcc(d, "_proc.so", *SOURCES["proc"][:1], *SOURCES["proc"][1])
+    direct = _gcc(d, "_direct.so", *SOURCES["direct"][:1], *SOURCES["direct"][1])
+    return {
+        # resolves the driver at run time (cuGetProcAddress): imports without a driver
+        "clean": _wheel(d, "demo_clean", {
+            "demo_clean/__init__.py": INIT % b"_proc.so",
+            "demo_clean/_proc.so": proc.read_bytes(),
+            "demo_clean/util.py": b"VALUE = 1\n",
+        }, top_level=True),
+        # DT_NEEDED libcuda.so.1; no top_level.txt, so packages come from RECORD
+        "needs_libcuda": _wheel(d, "demo_needs", {
+            "demo_needs/__init__.py": INIT % b"_direct.so",
+            "demo_needs/_direct.so": direct.read_bytes(),
+        }, top_level=False),
+        # for an interpreter no test runs on: pip refuses it here
+        "other_python": _wheel(d, "demo_old", {"demo_old/__init__.py": b""}, top_level=True,
+                               tag="cp27-cp27mu-manylinux1_x86_64"),
+    }
+
+
+@pytest.fixture(scope="module")
+def matrices(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("gate-matrices")
+    (d / "two.yaml").write_text(MATRIX_TWO)
+    (d / "one.yaml").write_text(MATRIX_ONE)
+    return {"two": d / "two.yaml", "one": d / "one.yaml"}
+
+
+def _records(out: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line]
+
+
+def _cells(out: Path) -> dict[str, dict[str, object]]:
+    return {str(r["id"]): r for r in _records(out) if r["type"] == "cell"}
+
+
+@pytest.fixture(scope="module")
+def clean_run(wheels: dict[str, Path], matrices: dict[str, Path], cli: Cli, wheel_cache: Path,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.CompletedProcess[str], Path]]:
+    out = tmp_path_factory.mktemp("clean") / "out"
+    r = cli("gate", wheels["clean"], "--matrix", matrices["two"], "--out", out, timeout=300)
+    yield r, out
+
+
+def test_clean_wheel_imports_on_every_runtime(clean_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    r, out = clean_run
+    assert r.returncode == 0, r.stdout + r.stderr
+    cells = _cells(out)
+    assert sorted(cells) == ["cu12.9/host/import-demo_clean", "cu13.0/host/import-demo_clean"]
+    for rec in cells.values():
+        assert rec["status"] == "pass" and rec["observed"]["outcome"] == "ok"  # type: ignore[index]
+        # the package came from the cell's own install target, not from anywhere else
+        assert "imported demo_clean from " in str(rec["stdout_tail"])
+        assert f"{os.sep}gate-sites{os.sep}" in str(rec["stdout_tail"])
+    sites = sorted(p.name for p in (out / "gate-sites").iterdir() if not p.name.startswith("."))
+    assert sites == ["cu12.9__host__import-demo_clean", "cu13.0__host__import-demo_clean"]
+    # one progress line per cell on stderr
+    assert sum("import-demo_clean" in line and "PASS" in line for line in r.stderr.splitlines()) == 2
+
+
+def test_reports_put_static_findings_first(clean_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    _, out = clean_run
+    summary = (out / "summary.md").read_text()
+    assert summary.startswith("## Static audit: pass")
+    assert summary.index("**cumatrix: PASS**") > summary.index("## Static audit")
+    results = json.loads((out / "results.json").read_text())
+    schema = json.loads(resources.files("cumatrix").joinpath("report/schema.json").read_text())
+    jsonschema.validate(results, schema)
+    static = [e for e in results["extra"] if e.get("type") == "static"]
+    assert len(static) == 1 and static[0]["wheels"][0]["elves"] == ["demo_clean/_proc.so"]
+    junit = (out / "junit.xml").read_text()
+    assert 'name="static demo_clean-1.0-' in junit
+    assert "demo_clean-1.0-" in junit and "::demo_clean/_proc.so" in junit
+    assert junit.count("<testcase") == 3  # two cells + one ELF file
+    assert (out / "index.html").is_file() and (out / "static.json").is_file()
+
+
+def test_libcuda_wheel_fails_without_a_driver(wheels: dict[str, Path], matrices: dict[str, Path],
+                                              cli: Cli, wheel_cache: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = cli("gate", wheels["needs_libcuda"], "--matrix", matrices["one"], "--min-driver", "12.8",
+            "--out", out, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "WARNING  needs-libcuda" in r.stdout  # the static stage only warns ...
+    rec = _cells(out)["cu12.9/host/import-demo_needs"]  # ... the import proves it
+    assert rec["status"] == "fail" and rec["observed"]["outcome"] == "exit:1"  # type: ignore[index]
+    assert "libcuda.so.1: cannot open shared object file" in str(rec["stderr_tail"])
+    assert "libcuda.so.1: cannot open shared object file" in str(rec["mismatch"])
+    summary = (out / "summary.md").read_text()
+    assert summary.startswith("## Static audit: pass (0 errors, 1 warning)")
+    assert "needs-libcuda" in summary and "**cumatrix: FAIL**" in summary
+    assert "cannot import demo_needs: OSError: libcuda.so.1: cannot open shared object file" in summary
+    assert "FAIL cu12.9/host/import-demo_needs" in r.stdout
+
+
+def test_smoke_segfault_is_a_crash_and_other_cells_run(
+        wheels: dict[str, Path], matrices: dict[str, Path], cli: Cli, wheel_cache: Path,
+        tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = cli("gate", wheels["clean"], "--matrix", matrices["two"], "--smoke", SEGFAULT,
+            "--out", out, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    cells = _cells(out)
+    assert list(cells) == ["cu12.9/host/import-demo_clean", "cu12.9/host/smoke-demo_clean",
+                           "cu13.0/host/import-demo_clean", "cu13.0/host/smoke-demo_clean"]
+    for rt in ("cu12.9", "cu13.0"):
+        assert cells[f"{rt}/host/import-demo_clean"]["status"] == "pass"
+        smoke = cells[f"{rt}/host/smoke-demo_clean"]
+        assert smoke["status"] == "fail"
+        assert smoke["observed"]["outcome"] == "crash:SIGSEGV"  # type: ignore[index]
+    assert json.loads((out / "results.json").read_text())["counts"]["fail"] == 2
+    assert [r["type"] for r in _records(out)][-1] == "end"
+
+
+def test_wheel_for_another_python_is_skipped(wheels: dict[str, Path], matrices: dict[str, Path],
+                                            cli: Cli, wheel_cache: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = cli("gate", wheels["other_python"], wheels["clean"], "--matrix", matrices["one"],
+            "--out", out, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    cells = _cells(out)
+    old = cells["cu12.9/host/import-demo_old"]
+    assert old["status"] == "skip"
+    assert old["observed"]["outcome"] == "skipped:wheel-not-for-this-python"  # type: ignore[index]
+    assert "matching interpreter" in str(old["observed"]["detail"])  # type: ignore[index]
+    assert cells["cu12.9/host/import-demo_clean"]["status"] == "pass"
+
+
+def test_bad_dynamic_input_exits_2(wheels: dict[str, Path], cli: Cli, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("version: 1\nruntimes: {cu12.9: {whee: x}}\ndrivers: [host]\n")
+    for argv, expect in (
+        (["--matrix", tmp_path / "missing.yaml"], "no such matrix file"),
+        (["--matrix", bad], "bad.yaml:2:"),
+        (["--constraints", tmp_path / "missing.txt"], "--constraints"),
+    ):
+        r = cli("gate", wheels["clean"], *argv, "--out", tmp_path / "out", timeout=120)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert expect in r.stderr and "Traceback" not in r.stderr
+        assert not (tmp_path / "out").exists()
+
+
+def test_top_level_packages(wheels: dict[str, Path]) -> None:
+    assert wheel_packages(wheels["clean"]) == ("demo_clean",)  # top_level.txt
+    assert wheel_packages(wheels["needs_libcuda"]) == ("demo_needs",)  # RECORD
+
+
+@pytest.mark.parametrize(("runtime", "driver", "host", "skipped"), [
+    (13000, "host", 12090, True),  # newer major than the driver: cudaErrorInsufficientDriver
+    (12090, "host", 13000, False),  # older runtime on a newer driver
+    (12090, "host", 12040, False),  # minor-version compatibility
+    (13000, "emulated-12.8", 13000, True),  # the effective (emulated) driver counts
+    (13000, "host", None, False),  # no driver: run it (it must import there)
+])
+def test_unsupported_pairing(runtime: int, driver: str, host: int | None, skipped: bool) -> None:
+    cell = Cell(kind="command", runtime="rt", driver=driver,
+                case=Case(name="import-x", argv=("true",)))
+    why = unsupported_pairing(cell, HostFacts(driver_version=host), runtime)
+    assert (why is not None) == skipped
+    if why:
+        assert "cudaErrorInsufficientDriver" in why and "not run" in why
+
+
+# --------------------------------------------------------------------------- docker
+
+REQUIRED = os.environ.get("CUMATRIX_REQUIRE_DOCKER") == "1"
+
+
+def _no_docker(reason: str) -> None:
+    if REQUIRED:
+        pytest.fail(f"CUMATRIX_REQUIRE_DOCKER=1 but {reason}")
+    pytest.skip(reason)
+
+
+@pytest.mark.docker
+def test_docker_backend_gates_the_clean_wheel(wheels: dict[str, Path], matrices: dict[str, Path],
+                                              cli: Cli, wheel_cache: Path, tmp_path: Path) -> None:
+    import docker
+
+    try:
+        docker.from_env(timeout=30).ping()
+    except Exception as e:  # any failure to reach the daemon means: no docker here
+        _no_docker(f"no Docker daemon answers ({type(e).__name__}: {e})")
+    base = subprocess.run(["bash", str(REPO / "containers" / "build-base.sh")],
+                          capture_output=True, text=True, timeout=900)
+    if base.returncode != 0:
+        _no_docker(f"containers/build-base.sh failed: {base.stderr.strip()[-500:]}")
+    image = base.stdout.strip().splitlines()[-1]
+    runtimes.fetch_wheel("nvidia-cuda-runtime-cu12==12.9.79")  # the runtime image's wheel
+    out = tmp_path / "out"
+    r = cli("gate", wheels["clean"], "--matrix", matrices["one"], "--backend", "docker",
+            "--base-image", image, "--smoke", "python3 -c 'import demo_clean.util'",
+            "--out", out, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    cells = _cells(out)
+    assert sorted(cells) == ["cu12.9/host/import-demo_clean", "cu12.9/host/smoke-demo_clean"]
+    for rec in cells.values():
+        assert rec["status"] == "pass", rec
+        fp = rec["fingerprint"]
+        assert fp["backend"] == "docker" and str(fp["image"]).startswith("cumatrix-rt")  # type: ignore[index]
+    assert f"{os.sep}gate-sites{os.sep}" in str(cells["cu12.9/host/import-demo_clean"]["stdout_tail"])
