@@ -13,11 +13,13 @@
  * (pthread_once) to machine code (CUBIN) for the device's own sm_XY, so the driver does no
  * JIT: a PTX image newer than the driver would fail to load with
  * CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222).  Only when NVRTC cannot emit a CUBIN for the
- * architecture is PTX handed to the driver's JIT.  The module is loaded once per context.
+ * architecture (or KVSWAP_KERNEL_IMAGE=ptx asks for it) is PTX handed to the driver's JIT.
+ * The module is loaded once per context.
  *
  * Descriptors (src/dst per block, sizes unless all equal) are packed on the host, copied with
- * one cuMemcpyHtoDAsync from pageable memory (the driver captures pageable data before the
- * call returns, so the host buffer is freed at once) into a buffer taken from kvswap's own
+ * one cuMemcpyHtoDAsync from pageable memory (pageable host data is copied to a staging buffer
+ * before the call returns: CUDA driver API, "API synchronization behavior"; so the per-thread
+ * packing buffer is reused at once) into a buffer taken from kvswap's own
  * stream-ordered memory pool (cuMemAllocFromPoolAsync) and freed with cuMemFreeAsync after
  * the launch.  Allocation, upload, launch and free are all ordered on the caller's stream, so
  * a following call (on any stream) can never overwrite descriptors a running kernel still
@@ -111,14 +113,18 @@ static struct {
 /* Built-in choices when no calibration file is given, from H200 measurements (reports/bench/
  * swap-h200.json): the kernel where it beat the copy engines clearly, the batch copy elsewhere. */
 static const kv_cal_row kv_cal_builtin[] = {
+    /* d2h: kernel 43-52 GB/s vs batch 5-47 GB/s up to 256 KiB; at 2 MiB the copy engine
+     * reaches the link (54.6 vs 51.5). */
     {KVSWAP_DIR_D2H, 4096, 1024, KVSWAP_PATH_KERNEL},   {KVSWAP_DIR_D2H, 16384, 1024, KVSWAP_PATH_KERNEL},
-    {KVSWAP_DIR_D2H, 65536, 1024, KVSWAP_PATH_KERNEL},  {KVSWAP_DIR_D2H, 262144, 1024, KVSWAP_PATH_BATCH},
-    {KVSWAP_DIR_D2H, 2097152, 1024, KVSWAP_PATH_BATCH}, {KVSWAP_DIR_H2D, 4096, 1024, KVSWAP_PATH_KERNEL},
-    {KVSWAP_DIR_H2D, 16384, 1024, KVSWAP_PATH_KERNEL},  {KVSWAP_DIR_H2D, 65536, 1024, KVSWAP_PATH_KERNEL},
-    {KVSWAP_DIR_H2D, 262144, 1024, KVSWAP_PATH_BATCH},  {KVSWAP_DIR_H2D, 2097152, 1024, KVSWAP_PATH_BATCH},
+    {KVSWAP_DIR_D2H, 65536, 1024, KVSWAP_PATH_KERNEL},  {KVSWAP_DIR_D2H, 262144, 1024, KVSWAP_PATH_KERNEL},
+    {KVSWAP_DIR_D2H, 2097152, 1024, KVSWAP_PATH_BATCH},
+    /* h2d: the same up to 64 KiB; at 256 KiB the two tie (51.2 vs 50.8): keep the SMs free. */
+    {KVSWAP_DIR_H2D, 4096, 1024, KVSWAP_PATH_KERNEL},   {KVSWAP_DIR_H2D, 16384, 1024, KVSWAP_PATH_KERNEL},
+    {KVSWAP_DIR_H2D, 65536, 1024, KVSWAP_PATH_KERNEL},  {KVSWAP_DIR_H2D, 262144, 1024, KVSWAP_PATH_BATCH},
+    {KVSWAP_DIR_H2D, 2097152, 1024, KVSWAP_PATH_BATCH},
+    /* d2d: each copy-engine copy costs ~4 us whatever its size; the kernel wins 3x-200x everywhere. */
     {KVSWAP_DIR_D2D, 4096, 1024, KVSWAP_PATH_KERNEL},   {KVSWAP_DIR_D2D, 16384, 1024, KVSWAP_PATH_KERNEL},
-    {KVSWAP_DIR_D2D, 65536, 1024, KVSWAP_PATH_KERNEL},  {KVSWAP_DIR_D2D, 262144, 1024, KVSWAP_PATH_KERNEL},
-    {KVSWAP_DIR_D2D, 2097152, 1024, KVSWAP_PATH_BATCH},
+    {KVSWAP_DIR_D2D, 262144, 1024, KVSWAP_PATH_KERNEL}, {KVSWAP_DIR_D2D, 2097152, 1024, KVSWAP_PATH_KERNEL},
 };
 
 static int kv_parse_direction(const char *s) {
@@ -309,8 +315,14 @@ static void kv_kernel_compile(void) {
         snprintf(builtins, sizeof builtins, "%.*s/libnvrtc-builtins.so.%d.%d", (int)(slash - lib), lib, vmaj, vmin);
         dlopen(builtins, RTLD_NOW | RTLD_GLOBAL);
     }
+    snprintf(kv_k.info, sizeof kv_k.info, "unavailable: NVRTC %d.%d (%s) could not build the kernel for sm_%d%d",
+             vmaj, vmin, lib, major, minor);
     /* Machine code first (nvrtcGetCUBIN exists from NVRTC 11.1): no JIT, no PTX-version check. */
-    for (int cubin = cubin_size && get_cubin ? 1 : 0; cubin >= 0; cubin--) {
+    /* KVSWAP_KERNEL_IMAGE=ptx skips the CUBIN: the driver JIT-compiles the PTX, which fails with
+     * CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222) where the NVRTC is newer than the driver (matrix rows). */
+    const char *image = getenv("KVSWAP_KERNEL_IMAGE");
+    int want_cubin = !(image && !strcmp(image, "ptx"));
+    for (int cubin = want_cubin && cubin_size && get_cubin ? 1 : 0; cubin >= 0; cubin--) {
         char arch[48];
         snprintf(arch, sizeof arch, "--gpu-architecture=%s_%d%d", cubin ? "sm" : "compute", major, minor);
         const char *opts[] = {arch, "-default-device", "--std=c++11"};
@@ -438,15 +450,25 @@ static int kv_kernel_copy(int slot, void *const *src, void *const *dst, const si
     }
     size_t words = uniform ? 2 * n : 3 * n;
     size_t bytes = words * sizeof(unsigned long long);
-    unsigned long long *host = malloc(bytes);
-    if (!host) return kv_fail(st, KVSWAP_E_INVALID_ARGUMENT, -1, NULL, "out of host memory for %zu descriptors", n);
+    /* One packing buffer per thread, grown as needed: a fresh malloc of a large table is an
+     * mmap plus a page fault per 4 KiB on every call. */
+    static __thread unsigned long long *host;
+    static __thread size_t host_cap;
+    if (bytes > host_cap) {
+        unsigned long long *grown = realloc(host, bytes);
+        if (!grown)
+            return kv_fail(st, KVSWAP_E_INVALID_ARGUMENT, -1, NULL, "out of host memory for %zu descriptors", n);
+        host = grown;
+        host_cap = bytes;
+    }
     memcpy(host, src, n * sizeof(void *));
     memcpy(host + n, dst, n * sizeof(void *));
     if (!uniform) memcpy(host + 2 * n, sizes, n * sizeof(size_t));
     CUdeviceptr desc = 0;
     CUresult rc = kv_k.alloc_async(&desc, bytes, kv_k.ctx[slot].pool, stream);
     if (rc == CUDA_SUCCESS) rc = kv_k.htod_async(desc, host, bytes, stream);
-    free(host); /* pageable source: captured by the driver before cuMemcpyHtoDAsync returns */
+    /* `host` is pageable: the driver has captured it before cuMemcpyHtoDAsync returns, so the
+     * next call on this thread may overwrite it. */
     if (rc == CUDA_SUCCESS) {
         CUdeviceptr d_src = desc, d_dst = desc + n * 8, d_sizes = uniform ? 0 : desc + 2 * n * 8;
         unsigned long long uniform_size = uniform ? (unsigned long long)sizes[0] : 0;

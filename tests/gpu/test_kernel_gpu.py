@@ -137,10 +137,10 @@ def ragged() -> tuple[list[int], list[int]]:
     return sizes, offsets
 
 
-def run_child(library: str, **spec: object) -> dict[str, object]:
+def run_child(library: str, env: dict[str, str] | None = None, **spec: object) -> dict[str, object]:
     proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(dict(spec, library=library))],
                           capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=SRC_ROOT))
+                          env=dict(os.environ, PYTHONPATH=SRC_ROOT, **(env or {})))
     assert proc.returncode == 0, f"child exit {proc.returncode}: {proc.stderr[-3000:]}"
     result: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
@@ -198,3 +198,55 @@ def test_fastest_builtin_takes_the_kernel_for_small_blocks(library: str) -> None
     r = run_child(library, direction="d2d", policy="fastest", sizes=sizes, offsets=offsets)
     _kernel_or_skip(r)
     assert (r["rc"], r["path"], r["nbad"]) == (0, "kernel", 0), r
+
+
+def test_ptx_image_through_the_driver_jit(library: str) -> None:
+    # The JIT path the matrix uses to meet an older driver: same bytes, image "ptx compute_XY".
+    sizes, offsets = ragged()
+    r = run_child(library, env={"KVSWAP_KERNEL_IMAGE": "ptx"}, direction="d2d", policy="kernel", sizes=sizes,
+                  offsets=offsets)
+    _kernel_or_skip(r)
+    assert (r["rc"], r["path"], r["nbad"]) == (0, "kernel", 0), r
+    assert str(r["kernel_info"]).startswith("ptx compute_"), r["kernel_info"]
+
+
+_PTX_CHILD = r'''
+import ctypes, json, os, re
+from cumatrix import swapcell
+api = swapcell._Driver()
+nv = ctypes.CDLL(os.environ.get("KVSWAP_NVRTC") or "libnvrtc.so.13")
+cc = [ctypes.c_int(), ctypes.c_int()]
+api.lib.cuDeviceGetAttribute(ctypes.byref(cc[0]), 75, api.dev)
+api.lib.cuDeviceGetAttribute(ctypes.byref(cc[1]), 76, api.dev)
+prog = ctypes.c_void_p()
+nv.nvrtcCreateProgram(ctypes.byref(prog), b'extern "C" __global__ void k(int *p) { *p = 1; }', b"k.cu", 0, None, None)
+opts = (ctypes.c_char_p * 1)(f"--gpu-architecture=compute_{cc[0].value}{cc[1].value}".encode())
+assert nv.nvrtcCompileProgram(prog, 1, opts) == 0
+size = ctypes.c_size_t()
+nv.nvrtcGetPTXSize(prog, ctypes.byref(size))
+buf = ctypes.create_string_buffer(size.value)
+nv.nvrtcGetPTX(prog, buf)
+ptx = buf.value
+mod = ctypes.c_void_p()
+same = api.lib.cuModuleLoadData(ctypes.byref(mod), ptx)
+newer_ptx = re.sub(rb"\.version \d+\.\d+", b".version 99.9", ptx)
+newer = api.lib.cuModuleLoadData(ctypes.byref(mod), newer_ptx)
+print(json.dumps({"version": re.search(rb"\.version (\S+)", ptx).group(1).decode(), "same": same, "newer": newer,
+                  "newer_name": api.error_name(newer)}))
+'''
+
+
+def test_ptx_newer_than_the_driver_is_222(library: str) -> None:
+    # What a runtime-compiled kernel meets on an older driver, reproduced by raising the PTX ISA
+    # version: the driver's JIT refuses it with CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222).
+    try:
+        ctypes.CDLL(os.environ.get("KVSWAP_NVRTC") or "libnvrtc.so.13")
+    except OSError as e:
+        pytest.skip(f"no NVRTC: {e}")
+    proc = subprocess.run([sys.executable, "-c", _PTX_CHILD], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=SRC_ROOT))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(r)
+    assert r["same"] == 0, r
+    assert (r["newer"], r["newer_name"]) == (222, "CUDA_ERROR_UNSUPPORTED_PTX_VERSION"), r
