@@ -237,14 +237,6 @@ def test_out_dir_and_two_wheels(wheels: dict[str, Path], tmp_path: Path,
     assert junit.count("<testcase") == 2 and junit.count("<failure") == 1
 
 
-def test_without_static_only_reports_dynamic_stage(
-        wheels: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    r = gate(wheels["proc"], capsys=capsys)
-    if "dynamic stage not available in this build" not in r.out:
-        pytest.skip("this build has the dynamic stage; its tests live with it")
-    assert r.rc == 0
-
-
 @pytest.mark.parametrize("case", ["missing", "not-zip", "zip-not-wheel", "bad-min-driver",
                                   "bad-runtimes"])
 def test_bad_input_exits_2(case: str, wheels: dict[str, Path], tmp_path: Path,
