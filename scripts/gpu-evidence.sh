@@ -2,7 +2,7 @@
 # Runs the GPU evidence of the project on a host with an NVIDIA GPU and no network:
 # runtime wheels come from ./.wheels (pip download them first), extra Python packages
 # from ./.whl.  Output: one folder per run under ${OUT:-gpu-out}.
-#   bash scripts/gpu-evidence.sh [tests] [reference] [drivers] [repro] [bench]
+#   bash scripts/gpu-evidence.sh [tests] [reference] [drivers] [kernel] [repro] [bench]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # Run from a neutral place so that the reports name the GPU host's paths, not the checkout's.
@@ -28,6 +28,7 @@ for stage in $stages; do
              -o markers=gpu --junitxml "$OUT/gpu-tests.xml" 2>&1 | tail -40 ;;
     reference) python3 -m cumatrix run examples/h200-reference.yaml --wheel-dir .wheels --out "$OUT/gpu-h200" -q ${NPROC:+-n $NPROC} | tail -60 ;;
     drivers) python3 -m cumatrix run examples/h200-drivers.yaml --wheel-dir .wheels --out "$OUT/gpu-h200-drivers" -q ${NPROC:+-n $NPROC} | tail -60 ;;
+    kernel) python3 -m cumatrix run examples/h200-kernel.yaml --wheel-dir .wheels --out "$OUT/gpu-h200-kernel" -q | tail -40 ;;
     repro) python3 -m cumatrix repro --all --wheel-dir .wheels --out "$OUT/repro" 2>&1 | tail -40 ;;
     bench) python3 benchmarks/swap_bench.py --wheel-dir .wheels --out "$OUT/bench" 2>&1 | tail -40 ;;
     *) echo "unknown stage $stage" ;;

@@ -273,9 +273,10 @@ def add_misc(sub: Any) -> None:
 
 
 def _optional_commands(sub: Any) -> None:
-    from . import gate
+    from . import calibrate, gate
 
     gate.add_gate_parser(sub)
+    calibrate.add_calibrate_parser(sub)
     try:
         from . import repro
     except ImportError:

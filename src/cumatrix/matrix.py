@@ -22,7 +22,9 @@ from . import runtimes as _runtimes
 from .errors import ConfigError, Problem, did_you_mean
 from .model import (
     DIRECTIONS,
+    KERNEL_IMAGES,
     NO_RUNTIME,
+    POLICIES,
     OUTCOME_RE,
     SELECTOR_AXES,
     STREAM_KINDS,
@@ -42,7 +44,8 @@ from .model import (
 TOP_KEYS = ("version", "runtimes", "drivers", "builds", "variants", "workloads", "cases",
             "exclude", "expect", "hosts", "probe")
 RUNTIME_KEYS = ("wheel", "image", "site")
-WORKLOAD_KEYS = ("name", "direction", "block_bytes", "blocks", "layers", "stream", "repetitions", "warmup")
+WORKLOAD_KEYS = ("name", "direction", "block_bytes", "blocks", "layers", "stream", "repetitions", "warmup",
+                 "policy", "kernel_image")
 CASE_KEYS = ("name", "argv", "timeout", "env")
 HOST_KEYS = ("driver", "label", "cuda")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]*$")
@@ -236,6 +239,15 @@ def _workloads_section(ctx: _Ctx, node: Node) -> tuple[Workload, ...]:
                 ctx.err(keys["stream"][1], f"workload.stream: {s!r}{did_you_mean(s, STREAM_KINDS)}; one of {', '.join(STREAM_KINDS)}")
             elif s is not None:
                 stream = s
+        choices = {}
+        for key, allowed, default in (("policy", POLICIES, "copy-engine-only"), ("kernel_image", KERNEL_IMAGES, "cubin")):
+            choices[key] = default
+            if key in keys:
+                val = _scalar(ctx, keys[key][1], f"workload.{key}")
+                if val is not None and val not in allowed:
+                    ctx.err(keys[key][1], f"workload.{key}: {val!r}{did_you_mean(val, allowed)}; one of {', '.join(allowed)}")
+                elif val is not None:
+                    choices[key] = val
         block = _int(ctx, keys["block_bytes"][1], "workload.block_bytes", minimum=16, sizes=True)
         blocks = _int(ctx, keys["blocks"][1], "workload.blocks", minimum=1)
         layers = _int(ctx, keys["layers"][1], "workload.layers", minimum=1) if "layers" in keys else 1
@@ -249,7 +261,8 @@ def _workloads_section(ctx: _Ctx, node: Node) -> tuple[Workload, ...]:
         assert name and direction and block and blocks and layers and reps is not None and warm is not None
         names.append((name, keys["name"][1]))
         out.append(Workload(name=name, direction=direction, block_bytes=block, blocks=blocks, layers=layers,
-                            stream=stream, repetitions=reps, warmup=warm))
+                            stream=stream, repetitions=reps, warmup=warm, policy=choices["policy"],
+                            kernel_image=choices["kernel_image"]))
     _names(ctx, names, "workload")
     return tuple(out)
 

@@ -31,6 +31,9 @@ NO_RUNTIME = "none"
 
 DIRECTIONS = ("d2h", "h2d", "d2d")
 STREAM_KINDS = ("dedicated", "legacy", "per-thread")
+#: Path policies of the reference (``kvswap_set_policy``); only ``proc-address`` has them.
+POLICIES = ("copy-engine-only", "fastest", "kernel", "batch", "loop")
+KERNEL_IMAGES = ("cubin", "ptx")
 
 
 # --------------------------------------------------------------------------- versions
@@ -106,6 +109,10 @@ class Workload:
     stream: str = "dedicated"
     repetitions: int = 20
     warmup: int = 3
+    #: proc-address's path policy.  Matrix cells default to copy-engine-only so that they show
+    #: the batch/fallback behaviour of the driver; ``fastest`` and ``kernel`` exercise the kernel.
+    policy: str = "copy-engine-only"
+    kernel_image: str = "cubin"  # ptx hands the kernel to the driver's JIT
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

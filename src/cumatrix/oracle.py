@@ -171,6 +171,10 @@ def _driver_family(cell: Cell, d: int, emulated: bool) -> Expected:
     v = cell.variant
     if v == "loop":
         return Expected(outcomes=frozenset({"ok:fallback"}), reason="per-block cuMemcpyAsync baseline", rule="loop")
+    if v == "proc-address" and workload.policy in ("fastest", "kernel"):
+        return _kernel_policy(workload.policy, workload.kernel_image, d, legacy, emulated)
+    if v == "proc-address" and workload.policy == "loop":
+        return Expected(outcomes=frozenset({"ok:fallback"}), reason="policy loop: per-block copies only", rule="policy-loop")
     if v == "proc-address":
         if legacy:
             return Expected(outcomes=frozenset({"ok:fallback"}),
@@ -194,6 +198,23 @@ def _driver_family(cell: Cell, d: int, emulated: bool) -> Expected:
                             rule="legacy-unguarded")
         return Expected(outcomes=frozenset({"ok:batch"}), reason=f"driver {_v(d)} exports cuMemcpyBatchAsync", rule="direct-link-ok")
     return Expected(outcomes=frozenset({"harness-error"}), reason=f"no rule for driver-family variant {v}", rule="none")
+
+
+def _kernel_policy(policy: str, image: str, d: int, legacy: bool, emulated: bool) -> Expected:
+    """proc-address with the copy kernel in play (compiled at run time with NVRTC)."""
+    if policy == "kernel":
+        if image == "ptx" and emulated:
+            return Expected(outcomes=frozenset({"cannot-emulate"}),
+                            reason="PTX goes to the real driver's JIT through the interposer, which accepts what an older driver "
+                                   "would refuse (cudaErrorUnsupportedPtxVersion, 222)",
+                            rule="ptx-under-emulation")
+        how = ("PTX JIT-compiled by the driver (PTX from an NVRTC newer than the driver fails with 222)" if image == "ptx"
+               else "machine code for the device's own architecture: no JIT, so the driver's PTX version does not matter")
+        return Expected(outcomes=frozenset({"ok:kernel", "skipped:no-nvrtc"}), reason=f"policy kernel: {how}",
+                        rule=f"kernel-{image}")
+    paths = {"ok:kernel", "ok:fallback"} | ({"ok:batch"} if d >= batch_introduced() and not legacy else set())
+    return Expected(outcomes=frozenset(paths),
+                    reason="policy fastest: the calibrated (or built-in) choice per direction and block size", rule="kernel-fastest")
 
 
 def _runtime_family(cell: Cell, rv: int, d: int) -> Expected:
@@ -266,9 +287,13 @@ def _params(abi: int) -> int:
 # --------------------------------------------------------------------------- verdicts
 
 
-def reconcile(cell: Cell, observed: Observed, host: HostFacts) -> Observed:
+def reconcile(cell: Cell, observed: Observed, host: HostFacts, expected: Expected | None = None) -> Observed:
     """Map observations that mean "this pairing cannot be emulated" to ``cannot-emulate``."""
     d = effective_driver(cell, host)
+    if expected is not None and expected.outcomes == {"cannot-emulate"} and not observed.outcome.startswith(("skipped:", "harness-error")):
+        return Observed(outcome="cannot-emulate", path=observed.path, error_name=observed.error_name,
+                        detail=f"observed {observed.outcome}" + (f" (path {observed.path})" if observed.path else "")
+                               + f"; {expected.reason}", exit_status=observed.exit_status, data=observed.data)
     if (cell.driver.startswith("emulated-") and observed.outcome == "cuda-error:103"
             and d != host.driver_version):
         return Observed(outcome="cannot-emulate", path=observed.path, error_name=observed.error_name,

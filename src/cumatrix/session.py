@@ -131,7 +131,7 @@ class Runner:
         except CumatrixError as e:
             expected = expected if "expected" in locals() else Expected(outcomes=frozenset({"ok"}), reason="", rule="")
             observed = Observed(outcome="harness-error", detail=str(e))
-        observed = oracle.reconcile(cell, observed, self.host())
+        observed = oracle.reconcile(cell, observed, self.host(), expected)
         status, mismatch = oracle.verdict(expected, observed)
         return self._record(cell, expected, observed, status, mismatch, child, extra_fp, started, time.monotonic() - t0)
 
@@ -197,6 +197,8 @@ class Runner:
             if pre is not None:
                 return None, pre
             mounts += [spec["library"], spec["baseline"]]
+            if cell.need_workload().kernel_image == "ptx":
+                env.append(("KVSWAP_KERNEL_IMAGE", "ptx"))
             argv = (python, "-m", "cumatrix.case", json.dumps(spec))
         return Job(cell_id=cell.id, kind=cell.kind, argv=tuple(argv), env=tuple(env), lib_path=tuple(lib_path),
                    timeout=timeout, mounts=tuple(mounts), runtime_name=cell.runtime,
@@ -219,6 +221,8 @@ class Runner:
                 "baseline": str(base.library), "libcudart": libcudart, "direction": w.direction,
                 "block_bytes": w.block_bytes, "blocks": w.blocks, "layers": w.layers, "stream": w.stream,
                 "repetitions": w.repetitions, "warmup": w.warmup}
+        if cell.variant == "proc-address":  # the only variant with a path policy
+            spec["policy"] = w.policy
         return spec, None
 
     # ----------------------------------------------------------------- records

@@ -34,6 +34,8 @@ _STREAM_LEGACY = None  # NULL: the legacy default stream
 _STREAM_PER_THREAD = 0x2  # CU_STREAM_PER_THREAD / cudaStreamPerThread
 _CUDA_ERROR_NO_DEVICE = 100  # CUDA_ERROR_NO_DEVICE / cudaErrorNoDevice
 _MIN_REPETITIONS = 20
+KVSWAP_E_NO_LIBRARY = -2  # reference/kvswap.h
+
 #: kvswap_policy values of reference/kvswap.h.
 POLICIES = {"fastest": 0, "copy-engine-only": 1, "kernel": 2, "batch": 3, "loop": 4}
 
@@ -364,6 +366,8 @@ class _Swap:
         msg = st.message.decode(errors="replace")
         where = f" at block {st.failed_index}" if st.failed_index >= 0 and "block" not in msg else ""
         outcome = f"cuda-error:{st.code}" if st.code > 0 else "harness-error"
+        if st.code == KVSWAP_E_NO_LIBRARY and "nvrtc" in msg.lower():
+            outcome = "skipped:no-nvrtc"  # the kernel path needs NVRTC; this host has none
         return CellFailure(outcome, f"{self.name}: {msg}{where}", name, _PATHS.get(self.path.value, "n/a"))
 
 

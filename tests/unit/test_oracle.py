@@ -447,3 +447,40 @@ def test_verdict_pass_fail_skip() -> None:
     status, why = verdict(e, Observed(outcome="crash:SIGSEGV", detail="Segmentation fault\nmore"))
     assert status == "fail" and why is not None and "\n" not in why and "Segmentation fault" in why
     assert verdict(e, Observed(outcome="skipped:no-cuda-driver")) == ("skip", None)
+
+
+# --------------------------------------------------------------------------- the copy kernel
+
+
+def _kernel_cell(policy: str, image: str = "cubin", driver: str = "host", stream: str = "dedicated") -> Cell:
+    w = Workload(name=f"w-{policy}-{image}", direction="d2h", block_bytes=16384, blocks=1024, stream=stream,
+                 policy=policy, kernel_image=image)
+    return Cell(kind="swap", runtime="none", driver=driver, variant="proc-address", family="driver",
+                build=CudaVersion(13, 0), workload=w)
+
+
+@pytest.mark.parametrize(
+    ("policy", "image", "driver", "expected"),
+    [pytest.param("kernel", "cubin", "host", {"ok:kernel", "skipped:no-nvrtc"}, id="kernel-cubin-real-driver"),
+     pytest.param("kernel", "cubin", "emulated-12.4", {"ok:kernel", "skipped:no-nvrtc"}, id="kernel-cubin-needs-no-jit"),
+     pytest.param("kernel", "ptx", "host", {"ok:kernel", "skipped:no-nvrtc"}, id="kernel-ptx-real-driver"),
+     pytest.param("kernel", "ptx", "emulated-12.4", {"cannot-emulate"}, id="kernel-ptx-under-emulation"),
+     pytest.param("fastest", "cubin", "host", {"ok:kernel", "ok:batch", "ok:fallback"}, id="fastest-new-driver"),
+     pytest.param("fastest", "cubin", "emulated-12.4", {"ok:kernel", "ok:fallback"}, id="fastest-old-driver"),
+     pytest.param("copy-engine-only", "cubin", "host", {"ok:batch"}, id="copy-engine-only-batch"),
+     pytest.param("copy-engine-only", "cubin", "emulated-12.4", {"ok:fallback"}, id="copy-engine-only-fallback")],
+)
+def test_kernel_path_rows(policy: str, image: str, driver: str, expected: set[str]) -> None:
+    """Machine code avoids the JIT; PTX meets the driver's JIT, which the interposer cannot narrow."""
+    e = expect(_kernel_cell(policy, image, driver), on("13.0"), runtime_version=None)
+    assert set(e.outcomes) == expected
+    assert e.reason and "\n" not in e.reason
+
+
+def test_ptx_under_emulation_is_reconciled_to_cannot_emulate() -> None:
+    cell = _kernel_cell("kernel", "ptx", "emulated-12.4")
+    host = on("13.0")
+    e = expect(cell, host, runtime_version=None)
+    got = reconcile(cell, Observed(outcome="ok", path="kernel"), host, e)
+    assert got.outcome == "cannot-emulate"
+    assert verdict(e, got)[0] == "skip"
