@@ -30,7 +30,7 @@ for stage in $stages; do
     drivers) python3 -m cumatrix run examples/h200-drivers.yaml --wheel-dir .wheels --out "$OUT/gpu-h200-drivers" -q ${NPROC:+-n $NPROC} | tail -60 ;;
     kernel) python3 -m cumatrix run examples/h200-kernel.yaml --wheel-dir .wheels --out "$OUT/gpu-h200-kernel" -q | tail -40 ;;
     repro) python3 -m cumatrix repro --all --wheel-dir .wheels --out "$OUT/repro" 2>&1 | tail -40 ;;
-    bench) python3 benchmarks/swap_bench.py --wheel-dir .wheels --out "$OUT/bench" 2>&1 | tail -40 ;;
+    bench) mkdir -p "$OUT/bench" && python3 benchmarks/swap_bench.py --wheel-dir .wheels --json "$OUT/bench/swap-h200.json" --plot "$OUT/bench/swap-h200.png" 2>&1 | tail -40 ;;
     *) echo "unknown stage $stage" ;;
   esac
 done
