@@ -10,7 +10,9 @@ D=/tmp/cumatrix-docker; mkdir -p "$D"
 tar xJf .dock/docker.tar.xz -C "$D" || exit 1
 ln -sf tini-static "$D/usr/bin/docker-init"
 export PATH=$D/usr/bin:$D/usr/sbin:$PATH DOCKER_HOST=unix:///tmp/cumatrix-docker.sock
-(setsid dockerd --iptables=false --bridge=none --data-root /tmp/cumatrix-docker-data -H "$DOCKER_HOST" \
+# Libraries dockerd links that the GPU host may lack (Debian's libdevmapper), carried beside it.
+dlib=$PWD/.dock/lib
+(LD_LIBRARY_PATH=$dlib setsid dockerd --iptables=false --bridge=none --data-root /tmp/cumatrix-docker-data -H "$DOCKER_HOST" \
    --pidfile /tmp/cumatrix-dockerd.pid >"$OUT/dockerd.log" 2>&1 &)
 for _ in $(seq 1 40); do docker info >/dev/null 2>&1 && break; sleep 1; done
 docker info >"$OUT/docker-info.txt" 2>&1 || { echo "dockerd did not start"; tail -30 "$OUT/dockerd.log"; exit 1; }
