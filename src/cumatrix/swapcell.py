@@ -452,8 +452,11 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         if spec["family"] == "driver":
             api = _Driver()
         else:
+            # In a runtime image the runtime's path is the image's own (CUMATRIX_CUDART).
+            spec = {**spec, "libcudart": spec.get("libcudart") or os.environ.get("CUMATRIX_CUDART")}
             if not spec.get("libcudart"):
-                raise CellFailure("harness-error", "spec: a runtime-family cell needs libcudart")
+                raise CellFailure("harness-error", "spec: a runtime-family cell needs libcudart "
+                                                   "(the spec's, or $CUMATRIX_CUDART)")
             api = _Runtime(str(spec["libcudart"]))
         return _run(api, spec, block, blocks, layers, direction, stream_kind, reps, warmup, seed)
     except CellFailure as f:
