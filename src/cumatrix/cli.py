@@ -75,6 +75,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             pass
     if args.backend == "local":
         runner = Runner(matrix=m, wheel_dir=Path(args.wheel_dir) if args.wheel_dir else None)
+        real = runner.host().driver_version
+        for d in m.drivers:
+            if d.emulated is not None and real is not None and int(d.emulated) > real:
+                raise ConfigError(f"{mpath}: drivers: {d.name} is newer than this host's driver "
+                                  f"({real // 1000}.{real % 1000 // 10}): an interposer can only hide what the real "
+                                  "driver has; emulate an older version, or run this on a newer host")
         for rt in m.runtimes:
             if rt.requirement or rt.site:
                 if not args.quiet:

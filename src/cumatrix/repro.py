@@ -543,7 +543,7 @@ def _cell_section(r: CellRun, title: str, want: str | None = None) -> list[str]:
         n = r.native
         lines += ["### Native backtrace of the crashing thread", ""]
         if n is not None and n.backtrace:
-            lines += ["From `gdb -batch -ex run -ex bt -ex \"info sharedlibrary\" --args <the command below>`:", "",
+            lines += [f"From `{n.tool or 'gdb'} -batch -ex run -ex bt -ex \"info sharedlibrary\" --args <the command below>`:", "",
                       *_fence(n.backtrace), ""]
         else:
             lines += [f"Not available: {n.note if n else 'the child could not be re-run'}.", ""]
