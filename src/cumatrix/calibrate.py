@@ -60,6 +60,11 @@ class CalibrationRow:
     gbps: float
 
 
+def default_table() -> Path:
+    """Where ``cumatrix calibrate`` writes by default, and where ``cumatrix run`` looks."""
+    return cache_dir("calibration") / "kvswap-calibration.txt"
+
+
 def best_rows(measurements: list[Measurement]) -> list[CalibrationRow]:
     """Per (direction, block_bytes, blocks), the forced path with the highest median GB/s."""
     best: dict[tuple[str, int, int], Measurement] = {}
@@ -242,7 +247,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"error: proc-address does not build against CUDA {args.headers} headers:\n{built.log}",
               file=sys.stderr)
         return 1
-    out = Path(args.out) if args.out else cache_dir("calibration") / "kvswap-calibration.txt"
+    out = Path(args.out) if args.out else default_table()
     spec = {"library": str(built.library), "directions": list(args.directions), "sizes": list(args.sizes),
             "counts": list(args.counts), "repetitions": args.repetitions}
     src_root = str(Path(__file__).resolve().parents[1])
@@ -273,7 +278,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         cells = "  ".join(f"{vals[p]:8.1f}" if vals.get(p) is not None else f"{'-':>8}" for p in PATHS)
         print(f"{key[0]:4} {key[1]:>8} {key[2]:>6}  {cells}  {best.get(key, '-')}")
     print(f"kernel: {result['kernel_info']}  (GB/s, bytes copied once)")
-    print(f"wrote {out} and {out.with_suffix('.json')}; use it with: export KVSWAP_CALIBRATION={out}")
+    hint = ("`cumatrix run` hands it to every swap cell" if out == default_table()
+            else f"use it with: export KVSWAP_CALIBRATION={out}")
+    print(f"wrote {out} and {out.with_suffix('.json')}; {hint}")
     return 0
 
 

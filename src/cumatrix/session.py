@@ -199,6 +199,12 @@ class Runner:
             mounts += [spec["library"], spec["baseline"]]
             if cell.need_workload().kernel_image == "ptx":
                 env.append(("KVSWAP_KERNEL_IMAGE", "ptx"))
+            from .calibrate import default_table
+
+            table = default_table()
+            if "KVSWAP_CALIBRATION" not in os.environ and table.is_file():
+                env.append(("KVSWAP_CALIBRATION", str(table)))  # what `cumatrix calibrate` measured here
+                mounts.append(str(table))
             argv = (python, "-m", "cumatrix.case", json.dumps(spec))
         return Job(cell_id=cell.id, kind=cell.kind, argv=tuple(argv), env=tuple(env), lib_path=tuple(lib_path),
                    timeout=timeout, mounts=tuple(mounts), runtime_name=cell.runtime,
