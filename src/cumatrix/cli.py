@@ -89,7 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import pytest
 
     pargs = [str(mpath), *_plugin_args(), "-c", os.devnull, "--rootdir", str(Path.cwd()),
-             "-p", "no:cacheprovider", "--cumatrix-out", str(out), "--cumatrix-backend", args.backend,
+             "-p", "no:cacheprovider", "--assert=plain", "--cumatrix-out", str(out), "--cumatrix-backend", args.backend,
              "-o", "console_output_style=classic", "-rfE"]
     pargs += ["-q"] if not args.verbose else ["-v"]
     if args.keyword:
