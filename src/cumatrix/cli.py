@@ -278,16 +278,12 @@ def add_misc(sub: Any) -> None:
     p.set_defaults(func=cmd_build)
 
 
-def _optional_commands(sub: Any) -> None:
-    from . import calibrate, gate
+def add_tools(sub: Any) -> None:
+    from . import calibrate, gate, repro
 
     gate.add_gate_parser(sub)
-    calibrate.add_calibrate_parser(sub)
-    try:
-        from . import repro
-    except ImportError:
-        return
     repro.add_repro_parser(sub)
+    calibrate.add_calibrate_parser(sub)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -301,7 +297,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     add_run(sub)
     add_misc(sub)
-    _optional_commands(sub)
+    add_tools(sub)
     return p
 
 

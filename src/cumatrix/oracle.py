@@ -306,13 +306,8 @@ def verdict(expected: Expected, observed: Observed) -> tuple[str, str | None]:
     """(status, mismatch reason): status is pass, fail or skip."""
     from .model import is_neutral
 
-    if is_neutral(observed.outcome):
-        if observed.outcome == "cannot-emulate" or any(outcome_matches(e, observed.outcome, observed.path) for e in expected.outcomes):
-            return "skip", None
-        if observed.outcome.startswith("skipped:") and all(e.startswith("skipped:") or e == "cannot-emulate" for e in expected.outcomes):
-            return "skip", None
-        if observed.outcome.startswith("skipped:"):
-            return "skip", None
+    if is_neutral(observed.outcome):  # skipped:* and cannot-emulate neither pass nor fail
+        return "skip", None
     if expected.admits(observed.outcome, observed.path):
         return "pass", None
     shown = observed.outcome + (f" (path {observed.path})" if observed.path and observed.outcome == "ok" else "")

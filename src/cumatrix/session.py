@@ -125,11 +125,10 @@ class Runner:
         started, t0 = utcnow(), time.monotonic()
         child: ChildResult | None = None
         extra_fp: dict[str, Any] = {}
+        expected = self.expected(cell)
         try:
-            expected = self.expected(cell)
             observed, child, extra_fp = self._observe(cell, expected)
         except CumatrixError as e:
-            expected = expected if "expected" in locals() else Expected(outcomes=frozenset({"ok"}), reason="", rule="")
             observed = Observed(outcome="harness-error", detail=str(e))
         observed = oracle.reconcile(cell, observed, self.host(), expected)
         status, mismatch = oracle.verdict(expected, observed)
