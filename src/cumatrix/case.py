@@ -1,8 +1,9 @@
 """The child side of a cell: ``python3 -m cumatrix.case '<spec json>'``.
 
 Runs inside the cell's environment (a process with the runtime first on the library
-path, or a container), imports only the standard library and ctypes, and prints exactly
-one ``CUMATRIX-RESULT {json}`` line.  Everything else it prints is log.
+path, or a container), imports only the standard library and ctypes, and hands exactly
+one verdict to the harness over the private channel of :mod:`cumatrix.protocol`.
+Everything it prints is log.
 """
 
 from __future__ import annotations
@@ -15,13 +16,9 @@ import sys
 import traceback
 from typing import Any
 
-TAG = "CUMATRIX-RESULT "
+from . import protocol
+
 CUDA_SUCCESS = 0
-
-
-def emit(verdict: dict[str, Any]) -> None:
-    sys.stdout.write(TAG + json.dumps(verdict, sort_keys=True, default=str) + "\n")
-    sys.stdout.flush()
 
 
 # --------------------------------------------------------------------- loading libraries
@@ -148,6 +145,7 @@ def _probe_line(d: dict[str, Any]) -> str:
 
 def main(argv: list[str]) -> int:
     faulthandler.enable()
+    channel = protocol.take_channel()
     if len(argv) != 1:
         sys.stderr.write("usage: python3 -m cumatrix.case '<spec json>'\n")
         return 2
@@ -167,7 +165,8 @@ def main(argv: list[str]) -> int:
     except Exception as e:  # the harness's own child code failed: say so, with the traceback
         traceback.print_exc()
         verdict = {"outcome": "harness-error", "detail": f"{type(e).__name__}: {e}"}
-    emit(verdict)
+    if not protocol.emit(verdict, environ=channel):
+        sys.stdout.write(protocol.encode(verdict).decode())  # run by hand: show it
     return 0
 
 

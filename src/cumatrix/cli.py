@@ -59,56 +59,64 @@ def _plugin_args() -> list[str]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from . import matrix as _matrix
-    from .session import Runner
 
     mpath = _matrix_arg(args.matrix)
     m = _matrix.load(mpath)
     if args.wheel_dir and not Path(args.wheel_dir).is_dir():
         raise UsageError(f"--wheel-dir {args.wheel_dir}: no such directory")
+    _preflight(args, m, mpath)
+    import pytest
+
     out = Path(args.out)
-    # Fetch every runtime up front: a requirement that does not resolve is bad input (exit 2),
-    # found before any cell runs rather than once per cell.
+    code = int(pytest.main(_pytest_args(args, mpath, out)))
+    return _exit_status(code, args, mpath, out)
+
+
+def _preflight(args: argparse.Namespace, m: Any, mpath: Path) -> None:
+    """What must hold before any cell runs: the daemon answers, every runtime resolves
+    (a requirement that does not resolve is bad input, exit 2, found once rather than per cell)."""
     if args.backend == "docker":
         from .backends.docker import DockerBackend
 
         with DockerBackend(args.base_image):  # the daemon must answer before any cell runs
             pass
-    if args.backend == "local":
-        runner = Runner(matrix=m, wheel_dir=Path(args.wheel_dir) if args.wheel_dir else None)
-        real = runner.host().driver_version
-        for d in m.drivers:
-            if d.emulated is not None and real is not None and int(d.emulated) > real:
-                raise ConfigError(f"{mpath}: drivers: {d.name} is newer than this host's driver "
-                                  f"({real // 1000}.{real % 1000 // 10}): an interposer can only hide what the real "
-                                  "driver has; emulate an older version, or run this on a newer host")
-        for rt in m.runtimes:
-            if rt.requirement or rt.site:
-                if not args.quiet:
-                    print(f"cumatrix: runtime {rt.name}: {rt.source}", file=sys.stderr)
-                runner.runtime(rt.name)
-    import pytest
+        return
+    from .orchestrate import Orchestrator
 
+    orch = Orchestrator(matrix=m, wheel_dir=Path(args.wheel_dir) if args.wheel_dir else None)
+    real = orch.host().driver_version
+    for d in m.drivers:
+        if d.emulated is not None and real is not None and int(d.emulated) > real:
+            raise ConfigError(f"{mpath}: drivers: {d.name} is newer than this host's driver "
+                              f"({real // 1000}.{real % 1000 // 10}): an interposer can only hide what the real "
+                              "driver has; emulate an older version, or run this on a newer host")
+    for rt in m.runtimes:
+        if rt.requirement or rt.site:
+            if not args.quiet:
+                print(f"cumatrix: runtime {rt.name}: {rt.source}", file=sys.stderr)
+            orch.provisioner.runtime(rt.name)
+
+
+def _pytest_args(args: argparse.Namespace, mpath: Path, out: Path) -> list[str]:
     pargs = [str(mpath), *_plugin_args(), "-c", os.devnull, "--rootdir", str(Path.cwd()),
              "-p", "no:cacheprovider", "--assert=plain", "--cumatrix-out", str(out), "--cumatrix-backend", args.backend,
              "-o", "console_output_style=classic", "-rfE"]
-    pargs += ["-q"] if not args.verbose else ["-v"]
-    if args.keyword:
-        pargs += ["-k", args.keyword]
-    if args.numprocesses:
-        pargs += ["-n", args.numprocesses]
+    pargs += ["-v"] if args.verbose else (["-qq"] if args.quiet else ["-q"])
+    options = (("-k", args.keyword), ("-n", args.numprocesses), ("--cumatrix-wheel-dir", args.wheel_dir),
+               ("--cumatrix-timeout", str(args.timeout) if args.timeout else None),
+               ("--cumatrix-base-image", args.base_image), ("--cumatrix-host", args.host),
+               ("--junitxml", args.junitxml))
+    for flag, value in options:
+        if value:
+            pargs += [flag, value]
     if args.resume:
         pargs.append("--cumatrix-resume")
-    if args.wheel_dir:
-        pargs += ["--cumatrix-wheel-dir", args.wheel_dir]
-    if args.timeout:
-        pargs += ["--cumatrix-timeout", str(args.timeout)]
-    if args.base_image:
-        pargs += ["--cumatrix-base-image", args.base_image]
-    if args.host:
-        pargs += ["--cumatrix-host", args.host]
-    if args.junitxml:
-        pargs += ["--junitxml", args.junitxml]
-    code = int(pytest.main(pargs))
+    if args.require_gpu:
+        pargs.append("--cumatrix-require-gpu")
+    return pargs
+
+
+def _exit_status(code: int, args: argparse.Namespace, mpath: Path, out: Path) -> int:
     if code == 5:  # no tests ran
         if args.resume:
             print("cumatrix: every selected cell already has a result; nothing left to run", file=sys.stderr)
@@ -141,8 +149,11 @@ def add_run(sub: Any) -> None:
     p.add_argument("--base-image", metavar="IMAGE", help="docker: base image for runtime images")
     p.add_argument("--host", metavar="NAME", help="tag results with this host name (for `cumatrix merge`)")
     p.add_argument("--junitxml", metavar="FILE", help="also write pytest's own JUnit file")
+    p.add_argument("--require-gpu", action="store_true",
+                   help="a cell skipped for want of a GPU fails (nightly jobs on GPU runners; also "
+                        "CUMATRIX_REQUIRE_GPU=1)")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per cell from pytest too")
-    p.add_argument("-q", "--quiet", action="store_true", help="less chatter")
+    p.add_argument("-q", "--quiet", action="store_true", help="only failures and the final line")
     p.set_defaults(func=cmd_run)
 
 

@@ -19,7 +19,6 @@ import io
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import textwrap
@@ -27,10 +26,10 @@ import time
 import uuid
 import xml.etree.ElementTree as ET
 import zipfile
-from collections.abc import Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
@@ -45,12 +44,14 @@ from .elf import (
     iter_wheel_elves,
 )
 from .errors import CumatrixError, UsageError
-from .isolate import ChildResult, Job
+from .isolate import Job
 from .model import Case, Cell, CudaVersion, Driver, Expected, Matrix, Observed, Runtime
+from .record import CellRecord
 from .report import load_records, progress_line, write_all
 from .report.jsonout import dumps
 from .results import JSONL, Store
-from .session import DEFAULT_TIMEOUT, Runner, run_header, utcnow
+from .orchestrate import CellRun, Orchestrator, end_record, run_header
+from .provision import DEFAULT_TIMEOUT
 
 Severity = Literal["error", "warning"]
 
@@ -615,25 +616,13 @@ def _link_tree(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst, symlinks=True, copy_function=link)
 
 
-def _shell_signal(observed: Observed) -> Observed:
-    """A shell reports a child killed by signal N as exit 128+N (dash does not exec ``-c``)."""
-    code = observed.exit_status
-    if not observed.outcome.startswith("exit:") or code is None or not 128 < code < 128 + 65:
-        return observed
-    try:
-        name = signal.Signals(code - 128).name
-    except ValueError:
-        return observed
-    detail = f"the shell running --smoke exited {code}: its command was killed by {name}"
-    if observed.detail:
-        detail += f"; {observed.detail}"
-    return replace(observed, outcome=f"crash:{name}", detail=detail)
-
-
 @dataclass
-class GateRunner(Runner):
-    """A :class:`Runner` that installs the wheel into each cell and skips unsupported pairings."""
+class GateHooks:
+    """What the gate changes about its cells: unsupported pairings are skipped, each cell
+    gets its own install of the wheel, and smoke commands run under ``sh -c``."""
 
+    host: oracle.HostFacts
+    runtime_version: Callable[[Cell], int | None]
     sites: dict[str, _CellSite] = field(default_factory=dict)
     staged: dict[str, Path] = field(default_factory=dict)  #: wheel name -> pip's install
     install_failed: dict[str, Observed] = field(default_factory=dict)  #: wheel name -> outcome
@@ -642,10 +631,10 @@ class GateRunner(Runner):
         try:
             rv = self.runtime_version(cell)
         except CumatrixError:
-            return None  # run_cell records the provisioning error itself
-        return unsupported_pairing(cell, self.host(), rv)
+            return None  # the orchestrator records the provisioning error itself
+        return unsupported_pairing(cell, self.host, rv)
 
-    def expected(self, cell: Cell) -> Expected:
+    def expected(self, cell: Cell, default: Expected) -> Expected:
         why = self.unsupported(cell)
         if why is not None:
             return Expected(outcomes=frozenset({"skipped:unsupported-pairing"}), reason=why,
@@ -653,34 +642,34 @@ class GateRunner(Runner):
         plan = self.sites.get(cell.id)
         what = ("the --smoke command must exit 0" if plan is not None and plan.smoke
                 else "the wheel's top-level packages must import")
-        d = oracle.effective_driver(cell, self.host())
+        d = oracle.effective_driver(cell, self.host)
         where = (f"on every pairing NVIDIA supports (driver {cell.driver}: CUDA "
                  f"{CudaVersion.from_int(d)})" if d is not None else
                  "with no NVIDIA driver on the host too (CPU-only CI, docs builds)")
         return Expected(outcomes=frozenset({"ok"}), reason=f"{what} {where}", rule="gate")
 
-    def _observe(self, cell: Cell, expected: Expected) -> tuple[Observed, ChildResult | None,
-                                                                 dict[str, Any]]:
+    def before_run(self, cell: Cell, expected: Expected) -> Observed | None:
         if expected.rule == "unsupported-pairing":
-            return Observed(outcome="skipped:unsupported-pairing", detail=expected.reason), None, {}
+            return Observed(outcome="skipped:unsupported-pairing", detail=expected.reason)
         plan = self.sites.get(cell.id)
-        if plan is not None:
-            failed = self.install_failed.get(plan.wheel)
-            if failed is not None:
-                return failed, None, {}
-            if not plan.site.exists():
-                _link_tree(self.staged[plan.wheel], plan.site)
-        observed, child, fp = super()._observe(cell, expected)
-        if plan is not None and plan.smoke:
-            observed = _shell_signal(observed)
-        return observed, child, fp
+        if plan is None:
+            return None
+        failed = self.install_failed.get(plan.wheel)
+        if failed is not None:
+            return failed
+        if not plan.site.exists():
+            _link_tree(self.staged[plan.wheel], plan.site)
+        return None
 
-    def _job(self, cell: Cell) -> tuple[Job | None, Observed | None]:
-        job, pre = super()._job(cell)
+    def job(self, cell: Cell, job: Job) -> Job:
         plan = self.sites.get(cell.id)
-        if job is not None and plan is not None:
-            job = replace(job, mounts=(*job.mounts, str(plan.site)))  # docker: read-only, same path
-        return job, pre
+        if plan is None:
+            return job
+        return replace(job, mounts=(*job.mounts, str(plan.site)))  # docker: read-only, same path
+
+    def shell_wrapped(self, cell: Cell) -> bool:
+        plan = self.sites.get(cell.id)
+        return plan is not None and plan.smoke
 
 
 def _gate_argv(args: argparse.Namespace) -> list[str]:
@@ -697,30 +686,6 @@ def _gate_argv(args: argparse.Namespace) -> list[str]:
     out += [f"--optional={g}" for g in getattr(args, "optional", [])]
     out += ["--strict"] if getattr(args, "strict", False) else []
     return out
-
-
-def _merge_junit(path: Path, audits: Sequence[WheelAudit]) -> None:
-    """Fold the static findings into ``junit.xml`` as ``static <wheel>`` test suites."""
-    root = ET.parse(path).getroot()
-    static = ET.fromstring(findings_junit(audits))
-    for suite in static.findall("testsuite"):
-        root.append(suite)
-        for key in ("tests", "failures"):
-            root.set(key, str(int(root.get(key, "0")) + int(suite.get(key, "0"))))
-    ET.indent(root)
-    tmp = path.with_name(f".{path.name}.tmp")
-    ET.ElementTree(root).write(tmp, encoding="utf-8", xml_declaration=True)
-    tmp.replace(path)
-
-
-def _write_reports(out: Path, audits: Sequence[WheelAudit]) -> None:
-    run = load_records(out / JSONL)
-    write_all(run, out)
-    summary = out / "summary.md"
-    matrix_part = summary.read_text(encoding="utf-8")
-    summary.write_text(findings_markdown(audits) + "\n" + matrix_part, encoding="utf-8")
-    _merge_junit(out / "junit.xml", audits)
-    (out / "static.json").write_text(dumps(findings_record(audits)), encoding="utf-8")
 
 
 def _check_dynamic_inputs(args: argparse.Namespace) -> None:
@@ -740,10 +705,9 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path],
 
     One ``import-<wheel>`` cell (and ``smoke-<wheel>`` with ``--smoke``) per wheel and
     runtime x driver pairing, each with its own install target, run crash-isolated through
-    :class:`cumatrix.session.Runner`.  Pairings NVIDIA does not support are recorded as
-    ``skipped:unsupported-pairing``.  Writes ``results.jsonl`` (with the static findings
-    record), ``results.json``, ``junit.xml`` (static suites folded in), ``summary.md``
-    (static findings first) and ``index.html`` into ``--out``.  Returns 0 when every cell
+    :class:`cumatrix.orchestrate.Orchestrator`.  Pairings NVIDIA does not support are
+    recorded as ``skipped:unsupported-pairing``.  ``results.jsonl`` holds the static findings
+    beside the cells, and every report is written from it once.  Returns 0 when every cell
     met its expectation, 1 otherwise.
     """
     out = Path(args.out if args.out is not None else DEFAULT_OUT)
@@ -756,38 +720,18 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path],
                              timeout=args.timeout)
     if not cells:
         raise UsageError(f"{matrix.path}: no runtime x driver pairing to run the wheels on")
-    runner = GateRunner(matrix=matrix, backend=backend, wheel_dir=wheel_dir,
-                        timeout=args.timeout or DEFAULT_TIMEOUT, base_image=args.base_image,
-                        sites=plan)
+    orch = Orchestrator(matrix=matrix, backend=backend, wheel_dir=wheel_dir,
+                        timeout=args.timeout or DEFAULT_TIMEOUT, base_image=args.base_image)
     try:
         # The daemon must answer before any cell runs (its facts join the host fingerprint).
-        fingerprint = runner.host_fingerprint()
+        fingerprint = orch.host_fingerprint()
+        hooks = GateHooks(host=orch.host(), runtime_version=orch.provisioner.runtime_version, sites=plan)
+        orch = orch.with_hooks(hooks)
         npairs = len(cells) // (len(gws) * (2 if args.smoke else 1))
         print(f"dynamic stage: {len(gws)} wheel{'s' if len(gws) != 1 else ''} x {npairs} "
               f"pairing{'s' if npairs != 1 else ''} of {matrix.path} ({backend} backend), "
               f"{len(cells)} cells; reports in {out}/", flush=True)
-        if sites.exists():
-            shutil.rmtree(sites)
-        for w in gws:
-            staged = sites / ".staged" / w.path.name[: -len(".whl")]
-            how = f"with constraints {args.constraints}" if args.constraints else "without dependencies"
-            print(f"installing {w.path.name} {how}", flush=True)
-            rc, log = _pip_install(w.path, staged, args.constraints)
-            if rc != 0 and "is not a supported wheel on this platform" in log:
-                # dist/*.whl often holds one wheel per Python version; each is run by a
-                # matching interpreter, and the static audit above still covered this one.
-                why = (f"{w.path.name} is not installable by this Python ({sys.executable}, "
-                       f"{sys.implementation.cache_tag}): gate it with a matching interpreter")
-                print(f"  {why}; its cells are skipped", flush=True)
-                runner.install_failed[w.name] = Observed(outcome="skipped:wheel-not-for-this-python",
-                                                         detail=why)
-            elif rc != 0:
-                print(f"  pip install failed (exit {rc}); every cell of {w.name} fails:\n"
-                      + textwrap.indent(log[-2000:], "    "), flush=True)
-                runner.install_failed[w.name] = Observed(
-                    outcome=f"exit:{rc}", exit_status=rc,
-                    detail=f"pip install of {w.path.name} failed: {log[-1500:]}")
-            runner.staged[w.name] = staged
+        _install_wheels(args, gws, sites, hooks)
         store = Store(out)
         if store.path.exists():
             store.path.unlink()
@@ -795,41 +739,64 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path],
                                 argv=_gate_argv(args), host=None, fingerprint=fingerprint,
                                 run_id=uuid.uuid4().hex[:12]))
         store.append(findings_record(audits))
-        try:
-            failed = _run_cells(runner, cells, store)
-        except KeyboardInterrupt:
-            _write_reports(out, audits)
-            raise
+        failed = _run_cells(orch, cells, store)
     finally:
-        if runner._docker is not None:
-            runner._docker.close()
-    _write_reports(out, audits)
+        orch.close()
+    write_all(load_records(out / JSONL), out)
     for rec in failed:
-        print(f"FAIL {rec['id']}: {rec['mismatch']}")
+        print(f"FAIL {rec.id}: {rec.mismatch}")
     print(f"dynamic stage: {'FAIL' if failed else 'pass'}: {len(failed)} of {len(cells)} cells "
           f"failed; reports in {out}/ (summary.md, junit.xml, results.json, index.html)")
     return 1 if failed else 0
 
 
-def _run_cells(runner: GateRunner, cells: Sequence[Cell], store: Store) -> list[dict[str, Any]]:
-    failed: list[dict[str, Any]] = []
+def _install_wheels(args: argparse.Namespace, gws: Sequence[GateWheel], sites: Path, hooks: GateHooks) -> None:
+    if sites.exists():
+        shutil.rmtree(sites)
+    for w in gws:
+        staged = sites / ".staged" / w.path.name[: -len(".whl")]
+        how = f"with constraints {args.constraints}" if args.constraints else "without dependencies"
+        print(f"installing {w.path.name} {how}", flush=True)
+        rc, log = _pip_install(w.path, staged, args.constraints)
+        if rc != 0 and "is not a supported wheel on this platform" in log:
+            # dist/*.whl often holds one wheel per Python version; each is run by a
+            # matching interpreter, and the static audit above still covered this one.
+            why = (f"{w.path.name} is not installable by this Python ({sys.executable}, "
+                   f"{sys.implementation.cache_tag}): gate it with a matching interpreter")
+            print(f"  {why}; its cells are skipped", flush=True)
+            hooks.install_failed[w.name] = Observed(outcome="skipped:wheel-not-for-this-python", detail=why)
+        elif rc != 0:
+            print(f"  pip install failed (exit {rc}); every cell of {w.name} fails:\n"
+                  + textwrap.indent(log[-2000:], "    "), flush=True)
+            hooks.install_failed[w.name] = Observed(
+                outcome=f"exit:{rc}", exit_status=rc, detail=f"pip install of {w.path.name} failed: {log[-1500:]}")
+        hooks.staged[w.name] = staged
+
+
+def _run_cells(orch: Orchestrator, cells: Sequence[Cell], store: Store) -> list[CellRecord]:
+    failed: list[CellRecord] = []
     t0 = time.monotonic()
+    done = 0
+
+    def record(run: CellRun) -> None:
+        nonlocal done
+        rec = run.record
+        store.append(rec.to_store())
+        done += 1
+        if rec.status == "fail":
+            failed.append(rec)
+        obs = rec.observed
+        outcome = obs.outcome + (f" [{obs.path}]" if obs.path not in (None, "n/a") else "")
+        print(progress_line(done, len(cells), time.monotonic() - t0, rec.id, rec.status, outcome),
+              file=sys.stderr, flush=True)
+
     interrupted = True
     try:
-        for n, cell in enumerate(cells, 1):
-            rec = runner.run_cell(cell)
-            store.append(rec)
-            if rec["status"] == "fail":
-                failed.append(rec)
-            obs = rec["observed"]
-            outcome = obs["outcome"] + (f" [{obs['path']}]" if obs.get("path") not in (None, "n/a")
-                                        else "")
-            print(progress_line(n, len(cells), time.monotonic() - t0, cell.id, rec["status"],
-                                outcome), file=sys.stderr, flush=True)
+        orch.run_all(cells, record)
         interrupted = False
     finally:
         # A killed gate still leaves a report of what it finished.
-        store.append({"schema": 1, "type": "end", "finished": utcnow(), "interrupted": interrupted})
+        store.append(end_record(interrupted=interrupted))
     return failed
 
 

@@ -7,6 +7,7 @@ Nothing past :mod:`cumatrix.matrix` sees a raw YAML dict; nothing past
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Literal
@@ -311,12 +312,89 @@ class Expected:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Spread:
+    """Spread of the repeated GB/s measurements of one swap cell."""
+
+    min: float | None = None
+    p10: float | None = None
+    p90: float | None = None
+    max: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Timings:
+    """Timings of a cell; only ``wall_s`` for cells that are not swaps."""
+
+    wall_s: float | None = None
+    gbps: float | None = None
+    loop_gbps: float | None = None
+    speedup: float | None = None
+    repetitions: int | None = None
+    spread: Spread | None = None
+    bytes: int | None = None
+
+    def to_json(self) -> dict[str, object]:
+        """The timings as a JSON object, leaving out what was not measured."""
+        out: dict[str, object] = {}
+        for name in ("wall_s", "gbps", "loop_gbps", "speedup", "repetitions", "bytes"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value
+        if self.spread is not None:
+            out["spread"] = {
+                k: getattr(self.spread, k)
+                for k in ("min", "p10", "p90", "max")
+                if getattr(self.spread, k) is not None
+            }
+        return out
+
+
+    @classmethod
+    def from_json(cls, t: Mapping[str, object]) -> Timings:
+        """Timings from a JSON object; values of the wrong type are left out."""
+        s = t.get("spread")
+        spread = None
+        if isinstance(s, Mapping):
+            spread = Spread(min=_num(s.get("min")), p10=_num(s.get("p10")), p90=_num(s.get("p90")),
+                            max=_num(s.get("max")))
+        reps, nbytes = _num(t.get("repetitions")), _num(t.get("bytes"))
+        return cls(wall_s=_num(t.get("wall_s")), gbps=_num(t.get("gbps")), loop_gbps=_num(t.get("loop_gbps")),
+                   speedup=_num(t.get("speedup")), repetitions=None if reps is None else int(reps),
+                   spread=spread, bytes=None if nbytes is None else int(nbytes))
+
+
+def _num(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ChildFacts:
+    """What a harness child saw of the CUDA stack it ran on (part of the fingerprint)."""
+
+    runtime_version: int | None = None
+    runtime_file: str | None = None
+    driver_version: int | None = None
+    libcuda_file: str | None = None
+    gpu_name: str | None = None
+    compute_capability: str | None = None
+    forward_compat: bool | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class Observed:
-    """What a child did, classified."""
+    """What a child did, classified.
+
+    ``data`` is what a harness child reported beyond the typed fields (for the probe: the
+    runtime's version, whether it exports the batch copy), shown in reports as it is.
+    """
 
     outcome: str
     path: str | None = None
     error_name: str | None = None
     detail: str = ""
     exit_status: int | None = None
-    data: dict[str, object] = field(default_factory=dict)
+    data: Mapping[str, object] = field(default_factory=dict)
+    timings: Timings = Timings()
+    facts: ChildFacts = ChildFacts()

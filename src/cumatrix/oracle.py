@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
-from .model import Cell, CudaVersion, Expected, Matrix, Observed, outcome_matches
+from .model import Cell, CudaVersion, Expected, Matrix, Observed
 
 # --------------------------------------------------------------------------- data
 
@@ -165,7 +165,7 @@ def _derive(cell: Cell, host: HostFacts, rv: int | None) -> Expected:
 
 
 def _driver_family(cell: Cell, d: int, emulated: bool) -> Expected:
-    workload, build = cell.need_workload(), cell.need_build()
+    workload = cell.need_workload()
     intro = batch_introduced()
     legacy = workload.stream == "legacy"
     v = cell.variant
@@ -282,39 +282,6 @@ def _runtime_family(cell: Cell, rv: int, d: int) -> Expected:
 
 def _params(abi: int) -> int:
     return 8 if abi == 13 else 9
-
-
-# --------------------------------------------------------------------------- verdicts
-
-
-def reconcile(cell: Cell, observed: Observed, host: HostFacts, expected: Expected | None = None) -> Observed:
-    """Map observations that mean "this pairing cannot be emulated" to ``cannot-emulate``."""
-    d = effective_driver(cell, host)
-    if expected is not None and expected.outcomes == {"cannot-emulate"} and not observed.outcome.startswith(("skipped:", "harness-error")):
-        return Observed(outcome="cannot-emulate", path=observed.path, error_name=observed.error_name,
-                        detail=f"observed {observed.outcome}" + (f" (path {observed.path})" if observed.path else "")
-                               + f"; {expected.reason}", exit_status=observed.exit_status, data=observed.data)
-    if (cell.driver.startswith("emulated-") and observed.outcome == "cuda-error:103"
-            and d != host.driver_version):
-        return Observed(outcome="cannot-emulate", path=observed.path, error_name=observed.error_name,
-                        detail=f"observed cuda-error:103 ({observed.error_name or 'integrity checks failed'}): "
-                               "the runtime detected the interposer", exit_status=observed.exit_status, data=observed.data)
-    return observed
-
-
-def verdict(expected: Expected, observed: Observed) -> tuple[str, str | None]:
-    """(status, mismatch reason): status is pass, fail or skip."""
-    from .model import is_neutral
-
-    if is_neutral(observed.outcome):  # skipped:* and cannot-emulate neither pass nor fail
-        return "skip", None
-    if expected.admits(observed.outcome, observed.path):
-        return "pass", None
-    shown = observed.outcome + (f" (path {observed.path})" if observed.path and observed.outcome == "ok" else "")
-    why = f"expected {expected.label()} because {expected.reason}; observed {shown}"
-    if observed.detail:
-        why += f": {observed.detail.splitlines()[0][:300]}"
-    return "fail", why
 
 
 _IMAGE_VERSION = re.compile(r":(\d+)\.(\d+)")

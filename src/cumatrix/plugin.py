@@ -1,41 +1,51 @@
 """pytest plugin: ``pytest matrix.yaml`` collects one item per cell.
 
-Results cross pytest-xdist workers inside pytest's own serialisable reports (an extra
-``cumatrix_record`` attribute survives xdist's report round trip), so the controller
-alone writes the results store and JUnit works unchanged.  A crashed cell is a failed
-report, never a lost one: cells run in their own child process.
+Each item runs its cell through :class:`~cumatrix.orchestrate.Orchestrator`.  The finished
+:class:`~cumatrix.record.CellRecord` crosses pytest-xdist workers inside pytest's own
+serialisable report (an extra attribute that survives xdist's round trip), so the
+controller alone writes the results store and JUnit works unchanged.  A crashed cell is a
+failed report, never a lost one: cells run in their own child process.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 import uuid
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import pytest
 
 from . import matrix as _matrix
 from .errors import ConfigError, CumatrixError
+from .keyword import KeywordExpression
 from .model import Cell, Matrix
+from .orchestrate import Orchestrator, end_record, run_header
+from .record import CellRecord
 from .results import Store, dumps
-from .session import Runner, run_header, utcnow
 
-_RUNNERS = pytest.StashKey[dict[str, Runner]]()
+_ORCHESTRATORS = pytest.StashKey[dict[str, Orchestrator]]()
 _PROGRESS = pytest.StashKey[dict[str, Any]]()
 MATRIX_SUFFIXES = (".yaml", ".yml")
+#: Where reports go when a matrix file is run and no --cumatrix-out is given.
+DEFAULT_OUT = "out"
+#: The attribute of a pytest report that carries a cell's record (JSON) across workers.
+REPORT_ATTR = "cumatrix_record"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("cumatrix", "cumatrix: run native CUDA code across a runtime x driver matrix")
     g.addoption("--cumatrix-out", metavar="DIR", default=None,
-                help="write results.jsonl (per cell, as it finishes) and the reports here")
+                help=f"write results.jsonl (per cell, as it finishes) and the reports here "
+                     f"(default when a matrix file is run: {DEFAULT_OUT}/)")
     g.addoption("--cumatrix-resume", action="store_true", default=False,
                 help="run only the cells that --cumatrix-out/results.jsonl does not hold yet")
     g.addoption("--cumatrix-wheel-dir", metavar="DIR", default=None,
-                help="take runtime wheels from DIR (no network)")
+                help="take runtime wheels from DIR (no network); default $CUMATRIX_WHEEL_DIR")
     g.addoption("--cumatrix-backend", choices=("local", "docker"), default="local",
                 help="local: one child process per cell; docker: one container per cell")
     g.addoption("--cumatrix-timeout", type=float, default=None, metavar="S",
@@ -44,27 +54,43 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="base image for runtime images (docker backend)")
     g.addoption("--cumatrix-host", default=None, metavar="NAME",
                 help="tag every result with this host name (for merging runs of many hosts)")
+    g.addoption("--cumatrix-require-gpu", action="store_true", default=False,
+                help="a cell skipped for want of a GPU fails (nightly jobs on GPU runners); "
+                     "also CUMATRIX_REQUIRE_GPU=1")
 
 
 def _is_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
 
+def _matrix_args(config: pytest.Config) -> list[Path]:
+    return [p for p in (Path(a.split("::")[0]) for a in config.args)
+            if p.suffix in MATRIX_SUFFIXES and p.is_file()]
+
+
 def _out(config: pytest.Config) -> Path | None:
     out = config.getoption("cumatrix_out")
-    return Path(out) if out else None
+    if out:
+        return Path(out)
+    return Path(DEFAULT_OUT) if _matrix_args(config) else None
 
 
-def runner_for(config: pytest.Config, m: Matrix) -> Runner:
-    runners = config.stash.setdefault(_RUNNERS, {})
-    if m.path not in runners:
-        wd = config.getoption("cumatrix_wheel_dir")
-        runners[m.path] = Runner(matrix=m, backend=config.getoption("cumatrix_backend"),
-                                 wheel_dir=Path(wd) if wd else None,
-                                 timeout=config.getoption("cumatrix_timeout") or 300.0,
-                                 base_image=config.getoption("cumatrix_base_image"),
-                                 host_label=config.getoption("cumatrix_host"))
-    return runners[m.path]
+def require_gpu(config: pytest.Config) -> bool:
+    return bool(config.getoption("cumatrix_require_gpu")) or os.environ.get("CUMATRIX_REQUIRE_GPU", "") == "1"
+
+
+def orchestrator_for(config: pytest.Config, m: Matrix) -> Orchestrator:
+    """The process's orchestrator of matrix ``m`` (one per matrix file)."""
+    found = config.stash.setdefault(_ORCHESTRATORS, {})
+    if m.path not in found:
+        wd = config.getoption("cumatrix_wheel_dir") or os.environ.get("CUMATRIX_WHEEL_DIR")
+        found[m.path] = Orchestrator(matrix=m, backend=config.getoption("cumatrix_backend"),
+                                     wheel_dir=Path(wd) if wd else None,
+                                     timeout=config.getoption("cumatrix_timeout") or 300.0,
+                                     base_image=config.getoption("cumatrix_base_image"),
+                                     host_label=config.getoption("cumatrix_host"),
+                                     require_gpu=require_gpu(config))
+    return found[m.path]
 
 
 # --------------------------------------------------------------------------- collection
@@ -87,8 +113,10 @@ class MatrixFile(pytest.File):
             m = _matrix.load(self.path)
         except ConfigError as e:
             raise MatrixError(str(e)) from None
+        lines = _runtime_lines(self.path)
         for cell in _matrix.cells(m):
-            yield CellItem.from_parent(self, name=cell.id, cell=cell, matrix=m)
+            yield CellItem.from_parent(self, name=cell.id, cell=cell, matrix=m,
+                                       line=lines.get(cell.runtime, 0))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         if isinstance(excinfo.value, MatrixError):
@@ -96,32 +124,47 @@ class MatrixFile(pytest.File):
         return super().repr_failure(excinfo)  # type: ignore[return-value]
 
 
+def _runtime_lines(path: Path) -> dict[str, int]:
+    """0-based line of each runtime's entry in the matrix file (where skips point)."""
+    out: dict[str, int] = {}
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return out
+    for n, line in enumerate(text.splitlines()):
+        key = line.strip().split(":", 1)[0].strip().strip("'\"")
+        if key and line[:1].isspace() and key not in out:
+            out[key] = n
+    return out
+
+
 class CellMismatch(Exception):
-    def __init__(self, record: dict[str, Any]) -> None:
-        super().__init__(record.get("mismatch"))
+    def __init__(self, record: CellRecord) -> None:
+        super().__init__(record.mismatch)
         self.record = record
 
 
 class CellItem(pytest.Item):
-    def __init__(self, *, cell: Cell, matrix: Matrix, **kw: Any) -> None:
+    def __init__(self, *, cell: Cell, matrix: Matrix, line: int = 0, **kw: Any) -> None:
         super().__init__(**kw)
         self.cell = cell
         self.matrix = matrix
-        self.record: dict[str, Any] | None = None
+        self.line = line
+        self.record: CellRecord | None = None
 
     def runtest(self) -> None:
-        record = runner_for(self.config, self.matrix).run_cell(self.cell)
+        record = orchestrator_for(self.config, self.matrix).run(self.cell).record
         self.record = record
-        obs = record["observed"]
-        self.user_properties += [("outcome", obs["outcome"]), ("path", obs["path"] or ""),
-                                 ("expected", " | ".join(record["expected"]["outcomes"]))]
-        speed = record["timings"].get("speedup")
-        if speed is not None:
-            self.user_properties.append(("speedup", f"{speed:.3f}"))
-        if record["status"] == "fail":
+        obs = record.observed
+        self.user_properties += [("outcome", obs.outcome), ("path", obs.path or ""),
+                                 ("expected", " | ".join(sorted(record.expected.outcomes)))]
+        if record.timings.speedup is not None:
+            self.user_properties.append(("speedup", f"{record.timings.speedup:.3f}"))
+        if record.status == "fail":
             raise CellMismatch(record)
-        if record["status"] == "skip":
-            pytest.skip(f"{obs['outcome']}: {(obs['detail'] or '').splitlines()[0][:200] if obs['detail'] else ''}")
+        if record.status == "skip":
+            first = obs.detail.splitlines()[0][:200] if obs.detail else ""
+            pytest.skip(f"{obs.outcome}: {first}")
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         if isinstance(excinfo.value, CellMismatch):
@@ -129,20 +172,21 @@ class CellItem(pytest.Item):
         return super().repr_failure(excinfo)  # type: ignore[return-value]
 
     def reportinfo(self) -> tuple[Path, int, str]:
-        return self.path, 0, f"cell {self.cell.id}"
+        return self.path, self.line, f"cell {self.cell.id}"
 
 
-def format_failure(rec: dict[str, Any]) -> str:
-    obs, exp = rec["observed"], rec["expected"]
-    shown = obs["outcome"] + (f" (path {obs['path']})" if obs.get("path") and obs["outcome"] == "ok" else "")
-    lines = [f"{rec['id']}: expected {' | '.join(exp['outcomes'])}, observed {shown}",
-             f"expected  {' | '.join(exp['outcomes'])}",
-             f"observed  {obs['outcome']}" + (f" (path {obs['path']})" if obs.get("path") else ""),
-             f"reason    {exp['reason']}",
-             f"mismatch  {rec['mismatch']}"]
-    if obs.get("detail"):
-        lines.append(f"detail    {obs['detail'][:1000]}")
-    tail = (rec.get("stderr_tail") or "").strip()
+def format_failure(rec: CellRecord) -> str:
+    obs, exp = rec.observed, rec.expected
+    want = " | ".join(sorted(exp.outcomes))
+    shown = obs.outcome + (f" (path {obs.path})" if obs.path and obs.outcome == "ok" else "")
+    lines = [f"{rec.id}: expected {want}, observed {shown}",
+             f"expected  {want}",
+             f"observed  {obs.outcome}" + (f" (path {obs.path})" if obs.path else ""),
+             f"reason    {exp.reason}",
+             f"mismatch  {rec.mismatch}"]
+    if obs.detail:
+        lines.append(f"detail    {obs.detail[:1000]}")
+    tail = rec.stderr_tail.strip()
     if tail:
         lines += ["----- child stderr (tail) -----", tail[-2000:], "----- end of child stderr -----"]
     return "\n".join(lines)
@@ -153,7 +197,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     outcome = yield
     report = outcome.get_result()
     if call.when == "call" and isinstance(item, CellItem) and item.record is not None:
-        report.cumatrix_record = dumps(item.record)
+        setattr(report, REPORT_ATTR, dumps(item.record.to_store()))
+        if report.skipped and isinstance(report.longrepr, tuple):
+            # Point the skip at the matrix file's line, not at this plugin.
+            report.longrepr = (str(item.path), item.line + 1, report.longrepr[2])
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -177,32 +224,21 @@ def _selected_ids(config: pytest.Config) -> list[tuple[Matrix, list[str]]]:
     """The cells this run intends, computed in the controller (xdist workers collect)."""
     out = []
     kexpr = config.getoption("keyword") or ""
-    for arg in config.args:
-        p = Path(arg.split("::")[0])
-        if p.suffix not in MATRIX_SUFFIXES or not p.is_file():
-            continue
+    expr = KeywordExpression.compile(kexpr) if kexpr else None
+    for p in _matrix_args(config):
         try:
             m = _matrix.load(p)
         except ConfigError:
             continue
         ids = [c.id for c in _matrix.cells(m)]
-        if kexpr:
-            from _pytest.mark.expression import Expression
-
-            expr = Expression.compile(kexpr)
-            ids = [i for i in ids if expr.evaluate(_KeywordMatcher(i, p.name))]
+        if expr is not None:
+            ids = [i for i in ids if expr.matches(i, p.name)]
         out.append((m, ids))
     return out
 
 
-class _KeywordMatcher:
-    """Matches -k words the way pytest does for an item: a substring of its names, any case."""
-
-    def __init__(self, *names: str) -> None:
-        self.names = [n.lower() for n in names]
-
-    def __call__(self, word: str, /, **kwargs: object) -> bool:
-        return any(word.lower() in n for n in self.names)
+def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -210,13 +246,17 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     out = _out(config)
     if _is_worker(config) or out is None:
         return
+    # SIGTERM (a CI job cancelled, `timeout`, a scheduler) ends the run as Ctrl-C does:
+    # the end record and the reports are still written.
+    signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     store = Store(out)
     if not config.getoption("cumatrix_resume") and store.path.exists():
         store.path.unlink()
     fp = None
     for m, ids in _selected_ids(config):
+        orch = orchestrator_for(config, m)
         if fp is None:
-            fp = runner_for(config, m).host_fingerprint()
+            fp = orch.host_fingerprint()
         store.append(run_header(m, ids, backend=config.getoption("cumatrix_backend"),
                                 argv=list(config.invocation_params.args), host=config.getoption("cumatrix_host"),
                                 fingerprint=fp, run_id=uuid.uuid4().hex[:12]))
@@ -224,43 +264,42 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    raw = getattr(report, "cumatrix_record", None)
+    raw = getattr(report, REPORT_ATTR, None)
     if raw is None:
         return
     config = _CONFIG.get("config")
     if config is None or _is_worker(config):
         return
-    record = json.loads(raw)
+    record = CellRecord.from_json(json.loads(raw), source=f"report of {report.nodeid}")
     out = _out(config)
     if out is not None:
-        Store(out).append(record)
+        Store(out).append(record.to_store())
     prog = config.stash.get(_PROGRESS, None)
-    if prog is not None:
-        prog["done"] += 1
-        if _progress_lines(config) or record["status"] == "fail":
-            tr = config.pluginmanager.get_plugin("terminalreporter")
-            if tr is not None:
-                tr.write_line(progress_text(prog, record))
+    if prog is None:
+        return
+    prog["done"] += 1
+    quiet = config.get_verbosity() < -1  # -qq (cumatrix run -q): failures only
+    if not quiet or record.status == "fail":
+        tr = config.pluginmanager.get_plugin("terminalreporter")
+        if tr is not None:
+            tr.ensure_newline()
+            tr.write_line(progress_text(prog, record))
 
 
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> tuple[str, str, str] | None:
-    # Cells get a progress line of their own; pytest's letter per item would interleave with it.
-    if getattr(report, "cumatrix_record", None) is not None and _progress_lines(config):
+    # Cells get a progress line of their own; pytest's letter per item would run into it.
+    if getattr(report, REPORT_ATTR, None) is not None and config.get_verbosity() <= 0:
         return report.outcome, "", report.outcome.upper()
     return None
 
 
-def _progress_lines(config: pytest.Config) -> bool:
-    return os.environ.get("CI", "").lower() not in ("1", "true") and config.get_verbosity() <= 0
-
-
-def progress_text(prog: dict[str, Any], record: dict[str, Any]) -> str:
+def progress_text(prog: dict[str, Any], record: CellRecord) -> str:
     from .report import progress_line
 
-    obs = record["observed"]
-    outcome = obs["outcome"] + (f" [{obs['path']}]" if obs.get("path") and obs["path"] != "n/a" else "")
+    obs = record.observed
+    outcome = obs.outcome + (f" [{obs.path}]" if obs.path and obs.path != "n/a" else "")
     total = max(prog["total"], prog["done"])
-    return progress_line(prog["done"], total, time.monotonic() - prog["t0"], record["id"], record["status"], outcome)
+    return progress_line(prog["done"], total, time.monotonic() - prog["t0"], record.id, record.status, outcome)
 
 
 _CONFIG: dict[str, pytest.Config] = {}
@@ -272,6 +311,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     _CONFIG.pop("config", None)
+    for orch in config.stash.get(_ORCHESTRATORS, {}).values():
+        orch.close()
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -280,8 +321,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if _is_worker(config) or out is None:
         return
     store = Store(out)
-    store.append({"schema": 1, "type": "end", "finished": utcnow(),
-                  "interrupted": int(exitstatus) == int(pytest.ExitCode.INTERRUPTED)})
+    if not store.path.exists():
+        return
+    store.append(end_record(interrupted=int(exitstatus) == int(pytest.ExitCode.INTERRUPTED)))
     try:
         write_reports(out)
     except CumatrixError as e:

@@ -1,6 +1,6 @@
 """``cumatrix repro``: re-run one cell, or one known real-world bug, and write a bug report.
 
-A cell of a matrix is re-run alone through :meth:`cumatrix.session.Runner.run_cell`.  A
+A cell of a matrix is re-run alone through :meth:`cumatrix.orchestrate.Orchestrator.run`.  A
 catalog entry (``data/bugs.json``) is a bad cell that must show the bug's signature and a
 good cell, on the same pairing, that must pass; only both together reproduce the bug.
 Each report is Markdown: the environment, expected against observed with the oracle's
@@ -11,7 +11,6 @@ upstream reference, and one shell command that reproduces the cell without pytes
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
 import os
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .errors import ConfigError, CumatrixError, UsageError, did_you_mean
+from .errors import ConfigError, UsageError, did_you_mean
 from .isolate import Job
 from .model import (
     NO_RUNTIME,
@@ -41,7 +40,9 @@ from .model import (
     is_neutral,
     outcome_matches,
 )
-from .session import PACKAGE_PARENT, Runner
+from .orchestrate import Orchestrator
+from .provision import PACKAGE_PARENT
+from .record import CellRecord
 from .swapcell import MAPS_BEGIN, MAPS_END, MAPS_ENV
 
 DEFAULT_OUT = "repro"
@@ -300,17 +301,7 @@ def load_catalog(text: str | None = None, *, source: str = CATALOG_FILE) -> Cata
 # --------------------------------------------------------------------------- running
 
 
-class ReproRunner(Runner):
-    """A :class:`Runner` whose swap children print the libraries they mapped before the call."""
-
-    def _job(self, cell: Cell) -> tuple[Job | None, Any]:
-        job, pre = super()._job(cell)
-        if job is not None:
-            job = dataclasses.replace(job, env=(*job.env, (MAPS_ENV, "1")))
-        return job, pre
-
-
-def standalone_command(runner: Runner, job: Job) -> str:
+def standalone_command(runner: Orchestrator, job: Job) -> str:
     """One shell command that runs ``job`` as the harness does, without pytest."""
     env = dict(job.env)
     if runner.backend == "docker":
@@ -422,38 +413,33 @@ class CellRun:
     """One cell run for a report: its record and what was gathered around it."""
 
     cell: Cell
-    record: dict[str, Any]
+    record: CellRecord
     command: str | None
     native: NativeTrace | None = None
     build_log: str = ""  # the compiler's whole message, for a build-error (the record keeps its tail)
 
     @property
     def outcome(self) -> str:
-        return str(self.record["observed"]["outcome"])
+        return self.record.observed.outcome
 
     @property
     def path(self) -> str | None:
-        p = self.record["observed"].get("path")
-        return None if p is None else str(p)
+        return self.record.observed.path
 
     @property
     def detail(self) -> str:
-        return self.build_log or str(self.record["observed"].get("detail") or "")
+        return self.build_log or self.record.observed.detail
 
     def shown(self) -> str:
         p = self.path
         return f"{self.outcome}:{p}" if self.outcome == "ok" and p and p != "n/a" else self.outcome
 
 
-def run_one(runner: Runner, cell: Cell) -> CellRun:
-    """Run ``cell`` once; on a crash, re-run it under gdb (local backend)."""
-    record = runner.run_cell(cell)
-    job: Job | None = None
+def run_one(runner: Orchestrator, cell: Cell) -> CellRun:
+    """Run ``cell`` once; on a crash, re-run its job under gdb (local backend)."""
+    ran = runner.run(cell)
+    record, job = ran.record, ran.job
     command = None
-    try:
-        job, _ = runner._job(cell)
-    except CumatrixError:
-        job = None
     if job is not None:
         command = standalone_command(runner, job)
     elif cell.kind == "swap" and cell.build is not None and cell.variant:
@@ -461,13 +447,13 @@ def run_one(runner: Runner, cell: Cell) -> CellRun:
                                                     "--headers", str(cell.build), "--family", str(cell.family)))
     native = None
     build_log = ""
-    if record["observed"]["outcome"] == "build-error" and cell.build is not None and cell.variant and cell.family:
+    if record.observed.outcome == "build-error" and cell.build is not None and cell.variant and cell.family:
         from . import build as _build
         from . import runtimes as _runtimes
 
         headers = _runtimes.headers_for(cell.build, wheel_dir=runner.wheel_dir, runtimes=runner.matrix.runtimes)
         build_log = _build.build_variant(cell.variant, cell.family, headers).log  # cached: no recompile
-    if str(record["observed"]["outcome"]).startswith("crash:"):
+    if record.observed.outcome.startswith("crash:"):
         if runner.backend == "docker":
             native = NativeTrace(tool=None, backtrace="", libraries="", maps=(),
                                  note="docker backend: the image carries no gdb; fallback to the faulthandler stack only")
@@ -487,15 +473,16 @@ def _fence(text: str, lang: str = "") -> list[str]:
     return [f"{ticks}{lang}", body, ticks]
 
 
-def _env_table(runner: Runner, runs: list[CellRun]) -> list[str]:
+def _env_table(runner: Orchestrator, runs: list[CellRun]) -> list[str]:
     fp = runner.host_fingerprint()
     dv = fp.get("driver_version")
-    gpus = fp.get("gpus") or []
+    raw_gpus = fp.get("gpus")
+    gpus = [g for g in raw_gpus if isinstance(g, dict)] if isinstance(raw_gpus, list) else []
     rows = [
         ("cumatrix", __version__),
         ("host", f"{fp.get('hostname')} ({fp.get('platform')})"),
         ("python", str(fp.get("python"))),
-        ("driver", (f"CUDA {CudaVersion.from_int(int(dv))} ({dv})" if dv else "none")
+        ("driver", (f"CUDA {CudaVersion.from_int(int(str(dv)))} ({dv})" if dv else "none")
          + (f", {fp['driver_string']}" if fp.get("driver_string") else "")),
         ("GPUs", ", ".join(f"{g.get('name')} (cc {g.get('compute_capability')})" for g in gpus) or "none"),
         ("forward compatibility", "in use" if fp.get("forward_compat") else "not in use"),
@@ -503,7 +490,7 @@ def _env_table(runner: Runner, runs: list[CellRun]) -> list[str]:
         ("debugger", find_debugger() or "gdb/cuda-gdb not installed"),
     ]
     for r in runs:
-        f = r.record.get("fingerprint") or {}
+        f = r.record.fingerprint
         if f.get("runtime_file"):
             rows.append((f"runtime of {r.cell.id}", f"{f['runtime_file']} ({f.get('runtime_version')})"))
         if f.get("libcuda_file"):
@@ -521,66 +508,83 @@ def _python_stack(stderr: str) -> str:
 
 
 def _cell_section(r: CellRun, title: str, want: str | None = None) -> list[str]:
+    """One cell's part of a report: the verdict, why, the crash's stacks, what was loaded."""
     rec = r.record
-    exp = rec["expected"]
-    lines = [f"## {title}: `{r.cell.id}`", ""]
-    lines += ["| | |", "|---|---|"]
-    for k, v in r.cell.axes().items():
-        lines.append(f"| {k} | {v} |")
-    if want:
-        lines.append(f"| catalog says | {want} |")
-    lines.append(f"| oracle expects | {' or '.join(exp['outcomes'])} |")
-    lines.append(f"| observed | **{r.shown()}** |")
-    lines.append(f"| oracle verdict | {rec['status']} |")
-    lines += ["", f"**The oracle's reason** ({exp.get('rule') or 'no rule'}): {exp['reason']}", ""]
-    if rec.get("mismatch"):
-        lines += [f"**Mismatch:** {rec['mismatch']}", ""]
-    if r.detail and not r.outcome.startswith("crash:"):  # a crash's detail is the stderr tail shown below
+    lines = [f"## {title}: `{r.cell.id}`", "", *_cell_table(r, want)]
+    lines += ["", f"**The oracle's reason** ({rec.expected.rule or 'no rule'}): {rec.expected.reason}", ""]
+    if rec.mismatch:
+        lines += [f"**Mismatch:** {rec.mismatch}", ""]
+    crashed = r.outcome.startswith("crash:")
+    if r.detail and not crashed:  # a crash's detail is the stderr tail shown below
         lines += ["Detail:", "", *_fence(r.detail), ""]
-    data = rec["observed"].get("data") or {}
-    if r.outcome.startswith("crash:"):
-        lines += ["### Python stack (faulthandler)", "", *_fence(_python_stack(str(rec.get("stderr_tail") or ""))), ""]
-        n = r.native
-        lines += ["### Native backtrace of the crashing thread", ""]
-        if n is not None and n.backtrace:
-            lines += [f"From `{n.tool or 'gdb'} -batch -ex run -ex bt -ex \"info sharedlibrary\" --args <the command below>`:", "",
-                      *_fence(n.backtrace), ""]
-        else:
-            lines += [f"Not available: {n.note if n else 'the child could not be re-run'}.", ""]
-        if n is not None and n.backtrace and n.note:
-            lines += [n.note, ""]
-    maps = tuple(data.get("loaded_libraries") or ()) or parse_maps(str(rec.get("stderr_tail") or ""))
-    if not maps and r.native is not None:
-        maps = r.native.maps
-    if maps or (r.native is not None and r.native.libraries):
-        lines += ["### Libraries the child had loaded before the call", ""]
-        if maps:
-            lines += ["From the child's `/proc/self/maps` right before the variant ran:", "", *_fence("\n".join(maps)), ""]
-        if r.native is not None and r.native.libraries:
-            lines += ["gdb's `info sharedlibrary` at the crash:", "", *_fence(r.native.libraries), ""]
-    elif r.outcome.startswith("crash:"):
-        lines += ["### Libraries the child had loaded before the call", "",
-                  "Not captured (the child printed no CUMATRIX-MAPS block and gdb gave no library list).", ""]
+    if crashed:
+        lines += _crash_stacks(r)
+    lines += _loaded_libraries(r, crashed)
     if r.command:
         lines += ["### Standalone command", "", *_fence(r.command, "sh"), ""]
-    tail = str(rec.get("stderr_tail") or "").strip()
-    if tail and not r.outcome.startswith("crash:"):
+    tail = rec.stderr_tail.strip()
+    if tail and not crashed:
         lines += ["<details><summary>stderr tail</summary>", "", *_fence(tail[-3000:]), "", "</details>", ""]
     return lines
 
 
-def cell_report(runner: Runner, r: CellRun, matrix_path: str) -> str:
+def _cell_table(r: CellRun, want: str | None) -> list[str]:
+    rec = r.record
+    lines = ["| | |", "|---|---|"]
+    lines += [f"| {k} | {v} |" for k, v in r.cell.axes().items()]
+    if want:
+        lines.append(f"| catalog says | {want} |")
+    lines += [f"| oracle expects | {' or '.join(sorted(rec.expected.outcomes))} |",
+              f"| observed | **{r.shown()}** |", f"| oracle verdict | {rec.status} |"]
+    return lines
+
+
+def _crash_stacks(r: CellRun) -> list[str]:
+    lines = ["### Python stack (faulthandler)", "", *_fence(_python_stack(r.record.stderr_tail)), "",
+             "### Native backtrace of the crashing thread", ""]
+    n = r.native
+    if n is not None and n.backtrace:
+        lines += [f"From `{n.tool or 'gdb'} -batch -ex run -ex bt -ex \"info sharedlibrary\" --args <the command below>`:",
+                  "", *_fence(n.backtrace), ""]
+        if n.note:
+            lines += [n.note, ""]
+    else:
+        lines += [f"Not available: {n.note if n else 'the child could not be re-run'}.", ""]
+    return lines
+
+
+def _loaded_libraries(r: CellRun, crashed: bool) -> list[str]:
+    listed = r.record.observed.data.get("loaded_libraries")
+    maps = tuple(str(x) for x in listed) if isinstance(listed, list) else ()
+    maps = maps or parse_maps(r.record.stderr_tail)
+    if not maps and r.native is not None:
+        maps = r.native.maps
+    native_libs = r.native.libraries if r.native is not None else ""
+    if not maps and not native_libs:
+        if not crashed:
+            return []
+        return ["### Libraries the child had loaded before the call", "",
+                "Not captured (the child printed no CUMATRIX-MAPS block and gdb gave no library list).", ""]
+    lines = ["### Libraries the child had loaded before the call", ""]
+    if maps:
+        lines += ["From the child's `/proc/self/maps` right before the variant ran:", "", *_fence("\n".join(maps)), ""]
+    if native_libs:
+        lines += ["gdb's `info sharedlibrary` at the crash:", "", *_fence(native_libs), ""]
+    return lines
+
+
+def cell_report(runner: Orchestrator, r: CellRun, matrix_path: str) -> str:
     """The Markdown report of one re-run cell."""
     lines = [f"# cumatrix repro: `{r.cell.id}`", "",
-             f"Cell of `{matrix_path}`, re-run alone; expected {' or '.join(r.record['expected']['outcomes'])}, "
-             f"observed **{r.shown()}** (oracle verdict: {r.record['status']}).", "",
+             f"Cell of `{matrix_path}`, re-run alone; expected {' or '.join(sorted(r.record.expected.outcomes))}, "
+             f"observed **{r.shown()}** (oracle verdict: {r.record.status}).", "",
              "## Environment", "", *_env_table(runner, [r]), "", *_cell_section(r, "Cell")]
-    refs = sorted(set(re.findall(r"(?:vLLM|SGLang) (?:PR|issue) \d+", r.record["expected"]["reason"])))
+    refs = sorted(set(re.findall(r"(?:vLLM|SGLang) (?:PR|issue) \d+", r.record.expected.reason)))
     lines += ["## Upstream reference", "", (", ".join(refs) if refs else "none named by the oracle's rule"), ""]
     return "\n".join(lines)
 
 
-def bug_report(runner: Runner, bug: Bug, bad: CellRun | None, good: CellRun | None, verdict: str,
+def bug_report(runner: Orchestrator, bug: Bug, bad: CellRun | None, good: CellRun | None, verdict: str,
                why: str, note: str = "", build_logs: dict[str, str] | None = None) -> str:
     """The Markdown report of one catalog entry."""
     lines = [f"# {bug.id}: {verdict}", "", bug.title + ".", "", f"**Verdict: {verdict}.** {why}", ""]
@@ -646,11 +650,12 @@ def _write(out: Path, name: str, text: str) -> Path:
     return p
 
 
-def _runner(args: argparse.Namespace, m: Matrix) -> ReproRunner:
+def _runner(args: argparse.Namespace, m: Matrix) -> Orchestrator:
+    """The orchestrator of a repro: its swap children list the libraries they mapped."""
     wd = Path(args.wheel_dir) if args.wheel_dir else None
     if wd is not None and not wd.is_dir():
         raise UsageError(f"--wheel-dir {args.wheel_dir}: no such directory")
-    return ReproRunner(matrix=m, backend=args.backend, wheel_dir=wd)
+    return Orchestrator(matrix=m, backend=args.backend, wheel_dir=wd, child_env=((MAPS_ENV, "1"),))
 
 
 def repro_cell(args: argparse.Namespace) -> int:
@@ -665,24 +670,24 @@ def repro_cell(args: argparse.Namespace) -> int:
     runner = _runner(args, m)
     r = run_one(runner, cell)
     rec = r.record
-    expected = list(rec["expected"]["outcomes"])
+    expected = sorted(rec.expected.outcomes)
     signature = any(not e.startswith("ok") and not is_neutral(e) for e in expected)
     if r.outcome.startswith("skipped:"):
         print(f"cumatrix: cell {cell.id} did not run here ({r.outcome}: {r.detail}); nothing reproduced", file=sys.stderr)
         return 2
-    if rec["status"] in ("pass", "skip") and not signature:
+    if rec.status in ("pass", "skip") and not signature:
         print(f"cell {cell.id} behaves as expected ({r.shown()}): nothing to reproduce")
         return 0
     p = _write(Path(args.out), _report_name(cell.id), cell_report(runner, r, str(mpath)))
-    what = "as the oracle predicted" if rec["status"] == "pass" else f"not as predicted: {rec['mismatch']}"
+    what = "as the oracle predicted" if rec.status == "pass" else f"not as predicted: {rec.mismatch}"
     print(f"cell {cell.id}: {r.shown()} ({what})")
     if r.command:
         print(f"standalone: {r.command}")
     print(f"report: {p}")
-    return 0 if rec["status"] == "pass" else 1
+    return 0 if rec.status == "pass" else 1
 
 
-def _build_only(runner: Runner, bug: Bug) -> tuple[bool, str, dict[str, str]]:
+def _build_only(runner: Orchestrator, bug: Bug) -> tuple[bool, str, dict[str, str]]:
     """Without a GPU: build the bad and the good variant; the build alone proves a build bug."""
     from . import build as _build
     from . import runtimes as _runtimes

@@ -25,7 +25,8 @@ import pytest
 
 from cumatrix import runtimes
 from cumatrix.errors import DaemonUnavailable
-from cumatrix.isolate import Job, classify, run_local
+from cumatrix.classify import classify
+from cumatrix.isolate import Job, run_local
 from cumatrix.model import Runtime
 
 pytestmark = pytest.mark.docker
@@ -102,7 +103,7 @@ def scratch_image(client: docker.DockerClient) -> Iterator[str]:
 def _job(cell: str, *argv: str, kind: str = "command", timeout: float = 60.0, image: str | None = None,
          **kw: object) -> Job:
     return Job(cell_id=f"cu12.9/host/{cell}", kind=kind, argv=argv, timeout=timeout,
-               runtime_name="cu12.9", image=image, **kw)  # type: ignore[arg-type]
+               runtime_name="cu12.9", image=image, reports_verdict=kind != "command", **kw)  # type: ignore[arg-type]
 
 
 def _ours(client: docker.DockerClient, cell_id: str) -> list[object]:
@@ -141,7 +142,7 @@ def test_probe_in_container_matches_local(backend: object, rt_image: object) -> 
     res = backend.run_job(_job("probe", "python3", "-m", "cumatrix.case", spec, kind="probe"))  # type: ignore[attr-defined]
     obs = classify(res, kind="probe")
     assert res.verdict is not None, res.stderr_tail
-    assert res.verdict["data"]["runtime_version"] == 12090  # type: ignore[index]
+    assert res.verdict.data["runtime_version"] == 12090
     assert res.extra["image"] == rt_image.tag and res.extra["image_id"] == rt_image.image_id  # type: ignore[attr-defined]
     # The same cell run locally against the same wheel classifies the same way.
     local_rt = runtimes.from_wheel("cu12.9", WHEEL_REQ, wheel_dir=None)
@@ -157,6 +158,10 @@ def test_probe_in_container_matches_local(backend: object, rt_image: object) -> 
 @pytest.mark.parametrize(("cell", "code", "expected"), [
     ("segfault", "import ctypes; ctypes.string_at(0)", "crash:SIGSEGV"),
     ("abort", "import os; os.abort()", "crash:SIGABRT"),
+    # A command cannot forge a verdict: what it prints is log, its exit status is the outcome.
+    ("forged-then-segfault", "print('CUMATRIX-RESULT {\"outcome\": \"ok\"}', flush=True); "
+                             "import ctypes; ctypes.string_at(0)", "crash:SIGSEGV"),
+    ("logs-a-verdict-line", "print('CUMATRIX-RESULT {\"outcome\": \"ok\"}')", "ok"),
     ("exit-3", "raise SystemExit(3)", "exit:3"),
     ("ok", "import ctypes", "ok"),
 ])

@@ -104,6 +104,11 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "demo_needs/__init__.py": INIT % b"_direct.so",
             "demo_needs/_direct.so": direct.read_bytes(),
         }, top_level=False),
+        # prints a verdict-looking line, then fails to import: the line must not make it pass
+        "forger": _wheel(d, "demo_forger", {
+            "demo_forger/__init__.py": b'print(\'CUMATRIX-RESULT {"outcome": "ok", "path": "n/a"}\', flush=True)\n'
+                                       b'raise ImportError("demo_forger needs a library this host lacks")\n',
+        }, top_level=True),
         # for an interpreter no test runs on: pip refuses it here
         "other_python": _wheel(d, "demo_old", {"demo_old/__init__.py": b""}, top_level=True,
                                tag="cp27-cp27mu-manylinux1_x86_64"),
@@ -202,6 +207,16 @@ def test_smoke_segfault_is_a_crash_and_other_cells_run(
         assert smoke["observed"]["outcome"] == "crash:SIGSEGV"  # type: ignore[index]
     assert json.loads((out / "results.json").read_text())["counts"]["fail"] == 2
     assert [r["type"] for r in _records(out)][-1] == "end"
+
+
+def test_a_wheel_cannot_forge_its_own_pass(wheels: dict[str, Path], matrices: dict[str, Path],
+                                           cli: Cli, wheel_cache: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = cli("gate", wheels["forger"], "--matrix", matrices["one"], "--out", out, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    rec = _cells(out)["cu12.9/host/import-demo_forger"]
+    assert rec["status"] == "fail" and rec["observed"]["outcome"] == "exit:1"  # type: ignore[index]
+    assert "CUMATRIX-RESULT" in str(rec["stdout_tail"])  # kept as log, nothing more
 
 
 def test_wheel_for_another_python_is_skipped(wheels: dict[str, Path], matrices: dict[str, Path],

@@ -10,13 +10,19 @@ import sys
 import time
 from pathlib import Path
 
-from cumatrix.isolate import KEEP_HEAD, KEEP_TAIL, Job, classify, run_local, scan_verdict
+from cumatrix.classify import classify
+from cumatrix.isolate import KEEP_HEAD, KEEP_TAIL, Job, run_local
+from cumatrix.protocol import parse
 
 PY = sys.executable
+#: Child code that hands a verdict over the private channel, as the harness's own children do.
+EMIT = "from cumatrix import protocol\nprotocol.emit({verdict})\n"
+TAG_LINE = "CUMATRIX-RESULT {\"outcome\": \"ok\", \"path\": \"batch\"}"
 
 
 def _run(code: str, *, kind: str = "probe", timeout: float = 30.0, env: tuple[tuple[str, str], ...] = ()):
-    res = run_local(Job(cell_id="t", kind=kind, argv=(PY, "-c", code), timeout=timeout, env=env))
+    res = run_local(Job(cell_id="t", kind=kind, argv=(PY, "-c", code), timeout=timeout, env=env,
+                        reports_verdict=kind != "command"))
     return res, classify(res, kind=kind)
 
 
@@ -34,34 +40,62 @@ def _gone(pid: int, within: float = 5.0) -> bool:
     return False
 
 
-def test_verdict_line_is_the_outcome() -> None:
-    res, obs = _run("print('log'); print('CUMATRIX-RESULT ' + '{\"outcome\": \"ok\", \"path\": \"batch\", \"x\": 1}')")
+def test_verdict_over_the_channel_is_the_outcome() -> None:
+    res, obs = _run("print('log')\n" + EMIT.format(verdict='{"outcome": "ok", "path": "batch", "data": {"x": 1}}'))
     assert obs.outcome == "ok" and obs.path == "batch" and obs.data["x"] == 1
     assert res.verdict_error is None
 
 
+def test_a_verdict_line_on_stdout_is_only_log() -> None:
+    # A harness child that prints the tag instead of using its channel reached no verdict.
+    res, obs = _run(f"print({TAG_LINE!r})")
+    assert obs.outcome == "harness-error" and "without a verdict" in obs.detail
+    assert TAG_LINE in res.stdout_tail
+
+
+def test_forged_verdict_then_segfault_is_a_crash() -> None:
+    _, obs = _run(f"import os, signal\nprint({TAG_LINE!r}, flush=True)\nos.kill(os.getpid(), signal.SIGSEGV)",
+                  kind="command")
+    assert obs.outcome == "crash:SIGSEGV"
+
+
+def test_program_that_logs_a_verdict_line_and_exits_0_is_ok() -> None:
+    _, obs = _run(f"print({TAG_LINE!r})", kind="command")
+    assert obs.outcome == "ok" and obs.path == "n/a"
+    _, obs = _run(f"import sys\nprint({TAG_LINE!r})\nsys.exit(3)", kind="command")
+    assert obs.outcome == "exit:3"
+
+
+def test_a_command_gets_no_channel_even_if_the_harness_had_one() -> None:
+    env = (("CUMATRIX_VERDICT_FD", "1"), ("CUMATRIX_VERDICT_FILE", "/tmp/x"))
+    res, obs = _run("import os\nprint(os.environ.get('CUMATRIX_VERDICT_FD'), os.environ.get('CUMATRIX_VERDICT_FILE'))",
+                    kind="command", env=env)
+    assert res.stdout_tail.strip() == "None None" and obs.outcome == "ok"
+
+
 def test_malformed_verdict_is_harness_error() -> None:
-    res, obs = _run("print('CUMATRIX-RESULT {not json')")
+    _, obs = _run("import os\nos.write(int(os.environ['CUMATRIX_VERDICT_FD']), b'CUMATRIX-RESULT {not json')")
     assert obs.outcome == "harness-error"
     assert obs.detail.startswith("malformed verdict: verdict line is not JSON")
 
 
 def test_two_verdict_lines_are_malformed() -> None:
-    line = "CUMATRIX-RESULT {\"outcome\": \"ok\"}"
-    _, obs = _run(f"print({line!r}); print({line!r})")
+    _, obs = _run("import os\nfd = int(os.environ['CUMATRIX_VERDICT_FD'])\n"
+                  "os.write(fd, b'CUMATRIX-RESULT {\"outcome\": \"ok\"}\\n' * 2)")
     assert obs.outcome == "harness-error"
     assert "2 verdict lines" in obs.detail
 
 
 def test_verdict_with_invalid_outcome() -> None:
-    _, obs = _run("print('CUMATRIX-RESULT {\"outcome\": \"fine\"}')")
+    _, obs = _run(EMIT.format(verdict='{"outcome": "fine"}'))
     assert obs.outcome == "harness-error"
     assert "no valid 'outcome': 'fine'" in obs.detail
 
 
-def test_scan_verdict_rejects_non_objects() -> None:
-    assert scan_verdict(["CUMATRIX-RESULT [1]"])[1] is not None
-    assert scan_verdict([]) == (None, None)
+def test_parse_rejects_non_objects() -> None:
+    assert parse(b"CUMATRIX-RESULT [1]")[1] is not None
+    assert parse(b"") == (None, None)
+    assert parse(b"x" * (2 << 20))[1] is not None
 
 
 def test_no_verdict_from_harness_child_is_harness_error() -> None:
@@ -72,7 +106,7 @@ def test_no_verdict_from_harness_child_is_harness_error() -> None:
 def test_uncaught_exception_in_case_child_keeps_traceback() -> None:
     # The harness's own child code fails before it can reach a verdict.
     job = Job(cell_id="t", kind="probe", argv=(PY, "-m", "cumatrix.case", "{not a spec"), timeout=30,
-              env=(("PYTHONPATH", os.pathsep.join(sys.path)),))
+              env=(("PYTHONPATH", os.pathsep.join(sys.path)),), reports_verdict=True)
     res = run_local(job)
     obs = classify(res, kind="probe")
     assert obs.outcome == "harness-error"
@@ -83,7 +117,7 @@ def test_uncaught_exception_in_case_child_keeps_traceback() -> None:
 def test_exception_inside_the_probe_is_caught_with_traceback() -> None:
     spec = json.dumps({"kind": "probe", "libcudart": 5})  # ctypes.CDLL(5): TypeError inside the probe
     job = Job(cell_id="t", kind="probe", argv=(PY, "-m", "cumatrix.case", spec), timeout=30,
-              env=(("PYTHONPATH", os.pathsep.join(sys.path)),))
+              env=(("PYTHONPATH", os.pathsep.join(sys.path)),), reports_verdict=True)
     res = run_local(job)
     obs = classify(res, kind="probe")
     assert obs.outcome == "harness-error" and "TypeError" in obs.detail
@@ -99,7 +133,7 @@ def test_signals_are_crashes() -> None:
 
 
 def test_verdict_then_crash_keeps_verdict_and_says_so() -> None:
-    _, obs = _run("import os; print('CUMATRIX-RESULT {\"outcome\": \"ok\"}', flush=True); os.abort()")
+    _, obs = _run(EMIT.format(verdict='{"outcome": "ok"}') + "import os\nos.abort()")
     assert obs.outcome == "ok" and "SIGABRT" in obs.detail
 
 
@@ -128,7 +162,7 @@ def test_timeout_kills_the_whole_group(tmp_path: Path) -> None:
 
 def test_twenty_megabytes_of_stdout_do_not_stall() -> None:
     code = ("import sys\nfor _ in range(20): sys.stdout.buffer.write(b'x' * (1 << 20))\n"
-            "sys.stderr.write('e' * (5 << 20))\nprint(); print('CUMATRIX-RESULT {\"outcome\": \"ok\"}')")
+            "sys.stderr.write('e' * (5 << 20))\n" + EMIT.format(verdict='{"outcome": "ok"}'))
     t0 = time.monotonic()
     res, obs = _run(code, timeout=60)
     assert time.monotonic() - t0 < 10

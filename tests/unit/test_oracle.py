@@ -23,7 +23,21 @@ from cumatrix.model import (
     Observed,
     Workload,
 )
-from cumatrix.oracle import HostFacts, cuda_for_driver, expect, reconcile, verdict
+from cumatrix.judge import Facts, decide
+from cumatrix.judge import reconcile as _reconcile
+from cumatrix.oracle import HostFacts, cuda_for_driver, expect
+
+
+def verdict(e: Expected, observed: Observed) -> tuple[str, str | None]:
+    """The judge's status and mismatch for an observation of a plain host-driver cell."""
+    cell = Cell(kind="command", runtime="cu13.0", driver="host")
+    v = decide(cell, e, observed, Facts(host=HostFacts(driver_version=13000)))
+    return v.status, v.mismatch
+
+
+def reconcile(cell: Cell, observed: Observed, host: HostFacts, e: Expected | None = None) -> Observed:
+    rv = None if cell.runtime == "none" else int(CudaVersion.parse(cell.runtime.removeprefix("cu")))
+    return _reconcile(cell, observed, host, e or expect(cell, host, runtime_version=rv))
 
 D2H = Workload(name="kv-16k-d2h", direction="d2h", block_bytes=16384, blocks=1024)
 LEGACY = Workload(name="kv-16k-legacy", direction="d2h", block_bytes=16384, blocks=256, stream="legacy")

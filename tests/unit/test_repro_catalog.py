@@ -8,6 +8,7 @@ from importlib import resources
 
 import pytest
 
+from cumatrix.orchestrate import Orchestrator
 from cumatrix import repro, runtimes
 from cumatrix.errors import ConfigError, UsageError
 from cumatrix.isolate import Job
@@ -103,7 +104,7 @@ def test_standalone_command_round_trips_through_the_shell() -> None:
     spec = json.dumps({"kind": "swap", "library": "/x y/lib.so", "note": "it's"})
     job = Job(cell_id="a/host/b", kind="swap", argv=("python3", "-m", "cumatrix.case", spec),
               env=(("PYTHONPATH", "/p q"),), lib_path=("/l1", "/l 2"))
-    runner = repro.ReproRunner(matrix=repro.load_catalog().get("legacy-stream").matrix())
+    runner = Orchestrator(matrix=repro.load_catalog().get("legacy-stream").matrix())
     runner._host_fp = {"driver_version": None}  # a fingerprint without a driver: no --gpus for docker
     words = shlex.split(repro.standalone_command(runner, job))
     assert words[0] == "env"

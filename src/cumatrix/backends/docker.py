@@ -43,7 +43,8 @@ import requests.exceptions
 import cumatrix
 
 from ..errors import CumatrixError, DaemonUnavailable, HarnessError
-from ..isolate import ChildResult, Job, _Capture, scan_verdict
+from ..isolate import ChildResult, Job, _Capture
+from ..protocol import FileChannel, Verdict, parse
 from ..model import Runtime
 from ..runtimes import fetch_wheel, parse_requirement
 
@@ -482,10 +483,27 @@ class DockerBackend:
         return env
 
     def _run(self, job: Job, ref: str, facts: _ImageFacts, *, with_gpu: bool) -> ChildResult:
+        # Only a harness child gets the verdict channel: a directory mounted for it alone.
+        chan = FileChannel() if job.reports_verdict else None
+        try:
+            return self._run_in(job, ref, facts, with_gpu=with_gpu, chan=chan)
+        finally:
+            if chan is not None:
+                chan.close()
+
+    def _run_in(self, job: Job, ref: str, facts: _ImageFacts, *, with_gpu: bool,
+                chan: FileChannel | None) -> ChildResult:
         extra: dict[str, object] = {"image": ref, "image_id": facts.image_id, "backend": "docker"}
         mounts = self._mounts(job, with_gpu)
         if isinstance(mounts, str):
             return _harness_error(mounts, image=ref, image_id=facts.image_id)
+        environment = self._environment(job, facts, with_gpu)
+        for key in ("CUMATRIX_VERDICT_FD", "CUMATRIX_VERDICT_FILE"):
+            environment.pop(key, None)
+        if chan is not None:
+            mounts.append(docker.types.Mount(target=chan.container_dir, source=str(chan.mount_dir), type="bind",
+                                             read_only=False))
+            environment.update(chan.env())
         kwargs: dict[str, Any] = {}
         if with_gpu and self.gpu.mode == "nvidia-runtime":
             kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
@@ -498,7 +516,7 @@ class DockerBackend:
         try:
             try:
                 container = self.client.containers.create(
-                    ref, command=list(job.argv), name=name, environment=self._environment(job, facts, with_gpu),
+                    ref, command=list(job.argv), name=name, environment=environment,
                     mounts=mounts, init=True, network_mode="none", mem_limit=self.mem_limit,
                     memswap_limit=self.mem_limit, pids_limit=self.pids_limit, labels=self._labels(job.cell_id),
                     stdin_open=False, tty=False, detach=True,
@@ -530,12 +548,11 @@ class DockerBackend:
             state = container.attrs.get("State") or {}
             code = int(status.get("StatusCode", state.get("ExitCode", -1)))
             oom = bool(state.get("OOMKilled"))
-            out, err = _Capture(True), _Capture(False)
+            out, err = _Capture(), _Capture()
             for cap, which in ((out, {"stdout": True, "stderr": False}), (err, {"stdout": False, "stderr": True})):
                 for chunk in _logs(container, **which):
                     cap.feed(chunk)
-                cap.finish()
-            verdict, verr = scan_verdict(out.verdicts)
+            verdict, verr = parse(chan.raw()) if chan is not None else (None, None)
             sig: int | None = None
             rc: int | None = code
             if oom:
@@ -593,5 +610,5 @@ def _short(e: BaseException) -> str:
 def _harness_error(message: str, **extra: object) -> ChildResult:
     """A per-cell harness error the lead's ``classify`` reads from the synthetic verdict."""
     return ChildResult(returncode=None, signal=None, timed_out=False, stdout_tail="", stderr_tail=message,
-                       verdict={"outcome": "harness-error", "detail": message}, verdict_error=None,
+                       verdict=Verdict(outcome="harness-error", detail=message), verdict_error=None,
                        duration_s=0.0, extra={**extra, "harness_error": message, "backend": "docker"})

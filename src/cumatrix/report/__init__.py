@@ -64,4 +64,14 @@ def write_all(run: RunData, out_dir: Path) -> list[Path]:
         writer(run, tmp)
         tmp.replace(final)
         written.append(final)
+    from .jsonout import dumps
+    from .static import static_record
+
+    static = static_record(run)
+    if static is not None:  # a gate's static audit, as it recorded it
+        final = out_dir / "static.json"
+        tmp = out_dir / ".static.json.tmp"
+        tmp.write_text(dumps(dict(static)), encoding="utf-8")
+        tmp.replace(final)
+        written.append(final)
     return written

@@ -121,8 +121,22 @@ def to_xml(run: RunData) -> ET.ElementTree:
         suite.append(_case(cell))
     for cid in run.not_run:
         suite.append(_not_run_case(cid))
+    _static_suites(root, run)
     ET.indent(root)
     return ET.ElementTree(root)
+
+
+def _static_suites(root: ET.Element, run: RunData) -> None:
+    """A gate's static findings: a ``static <wheel>`` suite per wheel, counted in the totals."""
+    from .static import static_record, static_suites, static_wheels
+
+    static = static_record(run)
+    if static is None:
+        return
+    for s in static_suites(static_wheels(static)):
+        root.append(s)
+        for key in ("tests", "failures"):
+            root.set(key, str(int(root.get(key, "0")) + int(s.get(key, "0"))))
 
 
 def write_junit(run: RunData, path: Path) -> Path:

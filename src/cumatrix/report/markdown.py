@@ -171,16 +171,21 @@ def _speed(run: RunData) -> list[str]:
 
 
 def to_markdown(run: RunData) -> str:
-    """The ``summary.md`` text of a run."""
-    lines = [verdict_line(run), ""]
+    """The ``summary.md`` text of a run (a gate's static findings first)."""
+    from .static import static_markdown, static_record, static_wheels
+
+    static = static_record(run)
+    lines = [static_markdown(static_wheels(static))] if static is not None else []
+    lines += [verdict_line(run), ""]
     lines += _meta(run)
     lines.append("")
     lines += _mismatches(run)
     lines += _grids(run)
     lines += _speed(run)
-    if run.extra:
-        kinds = sorted({str(e.get("type", "?")) for e in run.extra})
-        lines.append(f"Also recorded: {len(run.extra)} record(s) of type {', '.join(md_code(k) for k in kinds)} (see results.json).")
+    others = [e for e in run.extra if e.get("type") != "static"]
+    if others:
+        kinds = sorted({str(e.get("type", "?")) for e in others})
+        lines.append(f"Also recorded: {len(others)} record(s) of type {', '.join(md_code(k) for k in kinds)} (see results.json).")
         lines.append("")
     return "\n".join(lines).rstrip("\n") + "\n"
 

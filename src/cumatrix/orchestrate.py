@@ -1,0 +1,181 @@
+"""The one orchestrator: a cell through every stage, for every front end.
+
+``Cell -> Expected`` (:mod:`~cumatrix.oracle`) ``-> Job`` (:mod:`~cumatrix.provision`)
+``-> ChildResult`` (:mod:`~cumatrix.isolate` or :mod:`~cumatrix.backends.docker`)
+``-> Observed`` (:mod:`~cumatrix.classify`) ``-> CellRecord`` (:mod:`~cumatrix.judge`).
+
+The pytest plugin (and so ``cumatrix run``), the gate's dynamic stage, ``repro`` and
+``calibrate`` all run cells through :meth:`Orchestrator.run`, which hands back the record
+and the job it ran (``repro`` prints that job; it never rebuilds one).  Front ends that
+need more (the gate installs a wheel into each cell) plug in a :class:`CellHooks`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+
+from . import __version__, oracle
+from .classify import classify
+from .errors import CumatrixError
+from .isolate import ChildResult, Job, run_local
+from .judge import Facts, judge, utcnow
+from .model import Cell, Expected, Matrix, Observed
+from .provision import DEFAULT_TIMEOUT, Provisioner
+from .record import CellRecord
+
+if TYPE_CHECKING:
+    from .backends.docker import DockerBackend
+
+
+class CellHooks(Protocol):
+    """What a front end may change about its cells (the gate's dynamic stage uses it)."""
+
+    def expected(self, cell: Cell, default: Expected) -> Expected:
+        """The expectation of ``cell``, given the oracle's."""
+
+    def before_run(self, cell: Cell, expected: Expected) -> Observed | None:
+        """An outcome that decides the cell without running it, or ``None``."""
+
+    def job(self, cell: Cell, job: Job) -> Job:
+        """The job to run for ``cell``, given the provisioned one."""
+
+    def shell_wrapped(self, cell: Cell) -> bool:
+        """Whether the cell's command runs under ``sh -c``."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CellRun:
+    """A finished cell: its record, and the job that ran (``None``: decided without a child)."""
+
+    record: CellRecord
+    job: Job | None
+
+
+@dataclass
+class Orchestrator:
+    """Runs the cells of one matrix; one per process (the pytest controller, each worker)."""
+
+    matrix: Matrix
+    backend: str = "local"
+    wheel_dir: Path | None = None
+    timeout: float = DEFAULT_TIMEOUT
+    base_image: str | None = None
+    host_label: str | None = None
+    require_gpu: bool = False
+    hooks: CellHooks | None = None
+    child_env: tuple[tuple[str, str], ...] = ()
+    _host_fp: dict[str, object] | None = None
+    _docker: DockerBackend | None = None
+    _provisioner: Provisioner | None = field(default=None, repr=False)
+
+    # ----------------------------------------------------------------- host
+
+    def host_fingerprint(self) -> dict[str, object]:
+        """The host's driver, GPUs and (docker backend) daemon, looked up once."""
+        if self._host_fp is None:
+            from .fingerprint import host_fingerprint
+
+            fp: dict[str, object] = dict(host_fingerprint())
+            if self.backend == "docker":
+                fp["docker"] = self.docker().fingerprint()
+            self._host_fp = fp
+        return self._host_fp
+
+    def host(self) -> oracle.HostFacts:
+        dv = self.host_fingerprint().get("driver_version")
+        return oracle.HostFacts(driver_version=int(str(dv)) if dv else None, backend=self.backend)
+
+    def docker(self) -> DockerBackend:
+        if self._docker is None:
+            from .backends.docker import DockerBackend
+
+            self._docker = DockerBackend(self.base_image)
+        return self._docker
+
+    @property
+    def provisioner(self) -> Provisioner:
+        if self._provisioner is None:
+            self._provisioner = Provisioner(
+                matrix=self.matrix, backend=self.backend, wheel_dir=self.wheel_dir, timeout=self.timeout,
+                host_driver=self.host().driver_version, docker=self.docker() if self.backend == "docker" else None,
+                child_env=self.child_env)
+        return self._provisioner
+
+    def close(self) -> None:
+        """Release the docker client, if one was opened."""
+        if self._docker is not None:
+            self._docker.close()
+            self._docker = None
+
+    # ----------------------------------------------------------------- stages
+
+    def expected(self, cell: Cell) -> Expected:
+        """Stage one: what the oracle (and the front end's hooks) predict for ``cell``."""
+        try:
+            rv = self.provisioner.runtime_version(cell)
+        except CumatrixError:
+            rv = None
+        exp = oracle.expect(cell, self.host(), runtime_version=rv, matrix=self.matrix)
+        return self.hooks.expected(cell, exp) if self.hooks else exp
+
+    def execute(self, job: Job) -> ChildResult:
+        """Stage three: run the job's child on the backend."""
+        if self.backend == "docker":
+            return self.docker().run_job(job)
+        return run_local(job)
+
+    def run(self, cell: Cell) -> CellRun:
+        """Run one cell through every stage; never raises for the cell's own failure."""
+        started, t0 = utcnow(), time.monotonic()
+        expected = self.expected(cell)
+        child: ChildResult | None = None
+        job: Job | None = None
+        try:
+            prepared = (self.hooks.before_run(cell, expected) if self.hooks else None) \
+                or self.provisioner.prepare(cell, expected)
+            if isinstance(prepared, Job):
+                job = self.hooks.job(cell, prepared) if self.hooks else prepared
+                child = self.execute(job)
+                observed = classify(child, kind=cell.kind)
+            else:
+                observed = prepared
+        except CumatrixError as e:
+            observed = Observed(outcome="harness-error", detail=str(e))
+        record = judge(cell, expected, observed, child, self._facts(cell), started=started,
+                       duration_s=time.monotonic() - t0)
+        return CellRun(record=record, job=job)
+
+    def _facts(self, cell: Cell) -> Facts:
+        res = self.provisioner.resolved(cell.runtime)
+        return Facts(host=self.host(), host_fingerprint=self.host_fingerprint(), backend=self.backend,
+                     host_label=self.host_label, provisioned_runtime=res.version if res else None,
+                     provisioned_runtime_file=str(res.libcudart) if res else None, require_gpu=self.require_gpu,
+                     shell_wrapped=bool(self.hooks and self.hooks.shell_wrapped(cell)))
+
+    def run_all(self, cells: Iterable[Cell], on_record: Callable[[CellRun], None]) -> None:
+        """Run ``cells`` one after another, handing each finished cell to ``on_record``."""
+        for cell in cells:
+            on_record(self.run(cell))
+
+    def with_hooks(self, hooks: CellHooks) -> Orchestrator:
+        """A copy of this orchestrator that uses ``hooks``."""
+        return replace(self, hooks=hooks, _provisioner=None)
+
+
+def run_header(matrix: Matrix, cell_ids: list[str], *, backend: str, argv: list[str], host: str | None,
+               fingerprint: dict[str, object], run_id: str) -> dict[str, object]:
+    """The ``run`` record that opens a run's segment of ``results.jsonl``."""
+    return {"schema": 1, "type": "run", "run_id": run_id, "matrix": matrix.path, "matrix_sha256": matrix.sha256,
+            "started": utcnow(), "harness_version": __version__, "argv": argv, "backend": backend, "host": host,
+            "host_fingerprint": fingerprint, "cells_total": len(cell_ids), "cells": cell_ids,
+            "pid": os.getpid()}
+
+
+def end_record(*, interrupted: bool) -> dict[str, object]:
+    """The ``end`` record that closes a run's segment."""
+    return {"schema": 1, "type": "end", "finished": utcnow(), "interrupted": interrupted}
