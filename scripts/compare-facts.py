@@ -3,8 +3,8 @@
 
     python3 scripts/compare-facts.py reports/gpu-h200/results.json > reports/gpu-h200/facts-comparison.md
 
-The reference figures below are quoted from the facts measured earlier on the same kind of
-host (H200, driver 580.159.04; one run each, "timings are leads, outcomes are facts").
+The reference figures below are quoted from docs/facts.md section 5 (H200, driver 580.159.04;
+one run each: timings are leads, outcomes are facts).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Stage four: turn a finished child (:class:`~cumatrix.isolate.ChildResult`) into an
-:class:`~cumatrix.model.Observed` outcome, in DESIGN.md's words.
+:class:`~cumatrix.model.Observed` outcome, in the outcome words the README lists.
 
 A harness child's verdict is taken as it reported it; every other child (a command, a
 gate cell) is judged from what the operating system says: timeout, signal, the dynamic

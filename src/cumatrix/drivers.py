@@ -5,7 +5,7 @@ the host, found first through ``LD_LIBRARY_PATH``. It forwards every entry point
 driver except those introduced after X.Y (introduction versions from the ``PFN_`` typedefs of
 ``cudaTypedefs.h``, see :mod:`cumatrix.headers`), answers ``cuDriverGetVersion`` with X.Y and
 caps ``cuGetProcAddress`` / ``cuGetProcAddress_v2`` at X.Y. What that reproduces, and where it
-cannot (a cu12 runtime notices it: error 103), is measured in FACTS.md section 4.
+cannot (a cu12 runtime notices it: error 103), is measured in docs/facts.md section 4.
 
 Forwarding needs no signatures: each export is a one-instruction x86-64 trampoline
 (``jmp *ptr(%rip)``) through a table filled by a constructor that ``dlopen``\\s the real driver
@@ -312,7 +312,7 @@ def generate_source(*, version: int, real_libcuda: Path, exports: tuple[str, ...
             "    if (!real_handle) cumatrix_load();",
             "    if (cudaVersion > EMULATED_VERSION) cudaVersion = EMULATED_VERSION;",
             "    if (!symbol || !pfn) return real_gpa_v2 ? real_gpa_v2(symbol, pfn, cudaVersion, flags, symbolStatus) : 1;",
-            "    /* As the real driver answers below a symbol's introduction (FACTS.md section 3):",
+            "    /* As the real driver answers below a symbol's introduction (docs/facts.md section 3):",
             "     * CUDA_SUCCESS, NULL, CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT. */",
             "    if (is_hidden(symbol)) { *pfn = 0; if (symbolStatus) *symbolStatus = 2; return 0; }",
             "    if (own_entry(symbol, cudaVersion, pfn)) { if (symbolStatus) *symbolStatus = 0; return 0; }",

@@ -1,4 +1,4 @@
-"""The oracle against every row of FACTS sections 2, 3, 4, 6 and 7.
+"""The oracle against every row of docs/facts.md sections 2, 3, 4, 6 and 7.
 
 Test ids name the section and the row (``s2-cu12.9-driver-dispatch-h12.8``), so a
 mismatch maps straight back to the measured fact it contradicts.  Pure and fast: the
@@ -189,7 +189,7 @@ def test_section4_cannot_emulate_is_never_pass_or_fail(expected: str) -> None:
 
 
 def test_section4_error_103_at_the_real_drivers_version_stays_an_error() -> None:
-    # Emulating the real driver's own version is not detected (FACTS 4, V = 13000): a 103 there is real.
+    # Emulating the real driver's own version is not detected (docs/facts.md section 4, V = 13000): a 103 there is real.
     host = on("13.0")
     cell = probe("12.9", "emulated-13.0")
     seen = Observed(outcome="cuda-error:103", error_name="cudaErrorSoftwareValidityNotEstablished")
@@ -253,7 +253,7 @@ def test_s6_sglang_driver_dispatch() -> None:
 
 
 def test_s6_sglang_header_dispatch_follows_section2_mechanics() -> None:
-    """SGLang issue 36302, checked against FACTS section 2 rather than section 6's wording.
+    """SGLang issue 36302, checked against docs/facts.md section 2.
 
     Section 6 says "SIGSEGV: built with 12.8 headers, run on a 13 runtime; error 400 the
     other way round".  Built with 12.8 headers means the 9-parameter (v12) call, and
