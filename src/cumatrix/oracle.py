@@ -8,63 +8,30 @@ reason, printed next to any mismatch.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
 
-from .model import Cell, CudaVersion, Expected, Matrix, Observed
+from .model import Cell, CudaVersion, Expected, Matrix
+from .rules import rules
 
 # --------------------------------------------------------------------------- data
 
 
-@cache
-def nvidia_data() -> dict[str, object]:
-    data = json.loads(resources.files("cumatrix").joinpath("data/nvidia.json").read_text())
-    if data.get("schema") != 1:
-        raise ValueError("cumatrix/data/nvidia.json: unsupported schema")
-    return data
-
-
 def error_name(code: int) -> str:
-    return str(_table("errors").get(str(code), f"error {code}"))
-
-
-def _table(key: str) -> dict[str, object]:
-    value = nvidia_data()[key]
-    if not isinstance(value, dict):
-        raise ValueError(f"cumatrix/data/nvidia.json: {key!r} is not a table")
-    return value
-
-
-def _batch() -> dict[str, object]:
-    return _table("batch_copy")
+    return rules().error_name(code)
 
 
 def batch_introduced() -> int:
-    return int(str(_batch()["introduced"]))
+    return rules().batch.introduced
 
 
 def abi_change() -> int:
-    return int(str(_batch()["abi_change"]))
-
-
-def _branch(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in text.split("."))
+    return rules().batch.abi_change
 
 
 def cuda_for_driver(driver: str) -> CudaVersion:
     """The newest CUDA a Linux driver branch supports (``580.159`` -> 13.0)."""
-    table = _table("min_driver")
-    best = None
-    for cuda, floor in table.items():
-        if _branch(driver) >= _branch(str(floor)):
-            v = CudaVersion.parse(cuda)
-            best = v if best is None or v > best else best
-    if best is None:
-        raise ValueError(f"driver {driver} is older than any CUDA 12 driver (525.60.13)")
-    return best
+    return rules().cuda_for_driver(driver)
 
 
 # --------------------------------------------------------------------------- host facts
@@ -189,7 +156,7 @@ def _driver_family(cell: Cell, d: int, emulated: bool) -> Expected:
                         rule="proc-address-batch")
     if v == "direct-link":
         if d < intro:
-            return Expected(outcomes=frozenset({f"undefined-symbol:{_batch()['driver_symbol']}"}),
+            return Expected(outcomes=frozenset({f"undefined-symbol:{rules().batch.driver_symbol}"}),
                             reason=f"links cuMemcpyBatchAsync directly; driver {_v(d)} predates it ({_v(intro)}): the loader refuses (vLLM PR 38460)",
                             rule="direct-link-old-driver")
         if legacy:

@@ -16,14 +16,13 @@ from pathlib import Path
 from typing import Literal
 
 from ..errors import ConfigError, Problem
+from ..model import Spread, Timings
 from ..record import (
     CATEGORIES,
     SCHEMA_VERSION,
     Category,
     CellRecord,
-    Spread,
     Status,
-    Timings,
     _Reader,
     axes_from_id,
 )
