@@ -22,7 +22,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,72 +60,6 @@ def parse_driver_name(text: str) -> CudaVersion | None:
         raise ValueError(
             f"bad emulated driver {text!r}: the version must be MAJOR.MINOR, e.g. emulated-12.4"
         ) from None
-
-
-# ------------------------------------------------------------------ finding the real driver
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class FoundLibcuda:
-    """A real ``libcuda.so.1`` and the search step that found it."""
-
-    path: Path  # absolute, symlinks resolved
-    found_by: str
-
-
-_LDCONFIG_RE = re.compile(r"^\s*libcuda\.so\.1\s+\((?P<tags>[^)]*)\)\s+=>\s+(?P<path>\S+)\s*$")
-
-
-def _find_in_ldconfig() -> FoundLibcuda | None:
-    ldconfig = shutil.which("ldconfig") or ("/sbin/ldconfig" if Path("/sbin/ldconfig").exists() else None)
-    if ldconfig is None:
-        return None
-    try:
-        out = subprocess.run([ldconfig, "-p"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    want = "x86-64" if platform.machine() == "x86_64" else ""
-    for line in out.splitlines():
-        m = _LDCONFIG_RE.match(line)
-        if m and want in m["tags"] and Path(m["path"]).is_file():
-            return FoundLibcuda(path=Path(m["path"]).resolve(), found_by=f"ldconfig -p ({m['path']})")
-    return None
-
-
-def _find_in_dirs(dirs: tuple[str, ...], label: str) -> Callable[[], FoundLibcuda | None]:
-    def step() -> FoundLibcuda | None:
-        for d in dirs:
-            p = Path(d) / "libcuda.so.1"
-            if p.is_file():
-                return FoundLibcuda(path=p.resolve(), found_by=f"{label} ({p})")
-        return None
-    step.__name__ = f"_find_in_{label.replace(' ', '_')}"
-    return step
-
-
-#: Ordered search for the host's real driver; the first hit wins.
-LIBCUDA_STEPS: tuple[Callable[[], FoundLibcuda | None], ...] = (
-    _find_in_ldconfig,
-    _find_in_dirs(("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib", "/lib/x86_64-linux-gnu",
-                   "/lib64"), "standard dirs"),
-    _find_in_dirs(("/usr/local/nvidia/lib64",), "nvidia container toolkit dir"),
-    _find_in_dirs(("/usr/lib/wsl/lib",), "WSL dir"),
-)
-
-
-def search_real_libcuda() -> FoundLibcuda | None:
-    """Run :data:`LIBCUDA_STEPS` in order; the hit records which step found it."""
-    for step in LIBCUDA_STEPS:
-        hit = step()
-        if hit is not None:
-            return hit
-    return None
-
-
-def find_real_libcuda() -> Path | None:
-    """The host's real ``libcuda.so.1`` (absolute, resolved), or ``None`` where there is none."""
-    hit = search_real_libcuda()
-    return hit.path if hit else None
 
 
 _VERSION_SNIPPET = (

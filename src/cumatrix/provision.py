@@ -87,13 +87,16 @@ class Provisioner:
 
     def _build_interposer(self, driver: str) -> str:
         from . import drivers, headers
+        from .fingerprint import SearchLog, search_real_libcuda
 
         emu = self.matrix.driver(driver).emulated
         if emu is None:
             raise CumatrixError(f"{driver} is not an emulated driver")
-        real = drivers.find_real_libcuda()
-        if real is None:
-            raise CumatrixError("no real libcuda.so.1 on this host to put an interposer in front of")
+        log = SearchLog()
+        hit = search_real_libcuda(log)
+        if hit is None:
+            raise CumatrixError(f"no real driver to put an interposer in front of: {log.not_found('libcuda.so.1')}")
+        real = hit.path
         found = [self.runtime(r.name).include_dir for r in self.matrix.runtimes if r.requirement]
         includes = [i for i in found if i is not None] or [_runtimes.headers_for("13.5", wheel_dir=self.wheel_dir)]
         intro = headers.load_introductions(headers.newest_typedefs(includes))

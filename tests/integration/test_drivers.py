@@ -20,6 +20,13 @@ from elftools.elf.elffile import ELFFile
 from cumatrix import drivers as D
 from cumatrix import headers as H
 from cumatrix.errors import ConfigError
+from cumatrix.fingerprint import (
+    SearchLog,
+    compiler_identity,
+    find_real_libcuda,
+    headers_cuda_version,
+    search_real_libcuda,
+)
 from cumatrix.model import CudaVersion
 from cumatrix.runtimes import headers_for
 
@@ -225,9 +232,19 @@ def test_parse_driver_name() -> None:
 
 
 def test_search_steps_record_where() -> None:
-    hit = D.search_real_libcuda()
+    log = SearchLog()
+    hit = search_real_libcuda(log)
     if hit is None:
-        assert D.find_real_libcuda() is None  # this host has no driver: nothing invented
+        assert find_real_libcuda() is None  # this host has no driver: nothing invented
+        message = log.not_found("libcuda.so.1")
+        assert "/usr/lib/x86_64-linux-gnu/libcuda.so.1" in message and "/usr/local/nvidia/lib64/libcuda.so.1" in message
     else:
         assert hit.path.is_absolute() and hit.found_by
-        assert D.find_real_libcuda() == hit.path
+        assert find_real_libcuda() == hit.path
+
+
+def test_host_facts_compiler_and_headers() -> None:
+    ident = compiler_identity("gcc")
+    assert ident is not None and "gcc" in ident.lower()
+    assert compiler_identity("cumatrix-no-such-compiler") is None
+    assert headers_cuda_version(headers_for("12.9")) == 12090
