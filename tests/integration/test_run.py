@@ -201,6 +201,26 @@ def test_no_cell_matches_k_exits_2(tmp_path: Path, wheel_cache: Path, write_matr
     assert proc.returncode == 2 and "nosuchcell" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_require_gpu_fails_cells_skipped_for_want_of_a_gpu(tmp_path: Path, wheel_cache: Path, write_matrix: Any,
+                                                           cli: Any) -> None:
+    if json.loads(cli("doctor", "--json").stdout).get("driver_version"):
+        pytest.skip("this host has an NVIDIA driver: nothing is skipped for want of one")
+    m = write_matrix(f"""
+        runtimes: {{cu12.9: {{wheel: {RUNTIME}}}}}
+        drivers: [host]
+        cases: [{{name: a, argv: [true]}}]
+    """)
+    plain = cli("run", m, "--out", tmp_path / "plain", "-q", cwd=tmp_path)
+    assert plain.returncode == 0, plain.stdout + plain.stderr  # the probe is a neutral skip
+    strict = cli("run", m, "--out", tmp_path / "strict", "--require-gpu", "-q", cwd=tmp_path)
+    assert strict.returncode == 1, strict.stdout + strict.stderr
+    probe = next(r for r in cells(tmp_path / "strict") if r["axes"]["kind"] == "probe")
+    assert probe["status"] == "fail" and "--require-gpu" in probe["mismatch"]
+    assert next(r for r in cells(tmp_path / "strict") if r["axes"]["kind"] == "command")["status"] == "pass"
+    env = cli("run", m, "--out", tmp_path / "env", "-q", cwd=tmp_path, env={"CUMATRIX_REQUIRE_GPU": "1"})
+    assert env.returncode == 1
+
+
 def test_bundled_matrix_runs_without_a_gpu(tmp_path: Path, wheel_cache: Path, cli: Any) -> None:
     bundled = REPO / "matrix.yaml"
     if not bundled.is_file():

@@ -83,7 +83,7 @@ def test_run_job_fans_out_over_the_plan(wf: dict[Any, Any]) -> None:
 def test_run_job_runs_its_share_and_always_uploads_it(wf: dict[Any, Any]) -> None:
     job = wf["jobs"]["run"]
     (run,) = steps_running(job, "cumatrix run")
-    assert run["run"].strip() == ('cumatrix run matrix.yaml -k "${{ matrix.k }}" --host ${{ matrix.host }} '
+    assert run["run"].strip() == ('cumatrix run matrix.yaml --require-gpu -k "${{ matrix.k }}" --host ${{ matrix.host }} '
                                   "--out out/${{ matrix.host }}")
     uploads = steps_using(job, "actions/upload-artifact")
     assert len(uploads) == 1
