@@ -13,6 +13,7 @@ An identifier matches when it is a case-insensitive substring of one of the name
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .errors import UsageError
@@ -67,19 +68,18 @@ class _Parser:
         self.pos += 1
         return tok
 
-    def expr(self) -> _Node:
-        parts = [self.and_expr()]
-        while self.peek() == "or":
+    def _chain(self, op: str, operand: Callable[[], _Node]) -> _Node:
+        parts = [operand()]
+        while self.peek() == op:
             self.take()
-            parts.append(self.and_expr())
-        return parts[0] if len(parts) == 1 else _Node("or", args=tuple(parts))
+            parts.append(operand())
+        return parts[0] if len(parts) == 1 else _Node(op, args=tuple(parts))
+
+    def expr(self) -> _Node:
+        return self._chain("or", self.and_expr)
 
     def and_expr(self) -> _Node:
-        parts = [self.not_expr()]
-        while self.peek() == "and":
-            self.take()
-            parts.append(self.not_expr())
-        return parts[0] if len(parts) == 1 else _Node("and", args=tuple(parts))
+        return self._chain("and", self.not_expr)
 
     def not_expr(self) -> _Node:
         tok = self.take()
