@@ -103,7 +103,7 @@ def test_exports_follow_the_emulated_version(interposers: dict[str, D.Interposer
     assert interposers["13.0"].hidden == ()
     assert (interposers["12.4"].exported, interposers["13.0"].exported) == (7, 9)
     # kept although no PFN_ typedef says when it came
-    assert "cuStandInUntyped" in (interposers["12.4"].lib_dir / "interposer.c").read_text()
+    assert "cuStandInUntyped" in (interposers["12.4"].lib_dir / "tables.h").read_text()
 
 
 _PROBE = r"""
@@ -248,3 +248,12 @@ def test_host_facts_compiler_and_headers() -> None:
     assert ident is not None and "gcc" in ident.lower()
     assert compiler_identity("cumatrix-no-such-compiler") is None
     assert headers_cuda_version(headers_for("12.9")) == 12090
+
+
+def test_interposer_template_is_c_on_its_own(tmp_path: Path) -> None:
+    """The template reads and compiles as C without generated tables (an emulated 12.0 forwarding nothing)."""
+    src = tmp_path / "interposer.c"
+    src.write_text(D.interposer_template())
+    proc = subprocess.run(["gcc", "-shared", "-fPIC", "-Wall", "-Werror", "-o", str(tmp_path / "libcuda.so.1"),
+                           str(src), "-ldl"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
