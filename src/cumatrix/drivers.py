@@ -199,35 +199,8 @@ def build_interposer(emulated: CudaVersion, *, real_libcuda: Path | None, introd
     the build fails.
     """
     version = int(emulated)
-    if not introductions:
-        raise ConfigError(
-            f"emulated-{emulated}: no symbol introduction versions (the runtime headers have no "
-            "cudaTypedefs.h PFN_ typedefs); use a runtime wheel of CUDA >= 12.0"
-        )
-    if real_libcuda is None or not Path(real_libcuda).is_file():
-        where = f" (looked for {real_libcuda})" if real_libcuda else ""
-        raise InterposerError(
-            f"emulated-{emulated}: no real NVIDIA driver (libcuda.so.1) on this host{where}; an "
-            "emulated driver forwards to the real one, so it needs an NVIDIA GPU host"
-        )
-    if platform.machine() != "x86_64":
-        raise InterposerError(f"emulated-{emulated}: emulated drivers are built for x86-64 only, "
-                              f"this host is {platform.machine()}")
-    real = Path(real_libcuda).resolve()
-    real_v = real_driver_version if real_driver_version is not None else read_driver_version(real)
-    if version > real_v:
-        raise ConfigError(
-            f"emulating {emulated} on a host whose driver is {CudaVersion.from_int(real_v)} cannot "
-            "work: an interposer only hides what the real driver has"
-        )
-    cc_path = shutil.which(cc)
-    if cc_path is None:
-        raise InterposerError(
-            f"emulated-{emulated}: no C compiler {cc!r} on PATH; emulated drivers are compiled on "
-            "the host at run time: install gcc (e.g. apt-get install gcc)"
-        )
+    real, cc_path = _check_build_inputs(emulated, real_libcuda, introductions, real_driver_version, cc)
     bases = dict(base_introductions) if base_introductions is not None else _bases_from(introductions)
-
     exports = tuple(n for n in exported_functions(real) if _NAME_RE.match(n))
     hidden = tuple(n for n in exports if introductions.get(n, 0) > version)
     kept = tuple(n for n in exports if n not in hidden)
@@ -244,21 +217,56 @@ def build_interposer(emulated: CudaVersion, *, real_libcuda: Path | None, introd
     root = cache if cache is not None else cache_dir("drivers")
     root.mkdir(parents=True, exist_ok=True)
     lib_dir = root / f"emulated-{emulated}-{digest}"
+    cached = (lib_dir / "libcuda.so.1").is_file()
+    if not cached:
+        cached = _compile(emulated, cc_path, source, tables, root, lib_dir) == "cache-hit"
+    return Interposer(lib_dir=lib_dir, version=version, hidden=hidden, exported=len(kept),
+                      cache_hit=cached, real_libcuda=real)
 
-    def result(cache_hit: bool) -> Interposer:
-        return Interposer(lib_dir=lib_dir, version=version, hidden=hidden, exported=len(kept),
-                          cache_hit=cache_hit, real_libcuda=real)
 
-    if (lib_dir / "libcuda.so.1").is_file():
-        return result(True)
+def _check_build_inputs(emulated: CudaVersion, real_libcuda: Path | None, introductions: Mapping[str, int],
+                        real_driver_version: int | None, cc: str) -> tuple[Path, str]:
+    """The real driver (resolved) and the compiler's path, or the error that says what is missing."""
+    if not introductions:
+        raise ConfigError(
+            f"emulated-{emulated}: no symbol introduction versions (the runtime headers have no "
+            "cudaTypedefs.h PFN_ typedefs); use a runtime wheel of CUDA >= 12.0"
+        )
+    if real_libcuda is None or not Path(real_libcuda).is_file():
+        where = f" (looked for {real_libcuda})" if real_libcuda else ""
+        raise InterposerError(
+            f"emulated-{emulated}: no real NVIDIA driver (libcuda.so.1) on this host{where}; an "
+            "emulated driver forwards to the real one, so it needs an NVIDIA GPU host"
+        )
+    if platform.machine() != "x86_64":
+        raise InterposerError(f"emulated-{emulated}: emulated drivers are built for x86-64 only, "
+                              f"this host is {platform.machine()}")
+    real = Path(real_libcuda).resolve()
+    real_v = real_driver_version if real_driver_version is not None else read_driver_version(real)
+    if int(emulated) > real_v:
+        raise ConfigError(
+            f"emulating {emulated} on a host whose driver is {CudaVersion.from_int(real_v)} cannot "
+            "work: an interposer only hides what the real driver has"
+        )
+    cc_path = shutil.which(cc)
+    if cc_path is None:
+        raise InterposerError(
+            f"emulated-{emulated}: no C compiler {cc!r} on PATH; emulated drivers are compiled on "
+            "the host at run time: install gcc (e.g. apt-get install gcc)"
+        )
+    return real, cc_path
 
+
+def _compile(emulated: CudaVersion, cc_path: str, source: str, tables: str, root: Path, lib_dir: Path) -> str:
+    """Compile into a fresh directory, then rename it into place; "built" or "cache-hit"
+    (another worker built the same one first: theirs is identical)."""
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
     try:
         (tmp / "interposer.c").write_text(source)
         (tmp / "tables.h").write_text(tables)
         cmd = [cc_path, "-shared", "-fPIC", "-O2", "-Wl,-soname,libcuda.so.1", '-DCUMATRIX_TABLES="tables.h"', "-o",
                str(tmp / "libcuda.so.1"), str(tmp / "interposer.c"), "-ldl"]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
         if proc.returncode != 0:
             raise InterposerError(
                 f"emulated-{emulated}: compiling the interposer failed ({' '.join(cmd)}):\n"
@@ -266,13 +274,13 @@ def build_interposer(emulated: CudaVersion, *, real_libcuda: Path | None, introd
             )
         try:
             tmp.rename(lib_dir)
-        except OSError:  # another worker built the same one first; theirs is identical
+        except OSError:
             shutil.rmtree(tmp, ignore_errors=True)
-            return result(True)
+            return "cache-hit"
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return result(False)
+    return "built"
 
 
 _BASE_RE = re.compile(r"^(?P<base>.+?)(?:_v\d+)?(?:_ptds|_ptsz)?$")
