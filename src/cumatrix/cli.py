@@ -47,11 +47,10 @@ def _plugin_args() -> list[str]:
     """Load the plugin explicitly unless its pytest11 entry point is installed."""
     try:
         eps = metadata.entry_points(group="pytest11")
-        if any(ep.value == "cumatrix.plugin" for ep in eps):
-            return []
-    except Exception:  # broken metadata of an unrelated distribution
-        pass
-    return ["-p", "cumatrix.plugin"]
+        installed = any(ep.value == "cumatrix.plugin" for ep in eps)
+    except (OSError, ValueError, KeyError, AttributeError):  # broken metadata of an unrelated distribution
+        installed = False
+    return [] if installed else ["-p", "cumatrix.plugin"]
 
 
 # --------------------------------------------------------------------------- run

@@ -63,23 +63,30 @@ def parse_driver_name(text: str) -> CudaVersion | None:
         ) from None
 
 
+# A version query: a harness child, so its answer comes over the private verdict channel.
 _VERSION_SNIPPET = (
     "import ctypes,sys\n"
+    "from cumatrix import protocol\n"
     "lib=ctypes.CDLL(sys.argv[1])\n"
     "v=ctypes.c_int(0)\n"
-    "print(lib.cuDriverGetVersion(ctypes.byref(v)), v.value)\n"
+    "rc=lib.cuDriverGetVersion(ctypes.byref(v))\n"
+    "protocol.emit({'outcome': 'ok' if rc == 0 else 'cuda-error:%d' % rc, 'data': {'driver_version': v.value}})\n"
 )
 
 
 def read_driver_version(libcuda: Path) -> int:
     """``cuDriverGetVersion`` of ``libcuda`` (e.g. 13000), asked in a throwaway child."""
+    from .protocol import run_harness_child
+    from .provision import PACKAGE_PARENT
+
     env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    proc = subprocess.run([sys.executable, "-c", _VERSION_SNIPPET, str(libcuda)],
-                          capture_output=True, text=True, timeout=60, env=env)
-    parts = proc.stdout.split()
-    if proc.returncode != 0 or len(parts) != 2 or parts[0] != "0":
-        raise InterposerError(f"{libcuda}: cuDriverGetVersion failed: {proc.stderr.strip()[-300:] or proc.stdout}")
-    return int(parts[1])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
+    verdict, why, proc = run_harness_child([sys.executable, "-c", _VERSION_SNIPPET, str(libcuda)], env=env, timeout=60)
+    version = verdict.data.get("driver_version") if verdict is not None and verdict.outcome == "ok" else None
+    if not isinstance(version, int):
+        raise InterposerError(f"{libcuda}: cuDriverGetVersion failed: "
+                              f"{why or (verdict.outcome if verdict else '') or proc.stderr.strip()[-300:]}")
+    return version
 
 
 # ------------------------------------------------------------------ ELF
@@ -174,7 +181,7 @@ def generate_tables(*, version: int, real_libcuda: Path, exports: tuple[str, ...
 
 def _compiler_identity(cc_path: str) -> str:
     try:
-        out = subprocess.run([cc_path, "--version"], capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run([cc_path, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
     except (OSError, subprocess.SubprocessError) as e:
         raise InterposerError(f"{cc_path} --version failed ({e}): install gcc (apt-get install gcc)") from e
     return f"{Path(cc_path).resolve()} {out.splitlines()[0] if out else ''}"

@@ -180,26 +180,38 @@ def _driver_via_ctypes() -> dict[str, Any] | None:
 
 def driver_string() -> str | None:
     """The kernel module's version line (NVML where present, else /proc)."""
-    try:
-        import pynvml  # nvidia-ml-py
-
-        pynvml.nvmlInit()
-        try:
-            v = pynvml.nvmlSystemGetDriverVersion()
-            return f"NVIDIA driver {v.decode() if isinstance(v, bytes) else v} (NVML)"
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:  # NVML absent or unusable: fall through to /proc (pynvml raises its own NVMLError family)
-        pass
+    nvml = _nvml_driver_version()
+    if nvml:
+        return f"NVIDIA driver {nvml} (NVML)"
     p = Path("/proc/driver/nvidia/version")
     if p.is_file():
         return p.read_text(errors="replace").splitlines()[0].strip()
     return None
 
 
+def _nvml_driver_version() -> str | None:
+    """The driver version through NVML (nvidia-ml-py), or ``None`` where NVML is absent or unusable."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except (pynvml.NVMLError, OSError):
+        return None
+    try:
+        v = pynvml.nvmlSystemGetDriverVersion()
+        return v.decode() if isinstance(v, bytes) else str(v)
+    except pynvml.NVMLError:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
 def docker_status() -> dict[str, Any]:
     try:
         import docker
+        import requests.exceptions
     except ImportError:
         return {"answers": False, "why": "docker SDK not installed"}
     try:
@@ -207,7 +219,7 @@ def docker_status() -> dict[str, Any]:
         v = client.version()
         info = client.info()
         return {"answers": True, "version": v.get("Version"), "runtimes": sorted(info.get("Runtimes", {}))}
-    except Exception as e:  # docker.errors.DockerException and requests' errors: the daemon does not answer
+    except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as e:  # no daemon
         return {"answers": False, "why": str(e).splitlines()[0][:200]}
 
 

@@ -31,7 +31,7 @@ STREAM_KEEP = 4096
 
 def utcnow() -> str:
     """Now, as the records write it."""
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -396,5 +396,5 @@ class Observed:
     detail: str = ""
     exit_status: int | None = None
     data: Mapping[str, object] = field(default_factory=dict)
-    timings: Timings = Timings()
-    facts: ChildFacts = ChildFacts()
+    timings: Timings = field(default_factory=Timings)
+    facts: ChildFacts = field(default_factory=ChildFacts)

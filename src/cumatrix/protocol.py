@@ -184,7 +184,7 @@ class FileChannel:
 
     def __init__(self) -> None:
         self.mount_dir = Path(tempfile.mkdtemp(prefix="cumatrix-verdict-"))
-        os.chmod(self.mount_dir, 0o777)  # the container's user is not the harness's  # noqa: S103
+        os.chmod(self.mount_dir, 0o777)  # the container's user is not the harness's
 
     def env(self) -> tuple[tuple[str, str], ...]:
         return ((ENV_FILE, f"{self.container_dir}/verdict"),)

@@ -42,7 +42,7 @@ class CellRecord:
     observed: Observed
     status: Status
     mismatch: str | None = None
-    timings: Timings = Timings()
+    timings: Timings = field(default_factory=Timings)
     fingerprint: Mapping[str, object] = field(default_factory=dict)
     stderr_tail: str = ""
     stdout_tail: str = ""

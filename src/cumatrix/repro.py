@@ -363,7 +363,7 @@ def gdb_backtrace(job: Job, *, gdb: str | None = None) -> NativeTrace:
     try:
         proc = subprocess.run(cmd, env=child_environment(job), stdin=subprocess.DEVNULL, capture_output=True,
                               text=True, errors="replace", timeout=job.timeout + GDB_TIMEOUT_EXTRA,
-                              start_new_session=True)
+                              start_new_session=True, check=False)
     except subprocess.TimeoutExpired:
         return NativeTrace(tool=tool, backtrace="", libraries="", maps=(),
                            note=f"{tool} did not finish within {job.timeout + GDB_TIMEOUT_EXTRA:.0f} s")
@@ -576,8 +576,8 @@ def _loaded_libraries(r: CellRun, crashed: bool) -> list[str]:
 def cell_report(runner: Orchestrator, r: CellRun, matrix_path: str) -> str:
     """The Markdown report of one re-run cell."""
     lines = [f"# cumatrix repro: `{r.cell.id}`", "",
-             f"Cell of `{matrix_path}`, re-run alone; expected {' or '.join(sorted(r.record.expected.outcomes))}, "
-             f"observed **{r.shown()}** (oracle verdict: {r.record.status}).", "",
+             (f"Cell of `{matrix_path}`, re-run alone; expected {' or '.join(sorted(r.record.expected.outcomes))}, "
+              f"observed **{r.shown()}** (oracle verdict: {r.record.status})."), "",
              "## Environment", "", *_env_table(runner, [r]), "", *_cell_section(r, "Cell")]
     refs = sorted(set(re.findall(r"(?:vLLM|SGLang) (?:PR|issue) \d+", r.record.expected.reason)))
     lines += ["## Upstream reference", "", (", ".join(refs) if refs else "none named by the oracle's rule"), ""]
