@@ -53,6 +53,15 @@ def effective_driver(cell: Cell, host: HostFacts) -> int | None:
     return host.driver_version
 
 
+def _expect(*outcomes: str, reason: str, rule: str) -> Expected:
+    return Expected(outcomes=frozenset(outcomes), reason=reason, rule=rule)
+
+
+def _legacy_unguarded(error: str) -> Expected:
+    return _expect("cuda-error:1", rule="legacy-unguarded",
+                   reason=f"batch call on the legacy NULL stream returns {error} at index 0 (vLLM issue 46345)")
+
+
 def _v(n: int) -> str:
     return str(CudaVersion.from_int(n))
 
@@ -85,11 +94,11 @@ def build_failure(cell: Cell) -> Expected | None:
         return None
     build, intro = cell.need_build(), batch_introduced()
     if int(build) < intro:
-        return Expected(outcomes=frozenset({"build-error"}),
+        return _expect("build-error",
                         reason=f"CUDA {build} headers predate cuMemcpyBatchAsync ({_v(intro)}): the direct call does not compile",
                         rule="direct-link-old-headers")
     if int(build) >= abi_change():
-        return Expected(outcomes=frozenset({"build-error"}),
+        return _expect("build-error",
                         reason=f"CUDA {build} headers #define cuMemcpyBatchAsync to the 8-parameter _v2: the 9-argument call does not compile (vLLM's CUDA 13 break)",
                         rule="direct-link-cuda13-build")
     return None
@@ -97,36 +106,36 @@ def build_failure(cell: Cell) -> Expected | None:
 
 def _derive(cell: Cell, host: HostFacts, rv: int | None) -> Expected:
     if cell.kind == "command":
-        return Expected(outcomes=frozenset({"ok"}), reason="a command passes when it exits 0 (override with expect:)",
+        return _expect("ok", reason="a command passes when it exits 0 (override with expect:)",
                         rule="command-default")
     failed_build = build_failure(cell)
     if failed_build is not None:
         return failed_build
     d = effective_driver(cell, host)
     if d is None:
-        return Expected(outcomes=frozenset({"skipped:no-cuda-driver"}), reason="no NVIDIA driver on this host",
+        return _expect("skipped:no-cuda-driver", reason="no NVIDIA driver on this host",
                         rule="no-driver")
     emulated = cell.driver.startswith("emulated-")
     if emulated and host.driver_version is not None and d > host.driver_version:
-        return Expected(outcomes=frozenset({"harness-error"}),
+        return _expect("harness-error",
                         reason=f"cannot emulate driver {_v(d)} on a {_v(host.driver_version)} driver", rule="emulate-newer")
     if cell.kind == "swap" and cell.family == "driver":
         return _driver_family(cell, d, emulated)
     if rv is None:
-        return Expected(outcomes=frozenset({"ok"}), reason="runtime version unknown before the run; any clean run passes",
+        return _expect("ok", reason="runtime version unknown before the run; any clean run passes",
                         rule="unknown-runtime")
     # Runtime-family rules (probe and swap): NVIDIA's compatibility rules first.
     if rv // 1000 > d // 1000:
-        return Expected(outcomes=frozenset({"cuda-error:35"}),
+        return _expect("cuda-error:35",
                         reason=f"runtime {_v(rv)} needs a CUDA {rv // 1000} driver; the driver is {_v(d)} (cudaErrorInsufficientDriver)",
                         rule="major-newer-than-driver")
     if emulated and rv // 1000 == 12 and d != host.driver_version:
-        return Expected(outcomes=frozenset({"cannot-emulate"}),
+        return _expect("cannot-emulate",
                         reason=f"a CUDA 12 runtime detects the interposer (error 103) when the emulated version {_v(d)} differs from the real driver's",
                         rule="interposer-detected")
     if cell.kind == "probe":
         minor = " (minor-version compatibility)" if rv > d else ""
-        return Expected(outcomes=frozenset({"ok:n/a"}), reason=f"runtime {_v(rv)} runs on driver {_v(d)}{minor}",
+        return _expect("ok:n/a", reason=f"runtime {_v(rv)} runs on driver {_v(d)}{minor}",
                         rule="probe-compatible")
     return _runtime_family(cell, rv, d)
 
@@ -137,47 +146,45 @@ def _driver_family(cell: Cell, d: int, emulated: bool) -> Expected:
     legacy = workload.stream == "legacy"
     v = cell.variant
     if v == "loop":
-        return Expected(outcomes=frozenset({"ok:fallback"}), reason="per-block cuMemcpyAsync baseline", rule="loop")
+        return _expect("ok:fallback", reason="per-block cuMemcpyAsync baseline", rule="loop")
     if v == "proc-address" and workload.policy in ("fastest", "kernel"):
         return _kernel_policy(workload.policy, workload.kernel_image, d, legacy, emulated)
     if v == "proc-address" and workload.policy == "loop":
-        return Expected(outcomes=frozenset({"ok:fallback"}), reason="policy loop: per-block copies only", rule="policy-loop")
+        return _expect("ok:fallback", reason="policy loop: per-block copies only", rule="policy-loop")
     if v == "proc-address":
         if legacy:
-            return Expected(outcomes=frozenset({"ok:fallback"}),
+            return _expect("ok:fallback",
                             reason="legacy NULL stream: the batch call fails there (vLLM issue 46345), so the reference falls back",
                             rule="legacy-guard")
         if d < intro:
-            return Expected(outcomes=frozenset({"ok:fallback"}),
+            return _expect("ok:fallback",
                             reason=f"driver {_v(d)} predates cuMemcpyBatchAsync ({_v(intro)}): cuGetProcAddress gives NULL, per-block fallback",
                             rule="proc-address-fallback")
-        return Expected(outcomes=frozenset({"ok:batch"}),
+        return _expect("ok:batch",
                         reason=f"cuGetProcAddress(cuMemcpyBatchAsync, {intro}) pins the 9-parameter entry on driver {_v(d)}",
                         rule="proc-address-batch")
     if v == "direct-link":
         if d < intro:
-            return Expected(outcomes=frozenset({f"undefined-symbol:{rules().batch.driver_symbol}"}),
+            return _expect(f"undefined-symbol:{rules().batch.driver_symbol}",
                             reason=f"links cuMemcpyBatchAsync directly; driver {_v(d)} predates it ({_v(intro)}): the loader refuses (vLLM PR 38460)",
                             rule="direct-link-old-driver")
         if legacy:
-            return Expected(outcomes=frozenset({"cuda-error:1"}),
-                            reason="batch call on the legacy NULL stream returns CUDA_ERROR_INVALID_VALUE at index 0 (vLLM issue 46345)",
-                            rule="legacy-unguarded")
-        return Expected(outcomes=frozenset({"ok:batch"}), reason=f"driver {_v(d)} exports cuMemcpyBatchAsync", rule="direct-link-ok")
-    return Expected(outcomes=frozenset({"harness-error"}), reason=f"no rule for driver-family variant {v}", rule="none")
+            return _legacy_unguarded("CUDA_ERROR_INVALID_VALUE")
+        return _expect("ok:batch", reason=f"driver {_v(d)} exports cuMemcpyBatchAsync", rule="direct-link-ok")
+    return _expect("harness-error", reason=f"no rule for driver-family variant {v}", rule="none")
 
 
 def _kernel_policy(policy: str, image: str, d: int, legacy: bool, emulated: bool) -> Expected:
     """proc-address with the copy kernel in play (compiled at run time with NVRTC)."""
     if policy == "kernel":
         if image == "ptx" and emulated:
-            return Expected(outcomes=frozenset({"cannot-emulate"}),
+            return _expect("cannot-emulate",
                             reason="PTX goes to the real driver's JIT through the interposer, which accepts what an older driver "
                                    "would refuse (cudaErrorUnsupportedPtxVersion, 222)",
                             rule="ptx-under-emulation")
         how = ("PTX JIT-compiled by the driver (PTX from an NVRTC newer than the driver fails with 222)" if image == "ptx"
                else "machine code for the device's own architecture: no JIT, so the driver's PTX version does not matter")
-        return Expected(outcomes=frozenset({"ok:kernel", "skipped:no-nvrtc"}), reason=f"policy kernel: {how}",
+        return _expect("ok:kernel", "skipped:no-nvrtc", reason=f"policy kernel: {how}",
                         rule=f"kernel-{image}")
     paths = {"ok:kernel", "ok:fallback"} | ({"ok:batch"} if d >= batch_introduced() and not legacy else set())
     return Expected(outcomes=frozenset(paths),
@@ -190,26 +197,26 @@ def _runtime_family(cell: Cell, rv: int, d: int) -> Expected:
     legacy = workload.stream == "legacy"
     v = cell.variant
     if v == "loop":
-        return Expected(outcomes=frozenset({"ok:fallback"}), reason="per-block cudaMemcpyAsync baseline", rule="loop")
+        return _expect("ok:fallback", reason="per-block cudaMemcpyAsync baseline", rule="loop")
     if v == "header-dispatch" and int(build) < intro:
-        return Expected(outcomes=frozenset({"ok:fallback"}),
+        return _expect("ok:fallback",
                         reason=f"CUDA {build} headers predate the batch copy ({_v(intro)}): the batch path is compiled out",
                         rule="header-dispatch-old-headers")
     if rv < intro:
-        return Expected(outcomes=frozenset({"ok:fallback"}),
+        return _expect("ok:fallback",
                         reason=f"runtime {_v(rv)} does not export cudaMemcpyBatchAsync ({_v(intro)}+): per-block fallback",
                         rule="symbol-absent")
     if d < intro and v == "runtime-dispatch":
         # The runtime has the call but the driver does not: cudaErrorCallRequiresNewerDriver (36).
-        return Expected(outcomes=frozenset({"ok:fallback"}),
+        return _expect("ok:fallback",
                         reason=f"driver {_v(d)} predates the batch copy: error 36, the reference falls back",
                         rule="newer-driver-fallback")
     actual = _abi(rv)
     if v == "runtime-dispatch":
         if legacy:
-            return Expected(outcomes=frozenset({"ok:fallback"}),
+            return _expect("ok:fallback",
                             reason="legacy NULL stream: the reference falls back (vLLM issue 46345)", rule="legacy-guard")
-        return Expected(outcomes=frozenset({"ok:batch"}),
+        return _expect("ok:batch",
                         reason=f"ABI from cudaRuntimeGetVersion ({_v(rv)}): the {_params(actual)}-parameter call matches",
                         rule="runtime-dispatch-batch")
     if v == "driver-dispatch":
@@ -219,7 +226,7 @@ def _runtime_family(cell: Cell, rv: int, d: int) -> Expected:
         assumed, source = _abi(int(build)), f"compile-time CUDA_VERSION ({build})"
         bug = "SGLang issue 36302"
     else:
-        return Expected(outcomes=frozenset({"harness-error"}), reason=f"no rule for runtime-family variant {v}", rule="none")
+        return _expect("harness-error", reason=f"no rule for runtime-family variant {v}", rule="none")
     if d < intro:
         # Every runtime-family variant falls back on error 36 (that fallback is not the bug
         # they model).  A mismatched ABI may still fault before the runtime checks the driver:
@@ -232,18 +239,16 @@ def _runtime_family(cell: Cell, rv: int, d: int) -> Expected:
                                + (" (or the ABI mismatch first; unmeasured on such a driver)" if assumed != actual else ""),
                         rule="newer-driver-fallback")
     if assumed == 13 and actual == 12:
-        return Expected(outcomes=frozenset({"crash:SIGSEGV"}),
+        return _expect("crash:SIGSEGV",
                         reason=f"ABI from {source} -> 8-parameter call into runtime {_v(rv)}'s 9-parameter function: SIGSEGV ({bug})",
                         rule="abi-8-into-9")
     if assumed == 12 and actual == 13:
-        return Expected(outcomes=frozenset({"cuda-error:400"}),
+        return _expect("cuda-error:400",
                         reason=f"ABI from {source} -> 9-parameter call into runtime {_v(rv)}: failIdx is taken as the stream, cudaErrorInvalidResourceHandle ({bug})",
                         rule="abi-9-into-8")
     if legacy:
-        return Expected(outcomes=frozenset({"cuda-error:1"}),
-                        reason="batch call on the legacy NULL stream returns cudaErrorInvalidValue (vLLM issue 46345)",
-                        rule="legacy-unguarded")
-    return Expected(outcomes=frozenset({"ok:batch"}), reason=f"ABI from {source} happens to match runtime {_v(rv)}",
+        return _legacy_unguarded("cudaErrorInvalidValue")
+    return _expect("ok:batch", reason=f"ABI from {source} happens to match runtime {_v(rv)}",
                     rule=f"{v}-match")
 
 
