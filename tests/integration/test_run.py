@@ -172,6 +172,17 @@ def test_sigint_keeps_finished_cells_then_resume(tmp_path: Path, wheel_cache: Pa
     _resume_completes(tmp_path, m, out, cli)
 
 
+def test_sigterm_finishes_like_sigint(tmp_path: Path, wheel_cache: Path, cli: Any, cli_env: Any) -> None:
+    rc, m, out, slow = _start_and_stop(tmp_path, cli_env, signal.SIGTERM)
+    assert rc == 130
+    assert [r["id"] for r in cells(out)] == ["cu12.9/host/a", "cu12.9/host/b"]
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line]
+    assert records[-1]["type"] == "end" and records[-1]["interrupted"] is True
+    assert (out / "results.json").is_file() and (out / "summary.md").is_file()  # reports written, no resume needed
+    assert _gone(slow), "the terminated run's cell child is still running"
+    _resume_completes(tmp_path, m, out, cli)
+
+
 def test_sigkill_keeps_finished_cells_then_resume(tmp_path: Path, wheel_cache: Path, cli: Any, cli_env: Any) -> None:
     rc, m, out, slow = _start_and_stop(tmp_path, cli_env, signal.SIGKILL)
     assert rc == -signal.SIGKILL
