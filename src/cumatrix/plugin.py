@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 import uuid
@@ -113,7 +114,7 @@ class MatrixFile(pytest.File):
             m = _matrix.load(self.path)
         except ConfigError as e:
             raise MatrixError(str(e)) from None
-        lines = _runtime_lines(self.path)
+        lines = _runtime_lines(self.path, [r.name for r in m.runtimes])
         for cell in _matrix.cells(m):
             yield CellItem.from_parent(self, name=cell.id, cell=cell, matrix=m,
                                        line=lines.get(cell.runtime, 0))
@@ -124,17 +125,16 @@ class MatrixFile(pytest.File):
         return super().repr_failure(excinfo)  # type: ignore[return-value]
 
 
-def _runtime_lines(path: Path) -> dict[str, int]:
-    """0-based line of each runtime's entry in the matrix file (where skips point)."""
-    out: dict[str, int] = {}
+def _runtime_lines(path: Path, names: list[str]) -> dict[str, int]:
+    """0-based line where each runtime is declared in the matrix file (where its cells' skips point)."""
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
-        return out
-    for n, line in enumerate(text.splitlines()):
-        key = line.strip().split(":", 1)[0].strip().strip("'\"")
-        if key and line[:1].isspace() and key not in out:
-            out[key] = n
+        return {}
+    out: dict[str, int] = {}
+    for name in names:
+        key = re.compile(rf"(?:^|[\s{{,]){re.escape(name)}\s*:")
+        out[name] = next((n for n, line in enumerate(lines) if key.search(line)), 0)
     return out
 
 

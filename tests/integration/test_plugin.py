@@ -102,3 +102,20 @@ def test_yaml_files_not_named_are_not_collected(pytester: pytest.Pytester, monke
     pytester.makepyfile(test_x="def test_x():\n    pass\n")
     res = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider", timeout=60)
     res.assert_outcomes(passed=1)
+
+
+def test_reports_default_to_out_and_skips_point_at_the_matrix(run, pytester: pytest.Pytester) -> None:
+    skip = pytester.path / "skip.yaml"
+    skip.write_text(MATRIX.replace("probe: false", "probe: true"))
+    res = pytester.runpytest_subprocess(str(skip), *_plugin_args(), "-p", "no:cacheprovider", "-rs", timeout=120)
+    # No GPU here: the probe is skipped, and the skip names the runtime's line of the matrix file.
+    if "skipped:no-cuda-driver" in res.stdout.str():
+        res.stdout.fnmatch_lines(["SKIPPED [[]1[]] skip.yaml:3: skipped:no-cuda-driver*"])
+    assert (pytester.path / "out" / "results.jsonl").is_file() and (pytester.path / "out" / "index.html").is_file()
+
+
+def test_a_run_without_a_matrix_writes_no_reports(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_plain="def test_x():\n    pass\n")
+    res = pytester.runpytest_subprocess(*_plugin_args(), "-p", "no:cacheprovider", timeout=120)
+    res.assert_outcomes(passed=1)
+    assert not (pytester.path / "out").exists()
