@@ -295,7 +295,7 @@ def _expect_section(ctx: _Ctx, data: list[Mapping[str, Any]]) -> tuple[ExpectOve
                                         "crash:SIGSEGV, undefined-symbol:NAME, exit:N, timeout, ...)")
         if not bad:
             out.append(ExpectOverride(selector=sel, outcomes=frozenset(words),
-                                      reason=item.get("reason") or f"matrix override (line {sel.line})"))
+                                      reason=item.get("reason") or f"matrix override {_sel_text(sel)}"))
     return tuple(out)
 
 
