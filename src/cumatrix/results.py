@@ -41,7 +41,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from .errors import EnvironmentProblem, OutDirBusy
 from .model import NO_RUNTIME, Cell, Matrix
@@ -441,7 +441,7 @@ class Store:
                 os.close(self._lock_fd)  # closing the descriptor drops the flock
                 self._lock_fd = None
 
-    def __enter__(self) -> Store:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -37,7 +37,6 @@ from yaml.events import (
     Event,
     MappingStartEvent,
     ScalarEvent,
-    SequenceStartEvent,
 )
 from yaml.nodes import ScalarNode
 

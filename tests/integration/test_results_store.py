@@ -19,7 +19,6 @@ from cumatrix.errors import EnvironmentProblem, OutDirBusy
 from cumatrix.report import load_records
 from cumatrix.results import JSONL, PREVIOUS, REPORTS, Store, cell_digest, cell_digests
 
-
 # A writer that takes the --out lock, says so, then holds it (or appends records slowly).
 HOLDER = textwrap.dedent("""
     import sys, time
@@ -141,10 +140,10 @@ def _in_private_mount(tmp_path: Path, script: str, size: str, *, ro: bool = Fals
     opts = f"size={size}" + (",ro" if ro else "")
     cmd = ["unshare", "-rm", "sh", "-c", f'mount -t tmpfs -o {opts} tmpfs "$1" && shift && exec "$@"', "sh", str(mnt),
            sys.executable, "-c", script, str(mnt)]
-    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True)
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, check=False)
     if probe.returncode != 0:
         pytest.skip(f"no unprivileged mount namespace here: {probe.stderr.decode().strip()}")
-    return subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=120)
+    return subprocess.run(cmd, env=child_env(), capture_output=True, text=True, timeout=120, check=False)
 
 
 OPEN_AND_FILL = textwrap.dedent("""

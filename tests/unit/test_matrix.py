@@ -54,7 +54,7 @@ def test_bad_matrix_reports_place_and_exits_2(tmp_path: Path, cli, text: str, li
     assert "Traceback" not in proc.stderr
     num = r"\d+"
     where = rf"{re.escape(str(f))}:{line or num}:{col or num}: "
-    assert re.search(rf"^{where}.*{message}", proc.stderr, re.M), proc.stderr
+    assert re.search(rf"^{where}.*{message}", proc.stderr, re.MULTILINE), proc.stderr
     for ln in proc.stderr.strip().splitlines():  # every line is a located problem
         assert ln.startswith(f"{f}:"), ln
 
@@ -196,7 +196,7 @@ def test_hostile_input_is_a_located_validation_error(tmp_path: Path, cli, text: 
     proc = cli("validate", f)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
-    assert re.search(rf"^{re.escape(str(f))}:{line}:{col}: .*{message}", proc.stderr, re.M), proc.stderr
+    assert re.search(rf"^{re.escape(str(f))}:{line}:{col}: .*{message}", proc.stderr, re.MULTILINE), proc.stderr
 
 
 def test_c_loader_is_used_where_pyyaml_has_it() -> None:
