@@ -343,6 +343,7 @@ class SchemaCheck:
         self.root_name = root_name
         self.problems: list[Problem] = []
         self.bad_paths: set[Path] = set()
+        self._resolved: dict[int, Mapping[str, Any]] = {}
 
     def run(self) -> list[Problem]:
         self.check(self.doc.data, self.root, ())
@@ -357,6 +358,15 @@ class SchemaCheck:
         self.report(path, f"expected {s.get('errorMessage') or default}, got {kind(value)}")
 
     def resolve(self, s: Mapping[str, Any]) -> Mapping[str, Any]:
+        if "$ref" not in s:
+            return s
+        key = id(s)
+        hit = self._resolved.get(key)
+        if hit is None:
+            hit = self._resolved[key] = self._follow(s)
+        return hit
+
+    def _follow(self, s: Mapping[str, Any]) -> Mapping[str, Any]:
         while "$ref" in s:
             ref = str(s["$ref"])
             target: Any = self.root
