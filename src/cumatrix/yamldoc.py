@@ -159,7 +159,7 @@ class _Builder:
 
     def run(self, loader: yaml.SafeLoader) -> Doc:
         while loader.check_event():
-            self.event(loader, loader.get_event())
+            self.event(loader, loader.get_event())  # type: ignore[no-untyped-call]  # untyped in types-PyYAML
         return self.doc
 
     def event(self, loader: yaml.SafeLoader, ev: Event) -> None:
@@ -207,7 +207,7 @@ class _Builder:
         place = _mark(ev.start_mark)
         tag = ev.tag if ev.tag not in (None, "!") and not ev.implicit[0] else None
         if tag is None:
-            tag = loader.resolve(ScalarNode, ev.value, ev.implicit)
+            tag = loader.resolve(ScalarNode, ev.value, ev.implicit)  # type: ignore[no-untyped-call]  # untyped in types-PyYAML
         if tag in _TEXT_TAGS:
             return str(ev.value)
         construct = _SCALARS.get(tag)
