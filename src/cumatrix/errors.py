@@ -2,6 +2,16 @@
 
 Every error carries the exit code the CLI returns for it and a message that says what
 happened, where (``file:line:col`` when there is a place), and how to fix it.
+
+Exit codes of every ``cumatrix`` command:
+
+* **0**: every cell met its expectation (or the command did what it was asked);
+* **1**: some cell did not meet its expectation (the code under test, not the harness);
+* **2**: bad input or usage: a matrix file, a catalog, a command-line value, an ``--out``
+  that another run holds (:class:`ConfigError`, :class:`UsageError`, :class:`OutDirBusy`);
+* **3**: the run cannot happen here: an environment problem found before any cell
+  (``--out`` unwritable, a file, or on a full filesystem; a missing compiler or base
+  image: :class:`EnvironmentProblem`) or a failure of cumatrix itself (:class:`HarnessError`).
 """
 
 from __future__ import annotations
@@ -58,10 +68,22 @@ class DaemonUnavailable(CumatrixError):
     """No Docker daemon answers."""
 
 
+class OutDirBusy(UsageError):
+    """Another run holds the ``--out`` directory (exit 2): the message names its pid and command."""
+
+
 class HarnessError(CumatrixError):
     """cumatrix itself failed; not the code under test."""
 
     exit_code = 3
+
+
+class EnvironmentProblem(HarnessError):
+    """This machine cannot run the matrix as asked (exit 3), found before any cell runs.
+
+    An ``--out`` that is a file, cannot be created or written, or sits on a full
+    filesystem; a missing compiler or base image.  One message, no traceback.
+    """
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

@@ -11,8 +11,6 @@ upstream reference, and one shell command that reproduces the cell without pytes
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import os
 import re
 import shlex
@@ -20,25 +18,23 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .errors import ConfigError, UsageError, did_you_mean
+from .catalog import (
+    Bug,
+    Catalog,
+    load_catalog,
+)
+from .errors import UsageError, did_you_mean
 from .isolate import Job
 from .model import (
     NO_RUNTIME,
-    OUTCOME_RE,
-    VARIANT_FAMILIES,
     Cell,
     CudaVersion,
-    Driver,
     Matrix,
-    Runtime,
-    Workload,
     is_neutral,
-    outcome_matches,
 )
 from .orchestrate import Orchestrator
 from .provision import PACKAGE_PARENT
@@ -46,257 +42,8 @@ from .record import CellRecord
 from .swapcell import MAPS_BEGIN, MAPS_END, MAPS_ENV
 
 DEFAULT_OUT = "repro"
-CATALOG_SCHEMA = 1
-CATALOG_FILE = "cumatrix/data/bugs.json"
 NO_GPU = "needs an NVIDIA GPU and driver; this host has none"
 GDB_TIMEOUT_EXTRA = 120.0
-
-# --------------------------------------------------------------------------- the catalog
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class BugRef:
-    """An upstream issue or pull request."""
-
-    project: str
-    kind: str  # PR | issue
-    number: int
-    role: str  # introduced | fixed | reported
-    url: str
-
-    def __str__(self) -> str:
-        return f"{self.project} {self.kind} {self.number} ({self.role})"
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class BugNeeds:
-    gpu: bool
-    driver_min: CudaVersion | None = None
-    build_only_without_gpu: bool = False
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class BugCell:
-    """One cell of a catalog entry, by its axes, and the outcome it must show."""
-
-    runtime: CudaVersion | None  # None: a driver-family cell, no CUDA runtime loaded
-    driver: Driver
-    variant: str
-    build: CudaVersion
-    workload: Workload
-    outcomes: tuple[str, ...]  # any of these; a fallback may be the loop or the copy kernel
-    detail_contains: str | None = None
-
-    @property
-    def outcome(self) -> str:
-        return " or ".join(self.outcomes)
-
-    @property
-    def family(self) -> str:
-        return "runtime" if self.runtime is not None else "driver"
-
-    def cell(self) -> Cell:
-        rt = f"cu{self.runtime}" if self.runtime is not None else NO_RUNTIME
-        return Cell(kind="swap", runtime=rt, driver=self.driver.name, variant=self.variant,
-                    family="runtime" if self.runtime is not None else "driver", build=self.build,
-                    workload=self.workload)
-
-    def shows(self, outcome: str, path: str | None, detail: str) -> bool:
-        """Whether an observation is this cell's outcome (and carries its detail text)."""
-        if not any(outcome_matches(o, outcome, path) for o in self.outcomes):
-            return False
-        return self.detail_contains is None or self.detail_contains in detail
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Bug:
-    id: str
-    title: str
-    refs: tuple[BugRef, ...]
-    needs: BugNeeds
-    bad: BugCell
-    good: BugCell
-
-    def needs_text(self) -> str:
-        emulated = {c.driver.emulated for c in (self.bad, self.good) if c.driver.emulated}
-        heads = sorted({str(c.build) for c in (self.bad, self.good)})
-        rts = sorted({f"cu{c.runtime}" for c in (self.bad, self.good) if c.runtime is not None})
-        parts = [f"gpu {'yes' if self.needs.gpu else 'no'}"]
-        if self.needs.driver_min:
-            parts.append(f"driver >= CUDA {self.needs.driver_min}")
-        parts.append(f"emulated driver {', '.join(str(e) for e in sorted(emulated)) if emulated else 'no'}")
-        parts.append(f"headers {', '.join(heads)}")
-        parts.append(f"runtime {', '.join(rts) if rts else 'none (driver API only)'}")
-        return "; ".join(parts)
-
-    def matrix(self) -> Matrix:
-        """An in-memory matrix holding exactly this entry's two cells."""
-        from . import runtimes as _runtimes
-
-        cells = (self.bad, self.good)
-        rts = []
-        for v in sorted({c.runtime for c in cells if c.runtime is not None}):
-            rts.append(Runtime(name=f"cu{v}", requirement=_runtimes.KNOWN_WHEELS[str(v)]))
-        drivers = tuple({c.driver.name: c.driver for c in cells}.values())
-        return Matrix(path=f"<catalog entry {self.id}>", sha256=hashlib.sha256(self.id.encode()).hexdigest(),
-                      version=1, runtimes=tuple(rts), drivers=drivers,
-                      builds=tuple(sorted({c.build for c in cells})),
-                      variants=tuple(dict.fromkeys(c.variant for c in cells)),
-                      workloads=tuple({c.workload.name: c.workload for c in cells}.values()), probe=False)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Catalog:
-    schema: int
-    bugs: tuple[Bug, ...]
-
-    def get(self, bug_id: str) -> Bug:
-        for b in self.bugs:
-            if b.id == bug_id:
-                return b
-        ids = [b.id for b in self.bugs]
-        raise UsageError(f"unknown bug {bug_id!r}{did_you_mean(bug_id, ids)}; known: {', '.join(ids)} "
-                         "(`cumatrix repro --list`)")
-
-
-class _Check:
-    def __init__(self, source: str) -> None:
-        self.source = source
-        self.problems: list[str] = []
-
-    def err(self, where: str, message: str) -> None:
-        self.problems.append(f"{self.source}: {where}: {message}")
-
-
-def _cell(chk: _Check, raw: Any, where: str, workloads: dict[str, Workload]) -> BugCell | None:
-    from . import runtimes as _runtimes
-    from .matrix import parse_driver
-
-    if not isinstance(raw, dict):
-        chk.err(where, "expected an object")
-        return None
-    allowed = ("runtime", "driver", "variant", "build", "workload", "outcome", "detail_contains")
-    for k in raw:
-        if k not in allowed:
-            chk.err(where, f"unknown key {k!r}{did_you_mean(k, allowed)}")
-    missing = [k for k in allowed[:6] if k not in raw]
-    if missing:
-        chk.err(where, f"missing {', '.join(missing)}")
-        return None
-    n = len(chk.problems)
-    runtime = None
-    if raw["runtime"] is not None:
-        try:
-            runtime = CudaVersion.parse(str(raw["runtime"]))
-        except ValueError as e:
-            chk.err(f"{where}.runtime", str(e))
-        if runtime is not None and str(runtime) not in _runtimes.KNOWN_WHEELS:
-            chk.err(f"{where}.runtime", f"no known wheel for CUDA {runtime} (known: {', '.join(_runtimes.KNOWN_WHEELS)})")
-    try:
-        driver = parse_driver(str(raw["driver"]))
-    except ValueError as e:
-        chk.err(f"{where}.driver", str(e))
-    variant = str(raw["variant"])
-    fams = VARIANT_FAMILIES.get(variant)
-    if fams is None:
-        chk.err(f"{where}.variant", f"unknown variant {variant!r}{did_you_mean(variant, VARIANT_FAMILIES)}")
-    elif ("runtime" if raw["runtime"] is not None else "driver") not in fams:
-        chk.err(f"{where}.variant", f"{variant} is a {'/'.join(fams)}-family variant: "
-                                    f"{'give a runtime' if 'runtime' in fams else 'runtime must be null'}")
-    try:
-        build = CudaVersion.parse(str(raw["build"]))
-    except ValueError as e:
-        chk.err(f"{where}.build", str(e))
-    if str(raw["build"]) not in _runtimes.KNOWN_WHEELS:
-        chk.err(f"{where}.build", f"no known wheel for headers {raw['build']}")
-    wl = workloads.get(str(raw["workload"]))
-    if wl is None:
-        chk.err(f"{where}.workload", f"unknown workload {raw['workload']!r}{did_you_mean(str(raw['workload']), workloads)}")
-    words = raw["outcome"] if isinstance(raw["outcome"], list) else [raw["outcome"]]
-    outcomes = tuple(str(w) for w in words)
-    for o in outcomes:
-        if not OUTCOME_RE.match(o):
-            chk.err(f"{where}.outcome", f"{o!r} is not an outcome word")
-    if not outcomes:
-        chk.err(f"{where}.outcome", "give at least one outcome word")
-    dc = raw.get("detail_contains")
-    if dc is not None and not isinstance(dc, str):
-        chk.err(f"{where}.detail_contains", "expected a string")
-    if len(chk.problems) > n:
-        return None
-    assert wl is not None
-    return BugCell(runtime=runtime, driver=driver, variant=variant, build=build, workload=wl, outcomes=outcomes,
-                   detail_contains=dc)
-
-
-def load_catalog(text: str | None = None, *, source: str = CATALOG_FILE) -> Catalog:
-    """Parse and validate the bug catalog (the packaged one unless ``text`` is given).
-
-    Raises :class:`ConfigError` listing every problem.
-    """
-    if text is None:
-        text = resources.files("cumatrix").joinpath("data/bugs.json").read_text()
-    try:
-        raw = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{source}:{e.lineno}:{e.colno}: not JSON: {e.msg}") from e
-    chk = _Check(source)
-    if not isinstance(raw, dict) or raw.get("schema") != CATALOG_SCHEMA:
-        raise ConfigError(f"{source}: schema must be {CATALOG_SCHEMA}, got "
-                          f"{raw.get('schema') if isinstance(raw, dict) else type(raw).__name__!r}")
-    workloads: dict[str, Workload] = {}
-    for name, w in (raw.get("workloads") or {}).items():
-        try:
-            workloads[name] = Workload(name=name, direction=str(w["direction"]), block_bytes=int(w["block_bytes"]),
-                                       blocks=int(w["blocks"]), stream=str(w.get("stream", "dedicated")))
-        except (KeyError, TypeError, ValueError) as e:
-            chk.err(f"workloads.{name}", f"needs direction, block_bytes, blocks ({type(e).__name__}: {e})")
-    bugs: list[Bug] = []
-    seen: set[str] = set()
-    for i, b in enumerate(raw.get("bugs") or []):
-        where = f"bugs[{i}]"
-        if not isinstance(b, dict) or not isinstance(b.get("id"), str):
-            chk.err(where, "expected an object with an id")
-            continue
-        bid = b["id"]
-        where = f"bugs[{i}] ({bid})"
-        if not re.match(r"^[a-z0-9][a-z0-9-]*$", bid):
-            chk.err(where, "id: lower-case letters, digits and - only")
-        if bid in seen:
-            chk.err(where, f"duplicate id {bid!r}")
-        seen.add(bid)
-        refs = []
-        for j, r in enumerate(b.get("refs") or []):
-            try:
-                refs.append(BugRef(project=str(r["project"]), kind=str(r["kind"]), number=int(r["number"]),
-                                   role=str(r["role"]), url=str(r["url"])))
-            except (KeyError, TypeError, ValueError):
-                chk.err(f"{where}.refs[{j}]", "needs project, kind, number, role, url")
-        if not refs:
-            chk.err(where, "needs at least one upstream reference in refs")
-        nraw = b.get("needs") or {}
-        dmin = None
-        if nraw.get("driver_min") is not None:
-            try:
-                dmin = CudaVersion.parse(str(nraw["driver_min"]))
-            except ValueError as e:
-                chk.err(f"{where}.needs.driver_min", str(e))
-        if not isinstance(nraw.get("gpu"), bool):
-            chk.err(f"{where}.needs.gpu", "expected true or false")
-        needs = BugNeeds(gpu=bool(nraw.get("gpu")), driver_min=dmin,
-                         build_only_without_gpu=bool(nraw.get("build_only_without_gpu", False)))
-        bad = _cell(chk, b.get("bad"), f"{where}.bad", workloads)
-        good = _cell(chk, b.get("good"), f"{where}.good", workloads)
-        if bad is not None and any(is_neutral(o) or o.startswith("ok") for o in bad.outcomes):
-            chk.err(f"{where}.bad.outcome", f"{bad.outcome!r} is not a failure signature")
-        if good is not None and not all(o.startswith("ok") for o in good.outcomes):
-            chk.err(f"{where}.good.outcome", f"the good cell must pass (ok...), not {good.outcome!r}")
-        if bad is not None and good is not None:
-            bugs.append(Bug(id=bid, title=str(b.get("title", "")), refs=tuple(refs), needs=needs, bad=bad, good=good))
-    if chk.problems:
-        raise ConfigError("\n".join(chk.problems))
-    return Catalog(schema=CATALOG_SCHEMA, bugs=tuple(bugs))
-
 
 # --------------------------------------------------------------------------- running
 

@@ -20,10 +20,10 @@ BAD = [
      r"unknown key 'agrv' \(did you mean 'argv'\?\)"),
     ("wrong-type-list", RT + "drivers: host\n", 3, 10, r"drivers: expected a list, got str 'host'"),
     ("wrong-type-timeout", RT + "drivers: [host]\ncases:\n  - {name: a, argv: [true], timeout: soon}\n", 5, 38,
-     r"case\.timeout: expected seconds > 0, got 'soon'"),
+     r"cases\[0\]\.timeout: expected seconds > 0 \(a finite number\), got str 'soon'"),
     ("bad-version", RT + "drivers: [host]\nbuilds: ['12.x']\nvariants: [loop]\n"
      "workloads: [{name: w, direction: d2h, block_bytes: 4096, blocks: 4}]\n", 4, 10,
-     r"builds\[\]: not a CUDA version .*'12\.x'"),
+     r"builds\[0\]: expected a CUDA version MAJOR\.MINOR .*got str '12\.x'"),
     ("bad-emulated-driver", RT + "drivers: [host, emulated-twelve]\n", 3, 17, r"malformed emulated driver 'emulated-twelve'"),
     ("bad-requirement", "runtimes:\n  cu12: {wheel: 'nvidia-cuda-runtime-cu12>=12'}\ndrivers: [host]\n", 2, 17,
      r"not a pinned requirement: 'nvidia-cuda-runtime-cu12>=12'"),
@@ -54,7 +54,7 @@ def test_bad_matrix_reports_place_and_exits_2(tmp_path: Path, cli, text: str, li
     assert "Traceback" not in proc.stderr
     num = r"\d+"
     where = rf"{re.escape(str(f))}:{line or num}:{col or num}: "
-    assert re.search(rf"^{where}.*{message}", proc.stderr, re.M), proc.stderr
+    assert re.search(rf"^{where}.*{message}", proc.stderr, re.MULTILINE), proc.stderr
     for ln in proc.stderr.strip().splitlines():  # every line is a located problem
         assert ln.startswith(f"{f}:"), ln
 
@@ -65,7 +65,7 @@ def test_every_problem_reported_at_once() -> None:
         M.loads(text, "m.yaml")
     msgs = [str(p) for p in ei.value.problems]
     assert any(m.startswith("m.yaml:3:17: drivers: unknown driver 'hots'") for m in msgs), msgs
-    assert any(m.startswith("m.yaml:5:29: case: unknown key 'timeuot' (did you mean 'timeout'?)") for m in msgs), msgs
+    assert any(m.startswith("m.yaml:5:29: cases[0]: unknown key 'timeuot' (did you mean 'timeout'?)") for m in msgs), msgs
     assert any(m.startswith("m.yaml:6:1: matrix: unknown key 'exlude' (did you mean 'exclude'?)") for m in msgs), msgs
 
 
@@ -131,3 +131,115 @@ def test_validate_lists_the_same_ids(tmp_path: Path, cli) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[1:] == [c.id for c in M.cells(M.load(f))]
     assert "16 cells" in proc.stdout.splitlines()[0]
+
+
+# --------------------------------------------------------------------------- hostile input
+
+CASE = RT + "drivers: [host]\ncases:\n  - "
+
+
+def _at(text: str, needle: str) -> tuple[int, int]:
+    """1-based line and column of the first ``needle`` in ``text``."""
+    i = text.index(needle)
+    return text.count("\n", 0, i) + 1, i - (text.rfind("\n", 0, i) + 1) + 1
+
+
+# (name, matrix text, text at the reported place, message regex)
+HOSTILE = [
+    ("timeout-nan", CASE + "{name: a, argv: [true], timeout: .nan}\n", ".nan",
+     r"cases\[0\]\.timeout: expected seconds > 0 \(a finite number\), got float \.nan"),
+    ("timeout-inf", CASE + "{name: a, argv: [true], timeout: .inf}\n", ".inf", r"got float \.inf"),
+    ("timeout-negative", CASE + "{name: a, argv: [true], timeout: -5}\n", "-5", r"got int -5"),
+    ("timeout-zero", CASE + "{name: a, argv: [true], timeout: 0}\n", "0}", r"got int 0"),
+    ("nul-in-argv", CASE + '{name: a, argv: [echo, "x\\0y"]}\n', '"x', r"cases\[0\]\.argv\[1\]: .*without NUL bytes"),
+    ("nul-in-argv-string", CASE + '{name: a, argv: "echo x\\0y"}\n', '"echo', r"cases\[0\]\.argv: .*NUL"),
+    ("nul-in-env-value", CASE + '{name: a, argv: [true], env: {A: "x\\0"}}\n', '"x', r"cases\[0\]\.env\.A: .*NUL"),
+    ("equals-in-env-key", CASE + '{name: a, argv: [true], env: {"A=B": x}}\n', '"A=B"',
+     r"cases\[0\]\.env: key 'A=B': expected a variable name without '=' or NUL"),
+    ("nul-in-env-key", CASE + '{name: a, argv: [true], env: {"A\\0": x}}\n', '"A', r"key 'A\\x00'"),
+    ("nested-600", RT + "drivers: [host]\ncases: " + "[" * 600 + "]" * 600 + "\n", "[" * 537 + "]",
+     r"nested deeper than 64 levels"),
+    ("control-character", RT + "drivers: [host]\ncases:\n  - {name: a, argv: [ec\x01ho]}\n", "\x01",
+     r"control character U\+0001"),
+    ("name-ending-newline", CASE + '{name: "a\\n", argv: [true]}\n', '"a', r"cases\[0\]\.name: expected a name"),
+    ("name-with-slash", CASE + "{name: a/b, argv: [true]}\n", "a/b", r"cases\[0\]\.name: expected a name"),
+    ("name-with-tab", CASE + '{name: "a\\tb", argv: [true]}\n', '"a', r"cases\[0\]\.name: expected a name"),
+    ("runtime-name-slash", "runtimes:\n  cu/12: {wheel: nvidia-cuda-runtime-cu12==12.9.79}\ndrivers: [host]\n",
+     "cu/12", r"runtimes: key 'cu/12': expected a name"),
+    ("build-99", RT + "drivers: [host]\nbuilds: ['99.0']\nvariants: [loop]\n"
+     "workloads: [{name: w, direction: d2h, block_bytes: 4096, blocks: 4}]\n", "'99.0'",
+     r"builds: no CUDA 99\.0 headers.*known: 12\.0, 12\.4, 12\.8, 12\.9, 13\.0, 13\.5"),
+    ("build-11", RT + "drivers: [host]\nbuilds: ['11.0']\nvariants: [loop]\n"
+     "workloads: [{name: w, direction: d2h, block_bytes: 4096, blocks: 4}]\n", "'11.0'",
+     r"builds: no CUDA 11\.0 headers.*known: 12\.0"),
+    ("huge-integer", CASE + "{name: a, argv: [true], timeout: " + "9" * 5000 + "}\n", "9999",
+     r"cannot read '9+' as int"),
+    ("second-document", RT + "drivers: [host]\n---\nx: 1\n", "---", r"a second YAML document"),
+    ("alias-bomb", "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]\n" for i in range(6)),
+     "*e", r"aliases expand the document past"),
+    ("not-utf8", RT + "drivers: [host]\n# caf\xe9\n", "caf", r"not UTF-8 text: byte 0xe9"),
+]
+
+
+@pytest.mark.parametrize(("text", "needle", "message"), [h[1:] for h in HOSTILE], ids=[h[0] for h in HOSTILE])
+def test_hostile_input_is_a_located_validation_error(tmp_path: Path, cli, text: str, needle: str,
+                                                     message: str) -> None:
+    f = tmp_path / "m.yaml"
+    if needle == "caf":
+        f.write_bytes(text.encode("latin-1"))
+        line, col = _at(text, needle)
+        col += 3  # the byte after "caf"
+    else:
+        f.write_text(text)
+        line, col = _at(text, needle)
+    proc = cli("validate", f)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert re.search(rf"^{re.escape(str(f))}:{line}:{col}: .*{message}", proc.stderr, re.MULTILINE), proc.stderr
+
+
+def test_c_loader_is_used_where_pyyaml_has_it() -> None:
+    import yaml
+
+    from cumatrix import yamldoc
+
+    if not getattr(yaml, "__with_libyaml__", False):
+        pytest.skip("this PyYAML was built without libyaml")
+    assert yamldoc.Loader is yaml.CSafeLoader
+
+
+def test_load_parses_once_per_content(tmp_path: Path) -> None:
+    f = tmp_path / "m.yaml"
+    f.write_text(FULL)
+    first = M.load(f)
+    assert M.load(f) is first  # same bytes: no second parse
+    f.write_text(FULL.replace("blocks: 1024", "blocks: 512"))
+    changed = M.load(f)
+    assert changed is not first and changed.workloads[0].blocks == 512
+
+
+def test_values_keep_their_written_text() -> None:
+    m = M.loads(RT + "drivers: [host]\nbuilds: [12.8]\nvariants: [loop]\n"
+                "workloads: [{name: w, direction: d2h, block_bytes: 16KiB, blocks: 4}]\n"
+                "cases:\n  - {name: c, argv: [sleep, 1], env: {N: 4}}\n"
+                "exclude: [{build: 12.8, variant: loop, family: driver}]\n", "m.yaml")
+    assert [str(b) for b in m.builds] == ["12.8"]
+    assert m.cases[0].argv == ("sleep", "1") and m.cases[0].env == (("N", "4"),)
+    assert m.workloads[0].block_bytes == 16384
+    assert m.exclude[0].values == (("build", "12.8"), ("variant", "loop"), ("family", "driver"))
+
+
+@pytest.mark.parametrize(("fn", "value"), [(M.check_timeout, "nan"), (M.check_timeout, "-5"), (M.check_timeout, "0"),
+                                           (M.check_timeout, "inf"), (M.check_timeout, "soon"),
+                                           (M.check_name, "a\n"), (M.check_name, "a/b"),
+                                           (M.check_env_name, "A=B"), (M.check_env_name, "A\0")])
+def test_option_validators_refuse_what_the_loader_refuses(fn, value: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        fn(value, "--opt")
+    assert e.value.exit_code == 2 and str(e.value).startswith("--opt: ")
+
+
+def test_option_validators_pass_good_values() -> None:
+    assert M.check_timeout("2.5") == 2.5 and M.check_name("cu12.9", "--host") == "cu12.9"
+    assert M.check_env_name("CUDA_VISIBLE_DEVICES") == "CUDA_VISIBLE_DEVICES"

@@ -8,8 +8,8 @@ from importlib import resources
 
 import pytest
 
+from cumatrix import catalog, repro, runtimes
 from cumatrix.orchestrate import Orchestrator
-from cumatrix import repro, runtimes
 from cumatrix.errors import ConfigError, UsageError
 from cumatrix.isolate import Job
 from cumatrix.model import OUTCOME_RE, VARIANT_FAMILIES
@@ -78,7 +78,7 @@ def test_catalog_problems_are_all_reported() -> None:
     with pytest.raises(ConfigError) as e:
         repro.load_catalog(json.dumps(raw), source="bugs.json")
     text = str(e.value)
-    assert "bugs[0] (vllm-undefined-symbol).bad.variant: unknown variant 'direct-lnk' (did you mean 'direct-link'?)" in text
+    assert "bugs[0].bad.variant: 'direct-lnk' (did you mean 'direct-link'?)" in text
     assert "the good cell must pass" in text
     assert "no known wheel for CUDA 11.8" in text
     assert "duplicate id 'sglang-header-dispatch'" in text
@@ -87,7 +87,7 @@ def test_catalog_problems_are_all_reported() -> None:
 def test_wrong_schema_and_bad_json() -> None:
     raw = _raw()
     raw["schema"] = 2
-    with pytest.raises(ConfigError, match="schema must be 1"):
+    with pytest.raises(ConfigError, match="schema: expected 1, got int 2"):
         repro.load_catalog(json.dumps(raw))
     with pytest.raises(ConfigError, match=r"bugs.json:1:\d+: not JSON"):
         repro.load_catalog("{", source="bugs.json")
@@ -116,3 +116,30 @@ def test_maps_block_is_parsed() -> None:
     text = "noise\nCUMATRIX-MAPS-BEGIN\n7f00-7f01 r-xp 0 0:0 1 /a/libcudart.so.12\nCUMATRIX-MAPS-END\nFatal Python error"
     assert repro.parse_maps(text) == ("7f00-7f01 r-xp 0 0:0 1 /a/libcudart.so.12",)
     assert repro.parse_maps("no block") == ()
+
+
+def test_catalog_problems_point_at_their_line_and_column() -> None:
+    raw = _raw()
+    raw["bugs"][4]["good"]["workload"] = "kv-16k-legacyy"
+    raw["bugs"][1]["refs"][0]["kind"] = "pull"
+    text = json.dumps(raw, indent=2)
+    lines = text.splitlines()
+    with pytest.raises(ConfigError) as e:
+        catalog.load_catalog(text, source="bugs.json")
+    places = {p.message.split(":")[0]: (p.line, p.col) for p in e.value.problems}
+    wl_line = next(i for i, ln in enumerate(lines, 1) if '"kv-16k-legacyy"' in ln)
+    kind_line = next(i for i, ln in enumerate(lines, 1) if '"pull"' in ln)
+    assert places["bugs[4].good.workload"] == (wl_line, lines[wl_line - 1].index('"kv-16k-legacyy"') + 1)
+    assert places["bugs[1].refs[0].kind"] == (kind_line, lines[kind_line - 1].index('"pull"') + 1)
+    assert "unknown workload 'kv-16k-legacyy' (did you mean 'kv-16k-legacy'?)" in str(e.value)
+
+
+def test_packaged_catalog_follows_its_shipped_schema() -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads(resources.files("cumatrix").joinpath("data/bugs.schema.json").read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.Draft202012Validator(schema).validate(_raw())
+
+
+def test_repro_uses_the_catalog_module() -> None:
+    assert repro.load_catalog is catalog.load_catalog

@@ -1,0 +1,116 @@
+"""Fuzzing the matrix loader: any input is a Matrix or a located ConfigError, never a traceback.
+
+Seeded (derandomized) and bounded, so a CI run is repeatable and takes seconds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cumatrix import matrix as M
+from cumatrix import yamldoc
+from cumatrix.errors import ConfigError
+from cumatrix.model import Matrix
+
+FUZZ = settings(max_examples=400, derandomize=True, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.too_slow])
+
+VALID = """\
+version: 1
+runtimes:
+  cu12.9: {wheel: nvidia-cuda-runtime-cu12==12.9.79}
+  cu13.0: {wheel: nvidia-cuda-runtime==13.0.96}
+drivers: [host, emulated-12.4]
+builds: ["12.8", "13.0"]
+variants: [proc-address, runtime-dispatch, loop]
+workloads:
+  - {name: kv-16k-d2h, direction: d2h, block_bytes: 16KiB, blocks: 1024, layers: 32}
+cases:
+  - {name: smoke, argv: [python3, -c, "import ctypes"], timeout: 30, env: {A: b}}
+  - name: shell
+    argv: "sh -c 'exit 0'"
+exclude: [{runtime: cu13.0, driver: emulated-12.4}]
+expect:
+  - {variant: runtime-dispatch, runtime: cu12.9, outcome: [ok, "cuda-error:35"]}
+hosts:
+  h200: {driver: "580.159", label: gpu, cuda: "13.0"}
+"""
+
+# Characters that matter to YAML's grammar, and ones a loader must refuse.
+SYNTAX = list("[]{}:,-&*!|>'\"#%@`?\n \t.0") + ["\0", "\x01", "\x7f", "\ufeff", "é", "\u2028", "\\"]
+
+
+def _loads(text: str) -> Matrix | None:
+    try:
+        return M.loads(text, "f.yaml")
+    except ConfigError as e:
+        assert e.exit_code == 2
+        assert e.problems, str(e)
+        for p in e.problems:
+            assert p.file == "f.yaml" and p.line >= 1 and p.col >= 1, p
+            assert p.line <= text.count("\n") + 2, (p, text)
+        return None
+
+
+def test_valid_base_loads() -> None:
+    assert isinstance(_loads(VALID), Matrix)
+
+
+@FUZZ
+@given(st.text(max_size=300))
+def test_arbitrary_text(text: str) -> None:
+    _loads(text)
+
+
+@FUZZ
+@given(st.lists(st.tuples(st.integers(0, len(VALID)), st.integers(0, 3), st.sampled_from(SYNTAX)), max_size=6))
+def test_mutated_valid_matrix(edits: list[tuple[int, int, str]]) -> None:
+    text = VALID
+    for pos, cut, ch in edits:
+        pos = min(pos, len(text))
+        text = text[:pos] + ch + text[pos + cut:]
+    _loads(text)
+
+
+@FUZZ
+@given(st.binary(max_size=200))
+def test_arbitrary_bytes(raw: bytes) -> None:
+    try:
+        text = yamldoc.decode(raw, "f.yaml")
+    except ConfigError as e:
+        assert e.problems and e.problems[0].line >= 1
+        return
+    _loads(text)
+
+
+_leaf = (st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12)
+         | st.sampled_from(["host", "emulated-12.4", "12.8", "99.0", "d2h", "ok", "crash:SIGSEGV", "loop", "16KiB"]))
+_tree = st.recursive(_leaf, lambda kids: st.lists(kids, max_size=4) | st.dictionaries(
+    st.sampled_from(["runtimes", "drivers", "builds", "variants", "workloads", "cases", "exclude", "expect", "hosts",
+                     "probe", "name", "argv", "timeout", "env", "wheel", "outcome", "runtime"]) | st.text(max_size=8),
+    kids, max_size=5), max_leaves=20)
+
+
+@FUZZ
+@given(_tree)
+def test_structured_documents(data: Any) -> None:
+    _loads(yaml.safe_dump(data, allow_unicode=True))
+
+
+@FUZZ
+@given(st.integers(65, 3000), st.sampled_from(["[", "{a: ", "- "]))
+def test_deep_nesting_is_refused_at_its_place(depth: int, opener: str) -> None:
+    if opener == "- ":
+        text = "".join("  " * i + "-\n" for i in range(depth))
+    else:
+        text = "x: " + opener * depth
+    try:
+        M.loads(text, "f.yaml")
+    except ConfigError as e:
+        assert any("nested deeper than" in p.message for p in e.problems) or "malformed" in str(e), str(e)
+    else:
+        raise AssertionError("a document nested past the limit loaded")

@@ -1,0 +1,116 @@
+"""The shipped matrix schema: valid JSON Schema, evaluated here as the jsonschema package does."""
+
+from __future__ import annotations
+
+import json
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cumatrix import matrix as M
+from cumatrix import yamldoc
+
+jsonschema = pytest.importorskip("jsonschema")
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+SCHEMAS = ("matrix.schema.json", "bugs.schema.json")
+
+
+def _schema(name: str) -> dict[str, Any]:
+    return json.loads(resources.files("cumatrix").joinpath(f"data/{name}").read_text())
+
+
+@pytest.mark.parametrize("name", SCHEMAS)
+def test_shipped_schema_is_draft_2020_12_and_uses_only_evaluated_keywords(name: str) -> None:
+    schema = _schema(name)
+    jsonschema.Draft202012Validator.check_schema(schema)
+    used = set(yamldoc.schema_keywords(schema))
+    assert used - yamldoc.KEYWORDS - yamldoc.ANNOTATIONS == set()
+
+
+def test_schema_path_is_the_installed_file() -> None:
+    assert json.loads(M.schema_path().read_text()) == _schema("matrix.schema.json")
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[e.name for e in EXAMPLES])
+def test_examples_follow_the_schema_by_both_evaluators(example: Path) -> None:
+    doc = yamldoc.parse(example.read_text(), str(example))
+    assert yamldoc.check(doc, "matrix.schema.json", "matrix")[0] == []
+    jsonschema.Draft202012Validator(_schema("matrix.schema.json")).validate(doc.data)
+    M.load(example)
+
+
+# A valid matrix as data; mutations of it probe every branch of the schema.
+BASE: dict[str, Any] = {
+    "version": 1,
+    "runtimes": {"cu12.9": {"wheel": "nvidia-cuda-runtime-cu12==12.9.79"}, "site": {"site": True}},
+    "drivers": ["host", "emulated-12.4"],
+    "builds": ["12.8", 13.0],
+    "variants": ["proc-address", "loop"],
+    "workloads": [{"name": "w", "direction": "d2h", "block_bytes": "16KiB", "blocks": 4, "layers": 2}],
+    "cases": [{"name": "c", "argv": ["echo", 1], "timeout": 2.5, "env": {"A": "b", "N": 3}}],
+    "exclude": [{"runtime": "cu12.9", "driver": "host"}],
+    "expect": [{"variant": "loop", "outcome": ["ok", "exit:1"], "reason": "r"}],
+    "hosts": {"h": {"driver": "580.159", "label": "gpu", "cuda": "13.0"}},
+    "probe": True,
+}
+
+_scalars = (st.none() | st.booleans() | st.integers(-3, 10**6) | st.floats(allow_nan=False, allow_infinity=False)
+            | st.text(st.characters(codec="utf-8", exclude_characters="\n"), max_size=10)
+            | st.sampled_from(["host", "12.8", "d2h", "ok", "a=b", "a\0", "x/y", "16KiB", "-1", "loop"]))
+_values = st.recursive(_scalars, lambda kids: st.lists(kids, max_size=3)
+                       | st.dictionaries(st.sampled_from(["name", "argv", "wheel", "x", "outcome", "driver"]) | st.text(max_size=6),
+                                         kids, max_size=3), max_leaves=6)
+
+
+def _paths(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [path]
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else []
+    for k, v in items:
+        out += _paths(v, (*path, k))
+    return out
+
+
+def _mutate(doc: Any, path: tuple[Any, ...], op: str, new: Any) -> Any:
+    doc = json.loads(json.dumps(doc))
+    if not path:
+        return new
+    parent = doc
+    for p in path[:-1]:
+        parent = parent[p]
+    if op == "delete":
+        del parent[path[-1]]
+    elif op == "add" and isinstance(parent, dict):
+        parent[f"{path[-1]}x"] = new
+    else:
+        parent[path[-1]] = new
+    return doc
+
+
+@settings(max_examples=300, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_schema_verdicts_agree_with_jsonschema(data: st.DataObject) -> None:
+    doc: Any = BASE
+    for _ in range(data.draw(st.integers(1, 3))):
+        path = data.draw(st.sampled_from(_paths(doc)))
+        doc = _mutate(doc, path, data.draw(st.sampled_from(["replace", "delete", "add"])), data.draw(_values))
+    ours = yamldoc.SchemaCheck(yamldoc.Doc(file="m", data=doc), _schema("matrix.schema.json"), "matrix").run()
+    theirs = list(jsonschema.Draft202012Validator(_schema("matrix.schema.json")).iter_errors(doc))
+    assert (ours == []) == (theirs == []), (doc, ours, [e.message for e in theirs])
+
+
+def test_where_the_evaluators_differ_ours_is_stricter() -> None:
+    # jsonschema runs patterns with Python's '$' (which matches before a final newline);
+    # the schema's dialect (ECMA-262) and this evaluator do not, so "c\n" is no name.
+    doc = json.loads(json.dumps(BASE))
+    doc["cases"][0]["name"] = "c\n"
+    assert jsonschema.Draft202012Validator(_schema("matrix.schema.json")).is_valid(doc)
+    assert yamldoc.SchemaCheck(yamldoc.Doc(file="m", data=doc), _schema("matrix.schema.json"), "matrix").run()
+    doc["cases"][0]["name"], doc["cases"][0]["timeout"] = "c", math.nan  # JSON has no NaN
+    assert yamldoc.SchemaCheck(yamldoc.Doc(file="m", data=doc), _schema("matrix.schema.json"), "matrix").run()
