@@ -222,6 +222,23 @@ class _Reader:
         return out
 
 
+def reusable_ids(out_dir: Path, digests: Mapping[str, str]) -> frozenset[str]:
+    """The ids :meth:`Store.resume` keeps, read without locking or rewriting anything.
+
+    For processes that only select cells (pytest-xdist workers): the answer is the same
+    before and after the run's writer compacts the file.
+    """
+    path = Path(out_dir) / JSONL
+    reader = _Reader(digests)
+    try:
+        reader.read(path.read_bytes())
+    except FileNotFoundError:
+        return frozenset()
+    except OSError as e:
+        raise _environment(path, e, "read the results file") from None
+    return frozenset(reader.reusable())
+
+
 def _record(line: bytes) -> dict[str, Any] | None:
     try:
         rec = json.loads(line)

@@ -17,7 +17,7 @@ import pytest
 from cumatrix import matrix as M
 from cumatrix.errors import EnvironmentProblem, OutDirBusy
 from cumatrix.report import load_records
-from cumatrix.results import JSONL, PREVIOUS, REPORTS, Store, cell_digest, cell_digests
+from cumatrix.results import JSONL, PREVIOUS, REPORTS, Store, cell_digest, cell_digests, reusable_ids
 
 # A writer that takes the --out lock, says so, then holds it (or appends records slowly).
 HOLDER = textwrap.dedent("""
@@ -216,8 +216,11 @@ def test_resume_reuses_only_unchanged_cells_and_drops_foreign_lines(tmp_path: Pa
         f.write(json.dumps({"schema": 1, "type": "end", "finished": "t", "interrupted": True}) + "\n")
     changed = MATRIX.replace("{name: b, argv: [true]}", "{name: b, argv: [false]}")
     m = M.loads(changed, "m.yaml")
+    digests = cell_digests(m, M.cells(m), "1.0")
+    before = reusable_ids(out, digests)  # what an xdist worker reads, before the writer compacts
     with Store.open(out, fresh=False) as store:
-        plan = store.resume(cell_digests(m, M.cells(m), "1.0"))
+        plan = store.resume(digests)
+    assert before == plan.reuse == reusable_ids(out, digests)
     assert plan.reuse == {"cu12.9/host/a", "cu12.9/host/c"}
     assert plan.rerun == ("cu12.9/host/b",) and plan.changed == ("cu12.9/host/b",)
     assert plan.ignored_lines == (5, 6) and plan.reports_stale
