@@ -256,6 +256,11 @@ def _holder_text() -> str:
                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
 
 
+#: Writers this process holds, by directory: a second :meth:`Store.open` of one directory in
+#: the same process (the CLI, then the pytest plugin it runs in-process) shares the first.
+_HELD: dict[Path, Store] = {}
+
+
 class Store:
     """``results.jsonl`` of one ``--out`` directory.
 
@@ -271,6 +276,7 @@ class Store:
         self._mutex = threading.Lock()
         self._unsynced = 0
         self._timer: threading.Timer | None = None
+        self._users = 0
 
     @classmethod
     def open(cls, out_dir: Path, *, fresh: bool, holder: str | None = None) -> Store:
@@ -279,10 +285,18 @@ class Store:
         ``fresh``: start empty (a new run) and remove the previous run's reports, so none
         outlives its data; otherwise keep the file for :meth:`resume`.  Raises
         :class:`OutDirBusy` (exit 2) if another run holds the directory and
-        :class:`EnvironmentProblem` (exit 3) if it cannot be written.
+        :class:`EnvironmentProblem` (exit 3) if it cannot be written.  A second ``open`` of
+        the same directory in this process returns the writer it holds (``fresh`` ignored);
+        the lock goes when every opener has closed.
         """
+        held = _HELD.get(Path(out_dir).resolve())
+        if held is not None:  # this process is the holder already: share its writer
+            held._users += 1
+            return held
         store = cls(out_dir)
         store._lock(holder or _holder_text())
+        store._users = 1
+        _HELD[store.dir.resolve()] = store
         try:
             if fresh:
                 for name in (JSONL, *REPORTS):
@@ -447,7 +461,14 @@ class Store:
             self._unsynced = 0
 
     def close(self) -> None:
-        """Sync, close the file, and release the ``--out`` lock."""
+        """Sync, close the file, and release the ``--out`` lock (when the last user closes)."""
+        if self._users > 1:
+            self._users -= 1
+            self.sync()
+            return
+        self._users = 0
+        if _HELD.get(self.dir.resolve()) is self:
+            del _HELD[self.dir.resolve()]
         try:
             if self._fd is not None:
                 self.sync()

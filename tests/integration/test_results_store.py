@@ -79,6 +79,20 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path: Path) -> None:
     Store.open(out, fresh=False).close()
 
 
+def test_one_process_opening_twice_shares_its_writer(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    first = Store.open(out, fresh=True)  # the CLI, before any cell
+    second = Store.open(out, fresh=True)  # the plugin it runs in the same process
+    assert second is first
+    second.append({"schema": 1, "type": "cell", "id": "c0"})
+    second.close()
+    p = _holder(out, 0.0)  # still held: the first user has not closed
+    assert p.communicate(timeout=60)[1] and p.returncode == 2
+    first.close()
+    p = _holder(out, 0.0)
+    assert p.communicate(timeout=60)[0].startswith("locked") and p.returncode == 0
+
+
 def test_sigkill_mid_run_loses_no_finished_record(tmp_path: Path) -> None:
     out = tmp_path / "out"
     p = _holder(out, 60.0, records=1000)
