@@ -361,7 +361,8 @@ class Store:
         text = "".join(dumps(r) + "\n" for r in kept).encode()
         warnings = []
         if reader.foreign:
-            warnings.append(f"{self.path}: lines {_lines_text(reader.foreign)}: not records of this matrix's cells "
+            word = "line" if len(reader.foreign) == 1 else "lines"
+            warnings.append(f"{self.path}: {word} {_lines_text(reader.foreign)}: not records of this matrix's cells "
                             f"(another matrix, unknown cell ids, or unreadable text); ignored, previous file kept "
                             f"as {PREVIOUS}")
         if changed:
