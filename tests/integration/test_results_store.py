@@ -17,7 +17,15 @@ import pytest
 from cumatrix import matrix as M
 from cumatrix.errors import EnvironmentProblem, OutDirBusy
 from cumatrix.report import load_records
-from cumatrix.results import JSONL, PREVIOUS, REPORTS, Store, cell_digest, cell_digests, reusable_ids
+from cumatrix.results import (
+    JSONL,
+    PREVIOUS,
+    REPORTS,
+    Store,
+    cell_digest,
+    cell_digests,
+    reusable_ids,
+)
 
 # A writer that takes the --out lock, says so, then holds it (or appends records slowly).
 HOLDER = textwrap.dedent("""

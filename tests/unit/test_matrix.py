@@ -33,8 +33,8 @@ BAD = [
      "  - {name: w, direction: d2h, block_bytes: 4096, blocks: 4}\n"
      "  - {name: w, direction: h2d, block_bytes: 4096, blocks: 4}\n", 8, 12, r"duplicate workload name 'w'"),
     ("duplicate-yaml-key", RT + "drivers: [host]\ndrivers: [host]\n", 4, 1, r"duplicate key 'drivers'"),
-    ("duplicate-runtime-key", "runtimes:\n  a: {wheel: nvidia-cuda-runtime==13.0.96}\n  a: {wheel: nvidia-cuda-runtime==13.0.96}\n"
-     "drivers: [host]\n", 3, 3, r"duplicate key 'a'"),
+    ("duplicate-runtime-key", ("runtimes:\n  a: {wheel: nvidia-cuda-runtime==13.0.96}\n"
+                               "  a: {wheel: nvidia-cuda-runtime==13.0.96}\ndrivers: [host]\n"), 3, 3, r"duplicate key 'a'"),
     ("exclude-empties", RT + "drivers: [host]\nexclude: [{runtime: cu12.9}]\n", 4, 11, r"exclude removes every cell"),
     ("expect-selects-nothing", RT + "drivers: [host]\nexpect:\n  - {runtime: cu12.8, outcome: ok}\n", 5, 5,
      r"expect selects no cell: \{runtime: cu12\.8\} \(runtime 'cu12\.8' is not in the matrix \(did you mean 'cu12\.9'\?\)"),
