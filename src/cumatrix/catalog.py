@@ -152,8 +152,13 @@ class _Ctx:
         self.problems.append(self.doc.problem(path, f"{yamldoc.where_text(path)}: {message}"))
 
 
-def _version(ctx: _Ctx, path: yamldoc.Path, raw: Any) -> CudaVersion:
-    return CudaVersion.parse(ctx.doc.text(path, raw))
+def _version(ctx: _Ctx, path: yamldoc.Path, raw: Any) -> CudaVersion | None:
+    # The schema lets numbers through (13.0 reads as a version); their text is checked here.
+    try:
+        return CudaVersion.parse(ctx.doc.text(path, raw))
+    except ValueError as e:
+        ctx.err(path, str(e))
+        return None
 
 
 def _known_wheel(ctx: _Ctx, path: yamldoc.Path, v: CudaVersion, what: str) -> None:
@@ -171,13 +176,14 @@ def _cell(ctx: _Ctx, path: yamldoc.Path, raw: Mapping[str, Any], workloads: Mapp
     if runtime is not None:
         _known_wheel(ctx, (*path, "runtime"), runtime, "CUDA")
     build = _version(ctx, (*path, "build"), raw["build"])
-    _known_wheel(ctx, (*path, "build"), build, "headers")
+    if build is not None:
+        _known_wheel(ctx, (*path, "build"), build, "headers")
     try:
         driver = parse_driver(raw["driver"])
     except ValueError as e:
         ctx.err((*path, "driver"), str(e))
     fams = VARIANT_FAMILIES[raw["variant"]]
-    if ("runtime" if runtime is not None else "driver") not in fams:
+    if ("runtime" if raw["runtime"] is not None else "driver") not in fams:
         ctx.err((*path, "variant"), f"{raw['variant']} is a {'/'.join(fams)}-family variant: "
                                     f"{'give a runtime' if 'runtime' in fams else 'runtime must be null'}")
     wl = workloads.get(raw["workload"])
@@ -187,7 +193,7 @@ def _cell(ctx: _Ctx, path: yamldoc.Path, raw: Mapping[str, Any], workloads: Mapp
     for o in outcomes:
         if not OUTCOME_RE.match(o):
             ctx.err((*path, "outcome"), f"{o!r} is not an outcome word")
-    if len(ctx.problems) > n or wl is None:
+    if len(ctx.problems) > n or wl is None or build is None:
         return None
     return BugCell(runtime=runtime, driver=driver, variant=raw["variant"], build=build, workload=wl,
                    outcomes=outcomes, detail_contains=raw.get("detail_contains"))
@@ -205,7 +211,8 @@ def _bug(ctx: _Ctx, i: int, raw: Mapping[str, Any], workloads: Mapping[str, Work
         good = None
     needs = raw["needs"]
     dmin = needs.get("driver_min")
-    refs = tuple(BugRef(**r) for r in raw["refs"])
+    refs = tuple(BugRef(project=r["project"], kind=r["kind"], number=int(r["number"]), role=r["role"], url=r["url"])
+                 for r in raw["refs"])
     if bad is None or good is None:
         return None
     return Bug(id=raw["id"], title=raw["title"], refs=refs, bad=bad, good=good,
@@ -253,7 +260,9 @@ def load_catalog(text: str | None = None, *, source: str = CATALOG_FILE) -> Cata
     if any(len(p) < 2 or p[0] != "bugs" for p in bad):
         raise ConfigError(problems)
     ctx = _Ctx(doc, problems)
-    workloads = {name: Workload(name=name, **w) for name, w in doc.data["workloads"].items()}
+    workloads = {name: Workload(name=name, direction=w["direction"], block_bytes=int(w["block_bytes"]),
+                                blocks=int(w["blocks"]), stream=w.get("stream", "dedicated"))
+                 for name, w in doc.data["workloads"].items()}
     bugs = [_bug(ctx, i, b, workloads) for i, b in enumerate(doc.data["bugs"]) if i not in broken]
     _unique_ids(ctx, doc.data["bugs"])
     if ctx.problems:

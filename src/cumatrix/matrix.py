@@ -1,8 +1,12 @@
 """Load, validate and expand a matrix file.
 
-The YAML is parsed once, here, into the frozen dataclasses of :mod:`cumatrix.model`;
-nothing past this module sees a raw dict.  Every problem is reported with the
-``file:line:col`` of the node it concerns, all at once, so a user fixes a file in one go.
+The YAML is parsed once per process (:func:`load` caches by content), here, into the
+frozen dataclasses of :mod:`cumatrix.model`; nothing past this module sees a raw dict.
+Shapes are checked against ``data/matrix.schema.json`` (:mod:`cumatrix.yamldoc`), then
+each section is built by a small function that makes the checks a schema cannot (known
+header versions, reserved and duplicate names, selectors that match a cell).  Every
+problem is reported with the ``file:line:col`` of the value it concerns, all at once,
+so a user fixes a file in one go.
 """
 
 from __future__ import annotations
@@ -68,6 +72,14 @@ class _Ctx:
 
     def text(self, path: yamldoc.Path, value: Any) -> str:
         return self.doc.text(path, value)
+
+    def version(self, path: yamldoc.Path, raw: Any) -> CudaVersion | None:
+        """A CUDA version as written; the schema lets numbers through (``13.0``), so check here."""
+        try:
+            return CudaVersion.parse(self.text(path, raw))
+        except ValueError as e:
+            self.err(path, f"{yamldoc.where_text(path)}: {e}")
+            return None
 
     def unique(self, items: Sequence[tuple[str, yamldoc.Path]], what: str) -> None:
         seen: dict[str, yamldoc.Path] = {}
@@ -189,7 +201,9 @@ def _drivers_section(ctx: _Ctx, data: list[str]) -> tuple[Driver, ...]:
 def _builds_section(ctx: _Ctx, data: list[Any]) -> tuple[CudaVersion, ...]:
     out, names = [], []
     for i, raw in enumerate(data):
-        v = CudaVersion.parse(ctx.text(("builds", i), raw))
+        v = ctx.version(("builds", i), raw)
+        if v is None:
+            continue
         out.append(v)
         names.append((str(v), ("builds", i)))
     ctx.unique(names, "build")
@@ -201,9 +215,9 @@ def _variants_section(ctx: _Ctx, data: list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(data))
 
 
-def _size(ctx: _Ctx, path: yamldoc.Path, raw: int | str) -> int | None:
-    if isinstance(raw, int):
-        return raw
+def _size(ctx: _Ctx, path: yamldoc.Path, raw: float | str) -> int | None:
+    if not isinstance(raw, str):
+        return int(raw)  # JSON's integers include 16384.0
     m = _SIZE_RE.fullmatch(raw.strip())
     assert m is not None  # the schema's pattern
     value = int(m.group(1)) * _SIZE_MULT[m.group(2)]
@@ -220,8 +234,10 @@ def _workloads_section(ctx: _Ctx, data: list[Mapping[str, Any]]) -> tuple[Worklo
         if block is None:
             continue
         names.append((w["name"], ("workloads", i, "name")))
-        extra = {k: w[k] for k in ("layers", "stream", "repetitions", "warmup", "policy", "kernel_image") if k in w}
-        out.append(Workload(name=w["name"], direction=w["direction"], block_bytes=block, blocks=w["blocks"], **extra))
+        extra: dict[str, Any] = {k: w[k] for k in ("stream", "policy", "kernel_image") if k in w}
+        extra |= {k: int(w[k]) for k in ("layers", "repetitions", "warmup") if k in w}  # 4.0 is an integer too
+        out.append(Workload(name=w["name"], direction=w["direction"], block_bytes=block, blocks=int(w["blocks"]),
+                            **extra))
     ctx.unique(names, "workload")
     return tuple(out)
 
@@ -266,7 +282,9 @@ def _hosts_section(ctx: _Ctx, data: Mapping[str, Any]) -> tuple[Host, ...]:
         if not _HOST_DRIVER_RE.fullmatch(drv):
             ctx.err(path, f"hosts.{name}.driver: {drv!r} is not a driver version (e.g. 580.159.04)")
             continue
-        cuda = CudaVersion.parse(ctx.text(("hosts", name, "cuda"), h["cuda"])) if "cuda" in h else None
+        cuda = ctx.version(("hosts", name, "cuda"), h["cuda"]) if "cuda" in h else None
+        if "cuda" in h and cuda is None:
+            continue
         out.append(Host(name=name, driver=drv, label=h.get("label", name), cuda=cuda))
     return tuple(out)
 

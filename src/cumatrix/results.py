@@ -222,6 +222,23 @@ class _Reader:
         return out
 
 
+def reusable_ids(out_dir: Path, digests: Mapping[str, str]) -> frozenset[str]:
+    """The ids :meth:`Store.resume` keeps, read without locking or rewriting anything.
+
+    For processes that only select cells (pytest-xdist workers): the answer is the same
+    before and after the run's writer compacts the file.
+    """
+    path = Path(out_dir) / JSONL
+    reader = _Reader(digests)
+    try:
+        reader.read(path.read_bytes())
+    except FileNotFoundError:
+        return frozenset()
+    except OSError as e:
+        raise _environment(path, e, "read the results file") from None
+    return frozenset(reader.reusable())
+
+
 def _record(line: bytes) -> dict[str, Any] | None:
     try:
         rec = json.loads(line)
@@ -239,6 +256,11 @@ def _holder_text() -> str:
                   "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
 
 
+#: Writers this process holds, by directory: a second :meth:`Store.open` of one directory in
+#: the same process (the CLI, then the pytest plugin it runs in-process) shares the first.
+_HELD: dict[Path, Store] = {}
+
+
 class Store:
     """``results.jsonl`` of one ``--out`` directory.
 
@@ -254,6 +276,7 @@ class Store:
         self._mutex = threading.Lock()
         self._unsynced = 0
         self._timer: threading.Timer | None = None
+        self._users = 0
 
     @classmethod
     def open(cls, out_dir: Path, *, fresh: bool, holder: str | None = None) -> Store:
@@ -262,10 +285,18 @@ class Store:
         ``fresh``: start empty (a new run) and remove the previous run's reports, so none
         outlives its data; otherwise keep the file for :meth:`resume`.  Raises
         :class:`OutDirBusy` (exit 2) if another run holds the directory and
-        :class:`EnvironmentProblem` (exit 3) if it cannot be written.
+        :class:`EnvironmentProblem` (exit 3) if it cannot be written.  A second ``open`` of
+        the same directory in this process returns the writer it holds (``fresh`` ignored);
+        the lock goes when every opener has closed.
         """
+        held = _HELD.get(Path(out_dir).resolve())
+        if held is not None:  # this process is the holder already: share its writer
+            held._users += 1
+            return held
         store = cls(out_dir)
         store._lock(holder or _holder_text())
+        store._users = 1
+        _HELD[store.dir.resolve()] = store
         try:
             if fresh:
                 for name in (JSONL, *REPORTS):
@@ -330,7 +361,8 @@ class Store:
         text = "".join(dumps(r) + "\n" for r in kept).encode()
         warnings = []
         if reader.foreign:
-            warnings.append(f"{self.path}: lines {_lines_text(reader.foreign)}: not records of this matrix's cells "
+            word = "line" if len(reader.foreign) == 1 else "lines"
+            warnings.append(f"{self.path}: {word} {_lines_text(reader.foreign)}: not records of this matrix's cells "
                             f"(another matrix, unknown cell ids, or unreadable text); ignored, previous file kept "
                             f"as {PREVIOUS}")
         if changed:
@@ -430,7 +462,14 @@ class Store:
             self._unsynced = 0
 
     def close(self) -> None:
-        """Sync, close the file, and release the ``--out`` lock."""
+        """Sync, close the file, and release the ``--out`` lock (when the last user closes)."""
+        if self._users > 1:
+            self._users -= 1
+            self.sync()
+            return
+        self._users = 0
+        if _HELD.get(self.dir.resolve()) is self:
+            del _HELD[self.dir.resolve()]
         try:
             if self._fd is not None:
                 self.sync()

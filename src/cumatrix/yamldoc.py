@@ -319,6 +319,11 @@ def _is(value: Any, t: str) -> bool:
     return t == "number" or float(value).is_integer()
 
 
+def _same(a: Any, b: Any) -> bool:
+    """JSON equality: 1 and 1.0 are one number; true is not 1."""
+    return bool(a == b) and isinstance(a, bool) == isinstance(b, bool)
+
+
 @cache
 def _regex(pattern: str) -> re.Pattern[str]:
     # ECMA-262 '$' (the schema's dialect) ends the string; Python's also matches before a
@@ -392,11 +397,11 @@ class SchemaCheck:
             self.check_array(value, s, path)
 
     def check_value(self, value: Any, s: Mapping[str, Any], path: Path) -> bool:
-        if "const" in s and not (value == s["const"] and type(value) is type(s["const"])):
+        if "const" in s and not _same(value, s["const"]):
             self.expected(value, s, path, json.dumps(s["const"]))
             return False
         choices = s.get("enum")
-        if choices is not None and not any(value == c and type(value) is type(c) for c in choices):
+        if choices is not None and not any(_same(value, c) for c in choices):
             hint = did_you_mean(value, [str(c) for c in choices]) if isinstance(value, str) else ""
             words = ", ".join(str(c) for c in choices)
             self.report(path, f"{value!r}{hint}; one of {words}")

@@ -17,7 +17,15 @@ import pytest
 from cumatrix import matrix as M
 from cumatrix.errors import EnvironmentProblem, OutDirBusy
 from cumatrix.report import load_records
-from cumatrix.results import JSONL, PREVIOUS, REPORTS, Store, cell_digest, cell_digests
+from cumatrix.results import (
+    JSONL,
+    PREVIOUS,
+    REPORTS,
+    Store,
+    cell_digest,
+    cell_digests,
+    reusable_ids,
+)
 
 # A writer that takes the --out lock, says so, then holds it (or appends records slowly).
 HOLDER = textwrap.dedent("""
@@ -77,6 +85,20 @@ def test_a_killed_holder_leaves_no_stale_lock(tmp_path: Path) -> None:
     p.send_signal(signal.SIGKILL)
     p.communicate(timeout=30)
     Store.open(out, fresh=False).close()
+
+
+def test_one_process_opening_twice_shares_its_writer(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    first = Store.open(out, fresh=True)  # the CLI, before any cell
+    second = Store.open(out, fresh=True)  # the plugin it runs in the same process
+    assert second is first
+    second.append({"schema": 1, "type": "cell", "id": "c0"})
+    second.close()
+    p = _holder(out, 0.0)  # still held: the first user has not closed
+    assert p.communicate(timeout=60)[1] and p.returncode == 2
+    first.close()
+    p = _holder(out, 0.0)
+    assert p.communicate(timeout=60)[0].startswith("locked") and p.returncode == 0
 
 
 def test_sigkill_mid_run_loses_no_finished_record(tmp_path: Path) -> None:
@@ -216,8 +238,11 @@ def test_resume_reuses_only_unchanged_cells_and_drops_foreign_lines(tmp_path: Pa
         f.write(json.dumps({"schema": 1, "type": "end", "finished": "t", "interrupted": True}) + "\n")
     changed = MATRIX.replace("{name: b, argv: [true]}", "{name: b, argv: [false]}")
     m = M.loads(changed, "m.yaml")
+    digests = cell_digests(m, M.cells(m), "1.0")
+    before = reusable_ids(out, digests)  # what an xdist worker reads, before the writer compacts
     with Store.open(out, fresh=False) as store:
-        plan = store.resume(cell_digests(m, M.cells(m), "1.0"))
+        plan = store.resume(digests)
+    assert before == plan.reuse == reusable_ids(out, digests)
     assert plan.reuse == {"cu12.9/host/a", "cu12.9/host/c"}
     assert plan.rerun == ("cu12.9/host/b",) and plan.changed == ("cu12.9/host/b",)
     assert plan.ignored_lines == (5, 6) and plan.reports_stale

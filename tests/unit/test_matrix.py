@@ -33,8 +33,8 @@ BAD = [
      "  - {name: w, direction: d2h, block_bytes: 4096, blocks: 4}\n"
      "  - {name: w, direction: h2d, block_bytes: 4096, blocks: 4}\n", 8, 12, r"duplicate workload name 'w'"),
     ("duplicate-yaml-key", RT + "drivers: [host]\ndrivers: [host]\n", 4, 1, r"duplicate key 'drivers'"),
-    ("duplicate-runtime-key", "runtimes:\n  a: {wheel: nvidia-cuda-runtime==13.0.96}\n  a: {wheel: nvidia-cuda-runtime==13.0.96}\n"
-     "drivers: [host]\n", 3, 3, r"duplicate key 'a'"),
+    ("duplicate-runtime-key", ("runtimes:\n  a: {wheel: nvidia-cuda-runtime==13.0.96}\n"
+                               "  a: {wheel: nvidia-cuda-runtime==13.0.96}\ndrivers: [host]\n"), 3, 3, r"duplicate key 'a'"),
     ("exclude-empties", RT + "drivers: [host]\nexclude: [{runtime: cu12.9}]\n", 4, 11, r"exclude removes every cell"),
     ("expect-selects-nothing", RT + "drivers: [host]\nexpect:\n  - {runtime: cu12.8, outcome: ok}\n", 5, 5,
      r"expect selects no cell: \{runtime: cu12\.8\} \(runtime 'cu12\.8' is not in the matrix \(did you mean 'cu12\.9'\?\)"),
@@ -172,6 +172,9 @@ HOSTILE = [
     ("build-11", RT + "drivers: [host]\nbuilds: ['11.0']\nvariants: [loop]\n"
      "workloads: [{name: w, direction: d2h, block_bytes: 4096, blocks: 4}]\n", "'11.0'",
      r"builds: no CUDA 11\.0 headers.*known: 12\.0"),
+    ("build-integer", RT + "drivers: [host]\nbuilds: [12]\nvariants: [loop]\n"
+     "workloads: [{name: w, direction: d2h, block_bytes: 4096, blocks: 4}]\n", "12]",
+     r"builds\[0\]: not a CUDA version .*'12'"),
     ("huge-integer", CASE + "{name: a, argv: [true], timeout: " + "9" * 5000 + "}\n", "9999",
      r"cannot read '9+' as int"),
     ("second-document", RT + "drivers: [host]\n---\nx: 1\n", "---", r"a second YAML document"),
@@ -217,6 +220,14 @@ def test_load_parses_once_per_content(tmp_path: Path) -> None:
     f.write_text(FULL.replace("blocks: 1024", "blocks: 512"))
     changed = M.load(f)
     assert changed is not first and changed.workloads[0].blocks == 512
+
+
+def test_integral_floats_are_integers() -> None:
+    m = M.loads(RT + "drivers: [host]\nbuilds: ['12.8']\nvariants: [loop]\n"
+                "workloads: [{name: w, direction: d2h, block_bytes: 4096.0, blocks: 4.0, layers: 2.0}]\n", "m.yaml")
+    w = m.workloads[0]
+    assert (w.block_bytes, w.blocks, w.layers) == (4096, 4, 2)
+    assert all(type(v) is int for v in (w.block_bytes, w.blocks, w.layers))
 
 
 def test_values_keep_their_written_text() -> None:

@@ -88,7 +88,8 @@ def test_arbitrary_bytes(raw: bytes) -> None:
 
 
 _leaf = (st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12)
-         | st.sampled_from(["host", "emulated-12.4", "12.8", "99.0", "d2h", "ok", "crash:SIGSEGV", "loop", "16KiB"]))
+         | st.sampled_from(["host", "emulated-12.4", "12.8", "99.0", "d2h", "ok", "crash:SIGSEGV", "loop", "16KiB",
+                            12, 7, 0, -1, 13.0, 100.5, 12.10]))
 _tree = st.recursive(_leaf, lambda kids: st.lists(kids, max_size=4) | st.dictionaries(
     st.sampled_from(["runtimes", "drivers", "builds", "variants", "workloads", "cases", "exclude", "expect", "hosts",
                      "probe", "name", "argv", "timeout", "env", "wheel", "outcome", "runtime"]) | st.text(max_size=8),
@@ -114,3 +115,44 @@ def test_deep_nesting_is_refused_at_its_place(depth: int, opener: str) -> None:
         assert any("nested deeper than" in p.message for p in e.problems) or "malformed" in str(e), str(e)
     else:
         raise AssertionError("a document nested past the limit loaded")
+
+
+def _paths(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [path]
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else []
+    for k, v in items:
+        out += _paths(v, (*path, k))
+    return out
+
+
+@settings(FUZZ, max_examples=200)
+@given(st.data())
+def test_mutated_valid_document(data: st.DataObject) -> None:
+    doc = yaml.safe_load(VALID)
+    for _ in range(data.draw(st.integers(1, 4))):
+        path = data.draw(st.sampled_from(_paths(doc)[1:]))
+        parent = doc
+        for p in path[:-1]:
+            parent = parent[p]
+        if data.draw(st.booleans()):
+            parent[path[-1]] = data.draw(_tree)
+        else:
+            del parent[path[-1]]
+    _loads(yaml.safe_dump(doc, allow_unicode=True))
+
+
+HOSTILE_SCALARS = [None, True, 0, -1, 7, 12, 13.0, 100.5, 1e308, "", "\0", "a\n", "x/y", "12", "99.0", "host",
+                   [], {}, ["12.8"], {"a": 1}]
+
+
+def test_every_value_replaced_by_every_hostile_scalar() -> None:
+    """Exhaustive, not sampled: each value of a valid matrix swapped for each hostile value."""
+    base = yaml.safe_load(VALID)
+    for path in _paths(base)[1:]:
+        for value in HOSTILE_SCALARS:
+            doc = yaml.safe_load(VALID)
+            parent = doc
+            for p in path[:-1]:
+                parent = parent[p]
+            parent[path[-1]] = value
+            _loads(yaml.safe_dump(doc, allow_unicode=True))

@@ -7,6 +7,8 @@ import shlex
 from importlib import resources
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from cumatrix import catalog, repro, runtimes
 from cumatrix.orchestrate import Orchestrator
@@ -143,3 +145,60 @@ def test_packaged_catalog_follows_its_shipped_schema() -> None:
 
 def test_repro_uses_the_catalog_module() -> None:
     assert repro.load_catalog is catalog.load_catalog
+
+
+_leaf = st.none() | st.booleans() | st.integers(-2, 20000) | st.text(max_size=10) | st.sampled_from(
+    ["12.8", "13.0", "11.8", "host", "emulated-12.4", "loop", "ok", "crash:SIGSEGV", "kv-16k-d2h", "PR"])
+_any = st.recursive(_leaf, lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=6), kids,
+                                                                                    max_size=3), max_leaves=6)
+
+
+def _paths(value, path=()):
+    out = [path]
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else []
+    for k, v in items:
+        out += _paths(v, (*path, k))
+    return out
+
+
+@settings(max_examples=300, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_fuzzed_catalog_is_a_catalog_or_a_located_error(data: st.DataObject) -> None:
+    raw = _raw()
+    for _ in range(data.draw(st.integers(1, 3))):
+        path = data.draw(st.sampled_from(_paths(raw)))
+        if not path:
+            continue
+        parent = raw
+        for p in path[:-1]:
+            parent = parent[p]
+        if data.draw(st.booleans()):
+            parent[path[-1]] = data.draw(_any)
+        else:
+            del parent[path[-1]]
+    text = json.dumps(raw, indent=data.draw(st.sampled_from([None, 1, 2])))
+    try:
+        catalog.load_catalog(text, source="bugs.json")
+    except ConfigError as e:
+        assert e.problems and all(p.line >= 1 and p.col >= 1 and p.file == "bugs.json" for p in e.problems), str(e)
+
+
+HOSTILE_SCALARS = [None, True, 0, -1, 7, 12, 13.0, 100.5, 1e308, "", "\0", "a\n", "12", "99.0", [], {}, ["ok"]]
+
+
+def test_every_value_replaced_by_every_hostile_scalar() -> None:
+    """Exhaustive over two entries: each value swapped for each hostile value."""
+    base = _raw()
+    base["bugs"] = base["bugs"][:2]
+    for path in _paths(base)[1:]:
+        for value in HOSTILE_SCALARS:
+            raw = json.loads(json.dumps(base))
+            parent = raw
+            for p in path[:-1]:
+                parent = parent[p]
+            parent[path[-1]] = value
+            try:
+                catalog.load_catalog(json.dumps(raw), source="bugs.json")
+            except ConfigError as e:
+                assert e.problems and all(p.line >= 1 for p in e.problems), (path, value, str(e))
