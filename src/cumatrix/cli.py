@@ -72,8 +72,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _preflight(args: argparse.Namespace, m: Any, mpath: Path) -> None:
-    """What must hold before any cell runs: the daemon answers, every runtime resolves
-    (a requirement that does not resolve is bad input, exit 2, found once rather than per cell)."""
+    """What must hold before any cell runs: --out is free and writable (exit 2 / 3), the daemon
+    answers, every runtime resolves (a requirement that does not resolve is bad input, exit 2,
+    found once rather than per cell)."""
+    from .results import Store
+
+    with Store.open(Path(args.out), fresh=False):
+        pass
     if args.backend == "docker":
         from .backends.docker import DockerBackend
 

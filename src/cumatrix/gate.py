@@ -732,14 +732,15 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path],
               f"pairing{'s' if npairs != 1 else ''} of {matrix.path} ({backend} backend), "
               f"{len(cells)} cells; reports in {out}/", flush=True)
         _install_wheels(args, gws, sites, hooks)
-        store = Store(out)
-        if store.path.exists():
-            store.path.unlink()
+        store = Store.open(out, fresh=True)
         store.append(run_header(matrix, [c.id for c in cells], backend=backend,
                                 argv=_gate_argv(args), host=None, fingerprint=fingerprint,
                                 run_id=uuid.uuid4().hex[:12]))
         store.append(findings_record(audits))
-        failed = _run_cells(orch, cells, store)
+        try:
+            failed = _run_cells(orch, cells, store)
+        finally:
+            store.close()
     finally:
         orch.close()
     write_all(load_records(out / JSONL), out)

@@ -27,7 +27,8 @@ from .keyword import KeywordExpression
 from .model import Cell, Matrix
 from .orchestrate import Orchestrator, end_record, run_header
 from .record import CellRecord
-from .results import Store, dumps
+from . import __version__
+from .results import Store, cell_digests, dumps
 
 _ORCHESTRATORS = pytest.StashKey[dict[str, Orchestrator]]()
 _PROGRESS = pytest.StashKey[dict[str, Any]]()
@@ -207,7 +208,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     out = _out(config)
     if not (config.getoption("cumatrix_resume") and out):
         return
-    done = Store(out).finished_ids()
+    # The controller has compacted results.jsonl to the records whose inputs are unchanged
+    # (Store.resume); every process (xdist workers too) skips exactly those cells.
+    reuse = config.stash.get(_REUSE, None)
+    done = reuse if reuse is not None else Store(out).finished_ids()
     keep: list[pytest.Item] = []
     drop: list[pytest.Item] = []
     for it in items:
@@ -219,8 +223,12 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 
 # --------------------------------------------------------------------------- controller side
 
+_STORE = pytest.StashKey[Store]()
+_DIGESTS = pytest.StashKey[dict[str, str]]()
+_REUSE = pytest.StashKey[frozenset[str]]()
 
-def _selected_ids(config: pytest.Config) -> list[tuple[Matrix, list[str]]]:
+
+def _selected(config: pytest.Config) -> list[tuple[Matrix, list[Cell]]]:
     """The cells this run intends, computed in the controller (xdist workers collect)."""
     out = []
     kexpr = config.getoption("keyword") or ""
@@ -230,15 +238,22 @@ def _selected_ids(config: pytest.Config) -> list[tuple[Matrix, list[str]]]:
             m = _matrix.load(p)
         except ConfigError:
             continue
-        ids = [c.id for c in _matrix.cells(m)]
+        cells = _matrix.cells(m)
         if expr is not None:
-            ids = [i for i in ids if expr.matches(i, p.name)]
-        out.append((m, ids))
+            cells = [c for c in cells if expr.matches(c.id, p.name)]
+        out.append((m, cells))
     return out
 
 
 def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+def _open_store(config: pytest.Config, out: Path) -> Store:
+    try:
+        return Store.open(out, fresh=not config.getoption("cumatrix_resume"))
+    except CumatrixError as e:  # another run holds --out, or it cannot be written: say so, run nothing
+        pytest.exit(f"cumatrix: {e}", returncode=e.exit_code)
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -249,18 +264,26 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     # SIGTERM (a CI job cancelled, `timeout`, a scheduler) ends the run as Ctrl-C does:
     # the end record and the reports are still written.
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
-    store = Store(out)
-    if not config.getoption("cumatrix_resume") and store.path.exists():
-        store.path.unlink()
+    store = config.stash[_STORE] = _open_store(config, out)
+    digests: dict[str, str] = {}
     fp = None
-    for m, ids in _selected_ids(config):
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    for m, cells in _selected(config):
         orch = orchestrator_for(config, m)
-        if fp is None:
-            fp = orch.host_fingerprint()
-        store.append(run_header(m, ids, backend=config.getoption("cumatrix_backend"),
+        fp = fp or orch.host_fingerprint()
+        mine = cell_digests(m, cells, __version__)
+        digests.update(mine)
+        if config.getoption("cumatrix_resume"):
+            plan = store.resume(mine)
+            config.stash[_REUSE] = config.stash.get(_REUSE, frozenset()) | plan.reuse
+            for w in plan.warnings:
+                if tr is not None:
+                    tr.write_line(f"cumatrix: warning: {w}")
+        store.append(run_header(m, [c.id for c in cells], backend=config.getoption("cumatrix_backend"),
                                 argv=list(config.invocation_params.args), host=config.getoption("cumatrix_host"),
                                 fingerprint=fp, run_id=uuid.uuid4().hex[:12]))
-        config.stash[_PROGRESS] = {"total": len(ids), "done": 0, "t0": time.monotonic()}
+        config.stash[_PROGRESS] = {"total": len(cells), "done": 0, "t0": time.monotonic()}
+    config.stash[_DIGESTS] = digests
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -271,9 +294,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if config is None or _is_worker(config):
         return
     record = CellRecord.from_json(json.loads(raw), source=f"report of {report.nodeid}")
-    out = _out(config)
-    if out is not None:
-        Store(out).append(record.to_store())
+    store = config.stash.get(_STORE, None)
+    if store is not None:
+        store.append(record.to_store(), digest=config.stash.get(_DIGESTS, {}).get(record.id))
     prog = config.stash.get(_PROGRESS, None)
     if prog is None:
         return
@@ -318,12 +341,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     out = _out(config)
-    if _is_worker(config) or out is None:
+    store = config.stash.get(_STORE, None)
+    if _is_worker(config) or out is None or store is None:
         return
-    store = Store(out)
-    if not store.path.exists():
-        return
-    store.append(end_record(interrupted=int(exitstatus) == int(pytest.ExitCode.INTERRUPTED)))
+    try:
+        store.append(end_record(interrupted=int(exitstatus) == int(pytest.ExitCode.INTERRUPTED)))
+    finally:
+        store.close()
     try:
         write_reports(out)
     except CumatrixError as e:
