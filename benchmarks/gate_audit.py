@@ -58,7 +58,7 @@ STUB_SOURCE = "int cuMemcpyBatchAsync(void) { return 0; }\n"
 CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
-from cumatrix.gate import audit_wheel, load_audit_data
+from cumatrix.audit import audit_wheel, load_audit_data
 from cumatrix.model import CudaVersion
 wheel_dir = Path(sys.argv[2]) if sys.argv[2] else None
 t0 = time.perf_counter()
@@ -169,7 +169,7 @@ def main() -> int:
                     kind = "stored" if i.compress_type == zipfile.ZIP_STORED else "deflated"
                     print(f"  {i.filename}: {i.file_size / 1e6:.0f} MB, {kind}")
         wd = str(args.wheel_dir or "")
-        _child("from cumatrix.gate import load_audit_data; import sys, pathlib; "
+        _child("from cumatrix.audit import load_audit_data; import sys, pathlib; "
                "load_audit_data(wheel_dir=pathlib.Path(sys.argv[1]) if sys.argv[1] else None); "
                "print('{}')",
                wd)  # warm the header cache outside the timed run
