@@ -18,11 +18,19 @@ import shutil
 import struct
 import tempfile
 import zipfile
-import zlib
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Callable, cast
+from typing import IO, Any, Callable, cast
+
+try:
+    # zlib-ng inflates about 1.8 times as fast as zlib here and, unlike python-isal's
+    # ISA-L (2.2 times), its decompressor can be copied, which the checkpoints below need
+    # (measured on the largest member of vLLM 0.19.1: zlib 1.63 s, zlib-ng 0.91 s, isal
+    # 0.73 s for 242 MiB).
+    from zlib_ng import zlib_ng as zlib
+except ImportError:  # pragma: no cover - a declared dependency; plain zlib still works
+    import zlib  # type: ignore[no-redef]
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.dynamic import DynamicSection
@@ -132,11 +140,11 @@ class _InflatedMember(_MemberView):
         self._cend = data_start + compressed
         self._blocks: OrderedDict[int, bytes] = OrderedDict()
         # block index -> (compressed offset, pending input, decompressor) at that block's start
-        self._checkpoints: dict[int, tuple[int, bytes, zlib._Decompress]] = {
+        self._checkpoints: dict[int, tuple[int, bytes, Any]] = {
             0: (data_start, b"", zlib.decompressobj(-zlib.MAX_WBITS)),
         }
         self._cur_block = -1  # the block the live decompressor would produce next; -1: none
-        self._cur: tuple[int, bytes, zlib._Decompress] | None = None
+        self._cur: tuple[int, bytes, Any] | None = None
 
     def _read_range(self, start: int, end: int) -> bytes:
         first, last = start // _BLOCK, (end - 1) // _BLOCK
@@ -250,7 +258,8 @@ def iter_wheel_elves(
                 stream.seek(0)
                 try:
                     elf = ELFFile(stream)
-                except (ELFError, struct.error, ValueError) as e:
+                except Exception as e:  # noqa: BLE001 - pyelftools fails on crafted input with
+                    # AssertionError, struct.error, ValueError, IndexError, ... (not only ELFError)
                     if on_error is None:
                         raise ELFError(f"{info.filename}: {e}") from e
                     on_error(info.filename, e)

@@ -34,6 +34,7 @@ from typing import Any
 from . import matrix as _matrix
 from . import oracle, runtimes
 from .audit import (
+    AuditSettings,
     WheelAudit,
     audit_wheel,
     findings_junit,
@@ -493,6 +494,17 @@ def _runtimes_arg(text: str) -> tuple[int, ...]:
     return tuple(sorted({int(p) for p in parts}))
 
 
+def _arch_list_arg(text: str) -> tuple[tuple[int, str], ...]:
+    from .fatbin import parse_arch
+    parts = [p for p in re.split(r"[\s;,]+", text.strip()) if p]
+    if not parts:
+        raise argparse.ArgumentTypeError("empty --arch-list (want e.g. \"8.0 9.0 10.0 12.0\")")
+    try:
+        return tuple(dict.fromkeys(parse_arch(p) for p in parts))
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
 _EPILOG = """\
 examples:
   cumatrix gate dist/*.whl --static-only --min-driver 12.4
@@ -549,6 +561,16 @@ def add_gate_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
                          "default: X.0 of the lowest --runtimes major, else 12.0"))
     p.add_argument("--runtimes", type=_runtimes_arg, default=None, metavar="N[,N]",
                    help="CUDA runtime majors the wheel supports, e.g. 12 or 12,13")
+    p.add_argument("--forward-compat", action="store_true",
+                   help=("accept a runtime major newer than --min-driver (data-centre GPUs with "
+                         "NVIDIA's cuda-compat package): a note instead of an error"))
+    p.add_argument("--min-runtime", type=_min_driver_arg, default=None, metavar="X.Y",
+                   help=("oldest CUDA runtime the wheel supports: runtime entry points it links "
+                         "that are newer are errors; default: X.0 of the lowest --runtimes "
+                         "major, else the oldest known runtime"))
+    p.add_argument("--arch-list", type=_arch_list_arg, default=None, metavar="LIST",
+                   help=("GPU architectures the wheel must cover, TORCH_CUDA_ARCH_LIST style "
+                         "(\"8.0 9.0 10.0 12.0\", ';' or ' ' separated); default: not checked"))
     p.add_argument("--strict", action="store_true",
                    help="make DT_NEEDED on libcuda.so* an error")
     p.add_argument("--optional", action="append", default=[], metavar="GLOB",
@@ -605,6 +627,10 @@ def _default_min_driver(runtime_majors: tuple[int, ...] | None) -> CudaVersion:
     return min(CudaVersion.parse(v) for v in runtimes.KNOWN_WHEELS)
 
 
+def _default_min_runtime(runtime_majors: tuple[int, ...] | None) -> CudaVersion:
+    return _default_min_driver(runtime_majors)
+
+
 def _write_outputs(out: Path, audits: Sequence[WheelAudit]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.md").write_text(findings_markdown(audits), encoding="utf-8")
@@ -630,13 +656,18 @@ def _gate(args: argparse.Namespace) -> int:
     runtime_majors: tuple[int, ...] | None = args.runtimes
     min_driver: CudaVersion = args.min_driver or _default_min_driver(runtime_majors)
     data = load_audit_data(wheel_dir=args.wheel_dir)
+    settings = AuditSettings(
+        min_driver=min_driver, runtimes=runtime_majors, strict=args.strict,
+        optional=tuple(args.optional), forward_compat=getattr(args, "forward_compat", False),
+        min_runtime=getattr(args, "min_runtime", None) or _default_min_runtime(runtime_majors),
+        arch_list=getattr(args, "arch_list", None))
     audits: list[WheelAudit] = []
     for w in wheels:
         try:
             audits.append(audit_wheel(
                 w, min_driver=min_driver, runtimes=runtime_majors, strict=args.strict,
                 optional=tuple(args.optional), introductions=data.introductions,
-                abi_changed=data.abi_changes,
+                abi_changed=data.abi_changes, settings=settings, data=data,
             ))
         except (zipfile.BadZipFile, OSError) as e:
             raise UsageError(f"{w}: cannot read the wheel: {e}") from e
