@@ -11,7 +11,7 @@ where it picks the ABI from, and which GPU architectures its device code covers
 ``from_json``); the writers below render them for a terminal, Markdown, JSON and JUnit.
 
 Large wheels are audited on every core, one ELF member per task, each worker reading the
-archive on its own handle; the inflater is zlib-ng where installed (see :mod:`cumatrix.elf`).
+archive on its own handle; each member is inflated once with python-isal (see :mod:`cumatrix.elf`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from collections.abc import Set as AbstractSet
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from elftools.elf.elffile import ELFFile
 
@@ -41,6 +41,7 @@ from .elf import (
     elf_needed,
     elf_strings,
     elf_undefined_symbols,
+    member_magic,
     open_member,
 )
 from .fatbin import DeviceCode, Variant, covering, ptx_isa_cuda, read_fatbin
@@ -57,8 +58,13 @@ _LIBCUDART_RE = re.compile(r"^libcudart\.so\.(\d+)(\.\d+)*$")
 _DRIVER_BASE_RE = re.compile(r"^(cu\w+?)(?:_v\d+)?(?:_pt(?:ds|sz))?$")
 _PER_THREAD_RE = re.compile(r"_pt(?:ds|sz)$")
 _RUNTIME_BASE_RE = re.compile(r"^(cuda\w+?)(?:_v\d+)?(?:_pt(?:ds|sz))?$")
-# Every statically linked libcudart carries its objects' names, `libcudart_static_<sha1>`.
+# Every statically linked libcudart carries its objects' names, `libcudart_static_<sha1>`
+# (in .symtab, gone once stripped), its error-name table (`cudaErrorCudartUnloading`, the
+# one error only the runtime itself reports) and the names of its ~300 functions (its
+# cudaGetDriverEntryPoint/profiler tables): the last two survive stripping.
 _STATIC_CUDART_MARK = "libcudart_static_"
+_STATIC_CUDART_ERROR = "cudaErrorCudartUnloading"
+_STATIC_CUDART_NAMES = 100
 # Version queries a file can make before choosing a major-dependent ABI.
 _DRIVER_VERSION_QUERIES = ("cudaDriverGetVersion", "cuDriverGetVersion")
 _RUNTIME_VERSION_QUERIES = ("cudaRuntimeGetVersion",)
@@ -563,16 +569,18 @@ def device_checks(name: str, codes: tuple[DeviceCode, ...], s: AuditSettings) ->
     return out
 
 
-def _gather(name: str, elf: ELFFile) -> _Facts:
-    cuda = elf_strings(elf, "cuda")
-    cu = {t for t in elf_strings(elf, "cu") if t.startswith(_DRIVER_VERSION_QUERIES)}
+def _gather(name: str, elf: ELFFile, data: AuditData) -> _Facts:
+    names = elf_strings(elf, ("cu", _STATIC_CUDART_MARK))
+    cuda = {t for t in names if t.startswith("cuda")}
+    cu = {t for t in names if t.startswith(_DRIVER_VERSION_QUERIES)}
     return _Facts(
         name=name, needed=tuple(elf_needed(elf)),
         undefined=frozenset(elf_undefined_symbols(elf)),
         exported=frozenset(elf_defined_symbols(elf)),
         cuda_strings=frozenset(cuda), cu_strings=frozenset(cu),
-        static_runtime=any(t.startswith(_STATIC_CUDART_MARK)
-                           for t in elf_strings(elf, _STATIC_CUDART_MARK)),
+        static_runtime=any(t.startswith(_STATIC_CUDART_MARK) for t in names) or (
+            _STATIC_CUDART_ERROR in cuda
+            and sum(t in data.runtime_introductions for t in cuda) >= _STATIC_CUDART_NAMES),
     )
 
 
@@ -610,7 +618,7 @@ def audit_elf(
 def _audit_one(name: str, elf: ELFFile, s: AuditSettings, data: AuditData,
                abi_changed: Mapping[str, tuple[str, str]] | AbstractSet[str]
                ) -> tuple[list[Finding], tuple[DeviceCode, ...]]:
-    f = _gather(name, elf)
+    f = _gather(name, elf, data)
     out = _needs_libcuda(f, s)
     out += _runtime_major_checks(f, s, data)
     out += _driver_symbol_checks(f, s, data)
@@ -679,11 +687,7 @@ def _candidates(wheel: Path) -> list[tuple[str, int]]:
             if info.is_dir() or info.file_size < len(ELF_MAGIC):
                 continue
             try:
-                stream = open_member(zf, raw, info)
-                try:
-                    head = stream.read(len(ELF_MAGIC))
-                finally:
-                    stream.close()
+                head = member_magic(raw, info, len(ELF_MAGIC))
             except Exception:  # noqa: BLE001 - audited (and reported) member by member
                 head = ELF_MAGIC
             if head == ELF_MAGIC:
