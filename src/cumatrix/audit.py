@@ -558,7 +558,7 @@ def device_checks(name: str, codes: tuple[DeviceCode, ...], s: AuditSettings) ->
         need_text = (f"a CUDA {need[0]}.{need[1]} driver" if need
                      else "a driver newer than any this audit knows")
         out.append(Finding(
-            file=name, severity="error", code="ptx-too-new", subject=newest.label(),
+            file=name, severity="error", code="ptx-too-new", subject=f"sm_{arch}",
             message=(f"the only code for compute capability {gpu} is {newest.label()}, which "
                      f"needs {need_text} to JIT-compile, newer than --min-driver "
                      f"{s.min_driver}: the load fails with CUDA_ERROR_UNSUPPORTED_PTX_VERSION "
