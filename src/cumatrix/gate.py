@@ -512,6 +512,9 @@ examples:
       (the `undefined symbol: cuMemcpyBatchAsync` of vLLM PR 38460)
   cumatrix gate dist/mypkg-*.whl --static-only --runtimes 12,13 --strict
       also fail on DT_NEEDED libcuda.so.1 and on a libcudart of another major
+  cumatrix gate dist/*.whl --static-only --min-driver 12.8 --arch-list "8.0 9.0 10.0 12.0"
+      also fail when a GPU of the list has no kernel image, or only PTX a 12.8
+      driver cannot compile
   cumatrix gate dist/*.whl --static-only --optional 'mypkg/_flash*.so'
       report files loaded only inside a guarded import as warnings
   cumatrix gate dist/*.whl --matrix matrix.yaml --smoke 'python3 -m mypkg.selftest'
@@ -530,13 +533,28 @@ results.json, index.html. With the local backend, dependencies not installed wit
 
 what the static audit reports (per ELF file, read from the zip without extracting):
   needs-libcuda          DT_NEEDED on libcuda.so*: warning (error with --strict)
+  underlinked-libcuda    undefined driver (cu*) symbols and no DT_NEEDED libcuda: error
   driver-symbol-too-new  undefined cu* symbol introduced after --min-driver: error
-  runtime-major          DT_NEEDED libcudart.so.N, N outside --runtimes: error
+  runtime-major          DT_NEEDED libcudart.so.N (or a static libcudart N) outside
+                         --runtimes: error
+  runtime-needs-newer-driver
+                         that runtime major needs a newer driver than --min-driver:
+                         error (a note with --forward-compat)
+  runtime-symbol-too-new undefined cuda* symbol newer than --min-runtime: error
   abi-lookup             string naming a runtime function whose ABI changed between
-                         CUDA majors (e.g. cudaMemcpyBatchAsync): warning
+                         CUDA majors (e.g. cudaMemcpyBatchAsync): warning; an error
+                         (abi-lookup-driver-version) when the file asks the driver's
+                         version and never the runtime's, a note when it asks the
+                         runtime's; names inside a static libcudart are not lookups
+  no-device-code         an --arch-list GPU that neither SASS nor PTX covers: error
+  ptx-too-new            an --arch-list GPU covered only by PTX whose ISA needs a newer
+                         driver than --min-driver: error
+  optional-import        a failing file imported only under try/except ImportError:
+                         note (suggests --optional)
   unreadable-elf         a file with the ELF magic that does not parse: error
 Introduction versions and ABI changes are read from the headers of the CUDA runtime
 wheels (fetched once into the cache; --wheel-dir uses already-downloaded wheels).
+The summary lists each file's SASS and PTX (arch and PTX ISA version).
 
 exit status: 0 no error finding and every cell met its expectation, 1 an error
 finding or a failed cell, 2 bad input (missing or non-wheel file, malformed option,
