@@ -65,6 +65,7 @@ _RUNTIME_BASE_RE = re.compile(r"^(cuda\w+?)(?:_v\d+)?(?:_pt(?:ds|sz))?$")
 _STATIC_CUDART_MARK = "libcudart_static_"
 _STATIC_CUDART_ERROR = "cudaErrorCudartUnloading"
 _STATIC_CUDART_NAMES = 100
+_MAJOR_EVIDENCE = 3  # names of one major that date a static runtime to it
 # Version queries a file can make before choosing a major-dependent ABI.
 _DRIVER_VERSION_QUERIES = ("cudaDriverGetVersion", "cuDriverGetVersion")
 _RUNTIME_VERSION_QUERIES = ("cudaRuntimeGetVersion",)
@@ -319,9 +320,18 @@ def _runtime_intro(sym: str, intros: Mapping[str, int]) -> int | None:
 
 def _static_runtime_major(strings: set[str], intros: Mapping[str, int]) -> int | None:
     """The CUDA major of a statically linked runtime, from its own table of function names:
-    the newest runtime function it names.  ``None`` when the newest is unknown."""
-    known = [v for s in strings if (v := _runtime_intro(s, intros)) is not None]
-    return max(known) // 1000 if known else None
+    the newest major that at least ``_MAJOR_EVIDENCE`` of the names it carries were introduced
+    in (one name is not enough: CuPy's CUDA 12 build names cudaGetFuncBySymbol, which only
+    the 13.0 runtime headers declare).  ``None`` when no name is known."""
+    per_major: dict[int, int] = {}
+    for s in strings:
+        v = _runtime_intro(s, intros)
+        if v is not None:
+            per_major[v // 1000] = per_major.get(v // 1000, 0) + 1
+    if not per_major:
+        return None
+    strong = [m for m, n in per_major.items() if n >= _MAJOR_EVIDENCE]
+    return max(strong) if strong else min(per_major)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
