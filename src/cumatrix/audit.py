@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import fnmatch
+import itertools
 import multiprocessing
 import os
 import re
@@ -915,7 +916,7 @@ def load_audit_data(*, wheel_dir: Path | None = None) -> AuditData:
     includes = [runtimes.headers_for(v, wheel_dir=wheel_dir) for v in versions]
     introductions = headers.load_introductions(headers.newest_typedefs(includes))
     changes: dict[str, tuple[str, str]] = {}
-    for old, new in zip(includes, includes[1:]):
+    for old, new in itertools.pairwise(includes):
         changes.update(headers.runtime_abi_changes(old, new))
     runtime_intro: dict[str, int] = {}
     for v in sorted(everything, reverse=True):

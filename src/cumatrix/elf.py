@@ -18,12 +18,11 @@ import shutil
 import struct
 import tempfile
 import zipfile
-from collections import OrderedDict
-from collections.abc import Iterator
-from pathlib import Path
-from typing import IO, Any, Callable, cast
-
 import zlib
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any, cast
 
 try:
     # Inflating 242 MiB of vLLM 0.19.1's _moe_C.abi3.so in 64 KiB steps took 1.63 s with
@@ -264,14 +263,14 @@ def open_member(zf: zipfile.ZipFile, raw: IO[bytes], info: zipfile.ZipInfo, *,
             return cast(IO[bytes], _InflatedMember(raw, start, info.compress_size,
                                                    info.file_size))
         out: IO[bytes] = (io.BytesIO() if info.file_size <= _IN_MEMORY
-                          else tempfile.TemporaryFile())
+                          else tempfile.TemporaryFile())  # noqa: SIM115 - the caller closes it
         try:
             _inflate_all(raw, start, info.compress_size, info.file_size, out)
         except BaseException:
             out.close()
             raise
         return out
-    copy = tempfile.TemporaryFile()
+    copy = tempfile.TemporaryFile()  # noqa: SIM115 - the caller closes it
     with zf.open(info) as src:
         shutil.copyfileobj(src, copy, _SCAN_CHUNK)
     copy.seek(0)
@@ -322,7 +321,7 @@ def iter_wheel_elves(
                 stream.seek(0)
                 try:
                     elf = ELFFile(stream)
-                except Exception as e:  # noqa: BLE001 - pyelftools fails on crafted input with
+                except Exception as e:
                     # AssertionError, struct.error, ValueError, IndexError, ... (not only ELFError)
                     if on_error is None:
                         raise ELFError(f"{info.filename}: {e}") from e

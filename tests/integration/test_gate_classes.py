@@ -23,12 +23,12 @@ NVCC = shutil.which("nvcc")
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc is not on PATH (builds device code)")
 
 STUBS = {
-    "libcuda.so": ("int cuInit(unsigned f) { return (int)f; }\n"
-                   "int cuMemAlloc_v2(void *p, unsigned long n) { return p && n; }\n",
+    "libcuda.so": (("int cuInit(unsigned f) { return (int)f; }\n"
+                    "int cuMemAlloc_v2(void *p, unsigned long n) { return p && n; }\n"),
                    "libcuda.so.1"),
-    "libcudart.so": ("int cudaRuntimeGetVersion(int *v) { *v = 12040; return 0; }\n"
-                     "int cudaDriverGetVersion(int *v) { *v = 13000; return 0; }\n"
-                     "int cudaGetDriverEntryPointByVersion(void) { return 0; }\n",
+    "libcudart.so": (("int cudaRuntimeGetVersion(int *v) { *v = 12040; return 0; }\n"
+                      "int cudaDriverGetVersion(int *v) { *v = 13000; return 0; }\n"
+                      "int cudaGetDriverEntryPointByVersion(void) { return 0; }\n"),
                      "libcudart.so.12"),
     "libcudart13.so": ("int cudaRuntimeGetVersion(int *v) { *v = 13000; return 0; }\n",
                        "libcudart.so.13"),
@@ -50,18 +50,18 @@ void *batch_entry(void) {{
 
 HOST_SOURCES: dict[str, tuple[str, tuple[str, ...]]] = {
     # Calls the driver API but was linked without -lcuda (Mooncake issue 724).
-    "underlinked": ("extern int cuMemAlloc_v2(void *, unsigned long);\n"
-                    "int alloc(void *p) { return cuMemAlloc_v2(p, 16); }\n", ()),
+    "underlinked": (("extern int cuMemAlloc_v2(void *, unsigned long);\n"
+                     "int alloc(void *p) { return cuMemAlloc_v2(p, 16); }\n"), ()),
     "by_driver": (DISPATCH.format(query="cudaDriverGetVersion"), ("-Lstubs", "-lcudart", "-ldl")),
     "by_runtime": (DISPATCH.format(query="cudaRuntimeGetVersion"),
                    ("-Lstubs", "-lcudart", "-ldl")),
     # Links a runtime entry point that CUDA 12.5 introduced.
-    "floor": ("extern int cudaGetDriverEntryPointByVersion(void);\n"
-              "int f(void) { return cudaGetDriverEntryPointByVersion(); }\n",
+    "floor": (("extern int cudaGetDriverEntryPointByVersion(void);\n"
+               "int f(void) { return cudaGetDriverEntryPointByVersion(); }\n"),
               ("-Lstubs", "-lcudart")),
     # Needs libcudart.so.13.
-    "cudart13": ("extern int cudaRuntimeGetVersion(int *);\n"
-                 "int f(void) { int v; return cudaRuntimeGetVersion(&v); }\n",
+    "cudart13": (("extern int cudaRuntimeGetVersion(int *);\n"
+                  "int f(void) { int v; return cudaRuntimeGetVersion(&v); }\n"),
                  ("-Lstubs", "-lcudart13")),
 }
 
