@@ -802,9 +802,21 @@ def _module_of(member: str) -> str | None:
     return ".".join([*parts[:-1], stem]) if stem.isidentifier() else None
 
 
-def _guarded_imports(tree: ast.AST, package: str) -> list[tuple[str, int]]:
-    """(absolute module, line) of imports inside ``try:`` blocks that catch ImportError."""
-    out: list[tuple[str, int]] = []
+def _import_names(node: ast.Import | ast.ImportFrom, package: str) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    base = node.module or ""
+    if node.level:
+        pkg = package.split(".")
+        pkg = pkg[: len(pkg) - node.level + 1]
+        base = ".".join([*pkg, base] if base else pkg)
+    return [base, *(f"{base}.{a.name}" for a in node.names)]
+
+
+def _imports(tree: ast.AST, package: str) -> list[tuple[str, int, bool]]:
+    """(absolute module, line, guarded) of every import; guarded: inside a ``try:`` body
+    whose handlers catch ImportError (or a base of it)."""
+    guarded: set[int] = set()
     for node in ast.walk(tree):
         if not isinstance(node, ast.Try):
             continue
@@ -814,21 +826,11 @@ def _guarded_imports(tree: ast.AST, package: str) -> list[tuple[str, int]]:
             catches |= {t.id for t in types if isinstance(t, ast.Name)}
             if h.type is None:
                 catches.add("ImportError")
-        if not catches & {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}:
-            continue
-        for stmt in node.body:
-            for sub in ast.walk(stmt):
-                if isinstance(sub, ast.Import):
-                    out += [(a.name, sub.lineno) for a in sub.names]
-                elif isinstance(sub, ast.ImportFrom):
-                    base = sub.module or ""
-                    if sub.level:
-                        pkg = package.split(".")
-                        pkg = pkg[: len(pkg) - sub.level + 1]
-                        base = ".".join([*pkg, base] if base else pkg)
-                    out += [(base, sub.lineno)] + [(f"{base}.{a.name}", sub.lineno)
-                                                    for a in sub.names]
-    return out
+        if catches & {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}:
+            guarded |= {id(sub) for stmt in node.body for sub in ast.walk(stmt)}
+    return [(name, node.lineno, id(node) in guarded)
+            for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+            for name in _import_names(node, package)]
 
 
 def optional_import_notes(wheel: Path, findings: Sequence[Finding]) -> list[Finding]:
@@ -840,14 +842,13 @@ def optional_import_notes(wheel: Path, findings: Sequence[Finding]) -> list[Find
         return []
     stems = {m.rsplit(".", 1)[-1] for m in modules}
     found: dict[str, tuple[str, int]] = {}
+    plain: set[str] = set()  # imported somewhere without a guard: not optional
     try:
         with zipfile.ZipFile(wheel) as zf:
             for info in zf.infolist():
                 if not info.filename.endswith(".py") or info.file_size > 4 << 20:
                     continue
                 text = zf.read(info).decode("utf-8", errors="replace")
-                if "ImportError" not in text and "except" not in text:
-                    continue
                 if not any(stem in text for stem in stems):
                     continue
                 try:
@@ -857,18 +858,25 @@ def optional_import_notes(wheel: Path, findings: Sequence[Finding]) -> list[Find
                 parts = info.filename[:-3].split("/")
                 package = ".".join(parts if parts[-1] == "__init__" else parts[:-1])
                 package = package.removesuffix(".__init__")
-                for mod, line in _guarded_imports(tree, package):
-                    if mod in modules and mod not in found:
+                for mod, line, guarded in _imports(tree, package):
+                    if mod not in modules:
+                        continue
+                    if not guarded:
+                        plain.add(mod)
+                    elif mod not in found:
                         found[mod] = (info.filename, line)
     except (zipfile.BadZipFile, OSError, EOFError, ValueError):
         return []
     out: list[Finding] = []
     for mod, (py, line) in sorted(found.items()):
+        if mod in plain:
+            continue
         file = modules[mod]
         out.append(Finding(
             file=file, severity="note", code="optional-import", subject=mod,
-            message=(f"{py}:{line} imports {mod} inside try/except ImportError: the package "
-                     "works without it, so its errors may not break users"),
+            message=(f"the wheel's Python code imports {mod} only inside try/except "
+                     f"ImportError ({py}:{line}): if the package is meant to work without it, "
+                     "these errors do not break its users"),
             fix=f"if that is intended, pass --optional '{file}' to report it as a warning",
         ))
     return out

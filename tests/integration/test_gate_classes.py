@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -275,3 +276,17 @@ def test_arch_specific_sass_runs_only_on_its_arch(tmp_path: Path,
 def test_bad_arch_list_exits_2(host: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     r = gate(host["floor"], "--static-only", "--arch-list", "nine", capsys=capsys)
     assert r.rc == 2 and "not a GPU architecture" in r.err
+
+
+def test_optional_import_only_when_every_import_is_guarded(
+        host: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with zipfile.ZipFile(host["underlinked"]) as zf:
+        so = zf.read("demo_underlinked/_underlinked.so")
+    wheel = make_wheel(tmp_path, "demo_plain", {
+        "demo_plain/__init__.py": b"try:\n    from . import _x\nexcept ImportError:\n    pass\n",
+        "demo_plain/ops.py": b"from demo_plain._x import alloc\n",  # unguarded: not optional
+        "demo_plain/_x.so": so,
+    })
+    r = gate(wheel, "--static-only", capsys=capsys)
+    assert r.rc == 1 and "underlinked-libcuda" in r.out
+    assert "optional-import" not in r.out
