@@ -29,6 +29,7 @@ import zipfile
 from collections.abc import Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
@@ -725,9 +726,14 @@ def _run_members(wheel: Path, members: list[tuple[str, int]], s: AuditSettings,
     try:
         # Largest first, so the long members start at once and the small ones fill in.
         order = [m for m, _ in sorted(members, key=lambda x: -x[1])]
-        with ProcessPoolExecutor(max_workers=n,
-                                 mp_context=multiprocessing.get_context("fork")) as pool:
-            return {r.name: r for r in pool.map(_worker, order)}
+        try:
+            with ProcessPoolExecutor(max_workers=n,
+                                     mp_context=multiprocessing.get_context("fork")) as pool:
+                return {r.name: r for r in pool.map(_worker, order)}
+        except BrokenProcessPool:
+            # A worker died (out of memory, a crash in a native inflater on a hostile file):
+            # audit in this process instead, where each member's failure is its own finding.
+            return {m: _audit_member(wheel, m, s, data, abi) for m, _ in members}
     finally:
         _WORKER_STATE = None
 

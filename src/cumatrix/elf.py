@@ -1,13 +1,16 @@
 """Small pure functions over ELF files, read with pyelftools straight from a wheel.
 
-A wheel can be hundreds of megabytes, so nothing here extracts it.  Each ELF member is
-read through a seekable view of the zip: a stored member is a window on the archive
-file (``seek`` is free), a deflated member is inflated on demand with checkpoints of the
-decompressor every few MiB and a small cache of decoded blocks.  ``zipfile``'s own member
-streams cannot serve pyelftools: in Python 3.11 a backward ``seek`` rewinds the member
-and re-reads it from the start, and pyelftools jumps between the section header table
-(at the end of the file), the section name table and the sections many times per file.
-Peak memory is bounded by the block cache and checkpoints, not by the member's size.
+A wheel can be hundreds of megabytes, so nothing here extracts it to a directory.  Each
+ELF member is read through a seekable stream (:func:`open_member`): a stored member is a
+window on the archive file (``seek`` is free); a deflated member is inflated once, in one
+sequential pass with python-isal, into memory (up to 8 MiB) or an anonymous temporary file
+(the page cache holds it, not this process), because every reader of an ELF file seeks back
+and forth: pyelftools reads the section header table at the end of the file first, then
+the sections, and the fat binary reader walks ``.nv_fatbin`` after that.  ``zipfile``'s own
+member streams cannot serve it (in Python 3.11 a backward ``seek`` rewinds the member and
+re-reads it from the start).  The on-demand reader (``spool=False``, and for members over
+4 GiB) inflates in blocks with checkpoints of the decompressor every few MiB and a small
+cache of decoded blocks instead: bounded memory and no temporary file, but re-inflation.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ _CACHED_BLOCKS = 16  # decoded blocks kept (16 MiB)
 _INPUT_CHUNK = 1 << 16  # compressed bytes fed to zlib at a time
 _SCAN_CHUNK = 4 << 20  # bytes of a section scanned at a time by elf_strings
 _IN_MEMORY = 8 << 20  # deflated members up to this size are inflated into memory
+_SPOOL_MAX = 4 << 30  # larger ones are read on demand: no zip bomb fills the disk
 _SPOOL_CHUNK = 1 << 20  # compressed bytes inflated at a time when spooling
 _MAX_NAME = 512  # longest name elf_strings reports; also the overlap between chunks
 
@@ -259,7 +263,7 @@ def open_member(zf: zipfile.ZipFile, raw: IO[bytes], info: zipfile.ZipInfo, *,
         return cast(IO[bytes], _StoredMember(raw, _data_start(raw, info), info.file_size))
     if info.compress_type == zipfile.ZIP_DEFLATED:
         start = _data_start(raw, info)
-        if not spool:
+        if not spool or info.file_size > _SPOOL_MAX:
             return cast(IO[bytes], _InflatedMember(raw, start, info.compress_size,
                                                    info.file_size))
         out: IO[bytes] = (io.BytesIO() if info.file_size <= _IN_MEMORY
