@@ -364,31 +364,60 @@ def elf_soname(elf: ELFFile) -> str | None:
     return None
 
 
+_STB_WEAK = 2
+_MAX_DYNSYM = 256 << 20  # a bound on a crafted section size
+
+
+def _dynsym(elf: ELFFile) -> list[tuple[str, bool, bool]]:
+    """``(name, defined, weak)`` of every named dynamic symbol.
+
+    Read with ``struct`` in one pass over ``.dynsym`` and its string table: pyelftools'
+    per-symbol parsing took 3.9 s for the 15,756 symbols of vLLM's ``_C.abi3.so``.
+    """
+    section = elf.get_section_by_name(".dynsym")
+    if not isinstance(section, SymbolTableSection):
+        return []
+    strtab = elf.get_section(section["sh_link"])
+    size, ssize = section["sh_size"], strtab["sh_size"]
+    if size > _MAX_DYNSYM or ssize > _MAX_DYNSYM:
+        raise ELFError(f".dynsym or its string table is implausibly large ({size}, {ssize})")
+    stream = elf.stream
+    stream.seek(section["sh_offset"])
+    data = stream.read(size)
+    stream.seek(strtab["sh_offset"])
+    names = stream.read(ssize)
+    end = "<" if elf.little_endian else ">"
+    if elf.elfclass == 64:  # st_name, st_info, st_other, st_shndx, st_value, st_size
+        fmt, iname, iinfo, ishndx = struct.Struct(end + "IBBHQQ"), 0, 1, 3
+    else:  # st_name, st_value, st_size, st_info, st_other, st_shndx
+        fmt, iname, iinfo, ishndx = struct.Struct(end + "IIIBBH"), 0, 3, 5
+    out: list[tuple[str, bool, bool]] = []
+    for entry in fmt.iter_unpack(data[: len(data) - len(data) % fmt.size]):
+        off = entry[iname]
+        if not off or off >= len(names):
+            continue
+        stop = names.find(b"\0", off)
+        name = names[off: stop if stop != -1 else len(names)].decode("utf-8", "replace")
+        out.append((name, entry[ishndx] != 0, entry[iinfo] >> 4 == _STB_WEAK))
+    return out
+
+
 def elf_undefined_symbols(elf: ELFFile) -> Iterator[str]:
     """Names of the undefined dynamic symbols of ``elf``; weak ones are skipped.
 
     A weak undefined symbol resolves to NULL when absent instead of failing the load,
     so it cannot cause ``undefined symbol`` at import.
     """
-    section = elf.get_section_by_name(".dynsym")
-    if not isinstance(section, SymbolTableSection):
-        return
-    for sym in section.iter_symbols():
-        if (sym.name and sym["st_shndx"] == "SHN_UNDEF"
-                and sym["st_info"]["bind"] != "STB_WEAK"):
-            yield sym.name
+    for name, defined, weak in _dynsym(elf):
+        if not defined and not weak:
+            yield name
 
 
 def elf_defined_symbols(elf: ELFFile) -> Iterator[str]:
     """Names of the dynamic symbols ``elf`` defines (exports), weak ones included."""
-    section = elf.get_section_by_name(".dynsym")
-    if not isinstance(section, SymbolTableSection):
-        return
-    for sym in section.iter_symbols():
-        if sym.name and sym["st_shndx"] != "SHN_UNDEF":
-            yield sym.name
-
-
+    for name, defined, _ in _dynsym(elf):
+        if defined:
+            yield name
 
 
 def _is_data_section(section: object, string_tables: bool) -> bool:

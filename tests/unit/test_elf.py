@@ -183,3 +183,17 @@ def test_device_code_is_not_scanned_for_names(tmp_path: Path) -> None:
     so = _gcc(tmp_path / "libdev.so", src)
     names = elf_strings(_elf(so), "cuda")
     assert "cudaOnHost" in names and "cudaInDeviceCode" not in names
+
+
+def test_symbols_match_pyelftools(built: dict[str, Path]) -> None:
+    from elftools.elf.sections import SymbolTableSection
+    for path in built.values():
+        elf = _elf(path)
+        dynsym = elf.get_section_by_name(".dynsym")
+        assert isinstance(dynsym, SymbolTableSection)
+        syms = [s for s in dynsym.iter_symbols() if s.name]
+        undefined = [s.name for s in syms if s["st_shndx"] == "SHN_UNDEF"
+                     and s["st_info"]["bind"] != "STB_WEAK"]
+        defined = [s.name for s in syms if s["st_shndx"] != "SHN_UNDEF"]
+        assert list(elf_undefined_symbols(elf)) == undefined
+        assert list(elf_defined_symbols(elf)) == defined
