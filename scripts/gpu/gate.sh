@@ -73,7 +73,7 @@ const char *run(void) {
 }
 EOF
 
-# The package: __init__ imports nothing that needs a GPU; `python3 -m <pkg>.smoke` launches.
+# The package: importing it loads the extension; `python3 -m <pkg>.smoke` launches the kernel.
 make_wheel() {  # make_wheel DIST SOFILE
   python3 - "$1" "$2" "$W" <<'EOF'
 import base64, hashlib, sys, zipfile
@@ -82,12 +82,15 @@ dist, so, out = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
 tag = "py3-none-linux_x86_64"
 info = f"{dist}-1.0.dist-info"
 files = {
-    f"{dist}/__init__.py": b"",
+    # Importing the package loads the extension (no GPU needed for that).
+    f"{dist}/__init__.py": (
+        b"import ctypes, os\n"
+        b"lib = ctypes.CDLL(os.path.join(os.path.dirname(__file__), '_ext.so'))\n"),
     f"{dist}/_ext.so": so.read_bytes(),
     f"{dist}/smoke.py": (
-        b"import ctypes, os, sys\n"
-        b"lib = ctypes.CDLL(os.path.join(os.path.dirname(__file__), '_ext.so'))\n"
-        b"lib.run.restype = ctypes.c_char_p\n"
+        b"import ctypes, sys\n"
+        + f"from {dist} import lib\n".encode()
+        + b"lib.run.restype = ctypes.c_char_p\n"
         b"err = lib.run()\n"
         b"if err:\n    sys.exit('kernel launch failed: ' + err.decode())\n"
         b"print('kernel ran')\n"),
