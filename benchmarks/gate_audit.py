@@ -1,4 +1,14 @@
-"""Benchmark: static audit of a large wheel (targets: under 10 s, under 500 MB peak memory).
+"""Benchmark: static audit of a large wheel against a plain `unzip -p` of the same wheel.
+
+Default (real): downloads vLLM 0.19.1 (433 MB, once, with `pip download` into the user
+cache), then times, alternately in the same run, `unzip -p WHEEL > /dev/null` and a fresh
+child process auditing the wheel with every check on, and prints the ratio of the medians
+(goal: at most 0.5) and the peak resident memory: the auditing process plus its largest
+worker times the number of workers (goal: under 300 MB).
+
+    python benchmarks/gate_audit.py [--spec vllm==0.19.1] [--rounds 3] [--wheel-dir DIR]
+
+``--synthetic`` runs the older benchmark instead (targets: under 10 s, under 500 MB):
 
 Builds a wheel of at least 300 MB from real gcc-built ELF files (two of them carrying
 120 MB of random bytes in .rodata, pulled in with ``.incbin``, with a ``dlsym`` name placed
@@ -21,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -58,7 +69,7 @@ STUB_SOURCE = "int cuMemcpyBatchAsync(void) { return 0; }\n"
 CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
-from cumatrix.gate import audit_wheel, load_audit_data
+from cumatrix.audit import audit_wheel, load_audit_data
 from cumatrix.model import CudaVersion
 wheel_dir = Path(sys.argv[2]) if sys.argv[2] else None
 t0 = time.perf_counter()
@@ -149,8 +160,93 @@ def _child(code: str, *argv: str, timeout: float | None = None) -> dict[str, obj
     return result
 
 
+REAL_CHILD = r"""
+import json, os, resource, sys, time
+from pathlib import Path
+from cumatrix.audit import AuditSettings, audit_wheel, load_audit_data, _workers
+from cumatrix.fatbin import parse_arch
+from cumatrix.model import CudaVersion
+wheel_dir = Path(sys.argv[2]) if sys.argv[2] else None
+data = load_audit_data(wheel_dir=wheel_dir)
+s = AuditSettings(min_driver=CudaVersion(12, 8), runtimes=(12,), min_runtime=CudaVersion(12, 8),
+                  arch_list=tuple(parse_arch(a) for a in "8.0 9.0 10.0 12.0".split()))
+t0 = time.perf_counter()
+audit = audit_wheel(Path(sys.argv[1]), min_driver=s.min_driver, runtimes=s.runtimes,
+                    strict=False, optional=(), introductions=data.introductions,
+                    abi_changed=data.abi_changes, settings=s, data=data)
+t1 = time.perf_counter()
+print(json.dumps({
+    "audit_s": t1 - t0, "elves": len(audit.elves), "errors": audit.errors,
+    "warnings": audit.warnings, "workers": _workers(),
+    "codes": sorted({(f.file, f.code, f.subject) for f in audit.findings}),
+    "self_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+    "child_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
+}))
+"""
+
+
+def _cached_wheel(spec: str) -> Path:
+    """``spec``'s wheel in the user cache, downloaded once with ``pip download``."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    dest = base / "cumatrix" / "bench-wheels"
+    dest.mkdir(parents=True, exist_ok=True)
+    name, _, version = spec.partition("==")
+    stem = f"{name.replace('-', '_')}-{version}-"
+    found = sorted(dest.glob(f"{stem}*.whl"))
+    if not found:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
+                        "--only-binary=:all:", "--disable-pip-version-check", "-q",
+                        "-d", str(dest), spec], check=True)
+        found = sorted(dest.glob(f"{stem}*.whl"))
+    if not found:
+        raise SystemExit(f"pip downloaded no wheel named {stem}*.whl for {spec}")
+    return found[0]
+
+
+def _unzip_seconds(wheel: Path) -> float:
+    t0 = time.perf_counter()
+    with open(os.devnull, "wb") as null:
+        subprocess.run(["unzip", "-p", str(wheel)], stdout=null, check=True)
+    return time.perf_counter() - t0
+
+
+def real(args: argparse.Namespace) -> int:
+    wheel = _cached_wheel(args.spec)
+    print(f"{wheel.name}: {wheel.stat().st_size / 1e6:.0f} MB")
+    wd = str(args.wheel_dir or "")
+    _child("from cumatrix.audit import load_audit_data; import sys, pathlib; "
+           "load_audit_data(wheel_dir=pathlib.Path(sys.argv[1]) if sys.argv[1] else None); "
+           "print('{}')", wd)  # warm the header cache outside the timed runs
+    unzip_s: list[float] = []
+    audits: list[dict[str, object]] = []
+    for _ in range(args.rounds):
+        unzip_s.append(_unzip_seconds(wheel))
+        audits.append(_child(REAL_CHILD, str(wheel), wd))
+    audit_s = [float(a["audit_s"]) for a in audits]  # type: ignore[arg-type]
+    u, a = statistics.median(unzip_s), statistics.median(audit_s)
+    last = audits[-1]
+    workers = int(last["workers"])  # type: ignore[call-overload]
+    peak_mb = max(int(r["self_kb"]) + workers * int(r["child_kb"])  # type: ignore[call-overload]
+                  for r in audits) / 1024
+    print(f"audit: {last['elves']} ELF files, {last['errors']} errors, "
+          f"{last['warnings']} warnings, {workers} worker(s)")
+    for f in last["codes"]:  # type: ignore[attr-defined]
+        print(f"  {f[0]}: {f[1]} {f[2]}")
+    print(f"unzip -p:  {' '.join(f'{x:.2f}' for x in unzip_s)} s (median {u:.2f} s)")
+    print(f"audit:     {' '.join(f'{x:.2f}' for x in audit_s)} s (median {a:.2f} s)")
+    ratio = a / u
+    print(f"ratio audit / unzip -p: {ratio:.2f}   goal <= 0.5   {'ok' if ratio <= 0.5 else 'MISSED'}")
+    print(f"peak RSS (process + {workers} x largest worker): {peak_mb:.0f} MB   goal < 300 MB   "
+          f"{'ok' if peak_mb < 300 else 'MISSED'}")
+    return 0 if ratio <= 0.5 and peak_mb < 300 else 1
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--synthetic", action="store_true",
+                    help="the synthetic 315 MB wheel instead of a real one")
+    ap.add_argument("--spec", default="vllm==0.19.1", help="the real wheel (pip requirement)")
+    ap.add_argument("--rounds", type=int, default=3, help="alternating unzip/audit rounds")
     ap.add_argument("--pad-mb", type=int, default=120, help="MB of padding per big ELF file")
     ap.add_argument("--work", type=Path, default=None, help="build directory (default: temp)")
     ap.add_argument("--wheel-dir", type=Path, default=None,
@@ -158,6 +254,8 @@ def main() -> int:
     ap.add_argument("--compare-zipfile", action="store_true",
                     help="also time pyelftools over plain ZipFile.open streams (capped at 120 s)")
     args = ap.parse_args()
+    if not args.synthetic:
+        return real(args)
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:
         t0 = time.perf_counter()
         wheel = build_wheel(Path(tmp), args.pad_mb)
@@ -169,7 +267,7 @@ def main() -> int:
                     kind = "stored" if i.compress_type == zipfile.ZIP_STORED else "deflated"
                     print(f"  {i.filename}: {i.file_size / 1e6:.0f} MB, {kind}")
         wd = str(args.wheel_dir or "")
-        _child("from cumatrix.gate import load_audit_data; import sys, pathlib; "
+        _child("from cumatrix.audit import load_audit_data; import sys, pathlib; "
                "load_audit_data(wheel_dir=pathlib.Path(sys.argv[1]) if sys.argv[1] else None); "
                "print('{}')",
                wd)  # warm the header cache outside the timed run

@@ -37,8 +37,8 @@ class BatchCopy:
 class NvidiaRules:
     """What :mod:`cumatrix.oracle` and the gate know of NVIDIA's rules."""
 
-    #: Minimum Linux driver branch per toolkit version, oldest first.
-    min_driver: tuple[tuple[CudaVersion, tuple[int, ...]], ...]
+    #: Minimum Linux driver per toolkit version, oldest first: (toolkit, branch, as NVIDIA writes it).
+    min_driver: tuple[tuple[CudaVersion, tuple[int, ...], str], ...]
     errors: Mapping[int, str]
     batch: BatchCopy
 
@@ -48,16 +48,15 @@ class NvidiaRules:
     def cuda_for_driver(self, driver: str) -> CudaVersion:
         """The newest CUDA a Linux driver branch supports (``580.159`` -> 13.0)."""
         branch = driver_branch(driver)
-        fits = [v for v, floor in self.min_driver if branch >= floor]
+        fits = [v for v, floor, _ in self.min_driver if branch >= floor]
         if not fits:
-            raise ValueError(f"driver {driver} is older than any CUDA 12 driver "
-                             f"({'.'.join(map(str, self.min_driver[0][1]))})")
+            raise ValueError(f"driver {driver} is older than any CUDA 12 driver ({self.min_driver[0][2]})")
         return max(fits)
 
     def min_driver_for(self, cuda: CudaVersion) -> str | None:
         """The oldest Linux driver of toolkit ``cuda`` (or of the newest older one listed)."""
-        older = [(v, b) for v, b in self.min_driver if v <= cuda]
-        return ".".join(map(str, max(older)[1])) if older else None
+        older = [(v, text) for v, _, text in self.min_driver if v <= cuda]
+        return max(older)[1] if older else None
 
 
 def driver_branch(text: str) -> tuple[int, ...]:
@@ -80,7 +79,7 @@ def parse_rules(data: object) -> NvidiaRules:
     if not isinstance(data, Mapping) or data.get("schema") != SCHEMA:
         raise RulesError(f"cumatrix/{DATA_FILE}: unsupported schema (this cumatrix reads {SCHEMA})")
     try:
-        table = sorted((CudaVersion.parse(k), driver_branch(str(v))) for k, v in _need(data, "min_driver").items())
+        table = sorted((CudaVersion.parse(k), driver_branch(str(v)), str(v)) for k, v in _need(data, "min_driver").items())
         errors = {int(k): str(v) for k, v in _need(data, "errors").items()}
         b = _need(data, "batch_copy")
         batch = BatchCopy(runtime_symbol=str(b["runtime_symbol"]), driver_symbol=str(b["driver_symbol"]),

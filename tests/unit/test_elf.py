@@ -20,6 +20,7 @@ from cumatrix.elf import (
     elf_strings,
     elf_undefined_symbols,
     iter_wheel_elves,
+    member_magic,
     open_member,
 )
 
@@ -130,14 +131,16 @@ def test_wheel_members_match_extracted_files(built: dict[str, Path], tmp_path: P
 
 @pytest.mark.parametrize("compression", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED],
                          ids=["stored", "deflated"])
-def test_member_stream_random_access(tmp_path: Path, compression: int) -> None:
+@pytest.mark.parametrize("spool", [True, False], ids=["spooled", "on-demand"])
+def test_member_stream_random_access(tmp_path: Path, compression: int, spool: bool) -> None:
     # Half incompressible, half repetitive: both kinds of deflate blocks, 40 MiB so that
     # reads cross decoded blocks, checkpoints and evictions from the block cache.
     data = os.urandom(20 << 20) + bytes(range(256)) * (80 << 10)
     wheel = _wheel(tmp_path / "w.whl", {"a/big.bin": data}, compression)
     rng = random.Random(7)
     with zipfile.ZipFile(wheel) as zf, open(wheel, "rb") as raw:
-        stream = open_member(zf, raw, zf.getinfo("a/big.bin"))
+        stream = open_member(zf, raw, zf.getinfo("a/big.bin"), spool=spool)
+        assert member_magic(raw, zf.getinfo("a/big.bin"), 4) == data[:4]
         assert stream.seek(0, io.SEEK_END) == len(data)
         for _ in range(200):
             start = rng.randrange(len(data))
@@ -148,6 +151,7 @@ def test_member_stream_random_access(tmp_path: Path, compression: int) -> None:
         stream.seek(len(data) - 5)
         assert stream.read() == data[-5:]
         assert stream.read(10) == b""
+        stream.close()
 
 
 def test_malformed_elf_goes_to_on_error(tmp_path: Path) -> None:
@@ -163,3 +167,33 @@ def test_not_a_zip(tmp_path: Path) -> None:
     bogus.write_bytes(b"not a zip")
     with pytest.raises(zipfile.BadZipFile):
         list(iter_wheel_elves(bogus))
+
+
+def test_strings_several_prefixes_in_one_scan(built: dict[str, Path]) -> None:
+    elf = _elf(built["user"])
+    both = elf_strings(elf, ("cuda", "xcuda"))
+    assert both == elf_strings(elf, "cuda") | elf_strings(elf, "xcuda")
+    assert "xcudaNope" in both and "cudaFarAway" in both
+
+
+def test_device_code_is_not_scanned_for_names(tmp_path: Path) -> None:
+    # A host string and the same kind of string placed in a .nv_fatbin section.
+    src = ('__attribute__((section(".nv_fatbin"), used)) static const char dev[] = '
+           '"cudaInDeviceCode";\nconst char *host = "cudaOnHost";\n')
+    so = _gcc(tmp_path / "libdev.so", src)
+    names = elf_strings(_elf(so), "cuda")
+    assert "cudaOnHost" in names and "cudaInDeviceCode" not in names
+
+
+def test_symbols_match_pyelftools(built: dict[str, Path]) -> None:
+    from elftools.elf.sections import SymbolTableSection
+    for path in built.values():
+        elf = _elf(path)
+        dynsym = elf.get_section_by_name(".dynsym")
+        assert isinstance(dynsym, SymbolTableSection)
+        syms = [s for s in dynsym.iter_symbols() if s.name]
+        undefined = [s.name for s in syms if s["st_shndx"] == "SHN_UNDEF"
+                     and s["st_info"]["bind"] != "STB_WEAK"]
+        defined = [s.name for s in syms if s["st_shndx"] != "SHN_UNDEF"]
+        assert list(elf_undefined_symbols(elf)) == undefined
+        assert list(elf_defined_symbols(elf)) == defined
