@@ -1057,15 +1057,14 @@ def device_markdown(audits: Sequence[WheelAudit]) -> str:
     return "\n".join(out) + "\n"
 
 
-def findings_junit(audits: Sequence[WheelAudit]) -> str:
-    """JUnit XML: one testcase per ELF file, failed when it has an error finding."""
-    suites = ET.Element("testsuites", name="cumatrix gate")
+def junit_suites(audits: Sequence[WheelAudit]) -> list[ET.Element]:
+    """One JUnit ``testsuite`` per wheel: a testcase per ELF file, failed on an error finding."""
+    suites: list[ET.Element] = []
     for a in audits:
         files = _by_file(a)
-        suite = ET.SubElement(suites, "testsuite", name=f"static {a.wheel.name}",
-                              tests=str(len(files)), failures=str(
-                                  sum(any(f.severity == "error" for f in v) for v in files.values())),
-                              time=f"{a.seconds:.3f}")
+        failures = sum(any(f.severity == "error" for f in v) for v in files.values())
+        suite = ET.Element("testsuite", name=f"static {a.wheel.name}", tests=str(len(files)),
+                           failures=str(failures), time=f"{a.seconds:.3f}")
         for file, found in files.items():
             case = ET.SubElement(suite, "testcase", classname="cumatrix.gate.static",
                                  name=f"{a.wheel.name}::{file}")
@@ -1078,5 +1077,13 @@ def findings_junit(audits: Sequence[WheelAudit]) -> str:
                 fail.text = body
             elif found:
                 ET.SubElement(case, "system-out").text = body
-    ET.indent(suites)
-    return ET.tostring(suites, encoding="unicode", xml_declaration=True) + "\n"
+        suites.append(suite)
+    return suites
+
+
+def findings_junit(audits: Sequence[WheelAudit]) -> str:
+    """JUnit XML of the static stage alone (``gate --static-only``)."""
+    root = ET.Element("testsuites", name="cumatrix gate")
+    root.extend(junit_suites(audits))
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"

@@ -340,8 +340,7 @@ def _check_dynamic_inputs(args: argparse.Namespace) -> None:
                          "lacks: `python -m ensurepip`, or gate with --static-only")
 
 
-def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path],
-                      audits: Sequence[WheelAudit]) -> int:
+def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path], static: dict[str, object]) -> int:
     """Stage two: install each wheel into every runtime cell of ``args.matrix`` and import it.
 
     One ``import-<wheel>`` cell (and ``smoke-<wheel>`` with ``--smoke``) per wheel and
@@ -377,7 +376,7 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path],
         store.append(run_header(matrix, [c.id for c in cells], backend=backend,
                                 argv=_gate_argv(args), host=None, fingerprint=fingerprint,
                                 run_id=uuid.uuid4().hex[:12]))
-        store.append(findings_record(audits))
+        store.append(static)
         try:
             failed = _run_cells(orch, cells, store)
         finally:
@@ -615,10 +614,10 @@ def _default_min_runtime(runtime_majors: tuple[int, ...] | None) -> CudaVersion:
     return _default_min_driver(runtime_majors)
 
 
-def _write_outputs(out: Path, audits: Sequence[WheelAudit]) -> None:
+def _write_outputs(out: Path, audits: Sequence[WheelAudit], record: dict[str, object]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.md").write_text(findings_markdown(audits), encoding="utf-8")
-    (out / "static.json").write_text(dumps(findings_record(audits)), encoding="utf-8")
+    (out / "static.json").write_text(dumps(record), encoding="utf-8")
     (out / "junit.xml").write_text(findings_junit(audits), encoding="utf-8")
 
 
@@ -660,9 +659,10 @@ def _gate(args: argparse.Namespace) -> int:
           f"facts from CUDA {' and '.join(data.sources)} headers")
     print(format_findings(audits), end="")
     status = 1 if any(a.errors for a in audits) else 0
+    record = findings_record(audits, settings=settings, sources=data.sources)
     if args.static_only:
         if args.out is not None:
-            _write_outputs(args.out, audits)
+            _write_outputs(args.out, audits, record)
         return status
-    dynamic = run_dynamic_stage(args, wheels, audits)
+    dynamic = run_dynamic_stage(args, wheels, record)
     return max(status, dynamic)

@@ -128,12 +128,12 @@ def to_xml(run: RunData) -> ET.ElementTree:
 
 def _static_suites(root: ET.Element, run: RunData) -> None:
     """A gate's static findings: a ``static <wheel>`` suite per wheel, counted in the totals."""
-    from .static import static_record, static_suites, static_wheels
+    from .static import static_record, static_suites
 
     static = static_record(run)
     if static is None:
         return
-    for s in static_suites(static_wheels(static)):
+    for s in static_suites(static):
         root.append(s)
         for key in ("tests", "failures"):
             root.set(key, str(int(root.get(key, "0")) + int(s.get(key, "0"))))

@@ -172,10 +172,10 @@ def _speed(run: RunData) -> list[str]:
 
 def to_markdown(run: RunData) -> str:
     """The ``summary.md`` text of a run (a gate's static findings first)."""
-    from .static import static_markdown, static_record, static_wheels
+    from .static import static_markdown, static_record
 
     static = static_record(run)
-    lines = [static_markdown(static_wheels(static))] if static is not None else []
+    lines = [static_markdown(static)] if static is not None else []
     lines += [verdict_line(run), ""]
     lines += _meta(run)
     lines.append("")
