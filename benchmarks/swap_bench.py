@@ -172,40 +172,50 @@ def _swap_call(bench: Bench, args: tuple[Any, Any, Any, int], stream: int | None
 
 
 def interfere(bench: Bench, compute: Compute, args: tuple[Any, Any, Any, int], total: int,
-              events: list[int]) -> dict[str, Any]:
-    """Computation alone, swap alone, then both (computation queued first); one measurement."""
+              events: list[int], rounds: int = 3) -> dict[str, Any]:
+    """The computation alone and beside swaps (computation queued first), ``rounds`` times each,
+    interleaved; the medians.  One run of the computation alone first, untimed, to settle clocks."""
     api = bench.api
     swap_stream = bench.stream
     call = _swap_call(bench, args, swap_stream)
-    alone = bench.time_ms(call, 5, 2)
-    swap_ms = statistics.median(alone)
+    swap_ms = statistics.median(bench.time_ms(call, 5, 2))
     e0, e1, s0 = api.event(), api.event(), api.event()
-    compute_alone = []
-    for _ in range(2):
+
+    def alone() -> float:
         api.record(e0, compute.stream)
         compute.queue()
         api.record(e1, compute.stream)
-        compute_alone.append(api.elapsed_ms(e0, e1))
-    t_alone = min(compute_alone)
-    reps = max(3, min(len(events), math.ceil(1.3 * t_alone / max(swap_ms, 1e-3)) + 2))
-    api.sync()
-    api.record(e0, compute.stream)
-    compute.queue()
-    api.record(e1, compute.stream)
-    api.wait(swap_stream, e0)
-    api.record(s0, swap_stream)
-    for i in range(reps):
-        call()
-        api.record(events[i], swap_stream)
-    api.sync()
-    t_with = api.between_ms(e0, e1)
-    t_start = api.between_ms(e0, s0)
-    ends = [api.between_ms(e0, events[i]) for i in range(reps)]
-    inside = [t for t in ends if t <= t_with]
-    swap_gbps = len(inside) * total / 1e9 / ((inside[-1] - t_start) / 1e3) if inside else 0.0
-    return {"swap_gbps": swap_gbps, "swap_alone_gbps": total / 1e9 / (swap_ms / 1e3),
-            "compute_slowdown": t_with / t_alone - 1.0, "compute_ms_alone": t_alone, "compute_ms_with": t_with,
-            "swaps_inside": len(inside), "swaps_queued": reps, "swap_start_ms": t_start,
+        return api.elapsed_ms(e0, e1)
+
+    alone()
+    t_alone: list[float] = []
+    t_with: list[float] = []
+    gbps: list[float] = []
+    inside_counts: list[int] = []
+    reps = 0
+    for _ in range(rounds):
+        t_alone.append(alone())
+        reps = max(3, min(len(events), math.ceil(1.5 * t_alone[-1] / max(swap_ms, 1e-3)) + 2))
+        api.sync()
+        api.record(e0, compute.stream)
+        compute.queue()
+        api.record(e1, compute.stream)
+        api.wait(swap_stream, e0)
+        api.record(s0, swap_stream)
+        for i in range(reps):
+            call()
+            api.record(events[i], swap_stream)
+        api.sync()
+        window = api.between_ms(e0, e1)
+        t_start = api.between_ms(e0, s0)
+        inside = [t for t in (api.between_ms(e0, events[i]) for i in range(reps)) if t <= window]
+        t_with.append(window)
+        inside_counts.append(len(inside))
+        gbps.append(len(inside) * total / 1e9 / ((inside[-1] - t_start) / 1e3) if inside else 0.0)
+    a, w = statistics.median(t_alone), statistics.median(t_with)
+    return {"swap_gbps": statistics.median(gbps), "swap_alone_gbps": total / 1e9 / (swap_ms / 1e3),
+            "compute_slowdown": w / a - 1.0, "compute_ms_alone": t_alone, "compute_ms_with": t_with,
+            "swap_gbps_rounds": gbps, "swaps_inside": inside_counts, "swaps_queued": reps, "rounds": rounds,
             "path": bench._cudaapi.PATHS.get(bench.swap.path.value, "n/a")}
 
 
@@ -214,8 +224,8 @@ def phase_interference(bench: Bench, reps: int, sweep: bool) -> dict[str, Any]:
     events = [bench.api.event() for _ in range(600)]
     variants: list[tuple[str, dict[str, Any]]] = [(p, {}) for p in INTERFERENCE_POLICIES]
     if sweep:
-        variants += [("copy-engine-only", {"streams": s}) for s in STREAM_CHOICES]
-        variants += [("beside-compute", {"host": "kernel", "budget": b}) for b in (2, 4, 8, 16, 32)]
+        variants += [("copy-engine-only", {"streams": s}) for s in (1, 2, 4)]
+        variants += [("beside-compute", {"host": "kernel", "budget": b}) for b in (8, 32)]
     rows = []
     shapes = [(d, s) for d in ("d2h", "h2d") for s in INTERFERENCE_SIZES] + [("d2d", 16 * KIB)]
     for direction, block in shapes:
@@ -224,7 +234,7 @@ def phase_interference(bench: Bench, reps: int, sweep: bool) -> dict[str, Any]:
         for policy, knobs in variants:
             bench.swap.set_policy(policy)
             bench.swap.set_copy_streams(int(knobs.get("streams", 0)))
-            bench.swap.set_sm_budget(int(knobs.get("budget", 8)))
+            bench.swap.set_sm_budget(int(knobs.get("budget", 32)))
             bench.swap.set_beside_compute_host_path(str(knobs.get("host", "batch")))
             try:
                 r = interfere(bench, compute, args, total, events)
@@ -239,7 +249,7 @@ def phase_interference(bench: Bench, reps: int, sweep: bool) -> dict[str, Any]:
                   file=sys.stderr, flush=True)
         bench.swap.set_policy("fastest")
         bench.swap.set_copy_streams(0)
-        bench.swap.set_sm_budget(8)
+        bench.swap.set_sm_budget(32)
         bench.swap.set_beside_compute_host_path("batch")
         bench.api.sync()
         bench.free()
@@ -412,7 +422,8 @@ def main() -> int:
                         "batch of 1024 x 2 MiB per direction; device copy: one 1 GiB cuMemcpyDtoDAsync. "
                         "Interference: the computation queued first on its own stream, swaps on another stream "
                         "after an event of the computation's start; swap GB/s over the swaps that ended inside "
-                        "the computation's window; slowdown = window / the computation alone - 1"}
+                        "the computation's window; slowdown = median window beside swaps / median window alone - 1, "
+                        "3 rounds of each, interleaved, after one untimed run alone"}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
     plot(rows, limits, args.plot, f"kvswap proc-address on {report['device']}, driver "

@@ -50,7 +50,7 @@ typedef enum {
 /* Which path a call may take (kvswap_set_policy; initial value from env KVSWAP_POLICY:
  * fastest, copy-engine-only, kernel, batch, loop, beside-compute). */
 typedef enum {
-    KVSWAP_POLICY_FASTEST = 0,          /* per call, the calibrated best of kernel/batch/loop (default) */
+    KVSWAP_POLICY_FASTEST = 0,          /* per call, the calibrated best of kernel/batch/loop, measured alone */
     KVSWAP_POLICY_COPY_ENGINE_ONLY = 1, /* never the kernel: keeps the SMs free for compute */
     KVSWAP_POLICY_KERNEL = 2,           /* the kernel whenever it applies; its failures are returned */
     KVSWAP_POLICY_BATCH = 3,            /* the batch copy (per-block where it cannot be used) */
@@ -62,7 +62,7 @@ typedef enum {
 } kvswap_policy;
 
 /* The policy a process starts with when KVSWAP_POLICY is unset (see README.md for the figures). */
-#define KVSWAP_POLICY_DEFAULT KVSWAP_POLICY_FASTEST
+#define KVSWAP_POLICY_DEFAULT KVSWAP_POLICY_BESIDE_COMPUTE
 
 /* Negative codes are kvswap's own; positive ones are CUDA's (see kvswap_status.code). */
 #define KVSWAP_OK 0
@@ -123,7 +123,7 @@ KVSWAP_API int kvswap_calibrated_streams(int direction, size_t block_bytes, size
 /* Split every copy-engine batch over this many internal streams (1..8; 0: per direction, from the
  * calibration).  Initial value from env KVSWAP_CE_STREAMS.  Returns 0 or KVSWAP_E_INVALID_ARGUMENT. */
 KVSWAP_API int kvswap_set_copy_streams(int streams);
-/* At most this many CTAs for the beside-compute policy's kernel (env KVSWAP_SM_BUDGET, default 8). */
+/* At most this many CTAs for the beside-compute policy's kernel (env KVSWAP_SM_BUDGET, default 32). */
 KVSWAP_API int kvswap_set_sm_budget(int ctas);
 KVSWAP_API int kvswap_get_sm_budget(void);
 /* The beside-compute policy's path for host transfers: KVSWAP_PATH_BATCH (copy engines, the

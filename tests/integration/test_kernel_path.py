@@ -25,7 +25,9 @@ from cumatrix.runtimes import headers_for
 
 SRC_ROOT = str(Path(cumatrix.__file__).resolve().parents[1])
 POLICY_API = ("kvswap_set_policy", "kvswap_get_policy", "kvswap_swap_blocks_dir", "kvswap_kernel_info",
-              "kvswap_calibration_source", "kvswap_calibrated_path")
+              "kvswap_calibration_source", "kvswap_calibrated_path", "kvswap_calibrated_streams",
+              "kvswap_calibration_sm_budget", "kvswap_set_copy_streams", "kvswap_set_sm_budget",
+              "kvswap_get_sm_budget", "kvswap_set_beside_compute_host_path", "kvswap_get_beside_compute_host_path")
 PATH = {"batch": 1, "loop": 2, "kernel": 3}
 DIR = {"d2h": 1, "h2d": 2, "d2d": 3}
 
@@ -102,7 +104,8 @@ def _ask(library: Path, queries: list[list[int]], **env: str) -> dict[str, objec
 
 def test_policy_api_and_built_in_choices(proc_address: Path) -> None:
     r = _ask(proc_address, [[DIR["d2h"], 16384, 1024], [DIR["h2d"], 2 << 20, 1024], [0, 16384, 1024]])
-    assert (r["policy"], r["bad"], r["set"], r["after"]) == (0, -1, 0, 1)
+    # The default is beside-compute (5): swaps usually run beside a model's computation.
+    assert (r["policy"], r["bad"], r["set"], r["after"]) == (5, -1, 0, 1)
     assert r["source"] == "built-in"
     assert r["picks"] == [PATH["kernel"], PATH["batch"], -1]
     assert str(r["info"]).startswith("not yet tried")
