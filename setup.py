@@ -18,7 +18,7 @@ class BuildPyWithReference(build_py):
         dst = Path(self.build_lib) / "cumatrix" / "native"
         dst.mkdir(parents=True, exist_ok=True)
         for f in sorted(src.iterdir()):
-            if f.suffix in (".c", ".h"):
+            if f.suffix in (".c", ".h", ".inc"):  # .inc: family bodies the .c files include
                 shutil.copy2(f, dst / f.name)
         data = Path(self.build_lib) / "cumatrix" / "data"
         data.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@
  */
 #define KV_VARIANT_NAME "driver-dispatch"
 #define KV_LEGACY_STREAM_GUARD 0
-#include "runtime_family.h"
+#include "runtime_family.inc"
 
 static int kv_rt_batch_abi(void) {
     int version = 0;

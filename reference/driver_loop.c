@@ -4,4 +4,4 @@
  */
 #define KV_VARIANT_NAME "driver-loop"
 #define KV_USE_BATCH 0
-#include "driver_family.h"
+#include "driver_family.inc"

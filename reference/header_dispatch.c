@@ -11,7 +11,7 @@
 
 #define KV_VARIANT_NAME "header-dispatch"
 #define KV_LEGACY_STREAM_GUARD 0
-#include "runtime_family.h"
+#include "runtime_family.inc"
 
 static int kv_rt_batch_abi(void) {
 #if CUDA_VERSION >= 13000

@@ -48,20 +48,28 @@ typedef enum {
 } kvswap_direction;
 
 /* Which path a call may take (kvswap_set_policy; initial value from env KVSWAP_POLICY:
- * fastest, copy-engine-only, kernel, batch, loop). */
+ * fastest, copy-engine-only, kernel, batch, loop, beside-compute). */
 typedef enum {
-    KVSWAP_POLICY_FASTEST = 0,          /* per call, the calibrated best of kernel/batch/loop (default) */
+    KVSWAP_POLICY_FASTEST = 0,          /* per call, the calibrated best of kernel/batch/loop, measured alone */
     KVSWAP_POLICY_COPY_ENGINE_ONLY = 1, /* never the kernel: keeps the SMs free for compute */
     KVSWAP_POLICY_KERNEL = 2,           /* the kernel whenever it applies; its failures are returned */
     KVSWAP_POLICY_BATCH = 3,            /* the batch copy (per-block where it cannot be used) */
-    KVSWAP_POLICY_LOOP = 4              /* one copy per block */
+    KVSWAP_POLICY_LOOP = 4,             /* one copy per block */
+    KVSWAP_POLICY_BESIDE_COMPUTE = 5    /* for swaps that run while a computation fills the SMs: copy
+                                         * engines fanned out over streams for host transfers, the
+                                         * kernel on at most kvswap_set_sm_budget() CTAs on a
+                                         * highest-priority stream for device-to-device ones */
 } kvswap_policy;
+
+/* The policy a process starts with when KVSWAP_POLICY is unset (see README.md for the figures). */
+#define KVSWAP_POLICY_DEFAULT KVSWAP_POLICY_BESIDE_COMPUTE
 
 /* Negative codes are kvswap's own; positive ones are CUDA's (see kvswap_status.code). */
 #define KVSWAP_OK 0
 #define KVSWAP_E_INVALID_ARGUMENT (-1) /* n == 0, a NULL array or pointer, a zero size */
 #define KVSWAP_E_NO_LIBRARY (-2)       /* libcuda.so.1 / a loaded libcudart not found */
 #define KVSWAP_E_MISSING_SYMBOL (-3)   /* a required entry point (e.g. cuMemcpyAsync) is absent */
+#define KVSWAP_E_OUT_OF_MEMORY (-4)    /* host memory for kvswap's own bookkeeping ran out */
 
 #define KVSWAP_DEFAULT_CHUNK 4096 /* descriptors per batch call unless changed */
 
@@ -108,6 +116,20 @@ KVSWAP_API int kvswap_get_policy(void);
 KVSWAP_API int kvswap_calibrated_path(int direction, size_t block_bytes, size_t blocks);
 /* Where the calibration came from: the file's name, or "built-in". */
 KVSWAP_API const char *kvswap_calibration_source(void);
+/* The SM budget (CTAs) the calibration's kernel rows were measured with: 0 the whole GPU, -1 unsaid. */
+KVSWAP_API int kvswap_calibration_sm_budget(void);
+/* Copy-engine streams a batch of this shape is split over (the calibrated, or the set, count). */
+KVSWAP_API int kvswap_calibrated_streams(int direction, size_t block_bytes, size_t blocks);
+/* Split every copy-engine batch over this many internal streams (1..8; 0: per direction, from the
+ * calibration).  Initial value from env KVSWAP_CE_STREAMS.  Returns 0 or KVSWAP_E_INVALID_ARGUMENT. */
+KVSWAP_API int kvswap_set_copy_streams(int streams);
+/* At most this many CTAs for the beside-compute policy's kernel (env KVSWAP_SM_BUDGET, default 32). */
+KVSWAP_API int kvswap_set_sm_budget(int ctas);
+KVSWAP_API int kvswap_get_sm_budget(void);
+/* The beside-compute policy's path for host transfers: KVSWAP_PATH_BATCH (copy engines, the
+ * default) or KVSWAP_PATH_KERNEL (the budgeted kernel).  Env KVSWAP_BESIDE_HOST=batch|kernel. */
+KVSWAP_API int kvswap_set_beside_compute_host_path(int path);
+KVSWAP_API int kvswap_get_beside_compute_host_path(void);
 /* How the kernel was built ("cubin sm_90 via libnvrtc.so.13 (NVRTC 13.0)") or why it is unavailable. */
 KVSWAP_API const char *kvswap_kernel_info(void);
 

@@ -26,6 +26,7 @@ static inline const char *kv_own_error_name(int code) {
     case KVSWAP_E_INVALID_ARGUMENT: return "KVSWAP_E_INVALID_ARGUMENT";
     case KVSWAP_E_NO_LIBRARY: return "KVSWAP_E_NO_LIBRARY";
     case KVSWAP_E_MISSING_SYMBOL: return "KVSWAP_E_MISSING_SYMBOL";
+    case KVSWAP_E_OUT_OF_MEMORY: return "KVSWAP_E_OUT_OF_MEMORY";
     default: return "KVSWAP_E_UNKNOWN";
     }
 }

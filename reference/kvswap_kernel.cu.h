@@ -2,59 +2,72 @@
  * kvswap_kernel.cu.h - the copy kernel's CUDA source, as a C string.
  *
  * Compiled at run time (NVRTC, to machine code for the device's own architecture) by
- * kernel_path.h; the host library stays plain C built by gcc.  The same text is checked by
+ * kernel_path.inc; the host library stays plain C built by gcc.  The same text is checked by
  * `nvcc -cubin` in the tests, so keep it free of host-only constructs.
  *
- * One CTA copies one block (gridDim.x = number of blocks; gridDim.y splits very large blocks).
- * Descriptors: srcs[n], dsts[n] (device-visible addresses: device memory, or pinned host
- * memory through its unified-addressing mapping) and sizes[n], or one `uniform_size` for all
- * blocks (sizes == NULL).  Blocks whose source, destination and size are all 16-byte aligned
- * move in 16-byte words, UNROLL words in flight per thread; 8-byte alignment uses 8-byte words;
- * anything else goes byte by byte.
+ * A persistent grid of warps: work item `it` is slice (it % slices) of block (it / slices), and
+ * warp w takes items w, w + W, w + 2W, ... (W warps in the grid).  So the grid can be any size:
+ * the whole GPU (the `kernel` path), or a few CTAs that leave the other SMs to a computation
+ * running beside the swap (the `beside-compute` policy's SM budget).  Slicing large blocks keeps
+ * every warp busy when there are few of them.
+ * Descriptors: srcs[n], dsts[n] (device-visible addresses: device memory, or pinned host memory
+ * through its unified-addressing mapping) and sizes[n], or one `uniform_size` for all blocks
+ * (sizes == NULL).  A slice whose source, destination and bounds are all 16-byte aligned moves in
+ * 16-byte words, UNROLL loads in flight per lane before the first store; 8-byte alignment uses
+ * 8-byte words; anything else goes byte by byte.
  */
 #ifndef KVSWAP_KERNEL_CU_H
 #define KVSWAP_KERNEL_CU_H
 
 #define KVSWAP_KERNEL_NAME "kvswap_copy_blocks"
+/* Threads per CTA: the whole-GPU grid uses 256 (8 CTAs fill an SM); a budgeted grid uses
+ * KVSWAP_KERNEL_MAX_THREADS per CTA, so that each SM it takes carries as many loads as it can. */
 #define KVSWAP_KERNEL_THREADS 256
+#define KVSWAP_KERNEL_MAX_THREADS 1024
 
 static const char kvswap_kernel_source[] =
-    "#define UNROLL 4\n"
+    "#define UNROLL 8\n"
     "typedef unsigned long long u64;\n"
-    "extern \"C\" __global__ void __launch_bounds__(256)\n"
+    "extern \"C\" __global__ void __launch_bounds__(1024)\n"
     "kvswap_copy_blocks(const u64 *__restrict__ srcs, const u64 *__restrict__ dsts,\n"
-    "                   const u64 *__restrict__ sizes, u64 uniform_size) {\n"
-    "    const u64 b = blockIdx.x;\n"
-    "    const char *src = (const char *)srcs[b];\n"
-    "    char *dst = (char *)dsts[b];\n"
-    "    const u64 size = sizes ? sizes[b] : uniform_size;\n"
-    "    /* gridDim.y CTAs share one block: each takes a contiguous, 16-byte-aligned slice. */\n"
-    "    const u64 per = ((size + gridDim.y - 1) / gridDim.y + 15) & ~(u64)15;\n"
-    "    const u64 lo = per * blockIdx.y;\n"
-    "    if (lo >= size) return;\n"
-    "    const u64 hi = lo + per < size ? lo + per : size;\n"
-    "    const unsigned t = threadIdx.x, nt = blockDim.x;\n"
-    "    const u64 align = (u64)src | (u64)dst | lo | hi;\n"
-    "    if ((align & 15) == 0) {\n"
-    "        const uint4 *s = (const uint4 *)(src + lo);\n"
-    "        uint4 *d = (uint4 *)(dst + lo);\n"
-    "        const u64 words = (hi - lo) >> 4;\n"
-    "        u64 i = t;\n"
-    "        for (; i + (UNROLL - 1) * (u64)nt < words; i += UNROLL * (u64)nt) {\n"
-    "            uint4 v[UNROLL];\n"
+    "                   const u64 *__restrict__ sizes, u64 uniform_size, u64 n, unsigned slices) {\n"
+    "    const unsigned lane = threadIdx.x & 31u;\n"
+    "    const u64 warp = ((u64)blockIdx.x * blockDim.x + threadIdx.x) >> 5;\n"
+    "    const u64 nwarps = ((u64)gridDim.x * blockDim.x) >> 5;\n"
+    "    const u64 items = n * slices;\n"
+    "    for (u64 it = warp; it < items; it += nwarps) {\n"
+    "        const u64 b = it / slices;\n"
+    "        const u64 sl = it - b * slices;\n"
+    "        const char *src = (const char *)srcs[b];\n"
+    "        char *dst = (char *)dsts[b];\n"
+    "        const u64 size = sizes ? sizes[b] : uniform_size;\n"
+    "        /* Slices are contiguous and 16-byte aligned within the block. */\n"
+    "        const u64 per = ((size + slices - 1) / slices + 15) & ~(u64)15;\n"
+    "        const u64 lo = per * sl;\n"
+    "        if (lo >= size) continue;\n"
+    "        const u64 hi = lo + per < size ? lo + per : size;\n"
+    "        const u64 align = (u64)src | (u64)dst | lo | hi;\n"
+    "        if ((align & 15) == 0) {\n"
+    "            const uint4 *s = (const uint4 *)(src + lo);\n"
+    "            uint4 *d = (uint4 *)(dst + lo);\n"
+    "            const u64 words = (hi - lo) >> 4;\n"
+    "            u64 i = lane;\n"
+    "            for (; i + (UNROLL - 1) * 32u < words; i += UNROLL * 32u) {\n"
+    "                uint4 v[UNROLL];\n"
     "#pragma unroll\n"
-    "            for (int k = 0; k < UNROLL; k++) v[k] = s[i + k * (u64)nt];\n"
+    "                for (int k = 0; k < UNROLL; k++) v[k] = s[i + k * 32u];\n"
     "#pragma unroll\n"
-    "            for (int k = 0; k < UNROLL; k++) d[i + k * (u64)nt] = v[k];\n"
+    "                for (int k = 0; k < UNROLL; k++) d[i + k * 32u] = v[k];\n"
+    "            }\n"
+    "            for (; i < words; i += 32u) d[i] = s[i];\n"
+    "        } else if ((align & 7) == 0) {\n"
+    "            const u64 *s = (const u64 *)(src + lo);\n"
+    "            u64 *d = (u64 *)(dst + lo);\n"
+    "            const u64 words = (hi - lo) >> 3;\n"
+    "            for (u64 i = lane; i < words; i += 32u) d[i] = s[i];\n"
+    "        } else {\n"
+    "            for (u64 i = lo + lane; i < hi; i += 32u) dst[i] = src[i];\n"
     "        }\n"
-    "        for (; i < words; i += nt) d[i] = s[i];\n"
-    "    } else if ((align & 7) == 0) {\n"
-    "        const u64 *s = (const u64 *)(src + lo);\n"
-    "        u64 *d = (u64 *)(dst + lo);\n"
-    "        const u64 words = (hi - lo) >> 3;\n"
-    "        for (u64 i = t; i < words; i += nt) d[i] = s[i];\n"
-    "    } else {\n"
-    "        for (u64 i = lo + t; i < hi; i += nt) dst[i] = src[i];\n"
     "    }\n"
     "}\n";
 

@@ -10,4 +10,4 @@
 #define KV_VARIANT_NAME "proc-address"
 #define KV_USE_BATCH 1
 #define KV_USE_KERNEL 1
-#include "driver_family.h"
+#include "driver_family.inc"

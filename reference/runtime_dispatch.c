@@ -7,7 +7,7 @@
  */
 #define KV_VARIANT_NAME "runtime-dispatch"
 #define KV_LEGACY_STREAM_GUARD 1
-#include "runtime_family.h"
+#include "runtime_family.inc"
 
 static int kv_rt_batch_abi(void) {
     int version = 0;

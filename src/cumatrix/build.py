@@ -128,9 +128,14 @@ def _compiler_identity(cc: str) -> str:
     return first[0] if first else cc
 
 
+#: What the reference sources are made of: variant sources, headers, and the ``.inc`` fragments
+#: a variant's source includes (family bodies that define its exported functions).
+SOURCE_SUFFIXES: tuple[str, ...] = (".c", ".h", ".inc")
+
+
 def _sources_digest(ref: Path) -> str:
     h = hashlib.sha256()
-    for p in sorted(ref.glob("*.[ch]")):
+    for p in sorted(f for f in ref.iterdir() if f.suffix in SOURCE_SUFFIXES):
         h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()
 

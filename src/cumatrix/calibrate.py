@@ -1,7 +1,11 @@
 """``cumatrix calibrate``: measure loop, batch and kernel per direction x block size x count.
 
 The reference's ``fastest`` policy picks, per call, the path this table says is fastest for
-the nearest (direction, block size, count).  The measurement runs in a child process (stdlib +
+the nearest (direction, block size, count).  The batch (copy-engine) path is measured split over
+1, 2, 4 and 8 streams, and each row records the count that was fastest for its direction and size:
+what the copy engines reward differs per direction.  The kernel rows are measured with the whole
+GPU to themselves; the table says so (``sm-budget 0``), since the same kernel beside a computation
+gets far fewer SMs.  The measurement runs in a child process (stdlib +
 ctypes, driver API only, as a driver-family swap cell does), so a CUDA failure cannot take
 the CLI down.  The table is written twice: JSON (every measurement) and the plain text the
 C library reads (``direction block_bytes blocks path`` per line), which
@@ -29,6 +33,10 @@ DEFAULT_SIZES = (4096, 16384, 65536, 262144, 2097152)
 DEFAULT_COUNTS = (64, 1024)
 #: Paths a calibration compares, as the policies that force them.
 PATHS = ("loop", "batch", "kernel")
+#: Copy-engine fan-outs (streams per batch call) a calibration tries for the batch path.
+STREAM_CHOICES = (1, 2, 4, 8)
+#: The SM budget the kernel rows are measured with: 0, the whole GPU (no computation beside them).
+CALIBRATION_SM_BUDGET = 0
 RESULT_TAG = "CUMATRIX-RESULT "
 #: The most bytes one measurement moves (per side); larger (size, count) pairs are skipped.
 MAX_BYTES = 2 << 30
@@ -47,22 +55,37 @@ class Measurement:
     repetitions: int
     spread: dict[str, float] = field(default_factory=dict)
     error: str | None = None
+    streams: int = 1
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CalibrationRow:
-    """The fastest path for one (direction, block size, count)."""
+    """The fastest path for one (direction, block size, count); ``streams`` for batch rows."""
 
     direction: str
     block_bytes: int
     blocks: int
     path: str
     gbps: float
+    streams: int = 1
 
 
 def default_table() -> Path:
     """Where ``cumatrix calibrate`` writes by default, and where ``cumatrix run`` looks."""
     return cache_dir("calibration") / "kvswap-calibration.txt"
+
+
+def as_calibration_input(measurements: list[Measurement]) -> list[Measurement]:
+    """The measurements a table is made of: the copy-engine path as the ``fastest`` policy takes it
+    (``copy-engine-only``: calls of 128 descriptors, fanned out over the measured stream counts)
+    stands for ``batch``; the forced batch (one caller's stream, the chunk limit) is left out."""
+    out = []
+    for m in measurements:
+        if m.policy == "copy-engine-only":
+            out.append(Measurement(**(asdict(m) | {"policy": "batch"})))
+        elif m.policy in ("loop", "kernel"):
+            out.append(m)
+    return out
 
 
 def best_rows(measurements: list[Measurement]) -> list[CalibrationRow]:
@@ -74,14 +97,26 @@ def best_rows(measurements: list[Measurement]) -> list[CalibrationRow]:
         key = (m.direction, m.block_bytes, m.blocks)
         if key not in best or m.gbps > (best[key].gbps or 0.0):
             best[key] = m
-    return [CalibrationRow(direction=k[0], block_bytes=k[1], blocks=k[2], path=m.policy, gbps=m.gbps or 0.0)
+    # The batch's fan-out: the fastest batch measurement of the key, even where another path won
+    # (the copy-engine-only policy reads it from this row).
+    fan: dict[tuple[str, int, int], Measurement] = {}
+    for m in measurements:
+        if m.policy == "batch" and m.gbps is not None:
+            key = (m.direction, m.block_bytes, m.blocks)
+            if key not in fan or m.gbps > (fan[key].gbps or 0.0):
+                fan[key] = m
+    return [CalibrationRow(direction=k[0], block_bytes=k[1], blocks=k[2], path=m.policy, gbps=m.gbps or 0.0,
+                           streams=fan[k].streams if k in fan else 1)
             for k, m in sorted(best.items())]
 
 
-def table_text(rows: list[CalibrationRow]) -> str:
-    """The text ``KVSWAP_CALIBRATION`` names: ``direction block_bytes blocks path`` per line."""
-    lines = ["# kvswap calibration: direction block_bytes blocks path (written by cumatrix calibrate)"]
-    lines += [f"{r.direction} {r.block_bytes} {r.blocks} {r.path}" for r in rows]
+def table_text(rows: list[CalibrationRow], sm_budget: int = CALIBRATION_SM_BUDGET) -> str:
+    """The text ``KVSWAP_CALIBRATION`` names: ``direction block_bytes blocks path streams`` per line,
+    and ``sm-budget N``: the CTAs the kernel rows were measured with (0: the whole GPU)."""
+    lines = ["# kvswap calibration: direction block_bytes blocks path streams (written by cumatrix calibrate)",
+             "# sm-budget: CTAs the kernel rows were measured with (0: the whole GPU, nothing beside it)",
+             f"sm-budget {sm_budget}"]
+    lines += [f"{r.direction} {r.block_bytes} {r.blocks} {r.path} {r.streams}" for r in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -92,11 +127,11 @@ class Bench:
     """A driver-API context, one proc-address library, and buffers reused across paths."""
 
     def __init__(self, library: str) -> None:
-        from . import swapcell
+        from . import cudaapi
 
-        self._swapcell = swapcell
-        self.api = swapcell._Driver()
-        self.swap = swapcell._Swap(library)
+        self._cudaapi = cudaapi
+        self.api = cudaapi.Driver()
+        self.swap = cudaapi.KvSwapLibrary(library)
         self.lib = self.api.lib
         self.lib.cuMemsetD8Async.argtypes = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t, ctypes.c_void_p]
         self.lib.cuMemcpyDtoDAsync_v2.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t,
@@ -108,7 +143,7 @@ class Bench:
         """Fresh source and destination of ``total`` bytes each, the source filled."""
         src = self.api.alloc_device(total) if direction in ("d2h", "d2d") else self.api.alloc_host(total)
         dst = self.api.alloc_device(total) if direction in ("h2d", "d2d") else self.api.alloc_host(total)
-        self.api._check(self.lib.cuMemsetD8Async(src, 0x5A, total, self.stream), "cuMemsetD8Async")
+        self.api.check(self.lib.cuMemsetD8Async(src, 0x5A, total, self.stream), "cuMemsetD8Async")
         return src, dst
 
     def free(self) -> None:
@@ -129,22 +164,31 @@ class Bench:
                 out.append(ms)
         return out
 
-    def measure(self, direction: str, block: int, blocks: int, policies: tuple[str, ...], reps: int,
-                warmup: int = 2) -> list[Measurement]:
-        """Time every policy on one scattered layout (block i -> slot perm[i], as a KV swap does)."""
-        total = block * blocks
-        src, dst = self.buffers(direction, total)
-        perm = list(range(blocks))
+    def layout(self, direction: str, block: int, blocks: int) -> tuple[Any, Any, Any, int]:
+        """Fresh buffers and the scattered descriptors (block i -> slot perm[i], as a KV swap does)."""
         import random
 
+        src, dst = self.buffers(direction, block * blocks)
+        perm = list(range(blocks))
         random.Random(blocks).shuffle(perm)
         src_ptrs = (ctypes.c_void_p * blocks)(*[src + i * block for i in range(blocks)])
         dst_ptrs = (ctypes.c_void_p * blocks)(*[dst + perm[i] * block for i in range(blocks)])
         sizes = (ctypes.c_size_t * blocks)(*([block] * blocks))
-        args = (src_ptrs, dst_ptrs, sizes, blocks)
+        return src_ptrs, dst_ptrs, sizes, blocks
+
+    def measure(self, direction: str, block: int, blocks: int, policies: tuple[str, ...], reps: int,
+                warmup: int = 2, streams: tuple[int, ...] = (0,)) -> list[Measurement]:
+        """Time every policy on one scattered layout (block i -> slot perm[i], as a KV swap does).
+
+        ``streams``: the copy-engine fan-outs tried for the batch and copy-engine-only policies
+        (0: the library's calibrated choice); other policies run once with the calibrated choice.
+        """
+        total = block * blocks
+        args = self.layout(direction, block, blocks)
         out = []
-        for policy in policies:
+        for policy, fan in [(p, f) for p in policies for f in (streams if p in ("batch", "copy-engine-only") else (0,))]:
             self.swap.set_policy(policy)
+            self.swap.set_copy_streams(fan)
 
             def call() -> None:
                 if self.swap(args, self.stream) != 0:
@@ -152,15 +196,17 @@ class Bench:
 
             try:
                 times = self.time_ms(call, reps, warmup)
-            except self._swapcell.CellFailure as e:
+            except self._cudaapi.CudaFailure as e:
                 out.append(Measurement(direction=direction, block_bytes=block, blocks=blocks, policy=policy,
                                        path=e.path, gbps=None, repetitions=0, error=e.detail))
                 continue
             med = statistics.median(times)
+            used = self.swap.copy_streams(direction, block, blocks) or 1
             out.append(Measurement(direction=direction, block_bytes=block, blocks=blocks, policy=policy,
-                                   path=self._swapcell._PATHS.get(self.swap.path.value, "n/a"),
+                                   path=self._cudaapi.PATHS.get(self.swap.path.value, "n/a"),
                                    gbps=total / 1e9 / (med / 1e3), repetitions=reps,
-                                   spread=self._swapcell._spread(times)))
+                                   spread=self._cudaapi.spread(times), streams=used))
+        self.swap.set_copy_streams(0)
         self.api.sync()
         self.free()
         return out
@@ -168,10 +214,10 @@ class Bench:
     def device_copy_gbps(self, total: int, reps: int) -> tuple[float, dict[str, float]]:
         """GB/s (bytes copied once) of one large cuMemcpyDtoDAsync: the device's own copy bandwidth."""
         src, dst = self.buffers("d2d", total)
-        times = self.time_ms(lambda: self.api._check(self.lib.cuMemcpyDtoDAsync_v2(dst, src, total, self.stream),
+        times = self.time_ms(lambda: self.api.check(self.lib.cuMemcpyDtoDAsync_v2(dst, src, total, self.stream),
                                                     "cuMemcpyDtoDAsync"), reps, 2)
         self.free()
-        return total / 1e9 / (statistics.median(times) / 1e3), self._swapcell._spread(times)
+        return total / 1e9 / (statistics.median(times) / 1e3), self._cudaapi.spread(times)
 
 
 def calibrate(library: str, directions: tuple[str, ...], sizes: tuple[int, ...], counts: tuple[int, ...],
@@ -183,16 +229,19 @@ def calibrate(library: str, directions: tuple[str, ...], sizes: tuple[int, ...],
         for size in sizes:
             for count in counts:
                 if size * count <= MAX_BYTES:
-                    measurements += bench.measure(direction, size, count, PATHS, reps)
+                    measurements += bench.measure(direction, size, count, ("loop", "copy-engine-only", "kernel"),
+                                                  reps, streams=STREAM_CHOICES)
+    measurements = as_calibration_input(measurements)
     rows = best_rows(measurements)
     return {"device": bench.api.device_name(), "versions": bench.api.versions,
             "kernel_info": bench.swap.kernel_info(), "measurements": [asdict(m) for m in measurements],
-            "table": [asdict(r) for r in rows]}
+            "table": [asdict(r) for r in rows], "sm_budget": CALIBRATION_SM_BUDGET,
+            "sm_budget_meaning": "kernel rows measured with the whole GPU (no computation beside them)"}
 
 
 def child_main(argv: list[str]) -> int:
     """Child entry: ``argv[0]`` is a JSON spec; prints one ``CUMATRIX-RESULT`` line."""
-    from .swapcell import CellFailure
+    from .cudaapi import CudaFailure as CellFailure
 
     spec = json.loads(argv[0])
     try:
@@ -272,12 +321,16 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print(f"{'dir':4} {'block':>8} {'blocks':>6}  " + "  ".join(f"{p:>8}" for p in PATHS) + "  best")
     by_key: dict[tuple[str, int, int], dict[str, float | None]] = {}
     for m in result["measurements"]:
-        by_key.setdefault((m["direction"], m["block_bytes"], m["blocks"]), {})[m["policy"]] = m["gbps"]
-    best = {(r.direction, r.block_bytes, r.blocks): r.path for r in rows}
+        vals = by_key.setdefault((m["direction"], m["block_bytes"], m["blocks"]), {})
+        if m["gbps"] is not None and (vals.get(m["policy"]) or 0.0) < m["gbps"]:
+            vals[m["policy"]] = m["gbps"]  # the batch's best fan-out
+        vals.setdefault(m["policy"], None)
+    best = {(r.direction, r.block_bytes, r.blocks): f"{r.path} ({r.streams} streams)" if r.path == "batch" else r.path
+            for r in rows}
     for key, vals in by_key.items():
         cells = "  ".join(f"{vals[p]:8.1f}" if vals.get(p) is not None else f"{'-':>8}" for p in PATHS)
         print(f"{key[0]:4} {key[1]:>8} {key[2]:>6}  {cells}  {best.get(key, '-')}")
-    print(f"kernel: {result['kernel_info']}  (GB/s, bytes copied once)")
+    print(f"kernel: {result['kernel_info']}, measured with the whole GPU (sm-budget 0)  (GB/s, bytes copied once)")
     hint = ("`cumatrix run` hands it to every swap cell" if out == default_table()
             else f"use it with: export KVSWAP_CALIBRATION={out}")
     print(f"wrote {out} and {out.with_suffix('.json')}; {hint}")

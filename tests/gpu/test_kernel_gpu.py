@@ -60,6 +60,12 @@ lib.cuMemsetD8Async.argtypes = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t
 lib.cuMemcpyAsync.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
 swap = swapcell._Swap(spec["library"])
 swap.set_policy(spec["policy"])
+if spec.get("streams") is not None:
+    swap.set_copy_streams(spec["streams"])
+if spec.get("budget") is not None:
+    swap.set_sm_budget(spec["budget"])
+if spec.get("beside_host") is not None:
+    swap.set_beside_compute_host_path(spec["beside_host"])
 d = spec["direction"]
 sizes_l, offsets = spec["sizes"], spec["offsets"]
 n = len(sizes_l)
@@ -183,6 +189,88 @@ def test_copy_engine_only_never_launches(library: str, direction: str) -> None:
     sizes, offsets = uniform(16384, 1024)
     r = run_child(library, direction=direction, policy="copy-engine-only", sizes=sizes, offsets=offsets)
     assert (r["rc"], r["path"], r["nbad"]) == (0, "batch", 0), r
+
+
+POLICY_RUNS = {
+    # policy, knobs, the path it must take for (d2h/h2d, d2d)
+    "copy-engine-only x2": ("copy-engine-only", {"streams": 2}, ("batch", "batch")),
+    "copy-engine-only x8": ("copy-engine-only", {"streams": 8}, ("batch", "batch")),
+    "beside-compute ce": ("beside-compute", {"budget": 2, "beside_host": "batch"}, ("batch", "kernel")),
+    "beside-compute kernel": ("beside-compute", {"budget": 2, "beside_host": "kernel"}, ("kernel", "kernel")),
+    "fastest": ("fastest", {}, (None, "kernel")),
+    "batch": ("batch", {}, ("batch", "batch")),
+    "loop": ("loop", {}, ("fallback", "fallback")),
+}
+
+
+@pytest.mark.parametrize("layout", ["16k-x1024", "ragged"])
+@pytest.mark.parametrize("run", list(POLICY_RUNS))
+@pytest.mark.parametrize("direction", ["d2h", "h2d", "d2d"])
+def test_every_policy_every_byte(library: str, direction: str, run: str, layout: str) -> None:
+    # Each policy and its knobs (copy-engine fan-out over 2 and 8 streams, the budgeted kernel on
+    # 2 CTAs): every byte, in stream order after the source was rewritten on the caller's stream.
+    policy, knobs, paths = POLICY_RUNS[run]
+    sizes, offsets = LAYOUTS[layout]
+    r = run_child(library, direction=direction, policy=policy, sizes=sizes, offsets=offsets, **knobs)
+    _kernel_or_skip(r)
+    assert r["rc"] == 0, r
+    want = paths[1] if direction == "d2d" else paths[0]
+    assert want is None or r["path"] == want, r
+    assert r["nbad"] == 0, f"{r['nbad']} of {len(sizes)} blocks wrong, first {r['bad']}"
+
+
+_RECREATE_CHILD = r'''
+import ctypes, json, os, sys
+from cumatrix import cudaapi
+lib = ctypes.CDLL("libcuda.so.1")
+assert lib.cuInit(0) == 0
+swap = cudaapi.KvSwapLibrary(sys.argv[1])
+swap.set_policy("kernel")
+dev = ctypes.c_int()
+lib.cuDeviceGet(ctypes.byref(dev), 0)
+lib.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
+lib.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t]
+lib.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_size_t]
+lib.cuCtxDestroy_v2.argtypes = [ctypes.c_void_p]
+out = []
+for round_ in range(3):
+    ctx = ctypes.c_void_p()
+    assert lib.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev) == 0
+    n, block = 64, 4096
+    src, dst = ctypes.c_uint64(), ctypes.c_uint64()
+    lib.cuMemAlloc_v2(ctypes.byref(src), n * block)
+    lib.cuMemAlloc_v2(ctypes.byref(dst), n * block)
+    payload = os.urandom(n * block)
+    lib.cuMemcpyHtoD_v2(src, payload, n * block)
+    S = (ctypes.c_void_p * n)(*[src.value + i * block for i in range(n)])
+    D = (ctypes.c_void_p * n)(*[dst.value + (n - 1 - i) * block for i in range(n)])
+    Z = (ctypes.c_size_t * n)(*([block] * n))
+    stream = ctypes.c_void_p()
+    lib.cuStreamCreate(ctypes.byref(stream), 0)
+    rc = swap((S, D, Z, n), stream.value)
+    lib.cuCtxSynchronize()
+    got = ctypes.create_string_buffer(n * block)
+    lib.cuMemcpyDtoH_v2(got, dst, n * block)
+    ok = all(got.raw[(n - 1 - i) * block:(n - i) * block] == payload[i * block:(i + 1) * block] for i in range(n))
+    out.append({"ctx": ctx.value, "rc": rc, "path": cudaapi.PATHS[swap.path.value], "ok": ok,
+                "detail": swap.status.message.decode(), "info": swap.kernel_info()})
+    lib.cuCtxDestroy_v2(ctx)
+print(json.dumps(out))
+'''
+
+
+def test_kernel_survives_a_context_destroyed_and_recreated(library: str) -> None:
+    # The per-context module and pool die with their context; a new context (the driver often hands
+    # out the same address again) must get its own, not the dead one's (cached by address alone,
+    # this failed with an invalid-handle error or wrong bytes).
+    proc = subprocess.run([sys.executable, "-c", _RECREATE_CHILD, library], capture_output=True, text=True,
+                          timeout=120, env=dict(os.environ, PYTHONPATH=SRC_ROOT))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rounds = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(rounds)
+    if "no NVRTC" in str(rounds[0]["info"]):
+        pytest.skip(f"kernel path unavailable: {rounds[0]['info']}")
+    assert [(r["rc"], r["path"], r["ok"]) for r in rounds] == [(0, "kernel", True)] * 3, rounds
 
 
 def test_pageable_host_memory_stays_on_copy_engines(library: str) -> None:

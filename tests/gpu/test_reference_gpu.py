@@ -94,6 +94,11 @@ def test_variant_on_gpu(tmp_path_factory: pytest.TempPathFactory, variant: str, 
     assert isinstance(data, dict) and data["verified_bytes"] == 16384 * 256
     t = v["timings"]
     assert isinstance(t, dict) and t["gbps"] > 0 and t["repetitions"] >= 20
+    # What ran and how fast beside the limit (one contiguous copy of the same bytes, same direction).
+    assert t["limit_gbps"] > 0 and t["limit_ratio"] == pytest.approx(t["gbps"] / t["limit_gbps"])
+    assert (data["path"], data["gbps"], data["limit_gbps"]) == (path, t["gbps"], t["limit_gbps"])
+    if variant == "proc-address":
+        assert data["policy"] == "copy-engine-only" and data["copy_streams"] >= 1, data
 
 
 @pytest.mark.parametrize("family", ["driver", "runtime"])

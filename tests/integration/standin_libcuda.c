@@ -6,6 +6,9 @@
  * error reporting, byte checks); it proves nothing about CUDA's behaviour.
  *
  * Knobs (environment): STANDIN_HIDE_BATCH=1 hides the batch entry from cuGetProcAddress.
+ * Streams and events for the copy-engine fan-out are recorded (which stream each batch went to,
+ * how many streams were made); standin_new_context() makes the current context a new one at the
+ * same address (as the driver does when a context is destroyed and another created).
  * Built with -DSTANDIN_OLD_DRIVER it exports no cuMemcpyBatchAsync at all (a pre-12.8 driver).
  */
 #include <stdint.h>
@@ -18,9 +21,28 @@ typedef unsigned long long CUdeviceptr;
 typedef struct { int srcAccessOrder; int lt, li, dt, di; unsigned flags; } attrs_t;
 
 #define EXPORT __attribute__((visibility("default")))
-static unsigned long n_memcpy, n_batch, max_batch;
-EXPORT unsigned long standin_count(int which) { return which == 0 ? n_memcpy : which == 1 ? n_batch : max_batch; }
-EXPORT void standin_reset(void) { n_memcpy = n_batch = max_batch = 0; }
+static unsigned long n_memcpy, n_batch, max_batch, n_streams, n_waits, n_batch_streams;
+static unsigned long long ctx_id = 1;
+static __attribute__((unused)) void *batch_streams[64];
+EXPORT unsigned long standin_count(int which) {
+    switch (which) {
+    case 0: return n_memcpy;
+    case 1: return n_batch;
+    case 2: return max_batch;
+    case 3: return n_streams;       /* cuStreamCreateWithPriority calls */
+    case 4: return n_batch_streams; /* distinct streams the batch calls went to */
+    default: return n_waits;        /* cuStreamWaitEvent calls */
+    }
+}
+EXPORT void standin_reset(void) { n_memcpy = n_batch = max_batch = n_waits = n_batch_streams = 0; }
+EXPORT void standin_new_context(void) { ctx_id++; }
+EXPORT CUresult cuCtxGetCurrent(void **ctx) { *ctx = (void *)0x10; return 0; }
+EXPORT CUresult cuCtxGetId(void *ctx, unsigned long long *id) { (void)ctx; *id = ctx_id; return 0; }
+EXPORT CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest) { *least = 0; *greatest = -5; return 0; }
+EXPORT CUresult cuStreamCreateWithPriority(void **s, unsigned flags, int prio) {
+    (void)flags; (void)prio; n_streams++; *s = (void *)(uintptr_t)(0x2000 + n_streams); return 0;
+}
+EXPORT CUresult cuStreamWaitEvent(void *s, void *e, unsigned flags) { (void)s; (void)e; (void)flags; n_waits++; return 0; }
 
 EXPORT CUresult cuInit(unsigned flags) { (void)flags; return 0; }
 EXPORT CUresult cuDriverGetVersion(int *v) { *v = 12080; return 0; }
@@ -59,6 +81,9 @@ static CUresult batch(CUdeviceptr *d, CUdeviceptr *s, size_t *sz, size_t count, 
     if (stream == NULL || (uintptr_t)stream == 1) { if (fail) *fail = 0; return 1; }
     if (na != 1 || !a || !ai || ai[0] != 0 || a->srcAccessOrder != 1) { if (fail) *fail = SIZE_MAX; return 1; }
     n_batch++; if (count > max_batch) max_batch = count;
+    unsigned long j = 0;
+    while (j < n_batch_streams && batch_streams[j] != stream) j++;
+    if (j == n_batch_streams && j < 64) batch_streams[n_batch_streams++] = stream;
     for (size_t i = 0; i < count; i++) memcpy((void *)(uintptr_t)d[i], (void *)(uintptr_t)s[i], sz[i]);
     return 0;
 }
@@ -72,6 +97,14 @@ static void *lookup(const char *sym, int version, int *status) {
     *status = 0;
     if (!strcmp(sym, "cuMemcpyAsync")) return (void *)cuMemcpyAsync;
     if (!strcmp(sym, "cuGetErrorName")) return (void *)cuGetErrorName;
+    /* What the copy-engine fan-out needs (not the kernel path: no module loading here). */
+    if (!strcmp(sym, "cuCtxGetCurrent")) return (void *)cuCtxGetCurrent;
+    if (!strcmp(sym, "cuCtxGetId")) return (void *)cuCtxGetId;
+    if (!strcmp(sym, "cuCtxGetStreamPriorityRange")) return (void *)cuCtxGetStreamPriorityRange;
+    if (!strcmp(sym, "cuStreamCreateWithPriority")) return (void *)cuStreamCreateWithPriority;
+    if (!strcmp(sym, "cuEventCreate")) return (void *)cuEventCreate;
+    if (!strcmp(sym, "cuEventRecord")) return (void *)cuEventRecord;
+    if (!strcmp(sym, "cuStreamWaitEvent")) return (void *)cuStreamWaitEvent;
 #ifndef STANDIN_OLD_DRIVER
     if (!strcmp(sym, "cuMemcpyBatchAsync") && !getenv("STANDIN_HIDE_BATCH")) {
         if (version < 12080) { *status = 2; return NULL; } /* CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT */

@@ -19,13 +19,22 @@ from elftools.elf.sections import SymbolTableSection
 
 import cumatrix
 from cumatrix.build import build_variant, reference_dir
-from cumatrix.calibrate import CalibrationRow, Measurement, add_calibrate_parser, best_rows, table_text
+from cumatrix.calibrate import (
+    CalibrationRow,
+    Measurement,
+    add_calibrate_parser,
+    as_calibration_input,
+    best_rows,
+    table_text,
+)
 from cumatrix.elf import elf_defined_symbols, elf_needed
 from cumatrix.runtimes import headers_for
 
 SRC_ROOT = str(Path(cumatrix.__file__).resolve().parents[1])
 POLICY_API = ("kvswap_set_policy", "kvswap_get_policy", "kvswap_swap_blocks_dir", "kvswap_kernel_info",
-              "kvswap_calibration_source", "kvswap_calibrated_path")
+              "kvswap_calibration_source", "kvswap_calibrated_path", "kvswap_calibrated_streams",
+              "kvswap_calibration_sm_budget", "kvswap_set_copy_streams", "kvswap_set_sm_budget",
+              "kvswap_get_sm_budget", "kvswap_set_beside_compute_host_path", "kvswap_get_beside_compute_host_path")
 PATH = {"batch": 1, "loop": 2, "kernel": 3}
 DIR = {"d2h": 1, "h2d": 2, "d2d": 3}
 
@@ -82,11 +91,14 @@ lib = ctypes.CDLL(sys.argv[1])
 lib.kvswap_calibration_source.restype = ctypes.c_char_p
 lib.kvswap_kernel_info.restype = ctypes.c_char_p
 lib.kvswap_calibrated_path.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t]
+lib.kvswap_calibrated_streams.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_size_t]
 queries = json.loads(sys.argv[2])
 print(json.dumps({"policy": lib.kvswap_get_policy(), "bad": lib.kvswap_set_policy(9), "set": lib.kvswap_set_policy(1),
                   "after": lib.kvswap_get_policy(), "source": lib.kvswap_calibration_source().decode(),
                   "info": lib.kvswap_kernel_info().decode(),
-                  "picks": [lib.kvswap_calibrated_path(*q) for q in queries]}))
+                  "picks": [lib.kvswap_calibrated_path(*q) for q in queries],
+                  "streams": [lib.kvswap_calibrated_streams(*q) for q in queries],
+                  "sm_budget": lib.kvswap_calibration_sm_budget(), "beside_budget": lib.kvswap_get_sm_budget()}))
 """
 
 
@@ -102,7 +114,8 @@ def _ask(library: Path, queries: list[list[int]], **env: str) -> dict[str, objec
 
 def test_policy_api_and_built_in_choices(proc_address: Path) -> None:
     r = _ask(proc_address, [[DIR["d2h"], 16384, 1024], [DIR["h2d"], 2 << 20, 1024], [0, 16384, 1024]])
-    assert (r["policy"], r["bad"], r["set"], r["after"]) == (0, -1, 0, 1)
+    # The default is beside-compute (5): swaps usually run beside a model's computation.
+    assert (r["policy"], r["bad"], r["set"], r["after"]) == (5, -1, 0, 1)
     assert r["source"] == "built-in"
     assert r["picks"] == [PATH["kernel"], PATH["batch"], -1]
     assert str(r["info"]).startswith("not yet tried")
@@ -126,6 +139,33 @@ def test_calibration_file_drives_the_choice(proc_address: Path, tmp_path: Path) 
     assert r["source"] == str(table)
     # Nearest row of the same direction; a direction the file does not cover keeps the batch copy.
     assert r["picks"] == [PATH["kernel"], PATH["kernel"], PATH["batch"], PATH["loop"], PATH["batch"]]
+
+
+def test_calibration_records_streams_and_the_sm_budget(proc_address: Path, tmp_path: Path) -> None:
+    # Per direction, the copy-engine fan-out the batch was fastest with (even where the kernel won
+    # the row), and the SM budget the kernel rows assumed (0: the whole GPU), read back by the C side.
+    def m(direction: str, block: int, policy: str, gbps: float, streams: int = 1) -> Measurement:
+        return Measurement(direction=direction, block_bytes=block, blocks=1024, policy=policy, path=policy,
+                           gbps=gbps, repetitions=10, streams=streams)
+
+    # The copy-engine path as `fastest` takes it stands for `batch`; the forced batch is left out.
+    measured = [m("d2h", 16384, "copy-engine-only", 20.0, 1), m("d2h", 16384, "copy-engine-only", 30.0, 4),
+                m("d2h", 16384, "kernel", 48.0), m("h2d", 16384, "copy-engine-only", 22.0, 1),
+                m("h2d", 16384, "copy-engine-only", 11.0, 4), m("h2d", 16384, "kernel", 12.0),
+                m("h2d", 16384, "batch", 99.0, 8)]
+    rows = best_rows(as_calibration_input(measured))
+    assert [(r.direction, r.path, r.streams) for r in rows] == [("d2h", "kernel", 4), ("h2d", "batch", 1)]
+    text = table_text(rows)
+    assert "sm-budget 0\n" in text
+    table = tmp_path / "cal.txt"
+    table.write_text(text)
+    r = _ask(proc_address, [[DIR["d2h"], 16384, 1024], [DIR["h2d"], 16384, 1024]], KVSWAP_CALIBRATION=str(table))
+    assert (r["picks"], r["streams"], r["sm_budget"]) == ([PATH["kernel"], PATH["batch"]], [4, 1], 0)
+    # An explicit setting wins over the table; the beside-compute budget has its own default.
+    r = _ask(proc_address, [[DIR["h2d"], 16384, 1024]], KVSWAP_CALIBRATION=str(table), KVSWAP_CE_STREAMS="3",
+             KVSWAP_SM_BUDGET="12")
+    assert (r["streams"], r["beside_budget"]) == ([3], 12)
+    assert _ask(proc_address, [])["beside_budget"] == 32
 
 
 def test_missing_calibration_file_falls_back_to_built_in(proc_address: Path, tmp_path: Path) -> None:

@@ -65,9 +65,13 @@ if job["kind"] == "cell":
     from cumatrix import swapcell
     print(json.dumps(swapcell.run(job["spec"])))
     sys.exit(0)
-standin = ctypes.CDLL("libcuda.so.1")
+standin = ctypes.CDLL("libcudart.so.13" if job.get("runtime") else "libcuda.so.1", mode=ctypes.RTLD_GLOBAL)
 standin.standin_count.restype = ctypes.c_ulong
 lib = ctypes.CDLL(job["library"])
+if job.get("policy") is not None:
+    assert lib.kvswap_set_policy(job["policy"]) == 0
+if job.get("streams") is not None:
+    assert lib.kvswap_set_copy_streams(job["streams"]) == 0
 class St(ctypes.Structure):
     _fields_ = [("code", ctypes.c_int), ("failed_index", ctypes.c_long), ("error_name", ctypes.c_char_p),
                 ("message", ctypes.c_char * 256)]
@@ -88,7 +92,19 @@ lib.kvswap_swap_blocks.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_size_t, ctyp
                                    ctypes.POINTER(ctypes.c_int), ctypes.POINTER(St)]
 rc = lib.kvswap_swap_blocks(None if job.get("null_array") else src, dst, sizes, n, job["stream"],
                             ctypes.byref(path), ctypes.byref(st))
-print(json.dumps({"rc": rc, "path": path.value, "code": st.code, "failed_index": st.failed_index,
+extra = {}
+if job.get("recreate"):
+    # The context is destroyed and a new one made at the same address: its streams must be made again.
+    extra["streams_made_first"] = standin.standin_count(3)
+    lib.kvswap_swap_blocks(src, dst, sizes, n, job["stream"], ctypes.byref(path), ctypes.byref(st))
+    extra["streams_made_same"] = standin.standin_count(3)
+    standin.standin_new_context()
+    rc = lib.kvswap_swap_blocks(src, dst, sizes, n, job["stream"], ctypes.byref(path), ctypes.byref(st))
+    extra["streams_made_after"] = standin.standin_count(3)
+if not job.get("runtime"):
+    extra |= {"streams_made": standin.standin_count(3), "batch_streams": standin.standin_count(4),
+              "waits": standin.standin_count(5)}
+print(json.dumps(extra | {"rc": rc, "path": path.value, "code": st.code, "failed_index": st.failed_index,
                   "error_name": st.error_name.decode() if st.error_name else None,
                   "message": st.message.decode(),
                   "equal": rc == 0 and all(s.raw == d.raw for s, d in zip(srcb, dstb)),
@@ -205,3 +221,66 @@ def test_swap_cell_without_a_driver(tmp_path: Path) -> None:
     if "skipped" not in str(v["outcome"]):
         pytest.skip("this machine has a real libcuda.so.1")
     assert v["outcome"] == "skipped:no-cuda-driver"
+
+
+POLICY = {"fastest": 0, "copy-engine-only": 1, "kernel": 2, "batch": 3, "loop": 4, "beside-compute": 5}
+
+
+def test_copy_engine_fanout_every_byte(standin: Path, libs: dict[str, str]) -> None:
+    # 50 descriptors over 4 streams (13, 13, 12, 12), each part chunked at 7: 8 batch calls on 4
+    # distinct streams, each stream joined after the caller's start event and back into it.
+    r = child({"kind": "swap", "library": libs["proc-address/h12.8"], "n": 50, "size": 256, "stream": DEDICATED,
+               "chunk": 7, "policy": POLICY["copy-engine-only"], "streams": 4}, standin)
+    assert (r["rc"], r["path"], r["equal"]) == (0, 1, True), r
+    assert (r["batch_calls"], r["max_batch"], r["batch_streams"], r["memcpy_calls"]) == (8, 7, 4, 0), r
+    assert r["waits"] == 8  # 4 streams wait for the caller's start, the caller waits for each
+    assert r["streams_made"] == 9  # 8 copy-engine streams and 1 priority stream, once per context
+
+
+@pytest.mark.parametrize("policy", list(POLICY))
+def test_every_policy_copies_every_byte(standin: Path, libs: dict[str, str], policy: str) -> None:
+    # No kernel can load on the stand-in: each policy ends on the copy engines (loop: per block),
+    # and every byte arrives.
+    r = child({"kind": "swap", "library": libs["proc-address/h13.0"], "n": 33, "size": 4096 + 16,
+               "stream": DEDICATED, "policy": POLICY[policy], "streams": 3}, standin)
+    want = 2 if policy == "loop" else 1
+    assert (r["rc"], r["path"], r["equal"]) == (0, want, True), r
+    if policy != "loop" and policy != "batch":
+        assert r["batch_streams"] == 3, r  # the fan-out (batch forces the caller's stream alone)
+
+
+def test_fanout_keeps_the_legacy_stream_on_the_per_block_path(standin: Path, libs: dict[str, str]) -> None:
+    r = child({"kind": "swap", "library": libs["proc-address/h12.8"], "n": 16, "size": 512, "stream": None,
+               "policy": POLICY["copy-engine-only"], "streams": 4}, standin)
+    assert (r["rc"], r["path"], r["equal"], r["batch_calls"]) == (0, 2, True, 0), r
+
+
+def test_a_new_context_at_the_same_address_gets_new_streams(standin: Path, libs: dict[str, str]) -> None:
+    # The per-context cache is keyed by cuCtxGetId, not the context's address alone: streams made
+    # for a destroyed context are not reused by the next one the driver puts at the same address.
+    r = child({"kind": "swap", "library": libs["proc-address/h12.8"], "n": 8, "size": 256, "stream": DEDICATED,
+               "policy": POLICY["copy-engine-only"], "streams": 2, "recreate": True}, standin)
+    assert r["rc"] == 0 and r["equal"], r
+    assert (r["streams_made_first"], r["streams_made_same"], r["streams_made_after"]) == (9, 9, 18), r
+
+
+@pytest.fixture(scope="module")
+def cudart_standin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("cudart-standin")
+    subprocess.run(["gcc", "-O2", "-fPIC", "-shared", "-Wall", "-Werror", "-fvisibility=hidden",
+                    "-Wl,-soname,libcudart.so.13", "-o", str(out / "libcudart.so.13"),
+                    str(Path(__file__).parents[1] / "stand_ins" / "libcudart_stand_in.c")],
+                   check=True, capture_output=True, text=True)
+    return out
+
+
+def test_runtime_batch_refused_part_way_copies_the_rest_once(cudart_standin: Path,
+                                                              tmp_path_factory: pytest.TempPathFactory) -> None:
+    # kv_rt_loop takes (first, count) as kv_drv_loop does: the first chunk of 7 goes batched, the
+    # runtime then says cudaErrorNotSupported, and the other 43 blocks go one copy each, once.
+    built = build_variant("runtime-dispatch", "runtime", headers_for("13.0"), cache=tmp_path_factory.mktemp("b"))
+    assert built.ok and built.library is not None, built.log
+    r = child({"kind": "swap", "runtime": True, "library": str(built.library), "n": 50, "size": 300,
+               "stream": DEDICATED, "chunk": 7}, cudart_standin, STANDIN_BATCH_OK="1")
+    assert (r["rc"], r["path"], r["equal"]) == (0, 2, True), r
+    assert (r["batch_calls"], r["memcpy_calls"]) == (1, 43), r
