@@ -36,7 +36,6 @@ import math
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,8 +43,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
+from cumatrix import protocol
 from cumatrix.calibrate import (
-    RESULT_TAG,
     STREAM_CHOICES,
     Bench,
     Measurement,
@@ -266,14 +265,13 @@ def run_phase(name: str, library: str, reps: int, env_extra: dict[str, str], swe
     for k in ("KVSWAP_POLICY", "KVSWAP_CE_STREAMS", "KVSWAP_SM_BUDGET", "KVSWAP_BESIDE_HOST"):
         env.pop(k, None)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "--phase", name, "--library", library,
-                           "--repetitions", str(reps), *(["--sweep"] if sweep else [])],
-                          capture_output=True, text=True, env=env, timeout=900)
+    verdict, why, proc = protocol.run_harness_child([sys.executable, __file__, "--phase", name, "--library", library,
+                                            "--repetitions", str(reps), *(["--sweep"] if sweep else [])],
+                                           env=env, timeout=900)
     sys.stderr.write(proc.stderr[-6000:])
-    line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith(RESULT_TAG)), None)
-    if line is None:
-        raise SystemExit(f"phase {name}: exit {proc.returncode}, no result")
-    result: dict[str, Any] = json.loads(line[len(RESULT_TAG):])
+    if verdict is None or verdict.outcome != "ok":
+        raise SystemExit(f"phase {name}: exit {proc.returncode}, no result ({why or (verdict and verdict.detail)})")
+    result: dict[str, Any] = dict(verdict.data)
     print(f"phase {name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     return result
 
@@ -383,12 +381,14 @@ def main() -> int:
     ap.add_argument("--library", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.phase:
+        channel = protocol.take_channel()
         bench = Bench(args.library)
         result = {"forced": lambda: phase_forced(bench, args.repetitions),
                   "calibrated": lambda: phase_calibrated(bench, args.repetitions),
                   "sweep": lambda: phase_sweep(bench, args.repetitions),
                   "interference": lambda: phase_interference(bench, args.repetitions, args.sweep)}[args.phase]()
-        print(RESULT_TAG + json.dumps(result), flush=True)
+        if not protocol.emit({"outcome": "ok", "path": "n/a", "data": result}, environ=channel):
+            print(json.dumps(result), flush=True)
         return 0
     reason = gpu_absent_reason()
     if reason:

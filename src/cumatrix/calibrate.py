@@ -19,7 +19,6 @@ import ctypes
 import json
 import os
 import statistics
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,7 +36,6 @@ PATHS = ("loop", "batch", "kernel")
 STREAM_CHOICES = (1, 2, 4, 8)
 #: The SM budget the kernel rows are measured with: 0, the whole GPU (no computation beside them).
 CALIBRATION_SM_BUDGET = 0
-RESULT_TAG = "CUMATRIX-RESULT "
 #: The most bytes one measurement moves (per side); larger (size, count) pairs are skipped.
 MAX_BYTES = 2 << 30
 
@@ -240,16 +238,21 @@ def calibrate(library: str, directions: tuple[str, ...], sizes: tuple[int, ...],
 
 
 def child_main(argv: list[str]) -> int:
-    """Child entry: ``argv[0]`` is a JSON spec; prints one ``CUMATRIX-RESULT`` line."""
+    """Child entry: ``argv[0]`` is a JSON spec; the measurements go to the harness over the
+    private verdict channel (:mod:`cumatrix.protocol`)."""
+    from . import protocol
     from .cudaapi import CudaFailure as CellFailure
 
+    channel = protocol.take_channel()
     spec = json.loads(argv[0])
     try:
         result = calibrate(spec["library"], tuple(spec["directions"]), tuple(spec["sizes"]),
                            tuple(spec["counts"]), int(spec["repetitions"]))
+        verdict: dict[str, object] = {"outcome": "ok", "path": "n/a", "data": result}
     except CellFailure as e:
-        result = {"error": e.outcome, "detail": e.detail}
-    print(RESULT_TAG + json.dumps(result), flush=True)
+        verdict = {"outcome": e.outcome, "detail": e.detail}
+    if not protocol.emit(verdict, environ=channel):
+        print(protocol.encode(verdict).decode(), end="", flush=True)  # run by hand: show it
     return 0
 
 
@@ -282,6 +285,23 @@ def _size_arg(text: str) -> int:
     return value
 
 
+def _measure(spec: dict[str, object]) -> dict[str, Any] | str:
+    """Run the measuring child (a harness child, isolated like a cell); its result, or why none."""
+    from .classify import classify
+    from .isolate import Job, run_local
+    from .provision import PACKAGE_PARENT
+
+    env = (("PYTHONPATH", os.pathsep.join(p for p in (PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p)),)
+    job = Job(cell_id="calibrate", kind="calibrate", reports_verdict=True, timeout=3600, env=env,
+              argv=(sys.executable, "-c", "import sys; from cumatrix.calibrate import child_main; "
+                    "sys.exit(child_main(sys.argv[1:]))", json.dumps(spec)))
+    res = run_local(job, base_env={k: v for k, v in os.environ.items() if k != "KVSWAP_POLICY"})
+    if res.verdict is not None and res.verdict.outcome == "ok":
+        return dict(res.verdict.data)
+    observed = classify(res, kind="calibrate")
+    return f"the measuring child ended with {observed.outcome}: {observed.detail or res.stderr_tail[-2000:]}"
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """Build proc-address, measure in a child, write FILE (text) and FILE.json, print the table."""
     reason = gpu_absent_reason()
@@ -299,20 +319,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_table()
     spec = {"library": str(built.library), "directions": list(args.directions), "sizes": list(args.sizes),
             "counts": list(args.counts), "repetitions": args.repetitions}
-    src_root = str(Path(__file__).resolve().parents[1])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (src_root, os.environ.get("PYTHONPATH")) if p))
-    env.pop("KVSWAP_POLICY", None)
-    proc = subprocess.run([sys.executable, "-c", "import sys; from cumatrix.calibrate import child_main; "
-                           "sys.exit(child_main(sys.argv[1:]))", json.dumps(spec)],
-                          capture_output=True, text=True, env=env, timeout=3600)
-    line = next((ln for ln in reversed(proc.stdout.splitlines()) if ln.startswith(RESULT_TAG)), None)
-    if line is None:
-        print(f"error: the measuring child ended with exit status {proc.returncode} and no result:\n"
-              f"{proc.stderr[-2000:]}", file=sys.stderr)
-        return 1
-    result = json.loads(line[len(RESULT_TAG):])
-    if "error" in result:
-        print(f"error: {result['error']}: {result['detail']}", file=sys.stderr)
+    result = _measure(spec)
+    if isinstance(result, str):
+        print(f"error: {result}", file=sys.stderr)
         return 1
     rows = [CalibrationRow(**r) for r in result["table"]]
     out.parent.mkdir(parents=True, exist_ok=True)

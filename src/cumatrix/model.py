@@ -33,7 +33,7 @@ NO_RUNTIME = "none"
 DIRECTIONS = ("d2h", "h2d", "d2d")
 STREAM_KINDS = ("dedicated", "legacy", "per-thread")
 #: Path policies of the reference (``kvswap_set_policy``); only ``proc-address`` has them.
-POLICIES = ("copy-engine-only", "fastest", "kernel", "batch", "loop")
+POLICIES = ("copy-engine-only", "fastest", "beside-compute", "kernel", "batch", "loop")
 KERNEL_IMAGES = ("cubin", "ptx")
 
 

@@ -149,6 +149,8 @@ def _driver_family(cell: Cell, d: int, emulated: bool) -> Expected:
         return _expect("ok:fallback", reason="per-block cuMemcpyAsync baseline", rule="loop")
     if v == "proc-address" and workload.policy in ("fastest", "kernel"):
         return _kernel_policy(workload.policy, workload.kernel_image, d, legacy, emulated)
+    if v == "proc-address" and workload.policy == "beside-compute":
+        return _beside_compute(workload.direction, d, legacy)
     if v == "proc-address" and workload.policy == "loop":
         return _expect("ok:fallback", reason="policy loop: per-block copies only", rule="policy-loop")
     if v == "proc-address":
@@ -172,6 +174,22 @@ def _driver_family(cell: Cell, d: int, emulated: bool) -> Expected:
             return _legacy_unguarded("CUDA_ERROR_INVALID_VALUE")
         return _expect("ok:batch", reason=f"driver {_v(d)} exports cuMemcpyBatchAsync", rule="direct-link-ok")
     return _expect("harness-error", reason=f"no rule for driver-family variant {v}", rule="none")
+
+
+def _beside_compute(direction: str, d: int, legacy: bool) -> Expected:
+    """proc-address's default policy: copy engines for host transfers, a budgeted kernel for d2d."""
+    if legacy:
+        return _expect("ok:fallback", rule="legacy-guard",
+                       reason="legacy NULL stream: every policy keeps the per-block path (vLLM issue 46345)")
+    if direction == "d2d":
+        return _expect("ok:kernel", "ok:fallback", rule="beside-compute-d2d",
+                       reason="policy beside-compute: device-to-device copies take the SM-budgeted kernel "
+                              "(per-block copies where NVRTC is missing)")
+    if d < batch_introduced():
+        return _expect("ok:fallback", rule="beside-compute-fallback",
+                       reason=f"policy beside-compute: driver {_v(d)} predates cuMemcpyBatchAsync: per-block copies")
+    return _expect("ok:batch", rule="beside-compute-batch",
+                   reason="policy beside-compute: host transfers take the copy engines (batched, fanned out)")
 
 
 def _kernel_policy(policy: str, image: str, d: int, legacy: bool, emulated: bool) -> Expected:

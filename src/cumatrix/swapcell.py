@@ -5,7 +5,7 @@ variant's own API family sets up the memory: a driver-family cell talks to
 ``libcuda.so.1`` alone (it loads no CUDA runtime, which is what lets it run under an
 emulated driver); a runtime-family cell loads the given ``libcudart`` first and uses it.
 
-``run(spec)`` returns the verdict the child prints as ``CUMATRIX-RESULT {json}``.
+``run(spec)`` returns the verdict the child hands over the private channel of :mod:`cumatrix.protocol`.
 
 spec keys: ``family`` ("driver" | "runtime"), ``variant``, ``library`` (the variant's
 ``.so``), ``baseline`` (the same family's loop ``.so``), ``libcudart`` (runtime family:

@@ -498,3 +498,17 @@ def test_ptx_under_emulation_is_reconciled_to_cannot_emulate() -> None:
     got = reconcile(cell, Observed(outcome="ok", path="kernel"), host, e)
     assert got.outcome == "cannot-emulate"
     assert verdict(e, got)[0] == "skip"
+
+
+@pytest.mark.parametrize(("direction", "driver", "stream", "expected"), [
+    ("d2h", "host", "dedicated", {"ok:batch"}),
+    ("h2d", "emulated-12.4", "dedicated", {"ok:fallback"}),
+    ("d2d", "host", "dedicated", {"ok:kernel", "ok:fallback"}),
+    ("d2h", "host", "legacy", {"ok:fallback"}),
+])
+def test_beside_compute_policy_rows(direction: str, driver: str, stream: str, expected: set[str]) -> None:
+    w = Workload(name=f"w-{direction}", direction=direction, block_bytes=16384, blocks=1024, stream=stream,
+                 policy="beside-compute")
+    cell = Cell(kind="swap", runtime="none", driver=driver, variant="proc-address", family="driver",
+                build=CudaVersion(13, 0), workload=w)
+    assert set(expect(cell, on("13.0"), runtime_version=None).outcomes) == expected
