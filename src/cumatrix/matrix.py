@@ -43,7 +43,7 @@ from .model import (
 
 TOP_KEYS = ("version", "runtimes", "drivers", "builds", "variants", "workloads", "cases",
             "exclude", "expect", "hosts", "probe")
-RUNTIME_KEYS = ("wheel", "image", "site")
+RUNTIME_KEYS = ("wheel", "image", "site", "requirements")
 WORKLOAD_KEYS = ("name", "direction", "block_bytes", "blocks", "layers", "stream", "repetitions", "warmup",
                  "policy", "kernel_image")
 CASE_KEYS = ("name", "argv", "timeout", "env")
@@ -148,7 +148,7 @@ def _names(ctx: _Ctx, items: list[tuple[str, Node]], what: str) -> None:
 
 def _runtimes_section(ctx: _Ctx, node: Node) -> tuple[Runtime, ...]:
     if not isinstance(node, MappingNode):
-        ctx.err(node, f"runtimes: expected a mapping of name -> {{wheel|image|site}}, got {_kind(node)}")
+        ctx.err(node, f"runtimes: expected a mapping of name -> {{wheel|image|site|requirements}}, got {_kind(node)}")
         return ()
     out = []
     for name, (knode, vnode) in _pairs(ctx, node, (), "runtimes").items():
@@ -156,13 +156,19 @@ def _runtimes_section(ctx: _Ctx, node: Node) -> tuple[Runtime, ...]:
             ctx.err(knode, f"runtimes: {name!r} is not a usable name (letters, digits, . _ + -; not {NO_RUNTIME!r})")
             continue
         if not isinstance(vnode, MappingNode):
-            ctx.err(vnode, f"runtimes.{name}: expected {{wheel: REQ}}, {{image: REF}} or {{site: true}}, got {_kind(vnode)}")
+            ctx.err(vnode, f"runtimes.{name}: expected {{wheel: REQ}}, {{image: REF}}, {{site: true}} or {{requirements: [REQ, ...]}}, got {_kind(vnode)}")
             continue
         keys = _pairs(ctx, vnode, RUNTIME_KEYS, f"runtimes.{name}")
         if len(keys) != 1:
-            ctx.err(vnode, f"runtimes.{name}: give exactly one of wheel, image, site")
+            ctx.err(vnode, f"runtimes.{name}: give exactly one of wheel, image, site, requirements")
             continue
         key, (_, val) = next(iter(keys.items()))
+        where = f"{ctx.file}:{val.start_mark.line + 1}:{val.start_mark.column + 1}"
+        if key == "requirements":
+            reqs = _env_requirements(ctx, val, name)
+            if reqs:
+                out.append(Runtime(name=name, requirements=reqs, where=where))
+            continue
         text = _scalar(ctx, val, f"runtimes.{name}.{key}")
         if text is None:
             continue
@@ -172,15 +178,32 @@ def _runtimes_section(ctx: _Ctx, node: Node) -> tuple[Runtime, ...]:
             except ValueError as e:
                 ctx.err(val, f"runtimes.{name}.wheel: {e}")
                 continue
-            out.append(Runtime(name=name, requirement=text))
+            out.append(Runtime(name=name, requirement=text, where=where))
         elif key == "image":
-            out.append(Runtime(name=name, image=text))
+            out.append(Runtime(name=name, image=text, where=where))
         else:
             if not val.tag.endswith(":bool") or text.lower() not in ("true", "yes", "on"):
                 ctx.err(val, f"runtimes.{name}.site: only `site: true` is meaningful")
                 continue
-            out.append(Runtime(name=name, site=True))
+            out.append(Runtime(name=name, site=True, where=where))
     return tuple(out)
+
+
+def _env_requirements(ctx: _Ctx, node: Node, name: str) -> tuple[str, ...]:
+    """``requirements: [REQ, ...]`` of an environment runtime; each a plain requirement."""
+    items = _list(ctx, node, f"runtimes.{name}.requirements")
+    if not items and isinstance(node, SequenceNode):
+        ctx.err(node, f"runtimes.{name}.requirements: give at least one requirement")
+    reqs = []
+    for item in items:
+        text = _scalar(ctx, item, f"runtimes.{name}.requirements")
+        if text is None:
+            continue
+        try:
+            reqs.append(_runtimes.check_env_requirement(text))
+        except ValueError as e:
+            ctx.err(item, f"runtimes.{name}.requirements: {e}")
+    return tuple(reqs) if len(reqs) == len(items) else ()
 
 
 def parse_driver(text: str) -> Driver:

@@ -121,7 +121,7 @@ def cuda_version_of_release(release: str) -> int:
 # --------------------------------------------------------------------------- fetching
 
 
-def _find_wheel(directory: Path, name: str, version: str) -> Path | None:
+def find_wheel(directory: Path, name: str, version: str) -> Path | None:
     prefix = f"{_normalise(name)}-{version}-"
     for p in sorted(directory.glob("*.whl")):
         if p.name.lower().startswith(prefix.lower()):
@@ -138,7 +138,7 @@ def fetch_wheel(requirement: str, *, wheel_dir: Path | None = None) -> Path:
     name, version = parse_requirement(requirement)
     wheel_dir = default_wheel_dir(wheel_dir)
     for d in ([wheel_dir] if wheel_dir else []) + [cache_dir("wheels")]:
-        found = _find_wheel(d, name, version)
+        found = find_wheel(d, name, version)
         if found:
             return found
     if wheel_dir is not None:
@@ -150,7 +150,7 @@ def fetch_wheel(requirement: str, *, wheel_dir: Path | None = None) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--disable-pip-version-check", "-q", "-d", str(dest), requirement]
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    found = _find_wheel(dest, name, version)
+    found = find_wheel(dest, name, version)
     if proc.returncode != 0 or not found:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
         raise RuntimeNotFound(
