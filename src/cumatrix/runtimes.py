@@ -547,7 +547,8 @@ def uv_binary() -> str:
 def _uv_env() -> dict[str, str]:
     env = dict(os.environ)
     # One cache beside the environments, so uv hard-links from it (links need one filesystem).
-    env.setdefault("UV_CACHE_DIR", str(cache_root() / "uv"))
+    if not env.get("UV_CACHE_DIR"):
+        env["UV_CACHE_DIR"] = str(cache_root() / "uv")
     env["UV_PYTHON_DOWNLOADS"] = "never"
     env.pop("VIRTUAL_ENV", None)
     return env
@@ -606,8 +607,10 @@ def build_environment(requirements: Sequence[str], *, wheel_dir: Path | None = N
         source = ["--offline", "--no-index", "--find-links", str(wheel_dir)] if wheel_dir else []
         _run_uv(["pip", "install", "--no-config", "--quiet", "--link-mode", "hardlink", "--python",
                  str(env_dir / "bin" / "python"), *source, "--", *reqs, *map(str, extra_wheels)], what)
-        frozen = _run_uv(["pip", "freeze", "--no-config", "--python", str(env_dir / "bin" / "python")], what)
-        (env_dir / ".complete").write_text(json.dumps({"requirements": reqs, "installed": frozen.split(),
+        listed = _run_uv(["pip", "list", "--no-config", "--format", "json", "--python",
+                          str(env_dir / "bin" / "python")], what)
+        installed = sorted(f"{d['name']}=={d['version']}" for d in json.loads(listed))
+        (env_dir / ".complete").write_text(json.dumps({"requirements": reqs, "installed": installed,
                                                        "extra_wheels": [w.name for w in extra_wheels]}))
     return env_dir
 
