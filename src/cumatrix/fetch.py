@@ -96,7 +96,7 @@ def _pip_download(reqs: Sequence[str], dest: Path, *, deps: bool, python_version
         cmd += ["--platform", p]
     if python_version:
         cmd += ["--python-version", python_version, "--implementation", "cp"]
-    proc = subprocess.run([*cmd, "--", *reqs], capture_output=True, text=True)
+    proc = subprocess.run([*cmd, "--", *reqs], capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         tail = " / ".join((proc.stderr or proc.stdout).strip().splitlines()[-4:])
         raise RuntimeNotFound(f"{what}: pip could not download {' '.join(reqs)}: {tail}")

@@ -149,7 +149,7 @@ def fetch_wheel(requirement: str, *, wheel_dir: Path | None = None) -> Path:
     dest = cache_dir("wheels")
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--disable-pip-version-check", "-q", "-d", str(dest), requirement]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     found = find_wheel(dest, name, version)
     if proc.returncode != 0 or not found:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
@@ -304,7 +304,7 @@ class LibraryFacts:
 # `mov DWORD PTR [rdi], imm32` (c7 07 imm32): how every x86-64 libcudart from 12.0 to 13.5 stores
 # its version into cudaRuntimeGetVersion's out-parameter.  Only values shaped like CUDA's
 # encoding count, and only when exactly one such value appears in executable code.
-_STORE_RDI = re.compile(rb"\xc7\x07(....)", re.S)
+_STORE_RDI = re.compile(rb"\xc7\x07(....)", re.DOTALL)
 
 
 def _code_version(elf: object) -> int | None:
@@ -575,7 +575,8 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def _run_uv(args: list[str], what: str) -> str:
-    proc = subprocess.run([uv_binary(), *args], capture_output=True, text=True, env=_uv_env(), timeout=1800)
+    proc = subprocess.run([uv_binary(), *args], capture_output=True, text=True, env=_uv_env(), timeout=1800,
+                          check=False)
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-12:])
         raise RuntimeNotFound(f"{what}: uv failed (exit {proc.returncode}):\n{tail}")

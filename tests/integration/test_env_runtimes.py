@@ -37,9 +37,9 @@ def test_an_environment_runtime_is_built_once_and_its_libcudart_is_the_runtime(w
     assert any(i.startswith("cuda-bindings==12.9.") for i in rt.installed)
     assert "nvidia-cuda-runtime-cu12==12.9.79" in rt.installed
     # the environment's own interpreter imports what its requirements brought (and nothing of ours)
-    proc = subprocess.run([str(rt.python), "-c", "import cuda.bindings, importlib.util as u; "
-                           "print(cuda.bindings.__version__, u.find_spec('cumatrix') is None)"],
-                          capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin"})
+    code = "import cuda.bindings, importlib.util as u; print(cuda.bindings.__version__, u.find_spec('cumatrix') is None)"
+    proc = subprocess.run([str(rt.python), "-c", code],
+                          capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin"}, check=False)
     assert proc.returncode == 0, proc.stderr
     version, isolated = proc.stdout.split()
     assert version.startswith("12.9.") and isolated == "True"
@@ -87,7 +87,7 @@ def test_the_gate_installs_a_wheel_with_its_dependencies_into_an_environment(tmp
     assert "userpkg==0.1" not in base.installed  # the matrix's environment stays as built
     assert inst.version == 12090
     proc = subprocess.run([str(inst.python), "-c", "import userpkg; print(userpkg.VERSION)"],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, check=False)
     assert proc.stdout.strip() == "ok", proc.stderr
 
 
