@@ -86,7 +86,7 @@ def platform_tags(platform: str) -> list[str]:
     return tags + [f"{name}_{arch}" for name, g in legacy if g <= glibc]
 
 
-def _pip_download(reqs: Sequence[str], dest: Path, *, deps: bool, python_version: str | None,
+def pip_download(reqs: Sequence[str], dest: Path, *, deps: bool, python_version: str | None,
                   platforms: Sequence[str], what: str) -> None:
     cmd = [sys.executable, "-m", "pip", "download", "--only-binary=:all:", "--disable-pip-version-check",
            "-q", "-d", str(dest)]
@@ -112,7 +112,7 @@ def fetch(m: Matrix | None, dest: Path, *, python_version: str | None = None,
     plats = platform_tags(platform)
     want = needs(m, gate=gate)
     for req, why in want.pinned:
-        _pip_download([req], dest, deps=False, python_version=python_version, platforms=plats, what=why)
+        pip_download([req], dest, deps=False, python_version=python_version, platforms=plats, what=why)
         name, version = runtimes.parse_requirement(req)
         wheel = runtimes.find_wheel(dest, name, version)
         if wheel is None:
@@ -122,7 +122,7 @@ def fetch(m: Matrix | None, dest: Path, *, python_version: str | None = None,
         say(f"{wheel.name:90s} {why}")
     for reqs, why in want.environments:
         before = set(dest.glob("*.whl"))
-        _pip_download(list(reqs), dest, deps=True, python_version=python_version, platforms=plats, what=why)
+        pip_download(list(reqs), dest, deps=True, python_version=python_version, platforms=plats, what=why)
         added = sorted(set(dest.glob("*.whl")) - before)
         say(f"{' '.join(reqs):90s} {why}: {len(added)} new wheel(s)")
     return sorted(dest.glob("*.whl"))
