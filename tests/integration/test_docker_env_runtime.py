@@ -11,6 +11,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import docker
+import docker.errors
 import pytest
 
 pytestmark = [pytest.mark.docker, pytest.mark.network]
@@ -25,10 +27,8 @@ def _base_image() -> str:
         pytest.skip(reason)
 
     try:
-        import docker
-
         docker.from_env(timeout=60).ping()
-    except Exception as e:  # any failure to reach the daemon means: no docker here
+    except (docker.errors.DockerException, OSError) as e:  # no daemon reachable: no docker here
         unavailable(f"no Docker daemon answers ({type(e).__name__}: {e})")
     proc = subprocess.run(["bash", str(REPO / "containers" / "build-base.sh")],
                           capture_output=True, text=True, timeout=900, check=False)
