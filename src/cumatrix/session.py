@@ -180,6 +180,7 @@ class Runner:
                 lib_path.append(str(res.lib_dir))
                 libcudart = str(res.libcudart)
                 env.append(("CUMATRIX_CUDART", libcudart))
+                env += list(res.cell_env())  # an environment runtime: the cell runs inside its venv
         elif self.backend == "docker":
             image = self.docker().base_image  # driver-family cells load no runtime
         python = "python3" if self.backend == "docker" else sys.executable

@@ -99,7 +99,9 @@ def test_fetch_then_an_offline_run_builds_the_environment_from_the_wheel_dir(tmp
           env12.9: {requirements: [cuda-bindings==12.9.*, nvidia-cuda-runtime-cu12==12.9.79]}
         drivers: [host]
         builds: ["13.0"]
-        cases: [{name: load, argv: [python3, -c, "import ctypes, os; ctypes.CDLL(os.environ['CUMATRIX_CUDART'])"]}]
+        cases:
+          - {name: load, argv: [python3, -c, "import ctypes, os; ctypes.CDLL(os.environ['CUMATRIX_CUDART'])"]}
+          - {name: inside, argv: [python, -c, "import sys; print(sys.prefix)"]}
     """)
     dest = tmp_path / "wheels"
     proc = cli("fetch", m, "--dest", dest, cwd=tmp_path, timeout=600)
@@ -120,6 +122,13 @@ def test_fetch_then_an_offline_run_builds_the_environment_from_the_wheel_dir(tmp
     assert probe["observed"]["data"]["runtime_version"] == 12090
     assert probe["fingerprint"]["runtime_file"].startswith(str(tmp_path / "fresh-cache" / "cumatrix" / "envs"))
     assert next(r for r in recs if r.get("id") == "env12.9/host/load")["status"] == "pass"
+    # a command cell of an environment runtime runs inside the environment (its python first on PATH)
+    inside = next(r for r in recs if r.get("id") == "env12.9/host/inside")
+    assert inside["status"] == "pass", inside
+    env_dir = Path(inside["stdout_tail"].strip())
+    assert env_dir.parent == tmp_path / "fresh-cache" / "cumatrix" / "envs"
+    outside = next(r for r in recs if r.get("id") == "cu12.9/host/inside")
+    assert Path(outside["stdout_tail"].strip()) != env_dir  # a wheel runtime's cell stays where it was
 
 
 def test_fetch_for_another_python(tmp_path: Path, wheel_cache: Path, write_matrix: Any, cli: Any) -> None:

@@ -45,7 +45,7 @@ import cumatrix
 from ..errors import CumatrixError, DaemonUnavailable, HarnessError
 from ..isolate import ChildResult, Job, _Capture, scan_verdict
 from ..model import Runtime
-from ..runtimes import fetch_wheel, parse_requirement
+from ..runtimes import check_runtime_wheel, fetch_wheel, parse_requirement
 
 #: Base image of runtime images when none is given (a common public Python image).
 DEFAULT_BASE_IMAGE = "python:3.12-slim"
@@ -400,6 +400,7 @@ class DockerBackend:
             source = f"wheel {runtime.requirement} on {self.base_image}"
             try:
                 wheel = fetch_wheel(runtime.requirement, wheel_dir=wheel_dir)
+                check_runtime_wheel(wheel, runtime.requirement, label=runtime.label)  # a runtime, nothing unsafe
                 info = self.build_runtime_image(runtime, wheel)
             except CumatrixError as e:
                 info = ImageInfo(runtime_name=runtime.name, tag="", image_id=None, source=source, problem=str(e))
