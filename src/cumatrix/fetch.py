@@ -33,6 +33,7 @@ examples:
   cumatrix fetch matrix.yaml --dest wheels/                       # for a host like this one
   cumatrix fetch matrix.yaml --dest wheels/ --python-version 3.12 # its Python is 3.12
   cumatrix fetch --gate --dest wheels/                            # also what `cumatrix gate` reads
+  cumatrix fetch matrix.yaml --harness --dest wheels/             # and cumatrix's own dependencies
 then, on the offline GPU host:
   CUMATRIX_WHEEL_DIR=wheels/ cumatrix run matrix.yaml
 """
@@ -46,7 +47,7 @@ class Needs:
     environments: tuple[tuple[tuple[str, ...], str], ...]  # (requirements, why), with dependencies
 
 
-def needs(m: Matrix | None, *, gate: bool = False) -> Needs:
+def needs(m: Matrix | None, *, gate: bool = False, harness: bool = False) -> Needs:
     """What :func:`fetch` downloads for ``m`` (and for the gate)."""
     pinned: dict[str, str] = {}
     envs: list[tuple[tuple[str, ...], str]] = []
@@ -68,7 +69,20 @@ def needs(m: Matrix | None, *, gate: bool = False) -> Needs:
     if gate:
         for v, req in runtimes.KNOWN_WHEELS.items():
             pinned.setdefault(req, f"the gate (cu{v})")
+    if harness:
+        envs.append((harness_requirements(), "cumatrix's own dependencies"))
     return Needs(pinned=tuple(pinned.items()), environments=tuple(envs))
+
+
+def harness_requirements() -> tuple[str, ...]:
+    """cumatrix's own install requirements (no extras), for installing it on the offline host."""
+    from importlib import metadata
+
+    try:
+        reqs = metadata.requires("cumatrix") or []
+    except metadata.PackageNotFoundError:
+        return ()
+    return tuple(r for r in reqs if "extra ==" not in r)
 
 
 def platform_tags(platform: str) -> list[str]:
@@ -103,14 +117,15 @@ def pip_download(reqs: Sequence[str], dest: Path, *, deps: bool, python_version:
 
 
 def fetch(m: Matrix | None, dest: Path, *, python_version: str | None = None,
-          platform: str = DEFAULT_PLATFORM, gate: bool = False, say: Any = print) -> list[Path]:
+          platform: str = DEFAULT_PLATFORM, gate: bool = False, harness: bool = False,
+          say: Any = print) -> list[Path]:
     """Download everything ``m`` needs into ``dest``; return the wheels now there.
 
     Runtime wheels are checked (METADATA, a libcudart, no unsafe member) as they arrive.
     """
     dest.mkdir(parents=True, exist_ok=True)
     plats = platform_tags(platform)
-    want = needs(m, gate=gate)
+    want = needs(m, gate=gate, harness=harness)
     for req, why in want.pinned:
         pip_download([req], dest, deps=False, python_version=python_version, platforms=plats, what=why)
         name, version = runtimes.parse_requirement(req)
@@ -121,6 +136,8 @@ def fetch(m: Matrix | None, dest: Path, *, python_version: str | None = None,
         runtimes.check_runtime_wheel(wheel, req, label=label)
         say(f"{wheel.name:90s} {why}")
     for reqs, why in want.environments:
+        if not reqs:
+            continue
         before = set(dest.glob("*.whl"))
         pip_download(list(reqs), dest, deps=True, python_version=python_version, platforms=plats, what=why)
         added = sorted(set(dest.glob("*.whl")) - before)
@@ -132,17 +149,18 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     from . import matrix as _matrix
 
     m: Matrix | None = None
-    if args.matrix or not args.gate:
+    if args.matrix or not (args.gate or args.harness):
         path = Path(args.matrix or "matrix.yaml")
         if not path.is_file():
-            raise UsageError(f"{path}: no such matrix file (name one, or pass --gate alone for the gate's wheels)")
+            raise UsageError(f"{path}: no such matrix file (name one, or pass --gate or --harness alone)")
         m = _matrix.load(path)
     if args.python_version and not re.fullmatch(r"3\.\d{1,2}", args.python_version):
         raise UsageError(f"--python-version {args.python_version}: want 3.X, e.g. 3.12")
     dest = Path(args.dest)
     if dest.exists() and not dest.is_dir():
         raise UsageError(f"--dest {dest}: exists and is not a directory")
-    wheels = fetch(m, dest, python_version=args.python_version, platform=args.platform, gate=args.gate)
+    wheels = fetch(m, dest, python_version=args.python_version, platform=args.platform, gate=args.gate,
+                   harness=args.harness)
     print(f"cumatrix: {len(wheels)} wheel(s) in {dest}/; offline: --wheel-dir {dest} or CUMATRIX_WHEEL_DIR={dest}",
           file=sys.stderr)
     return 0
@@ -160,4 +178,6 @@ def add_fetch_parser(sub: Any) -> None:
     p.add_argument("--platform", default=DEFAULT_PLATFORM, metavar="TAG",
                    help=f"the target's platform tag; older manylinux tags are included (default {DEFAULT_PLATFORM})")
     p.add_argument("--gate", action="store_true", help="also the runtime wheels `cumatrix gate` reads")
+    p.add_argument("--harness", action="store_true",
+                   help="also cumatrix's own dependencies (pip install --no-index --find-links DIR cumatrix there)")
     p.set_defaults(func=cmd_fetch)

@@ -536,12 +536,13 @@ def uv_binary() -> str:
     """The ``uv`` executable of the ``uv`` package cumatrix depends on."""
     try:
         from uv import find_uv_bin
-    except ImportError:
+
+        return str(find_uv_bin())
+    except (ImportError, FileNotFoundError):  # not installed, or its binary is missing
         found = shutil.which("uv")
         if found:
             return found
         raise CumatrixError("uv is not installed (pip install uv): environment runtimes are built with it") from None
-    return str(find_uv_bin())
 
 
 def _uv_env() -> dict[str, str]:

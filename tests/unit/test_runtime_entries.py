@@ -61,6 +61,9 @@ def test_fetch_lists_runtime_header_and_environment_wheels(tmp_path: Path) -> No
                               R.KNOWN_WHEELS["13.0"]: "headers 13.0"}
     assert n.environments == ((("cuda-bindings==12.9.*",), "environment runtime env"),)
     assert set(dict(needs(None, gate=True).pinned)) == set(R.KNOWN_WHEELS.values())
+    (own, why), = needs(None, harness=True).environments
+    assert why == "cumatrix's own dependencies" and any(r.startswith("uv") for r in own)
+    assert not any("extra ==" in r for r in own)
 
 
 def test_platform_tags_include_older_manylinux() -> None:
