@@ -82,7 +82,8 @@ def harness_requirements() -> tuple[str, ...]:
         reqs = metadata.requires("cumatrix") or []
     except metadata.PackageNotFoundError:
         return ()
-    return tuple(r for r in reqs if "extra ==" not in r)
+    # setuptools: the build backend, so that `pip install --no-index --find-links DIR -e .` works there
+    return (*(r for r in reqs if "extra ==" not in r), "setuptools")
 
 
 def platform_tags(platform: str) -> list[str]:
