@@ -13,7 +13,7 @@ COPY uv requirements.txt /tmp/build/
 COPY wheels/ /tmp/build/wheels/
 RUN /tmp/build/uv venv --no-config --quiet --python "$(command -v python3)" /opt/cumatrix/env \
  && /tmp/build/uv pip install --no-config --quiet --offline --no-index --find-links /tmp/build/wheels \
-        --link-mode copy --python /opt/cumatrix/env/bin/python -r /tmp/build/requirements.txt \
+        --no-build --link-mode copy --python /opt/cumatrix/env/bin/python -r /tmp/build/requirements.txt \
  && lib="$(ls /opt/cumatrix/env/lib/python3*/site-packages/nvidia/*/lib/libcudart.so.* | head -n 1)" \
  && test -n "$lib" && mkdir -p /opt/cumatrix/cudart && ln -s "$lib" /opt/cumatrix/cudart/libcudart.so
 

@@ -591,8 +591,9 @@ def build_environment(requirements: Sequence[str], *, wheel_dir: Path | None = N
     Built once per :func:`environment_hash` under ``<cache>/envs/``, with uv linking files
     from its cache (``--link-mode hardlink``).  With a wheel directory (``wheel_dir``, else
     ``$CUMATRIX_WHEEL_DIR``) uv works offline: ``--offline --no-index --find-links DIR``.
-    Installing wheels runs no code of theirs (wheels have no install hooks; uv compiles no
-    bytecode unless asked).
+    Nothing of the packages runs on the host: only wheels are installed (``--no-build``;
+    wheels have no install hooks, uv compiles no bytecode unless asked), and what was
+    installed is read from the dist-info files, never by starting the environment's Python.
     """
     what = what or f"environment {' '.join(requirements)}"
     reqs = [check_env_requirement(r) for r in requirements]
@@ -607,11 +608,13 @@ def build_environment(requirements: Sequence[str], *, wheel_dir: Path | None = N
         shutil.rmtree(env_dir, ignore_errors=True)  # a build that died half-way
         _run_uv(["venv", "--no-config", "--quiet", "--python", py, str(env_dir)], what)
         source = ["--offline", "--no-index", "--find-links", str(wheel_dir)] if wheel_dir else []
-        _run_uv(["pip", "install", "--no-config", "--quiet", "--link-mode", "hardlink", "--python",
+        # --no-build: a source distribution would run its build backend on the host
+        _run_uv(["pip", "install", "--no-config", "--quiet", "--no-build", "--link-mode", "hardlink", "--python",
                  str(env_dir / "bin" / "python"), *source, "--", *reqs, *map(str, extra_wheels)], what)
-        listed = _run_uv(["pip", "list", "--no-config", "--format", "json", "--python",
-                          str(env_dir / "bin" / "python")], what)
-        installed = sorted(f"{d['name']}=={d['version']}" for d in json.loads(listed))
+        # Read from the dist-info files, not by `uv pip list`: that starts the environment's
+        # interpreter, and a wheel's .pth file would run on the host.
+        installed = sorted(f"{d.metadata['Name']}=={d.version}"
+                           for d in importlib_metadata.distributions(path=env_site_packages(env_dir)))
         (env_dir / ".complete").write_text(json.dumps({"requirements": reqs, "installed": installed,
                                                        "extra_wheels": [w.name for w in extra_wheels]}))
     return env_dir

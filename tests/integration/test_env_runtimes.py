@@ -8,9 +8,11 @@ XDG_CACHE_HOME (uv's cache sits beside cumatrix's).
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -144,3 +146,35 @@ def test_fetch_for_another_python(tmp_path: Path, wheel_cache: Path, write_matri
     assert names and all(f"-cp{other.replace('.', '')}-" in n for n in names), names
     proc = cli("fetch", m, "--dest", tmp_path / "w", "--python-version", "three", cwd=tmp_path)
     assert proc.returncode == 2 and "--python-version three" in proc.stderr
+
+
+def test_nothing_of_a_package_runs_on_the_host_while_building(tmp_path: Path, wheel_cache: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUMATRIX_CACHE", str(tmp_path / "cache"))
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    runtime = R.fetch_wheel("nvidia-cuda-runtime-cu12==12.9.79")
+    (wheels / runtime.name).write_bytes(runtime.read_bytes())
+    marker = tmp_path / "RAN"
+    # A wheel with a .pth file: Python runs its import line whenever the environment's interpreter starts.
+    evil = _pure_wheel(tmp_path / "dist", "pthpkg", "1.0", [])
+    with zipfile.ZipFile(evil, "a") as zf:
+        zf.writestr("zz_pthpkg.pth", f"import pathlib; pathlib.Path({str(marker)!r}).write_text('ran')\n")
+    rt = R.from_environment("env", ("nvidia-cuda-runtime-cu12==12.9.79",), wheel_dir=wheels, extra_wheels=[evil])
+    assert "pthpkg==1.0" in rt.installed and rt.version == 12090
+    assert not marker.exists(), "the environment's interpreter was started on the host"
+    subprocess.run([str(rt.python), "-c", "pass"], check=True, timeout=60)  # the .pth is live: the test can fail
+    assert marker.read_text() == "ran"
+    # A source distribution would run its build backend on the host: refused (--no-build).
+    sdist = wheels / "buildme-1.0.tar.gz"
+    with tarfile.open(sdist, "w:gz") as tf:
+        for name, text in {"buildme-1.0/setup.py": f"open({str(tmp_path / 'BUILT')!r}, 'w')\n"
+                                                    "from setuptools import setup; setup(name='buildme', version='1.0')\n",
+                           "buildme-1.0/PKG-INFO": "Metadata-Version: 2.1\nName: buildme\nVersion: 1.0\n"}.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+    with pytest.raises(RuntimeNotFound, match=r"uv failed[\s\S]*buildme") as e:
+        R.from_environment("env", ("buildme==1.0", "nvidia-cuda-runtime-cu12==12.9.79"), wheel_dir=wheels)
+    assert not (tmp_path / "BUILT").exists(), str(e.value)
