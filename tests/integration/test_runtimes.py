@@ -160,6 +160,11 @@ def test_site_runtime_in_a_fresh_venv(tmp_path: Path, wheel_cache: Path, write_m
     path = subprocess.run([str(py), "-c", "import sys; print('\\n'.join(sys.path))"], env=env,
                           capture_output=True, text=True, check=True).stdout.split()
     assert base not in path
+    # the site runtime is found and its version read without loading it into the harness
+    code = ("from cumatrix import runtimes as R; r = R.from_site('s'); "
+            "print(r.version, r.found_by.split()[0], 'libcudart' in open('/proc/self/maps').read())")
+    found = subprocess.run([str(py), "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
+    assert found == ["13000", "site-packages", "False"]
     proc = subprocess.run([str(py), "-m", "cumatrix", "run", str(m), "--out", str(tmp_path / "out"), "-q"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
