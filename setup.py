@@ -22,7 +22,8 @@ class BuildPyWithReference(build_py):
                 shutil.copy2(f, dst / f.name)
         data = Path(self.build_lib) / "cumatrix" / "data"
         data.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(Path(__file__).parent / "containers" / "runtime.Dockerfile", data / "runtime.Dockerfile")
+        for name in ("runtime.Dockerfile", "env-runtime.Dockerfile"):
+            shutil.copy2(Path(__file__).parent / "containers" / name, data / name)
 
 
 setup(cmdclass={"build_py": BuildPyWithReference})

@@ -95,7 +95,7 @@ def _preflight(args: argparse.Namespace, m: Any, mpath: Path) -> None:
                               f"({real // 1000}.{real % 1000 // 10}): an interposer can only hide what the real "
                               "driver has; emulate an older version, or run this on a newer host")
     for rt in m.runtimes:
-        if rt.requirement or rt.site:
+        if rt.requirement or rt.site or rt.requirements:
             if not args.quiet:
                 print(f"cumatrix: runtime {rt.name}: {rt.source}", file=sys.stderr)
             orch.provisioner.runtime(rt.name)
@@ -299,6 +299,9 @@ def add_tools(sub: Any) -> None:
     gate.add_gate_parser(sub)
     repro.add_repro_parser(sub)
     calibrate.add_calibrate_parser(sub)
+    from .fetch import add_fetch_parser
+
+    add_fetch_parser(sub)
 
 
 def parser() -> argparse.ArgumentParser:

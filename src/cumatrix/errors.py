@@ -90,3 +90,7 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """Return ``" (did you mean 'x'?)"`` for the closest choice, or ``""``."""
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+class UnsafeArchive(CumatrixError):
+    """A wheel holds a member that would land outside its target or is not a plain file."""

@@ -124,21 +124,39 @@ def check_env_name(value: str, what: str = "--pass-env") -> str:
 # --------------------------------------------------------------------------- sections
 
 
+def _where(ctx: _Ctx, path: yamldoc.Path) -> str:
+    line, col = ctx.doc.where(path)
+    return f"{ctx.doc.file}:{line}:{col}"
+
+
 def _rt_wheel(ctx: _Ctx, name: str, entry: Mapping[str, Any], path: yamldoc.Path) -> Runtime | None:
     try:
         _runtimes.parse_requirement(entry["wheel"])
     except ValueError as e:
         ctx.err((*path, "wheel"), f"runtimes.{name}.wheel: {e}")
         return None
-    return Runtime(name=name, requirement=entry["wheel"])
+    return Runtime(name=name, requirement=entry["wheel"], where=_where(ctx, (*path, "wheel")))
 
 
 def _rt_image(ctx: _Ctx, name: str, entry: Mapping[str, Any], path: yamldoc.Path) -> Runtime | None:
-    return Runtime(name=name, image=entry["image"])
+    return Runtime(name=name, image=entry["image"], where=_where(ctx, (*path, "image")))
 
 
 def _rt_site(ctx: _Ctx, name: str, entry: Mapping[str, Any], path: yamldoc.Path) -> Runtime | None:
-    return Runtime(name=name, site=True)
+    return Runtime(name=name, site=True, where=_where(ctx, (*path, "site")))
+
+
+def _rt_requirements(ctx: _Ctx, name: str, entry: Mapping[str, Any], path: yamldoc.Path) -> Runtime | None:
+    """An environment built from pip requirements (plain requirements only: no options, paths or URLs)."""
+    reqs: list[str] = []
+    for i, text in enumerate(entry["requirements"]):
+        try:
+            reqs.append(_runtimes.check_env_requirement(str(text)))
+        except ValueError as e:
+            ctx.err((*path, "requirements", i), f"runtimes.{name}.requirements[{i}]: {e}")
+    if len(reqs) != len(entry["requirements"]):
+        return None
+    return Runtime(name=name, requirements=tuple(reqs), where=_where(ctx, (*path, "requirements")))
 
 
 #: The forms of a runtime entry: its one form key -> a builder.  A new form adds a builder
@@ -148,6 +166,7 @@ RUNTIME_FORMS: dict[str, Callable[[_Ctx, str, Mapping[str, Any], yamldoc.Path], 
     "wheel": _rt_wheel,
     "image": _rt_image,
     "site": _rt_site,
+    "requirements": _rt_requirements,
 }
 
 

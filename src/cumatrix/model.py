@@ -78,6 +78,10 @@ class Runtime:
     requirement: str | None = None
     image: str | None = None
     site: bool = False
+    #: An environment built from these pip requirements (``{requirements: [...]}``).
+    requirements: tuple[str, ...] = ()
+    #: ``file:line:col`` of the definition in the matrix, for messages (not part of identity).
+    where: str = field(default="", compare=False)
 
     @property
     def source(self) -> str:
@@ -85,7 +89,14 @@ class Runtime:
             return f"wheel {self.requirement}"
         if self.image:
             return f"image {self.image}"
+        if self.requirements:
+            return f"environment {' '.join(self.requirements)}"
         return "site (this Python environment)"
+
+    @property
+    def label(self) -> str:
+        """``file:line:col: runtimes.NAME`` (or ``runtimes.NAME``) for messages."""
+        return f"{self.where}: runtimes.{self.name}" if self.where else f"runtimes.{self.name}"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -150,6 +150,7 @@ class Provisioner:
                 lib_path.append(str(res.lib_dir))
                 libcudart = str(res.libcudart)
                 env.append(("CUMATRIX_CUDART", libcudart))
+                env += list(res.cell_env())  # an environment runtime: the cell runs inside its venv
         elif self.backend == "docker":
             image = self._docker().base_image  # driver-family cells load no runtime
         if cell.kind == "command":

@@ -46,7 +46,7 @@ from ..errors import CumatrixError, DaemonUnavailable, HarnessError
 from ..isolate import ChildResult, Job, _Capture
 from ..protocol import FileChannel, Verdict, parse
 from ..model import Runtime
-from ..runtimes import fetch_wheel, parse_requirement
+from ..runtimes import check_runtime_wheel, fetch_wheel, parse_requirement
 
 #: Base image of runtime images when none is given (a common public Python image).
 DEFAULT_BASE_IMAGE = "python:3.12-slim"
@@ -127,12 +127,15 @@ def package_root() -> Path:
 
 def runtime_dockerfile() -> Path:
     """``containers/runtime.Dockerfile`` of the source tree, or the copy in package data."""
+    return _dockerfile("runtime.Dockerfile")
+
+
+def _dockerfile(name: str) -> Path:
     here = Path(__file__).resolve()
-    for cand in (here.parents[3] / "containers" / "runtime.Dockerfile",
-                 here.parents[1] / "data" / "runtime.Dockerfile"):
+    for cand in (here.parents[3] / "containers" / name, here.parents[1] / "data" / name):
         if cand.is_file():
             return cand
-    raise HarnessError("runtime.Dockerfile not found (expected in containers/ of the source tree "
+    raise HarnessError(f"{name} not found (expected in containers/ of the source tree "
                        "or in cumatrix/data/); reinstall cumatrix")
 
 
@@ -398,9 +401,16 @@ class DockerBackend:
             source = f"wheel {runtime.requirement} on {self.base_image}"
             try:
                 wheel = fetch_wheel(runtime.requirement, wheel_dir=wheel_dir)
+                check_runtime_wheel(wheel, runtime.requirement, label=runtime.label)  # a runtime, nothing unsafe
                 info = self.build_runtime_image(runtime, wheel)
             except CumatrixError as e:
                 info = ImageInfo(runtime_name=runtime.name, tag="", image_id=None, source=source, problem=str(e))
+        elif runtime.requirements:
+            try:
+                info = self.build_env_image(runtime, wheel_dir)
+            except CumatrixError as e:
+                info = ImageInfo(runtime_name=runtime.name, tag="", image_id=None, problem=str(e),
+                                 source=f"environment {' '.join(runtime.requirements)} on {self.base_image}")
         elif runtime.image:
             info = self._check_foreign_image(runtime)
         else:
@@ -409,6 +419,68 @@ class DockerBackend:
                                      "(give it a wheel: or image: to run it with --backend docker)")
         self._images[runtime.name] = info
         return info
+
+    def build_env_image(self, runtime: Runtime, wheel_dir: Path | None = None) -> ImageInfo:
+        """Bake an environment runtime into an image: uv builds its venv offline inside the build.
+
+        The wheels are those of the wheel directory (``wheel_dir``, else ``$CUMATRIX_WHEEL_DIR``;
+        they must suit the base image's Python: ``cumatrix fetch --python-version``), else
+        downloaded on the host for the base image's Python.
+        """
+        from .. import fetch
+        from ..cache import wheel_dir as default_wheel_dir
+        from ..runtimes import uv_binary
+
+        base = self._image_facts(self.base_image)
+        if base is None:
+            raise ImageBuildError(f"base image {self.base_image} not found locally: build one with "
+                                  "containers/build-base.sh and pass its tag as --base-image")
+        source = f"environment {' '.join(runtime.requirements)} on {self.base_image}"
+        check = Job(cell_id=f"{runtime.name}/python3-version", kind="command", timeout=60.0,
+                    argv=("python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"))
+        res = self._run(check, self.base_image, base, with_gpu=False)
+        pyver = (res.stdout_tail.strip().splitlines() or [""])[-1]
+        if not re.fullmatch(r"3\.\d+", pyver):
+            raise ImageBuildError(f"base image {self.base_image}: no working python3 ({res.stderr_tail.strip()[-200:]})")
+        dockerfile = _dockerfile("env-runtime.Dockerfile")
+        with tempfile.TemporaryDirectory(prefix="cumatrix-build-") as ctx:
+            wheels = Path(ctx, "wheels")
+            wheels.mkdir()
+            wd = default_wheel_dir(wheel_dir)
+            if wd is not None:
+                for w in sorted(wd.glob("*.whl")):
+                    shutil.copyfile(w, wheels / w.name)
+            else:
+                plat = fetch.platform_tags(f"manylinux_2_28_{os.uname().machine}")
+                fetch.pip_download(list(runtime.requirements), wheels, deps=True, python_version=pyver,
+                                    platforms=plat, what=f"runtime {runtime.name}")
+            h = hashlib.sha256(dockerfile.read_bytes() + "\n".join(runtime.requirements).encode())
+            for w in sorted(wheels.iterdir()):
+                h.update(_sha256(w).encode())
+            h.update(base.image_id.encode())
+            slug = _NAME_RE.sub("-", runtime.name).strip("-.")[:60] or "runtime"
+            tag = f"cumatrix-env:{slug}-{h.hexdigest()[:16]}"
+            existing = self._image_facts(tag)
+            if existing is not None:
+                return ImageInfo(runtime_name=runtime.name, tag=tag, image_id=existing.image_id, source=source,
+                                 cudart=existing.env.get("CUMATRIX_CUDART"), python=pyver)
+            shutil.copyfile(dockerfile, Path(ctx, "Dockerfile"))
+            shutil.copy2(uv_binary(), Path(ctx, "uv"))
+            Path(ctx, "requirements.txt").write_text("".join(f"{r}\n" for r in runtime.requirements))
+            try:
+                image, _ = self.client.images.build(
+                    path=ctx, tag=tag, pull=False, rm=True, forcerm=True, network_mode="none",
+                    labels={LABEL: "1", "cumatrix.runtime": runtime.name},
+                    buildargs={"BASE_IMAGE": self.base_image, "RUNTIME_NAME": runtime.name})
+            except docker.errors.BuildError as e:
+                log = _ANSI_RE.sub("", "".join(str(c.get("stream") or c.get("error") or "") for c in e.build_log))
+                raise ImageBuildError(f"building the image of runtime {runtime.name!r} ({source}) failed: {e.msg}\n"
+                                      f"--- build log (tail) ---\n" + "\n".join(log.strip().splitlines()[-12:])) from e
+            except docker.errors.APIError as e:
+                raise ImageBuildError(f"building the image of runtime {runtime.name!r} failed: {_short(e)}") from e
+        facts = self._image_facts(tag)
+        return ImageInfo(runtime_name=runtime.name, tag=tag, image_id=image.id, source=source, built=True,
+                         cudart=facts.env.get("CUMATRIX_CUDART") if facts else None, python=pyver)
 
     def _check_foreign_image(self, runtime: Runtime) -> ImageInfo:
         ref = runtime.image or ""
