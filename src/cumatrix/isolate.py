@@ -8,7 +8,6 @@ Timeout, signal, missing verdict and malformed verdict are distinct outcomes.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import re
@@ -16,9 +15,10 @@ import selectors
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from . import sandbox
 from .model import OUTCOME_RE, Observed
 
 VERDICT_TAG = "CUMATRIX-RESULT "
@@ -125,48 +125,34 @@ def verdicts_in(text: str) -> list[str]:
     return [ln for ln in text.splitlines() if ln.startswith(VERDICT_TAG)]
 
 
-_PR_SET_PDEATHSIG = 1
+def run_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | None = None,
+              policy: sandbox.Policy | None = None) -> ChildResult:
+    """Run ``job.argv`` as a child in its own process group, bounded in time and output.
 
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the child die with the harness (Linux ``PR_SET_PDEATHSIG``).
-
-    Children run in their own session, so a SIGKILL of the harness (which runs no
-    ``finally``) would otherwise leave a cell running with nobody to time it out.
+    :func:`cumatrix.sandbox.prepare` decides what the child sees (its environment, limits,
+    bubblewrap per ``policy``); every process the child starts ends with the cell.
     """
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before fork, not in the child
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != parent:  # the harness died before prctl took effect
-            os._exit(128 + int(signal.SIGKILL))
-
-    return preexec
-
-
-def run_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | None = None) -> ChildResult:
-    """Run ``job.argv`` as a child in its own process group, bounded in time and output."""
-    env = dict(os.environ if base_env is None else base_env)
-    env.update(job.env)
-    if job.lib_path:
-        old = env.get("LD_LIBRARY_PATH", "")
-        env["LD_LIBRARY_PATH"] = os.pathsep.join([*job.lib_path, *([old] if old else [])])
-    env.setdefault("PYTHONFAULTHANDLER", "1")
+    plan, scope = sandbox.prepare(job, base_env=base_env, cwd=cwd, policy=policy)
     start = time.monotonic()
+    if plan.problem is not None:
+        scope.end()
+        return ChildResult(returncode=None, signal=None, timed_out=False, stdout_tail="",
+                           stderr_tail=plan.problem, verdict={"outcome": "harness-error", "detail": plan.problem},
+                           verdict_error=None, duration_s=0.0, extra=plan.extra)
     try:
-        proc = subprocess.Popen(job.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True,
-                                preexec_fn=_die_with_parent())
-    except OSError as e:
+        # No preexec_fn where the spawn shim exists: subprocess then uses vfork, not fork.
+        proc = subprocess.Popen(plan.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=plan.env, cwd=cwd, start_new_session=True,
+                                pass_fds=plan.pass_fds, preexec_fn=plan.preexec_fn)
+    except (OSError, subprocess.SubprocessError) as e:
+        scope.end()
         # A command that cannot even start is what a shell reports as 126/127.
         code = 127 if isinstance(e, FileNotFoundError) else 126
+        why = e.strerror if isinstance(e, OSError) else str(e)
         return ChildResult(returncode=code, signal=None, timed_out=False, stdout_tail="",
-                           stderr_tail=f"cannot start {job.argv[0]!r}: {e.strerror}", verdict=None,
-                           verdict_error=None, duration_s=time.monotonic() - start)
+                           stderr_tail=f"cannot start {job.argv[0]!r}: {why}", verdict=None,
+                           verdict_error=None, duration_s=time.monotonic() - start, extra=plan.extra)
+    scope.started(proc.pid)
     out, err = _Capture(True), _Capture(False)
     sel = selectors.DefaultSelector()
     assert proc.stdout is not None and proc.stderr is not None
@@ -194,17 +180,26 @@ def run_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str |
     finally:
         if timed_out or proc.poll() is None:
             _kill_group(proc)
-        # The group may hold children that outlive the leader; end them too.
+        # The group may hold children that outlive the leader; end them too, and then
+        # whatever left the group (setsid daemons): the cell's cgroup, or the sweep.
         _kill_group(proc, quiet=True)
+        left = scope.end()
         sel.close()
         proc.stdout.close()
         proc.stderr.close()
     rc = proc.wait()
     out.finish()
     verdict, verr = scan_verdict(out.verdicts)
-    return ChildResult(returncode=None if rc < 0 else rc, signal=-rc if rc < 0 else None,
+    extra = dict(plan.extra)
+    if left:
+        extra["killed_after"] = left  # processes the cell left running, killed with it
+    sig = -rc if rc < 0 else None
+    if plan.signal_in_exit and sig is None and 128 < rc < 128 + 65:
+        extra["exit_code_raw"] = rc  # bubblewrap reports a child killed by signal N as 128+N
+        sig = rc - 128
+    return ChildResult(returncode=None if sig is not None else rc, signal=sig,
                        timed_out=timed_out, stdout_tail=out.text(), stderr_tail=err.text(),
-                       verdict=verdict, verdict_error=verr, duration_s=time.monotonic() - start)
+                       verdict=verdict, verdict_error=verr, duration_s=time.monotonic() - start, extra=extra)
 
 
 def _kill_group(proc: subprocess.Popen[bytes], *, quiet: bool = False) -> None:
