@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .isolate import Job
@@ -387,8 +387,8 @@ class Containment:
         self._seq = 0
         self._active = 0
         self._lock = threading.Lock()
-        self._watcher: subprocess.Popen[bytes] | None = None
-        self._watch_pipe: IO[bytes] | None = None
+        self._watcher_pid: int | None = None
+        self._watch_fd: int | None = None
         self._pid = os.getpid()
         self._setup()
 
@@ -417,35 +417,42 @@ class Containment:
     # ---------------------------------------------------------------- watcher
 
     def _start_watcher(self) -> None:
+        # posix_spawn with a pipe of our own, not a Popen: the watcher outlives this process
+        # on purpose, and only the write end, held here and inherited by no one (O_CLOEXEC),
+        # keeps it waiting.
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join([root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
+        r, w = os.pipe()
         try:
-            self._watcher = subprocess.Popen(
-                [sys.executable, "-c", "from cumatrix.sandbox import watch_main; watch_main()"],
-                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                env=env, start_new_session=True)
+            self._watcher_pid = os.posix_spawn(
+                sys.executable, [sys.executable, "-c", "from cumatrix.sandbox import watch_main; watch_main()"],
+                env, setsid=True,
+                file_actions=[(os.POSIX_SPAWN_DUP2, r, 0),
+                              (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                              (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0)])
         except OSError:
+            os.close(w)
             return
-        self._watch_pipe = self._watcher.stdin
+        finally:
+            os.close(r)
+        self._watch_fd = w
         self.tell(f"token {self.token}")
         if self.group is not None:
             self.tell(f"+cg {self.group}")
 
     def tell(self, line: str) -> None:
         """One line to the watcher (what to clean up if this process dies)."""
-        pipe = self._watch_pipe
-        if pipe is None:
+        if self._watch_fd is None:
             return
         try:
-            pipe.write(line.encode() + b"\n")
-            pipe.flush()
-        except (OSError, ValueError):
-            self._watch_pipe = None
+            os.write(self._watch_fd, line.encode() + b"\n")  # one write under PIPE_BUF: atomic
+        except OSError:
+            self._watch_fd = None
 
     @property
     def watcher_pid(self) -> int | None:
-        return self._watcher.pid if self._watcher is not None else None
+        return self._watcher_pid
 
     # ---------------------------------------------------------------- cells
 
