@@ -143,6 +143,9 @@ def add_run(sub: Any) -> None:
     p.add_argument("--junitxml", metavar="FILE", help="also write pytest's own JUnit file")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per cell from pytest too")
     p.add_argument("-q", "--quiet", action="store_true", help="less chatter")
+    from . import sandbox
+
+    sandbox.add_cli_options(p, default="off")
     p.set_defaults(func=cmd_run)
 
 

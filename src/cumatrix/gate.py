@@ -937,6 +937,9 @@ def add_gate_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
                          "stage results.jsonl, results.json and index.html"))
     p.add_argument("--wheel-dir", type=Path, default=None, metavar="DIR",
                    help="directory of already-downloaded CUDA runtime wheels")
+    from . import sandbox
+
+    sandbox.add_cli_options(p, default="auto")
     p.set_defaults(func=gate_main)
     return p
 

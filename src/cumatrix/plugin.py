@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from . import matrix as _matrix
+from . import sandbox
 from .errors import ConfigError, CumatrixError
 from .model import Cell, Matrix
 from .results import Store, dumps
@@ -44,6 +45,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="base image for runtime images (docker backend)")
     g.addoption("--cumatrix-host", default=None, metavar="NAME",
                 help="tag every result with this host name (for merging runs of many hosts)")
+    sandbox.add_pytest_options(g)
 
 
 def _is_worker(config: pytest.Config) -> bool:
@@ -268,6 +270,8 @@ _CONFIG: dict[str, pytest.Config] = {}
 
 def pytest_configure(config: pytest.Config) -> None:
     _CONFIG["config"] = config
+    if _is_worker(config):
+        sandbox.die_with_parent()  # a killed controller must not leave a worker running a cell
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

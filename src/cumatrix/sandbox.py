@@ -27,6 +27,7 @@ harness's cells left and removes their docker containers.
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import fnmatch
 import hashlib
@@ -42,7 +43,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .isolate import Job
@@ -784,3 +785,39 @@ def _remove_containers(names: list[str]) -> None:
         except docker.errors.DockerException:
             pass
     client.close()
+
+
+# --------------------------------------------------------------------------- options
+
+
+def add_cli_options(parser: argparse.ArgumentParser, *, default: str) -> None:
+    """``--sandbox`` / ``--no-sandbox`` and ``--pass-env NAME`` on a subcommand's parser.
+
+    ``default`` is ``auto`` for ``gate`` (bubblewrap where it runs) and ``off`` for ``run``.
+    """
+    now = ("by default each cell runs under bubblewrap where it is installed and runs"
+           if default == "auto" else "off by default")
+    g = parser.add_mutually_exclusive_group()
+    g.add_argument("--sandbox", dest="sandbox", action="store_const", const="on", default=default,
+                   help=f"run each cell under bubblewrap: no network, a read-only root, a private /tmp, "
+                        f"the GPU's device nodes; a cell fails where bubblewrap cannot run ({now})")
+    g.add_argument("--no-sandbox", dest="sandbox", action="store_const", const="off",
+                   help="run cells without bubblewrap (environment allowlist and limits still apply)")
+    parser.add_argument("--pass-env", action="append", default=[], metavar="NAME",
+                        help="also give cells this variable of the harness's environment (repeatable; "
+                             "a glob such as 'MYAPP_*' works)")
+
+
+def add_pytest_options(group: Any) -> None:
+    """The same options for ``pytest matrix.yaml`` (a pytest option group)."""
+    group.addoption("--cumatrix-sandbox", choices=("off", "auto", "on"), default="off",
+                    help="bubblewrap per cell: off (default), auto (where it runs), on (required)")
+    group.addoption("--cumatrix-pass-env", action="append", default=[], metavar="NAME",
+                    help="also give cells this variable of the harness's environment (repeatable)")
+
+
+def policy(sandbox: str = "off", pass_env: Iterable[str] = ()) -> Policy:
+    """A :class:`Policy` from option values (``args.sandbox``, ``args.pass_env``)."""
+    if sandbox not in ("off", "auto", "on"):
+        raise ValueError(f"sandbox must be off, auto or on, not {sandbox!r}")
+    return Policy(sandbox=sandbox, pass_env=tuple(pass_env))
