@@ -87,9 +87,20 @@ class Policy:
     harness's variables the cell gets beyond the allowlist.
     """
 
-    sandbox: str = "off"
+    sandbox: str = field(default_factory=lambda: _env_sandbox(os.environ.get("CUMATRIX_SANDBOX")))
     pass_env: tuple[str, ...] = ()
     limits: bool = True
+
+
+def _env_sandbox(value: str | None) -> str:
+    """``$CUMATRIX_SANDBOX``: unset/0/off: off; auto: where bubblewrap runs; anything else: on.
+
+    The variable reaches pytest-xdist workers and every entry point; ``--sandbox`` is the flag.
+    """
+    v = (value or "").strip().lower()
+    if v in ("", "0", "off", "no", "false"):
+        return "off"
+    return "auto" if v == "auto" else "on"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
