@@ -108,6 +108,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         pargs += ["--cumatrix-host", args.host]
     if args.junitxml:
         pargs += ["--junitxml", args.junitxml]
+    pargs += ["--cumatrix-sandbox", args.sandbox] if args.sandbox else []
+    pargs += [f"--cumatrix-pass-env={n}" for n in args.pass_env]
     code = int(pytest.main(pargs))
     if code == 5:  # no tests ran
         if args.resume:
@@ -145,7 +147,7 @@ def add_run(sub: Any) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="less chatter")
     from . import sandbox
 
-    sandbox.add_cli_options(p, default="off")
+    sandbox.add_cli_options(p, default=None)
     p.set_defaults(func=cmd_run)
 
 

@@ -983,6 +983,9 @@ def gate_main(args: argparse.Namespace) -> int:
 
 
 def _gate(args: argparse.Namespace) -> int:
+    from . import sandbox
+
+    sandbox.set_default(sandbox.policy(getattr(args, "sandbox", None), getattr(args, "pass_env", None)))
     wheels: list[Path] = [Path(w) for w in args.wheels]
     for w in wheels:
         _check_wheel(w)

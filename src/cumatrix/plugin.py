@@ -270,6 +270,7 @@ _CONFIG: dict[str, pytest.Config] = {}
 
 def pytest_configure(config: pytest.Config) -> None:
     _CONFIG["config"] = config
+    sandbox.set_default(sandbox.policy(config.getoption("cumatrix_sandbox"), config.getoption("cumatrix_pass_env")))
     if _is_worker(config):
         sandbox.die_with_parent()  # a killed controller must not leave a worker running a cell
 

@@ -153,7 +153,7 @@ def child_env(job: Job, *, base_env: Mapping[str, str] | None = None,
     A command cell's ``PYTHONPATH`` loses the harness's package directories: a cell that
     runs a plain ``python3`` must not import what only the harness has installed.
     """
-    policy = policy or Policy()
+    policy = policy or default_policy()
     base = os.environ if base_env is None else base_env
     harness = job.kind in HARNESS_KINDS
     extra = _pattern(policy.pass_env)
@@ -680,10 +680,22 @@ def _sweep(scope: Scope, *, sole: bool) -> int:
 # --------------------------------------------------------------------------- the plan
 
 
+_DEFAULT: dict[str, Policy] = {}
+
+
+def set_default(policy: Policy) -> None:
+    """The policy of every job run without one (set once per process from the options)."""
+    _DEFAULT["policy"] = policy
+
+
+def default_policy() -> Policy:
+    return _DEFAULT.get("policy") or Policy()
+
+
 def prepare(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | None = None,
             policy: Policy | None = None) -> tuple[Plan, Scope]:
     """The final argv, env and fds of a job's child, and the scope that ends its tree."""
-    policy = policy or Policy()
+    policy = policy or default_policy()
     env = child_env(job, base_env=base_env, policy=policy)
     box = containment()
     scope = box.open_scope()
@@ -801,10 +813,11 @@ def _remove_containers(names: list[str]) -> None:
 # --------------------------------------------------------------------------- options
 
 
-def add_cli_options(parser: argparse.ArgumentParser, *, default: str) -> None:
+def add_cli_options(parser: argparse.ArgumentParser, *, default: str | None) -> None:
     """``--sandbox`` / ``--no-sandbox`` and ``--pass-env NAME`` on a subcommand's parser.
 
-    ``default`` is ``auto`` for ``gate`` (bubblewrap where it runs) and ``off`` for ``run``.
+    ``default`` is ``auto`` for ``gate`` (bubblewrap where it runs) and None for ``run``
+    (off, unless ``$CUMATRIX_SANDBOX`` says otherwise).
     """
     now = ("by default each cell runs under bubblewrap where it is installed and runs"
            if default == "auto" else "off by default")
@@ -821,14 +834,17 @@ def add_cli_options(parser: argparse.ArgumentParser, *, default: str) -> None:
 
 def add_pytest_options(group: Any) -> None:
     """The same options for ``pytest matrix.yaml`` (a pytest option group)."""
-    group.addoption("--cumatrix-sandbox", choices=("off", "auto", "on"), default="off",
-                    help="bubblewrap per cell: off (default), auto (where it runs), on (required)")
+    group.addoption("--cumatrix-sandbox", choices=("off", "auto", "on"), default=None,
+                    help="bubblewrap per cell: off (default; or $CUMATRIX_SANDBOX), auto (where it runs), "
+                         "on (required)")
     group.addoption("--cumatrix-pass-env", action="append", default=[], metavar="NAME",
                     help="also give cells this variable of the harness's environment (repeatable)")
 
 
-def policy(sandbox: str = "off", pass_env: Iterable[str] = ()) -> Policy:
-    """A :class:`Policy` from option values (``args.sandbox``, ``args.pass_env``)."""
+def policy(sandbox: str | None = None, pass_env: Iterable[str] | None = ()) -> Policy:
+    """A :class:`Policy` from option values (``args.sandbox``, ``args.pass_env``); None: the default."""
+    if sandbox is None:
+        return Policy(pass_env=tuple(pass_env or ()))
     if sandbox not in ("off", "auto", "on"):
         raise ValueError(f"sandbox must be off, auto or on, not {sandbox!r}")
-    return Policy(sandbox=sandbox, pass_env=tuple(pass_env))
+    return Policy(sandbox=sandbox, pass_env=tuple(pass_env or ()))
