@@ -166,7 +166,12 @@ def run_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str |
             if remaining <= 0:
                 timed_out = True
                 break
-            for key, _ in sel.select(timeout=min(remaining, 0.5)):
+            events = sel.select(timeout=min(remaining, 0.5))
+            if not events and proc.poll() is not None:
+                # The cell's process is done and its pipes are quiet: whatever still holds
+                # them open (a daemon it left) is killed, which closes them.
+                scope.end()
+            for key, _ in events:
                 chunk = os.read(key.fd, 65536)
                 if not chunk:
                     sel.unregister(key.fileobj)
@@ -183,7 +188,7 @@ def run_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str |
         # The group may hold children that outlive the leader; end them too, and then
         # whatever left the group (setsid daemons): the cell's cgroup, or the sweep.
         _kill_group(proc, quiet=True)
-        left = scope.end()
+        scope.end()
         sel.close()
         proc.stdout.close()
         proc.stderr.close()
@@ -191,8 +196,8 @@ def run_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str |
     out.finish()
     verdict, verr = scan_verdict(out.verdicts)
     extra = dict(plan.extra)
-    if left:
-        extra["killed_after"] = left  # processes the cell left running, killed with it
+    if scope.killed:
+        extra["killed_after"] = scope.killed  # processes the cell left running, killed with it
     sig = -rc if rc < 0 else None
     if plan.signal_in_exit and sig is None and 128 < rc < 128 + 65:
         extra["exit_code_raw"] = rc  # bubblewrap reports a child killed by signal N as 128+N

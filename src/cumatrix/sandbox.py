@@ -500,6 +500,7 @@ class Scope:
     leader: int | None = None
     start_ticks: int = 0
     ended: bool = False
+    killed: int = 0  # processes the cell left running when it ended
 
     @property
     def mode(self) -> str:
@@ -515,14 +516,16 @@ class Scope:
     def end(self) -> int:
         """Kill every process of the cell that is left; return how many were found."""
         if self.ended:
-            return 0
+            return self.killed
         self.ended = True
         try:
             if self.cgroup is not None:
-                return _kill_cgroup(self.cgroup, remove=True)
-            return _sweep(self, sole=self.owner.sole())
+                self.killed = _kill_cgroup(self.cgroup, remove=True)
+            else:
+                self.killed = _sweep(self, sole=self.owner.sole())
         finally:
             self.owner._closed()
+        return self.killed
 
 
 _CONTAINMENT: dict[int, Containment] = {}
