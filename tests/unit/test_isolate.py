@@ -10,7 +10,9 @@ import sys
 import time
 from pathlib import Path
 
+from cumatrix import sandbox
 from cumatrix.isolate import KEEP_HEAD, KEEP_TAIL, Job, classify, run_local, scan_verdict
+from cumatrix.sandbox import Policy, child_env
 
 PY = sys.executable
 
@@ -169,9 +171,6 @@ def test_child_dies_with_a_killed_harness(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------ what a cell's child sees
-
-from cumatrix import sandbox  # noqa: E402
-from cumatrix.sandbox import Policy, child_env  # noqa: E402
 
 HARNESS_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/home/u", "LANG": "C.UTF-8", "LC_ALL": "C",
                "CUDA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "compute",
