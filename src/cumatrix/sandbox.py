@@ -23,6 +23,10 @@ Three layers, each used where the host offers it:
 A watcher process per harness process (``watch_main``) holds the read end of a pipe; when
 the harness dies, even by SIGKILL, the pipe reaches EOF and the watcher kills what the
 harness's cells left and removes their docker containers.
+
+Knobs: ``CUMATRIX_SANDBOX`` (off | auto | on; the flags set it per run),
+``CUMATRIX_CONTAINMENT=subreaper`` (skip the cgroup, e.g. to compare), and
+``CUMATRIX_NO_SPAWN_SHIM=1`` (spawn through ``preexec_fn``, e.g. to measure the shim).
 """
 
 from __future__ import annotations
