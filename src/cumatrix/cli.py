@@ -117,6 +117,8 @@ def _pytest_args(args: argparse.Namespace, mpath: Path, out: Path) -> list[str]:
         pargs.append("--cumatrix-resume")
     if args.require_gpu:
         pargs.append("--cumatrix-require-gpu")
+    pargs += ["--cumatrix-sandbox", args.sandbox] if args.sandbox else []
+    pargs += [f"--cumatrix-pass-env={n}" for n in args.pass_env]
     return pargs
 
 
@@ -158,6 +160,9 @@ def add_run(sub: Any) -> None:
                         "CUMATRIX_REQUIRE_GPU=1)")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per cell from pytest too")
     p.add_argument("-q", "--quiet", action="store_true", help="only failures and the final line")
+    from . import sandbox
+
+    sandbox.add_cli_options(p, default=None)
     p.set_defaults(func=cmd_run)
 
 

@@ -584,6 +584,9 @@ def add_gate_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
                          "stage results.jsonl, results.json and index.html"))
     p.add_argument("--wheel-dir", type=Path, default=None, metavar="DIR",
                    help="directory of already-downloaded CUDA runtime wheels")
+    from . import sandbox
+
+    sandbox.add_cli_options(p, default="auto")
     p.set_defaults(func=gate_main)
     return p
 
@@ -631,6 +634,9 @@ def gate_main(args: argparse.Namespace) -> int:
 
 
 def _gate(args: argparse.Namespace) -> int:
+    from . import sandbox
+
+    sandbox.set_default(sandbox.policy(getattr(args, "sandbox", None), getattr(args, "pass_env", None)))
     wheels: list[Path] = [Path(w) for w in args.wheels]
     for w in wheels:
         _check_wheel(w)

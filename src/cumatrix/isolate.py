@@ -7,15 +7,15 @@ verdict and malformed verdict are distinct outcomes.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import selectors
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
+from . import sandbox
 from .protocol import PipeChannel, Verdict, parse
 #: Bytes kept of each stream: the head (first lines often say what went wrong) and the
 #: tail.  A child writing megabytes must neither stall on a full pipe nor bloat the run.
@@ -81,57 +81,43 @@ class _Capture:
         return body + self.tail.decode(errors="replace")
 
 
-_PR_SET_PDEATHSIG = 1
+def run_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | None = None,
+              policy: sandbox.Policy | None = None) -> ChildResult:
+    """Run ``job.argv`` as a child in its own process group, bounded in time and output.
 
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """A ``preexec_fn`` that makes the child die with the harness (Linux ``PR_SET_PDEATHSIG``).
-
-    Children run in their own session, so a SIGKILL of the harness (which runs no
-    ``finally``) would otherwise leave a cell running with nobody to time it out.
+    :func:`cumatrix.sandbox.prepare` decides what the child sees (its environment, limits,
+    bubblewrap per ``policy``); every process the child starts ends with the cell.  A
+    program's own output can never carry a verdict: only a harness child
+    (``Job.reports_verdict``) gets the private channel of :mod:`cumatrix.protocol`.
     """
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before fork, not in the child
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != parent:  # the harness died before prctl took effect
-            os._exit(128 + int(signal.SIGKILL))
-
-    return preexec
-
-
-def run_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | None = None) -> ChildResult:
-    """Run ``job.argv`` as a child in its own process group, bounded in time and output."""
-    env = dict(os.environ if base_env is None else base_env)
-    env.update(job.env)
-    if job.lib_path:
-        old = env.get("LD_LIBRARY_PATH", "")
-        env["LD_LIBRARY_PATH"] = os.pathsep.join([*job.lib_path, *([old] if old else [])])
-    env.setdefault("PYTHONFAULTHANDLER", "1")
-    # A program's own output can never carry a verdict: only a harness child gets a channel.
-    chan = PipeChannel() if job.reports_verdict else None
-    if chan is None:
-        for name in ("CUMATRIX_VERDICT_FD", "CUMATRIX_VERDICT_FILE"):
-            env.pop(name, None)
-    else:
-        env.update(chan.env())
+    plan, scope = sandbox.prepare(job, base_env=base_env, cwd=cwd, policy=policy)
     start = time.monotonic()
+    if plan.problem is not None:
+        scope.end()
+        return ChildResult(returncode=None, signal=None, timed_out=False, stdout_tail="",
+                           stderr_tail=plan.problem, verdict=Verdict(outcome="harness-error", detail=plan.problem),
+                           verdict_error=None, duration_s=0.0, extra=plan.extra)
+    env = {k: v for k, v in plan.env.items() if k not in ("CUMATRIX_VERDICT_FD", "CUMATRIX_VERDICT_FILE")}
+    chan = PipeChannel() if job.reports_verdict else None
+    if chan is not None:
+        env.update(chan.env())
+        plan = replace(plan, pass_fds=(*plan.pass_fds, chan.write_fd))
     try:
-        proc = subprocess.Popen(job.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        # No preexec_fn where the spawn shim exists: subprocess then uses vfork, not fork.
+        proc = subprocess.Popen(plan.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True,
-                                pass_fds=(chan.write_fd,) if chan else (), preexec_fn=_die_with_parent())
-    except OSError as e:
+                                pass_fds=plan.pass_fds, preexec_fn=plan.preexec_fn)
+    except (OSError, subprocess.SubprocessError) as e:
+        scope.end()
         if chan:
             chan.close()
         # A command that cannot even start is what a shell reports as 126/127.
         code = 127 if isinstance(e, FileNotFoundError) else 126
+        why = e.strerror if isinstance(e, OSError) else str(e)
         return ChildResult(returncode=code, signal=None, timed_out=False, stdout_tail="",
-                           stderr_tail=f"cannot start {job.argv[0]!r}: {e.strerror}", verdict=None,
-                           verdict_error=None, duration_s=time.monotonic() - start)
+                           stderr_tail=f"cannot start {job.argv[0]!r}: {why}", verdict=None,
+                           verdict_error=None, duration_s=time.monotonic() - start, extra=plan.extra)
+    scope.started(proc.pid)
     out, err = _Capture(), _Capture()
     sel = selectors.DefaultSelector()
     if proc.stdout is None or proc.stderr is None:
@@ -144,27 +130,14 @@ def run_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str |
     deadline = start + job.timeout
     timed_out = False
     try:
-        while sel.get_map():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                break
-            for key, _ in sel.select(timeout=min(remaining, 0.5)):
-                chunk = os.read(key.fd, 65536)
-                if not chunk:
-                    sel.unregister(key.fileobj)
-                    continue
-                key.data.feed(chunk)
-        if not timed_out:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                timed_out = True
+        timed_out = _pump(sel, proc, scope, deadline)
     finally:
         if timed_out or proc.poll() is None:
             _kill_group(proc)
-        # The group may hold children that outlive the leader; end them too.
+        # The group may hold children that outlive the leader; end them too, and then
+        # whatever left the group (setsid daemons): the cell's cgroup, or the sweep.
         _kill_group(proc, quiet=True)
+        scope.end()
         sel.close()
         proc.stdout.close()
         proc.stderr.close()
@@ -172,9 +145,41 @@ def run_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str |
             chan.close()
     rc = proc.wait()
     verdict, verr = parse(chan.raw()) if chan else (None, None)
-    return ChildResult(returncode=None if rc < 0 else rc, signal=-rc if rc < 0 else None,
+    extra = dict(plan.extra)
+    if scope.killed:
+        extra["killed_after"] = scope.killed  # processes the cell left running, killed with it
+    sig = -rc if rc < 0 else None
+    if plan.signal_in_exit and sig is None and 128 < rc < 128 + 65:
+        extra["exit_code_raw"] = rc  # bubblewrap reports a child killed by signal N as 128+N
+        sig = rc - 128
+    return ChildResult(returncode=None if sig is not None else rc, signal=sig,
                        timed_out=timed_out, stdout_tail=out.text(), stderr_tail=err.text(),
-                       verdict=verdict, verdict_error=verr, duration_s=time.monotonic() - start)
+                       verdict=verdict, verdict_error=verr, duration_s=time.monotonic() - start, extra=extra)
+
+
+def _pump(sel: selectors.BaseSelector, proc: subprocess.Popen[bytes], scope: sandbox.Scope,
+          deadline: float) -> bool:
+    """Read the child's streams until they close; True when the deadline passed first."""
+    while sel.get_map():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return True
+        events = sel.select(timeout=min(remaining, 0.5))
+        if not events and proc.poll() is not None:
+            # The cell's process is done and its pipes are quiet: whatever still holds
+            # them open (a daemon it left) is killed, which closes them.
+            scope.end()
+        for key, _ in events:
+            chunk = os.read(key.fd, 65536)
+            if not chunk:
+                sel.unregister(key.fileobj)
+                continue
+            key.data.feed(chunk)
+    try:
+        proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return True
+    return False
 
 
 def _kill_group(proc: subprocess.Popen[bytes], *, quiet: bool = False) -> None:

@@ -149,6 +149,10 @@ def fingerprint(observed: Observed, child: ChildResult | None, facts: Facts) -> 
         "runtime_version": runtime_version,
         "image": extra.get("image"),
         "image_id": extra.get("image_id"),
+        # How the cell was held: its process tree (cgroup-v2 | subreaper), its sandbox.
+        "containment": extra.get("containment"),
+        "sandbox": extra.get("sandbox"),
+        "killed_after": extra.get("killed_after"),
     }
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from . import matrix as _matrix
+from . import sandbox
 from .errors import ConfigError, CumatrixError
 from .keyword import KeywordExpression
 from .model import Cell, Matrix
@@ -59,6 +60,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--cumatrix-require-gpu", action="store_true", default=False,
                 help="a cell skipped for want of a GPU fails (nightly jobs on GPU runners); "
                      "also CUMATRIX_REQUIRE_GPU=1")
+    sandbox.add_pytest_options(g)
 
 
 def _is_worker(config: pytest.Config) -> bool:
@@ -330,6 +332,9 @@ _CONFIG: dict[str, pytest.Config] = {}
 
 def pytest_configure(config: pytest.Config) -> None:
     _CONFIG["config"] = config
+    sandbox.set_default(sandbox.policy(config.getoption("cumatrix_sandbox"), config.getoption("cumatrix_pass_env")))
+    if _is_worker(config):
+        sandbox.die_with_parent()  # a killed controller must not leave a worker running a cell
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -73,13 +73,10 @@ def standalone_command(runner: Orchestrator, job: Job) -> str:
 
 
 def child_environment(job: Job) -> dict[str, str]:
-    """The environment :func:`cumatrix.isolate.run_local` gives the child."""
-    env = dict(os.environ)
-    env.update(job.env)
-    if job.lib_path:
-        old = env.get("LD_LIBRARY_PATH", "")
-        env["LD_LIBRARY_PATH"] = os.pathsep.join([*job.lib_path, *([old] if old else [])])
-    env.setdefault("PYTHONFAULTHANDLER", "1")
+    """The environment :func:`cumatrix.isolate.run_local` gives the child (the same allowlist)."""
+    from .sandbox import child_env
+
+    env = child_env(job)
     env[MAPS_ENV] = "1"
     return env
 

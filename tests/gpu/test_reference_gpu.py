@@ -18,7 +18,7 @@ import pytest
 
 import cumatrix
 from cumatrix.build import build_variant
-from cumatrix.runtimes import from_wheel, KNOWN_WHEELS, headers_for
+from cumatrix.runtimes import KNOWN_WHEELS, from_wheel, headers_for
 
 pytestmark = pytest.mark.gpu
 SRC_ROOT = str(Path(cumatrix.__file__).resolve().parents[1])

@@ -24,8 +24,8 @@ import docker.errors
 import pytest
 
 from cumatrix import runtimes
-from cumatrix.errors import DaemonUnavailable
 from cumatrix.classify import classify
+from cumatrix.errors import DaemonUnavailable
 from cumatrix.isolate import Job, run_local
 from cumatrix.model import Runtime
 
@@ -193,6 +193,7 @@ def test_oom_killed_is_sigkill_with_oom_noted(base_image: str) -> None:
 
 
 def test_mounts_are_read_only_and_network_is_off(backend: object, rt_image: object, tmp_path: Path) -> None:
+    tmp_path.chmod(0o755)  # cells run as a non-root user
     (tmp_path / "in.txt").write_text("hello")
     code = ("import os, pathlib, sys\n"
             f"d = pathlib.Path({str(tmp_path)!r})\n"
@@ -252,7 +253,7 @@ def test_failing_dockerfile_build_is_a_clear_error(base_image: str, tmp_path: Pa
         assert "building the image of runtime 'bad'" in msg and "invalid ELF header" in msg
         # Through prepare_runtime the same failure is a per-cell problem, not a crash of the run.
         info = be.prepare_runtime(Runtime(name="bad", requirement=WHEEL_REQ), tmp_path)
-        assert not info.ok and "invalid ELF header" in info.problem
+        assert not info.ok and info.problem and bad.name in info.problem  # refused before any build
     # A base image that is not there, and one without a shell, fail as clearly.
     with DockerBackend("cumatrix-test-absent:1") as be, \
             pytest.raises(ImageBuildError, match="base image cumatrix-test-absent:1 not found locally"):
@@ -271,9 +272,8 @@ DockerBackend(image).run_job(Job(cell_id=cell, kind="command", image=image, time
 """
 
 
-def test_killed_harness_leaves_nothing_running_after_next_start(base_image: str, client: docker.DockerClient) -> None:
-    from cumatrix.backends.docker import DockerBackend
-
+def test_killed_harness_leaves_no_container(base_image: str, client: docker.DockerClient) -> None:
+    """SIGKILL of the harness (no ``finally`` runs): its watcher removes the container."""
     cell = f"killed/{uuid.uuid4().hex[:8]}"
     proc = subprocess.Popen([sys.executable, "-c", _KILLED_CHILD, base_image, cell],
                             env={**os.environ, "PYTHONPATH": str(SRC)})
@@ -285,11 +285,22 @@ def test_killed_harness_leaves_nothing_running_after_next_start(base_image: str,
     finally:
         proc.kill()
         proc.wait()
-    # The daemon does not know its client died: the container is still there ...
-    assert _ours(client, cell)
-    # ... until the next backend starts, while a live run's containers are left alone.
-    keep_cell = f"live/{uuid.uuid4().hex[:8]}"
+    deadline = time.monotonic() + 30
+    while _ours(client, cell) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _ours(client, cell) == []
+
+
+def test_stale_containers_go_at_next_start_and_live_ones_stay(base_image: str, client: docker.DockerClient) -> None:
+    """A container left by a run whose watcher could not remove it goes when the next backend starts."""
+    from cumatrix.backends.docker import DockerBackend
+
+    cell = f"stale/{uuid.uuid4().hex[:8]}"
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     with DockerBackend(base_image) as live:
+        labels = {**live._labels(cell), "cumatrix.owner": f"{dead.stdout.strip()}.1"}  # an owner that is gone
+        stale = client.containers.run(base_image, ["sleep", "60"], detach=True, network_mode="none", labels=labels)
+        keep_cell = f"live/{uuid.uuid4().hex[:8]}"
         c = client.containers.run(base_image, ["sleep", "60"], detach=True, network_mode="none",
                                   labels=live._labels(keep_cell))
         try:
@@ -298,6 +309,47 @@ def test_killed_harness_leaves_nothing_running_after_next_start(base_image: str,
             assert _ours(client, keep_cell)  # its owner (this process) is alive
         finally:
             c.remove(force=True)
+            try:
+                stale.remove(force=True)
+            except docker.errors.NotFound:
+                pass
+
+
+_HARDENING = """
+import os, pathlib
+st = pathlib.Path('/proc/self/status').read_text()
+caps = {l.split(':')[0]: l.split()[1] for l in st.splitlines() if l.startswith(('Cap', 'NoNewPrivs'))}
+print('uid', os.getuid(), 'gid', os.getgid())
+print('capeff', caps['CapEff'], 'capbnd', caps['CapBnd'], 'nnp', caps['NoNewPrivs'])
+for p in ('/usr/x', '/etc/x', '/x'):
+    try:
+        open(p, 'w')
+        print('wrote', p)
+    except OSError as e:
+        print('ro', p, e.errno)
+open('/tmp/scratch', 'w').write('ok')
+print('tmp', open('/tmp/scratch').read())
+"""
+
+
+def test_container_is_hardened(backend: object, rt_image: object, client: docker.DockerClient) -> None:
+    """Non-root, no capabilities, no-new-privileges, read-only root with a writable /tmp, CPU limit."""
+    res = backend.run_job(_job("hardening", "python3", "-c", _HARDENING))  # type: ignore[attr-defined]
+    assert res.returncode == 0, res.stderr_tail
+    out = res.stdout_tail
+    assert "uid 0" not in out and "gid 0 " not in out, out
+    assert "capeff 0000000000000000 capbnd 0000000000000000 nnp 1" in out
+    assert "wrote" not in out and out.count(" 30\n") == 3  # EROFS, not EACCES: the filesystem is read-only
+    assert "tmp ok" in out
+    assert res.extra["containment"] == "container"
+    assert backend.cpus >= 1 and backend.user != "0:0"  # type: ignore[attr-defined]
+
+
+def test_command_cell_in_docker_gets_no_harness_pythonpath(backend: object, rt_image: object) -> None:
+    code = "import os; print('pp', os.environ.get('PYTHONPATH'))\ntry:\n import cumatrix\nexcept ImportError:\n print('no-harness')"
+    res = backend.run_job(_job("pp", "python3", "-c", code, env=(("PYTHONPATH", str(SRC)),)))  # type: ignore[attr-defined]
+    assert res.returncode == 0, res.stderr_tail
+    assert "pp None" in res.stdout_tail and "no-harness" in res.stdout_tail
 
 
 def test_driver_libraries_reach_the_container_without_a_toolkit(base_image: str, tmp_path: Path) -> None:
@@ -307,7 +359,12 @@ def test_driver_libraries_reach_the_container_without_a_toolkit(base_image: str,
     files laid out like a real driver install (versioned files plus SONAME links, and a
     leftover of an older version that must not be taken).
     """
-    from cumatrix.backends.docker import DRIVER_LIB_DIR, DockerBackend, GpuAccess, driver_libraries
+    from cumatrix.backends.docker import (
+        DRIVER_LIB_DIR,
+        DockerBackend,
+        GpuAccess,
+        driver_libraries,
+    )
 
     drv = tmp_path / "driver"
     drv.mkdir()

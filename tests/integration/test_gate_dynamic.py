@@ -20,11 +20,15 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from test_gate import SOURCES, STUB_LIBCUDA, _gcc  # the static stage's gcc-built ELF files
+from test_gate import (  # the static stage's gcc-built ELF files
+    SOURCES,
+    STUB_LIBCUDA,
+    _gcc,
+)
 
 from cumatrix import runtimes
 from cumatrix.gate import unsupported_pairing, wheel_packages
-from cumatrix.model import Cell, Case
+from cumatrix.model import Case, Cell
 from cumatrix.oracle import HostFacts
 
 pytestmark = pytest.mark.network  # runtime wheels, fetched once into the cache

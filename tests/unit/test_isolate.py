@@ -10,9 +10,11 @@ import sys
 import time
 from pathlib import Path
 
+from cumatrix import sandbox
 from cumatrix.classify import classify
 from cumatrix.isolate import KEEP_HEAD, KEEP_TAIL, Job, run_local
 from cumatrix.protocol import parse
+from cumatrix.sandbox import Policy, child_env
 
 PY = sys.executable
 #: Child code that hands a verdict over the private channel, as the harness's own children do.
@@ -200,3 +202,72 @@ def test_child_dies_with_a_killed_harness(tmp_path: Path) -> None:
     finally:
         harness.kill()
         harness.wait()
+
+
+# ------------------------------------------------------------------------ what a cell's child sees
+
+HARNESS_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/home/u", "LANG": "C.UTF-8", "LC_ALL": "C",
+               "CUDA_VISIBLE_DEVICES": "0", "NVIDIA_DRIVER_CAPABILITIES": "compute",
+               "NVIDIA_API_KEY": "nvapi-x", "CUDA_AUTH_TOKEN": "t", "AWS_SECRET_ACCESS_KEY": "s",
+               "GITHUB_TOKEN": "g", "PYTHONPATH": "/harness/site", "VIRTUAL_ENV": "/venv",
+               "KVSWAP_CALIBRATION": "/c.json", "CUMATRIX_KEEP_CONTAINERS": "1", "MYAPP_MODE": "fast"}
+
+
+def test_command_env_is_an_allowlist() -> None:
+    job = Job(cell_id="t", kind="command", argv=("true",), env=(("CUMATRIX_CELL", "t"), ("MINE", "1")))
+    env = child_env(job, base_env=HARNESS_ENV)
+    assert set(env) == {"PATH", "HOME", "LANG", "LC_ALL", "CUDA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES",
+                        "CUMATRIX_CELL", "MINE", "PYTHONFAULTHANDLER"}
+
+
+def test_pass_env_adds_a_name_or_a_pattern() -> None:
+    job = Job(cell_id="t", kind="command", argv=("true",))
+    env = child_env(job, base_env=HARNESS_ENV, policy=Policy(pass_env=("GITHUB_TOKEN", "MYAPP_*")))
+    assert env["GITHUB_TOKEN"] == "g" and env["MYAPP_MODE"] == "fast"
+    assert "AWS_SECRET_ACCESS_KEY" not in env
+
+
+def test_harness_children_keep_their_knobs_and_path_commands_do_not() -> None:
+    own = str(Path(sandbox.__file__).resolve().parent.parent)
+    for kind in ("probe", "swap"):
+        env = child_env(Job(cell_id="t", kind=kind, argv=("x",), env=(("PYTHONPATH", own),)), base_env=HARNESS_ENV)
+        assert env["PYTHONPATH"] == own and env["KVSWAP_CALIBRATION"] == "/c.json"
+        assert "NVIDIA_API_KEY" not in env and "GITHUB_TOKEN" not in env
+    # The session gives every job the harness's package dir; a command cell loses it, keeps its own.
+    cmd = Job(cell_id="t", kind="command", argv=("x",), env=(("PYTHONPATH", f"{own}{os.pathsep}/cell/site"),))
+    env = child_env(cmd, base_env=HARNESS_ENV)
+    assert env["PYTHONPATH"] == "/cell/site" and "KVSWAP_CALIBRATION" not in env
+    assert "PYTHONPATH" not in child_env(Job(cell_id="t", kind="command", argv=("x",), env=(("PYTHONPATH", own),)),
+                                         base_env=HARNESS_ENV)
+
+
+def test_bwrap_binds_back_what_the_private_tmp_hides(tmp_path: Path) -> None:
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    job = Job(cell_id="t", kind="swap", argv=(PY, "-m", "cumatrix.case"), lib_path=(str(lib),),
+              mounts=(str(tmp_path),))
+    argv = sandbox.bwrap_argv("bwrap", job, {"PYTHONPATH": "/opt/site"}, str(tmp_path))
+    text = " ".join(argv)
+    assert "--unshare-all" in argv and "--die-with-parent" in argv and "--share-net" not in argv
+    assert "--ro-bind / /" in text and "--tmpfs /tmp" in text
+    if str(tmp_path).startswith("/tmp/"):
+        assert f"--ro-bind {tmp_path} {tmp_path}" in text and f"--ro-bind {lib} {lib}" in text
+    assert "--ro-bind /opt/site" not in text  # visible through the read-only root already
+    assert argv[argv.index("--") + 1:] == list(job.argv)
+
+
+def test_gpu_device_nodes_are_found_as_the_driver_makes_them(tmp_path: Path) -> None:
+    # Character devices cannot be made without privileges; the listing only looks at names.
+    for name in ("nvidia0", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools", "null"):
+        (tmp_path / name).touch()
+    (tmp_path / "nvidia-caps").mkdir()
+    (tmp_path / "dri").mkdir()
+    got = sandbox.gpu_nodes(tmp_path)
+    assert got == [str(tmp_path / n) for n in ("nvidia-uvm", "nvidia-uvm-tools", "nvidia0", "nvidiactl")] + \
+        [str(tmp_path / "nvidia-caps"), str(tmp_path / "dri")]
+
+
+def test_result_says_how_the_tree_was_contained() -> None:
+    res = run_local(Job(cell_id="t", kind="command", argv=("true",), timeout=10))
+    assert res.extra["containment"] in ("cgroup-v2", "subreaper")
+    assert res.extra["containment"] == sandbox.containment().mode

@@ -13,6 +13,8 @@ from importlib import resources
 import pytest
 
 from cumatrix import matrix as _matrix
+from cumatrix.judge import Facts, decide
+from cumatrix.judge import reconcile as _reconcile
 from cumatrix.model import (
     NO_RUNTIME,
     OUTCOME_RE,
@@ -23,8 +25,6 @@ from cumatrix.model import (
     Observed,
     Workload,
 )
-from cumatrix.judge import Facts, decide
-from cumatrix.judge import reconcile as _reconcile
 from cumatrix.oracle import HostFacts, cuda_for_driver, expect
 
 

@@ -11,10 +11,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cumatrix import catalog, repro, runtimes
-from cumatrix.orchestrate import Orchestrator
 from cumatrix.errors import ConfigError, UsageError
 from cumatrix.isolate import Job
 from cumatrix.model import OUTCOME_RE, VARIANT_FAMILIES
+from cumatrix.orchestrate import Orchestrator
 
 IDS = ("vllm-undefined-symbol", "vllm-cuda13-build", "sglang-driver-dispatch", "sglang-header-dispatch",
        "legacy-stream", "v12-abi-on-cu13")

@@ -5,7 +5,11 @@ names, removed in ``finally``, an env var to keep them, the daemon checked up fr
 
 - ``init=True``: PID 1 is docker-init, so a signal that kills the child is reported as
   exit status 128+N, mapped back here to ``signal=N`` (a segfault reads ``crash:SIGSEGV``);
-- ``network_mode="none"``, memory and pids limits, and a timeout that kills the container;
+- ``network_mode="none"``, CPU, memory and pids limits, and a timeout that kills the container;
+- a non-root user (the invoking user's uid, or ``nobody`` when that is root), every
+  capability dropped, ``no-new-privileges``, a read-only root filesystem and a tmpfs ``/tmp``;
+- removal when the harness dies, even by SIGKILL: the per-process watcher of
+  :mod:`cumatrix.sandbox` removes the containers its harness left;
 - every host path the job reads (and the directory holding the ``cumatrix`` package, for
   ``PYTHONPATH``) bind-mounted read-only at the same path;
 - the label ``cumatrix=1`` and the owning process, so that :meth:`DockerBackend.cleanup_stale`
@@ -43,6 +47,7 @@ import requests.exceptions
 import cumatrix
 
 from ..errors import CumatrixError, DaemonUnavailable, HarnessError
+from .. import sandbox
 from ..isolate import ChildResult, Job, _Capture
 from ..protocol import FileChannel, Verdict, parse
 from ..model import Runtime
@@ -64,6 +69,21 @@ _NAME_RE = re.compile(r"[^a-zA-Z0-9_.-]+")
 _REFUSED_RE = re.compile(r"unsatisfied condition: cuda[^\n]*")
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
 _DRIVER_LIB_PATTERNS = ("libcuda.so*", "libnvidia-ptxjitcompiler.so*", "libnvidia-*.so*")
+#: The user cells run as when the harness runs as root (``nobody``: owns nothing).
+NOBODY = "65534:65534"
+#: The writable scratch of a read-only container (exec allowed: JIT caches, test binaries).
+TMPFS_OPTIONS = "rw,exec,nosuid,nodev,size=1g,mode=1777"
+
+
+def default_user() -> str:
+    """The invoking user's ``uid:gid``, or ``nobody`` when that is root."""
+    uid, gid = os.getuid(), os.getgid()
+    return NOBODY if uid == 0 else f"{uid}:{gid}"
+
+
+def default_cpus() -> float:
+    """Half the host's cores, at least one: a cell cannot starve the harness and its peers."""
+    return max(1.0, (os.cpu_count() or 2) / 2)
 
 
 class ImageBuildError(HarnessError):
@@ -233,7 +253,7 @@ class DockerBackend:
 
     def __init__(self, base_image: str | None = None, *, client: docker.DockerClient | None = None,
                  keep: bool | None = None, mem_limit: str = "2g", pids_limit: int = 1024,
-                 gpu: GpuAccess | None = None) -> None:
+                 gpu: GpuAccess | None = None, cpus: float | None = None, user: str | None = None) -> None:
         """Connect to the daemon (``DaemonUnavailable`` if none answers) and remove stale containers.
 
         ``keep`` defaults to ``$CUMATRIX_KEEP_CONTAINERS``; ``gpu`` defaults to :func:`detect_gpu`.
@@ -242,6 +262,8 @@ class DockerBackend:
         self.keep = _truthy(os.environ.get("CUMATRIX_KEEP_CONTAINERS")) if keep is None else keep
         self.mem_limit = mem_limit
         self.pids_limit = pids_limit
+        self.cpus = cpus if cpus is not None else default_cpus()
+        self.user = user if user is not None else default_user()
         self._own_client = client is None
         if client is None:
             _check_unix_socket()
@@ -287,6 +309,8 @@ class DockerBackend:
             "gpu_access": self.gpu.mode,
             "gpu_detail": self.gpu.detail,
             "base_image": self.base_image,
+            "user": self.user,
+            "cpus": self.cpus,
         }
 
     def _labels(self, cell_id: str = "") -> dict[str, str]:
@@ -527,7 +551,14 @@ class DockerBackend:
         for p in paths:
             if not os.path.exists(p):
                 return f"cannot mount {p} into the container: no such file or directory on the host"
+            if self.user == NOBODY and not _world_readable(p):
+                return (f"cannot mount {p} into the container: cells run as the non-root user {NOBODY}, "
+                        f"which cannot read it (mode {os.stat(p).st_mode & 0o777:o}); make it readable "
+                        f"(chmod o+rX) or run the harness as a user that owns it")
             mounts.append(docker.types.Mount(target=p, source=p, type="bind", read_only=True))
+        if not self.user.startswith("0:") and self.user != "0" and any(p.startswith("/root/") for p in paths):
+            # The image's /root is 0700: a non-root user could not reach paths mounted below it.
+            mounts.append(docker.types.Mount(target="/root", source="", type="tmpfs", tmpfs_mode=0o755))
         if with_gpu and self.gpu.mode == "device-nodes":
             mounts += [docker.types.Mount(target=inside, source=host, type="bind", read_only=True)
                        for host, inside in self.gpu.libraries]
@@ -544,9 +575,18 @@ class DockerBackend:
         if joined:
             env["LD_LIBRARY_PATH"] = joined
         root = str(package_root())
-        py = env.get("PYTHONPATH", "")
-        if root not in py.split(":"):
-            env["PYTHONPATH"] = ":".join([root, *([py] if py else [])])
+        py = [p for p in env.get("PYTHONPATH", "").split(":") if p]
+        if job.reports_verdict or job.kind in sandbox.HARNESS_KINDS:
+            if root not in py:
+                py.insert(0, root)
+        else:  # a command cell sees none of the harness's packages
+            harness = sandbox.harness_paths() | {root}
+            py = [p for p in py if p not in harness]
+        if py:
+            env["PYTHONPATH"] = ":".join(py)
+        else:
+            env.pop("PYTHONPATH", None)
+        env.setdefault("HOME", "/tmp")  # the user has no home in the image; /tmp is writable
         env.setdefault("PYTHONFAULTHANDLER", "1")
         env.setdefault("PYTHONDONTWRITEBYTECODE", "1")  # the package is mounted read-only
         if with_gpu and self.gpu.mode == "nvidia-runtime":
@@ -585,12 +625,16 @@ class DockerBackend:
         name = f"cumatrix-{slug}-{uuid.uuid4().hex[:8]}"
         container = None
         start = time.monotonic()
+        if not self.keep:
+            sandbox.watch_container(name)  # removed by the watcher should this process die
         try:
             try:
                 container = self.client.containers.create(
                     ref, command=list(job.argv), name=name, environment=environment,
                     mounts=mounts, init=True, network_mode="none", mem_limit=self.mem_limit,
                     memswap_limit=self.mem_limit, pids_limit=self.pids_limit, labels=self._labels(job.cell_id),
+                    nano_cpus=int(self.cpus * 1e9), user=self.user, cap_drop=["ALL"],
+                    security_opt=["no-new-privileges"], read_only=True, tmpfs={"/tmp": TMPFS_OPTIONS},
                     stdin_open=False, tty=False, detach=True,
                     log_config=docker.types.LogConfig(type="json-file", config={"max-size": "64m", "max-file": "1"}),
                     **kwargs)
@@ -633,6 +677,7 @@ class DockerBackend:
                 sig, rc = code - _SIGNAL_BASE, None
             extra["exit_code_raw"] = code
             extra["container"] = container.name
+            extra["containment"] = "container"
             return ChildResult(returncode=rc, signal=sig, timed_out=timed_out, stdout_tail=out.text(),
                                stderr_tail=err.text(), verdict=verdict, verdict_error=verr,
                                duration_s=duration, oom_killed=oom, extra=extra)
@@ -642,10 +687,19 @@ class DockerBackend:
             if container is not None and not self.keep:
                 try:
                     container.remove(force=True)
+                    sandbox.unwatch_container(name)
                 except docker.errors.NotFound:
-                    pass
+                    sandbox.unwatch_container(name)
                 except docker.errors.APIError:
-                    pass  # left for cleanup_stale on the next start (it carries our label)
+                    pass  # left for the watcher, or cleanup_stale on the next start (it carries our label)
+            elif container is None and not self.keep:
+                sandbox.unwatch_container(name)
+
+
+def _world_readable(path: str) -> bool:
+    mode = os.stat(path).st_mode
+    need = 0o005 if os.path.isdir(path) else 0o004
+    return mode & need == need
 
 
 def _check_unix_socket() -> None:

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# A sandboxed probe and swap cell must still reach the GPU: run them under bubblewrap (no
+# network, read-only root, private /tmp, the GPU's device nodes bound in) on a GPU host.
+# Runtime wheels come from ./.wheels, extra Python packages from ./.whl (as gpu-evidence.sh);
+# bubblewrap from the host, else from a Debian .deb in ./.bwrap (`apt-get download bubblewrap`).
+# Output: ${OUT:-gpu-out}/sandbox/ (sandbox.log, cells.json, bwrap-check.txt, run/ reports).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-gpu-out}
+S="$OUT/sandbox"
+mkdir -p "$S"
+exec > >(tee "$S/sandbox.log") 2>&1
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/cumatrix-site .whl/*.whl
+  export PYTHONPATH=/tmp/cumatrix-site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD/src:${PYTHONPATH:-} XDG_CACHE_HOME=${XDG_CACHE_HOME:-/var/cache} PYTHONUNBUFFERED=1
+mkdir -p "$XDG_CACHE_HOME/cumatrix/wheels" && cp -n .wheels/*.whl "$XDG_CACHE_HOME/cumatrix/wheels/" 2>/dev/null
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || echo "nvidia-smi failed"
+ls -l /dev/nvidia* /dev/dri 2>&1 | head -20
+
+if ! command -v bwrap >/dev/null; then
+  if ls .bwrap/bubblewrap_*.deb >/dev/null 2>&1; then
+    mkdir -p /tmp/cumatrix-bwrap && dpkg -x .bwrap/bubblewrap_*.deb /tmp/cumatrix-bwrap
+    export PATH=/tmp/cumatrix-bwrap/usr/bin:$PATH
+    echo "bubblewrap unpacked from $(ls .bwrap/bubblewrap_*.deb)"
+  else
+    echo "FAILED: no bwrap on this host and no .bwrap/bubblewrap_*.deb carried"; exit 1
+  fi
+fi
+echo "bwrap: $(command -v bwrap) $(bwrap --version 2>&1)"
+# The sandbox exactly as cells get it, once by hand: what fails here is what the host refuses.
+bwrap --die-with-parent --unshare-all --cap-drop ALL --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp \
+  $(for n in /dev/nvidia* /dev/nvidia-caps /dev/dri; do [ -e "$n" ] && printf -- '--dev-bind %s %s ' "$n" "$n"; done) \
+  -- sh -c 'echo "inside: uid $(id -u), $(ls /dev | grep -c nvidia) nvidia nodes, tmp: $(ls -A /tmp | wc -l) entries"; nvidia-smi -L' \
+  >"$S/bwrap-check.txt" 2>&1
+rc=$?
+cat "$S/bwrap-check.txt"
+if [ $rc -ne 0 ]; then echo "FAILED: bubblewrap cannot create the sandbox on this host (exit $rc; see above)"; exit 1; fi
+
+# A probe and swap cells of the reference matrix, built and run through the harness with
+# --sandbox semantics (CUMATRIX_SANDBOX=on: a cell without a sandbox is a harness error).
+python3 - "$S" <<'PY'
+import json, sys
+from cumatrix import matrix as M, sandbox
+from cumatrix.isolate import classify, run_local
+from cumatrix.session import Runner
+from pathlib import Path
+out = Path(sys.argv[1])
+m = M.load("examples/h200-reference.yaml")
+runner = Runner(matrix=m, wheel_dir=Path(".wheels"))
+want = ["cu12.9/host/probe", "cu13.0/host/probe", "cu12.9/host/runtime-dispatch/h12.8/kv-16k-d2h",
+        "cu13.0/host/runtime-dispatch/h13.0/kv-16k-h2d"]
+cells = [c for c in M.cells(m) if c.id in want]
+rows = []
+for cell in cells:
+    job, pre = runner._job(cell)
+    if job is None:
+        rows.append({"id": cell.id, "outcome": pre.outcome if pre else "no job", "detail": pre.detail if pre else ""})
+        continue
+    row = {"id": cell.id}
+    for mode in ("off", "on"):
+        res = run_local(job, policy=sandbox.Policy(sandbox=mode))
+        obs = classify(res, kind=cell.kind)
+        row[mode] = {"outcome": obs.outcome, "path": obs.path, "detail": obs.detail[:300], "extra": res.extra,
+                     "device": (obs.data.get("data") or {}).get("fingerprint", {}).get("gpu_name")
+                     if isinstance(obs.data.get("data"), dict) else None}
+    rows.append(row)
+    print(f"{cell.id}: unsandboxed {row['off']['outcome']} [{row['off']['path']}]; "
+          f"sandboxed {row['on']['outcome']} [{row['on']['path']}] {row['on']['extra']}")
+(out / "cells.json").write_text(json.dumps(rows, indent=1, default=str))
+same = all(r.get("on", {}).get("outcome") == r.get("off", {}).get("outcome") for r in rows)
+boxed = all(r.get("on", {}).get("extra", {}).get("sandbox") == "bubblewrap" for r in rows)
+print("SANDBOXED CELLS REACH THE GPU" if same and boxed and rows else "MISMATCH: see cells.json")
+PY
+# The same through the CLI, every probe and one swap family of two runtimes.
+CUMATRIX_SANDBOX=on python3 -m cumatrix run examples/h200-reference.yaml --wheel-dir .wheels --out "$S/run" -q \
+  -k "(cu12.9 or cu13.0) and (probe or kv-16k-d2h)" 2>&1 | tail -20

@@ -1,0 +1,401 @@
+"""A cell is its whole process tree, and sees nothing of the harness: real processes, real kills.
+
+Each test is one attack: a ``setsid`` double-forked daemon, a SIGKILL of the harness (serial
+and ``-n 2``), a cell reading the harness's secrets or importing its packages, a sandboxed
+cell reaching the host's network or writing the host's files.  bubblewrap tests skip where
+it is absent unless ``CUMATRIX_REQUIRE_BWRAP=1``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cumatrix import sandbox
+from cumatrix.classify import classify
+from cumatrix.isolate import Job, run_local
+from cumatrix.sandbox import Policy
+
+REPO = Path(__file__).resolve().parents[2]
+RUNTIME = "nvidia-cuda-runtime-cu12==12.9.79"
+PY = sys.executable
+REQUIRE_BWRAP = os.environ.get("CUMATRIX_REQUIRE_BWRAP") == "1"
+
+#: A cell that leaves a daemon: fork, setsid, fork again, and the grandchild re-execs
+#: ``sleep`` with an empty environment (no marker to find it by); the cell itself exits 0.
+DAEMON = """
+import os, sys, time
+out = sys.argv[1]
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        with open(out + '.tmp', 'w') as f:
+            f.write(str(os.getpid()))
+        os.rename(out + '.tmp', out)
+        os.execve('/bin/sleep', ['sleep', '300'], {})
+    os._exit(0)
+while not os.path.exists(out):
+    time.sleep(0.01)
+"""
+
+
+def _state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for its reaper has ended)."""
+    return _state(pid) not in (None, "Z", "X")
+
+
+def _all_gone(pids: set[int], within: float = 10.0) -> set[int]:
+    end = time.monotonic() + within
+    while time.monotonic() < end:
+        left = {p for p in pids if _alive(p)}
+        if not left:
+            return set()
+        time.sleep(0.05)
+    return {p for p in pids if _alive(p)}
+
+
+def _descendants(root: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry.name))
+    out: set[int] = set()
+    todo = [root]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            if c not in out:
+                out.add(c)
+                todo.append(c)
+    return out
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text(errors="replace").replace("\0", " ")
+    except OSError:
+        return ""
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if int(Path(f"/proc/{entry.name}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+def _kill_leftovers(pids: set[int]) -> None:
+    for p in pids:
+        if _alive(p):
+            os.kill(p, signal.SIGKILL)
+
+
+def _cgroup_usable() -> bool:
+    home = sandbox._cgroup2_home()
+    return home is not None and os.access(home / "cgroup.procs", os.W_OK)
+
+
+# ------------------------------------------------------------------------ one cell's tree
+
+_CHILD = """
+import json, sys
+from cumatrix.isolate import Job, run_local
+res = run_local(Job(cell_id="t", kind="command", argv=(sys.executable, "-c", sys.argv[1], sys.argv[2]), timeout=30))
+print(json.dumps({"rc": res.returncode, "extra": res.extra, "err": res.stderr_tail, "timed_out": res.timed_out,
+                  "wall": res.duration_s}))
+"""
+
+
+@pytest.mark.parametrize("mode", ["cgroup-v2", "subreaper"])
+def test_setsid_double_fork_daemon_ends_with_the_cell(mode: str, tmp_path: Path, cli_env: Any) -> None:
+    if mode == "cgroup-v2" and not _cgroup_usable():
+        pytest.skip(f"no writable cgroup v2 here ({sandbox.Containment().why})")
+    pidfile = tmp_path / "daemon.pid"
+    env = cli_env({"CUMATRIX_CONTAINMENT": mode})
+    proc = subprocess.run([PY, "-c", _CHILD, DAEMON, str(pidfile)], capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout)
+    assert got["rc"] == 0, got["err"]
+    # The cell ends when its process does, though the daemon holds its stdout open.
+    assert not got["timed_out"] and got["wall"] < 10
+    assert got["extra"]["containment"] == mode
+    daemon = int(pidfile.read_text())
+    try:
+        assert _all_gone({daemon}, within=5) == set(), f"the {mode} cell's daemon {daemon} survived the cell"
+        assert got["extra"]["killed_after"] >= 1  # the result says the cell left something running
+    finally:
+        _kill_leftovers({daemon})
+
+
+def test_daemon_of_a_timed_out_cell_ends_too(tmp_path: Path) -> None:
+    pidfile = tmp_path / "daemon.pid"
+    code = DAEMON + "time.sleep(300)\n"
+    res = run_local(Job(cell_id="t", kind="command", argv=(PY, "-c", code, str(pidfile)), timeout=2))
+    assert classify(res, kind="command").outcome == "timeout"
+    daemon = int(pidfile.read_text())
+    try:
+        assert _all_gone({daemon}, within=5) == set()
+    finally:
+        _kill_leftovers({daemon})
+
+
+def test_spawn_without_a_compiler_still_contains(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No C compiler: no spawn shim, the same steps in a preexec_fn, the same containment."""
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    monkeypatch.setenv("PATH", str(empty))
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("CUMATRIX_CACHE", raising=False)
+    monkeypatch.setattr(sandbox, "_SHIM", {})
+    assert sandbox.spawn_shim() is None
+    pidfile = tmp_path / "daemon.pid"
+    res = run_local(Job(cell_id="t", kind="command", argv=(PY, "-c", DAEMON, str(pidfile)), timeout=30))
+    assert res.returncode == 0 and not res.timed_out, res.stderr_tail
+    assert res.extra["spawn"] == "preexec"
+    daemon = int(pidfile.read_text())
+    try:
+        assert _all_gone({daemon}, within=5) == set()
+    finally:
+        _kill_leftovers({daemon})
+
+
+def test_spawn_shim_is_used_where_a_compiler_exists() -> None:
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler on PATH")
+    res = run_local(Job(cell_id="t", kind="command", argv=("true",), timeout=30))
+    assert res.returncode == 0 and "spawn" not in res.extra
+    missing = run_local(Job(cell_id="t", kind="command", argv=("no-such-program-cumatrix",), timeout=30))
+    assert missing.returncode == 127 and "cannot start 'no-such-program-cumatrix'" in missing.stderr_tail
+
+
+# ------------------------------------------------------------------------ SIGKILL of the harness
+
+TREE = """
+runtimes:
+  cu12.9: {{wheel: {rt}}}
+drivers: [host]
+probe: false
+cases:
+  - {{name: a, argv: [sh, -c, "sleep 300 & echo $! > {d}/a.child; {py} {d}/daemon.py {d}/a.daemon; wait"]}}
+  - {{name: b, argv: [sh, -c, "sleep 300 & echo $! > {d}/b.child; {py} {d}/daemon.py {d}/b.daemon; wait"]}}
+"""
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("how", ["cumatrix run", "cumatrix run -n 2", "pytest matrix.yaml"])
+def test_sigkill_of_the_harness_leaves_nothing_running(how: str, tmp_path: Path, cli_env: Any,
+                                                       wheel_cache: Path) -> None:
+    (tmp_path / "daemon.py").write_text(DAEMON)
+    m = tmp_path / "matrix.yaml"
+    m.write_text(TREE.format(rt=RUNTIME, d=tmp_path, py=PY))
+    if how.startswith("pytest"):
+        argv = [PY, "-m", "pytest", str(m), "-p", "no:cacheprovider", "-q", "--cumatrix-out", str(tmp_path / "out")]
+    else:
+        argv = [PY, "-m", "cumatrix", "run", str(m), "--out", str(tmp_path / "out"), "-q"]
+        argv += ["-n", "2"] if "-n 2" in how else []
+    harness = subprocess.Popen(argv, cwd=tmp_path, env=cli_env(), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+    expect = ["a.child", "a.daemon"] + (["b.child", "b.daemon"] if "-n 2" in how else [])
+    seen: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f).exists() for f in expect):
+            assert harness.poll() is None, f"the harness ended early: {harness.stderr.read() if harness.stderr else ''}"
+            assert time.monotonic() < deadline, "the cells never started"
+            time.sleep(0.1)
+        time.sleep(0.3)  # the daemon's pid file is written just before its exec
+        seen = _descendants(harness.pid) | {int((tmp_path / f).read_text()) for f in expect}
+        if "-n 2" in how:
+            workers = [p for p in _children(harness.pid) if "watch_main" not in _cmdline(p)]
+            assert len(workers) == 2, "the xdist workers are not the harness's children"
+        harness.send_signal(signal.SIGKILL)
+        harness.wait(timeout=30)
+        left = _all_gone(seen, within=15)
+        described = {p: _cmdline(p) for p in left}
+        assert left == set(), f"still running after SIGKILL of `{how}`: {described}"
+    finally:
+        if harness.poll() is None:
+            harness.kill()
+            harness.wait()
+        if harness.stderr:
+            harness.stderr.close()
+        _kill_leftovers(seen)
+    home = sandbox._cgroup2_home()
+    if home is not None and _cgroup_usable():
+        deadline = time.monotonic() + 10
+        mine = [g for g in home.glob("cumatrix-*") if g.name.split("-", 1)[1].split(".")[0] in {str(p) for p in seen | {harness.pid}}]
+        while mine and time.monotonic() < deadline:
+            time.sleep(0.1)
+            mine = [g for g in mine if g.exists()]
+        assert mine == [], "the killed harness's cgroups were not removed"
+
+
+# ------------------------------------------------------------------------ what a cell sees
+
+SEES = """
+runtimes:
+  cu12.9: {{wheel: {rt}}}
+drivers: [host]
+probe: false
+cases:
+  - {{name: env, argv: [{py}, -c, "import os, json; print(json.dumps(dict(os.environ)))"]}}
+  - {{name: imports, argv: [{system_py}, -c, "{imports}"]}}
+"""
+
+IMPORTS = ("import sys, json\\nr = {}\\nfor m in ('cumatrix', 'yaml', 'pytest', 'harness_only_mod'):\\n"
+           "    try:\\n        __import__(m)\\n        r[m] = True\\n    except ImportError:\\n        r[m] = False\\n"
+           "print(json.dumps(r))")
+
+
+def _cells(out: Path) -> dict[str, dict[str, Any]]:
+    recs = {}
+    for line in (out / "results.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("type") == "cell":
+            recs[rec["id"].split("/")[-1]] = rec
+    return recs
+
+
+@pytest.mark.network
+def test_command_cell_sees_no_secret_and_no_harness_package(tmp_path: Path, cli_env: Any, cli: Any,
+                                                            wheel_cache: Path) -> None:
+    system_py = "/usr/bin/python3"
+    if not os.access(system_py, os.X_OK):
+        pytest.skip("no /usr/bin/python3 to run as a plain interpreter")
+    mods = tmp_path / "harness-mods"
+    mods.mkdir()
+    (mods / "harness_only_mod.py").write_text("")
+    m = tmp_path / "matrix.yaml"
+    m.write_text(SEES.format(rt=RUNTIME, py=PY, system_py=system_py, imports=IMPORTS))
+    secrets = {"AWS_SECRET_ACCESS_KEY": "hunter2", "GITHUB_TOKEN": "ghp_x", "NVIDIA_API_KEY": "nvapi-x",
+               "CI_JOB_TOKEN": "x", "CUMATRIX_TEST_ASKED": "passed-on"}
+    env = cli_env(secrets)
+    env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(mods)])
+    proc = subprocess.run([PY, "-m", "cumatrix", "run", str(m), "--out", str(tmp_path / "out"), "-q"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    cells = _cells(tmp_path / "out")
+    seen = json.loads(cells["env"]["stdout_tail"])
+    for name in ("AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN", "NVIDIA_API_KEY", "CI_JOB_TOKEN", "CUMATRIX_TEST_ASKED"):
+        assert name not in seen, f"{name} reached a command cell"
+    assert "PYTHONPATH" not in seen and "PATH" in seen and seen["CUMATRIX_CELL"] == "cu12.9/host/env"
+    got = json.loads(cells["imports"]["stdout_tail"])
+    outside = subprocess.run([system_py, "-c", IMPORTS.replace("\\n", "\n")], capture_output=True, text=True,
+                             env={"PATH": os.environ["PATH"]}, timeout=60)
+    assert got == json.loads(outside.stdout)  # exactly what the plain interpreter has outside
+    assert got["cumatrix"] is False and got["harness_only_mod"] is False
+    # --pass-env hands one variable on, by name
+    assert sandbox.child_env(Job(cell_id="t", kind="command", argv=("true",)), base_env=secrets,
+                             policy=Policy(pass_env=("CUMATRIX_TEST_ASKED",)))["CUMATRIX_TEST_ASKED"] == "passed-on"
+
+
+def test_limits_bound_cores_and_cpu_but_not_address_space() -> None:
+    code = ("import resource as r, json; print(json.dumps({n: r.getrlimit(getattr(r, 'RLIMIT_' + n)) "
+            "for n in ('CORE', 'CPU', 'NOFILE', 'AS', 'DATA')}))")
+    res = run_local(Job(cell_id="t", kind="command", argv=(PY, "-c", code), timeout=10))
+    got = json.loads(res.stdout_tail)
+    import resource
+
+    inf = resource.RLIM_INFINITY
+    assert got["CORE"] == [0, 0]
+    assert 0 < got["CPU"][1] <= 10 * (os.cpu_count() or 1) + sandbox.CPU_SLACK_S
+    assert got["NOFILE"][1] <= sandbox.NOFILE_MAX
+    assert got["AS"] == [inf, inf] and got["DATA"] == [inf, inf]  # CUDA reserves huge virtual ranges
+
+
+# ------------------------------------------------------------------------ bubblewrap
+
+
+@pytest.fixture(scope="module")
+def bwrap() -> str:
+    path, why = sandbox.bubblewrap()
+    if path is None:
+        if REQUIRE_BWRAP:
+            pytest.fail(f"CUMATRIX_REQUIRE_BWRAP=1 but {why}")
+        pytest.skip(why)
+    return path
+
+
+SANDBOXED = """
+import os, socket, sys
+s = socket.socket(); s.settimeout(3)
+print('connect', s.connect_ex(('127.0.0.1', int(sys.argv[1]))))
+for p in ('/usr/cumatrix-x', os.path.expanduser('~/cumatrix-x'), sys.argv[2] + '/x'):
+    try:
+        open(p, 'w')
+        print('wrote', p)
+    except OSError as e:
+        print('refused', e.errno)
+print('tmp', sorted(os.listdir('/tmp')))
+open('/tmp/cell-file', 'w').write('x')
+print('read', open(sys.argv[3]).read())
+"""
+
+
+def test_sandbox_has_no_network_read_only_root_private_tmp(bwrap: str, tmp_path: Path) -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    port = server.getsockname()[1]
+    marker = Path("/tmp") / f"cumatrix-host-file-{os.getpid()}"
+    marker.write_text("host")
+    given = tmp_path / "input.txt"  # a path the job names: bound back in, read-only
+    given.write_text("given")
+    try:
+        res = run_local(Job(cell_id="t", kind="command", timeout=30, mounts=(str(given),),
+                            argv=(PY, "-c", SANDBOXED, str(port), str(tmp_path), str(given))),
+                        policy=Policy(sandbox="on"))
+    finally:
+        server.close()
+        marker.unlink()
+    out = res.stdout_tail
+    assert res.returncode == 0, res.stderr_tail
+    assert res.extra["sandbox"] == "bubblewrap"
+    assert "connect 0" not in out and "connect " in out  # the host's loopback is out of reach
+    assert "wrote" not in out and out.count("refused 30") == 3  # EROFS everywhere but /tmp
+    assert marker.name not in out  # the host's /tmp is not the cell's
+    assert "read given" in out
+    assert not Path("/tmp/cell-file").exists()  # nor is the cell's /tmp the host's
+
+
+def test_sandboxed_crash_is_still_a_signal(bwrap: str) -> None:
+    res = run_local(Job(cell_id="t", kind="command", timeout=30,
+                        argv=(PY, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)")),
+                    policy=Policy(sandbox="on"))
+    assert classify(res, kind="command").outcome == "crash:SIGSEGV"
+
+
+def test_sandbox_on_without_bubblewrap_is_a_clear_harness_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sandbox, "_BWRAP", {"bwrap": (None, "bubblewrap is not installed")})
+    res = run_local(Job(cell_id="t", kind="command", argv=("true",), timeout=10), policy=Policy(sandbox="on"))
+    obs = classify(res, kind="command")
+    assert obs.outcome == "harness-error" and "bubblewrap is not installed" in obs.detail
+    auto = run_local(Job(cell_id="t", kind="command", argv=("true",), timeout=10), policy=Policy(sandbox="auto"))
+    assert auto.returncode == 0 and auto.extra["sandbox"] == "none: bubblewrap is not installed"
