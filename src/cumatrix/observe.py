@@ -299,12 +299,13 @@ def _soname_from_file(path: Path) -> str | None:
 
 def describe(path: str, logged_soname: str, *, roots: Mapping[str, Path] = {}, pids: Sequence[int] = (),
              wheel_versions: bool = True) -> MappedLibrary:
-    """One mapped object: SONAME (as logged from its dynamic section, else read from the file)
-    and version (file name suffix of the file or of what it links to, else its wheel)."""
+    """One mapped object: SONAME (as logged from its dynamic section) and version (file name suffix of the file or of what it links to, else its wheel)."""
     host = _host_path(path, roots)
-    soname = logged_soname or (_soname_from_file(host) if host.is_file() else None)
+    # The log's SONAME is the object's own DT_SONAME, read from its dynamic section once mapped;
+    # empty there means it has none (a Python extension module), so the file is not opened again.
+    soname = logged_soname or None
     version, source = version_from_name(path), "file name"
-    if version is None and host.exists():
+    if version is None and wheel_versions and host.exists():  # libcudart.so.12 -> libcudart.so.12.9.79
         version = version_from_name(str(host.resolve()))
     if version is None and wheel_versions and host.exists():
         wheel = owning_wheel(host)
@@ -320,7 +321,8 @@ def read_mapped(log: Path, *, roots: Mapping[str, Path] = {}, cuda_only: bool = 
     ``roots`` maps path prefixes inside a container to where the same files are on this
     host (an image's unpacked runtime wheel), for the version and the SONAME of files that
     are not mounted.  Versions from wheel metadata are looked up for CUDA libraries only
-    (walking a large site-packages for every extension module would cost more than the cell).
+    (walking a large site-packages for every extension module would cost more than the cell);
+    for the others, the version is the file name's numeric suffix as mapped, if any.
     """
     pids: dict[str, list[int]] = {}
     sonames: dict[str, str] = {}

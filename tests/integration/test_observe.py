@@ -19,6 +19,7 @@ import pytest
 from cumatrix import observe as O
 from cumatrix import runtimes as R
 from cumatrix.isolate import Job, run_local
+from cumatrix.model import Cell
 
 pytestmark = pytest.mark.network
 
@@ -296,3 +297,39 @@ def test_plan_rejects_what_the_library_cannot_carry(tmp_path: Path) -> None:
     plan = O.audit_plan(tmp_path / "log", library=tmp_path / "lib.so", enforce=[("libcudart.so.12", "/a/b")])
     assert dict(plan.env)["CUMATRIX_AUDIT_ENFORCE"] == "libcudart.so.12=/a/b"
     assert plan.writable == (str(tmp_path / "log"),) and plan.mounts == (str(tmp_path / "lib.so"),)
+
+
+# ------------------------------------------------------------------ the oracle for programs
+
+
+def _command(driver: str) -> Cell:
+    from cumatrix.model import Case
+
+    return Cell(kind="command", runtime="cu12.9", driver=driver, case=Case(name="torch", argv=("python3",)))
+
+
+def test_programs_cuda13_runtime_under_a_12x_driver_is_expected_to_exit_1() -> None:
+    from cumatrix import oracle
+    from cumatrix.model import Expected
+
+    host = oracle.HostFacts(driver_version=13000)
+    for driver in ("emulated-12.4", "emulated-12.8"):
+        cell = _command(driver)
+        prior = oracle.expect(cell, host, runtime_version=None)
+        assert prior.rule == "command-default"
+        e = oracle.expect_program(cell, host, prior, runtime_version=13000, evidence="mapped libcudart.so.13")
+        assert e.outcomes == {"exit:1"} and e.rule == "program-major-newer-than-driver"
+        assert "needs a CUDA 13 driver (>= 580.65.06)" in e.reason and driver[-4:] in e.reason
+        # A CUDA 12 runtime under an emulated driver other than the real one: the interposer shows.
+        assert oracle.expect_program(cell, host, prior, runtime_version=12090).outcomes == {"cannot-emulate"}
+    # The same program on a real 12.8 host: the same rule.
+    old = oracle.HostFacts(driver_version=12080)
+    cell = _command("host")
+    prior = oracle.expect(cell, old, runtime_version=None)
+    assert oracle.expect_program(cell, old, prior, runtime_version=13000).outcomes == {"exit:1"}
+    # Everything else keeps the prior: a 13.0 driver, an unknown runtime, no driver, a matrix override.
+    assert oracle.expect_program(cell, host, prior, runtime_version=13000) is prior
+    assert oracle.expect_program(_command("emulated-12.4"), host, prior, runtime_version=None) is prior
+    assert oracle.expect_program(cell, oracle.HostFacts(driver_version=None), prior, runtime_version=13000) is prior
+    override = Expected(outcomes=frozenset({"ok"}), reason="mine", rule="matrix-override")
+    assert oracle.expect_program(_command("emulated-12.4"), host, override, runtime_version=13000) is override
