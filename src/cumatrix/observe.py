@@ -482,3 +482,32 @@ def runtime_not_used(cell: CellRuntime, mapped: Sequence[MappedLibrary], *,
 def libraries_record(mapped: Sequence[MappedLibrary]) -> list[dict[str, object]]:
     """The fingerprint's ``libraries``: each CUDA library mapped, as JSON."""
     return [m.to_json() for m in cuda_libraries(mapped)]
+
+
+# --------------------------------------------------------------------------- after a run
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Observation:
+    """What one cell's audit showed, ready for its record."""
+
+    libraries: tuple[MappedLibrary, ...]  # the CUDA libraries mapped
+    runtime: ObservedRuntime
+    not_used: str | None  # the reason of skipped:runtime-not-used, or None
+
+    def fingerprint(self) -> dict[str, object]:
+        """The record's ``libraries``, ``runtime_file`` and ``runtime_version`` (observed, not offered)."""
+        return {"libraries": [m.to_json() for m in self.libraries], "runtime_file": self.runtime.file,
+                "runtime_version": self.runtime.version, "runtime_evidence": self.runtime.evidence}
+
+
+def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "enforced",
+             roots: Mapping[str, Path] = {}) -> Observation:
+    """Read a finished job's audit log.  The cell's own file, when it is the runtime mapped,
+    carries the version measured at provisioning (``cudaRuntimeGetVersion``)."""
+    mapped = read_mapped(plan.log, roots=roots, cuda_only=True)
+    seen = observed_runtime(mapped)
+    if cell is not None and cell.path and seen.file and _same_file(seen.file, cell.path):
+        seen = ObservedRuntime(file=seen.file, soname=seen.soname, version=cell.version, evidence=seen.evidence)
+    return Observation(libraries=mapped, runtime=seen,
+                       not_used=runtime_not_used(cell, mapped, mode=mode) if cell is not None else None)
