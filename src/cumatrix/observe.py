@@ -7,6 +7,8 @@ interface, every object each process of the cell opens (``csrc/audit.c``, loaded
 ``LD_AUDIT``, which every child inherits), and by default enforces the cell's runtime over a
 bundled copy with the same SONAME.  Nothing of an observed library is run: its SONAME is
 read from its dynamic section, its version from its file name or its wheel's metadata.
+A statically linked executable (no dynamic loader) and a set-uid one (the loader ignores
+``LD_AUDIT`` there) are not observed: their cells list nothing.
 
 The pieces a backend needs:
 
@@ -21,6 +23,7 @@ The pieces a backend needs:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -365,7 +368,9 @@ def cuda_int(version: str | None) -> int | None:
 _SONAME_MAJOR_RE = re.compile(r"\.so\.(\d+)")
 #: Libraries whose SONAME major is the CUDA major they belong to (cuFFT, cuSPARSE, cuRAND
 #: and cuSOLVER number theirs apart).  With no libcudart mapped, one of these says which
-#: CUDA the process runs: its runtime is then linked statically (CuPy 13+, nvcc's default).
+#: CUDA the process runs: its runtime is then linked statically (nvcc's default).  Seen on
+#: an H200 host: CuPy 14.2 (cupy-cuda13x) maps no libcudart, but libcublasLt.so.13 at import
+#: and libnvrtc.so.13 at its first kernel.
 _TRACKS_CUDA_MAJOR = ("libnvrtc.so", "libnvJitLink.so", "libcublas.so", "libcublasLt.so")
 
 
@@ -506,6 +511,11 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
     """Read a finished job's audit log.  The cell's own file, when it is the runtime mapped,
     carries the version measured at provisioning (``cudaRuntimeGetVersion``)."""
     mapped = read_mapped(plan.log, roots=roots, cuda_only=True)
+    if cell is not None and cell.path:
+        # The cell's file inside an image is not readable here; its version is known anyway.
+        own = str(CudaVersion.from_int(cell.version))
+        mapped = tuple(dataclasses.replace(m, version=own, version_from="the cell's runtime (cudaRuntimeGetVersion)")
+                       if m.version is None and _same_file(m.path, cell.path) else m for m in mapped)
     seen = observed_runtime(mapped)
     if cell is not None and cell.path and seen.file and _same_file(seen.file, cell.path):
         seen = ObservedRuntime(file=seen.file, soname=seen.soname, version=cell.version, evidence=seen.evidence)
