@@ -125,8 +125,8 @@ def test_library_is_built_once_per_source(tmp_path: Path) -> None:
 
     with open(first, "rb") as fh:
         undefined = set(elf_undefined_symbols(ELFFile(fh)))
-    assert undefined <= {"getenv", "open", "write", "getpid", "strlen", "strchr", "strrchr", "strcmp", "memcpy",
-                         "__errno_location", "__cxa_finalize"}, undefined
+    assert undefined <= {"getenv", "open", "write", "getpid", "syscall", "strlen", "strchr", "strrchr", "strcmp",
+                         "memcpy", "__errno_location", "__cxa_finalize"}, undefined
 
 
 def test_the_audit_source_ships_as_package_data() -> None:
@@ -169,6 +169,35 @@ def test_the_whole_process_tree_is_observed_and_a_crash_leaves_the_list(
     mapped = O.read_mapped(plan.log)
     [rt] = _runtimes(mapped)
     assert rt.soname == "libcudart.so.13" and rt.version == "13.0.96"
+
+
+CLOSE_ALL_C = """
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    (void)argc;
+    for (int fd = 3; fd < 1024; fd++) close(fd);  /* as daemons do */
+    int mine = open(argv[2], O_WRONLY | O_CREAT | O_TRUNC, 0644);  /* takes the lowest free number */
+    void *h = dlopen(argv[1], RTLD_NOW);
+    close(mine);
+    printf("%d %s\\n", mine, h ? "loaded" : dlerror());
+    return h ? 0 : 1;
+}
+"""
+
+
+def test_a_program_that_closes_every_descriptor_keeps_its_files_clean(
+        tmp_path: Path, rts: dict[str, R.ResolvedRuntime], audit_lib: Path) -> None:
+    prog = _build(tmp_path, "closeall", CLOSE_ALL_C, "-ldl")
+    cell = rts["cu12.9"]
+    plan = O.audit_plan(tmp_path / "log", library=audit_lib)
+    out, mapped = _run([str(prog), str(cell.libcudart), str(tmp_path / "its-own-file")], cell, plan)
+    assert out == "3 loaded"  # its file got the number the log had
+    assert (tmp_path / "its-own-file").read_bytes() == b""
+    assert [m.path for m in _runtimes(mapped)] == [str(cell.libcudart)]  # the log was reopened
 
 
 # ------------------------------------------------------------------ enforce, through DT_RPATH / RUNPATH / dlopen

@@ -20,8 +20,8 @@
  *
  * Each line is one write(2) on an O_APPEND descriptor: lines of concurrent processes do
  * not interleave, and a process that crashes has already left every line it wrote.
- * Only open/write/getenv/getpid and string functions are used, so the library built on
- * one glibc loads under any glibc of the same architecture (a container's included).
+ * Only open/write/getenv/getpid/syscall and string functions are used, so the library
+ * built on one glibc loads under any glibc of the same architecture (a container's too).
  */
 #define _GNU_SOURCE
 #include <elf.h>
@@ -31,12 +31,17 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define MAX_RULES 16
 #define LINE_BYTES 4096
 
 static int log_fd = -1;
+static const char *log_path;
+static dev_t log_dev;
+static ino_t log_ino;
 static pid_t pid_cached;
 static char pid_text[24];
 static int n_rules;
@@ -64,7 +69,28 @@ static size_t put(char *buf, size_t at, const char *s) {
     return at + n;
 }
 
+/* fstat through syscall(2): the fstat symbol exists only from glibc 2.33, and the library
+ * must load under older ones too. */
+static int same_file(int fd) {
+    struct stat st;
+    if (syscall(SYS_fstat, fd, &st) != 0) return 0;
+    return st.st_dev == log_dev && st.st_ino == log_ino;
+}
+
+static void open_log(void) {
+    log_fd = open(log_path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0666);
+    struct stat st;
+    if (log_fd >= 0 && syscall(SYS_fstat, log_fd, &st) == 0) {
+        log_dev = st.st_dev;
+        log_ino = st.st_ino;
+    }
+}
+
 static void emit(char kind, const char *a, const char *path) {
+    if (log_path == NULL) return;
+    /* A program may close every descriptor and open its own files (daemons do): the number
+     * could then name one of its files, which must never receive these lines. */
+    if (log_fd < 0 || !same_file(log_fd)) open_log();
     if (log_fd < 0) return;
     refresh_pid();
     char line[LINE_BYTES];
@@ -104,7 +130,10 @@ static void parse_rules(const char *spec) {
 
 unsigned int la_version(unsigned int version) {
     const char *log = getenv("CUMATRIX_AUDIT_LOG");
-    if (log && *log) log_fd = open(log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0666);
+    if (log && *log) {
+        log_path = log;
+        open_log();
+    }
     const char *spec = getenv("CUMATRIX_AUDIT_ENFORCE");
     if (spec && *spec) parse_rules(spec);
     /* Only version-1 hooks are used: accept what an older glibc offers, so a library built
