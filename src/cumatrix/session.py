@@ -7,16 +7,19 @@ content, so workers share it.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as _dt
 import json
 import os
 import sys
+import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import __version__, oracle
+from . import __version__, observe, oracle
 from . import runtimes as provision
 from .errors import CumatrixError
 from .isolate import ChildResult, Job, classify, run_local
@@ -44,6 +47,7 @@ class Runner:
     _runtimes: dict[str, provision.ResolvedRuntime | CumatrixError] = field(default_factory=dict)
     _docker: Any = None
     _interposers: dict[str, Any] = field(default_factory=dict)
+    _audit_dir: str | None = None
 
     # ----------------------------------------------------------------- host
 
@@ -130,6 +134,9 @@ class Runner:
             observed, child, extra_fp = self._observe(cell, expected)
         except CumatrixError as e:
             observed = Observed(outcome="harness-error", detail=str(e))
+        if "runtime_evidence" in extra_fp:  # the runtime the process really used predicts a command
+            expected = oracle.expect_program(cell, self.host(), expected, runtime_version=extra_fp["runtime_version"],
+                                             evidence=extra_fp["runtime_evidence"])
         observed = oracle.reconcile(cell, observed, self.host(), expected)
         status, mismatch = oracle.verdict(expected, observed)
         return self._record(cell, expected, observed, status, mismatch, child, extra_fp, started, time.monotonic() - t0)
@@ -153,13 +160,40 @@ class Runner:
         job, pre = self._job(cell)
         if pre is not None or job is None:
             return pre or Observed(outcome="harness-error", detail="no job for this cell"), None, {}
-        if self.backend == "docker":
-            res = self.docker().run_job(job)
-        else:
-            res = run_local(job)
-        observed = classify(res, kind=cell.kind)
-        fp = {k: v for k, v in res.extra.items() if k in ("image", "image_id", "daemon_version")}
+        job, audit, cell_rt = self._audited(cell, job)
+        try:
+            res = self.docker().run_job(job) if self.backend == "docker" else run_local(job)
+            observed = classify(res, kind=cell.kind)
+            fp = {k: v for k, v in res.extra.items() if k in ("image", "image_id", "daemon_version")}
+            if audit is not None:
+                observed = _with_audit(observe.conclude(audit, cell_rt), observed, fp)
+        finally:
+            if audit is not None:
+                audit.log.unlink(missing_ok=True)
         return observed, res, fp
+
+    def _audited(self, cell: Cell, job: Job) -> tuple[Job, observe.AuditPlan | None, observe.CellRuntime | None]:
+        """The job with the rtld-audit that records what it maps and enforces the cell's runtime."""
+        cell_rt = None
+        if cell.runtime != NO_RUNTIME:
+            rt = self.matrix.runtime(cell.runtime)
+            version = self.runtime_version(cell)
+            if self.backend != "docker":
+                res = self.runtime(cell.runtime)
+                cell_rt = observe.cell_runtime(res.libcudart, res.version)
+            elif rt.requirement and version is not None:
+                inside = self.docker().prepare_runtime(rt, self.wheel_dir).cudart
+                if inside:
+                    cell_rt = observe.CellRuntime(soname=os.path.basename(inside), version=version, path=inside)
+        if self._audit_dir is None:
+            self._audit_dir = tempfile.mkdtemp(prefix="cumatrix-audit-")
+        try:
+            plan = observe.audit_plan(Path(self._audit_dir) / f"{uuid.uuid4().hex}.log",
+                                      enforce=observe.enforce_rules(cell_rt) if cell_rt else ())
+        except observe.AuditError:
+            return job, None, None  # no compiler: the cell runs unobserved, as before
+        return dataclasses.replace(job, env=job.env + plan.env, mounts=job.mounts + plan.mounts,
+                                   writable=job.writable + plan.writable), plan, cell_rt
 
     def _job(self, cell: Cell) -> tuple[Job | None, Observed | None]:
         lib_path: list[str] = []
@@ -256,7 +290,12 @@ class Runner:
             "image": extra_fp.get("image"),
             "image_id": extra_fp.get("image_id"),
         }
-        if cell.runtime != NO_RUNTIME and fp["runtime_file"] is None:
+        if "libraries" in extra_fp:  # observed: what the process tree mapped
+            fp["libraries"] = extra_fp["libraries"]
+            fp["runtime_evidence"] = extra_fp["runtime_evidence"]
+            fp["runtime_file"] = extra_fp["runtime_file"]
+            fp["runtime_version"] = fp["runtime_version"] or extra_fp["runtime_version"]
+        elif cell.runtime != NO_RUNTIME and fp["runtime_file"] is None:
             res = self._runtimes.get(cell.runtime)
             if isinstance(res, provision.ResolvedRuntime):
                 fp["runtime_file"] = str(res.libcudart)
@@ -288,6 +327,15 @@ class Runner:
             return (f"runtime {rv} {'exports' if exported else 'does not export'} cudaMemcpyBatchAsync, "
                     f"against the rule that it appears in {oracle.batch_introduced()}")
         return None
+
+
+def _with_audit(seen: observe.Observation, observed: Observed, fp: dict[str, Any]) -> Observed:
+    """Put what the audit saw into ``fp``; a foreign runtime makes the cell skipped:runtime-not-used."""
+    fp.update(seen.fingerprint())
+    if seen.not_used is None or observed.outcome == "harness-error":
+        return observed
+    return Observed(outcome=observe.OUTCOME_NOT_USED, exit_status=observed.exit_status, data=observed.data,
+                    detail=f"{seen.not_used}; the process's own outcome: {observed.outcome}")
 
 
 def _nested(data: dict[str, Any], *keys: str) -> Any:

@@ -78,7 +78,7 @@ def _build(tmp: Path, name: str, source: str, *args: str) -> Path:
     src = tmp / f"{name}.c"
     src.write_text(textwrap.dedent(source))
     out = tmp / name
-    proc = subprocess.run([_gcc(), "-o", str(out), str(src), *args], capture_output=True, text=True)
+    proc = subprocess.run([_gcc(), "-o", str(out), str(src), *args], check=False, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return out
 
@@ -362,3 +362,131 @@ def test_programs_cuda13_runtime_under_a_12x_driver_is_expected_to_exit_1() -> N
     assert oracle.expect_program(cell, oracle.HostFacts(driver_version=None), prior, runtime_version=13000) is prior
     override = Expected(outcomes=frozenset({"ok"}), reason="mine", rule="matrix-override")
     assert oracle.expect_program(_command("emulated-12.4"), host, override, runtime_version=13000) is override
+
+
+# ------------------------------------------------------------------ through `cumatrix run`
+
+
+def test_run_records_what_each_cell_mapped(tmp_path: Path, rts: dict[str, R.ResolvedRuntime],
+                                           write_matrix: object, cli: object) -> None:
+    import json
+
+    own12 = _build(tmp_path, "own12", NEEDED_C, str(rts["cu12.4"].libcudart),
+                   "-Wl,--disable-new-dtags", f"-Wl,-rpath,{rts['cu12.4'].lib_dir}")
+    own13 = _build(tmp_path, "own13", NEEDED_C, str(rts["cu13.0"].libcudart),
+                   "-Wl,--enable-new-dtags", f"-Wl,-rpath,{rts['cu13.0'].lib_dir}")
+    m = write_matrix(f"""
+        runtimes: {{cu12.9: {{wheel: {CU129}}}}}
+        drivers: [host]
+        probe: false
+        cases:
+          - {{name: own12, argv: ['{own12}']}}
+          - {{name: own13, argv: ['{own13}']}}
+          - {{name: no-cuda, argv: [true]}}
+    """)
+    proc = cli("run", m, "--out", tmp_path / "out")  # type: ignore[operator]
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recs = {r["id"]: r for r in map(json.loads, (tmp_path / "out" / "results.jsonl").read_text().splitlines())
+            if r.get("type") == "cell"}
+    cell_file = str(rts["cu12.9"].libcudart)
+    # Its bundled 12.4 (DT_RPATH) lost to the cell's 12.9: it passes, and says so.
+    a = recs["cu12.9/host/own12"]
+    assert (a["observed"]["outcome"], a["stdout_tail"].strip()) == ("ok", "0 12090")
+    assert (a["fingerprint"]["runtime_file"], a["fingerprint"]["runtime_version"]) == (cell_file, 12090)
+    assert [lib["soname"] for lib in a["fingerprint"]["libraries"]] == ["libcudart.so.12"]
+    # Its own CUDA 13 runtime (RUNPATH): not the cell's, so not recorded under the cell's name.
+    b = recs["cu12.9/host/own13"]
+    assert (b["observed"]["outcome"], b["status"]) == ("skipped:runtime-not-used", "skip")
+    assert f"libcudart.so.13 (13.0.96) from {rts['cu13.0'].libcudart}" in b["observed"]["detail"]
+    assert b["fingerprint"]["runtime_file"] == str(rts["cu13.0"].libcudart)
+    assert b["fingerprint"]["runtime_version"] == 13000
+    # No CUDA at all: nothing contradicts the cell, nothing exercised its runtime.
+    c = recs["cu12.9/host/no-cuda"]
+    assert (c["observed"]["outcome"], c["fingerprint"]["runtime_file"], c["fingerprint"]["libraries"]) == ("ok", None, [])
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "skipped:runtime-not-used" in summary
+    from importlib import resources
+
+    import jsonschema
+
+    schema = json.loads(resources.files("cumatrix.report").joinpath("schema.json").read_text())
+    jsonschema.Draft202012Validator(schema).validate(json.loads((tmp_path / "out" / "results.json").read_text()))
+
+
+# ------------------------------------------------------------------ docker
+
+
+@pytest.fixture(scope="module")
+def docker_backend(wheel_cache: Path) -> object:
+    import os
+
+    try:
+        import docker
+
+        docker.from_env(timeout=30).ping()
+    except Exception as e:  # noqa: BLE001 (any failure to reach the daemon means: no docker here)
+        if os.environ.get("CUMATRIX_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"CUMATRIX_REQUIRE_DOCKER=1 but no Docker daemon answers: {e}")
+        pytest.skip(f"no Docker daemon answers ({type(e).__name__}); start one with `sudo dockerd &`")
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(["bash", str(repo / "containers" / "build-base.sh")], check=False, capture_output=True,
+                          text=True, timeout=900)
+    if proc.returncode != 0:
+        pytest.skip(f"containers/build-base.sh failed: {proc.stderr.strip()[-300:]}")
+    from cumatrix.backends.docker import DockerBackend
+
+    with DockerBackend(proc.stdout.strip().splitlines()[-1]) as be:
+        yield be
+
+
+@pytest.mark.docker
+def test_in_a_container_the_audit_sees_and_enforces_the_images_runtime(
+        tmp_path: Path, rts: dict[str, R.ResolvedRuntime], audit_lib: Path, docker_backend: object) -> None:
+    from cumatrix.model import Runtime
+
+    be = docker_backend
+    info = be.prepare_runtime(Runtime(name="cu12.9", requirement=CU129))  # type: ignore[attr-defined]
+    assert info.ok, info.problem
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    shutil.copy(rts["cu12.4"].libcudart, bundle / "libcudart.so.12")  # a program's own copy, mounted
+    prog = _build(bundle, "dl", DLOPEN_C, "-ldl")
+    cell = O.CellRuntime(soname="libcudart.so.12", version=12090, path=info.cudart)
+    plan = O.audit_plan(tmp_path / "logs" / "cell.log", library=audit_lib, enforce=O.enforce_rules(cell))
+    job = Job(cell_id="cu12.9/host/dl", kind="command", argv=(str(prog), str(bundle / "libcudart.so.12")),
+              env=plan.env, mounts=(str(bundle), *plan.mounts), writable=plan.writable, runtime_name="cu12.9",
+              timeout=120)
+    res = be.run_job(job)  # type: ignore[attr-defined]
+    assert res.returncode == 0, res.stderr_tail
+    assert res.stdout_tail.strip() == f"0 12090 {info.cudart}"  # the image's runtime, not the bundled copy
+    seen = O.conclude(plan, cell)
+    assert [lib.path for lib in seen.libraries] == [info.cudart]
+    assert (seen.runtime.version, seen.not_used) == (12090, None)
+    assert O.read_log(plan.log).redirected[0][2:] == (info.cudart,)
+
+
+@pytest.mark.docker
+def test_run_with_the_docker_backend_records_the_images_runtime(
+        tmp_path: Path, docker_backend: object, write_matrix: object, cli: object) -> None:
+    import json
+
+    m = write_matrix(f"""
+        runtimes: {{cu12.9: {{wheel: {CU129}}}, cu13.0: {{wheel: {CU130}}}}}
+        drivers: [host]
+        probe: false
+        cases:
+          - {{name: load12, argv: [python3, -c, "import ctypes; ctypes.CDLL('libcudart.so.12')"]}}
+    """)
+    proc = cli("run", m, "--backend", "docker", "--base-image", docker_backend.base_image,  # type: ignore[attr-defined,operator]
+               "--out", tmp_path / "out")
+    recs = {r["id"]: r for r in map(json.loads, (tmp_path / "out" / "results.jsonl").read_text().splitlines())
+            if r.get("type") == "cell"}
+    ok = recs["cu12.9/host/load12"]
+    assert ok["observed"]["outcome"] == "ok", proc.stdout  # type: ignore[attr-defined]
+    [lib] = ok["fingerprint"]["libraries"]
+    assert lib["path"].startswith("/opt/cumatrix/runtime/") and lib["path"].endswith("/libcudart.so.12")
+    assert (lib["soname"], lib["version"]) == ("libcudart.so.12", "12.9")
+    assert (ok["fingerprint"]["runtime_file"], ok["fingerprint"]["runtime_version"]) == (lib["path"], 12090)
+    # The cu13.0 image has no libcudart.so.12: the command fails on its own, and nothing was mapped.
+    bad = recs["cu13.0/host/load12"]
+    assert (bad["observed"]["outcome"], bad["fingerprint"]["libraries"]) == ("exit:1", [])

@@ -449,12 +449,12 @@ class DockerBackend:
         return self._run(job, ref, facts, with_gpu=True)
 
     def _mounts(self, job: Job, with_gpu: bool) -> list[docker.types.Mount] | str:
-        paths = dict.fromkeys([str(package_root()), *job.mounts])
+        paths = dict.fromkeys([str(package_root()), *job.mounts, *job.writable])
         mounts = []
         for p in paths:
             if not os.path.exists(p):
                 return f"cannot mount {p} into the container: no such file or directory on the host"
-            mounts.append(docker.types.Mount(target=p, source=p, type="bind", read_only=True))
+            mounts.append(docker.types.Mount(target=p, source=p, type="bind", read_only=p not in job.writable))
         if with_gpu and self.gpu.mode == "device-nodes":
             mounts += [docker.types.Mount(target=inside, source=host, type="bind", read_only=True)
                        for host, inside in self.gpu.libraries]
