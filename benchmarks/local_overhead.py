@@ -6,9 +6,15 @@ One run measures, on the same machine:
   (c) the full per-cell cost through ``cumatrix run`` for a matrix of such command cells
       (wall time / cells, start-up included),
   (d) cells per second for a 500-cell command-only matrix (1 runtime x 500 ``true`` cases)
-      with ``-n 2``.
+      with ``-n 2``,
+  (e) the cost of observing what a cell maps (rtld-audit, ``cumatrix.observe``): the same
+      command through ``isolate.run_local`` plain and audited, interleaved (plain, audited,
+      plain, ...) so that drift in the machine's load hits both alike; the audited time
+      includes creating the cell's log and reading the mapped list back.  Two commands:
+      ``python3 -c pass`` (the smallest cell: the worst case in relative terms) and a
+      ``python3`` that loads the runtime with ctypes.  Goal: at most 5% per cell.
 
-Usage: python benchmarks/local_overhead.py [-N 50] [--wheel-dir DIR]
+Usage: python benchmarks/local_overhead.py [-N 50] [--wheel-dir DIR] [--audit-only]
 The runtime wheel of the matrices is fetched into the cache once (or taken from --wheel-dir).
 """
 
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -24,6 +31,7 @@ import time
 from pathlib import Path
 
 import cumatrix
+from cumatrix import observe
 from cumatrix.isolate import Job, run_local
 
 RUNTIME = "nvidia-cuda-runtime-cu12==12.9.79"
@@ -48,6 +56,63 @@ def local_backend(n: int) -> list[float]:
         out.append(time.perf_counter() - t0)
         assert res.returncode == 0, res.stderr_tail
     return out
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def audited_vs_plain(n: int, argv: tuple[str, ...], lib_path: tuple[str, ...], work: Path,
+                     enforce: tuple[tuple[str, str], ...]) -> tuple[list[float], list[float], list[float], list[float], int]:
+    """Interleaved (plain, audited) pairs of the same cell: wall times and the children's CPU
+    times (user + system, less sensitive to other load on the machine) of both, and the
+    number of CUDA libraries the audited runs saw (a check that the audit ran)."""
+    library = observe.build_audit_library()
+    plain_job = Job(cell_id="bench", kind="command", argv=argv, lib_path=lib_path, timeout=60)
+    plain: list[float] = []
+    audited: list[float] = []
+    plain_cpu: list[float] = []
+    audited_cpu: list[float] = []
+    seen = 0
+    for i in range(n):
+        c0, t0 = _children_cpu(), time.perf_counter()
+        res = run_local(plain_job)
+        plain.append(time.perf_counter() - t0)
+        plain_cpu.append(_children_cpu() - c0)
+        assert res.returncode == 0, res.stderr_tail
+        c0, t0 = _children_cpu(), time.perf_counter()
+        plan = observe.audit_plan(work / f"audit-{i}.log", library=library, enforce=enforce)
+        res = run_local(Job(cell_id="bench", kind="command", argv=argv, env=plan.env, lib_path=lib_path, timeout=60))
+        seen = len(observe.cuda_libraries(observe.read_mapped(plan.log)))
+        audited.append(time.perf_counter() - t0)
+        audited_cpu.append(_children_cpu() - c0)
+        assert res.returncode == 0, res.stderr_tail
+    return plain, audited, plain_cpu, audited_cpu, seen
+
+
+def report_audit(n: int, wheel_dir: str | None) -> bool:
+    from cumatrix import runtimes
+
+    rt = runtimes.from_wheel("cu12.9", RUNTIME, wheel_dir=Path(wheel_dir) if wheel_dir else None)
+    cell = observe.cell_runtime(rt.libcudart, rt.version)
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="cumatrix-audit-bench-") as tmp:
+        for label, argv in (("python3 -c pass", (PYTHON, "-c", "pass")),
+                            ("python3 loading libcudart", (PYTHON, "-c", "import ctypes; ctypes.CDLL('libcudart.so.12')"))):
+            audited_vs_plain(3, argv, (str(rt.lib_dir),), Path(tmp), observe.enforce_rules(cell))  # warm up
+            plain, audited, pcpu, acpu, seen = audited_vs_plain(n, argv, (str(rt.lib_dir),), Path(tmp),
+                                                                observe.enforce_rules(cell))
+            p, a = statistics.median(plain), statistics.median(audited)
+            pairs = sorted(y / x for x, y in zip(plain, audited))
+            cost = a / p - 1
+            cpu_cost = statistics.mean(acpu) / statistics.mean(pcpu) - 1
+            ok = ok and cost <= 0.05
+            print(f"(e) {label}: plain median {p * 1e3:.2f} ms, audited {a * 1e3:.2f} ms: {cost * 100:+.1f}% "
+                  f"(pairwise median {(statistics.median(pairs) - 1) * 100:+.1f}%); children's CPU "
+                  f"{statistics.mean(pcpu) * 1e3:.2f} vs {statistics.mean(acpu) * 1e3:.2f} ms: {cpu_cost * 100:+.1f}%; "
+                  f"N={n} interleaved; CUDA libraries seen: {seen}; goal <= +5%")
+    return ok
 
 
 def matrix_text(n_cases: int, argv: str) -> str:
@@ -77,7 +142,11 @@ def main() -> int:
     ap.add_argument("-N", type=int, default=50, help="spawns per median (default 50)")
     ap.add_argument("--cells", type=int, default=50, help="cells of the matrix for (c) (default 50)")
     ap.add_argument("--wheel-dir", help="take the runtime wheel from here (offline)")
+    ap.add_argument("--audit-only", action="store_true", help="measure only (e), the cost of the rtld-audit")
     a = ap.parse_args()
+    if a.audit_only:
+        print(f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}, cumatrix {cumatrix.__version__}")
+        return 0 if report_audit(a.N, a.wheel_dir) else 1
 
     bare(3), local_backend(3)  # warm the page cache
     ta = statistics.median(bare(a.N))
@@ -94,7 +163,8 @@ def main() -> int:
     print(f"(c) `cumatrix run`, {a.cells} python3 cells        {tc * 1e3:7.2f} ms/cell  (wall {wall_c:.2f} s)")
     print(f"(d) `cumatrix run -n 2`, 500 `true` cells      {500 / wall_d:7.1f} cells/s  (wall {wall_d:.2f} s)")
     print(f"b/a = {tb / ta:.2f}x (target <= 1.5x)   c/a = {tc / ta:.2f}x")
-    return 0 if tb / ta <= 1.5 else 1
+    audit_ok = report_audit(a.N, a.wheel_dir)
+    return 0 if tb / ta <= 1.5 and audit_ok else 1
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ from __future__ import annotations
 import re
 import signal
 from collections.abc import Mapping
+from dataclasses import replace
 
+from . import observe
 from .isolate import ChildResult
 from .model import ChildFacts, Observed, Timings
 from .protocol import Verdict
@@ -58,6 +60,15 @@ def classify(res: ChildResult, *, kind: str) -> Observed:
     # A harness child that ended without a verdict: its own code failed.
     why = "exited 0 without a verdict" if res.returncode == 0 else f"exited {res.returncode} without a verdict"
     return Observed(outcome="harness-error", detail=f"{why}: {tail}", exit_status=res.returncode)
+
+
+def with_audit(observed: Observed, seen: observe.Observation | None) -> Observed:
+    """A process that used a runtime of another soname than the cell's did not run under the
+    cell's name: ``skipped:runtime-not-used``, naming what it loaded and from where."""
+    if seen is None or seen.not_used is None or observed.outcome == "harness-error":
+        return observed
+    return replace(observed, outcome=observe.OUTCOME_NOT_USED, path=None,
+                   detail=f"{seen.not_used}; the process's own outcome: {observed.outcome}")
 
 
 def _from_verdict(res: ChildResult, v: Verdict) -> Observed:

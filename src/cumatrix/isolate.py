@@ -35,6 +35,7 @@ class Job:
     lib_path: tuple[str, ...] = ()  # prepended to LD_LIBRARY_PATH, in order
     timeout: float = 120.0
     mounts: tuple[str, ...] = ()  # host paths the child reads (docker mounts them read-only)
+    writable: tuple[str, ...] = ()  # host paths the child writes (docker mounts them read-write)
     runtime_name: str = ""
     image: str | None = None
     #: A harness-owned child (probe, swap): it alone gets the private verdict channel.

@@ -48,6 +48,9 @@ class Facts:
     require_gpu: bool = False
     #: The cell's command runs under ``sh -c`` (exit 128+N means signal N).
     shell_wrapped: bool = False
+    #: What the rtld-audit saw (``libraries``, ``runtime_file``, ``runtime_version``,
+    #: ``runtime_evidence``): the runtime really used, which wins over the one offered.
+    observed: Mapping[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -137,7 +140,14 @@ def fingerprint(observed: Observed, child: ChildResult | None, facts: Facts) -> 
     runtime_file = cf.runtime_file or facts.provisioned_runtime_file
     runtime_version = cf.runtime_version if cf.runtime_version is not None else (
         facts.provisioned_runtime if runtime_file == facts.provisioned_runtime_file else None)
-    return {
+    audit: dict[str, object] = {}
+    if facts.observed:  # observed: what the process tree mapped, not what was offered
+        audit = {"libraries": facts.observed.get("libraries"), "runtime_evidence": facts.observed.get("runtime_evidence")}
+        runtime_file = _opt_str(facts.observed.get("runtime_file"))
+        seen_version = facts.observed.get("runtime_version")
+        runtime_version = cf.runtime_version if cf.runtime_version is not None else (
+            seen_version if isinstance(seen_version, int) else None)
+    return {**audit,
         "backend": facts.backend,
         "driver_version": pick(cf.driver_version, hfp.get("driver_version")),
         "driver_string": hfp.get("driver_string"),
@@ -154,6 +164,10 @@ def fingerprint(observed: Observed, child: ChildResult | None, facts: Facts) -> 
         "sandbox": extra.get("sandbox"),
         "killed_after": extra.get("killed_after"),
     }
+
+
+def _opt_str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def judge(cell: Cell, expected: Expected, observed: Observed, child: ChildResult | None, facts: Facts, *,

@@ -135,7 +135,7 @@ def _rt_wheel(ctx: _Ctx, name: str, entry: Mapping[str, Any], path: yamldoc.Path
     except ValueError as e:
         ctx.err((*path, "wheel"), f"runtimes.{name}.wheel: {e}")
         return None
-    return Runtime(name=name, requirement=entry["wheel"], where=_where(ctx, (*path, "wheel")))
+    return Runtime(name=name, requirement=entry["wheel"], offered=bool(entry.get("offered")), where=_where(ctx, (*path, "wheel")))
 
 
 def _rt_image(ctx: _Ctx, name: str, entry: Mapping[str, Any], path: yamldoc.Path) -> Runtime | None:
@@ -143,7 +143,7 @@ def _rt_image(ctx: _Ctx, name: str, entry: Mapping[str, Any], path: yamldoc.Path
 
 
 def _rt_site(ctx: _Ctx, name: str, entry: Mapping[str, Any], path: yamldoc.Path) -> Runtime | None:
-    return Runtime(name=name, site=True, where=_where(ctx, (*path, "site")))
+    return Runtime(name=name, site=True, offered=bool(entry.get("offered")), where=_where(ctx, (*path, "site")))
 
 
 def _rt_requirements(ctx: _Ctx, name: str, entry: Mapping[str, Any], path: yamldoc.Path) -> Runtime | None:
@@ -156,7 +156,8 @@ def _rt_requirements(ctx: _Ctx, name: str, entry: Mapping[str, Any], path: yamld
             ctx.err((*path, "requirements", i), f"runtimes.{name}.requirements[{i}]: {e}")
     if len(reqs) != len(entry["requirements"]):
         return None
-    return Runtime(name=name, requirements=tuple(reqs), where=_where(ctx, (*path, "requirements")))
+    return Runtime(name=name, requirements=tuple(reqs), offered=bool(entry.get("offered")),
+                   where=_where(ctx, (*path, "requirements")))
 
 
 #: The forms of a runtime entry: its one form key -> a builder.  A new form adds a builder
@@ -288,7 +289,8 @@ def _cases_section(ctx: _Ctx, data: list[Mapping[str, Any]]) -> tuple[Case, ...]
         env = tuple((k, ctx.text((*path, "env", k), v)) for k, v in (c.get("env") or {}).items())
         names.append((c["name"], (*path, "name")))
         timeout = c.get("timeout")
-        out.append(Case(name=c["name"], argv=argv, timeout=float(timeout) if timeout is not None else None, env=env))
+        out.append(Case(name=c["name"], argv=argv, timeout=float(timeout) if timeout is not None else None, env=env,
+                        offered=c.get("runtime") == "offered"))
     ctx.unique(names, "case")
     return tuple(out)
 

@@ -80,6 +80,9 @@ class Runtime:
     site: bool = False
     #: An environment built from these pip requirements (``{requirements: [...]}``).
     requirements: tuple[str, ...] = ()
+    #: ``offered: true``: programs may bring their own copy of the runtime (observed, not
+    #: enforced); by default the cell's runtime wins over a bundled copy of the same soname.
+    offered: bool = False
     #: ``file:line:col`` of the definition in the matrix, for messages (not part of identity).
     where: str = field(default="", compare=False)
 
@@ -135,6 +138,8 @@ class Case:
     argv: tuple[str, ...]
     timeout: float | None = None
     env: tuple[tuple[str, str], ...] = ()
+    #: ``runtime: offered``: the runtime is offered to this command, not enforced over its own.
+    offered: bool = False
 
 
 #: Axis names a selector (``exclude``/``expect``) may use.

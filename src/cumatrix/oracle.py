@@ -281,3 +281,46 @@ def image_runtime_version(image: str) -> int | None:
     """Best guess of an image's CUDA runtime from its tag (``nvidia/cuda:12.9.1-...``)."""
     m = _IMAGE_VERSION.search(image)
     return int(CudaVersion(int(m.group(1)), int(m.group(2)))) if m else None
+
+
+# --------------------------------------------------------------------------- programs
+
+
+#: What a program whose CUDA runtime needs a newer driver does: its first runtime call gets
+#: cudaErrorInsufficientDriver (35) and a Python program ends on the uncaught exception with
+#: exit status 1.  Measured for torch ("The NVIDIA driver on your system is too old"), CuPy
+#: (cudaErrorInsufficientDriver) and JAX ("Unable to initialize backend 'cuda'") under
+#: emulated 12.4 and 12.8 drivers: FACTS.md section 8.
+PROGRAM_REFUSED = frozenset({"exit:1"})
+
+
+def expect_program(cell: Cell, host: HostFacts, prior: Expected, *, runtime_version: int | None,
+                   evidence: str = "") -> Expected:
+    """The expectation of a command cell once the runtime its processes used is observed.
+
+    ``runtime_version`` is the observed runtime (CUDA encoding; MAJOR*1000 where only the
+    major is known), ``evidence`` says where it came from.  NVIDIA's rule that a runtime needs
+    a driver of its major predicts the failure of, say, torch cu130 under a 12.x driver (real
+    or emulated).  A matrix override, a runtime that is not known, or any other pairing keep
+    ``prior``: a failure no rule explains stays a mismatch.
+    """
+    if cell.kind != "command" or prior.rule == "matrix-override" or runtime_version is None:
+        return prior
+    d = effective_driver(cell, host)
+    if d is None:
+        return prior
+    major = runtime_version // 1000
+    seen = f" ({evidence})" if evidence else ""
+    if major > d // 1000:
+        floor = rules().min_driver_for(CudaVersion(major, 0))
+        need = f"a CUDA {major} driver" + (f" (>= {floor})" if floor else "")
+        return Expected(outcomes=PROGRAM_REFUSED,
+                        reason=f"the program's CUDA {major} runtime{seen} needs {need}; the driver is {_v(d)}: "
+                               "cudaErrorInsufficientDriver (35), on which a Python program exits 1",
+                        rule="program-major-newer-than-driver")
+    if cell.driver.startswith("emulated-") and major == 12 and d != host.driver_version:
+        return Expected(outcomes=frozenset({"cannot-emulate"}),
+                        reason=f"the program's CUDA 12 runtime{seen} detects the interposer (error 103) when the "
+                               f"emulated version {_v(d)} differs from the real driver's",
+                        rule="program-interposer-detected")
+    return prior

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from . import __version__, oracle
-from .classify import classify
+from . import __version__, observe, oracle
+from .classify import classify, with_audit
 from .errors import CumatrixError
 from .isolate import ChildResult, Job, run_local
 from .judge import Facts, judge, utcnow
@@ -135,27 +135,39 @@ class Orchestrator:
         expected = self.expected(cell)
         child: ChildResult | None = None
         job: Job | None = None
+        seen: observe.Observation | None = None
         try:
             prepared = (self.hooks.before_run(cell, expected) if self.hooks else None) \
                 or self.provisioner.prepare(cell, expected)
             if isinstance(prepared, Job):
                 job = self.hooks.job(cell, prepared) if self.hooks else prepared
+                job, audit = self.provisioner.audited(cell, job)
                 child = self.execute(job)
-                observed = classify(child, kind=cell.kind)
+                seen = audit.conclude() if audit is not None else None
+                observed = with_audit(classify(child, kind=cell.kind), seen)
+                expected = self._program_expectation(cell, expected, seen)
             else:
                 observed = prepared
         except CumatrixError as e:
             observed = Observed(outcome="harness-error", detail=str(e))
-        record = judge(cell, expected, observed, child, self._facts(cell), started=started,
+        record = judge(cell, expected, observed, child, self._facts(cell, seen), started=started,
                        duration_s=time.monotonic() - t0)
         return CellRun(record=record, job=job)
 
-    def _facts(self, cell: Cell) -> Facts:
+    def _program_expectation(self, cell: Cell, expected: Expected, seen: observe.Observation | None) -> Expected:
+        """A command cell, re-predicted from the runtime its processes really used."""
+        if seen is None or cell.kind != "command":
+            return expected
+        return oracle.expect_program(cell, self.host(), expected, runtime_version=seen.runtime.version,
+                                     evidence=seen.runtime.evidence)
+
+    def _facts(self, cell: Cell, seen: observe.Observation | None) -> Facts:
         res = self.provisioner.resolved(cell.runtime)
         return Facts(host=self.host(), host_fingerprint=self.host_fingerprint(), backend=self.backend,
                      host_label=self.host_label, provisioned_runtime=res.version if res else None,
                      provisioned_runtime_file=str(res.libcudart) if res else None, require_gpu=self.require_gpu,
-                     shell_wrapped=bool(self.hooks and self.hooks.shell_wrapped(cell)))
+                     shell_wrapped=bool(self.hooks and self.hooks.shell_wrapped(cell)),
+                     observed=seen.fingerprint() if seen is not None else {})
 
     def run_all(self, cells: Iterable[Cell], on_record: Callable[[CellRun], None]) -> None:
         """Run ``cells`` one after another, handing each finished cell to ``on_record``."""

@@ -11,13 +11,18 @@ What it provisions is cached on disk by content, so pytest-xdist workers share i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import shutil
 import sys
+import tempfile
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from . import observe
 from . import runtimes as _runtimes
 from .errors import CumatrixError
 from .isolate import Job
@@ -29,6 +34,22 @@ if TYPE_CHECKING:
 #: The directory holding the ``cumatrix`` package: a harness child's ``PYTHONPATH``.
 PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
 DEFAULT_TIMEOUT = 300.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Audit:
+    """A job's rtld-audit: its log, the cell's own runtime, and whether it was enforced."""
+
+    plan: observe.AuditPlan
+    cell: observe.CellRuntime | None
+    mode: observe.RuntimeMode
+
+    def conclude(self) -> observe.Observation:
+        """What the audit log shows (read once the job is done); the log is removed."""
+        try:
+            return observe.conclude(self.plan, self.cell, mode=self.mode)
+        finally:
+            self.plan.log.unlink(missing_ok=True)
 
 
 @dataclass
@@ -46,6 +67,7 @@ class Provisioner:
     child_env: tuple[tuple[str, str], ...] = ()
     _resolved: dict[str, _runtimes.ResolvedRuntime | CumatrixError] = field(default_factory=dict)
     _interposers: dict[str, str] = field(default_factory=dict)
+    _audit_dir: str | None = None
 
     # ----------------------------------------------------------------- runtimes
 
@@ -174,6 +196,61 @@ class Provisioner:
         return Job(cell_id=cell.id, kind=cell.kind, argv=(python, "-m", "cumatrix.case", json.dumps(spec)),
                    env=tuple(env), lib_path=tuple(lib_path), timeout=self.timeout, mounts=tuple(mounts),
                    runtime_name=cell.runtime, image=image, reports_verdict=True)
+
+    # ----------------------------------------------------------------- the runtime axis
+
+    def runtime_mode(self, cell: Cell) -> observe.RuntimeMode:
+        """``offered`` where the runtime or the case says so; else the cell's runtime is enforced."""
+        rt = self.matrix.runtime(cell.runtime) if cell.runtime != NO_RUNTIME else None
+        offered = (rt is not None and rt.offered) or (cell.case is not None and cell.case.offered)
+        return "offered" if offered else "enforced"
+
+    def audited(self, cell: Cell, job: Job) -> tuple[Job, Audit | None]:
+        """``job`` under the rtld-audit that records what its process tree maps and enforces the
+        cell's runtime over a bundled copy of the same soname (issue: programs that carry their own)."""
+        cell_rt = self._cell_runtime(cell)
+        mode = self.runtime_mode(cell)
+        if self._audit_dir is None:
+            self._audit_dir = tempfile.mkdtemp(prefix="cumatrix-audit-")
+        try:
+            library = self._container_audit_library() if self.backend == "docker" else None
+            plan = observe.audit_plan(Path(self._audit_dir) / f"{uuid.uuid4().hex}.log", library=library,
+                                      enforce=observe.enforce_rules(cell_rt, mode) if cell_rt else ())
+        except observe.AuditError:
+            return job, None  # no compiler: the cell runs unobserved
+        job = dataclasses.replace(job, env=job.env + plan.env, mounts=job.mounts + plan.mounts,
+                                  writable=job.writable + plan.writable)
+        return job, Audit(plan=plan, cell=cell_rt, mode=mode)
+
+    def _container_audit_library(self) -> Path:
+        """The audit library where a container's non-root user can reach it: the cache is often
+        under ``/root``, whose 0700 mode in the image hides everything mounted below it."""
+        built = observe.build_audit_library()
+        shared = Path(tempfile.gettempdir()) / f"cumatrix-audit-lib-{built.parent.name}"
+        target = shared / built.name
+        if not target.is_file():
+            shared.mkdir(mode=0o755, exist_ok=True)
+            tmp = shared / f".{built.name}.{os.getpid()}"
+            shutil.copy2(built, tmp)
+            tmp.chmod(0o755)
+            tmp.replace(target)
+        return target
+
+    def _cell_runtime(self, cell: Cell) -> observe.CellRuntime | None:
+        if cell.runtime == NO_RUNTIME:
+            return None
+        rt = self.matrix.runtime(cell.runtime)
+        if self.backend != "docker":
+            res = self.runtime(cell.runtime)
+            return observe.cell_runtime(res.libcudart, res.version)
+        version = self.runtime_version(cell)
+        if rt.requirement and version is not None:
+            inside = self._docker().prepare_runtime(rt, self.wheel_dir).cudart
+            if inside:
+                return observe.CellRuntime(soname=os.path.basename(inside), version=version, path=inside)
+        return None
+
+    # ----------------------------------------------------------------- swap cells
 
     def _swap_env(self, cell: Cell, mounts: list[str]) -> list[tuple[str, str]]:
         from .calibrate import default_table

@@ -90,7 +90,7 @@ def cell_digest(matrix: Matrix, cell: Cell, harness_version: str) -> str:
     inputs = {
         "harness": harness_version,
         "cell": dataclasses.asdict(cell),
-        "runtime": dataclasses.asdict(runtime) if runtime is not None else None,
+        "runtime": dataclasses.asdict(dataclasses.replace(runtime, where="")) if runtime is not None else None,
         "driver": dataclasses.asdict(matrix.driver(cell.driver)),
         "headers": _headers_source(matrix, cell),
         "expect": [{"select": list(ov.selector.values), "outcomes": sorted(ov.outcomes), "reason": ov.reason}

@@ -354,6 +354,9 @@ def bwrap_argv(bwrap: str, job: Job, env: dict[str, str], cwd: str) -> list[str]
     for p in dict.fromkeys(wanted):
         if p and _hidden(p) and not p.startswith("/dev/nvidia") and os.path.exists(p):
             argv += ["--ro-bind", p, p]
+    for p in job.writable:  # what the harness reads back (the audit log): bound writable
+        if os.path.exists(p):
+            argv += ["--bind", p, p]
     argv += ["--chdir", cwd, "--"]
     return [*argv, *job.argv]
 

@@ -546,7 +546,7 @@ class DockerBackend:
         return self._run(job, ref, facts, with_gpu=True)
 
     def _mounts(self, job: Job, with_gpu: bool) -> list[docker.types.Mount] | str:
-        paths = dict.fromkeys([str(package_root()), *job.mounts])
+        paths = dict.fromkeys([str(package_root()), *job.mounts, *job.writable])
         mounts = []
         for p in paths:
             if not os.path.exists(p):
@@ -555,7 +555,7 @@ class DockerBackend:
                 return (f"cannot mount {p} into the container: cells run as the non-root user {NOBODY}, "
                         f"which cannot read it (mode {os.stat(p).st_mode & 0o777:o}); make it readable "
                         f"(chmod o+rX) or run the harness as a user that owns it")
-            mounts.append(docker.types.Mount(target=p, source=p, type="bind", read_only=True))
+            mounts.append(docker.types.Mount(target=p, source=p, type="bind", read_only=p not in job.writable))
         if not self.user.startswith("0:") and self.user != "0" and any(p.startswith("/root/") for p in paths):
             # The image's /root is 0700: a non-root user could not reach paths mounted below it.
             mounts.append(docker.types.Mount(target="/root", source="", type="tmpfs", tmpfs_mode=0o755))
