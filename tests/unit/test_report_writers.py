@@ -151,6 +151,54 @@ def test_empty_run_writes_all_four_files(tmp_path: Path) -> None:
     assert "no cells" in (d / "index.html").read_text()
 
 
+# --------------------------------------------------------------------------- headline
+
+
+def _as_skipped(rec: dict[str, object], reason: str) -> dict[str, object]:
+    return dict(rec, status="skip", mismatch=None, observed={"outcome": reason, "detail": "no libcuda.so.1"})
+
+
+def test_a_run_in_which_no_cell_ran_is_not_a_pass(tmp_path: Path) -> None:
+    """Every cell skipped (a GPU runner whose driver vanished): SKIPPED everywhere, never PASS."""
+    recs = sample_records()
+    cells = [_as_skipped(r, "skipped:no-cuda-driver") if r["type"] == "cell" else r for r in recs]
+    d = _run_dir(tmp_path, "run", cells)
+    run = load_records(d / "results.jsonl")
+    n = len(run.cells)
+    assert run.verdict == "SKIPPED" and run.counts.ran == 0
+    write_all(run, d)
+    line = f"no cell ran: all {n} skipped ({n} skipped:no-cuda-driver)"
+    assert (d / "summary.md").read_text().splitlines()[0] == f"**cumatrix: SKIPPED** — {line}"
+    doc = json.loads((d / "results.json").read_text())
+    _validate(doc)
+    assert doc["verdict"] == "SKIPPED"
+    props = {p.get("name"): p.get("value") for p in ET.parse(d / "junit.xml").getroot().find("testsuite").iter("property")}  # type: ignore[union-attr]
+    assert props["verdict"] == "SKIPPED" and line in (props["headline"] or "")
+    page = (d / "index.html").read_text()
+    assert "SKIPPED" in page and line in page and "PASS" not in page.split("<body", 1)[1].split("</header>")[0]
+
+
+def test_headline_says_how_many_ran_and_why_the_others_did_not(tmp_path: Path) -> None:
+    # The sample's two mismatches and one pass become GPU cells skipped for want of a driver,
+    # beside the sample's cannot-emulate cells.
+    recs = sample_records()
+    picked = [i for i, r in enumerate(recs) if r.get("status") == "fail"]
+    picked.append(next(i for i, r in enumerate(recs) if r.get("status") == "pass"))
+    for i in picked:
+        recs[i] = _as_skipped(recs[i], "skipped:no-cuda-driver")
+    d = _run_dir(tmp_path, "run", recs)
+    run = load_records(d / "results.jsonl")
+    c = run.counts
+    assert run.verdict == "PASS" and c.ran == c.passed == len(run.cells) - c.skipped
+    assert dict(c.skip_reasons)["skipped:no-cuda-driver"] == 3
+    from cumatrix.report.markdown import headline
+
+    assert headline(run) == (
+        f"cumatrix: PASS — {c.ran} of {c.total} cells ran, all met expectations; {c.skipped} did not run: "
+        f"{dict(c.skip_reasons)['cannot-emulate']} cannot-emulate, 3 skipped:no-cuda-driver"
+    )
+
+
 # --------------------------------------------------------------------------- junit
 
 
@@ -188,7 +236,8 @@ def test_summary_verdict_mismatches_grid_and_speed(tmp_path: Path) -> None:
     md = (d / "summary.md").read_text()
     lines = md.splitlines()
     assert lines[0] == (
-        "**cumatrix: FAIL** — 2 of 126 cells did not meet expectations (90 pass, 34 skipped, 0 not run)"
+        "**cumatrix: FAIL** — 2 of the 92 cells that ran did not meet expectations (126 in the matrix); "
+        "34 did not run: 34 cannot-emulate"
     )
     assert md.index("Mismatches (2)") < md.index("Outcomes by driver") < md.index("Bandwidth")
     assert "9-param call into a 13.x runtime" in md
