@@ -71,11 +71,10 @@ class _Strings:
     def __call__(self, text: str | None) -> int:
         if text is None:
             return -1
-        text = clean(text)
-        n = self.index.get(text)
+        n = self.index.get(text)  # keyed by the raw text: a repeated string is cleaned once
         if n is None:
             n = self.index[text] = len(self.table)
-            self.table.append(text)
+            self.table.append(clean(text))
         return n
 
 
