@@ -141,7 +141,7 @@ def check_gpu(fp: Mapping[str, Any]) -> Check:
         return Check(name="gpu", features=("gpu",), status="ok", found=f"{len(gpus)}x {names}, driver {drv}{extra}")
     why = fp.get("driver_error") or "no libcuda.so.1 loads"
     return Check(name="gpu", features=("gpu",), status="missing", found=f"none: {why}",
-                 fix="GPU cells are skipped:no-cuda-driver here; run on a host with an NVIDIA driver "
+                 fix="GPU cells will be skipped:no-cuda-driver here; run on a host with an NVIDIA driver "
                      "(nvidia-smi must work), with --require-gpu in nightly jobs")
 
 
@@ -247,9 +247,13 @@ def run_checks(matrix: Path | None, wheel_dir: Path | None, fp: Mapping[str, Any
 
 
 def _host_lines(fp: Mapping[str, Any], version: str) -> list[str]:
-    lines = [f"cumatrix {version} on {fp['hostname']} ({fp['platform']}, Python {fp['python']})"]
-    lines.append(f"forward compat: {'in use' if fp.get('forward_compat') else 'not in use'}")
-    return lines
+    dv = fp.get("driver_version")
+    drv = f"CUDA {dv // 1000}.{dv % 1000 // 10}" if dv else "none found"
+    if fp.get("driver_string"):
+        drv += f"  ({fp['driver_string']})"
+    return [f"cumatrix {version} on {fp['hostname']} ({fp['platform']}, Python {fp['python']})",
+            f"driver      {drv}",
+            f"fwd compat  {'in use' if fp.get('forward_compat') else 'not in use'}"]
 
 
 def render(checks: Iterable[Check], wanted: frozenset[str]) -> list[str]:
