@@ -222,6 +222,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from .report import load_records, write_all
+    from .report.markdown import headline
 
     d = Path(args.dir)
     if not (d / "results.jsonl").is_file():
@@ -231,11 +232,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"cumatrix: warning: {w}", file=sys.stderr)
     for p in write_all(run, d):
         print(p)
+    print(headline(run), file=sys.stderr)
     return 0
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
     from .report import write_all
+    from .report.markdown import headline
     from .report.merge import merge_runs
 
     dirs = [Path(d) for d in args.dirs]
@@ -247,6 +250,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for p in write_all(run, out):
         print(p)
+    print(headline(run), file=sys.stderr)
     return 0
 
 

@@ -74,7 +74,7 @@ def find_base_image(client: Any) -> str | None:
 
 def _first_line(argv: list[str]) -> str:
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=20)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"({e})"
     lines = (proc.stdout or proc.stderr).strip().splitlines()
@@ -161,15 +161,16 @@ def check_base_image(docker_ok: bool) -> Check:
     fix = "bash containers/build-base.sh (debootstrap, no registry; prints the tag) or pass --base-image IMAGE"
     if not docker_ok:
         return Check(name=name, features=features, status="missing", found="not checked: no Docker daemon", fix=fix)
-    try:
-        import docker
+    import docker
+    import docker.errors
 
+    try:
         client = docker.from_env(timeout=10)
         try:
             tag = find_base_image(client)
         finally:
             client.close()
-    except Exception as e:  # the daemon went away between the two checks
+    except (docker.errors.DockerException, OSError) as e:  # the daemon went away between the two checks
         return Check(name=name, features=features, status="missing", found=f"cannot list images: {e}", fix=fix)
     if tag is None:
         return Check(name=name, features=features, status="missing",
@@ -180,7 +181,7 @@ def check_base_image(docker_ok: bool) -> Check:
 def _pip_reaches_index(project: str) -> tuple[bool, str]:
     cmd = [sys.executable, "-m", "pip", "index", "versions", project, "--disable-pip-version-check"]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=_PIP_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         return False, str(e)
     if proc.returncode == 0:

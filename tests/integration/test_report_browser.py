@@ -64,7 +64,7 @@ def _chromium() -> str | None:
     return None
 
 
-def _wait_ready(page: "Page", timeout: float = 20) -> None:
+def _wait_ready(page: Page, timeout: float = 20) -> None:
     deadline = time.monotonic() + timeout
     while page.js("document.body && document.body.getAttribute('data-ready')") != "1":
         assert time.monotonic() < deadline, "the page's script never finished"
@@ -228,7 +228,7 @@ def test_index_html_in_chromium(browser: str, tmp_path: Path) -> None:
 
         # Logs keep their lines, in a monospace font; so does the mismatch in the attention list.
         probe = "cu12.4/host/probe"
-        page.click(f'#attention button[data-idx]')
+        page.click('#attention button[data-idx]')
         page.click(f'button.cell[data-id="{probe}"]')
         pre = "document.querySelector('#detail pre.stderr')"
         assert page.js(f"{pre}.textContent") == "waiting for device...\n" * 3

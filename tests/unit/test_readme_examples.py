@@ -16,7 +16,7 @@ from cumatrix.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 READMES = [ROOT / "README.md", ROOT / "reference" / "README.md"]
-_BLOCK_RE = re.compile(r"^```ya?ml[ \t]*\n(.*?)^```", re.S | re.M)
+_BLOCK_RE = re.compile(r"^```ya?ml[ \t]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 
 def yaml_examples() -> list[tuple[str, int, str]]:
