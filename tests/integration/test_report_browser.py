@@ -286,3 +286,50 @@ def test_empty_run_page_in_chromium(browser: str, tmp_path: Path) -> None:
         assert page.js("document.getElementById('shown').textContent") == "0 of 0 cells shown"
     finally:
         page.close()
+
+
+def _many_cells(copies: int) -> list[dict[str, Any]]:
+    """The sample's swap cells repeated over ``copies`` workloads (a larger nightly's shape)."""
+    sample = _sample_module()
+    recs = sample.sample_records(nasty_stderr=False)
+    header, cells, end = recs[0], [r for r in recs if r["type"] == "cell"], recs[-1]
+    out = []
+    for k in range(copies):
+        for c in cells:
+            if c["axes"].get("kind") != "swap":
+                continue
+            axes = dict(c["axes"], workload=f"{c['axes']['workload']}-{k}")
+            out.append(dict(c, id=c["id"] + f"-{k}", axes=axes))
+    return [dict(header, cells=[c["id"] for c in out], cells_total=len(out)), *out, end]
+
+
+def test_large_page_draws_grids_as_they_scroll_into_view(browser: str, tmp_path: Path) -> None:
+    sample = _sample_module()
+    jsonl = sample.write_jsonl(tmp_path / "results.jsonl", _many_cells(20))
+    run = load_records(jsonl)
+    write_all(run, tmp_path)
+    n = len(run.cells)
+    assert n > 2000
+    assert (tmp_path / "index.html").stat().st_size < 1024 * n  # one file, under 1 KB a cell
+    page = Page(browser)
+    try:
+        page.call("Page.enable")
+        page.call("Emulation.setDeviceMetricsOverride", width=1440, height=1000, deviceScaleFactor=1, mobile=False)
+        page.call("Page.navigate", url=(tmp_path / "index.html").as_uri())
+        page.wait_event("Page.loadEventFired")
+        _wait_ready(page)
+        assert page.js("document.getElementById('shown').textContent") == f"{n} of {n} cells shown"
+        first = page.js("document.querySelectorAll('button.cell').length")
+        assert 0 < first < n / 4  # only the grids near the viewport
+        last = "document.querySelector('.grid-block:last-of-type .scroll table')"
+        assert page.js(f"{last} === null")
+        page.js("document.querySelector('.grid-block:last-of-type').scrollIntoView()")
+        deadline = time.monotonic() + 10
+        while page.js(f"{last} === null"):
+            assert time.monotonic() < deadline, "the last grid was never drawn"
+            time.sleep(0.05)
+        # A filter counts every cell, drawn or not.
+        page.js("(() => { const s = document.getElementById('f-cat'); s.value = 'fail'; s.dispatchEvent(new Event('change')); })()")
+        assert page.js("document.getElementById('shown').textContent") == f"{run.counts.failed} of {n} cells shown"
+    finally:
+        page.close()
