@@ -28,6 +28,11 @@ pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
+COMPILER_OUTPUT = (
+    "header_dispatch.c:41:9: error: too many arguments to function 'cuMemcpyBatchAsync_v2'\n"
+    "   41 |         cuMemcpyBatchAsync(dst, src, sizes, n, attrs, idx, na, &fail, s);\n"
+    "      |         ^~~~~~~~~~~~~~~~~~\n"
+)
 CHROMIUM_FLAGS = [
     "--headless",
     "--no-sandbox",
@@ -165,7 +170,11 @@ def browser(tmp_path: Path) -> Iterator[str]:
 
 def test_index_html_in_chromium(browser: str, tmp_path: Path) -> None:
     sample = _sample_module()
-    jsonl = sample.write_jsonl(tmp_path / "results.jsonl", sample.sample_records())
+    records = sample.sample_records()
+    for rec in records:  # compiler output as a cell's detail: several lines, spaces that matter
+        if rec.get("id") == "cu13.0/host/header-dispatch/h12.8/kv-16k-d2h":
+            rec["observed"] = dict(rec["observed"], detail=COMPILER_OUTPUT)
+    jsonl = sample.write_jsonl(tmp_path / "results.jsonl", records)
     run = load_records(jsonl)
     write_all(run, tmp_path)
     index = tmp_path / "index.html"
@@ -225,6 +234,13 @@ def test_index_html_in_chromium(browser: str, tmp_path: Path) -> None:
         assert page.js("typeof window.__pwned") == "undefined"
         # Fingerprint table made it into the panel.
         assert "580.159.04" in panel
+        detail = "[...document.querySelectorAll('#detail pre.val')].find(p => p.textContent.includes('too many'))"
+        assert page.js(f"{detail}.textContent") == COMPILER_OUTPUT
+        assert "mono" in page.js(f"getComputedStyle({detail}).fontFamily").lower()
+        assert page.js(f"getComputedStyle({detail}).whiteSpace") == "pre"  # columns kept: the caret stays under the error
+        ARTIFACTS.mkdir(exist_ok=True)
+        shot = page.call("Page.captureScreenshot", format="png", captureBeyondViewport=False)
+        (ARTIFACTS / "report-index-compiler-output.png").write_bytes(base64.b64decode(shot["data"]))
 
         # Logs keep their lines, in a monospace font; so does the mismatch in the attention list.
         probe = "cu12.4/host/probe"
