@@ -17,8 +17,11 @@ class BuildPyWithReference(build_py):
         src = Path(__file__).parent / "reference"
         dst = Path(self.build_lib) / "cumatrix" / "native"
         dst.mkdir(parents=True, exist_ok=True)
+        if not src.is_dir():
+            raise SystemExit(f"{src}: missing; an sdist must carry reference/ (see MANIFEST.in)")
         for f in sorted(src.iterdir()):
-            if f.suffix in (".c", ".h", ".inc"):  # .inc: family bodies the .c files include
+            # Every C source, header and included fragment; the README stays behind.
+            if f.is_file() and f.suffix != ".md":
                 shutil.copy2(f, dst / f.name)
         data = Path(self.build_lib) / "cumatrix" / "data"
         data.mkdir(parents=True, exist_ok=True)

@@ -73,3 +73,51 @@ def cli() -> Callable[..., subprocess.CompletedProcess[str]]:
 def cli_env() -> Callable[..., dict[str, str]]:
     """:func:`child_env`: an environment in which a child Python imports this cumatrix."""
     return child_env
+
+
+# --------------------------------------------------------------------------- docker images
+# The docker tests build runtime images (and, through the classic builder, untagged build
+# stages that inherit the base image's `cumatrix.base` label) and import throwaway images
+# labelled `cumatrix.test`.  What this session added goes when it ends, with the function
+# `cumatrix clean --images` uses; the base image from containers/build-base.sh stays (it is
+# a cache: built once per recipe, and .ci/run builds it before the tests).
+_IMAGES_BEFORE: dict[str, set[str]] = {}
+
+
+def _docker_client() -> object | None:
+    if not (os.environ.get("DOCKER_HOST") or Path("/var/run/docker.sock").exists()):
+        return None
+    try:
+        import docker
+
+        client = docker.from_env(timeout=30)
+        client.ping()
+        return client
+    except Exception:  # no daemon answers: the docker tests skip, and nothing is left to clean
+        return None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if hasattr(session.config, "workerinput"):
+        return
+    client = _docker_client()
+    if client is not None:
+        _IMAGES_BEFORE["runtime"] = {i.id for i in client.images.list(filters={"label": "cumatrix=1"})}  # type: ignore[attr-defined]
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if hasattr(session.config, "workerinput") or "runtime" not in _IMAGES_BEFORE:
+        return
+    client = _docker_client()
+    if client is None:
+        return
+    from cumatrix.clean import remove_build_stages
+
+    for img in client.images.list(filters={"label": "cumatrix=1"}):  # type: ignore[attr-defined]
+        if img.id not in _IMAGES_BEFORE["runtime"]:
+            try:
+                client.images.remove(img.id, force=True)  # type: ignore[attr-defined]
+            except Exception:  # in use by a container of a parallel run, or gone already
+                pass
+    remove_build_stages(client)
+    remove_build_stages(client, label="cumatrix.test")

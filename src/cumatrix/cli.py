@@ -34,6 +34,50 @@ build-error, crash:SIGNAME, exit:N, timeout, cannot-emulate, refused, skipped:RE
 harness-error. A cell passes when what it did is in its expected set.
 """
 
+EPILOG_CALIBRATE = """\
+examples:
+  cumatrix calibrate                                   # the default sizes and counts, table in the cache
+  cumatrix calibrate --sizes 4k 16k 2MiB --counts 1024 --out calib.txt
+"""
+EPILOGS = {
+    "validate": """\
+examples:
+  cumatrix validate matrix.yaml          # every problem as file:line:col, exit 2
+  cumatrix validate matrix.yaml --list   # and every cell id, for -k
+""",
+    "plan": """\
+examples:
+  cumatrix plan examples/hosts.yaml                 # GitHub Actions strategy.matrix
+  cumatrix plan examples/hosts.yaml --format json   # which cells each host runs
+""",
+    "report": """\
+examples:
+  cumatrix report              # rebuild ./out's reports from out/results.jsonl
+  cumatrix report nightly-out  # a killed run's --out directory
+""",
+    "merge": """\
+examples:
+  cumatrix merge out-h200 out-a100 --out merged   # one report from the runs of two hosts
+""",
+    "doctor": """\
+examples:
+  cumatrix doctor                        # what is here, what is missing, how to fix it
+  cumatrix doctor --require gpu,docker   # exit 1 unless a GPU and dockerd are here (CI)
+  cumatrix doctor --json                 # machine-readable, every check included
+""",
+    "build": """\
+examples:
+  cumatrix build proc-address --headers 13.0   # prints the library path
+  cumatrix build loop --family driver --headers 12.8
+""",
+    "clean": """\
+examples:
+  cumatrix clean                     # images, build stages and the cache
+  cumatrix clean --images            # only cumatrix's images and stopped containers
+  cumatrix clean --cache --dry-run   # say what would go
+""",
+}
+
 
 def _matrix_arg(path: str | None) -> Path:
     p = Path(path or DEFAULT_MATRIX)
@@ -198,6 +242,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from .report import load_records, write_all
+    from .report.markdown import headline
 
     d = Path(args.dir)
     if not (d / "results.jsonl").is_file():
@@ -207,11 +252,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         print(f"cumatrix: warning: {w}", file=sys.stderr)
     for p in write_all(run, d):
         print(p)
+    print(headline(run), file=sys.stderr)
     return 0
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
     from .report import write_all
+    from .report.markdown import headline
     from .report.merge import merge_runs
 
     dirs = [Path(d) for d in args.dirs]
@@ -223,6 +270,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     for p in write_all(run, out):
         print(p)
+    print(headline(run), file=sys.stderr)
     return 0
 
 
@@ -230,30 +278,20 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from .fingerprint import cached_runtimes, host_fingerprint
+    from .doctor import doctor
 
-    fp = host_fingerprint(with_docker=True)
-    fp["cached_runtimes"] = cached_runtimes()
-    fp["cumatrix"] = __version__
-    if args.json:
-        print(json.dumps(fp, indent=2, sort_keys=True))
-        return 0
-    dv = fp.get("driver_version")
-    print(f"cumatrix {__version__} on {fp['hostname']} ({fp['platform']}, Python {fp['python']})")
-    print(f"driver      {'CUDA ' + str(dv // 1000) + '.' + str(dv % 1000 // 10) if dv else 'none found'}"
-          f"{'  (' + fp['driver_string'] + ')' if fp.get('driver_string') else ''}")
-    if fp.get("driver_error") and not dv:
-        print(f"            {fp['driver_error']}")
-    for i, g in enumerate(fp.get("gpus") or []):
-        print(f"gpu {i}       {g['name']} (compute capability {g['compute_capability']})")
-    if not fp.get("gpus"):
-        print("gpus        none: GPU cells will be skipped:no-cuda-driver")
-    print(f"fwd compat  {'in use' if fp['forward_compat'] else 'not in use'}")
-    d = fp["docker"]
-    print(f"docker      {'daemon ' + str(d.get('version')) + ' answers' if d.get('answers') else 'no daemon: ' + str(d.get('why'))}")
-    rts = fp["cached_runtimes"]
-    print(f"runtimes    {len(rts)} cached" + "".join(f"\n            {r['wheel']} ({r['version']})" for r in rts))
-    return 0
+    matrix = Path(args.matrix) if args.matrix else (Path(DEFAULT_MATRIX) if Path(DEFAULT_MATRIX).is_file() else None)
+    if matrix is not None and not matrix.is_file():
+        raise UsageError(f"{matrix}: no such matrix file")
+    wheel_dir = args.wheel_dir or os.environ.get("CUMATRIX_WHEEL_DIR") or None
+    return doctor(as_json=args.json, matrix=matrix, wheel_dir=Path(wheel_dir) if wheel_dir else None,
+                  require=args.require, version=__version__)
+
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    from .clean import cmd_clean as clean
+
+    return clean(images=args.images, cache=args.cache, dry_run=args.dry_run)
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -264,33 +302,57 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def add_misc(sub: Any) -> None:
-    p = sub.add_parser("validate", help="check a matrix file; list its cells")
+    raw = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser("validate", help="check a matrix file; list its cells", epilog=EPILOGS["validate"],
+                       formatter_class=raw)
     p.add_argument("matrix", help="matrix file")
     p.add_argument("--list", action="store_true", help="print every cell id")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("plan", help="spread a matrix over the hosts it names (CI strategy matrix)",
-                       description="Print which cells each host of `hosts:` runs, as a GitHub Actions strategy matrix or JSON.")
+                       description="Print which cells each host of `hosts:` runs, as a GitHub Actions strategy matrix or JSON.",
+                       epilog=EPILOGS["plan"], formatter_class=raw)
     p.add_argument("matrix", help="matrix file with a hosts: section")
     p.add_argument("--format", choices=("github", "json"), default="github")
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("report", help="rebuild the reports of a run from its results.jsonl")
-    p.add_argument("dir", help="a run's --out directory")
+    p = sub.add_parser("report", help="rebuild the reports of a run from its results.jsonl",
+                       epilog=EPILOGS["report"], formatter_class=raw)
+    p.add_argument("dir", nargs="?", default=DEFAULT_OUT, help=f"a run's --out directory (default: {DEFAULT_OUT})")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("merge", help="combine runs of several hosts into one report")
+    p = sub.add_parser("merge", help="combine runs of several hosts into one report",
+                       epilog=EPILOGS["merge"], formatter_class=raw)
     p.add_argument("dirs", nargs="+", metavar="DIR", help="--out directories of runs of the same matrix")
     p.add_argument("--out", required=True, metavar="DIR", help="write the merged reports here")
     p.set_defaults(func=cmd_merge)
 
-    p = sub.add_parser("doctor", help="what this host offers: driver, GPUs, runtimes, docker")
+    p = sub.add_parser("doctor", help="check every tool and service a feature needs; say how to fix each",
+                       description="Check Python, gcc, the matrix's runtimes (cached or fetchable), a GPU, nvcc, "
+                                   "the Docker daemon and base image, debootstrap and Chromium. Exit 0 when every "
+                                   "required check passes (what `cumatrix run` needs, plus --require), else 1.",
+                       epilog=EPILOGS["doctor"], formatter_class=raw)
+    p.add_argument("matrix", nargs="?", help="check this matrix's runtimes (default: ./matrix.yaml if present)")
     p.add_argument("--json", action="store_true", help="machine-readable")
+    p.add_argument("--require", metavar="FEATURE,...",
+                   help="also require these: gpu, docker, base-image, browser, nvcc, debootstrap")
+    p.add_argument("--wheel-dir", metavar="DIR", help="runtime wheels are taken from DIR (default $CUMATRIX_WHEEL_DIR)")
     p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("clean", help="remove cumatrix's images, build stages, stopped containers and caches",
+                       description="Remove what cumatrix made: with --images, containers left by dead runs, runtime "
+                                   "and base images and their untagged build stages (found by their labels); with "
+                                   "--cache, the cache directory. Neither flag: both.",
+                       epilog=EPILOGS["clean"], formatter_class=raw)
+    p.add_argument("--images", action="store_true", help="images and containers labelled cumatrix")
+    p.add_argument("--cache", action="store_true", help="the cache (wheels, unpacked runtimes, builds)")
+    p.add_argument("--dry-run", action="store_true", help="list what would go; remove nothing")
+    p.set_defaults(func=cmd_clean)
 
     p = sub.add_parser("build", help="compile a reference variant against a runtime wheel's headers",
                        description="Compile a reference variant; prints the library path as the last line "
-                                   "(exit 0) or the compiler's message (exit 1: build-error).")
+                                   "(exit 0) or the compiler's message (exit 1: build-error).",
+                       epilog=EPILOGS["build"], formatter_class=raw)
     p.add_argument("variant", help="proc-address, direct-link, runtime-dispatch, driver-dispatch, header-dispatch, loop")
     p.add_argument("--headers", default="13.0", metavar="X.Y", help="headers of the runtime wheel of CUDA X.Y (default 13.0)")
     p.add_argument("--family", choices=("driver", "runtime"), help="for loop: which API family (default runtime)")
@@ -303,7 +365,10 @@ def add_tools(sub: Any) -> None:
 
     gate.add_gate_parser(sub)
     repro.add_repro_parser(sub)
-    calibrate.add_calibrate_parser(sub)
+    p = calibrate.add_calibrate_parser(sub)
+    if not p.epilog:
+        p.epilog = EPILOG_CALIBRATE
+        p.formatter_class = argparse.RawDescriptionHelpFormatter
     from .fetch import add_fetch_parser
 
     add_fetch_parser(sub)

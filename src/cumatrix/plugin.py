@@ -366,3 +366,17 @@ def write_reports(out: Path) -> list[Path]:
 
     run = load_records(out / "results.jsonl")
     return write_all(run, out)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """The run's headline last: how many cells ran and why the others did not."""
+    out = _out(config)
+    if _is_worker(config) or out is None or not (out / "results.jsonl").is_file():
+        return
+    from .report import load_records
+    from .report.markdown import headline
+
+    try:
+        terminalreporter.write_line(headline(load_records(out / "results.jsonl")))
+    except CumatrixError as e:
+        terminalreporter.write_line(f"cumatrix: no headline: {e}")

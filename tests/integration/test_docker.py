@@ -95,7 +95,8 @@ def scratch_image(client: docker.DockerClient) -> Iterator[str]:
         ti.size = len(data)
         tf.addfile(ti, io.BytesIO(data))
     tag = f"cumatrix-test-nopython:{uuid.uuid4().hex[:8]}"
-    client.api.import_image_from_data(buf.getvalue(), repository=tag.split(":")[0], tag=tag.split(":")[1])
+    client.api.import_image_from_data(buf.getvalue(), repository=tag.split(":")[0], tag=tag.split(":")[1],
+                                      changes=["LABEL cumatrix.test=1"])  # its build stages go at session end
     yield tag
     client.images.remove(tag, force=True)
 

@@ -151,6 +151,54 @@ def test_empty_run_writes_all_four_files(tmp_path: Path) -> None:
     assert "no cells" in (d / "index.html").read_text()
 
 
+# --------------------------------------------------------------------------- headline
+
+
+def _as_skipped(rec: dict[str, object], reason: str) -> dict[str, object]:
+    return dict(rec, status="skip", mismatch=None, observed={"outcome": reason, "detail": "no libcuda.so.1"})
+
+
+def test_a_run_in_which_no_cell_ran_is_not_a_pass(tmp_path: Path) -> None:
+    """Every cell skipped (a GPU runner whose driver vanished): SKIPPED everywhere, never PASS."""
+    recs = sample_records()
+    cells = [_as_skipped(r, "skipped:no-cuda-driver") if r["type"] == "cell" else r for r in recs]
+    d = _run_dir(tmp_path, "run", cells)
+    run = load_records(d / "results.jsonl")
+    n = len(run.cells)
+    assert run.verdict == "SKIPPED" and run.counts.ran == 0
+    write_all(run, d)
+    line = f"no cell ran: all {n} skipped ({n} skipped:no-cuda-driver)"
+    assert (d / "summary.md").read_text().splitlines()[0] == f"**cumatrix: SKIPPED** — {line}"
+    doc = json.loads((d / "results.json").read_text())
+    _validate(doc)
+    assert doc["verdict"] == "SKIPPED"
+    props = {p.get("name"): p.get("value") for p in ET.parse(d / "junit.xml").getroot().find("testsuite").iter("property")}  # type: ignore[union-attr]
+    assert props["verdict"] == "SKIPPED" and line in (props["headline"] or "")
+    page = (d / "index.html").read_text()
+    assert "SKIPPED" in page and line in page and "PASS" not in page.split("<body", 1)[1].split("</header>")[0]
+
+
+def test_headline_says_how_many_ran_and_why_the_others_did_not(tmp_path: Path) -> None:
+    # The sample's two mismatches and one pass become GPU cells skipped for want of a driver,
+    # beside the sample's cannot-emulate cells.
+    recs = sample_records()
+    picked = [i for i, r in enumerate(recs) if r.get("status") == "fail"]
+    picked.append(next(i for i, r in enumerate(recs) if r.get("status") == "pass"))
+    for i in picked:
+        recs[i] = _as_skipped(recs[i], "skipped:no-cuda-driver")
+    d = _run_dir(tmp_path, "run", recs)
+    run = load_records(d / "results.jsonl")
+    c = run.counts
+    assert run.verdict == "PASS" and c.ran == c.passed == len(run.cells) - c.skipped
+    assert dict(c.skip_reasons)["skipped:no-cuda-driver"] == 3
+    from cumatrix.report.markdown import headline
+
+    assert headline(run) == (
+        f"cumatrix: PASS — {c.ran} of {c.total} cells ran, all met expectations; {c.skipped} did not run: "
+        f"{dict(c.skip_reasons)['cannot-emulate']} cannot-emulate, 3 skipped:no-cuda-driver"
+    )
+
+
 # --------------------------------------------------------------------------- junit
 
 
@@ -188,7 +236,8 @@ def test_summary_verdict_mismatches_grid_and_speed(tmp_path: Path) -> None:
     md = (d / "summary.md").read_text()
     lines = md.splitlines()
     assert lines[0] == (
-        "**cumatrix: FAIL** — 2 of 126 cells did not meet expectations (90 pass, 34 skipped, 0 not run)"
+        "**cumatrix: FAIL** — 2 of the 92 cells that ran did not meet expectations (126 in the matrix); "
+        "34 did not run: 34 cannot-emulate"
     )
     assert md.index("Mismatches (2)") < md.index("Outcomes by driver") < md.index("Bandwidth")
     assert "9-param call into a 13.x runtime" in md
@@ -240,19 +289,35 @@ def test_html_is_self_contained_and_escapes_cell_text(tmp_path: Path) -> None:
     page = (d / "index.html").read_text()
     parser = _Scripts()
     parser.feed(page)
-    # exactly the data block and the page's own script; no <img>, no external anything
-    assert parser.scripts == [{"type": "application/json", "id": "cumatrix-data"}, {}]
+    # exactly the two data blocks and the page's own script; no <img>, no external anything
+    assert parser.scripts == [{"type": "application/json", "id": "cumatrix-data"},
+                              {"type": "application/json", "id": "cumatrix-details"}, {}]
     assert "img" not in parser.tags and "link" not in parser.tags and "iframe" not in parser.tags
     assert not {"src", "href", "srcset", "onerror", "onload", "action"} & set(parser.attrs)
     assert "<script>window.__pwned" not in page
     assert "\x1b" not in page
     assert "default-src 'none'" in page
-    data = page.split('<script type="application/json" id=cumatrix-data>', 1)[1].split("</script>", 1)[0]
-    assert "</" not in data and "<" not in data
-    cells = json.loads(data)["cells"]
-    bad = next(c for c in cells if c["id"] == "cu13.0/host/header-dispatch/h12.8/kv-16k-d2h")
-    assert "<script>window.__pwned = 1</script>" in bad["cell"]["stderr_tail"]
-    assert "\x1b" not in bad["cell"]["stderr_tail"]
+    blocks = {}
+    for name in ("cumatrix-data", "cumatrix-details"):
+        text = page.split(f'<script type="application/json" id={name}>', 1)[1].split("</script>", 1)[0]
+        assert "</" not in text and "<" not in text
+        blocks[name] = json.loads(text)
+    ids = [c[0] for c in blocks["cumatrix-data"]["cells"]]
+    bad = blocks["cumatrix-details"][ids.index("cu13.0/host/header-dispatch/h12.8/kv-16k-d2h")]
+    assert "<script>window.__pwned = 1</script>" in bad["se"]
+    assert "\x1b" not in bad["se"]
+    # The mismatch list is markup from the template: escaped by autoescaping, not by hand.
+    assert "9-param call into a 13.x runtime" in page and "&lt;script&gt;" not in blocks["cumatrix-details"][0].get("se", "")
+
+
+def test_html_page_stays_small_per_cell(tmp_path: Path) -> None:
+    """The page carries each cell in a compact index (repeated strings once): under 1 KB a cell."""
+    d = _run_dir(tmp_path, "run", sample_records(nasty_stderr=False))
+    run = load_records(d / "results.jsonl")
+    write_all(run, d)
+    size = (d / "index.html").stat().st_size
+    fixed = len((d / "index.html").read_text().split("<script type=\"application/json\"", 1)[0])
+    assert (size - fixed) / len(run.cells) < 1024, (size, fixed, len(run.cells))
 
 
 # --------------------------------------------------------------------------- merge

@@ -46,6 +46,7 @@ import requests.exceptions
 
 import cumatrix
 
+from ..doctor import find_base_image
 from ..errors import CumatrixError, DaemonUnavailable, HarnessError
 from .. import sandbox
 from ..isolate import ChildResult, Job, _Capture
@@ -271,6 +272,7 @@ class DockerBackend:
             self.client = client or docker.from_env(timeout=120)
             self._version = self.client.version()
             self._info = self.client.info()
+            self.base_image = base_image or find_base_image(self.client) or DEFAULT_BASE_IMAGE
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
             self.close()
             where = os.environ.get("DOCKER_HOST") or _DEFAULT_HOST

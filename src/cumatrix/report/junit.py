@@ -10,6 +10,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from .markdown import headline
 from .records import CellResult, RunData, axes_from_id
 from .text import clean
 
@@ -106,6 +107,8 @@ def to_xml(run: RunData) -> ET.ElementTree:
     _props(
         suite,
         [
+            ("verdict", run.verdict),
+            ("headline", headline(run)),
             ("matrix", head.matrix),
             ("matrix_sha256", head.matrix_sha256),
             ("run_id", head.run_id),

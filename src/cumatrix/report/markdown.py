@@ -21,21 +21,42 @@ _MAX_STDERR_EXCERPTS = 30
 _STDERR_EXCERPT_CHARS = 1500
 
 
-def verdict_line(run: RunData) -> str:
-    """The first line of the summary: verdict and counts."""
+def why_not_run(run: RunData) -> str:
+    """Why the cells that did not run did not: ``264 skipped:no-cuda-driver, 18 cannot-emulate``."""
     c = run.counts
-    counts = f"{c.passed} pass, {c.skipped} skipped, {c.not_run} not run"
+    parts = [f"{n} {reason}" for reason, n in c.skip_reasons]
+    if c.not_run:
+        cause = "the run was interrupted first" if run.interrupted else "no host ran them"
+        parts.append(f"{c.not_run} not run ({cause})")
+    return ", ".join(parts)
+
+
+def headline(run: RunData) -> str:
+    """Verdict and counts as plain text: how many cells ran and why the others did not."""
+    c = run.counts
     v = run.verdict
+    why = why_not_run(run)
+    rest = f"; {c.did_not_run} did not run: {why}" if c.did_not_run else ""
     if v == "FAIL":
-        tail = f"{c.failed} of {c.total} cells did not meet expectations ({counts})"
+        tail = f"{c.failed} of the {c.ran} cells that ran did not meet expectations ({c.total} in the matrix){rest}"
     elif v == "INCOMPLETE":
-        why = "run interrupted; " if run.interrupted else ""
-        tail = f"{why}{c.not_run} of {c.total} cells not run, the rest met expectations ({counts})"
+        lead = "run interrupted; " if run.interrupted else ""
+        tail = f"{lead}{c.ran} of {c.total} cells ran and met expectations{rest}"
     elif v == "EMPTY":
         tail = "the matrix selection has no cells; nothing ran"
+    elif v == "SKIPPED":
+        tail = f"no cell ran: all {c.total} skipped ({why})"
+    elif c.did_not_run:
+        tail = f"{c.ran} of {c.total} cells ran, all met expectations{rest}"
     else:
-        tail = f"all {c.total} cells met expectations ({counts})"
-    return f"**cumatrix: {v}** — {tail}"
+        tail = f"all {c.total} cells ran and met expectations"
+    return f"cumatrix: {v} — {tail}"
+
+
+def verdict_line(run: RunData) -> str:
+    """The first line of the summary: verdict (bold) and counts."""
+    verdict, _, tail = headline(run).partition(" — ")
+    return f"**{md_inline(verdict)}** — {md_inline(tail)}"
 
 
 def _gbps(x: float | None) -> str:

@@ -1,26 +1,174 @@
 "use strict";
 (function () {
+  // The index: data.cells[i] = [id, category code, label string, grid, row, col, host string].
   var data = JSON.parse(document.getElementById("cumatrix-data").textContent);
-  var cells = Array.prototype.slice.call(document.querySelectorAll("button.cell"));
+  var S = data.strings, CATS = data.cats, cells = data.cells, grids = data.grids;
+  var details = null;  // parsed on the first click: the panel's block is the large one
   var panel = document.getElementById("panel");
   var detail = document.getElementById("detail");
   var keys = ["cat", "outcome", "driver", "runtime", "host"];
-  var NAMES = {ok: "ok", expected: "expected failure reproduced", fail: "mismatch", skip: "skipped", "not-run": "not run"};
+  var SVG = "http://www.w3.org/2000/svg";
+  var shown = new Uint8Array(cells.length);
+  var perGrid = grids.map(function () { return []; });
+  var drawn = {};  // grid index -> {buttons: {cell index: button}, rows: [tr]}
+  var selected = -1;
+  cells.forEach(function (c, i) { perGrid[c[3]].push(i); });
 
+  function str(n) { return n < 0 ? null : S[n]; }
   function el(tag, text, cls) {
     var e = document.createElement(tag);
     if (text !== undefined && text !== null) e.textContent = String(text);
     if (cls) e.className = cls;
     return e;
   }
+  function field(c, k) {
+    if (k === "cat") return CATS[c[1]];
+    if (k === "outcome") return S[c[2]];
+    if (k === "driver") return grids[c[3]].driver;
+    if (k === "runtime") return grids[c[3]].rows[c[4]];
+    if (k === "host") return str(c[6]) || "";
+    return "";
+  }
+
+  // ------------------------------------------------------------------ grids, drawn when seen
+  function colHead(th, col) {
+    var m = /^(.*) h(\d.*)$/.exec(col);
+    if (m) { th.appendChild(document.createTextNode(m[1])); th.appendChild(el("small", "headers " + m[2])); }
+    else th.textContent = col;
+  }
+  function cellButton(i) {
+    var c = cells[i], cat = CATS[c[1]], label = S[c[2]];
+    var b = el("button", null, "cell c-" + cat);
+    b.type = "button";
+    b.setAttribute("data-idx", i);
+    b.setAttribute("data-id", c[0]);
+    b.title = c[0] + ": " + label;
+    b.appendChild(el("span", data.glyphs[cat], "g"));
+    b.appendChild(el("span", label, "l"));
+    return b;
+  }
+  function drawGrid(g) {
+    if (drawn[g]) return;
+    var G = grids[g], box = document.querySelector('.grid-block[data-grid="' + g + '"] .scroll');
+    var at = {};
+    perGrid[g].forEach(function (i) { at[cells[i][4] + "," + cells[i][5]] = i; });
+    var table = el("table", null, "grid"), thead = el("thead"), hr = el("tr");
+    hr.appendChild(el("th", "runtime", "corner"));
+    G.cols.forEach(function (col) { var th = el("th"); th.scope = "col"; colHead(th, col); hr.appendChild(th); });
+    thead.appendChild(hr);
+    table.appendChild(thead);
+    var tbody = el("tbody"), buttons = {}, rows = [];
+    G.rows.forEach(function (row, r) {
+      var tr = el("tr"), th = el("th");
+      th.scope = "row";
+      if (row === "none") { th.textContent = "none"; th.appendChild(el("small", "driver API")); } else th.textContent = row;
+      tr.appendChild(th);
+      G.cols.forEach(function (col, k) {
+        var i = at[r + "," + k], td = el("td");
+        if (i === undefined) td.className = "empty";
+        else { buttons[i] = cellButton(i); td.appendChild(buttons[i]); }
+        tr.appendChild(td);
+      });
+      tbody.appendChild(tr);
+      rows.push(tr);
+    });
+    table.appendChild(tbody);
+    box.textContent = "";
+    box.style.minHeight = "";
+    box.appendChild(table);
+    drawn[g] = {buttons: buttons, rows: rows};
+    paintGrid(g);
+  }
+  function paintGrid(g) {
+    var d = drawn[g];
+    if (!d) return;
+    var rowOn = d.rows.map(function () { return false; });
+    perGrid[g].forEach(function (i) {
+      var b = d.buttons[i];
+      b.classList.toggle("off", !shown[i]);
+      b.classList.toggle("sel", i === selected);
+      if (shown[i]) rowOn[cells[i][4]] = true;
+    });
+    d.rows.forEach(function (tr, r) { tr.classList.toggle("off", !rowOn[r]); });
+  }
+
+  // ------------------------------------------------------------------ charts, drawn when seen
+  function svg(tag, attrs, text) {
+    var e = document.createElementNS(SVG, tag);
+    Object.keys(attrs).forEach(function (k) { e.setAttribute(k, attrs[k]); });
+    if (text !== undefined) e.textContent = text;
+    return e;
+  }
+  function fmt(v, d) { return v === null || v === undefined ? "—" : v.toFixed(d === undefined ? 1 : d); }
+  function drawChart(n) {
+    var fig = document.querySelector('figure[data-chart="' + n + '"]');
+    if (!fig || fig.getAttribute("data-drawn")) return;
+    fig.setAttribute("data-drawn", "1");
+    var rows = data.charts[n].rows, LW = 300, BW = 520, RW = 90, RH = 34, TOP = 30;
+    var W = LW + BW + RW, H = TOP + RH * rows.length + 10, peak = 0;
+    rows.forEach(function (r) { [r[1], r[2], r[4]].forEach(function (v) { if (v !== null && v > peak) peak = v; }); });
+    peak = peak || 1;
+    function x(v) { return (LW + BW * v / peak).toFixed(1); }
+    var s = svg("svg", {"class": "chart", role: "img", viewBox: "0 0 " + W + " " + H, width: W, height: H,
+                        "aria-label": "bandwidth of workload " + data.charts[n].workload});
+    for (var k = 0; k <= 4; k++) {
+      var gx = (LW + BW * k / 4).toFixed(1);
+      s.appendChild(svg("line", {"class": "gl", x1: gx, x2: gx, y1: TOP - 6, y2: H - 8}));
+      s.appendChild(svg("text", {"class": "ax", x: gx, y: TOP - 12, "text-anchor": "middle"}, (peak * k / 4).toFixed(1)));
+    }
+    s.appendChild(svg("text", {"class": "ax", x: LW + BW + 6, y: TOP - 12}, "GB/s · speedup"));
+    rows.forEach(function (r, j) {
+      var i = r[0], y = TOP + j * RH, id = cells[i][0], p = id.split("/");
+      var label = (p[2] || "?") + " " + (p[3] || "") + " · " + p[0] + " · " + p[1] + (str(cells[i][6]) ? " · " + str(cells[i][6]) : "");
+      var g = svg("g", {"class": "row", "data-idx": i});
+      g.appendChild(svg("title", {}, id));
+      g.appendChild(svg("rect", {"class": "hit", x: 0, y: y, width: W, height: RH - 2}));
+      g.appendChild(svg("text", {"class": "lab", x: LW - 8, y: y + 15, "text-anchor": "end"}, label));
+      if (r[1] !== null) g.appendChild(svg("rect", {"class": "batch", x: LW, y: y + 4, width: x(r[1]) - LW, height: 11}));
+      if (r[3] !== null && r[4] !== null) {
+        var y0 = y + 9.5;
+        g.appendChild(svg("path", {"class": "wh", d: "M" + x(r[3]) + " " + (y0 - 4) + "v8M" + x(r[3]) + " " + y0 + "H" + x(r[4]) + "M" + x(r[4]) + " " + (y0 - 4) + "v8"}));
+      }
+      if (r[2] !== null) g.appendChild(svg("rect", {"class": "loop", x: LW, y: y + 17, width: x(r[2]) - LW, height: 9}));
+      g.appendChild(svg("text", {"class": "val", x: LW + BW + 6, y: y + 13}, fmt(r[1]) + " / " + fmt(r[2])));
+      g.appendChild(svg("text", {"class": "spd", x: LW + BW + 6, y: y + 27}, r[5] === null ? "" : r[5].toFixed(2) + "×"));
+      s.appendChild(g);
+    });
+    fig.querySelector(".chart-box").appendChild(s);
+  }
+
+  var blocks = Array.prototype.slice.call(document.querySelectorAll(".grid-block"));
+  var figures = Array.prototype.slice.call(document.querySelectorAll("figure[data-chart]"));
+  blocks.forEach(function (b) {  // reserve the grid's height so the scrollbar does not jump
+    b.querySelector(".scroll").style.minHeight = (34 + 31 * Number(b.getAttribute("data-rows"))) + "px";
+  });
+  function drawAll() {
+    blocks.forEach(function (b) { drawGrid(Number(b.getAttribute("data-grid"))); });
+    figures.forEach(function (f) { drawChart(Number(f.getAttribute("data-chart"))); });
+  }
+  var seen = window.IntersectionObserver ? new IntersectionObserver(function (es) {
+    es.forEach(function (e) {
+      if (!e.isIntersecting) return;
+      var t = e.target;
+      if (t.hasAttribute("data-grid")) drawGrid(Number(t.getAttribute("data-grid")));
+      else drawChart(Number(t.getAttribute("data-chart")));
+      seen.unobserve(t);
+    });
+  }, {rootMargin: "600px 0px"}) : null;
+  window.addEventListener("beforeprint", drawAll);  // a printed page holds every grid
+
+  // ------------------------------------------------------------------ the details panel
   function table(rows) {
     var t = el("table");
     rows.forEach(function (r) {
-      if (r[1] === undefined || r[1] === null || r[1] === "") return;
-      var tr = el("tr");
-      tr.appendChild(el("td", r[0]));
       var v = r[1];
-      tr.appendChild(el("td", typeof v === "object" ? JSON.stringify(v) : v));
+      if (v === undefined || v === null || v === "") return;
+      var tr = el("tr"), td = el("td");
+      tr.appendChild(el("td", r[0]));
+      var text = typeof v === "object" ? JSON.stringify(v) : String(v);
+      // Multi-line values (compiler output, loader messages) keep their lines, in monospace.
+      if (text.indexOf("\n") >= 0 || r[2]) td.appendChild(el("pre", text, "val")); else td.textContent = text;
+      tr.appendChild(td);
       t.appendChild(tr);
     });
     return t;
@@ -29,80 +177,74 @@
     detail.appendChild(el("h3", title));
     detail.appendChild(node);
   }
-
-  function show(idx) {
-    var item = data.cells[idx];
-    if (!item) return;
-    cells.forEach(function (b) { b.classList.toggle("sel", b.getAttribute("data-idx") === String(idx)); });
+  function axesOf(i) {
+    var p = cells[i][0].split("/"), a = {runtime: p[0], driver: p[1]};
+    if (p.length === 3) a[p[2] === "probe" ? "kind" : "case"] = p[2];
+    if (p.length > 3) { a.variant = p[2]; a.build = (p[3] || "").replace(/^h/, ""); a.workload = p.slice(4).join("/"); }
+    return a;
+  }
+  function show(i) {
+    var c = cells[i];
+    if (!c) return;
+    if (details === null) details = JSON.parse(document.getElementById("cumatrix-details").textContent);
+    var d = details[i], cat = CATS[c[1]], host = str(c[6]);
+    selected = i;
+    Object.keys(drawn).forEach(paintGrid);
     detail.textContent = "";
-    detail.appendChild(el("h2", item.id));
-    var badge = el("span", NAMES[item.cat] + (item.host ? " · " + item.host : ""), "badge c-" + item.cat);
-    detail.appendChild(badge);
-    var c = item.cell;
-    if (!c) {
+    detail.appendChild(el("h2", c[0]));
+    detail.appendChild(el("span", data.names[cat] + (host ? " · " + host : ""), "badge c-" + cat));
+    if (!d) {
       detail.appendChild(el("p", "This cell is in the matrix but has no result: the run was killed before it, or no host ran it."));
-      section("axes", table(Object.keys(item.axes).map(function (k) { return [k, item.axes[k]]; })));
+      var a0 = axesOf(i);
+      section("axes", table(Object.keys(a0).map(function (k) { return [k, a0[k]]; })));
     } else {
-      if (c.mismatch) detail.appendChild(el("div", c.mismatch, "mismatch"));
-      var o = c.observed;
+      if (d.m) detail.appendChild(el("pre", d.m, "mismatch"));
       section("expected vs observed", table([
-        ["expected", c.expected.outcomes.join(" | ")],
-        ["observed", item.label],
-        ["reason", c.expected.reason],
-        ["rule", c.expected.rule],
-        ["error", o.error_name],
-        ["detail", o.detail],
-        ["exit status", o.exit_status],
-        ["duration", c.duration_s === null ? null : c.duration_s + " s"],
-        ["started", c.started]
+        ["expected", str(d.e)], ["observed", S[c[2]]], ["reason", str(d.r)], ["rule", str(d.u)],
+        ["error", d.n], ["detail", d.d, true], ["exit status", d.x],
+        ["duration", d.du === undefined ? null : d.du + " s"], ["started", d.st === undefined ? null : str(d.st)]
       ]));
-      var t = c.timings || {};
-      if (t.gbps !== undefined || t.loop_gbps !== undefined) {
-        var s = t.spread || {};
+      var t = d.t;
+      if (t && (t[0] !== null || t[1] !== null)) {
         section("timings", table([
-          ["batch GB/s", t.gbps],
-          ["loop GB/s", t.loop_gbps],
-          ["speedup", t.speedup === undefined ? null : t.speedup + "×"],
-          ["repetitions", t.repetitions],
-          ["spread", s.min === undefined ? null : "min " + s.min + " · p10 " + s.p10 + " · p90 " + s.p90 + " · max " + s.max],
-          ["bytes", t.bytes],
-          ["wall", t.wall_s === undefined ? null : t.wall_s + " s"]
+          ["batch GB/s", t[0]], ["loop GB/s", t[1]], ["speedup", t[4] === null ? null : t[4] + "×"],
+          ["repetitions", t[5]],
+          ["spread", t[8] === null ? null : "min " + t[8] + " · p10 " + t[2] + " · p90 " + t[3] + " · max " + t[9]],
+          ["bytes", t[6]], ["wall", t[7] === null ? null : t[7] + " s"]
         ]));
       }
-      var fp = c.fingerprint || {};
+      var fp = JSON.parse(str(d.f) || "{}");
       section("fingerprint", table(Object.keys(fp).sort().map(function (k) { return [k, fp[k]]; })));
-      section("stderr (tail)", el("pre", c.stderr_tail || "(empty)", "stderr"));
-      if (c.stdout_tail) section("stdout (tail)", el("pre", c.stdout_tail, "stdout"));
-      section("axes", table(Object.keys(item.axes).map(function (k) { return [k, item.axes[k]]; })));
+      section("stderr (tail)", el("pre", d.se || "(empty)", "stderr"));
+      if (d.so) section("stdout (tail)", el("pre", d.so, "stdout"));
+      var a = JSON.parse(str(d.a) || "{}");
+      section("axes", table(Object.keys(a).map(function (k) { return [k, a[k]]; })));
     }
     panel.hidden = false;
-    if (history.replaceState) history.replaceState(null, "", "#cell=" + encodeURIComponent(item.id) + (item.host ? "@" + encodeURIComponent(item.host) : ""));
+    if (history.replaceState) history.replaceState(null, "", "#cell=" + encodeURIComponent(c[0]) + (host ? "@" + encodeURIComponent(host) : ""));
   }
 
+  // ------------------------------------------------------------------ filters
   function apply() {
     var want = {};
-    keys.forEach(function (k) {
-      var s = document.getElementById("f-" + k);
-      want[k] = s ? s.value : "";
-    });
+    keys.forEach(function (k) { var s = document.getElementById("f-" + k); want[k] = s ? s.value : ""; });
     var text = document.getElementById("f-text").value.trim().toLowerCase();
-    var shown = 0;
-    cells.forEach(function (b) {
-      var ok = keys.every(function (k) { return !want[k] || b.getAttribute("data-" + k) === want[k]; });
-      if (ok && text) ok = b.getAttribute("data-id").toLowerCase().indexOf(text) >= 0;
-      b.classList.toggle("off", !ok);
-      if (ok) shown++;
+    var n = 0, gridOn = grids.map(function () { return false; });
+    cells.forEach(function (c, i) {
+      var ok = keys.every(function (k) { return !want[k] || field(c, k) === want[k]; });
+      if (ok && text) ok = c[0].toLowerCase().indexOf(text) >= 0;
+      shown[i] = ok ? 1 : 0;
+      if (ok) { n++; gridOn[c[3]] = true; }
     });
-    Array.prototype.forEach.call(document.querySelectorAll("table.grid tbody tr"), function (tr) {
-      tr.classList.toggle("off", !tr.querySelector("button.cell:not(.off)"));
-    });
-    Array.prototype.forEach.call(document.querySelectorAll(".grid-block"), function (g) {
-      g.classList.toggle("off", !g.querySelector("button.cell:not(.off)"));
+    blocks.forEach(function (b) { b.classList.toggle("off", !gridOn[Number(b.getAttribute("data-grid"))]); });
+    Object.keys(drawn).forEach(paintGrid);
+    Array.prototype.forEach.call(document.querySelectorAll("figure .row"), function (r) {
+      r.classList.toggle("off", !shown[Number(r.getAttribute("data-idx"))]);
     });
     Array.prototype.forEach.call(document.querySelectorAll(".stat"), function (s) {
       s.classList.toggle("on", want.cat === s.getAttribute("data-cat"));
     });
-    document.getElementById("shown").textContent = shown + " of " + cells.length + " cells shown";
+    document.getElementById("shown").textContent = n + " of " + cells.length + " cells shown";
   }
 
   document.addEventListener("click", function (ev) {
@@ -116,10 +258,7 @@
       apply();
     }
   });
-  keys.forEach(function (k) {
-    var s = document.getElementById("f-" + k);
-    if (s) s.addEventListener("change", apply);
-  });
+  keys.forEach(function (k) { var s = document.getElementById("f-" + k); if (s) s.addEventListener("change", apply); });
   document.getElementById("f-text").addEventListener("input", apply);
   document.getElementById("f-reset").addEventListener("click", function () {
     keys.forEach(function (k) { var s = document.getElementById("f-" + k); if (s) s.value = ""; });
@@ -128,15 +267,20 @@
   });
   document.getElementById("close").addEventListener("click", function () {
     panel.hidden = true;
-    cells.forEach(function (b) { b.classList.remove("sel"); });
+    selected = -1;
+    Object.keys(drawn).forEach(paintGrid);
   });
-  document.addEventListener("keydown", function (ev) {
-    if (ev.key === "Escape") document.getElementById("close").click();
-  });
+  document.addEventListener("keydown", function (ev) { if (ev.key === "Escape") document.getElementById("close").click(); });
+
   apply();
+  if (seen) { blocks.concat(figures).forEach(function (b) { seen.observe(b); }); } else drawAll();
   var m = /^#cell=([^@]*)(?:@(.*))?$/.exec(location.hash);
   if (m) {
     var id = decodeURIComponent(m[1]), host = m[2] ? decodeURIComponent(m[2]) : null;
-    data.cells.forEach(function (c, i) { if (c.id === id && (host === null || c.host === host)) show(i); });
+    cells.forEach(function (c, i) {
+      if (c[0] === id && (host === null || str(c[6]) === host)) { drawGrid(c[3]); show(i); }
+    });
   }
+  if (window.performance && performance.mark) performance.mark("cumatrix-ready");
+  document.body.setAttribute("data-ready", "1");
 })();

@@ -74,11 +74,24 @@ class RunInfo:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Counts:
+    """How many cells of a run there are, how many ran, and why the others did not."""
+
     total: int
     passed: int
     failed: int
     skipped: int
     not_run: int
+    #: (outcome word, cells) of the skipped cells, most frequent first: why they did not run.
+    skip_reasons: tuple[tuple[str, int], ...] = ()
+
+    @property
+    def ran(self) -> int:
+        """Cells that ran and were judged (pass or fail); skipped and not-run cells did not."""
+        return self.passed + self.failed
+
+    @property
+    def did_not_run(self) -> int:
+        return self.skipped + self.not_run
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -109,18 +122,24 @@ class RunData:
     def counts(self) -> Counts:
         passed = sum(1 for c in self.cells if c.status == "pass")
         failed = sum(1 for c in self.cells if c.status == "fail")
-        skipped = sum(1 for c in self.cells if c.status == "skip")
+        reasons: dict[str, int] = {}
+        for c in self.cells:
+            if c.status == "skip":
+                reasons[c.observed.outcome] = reasons.get(c.observed.outcome, 0) + 1
         return Counts(
             total=len(self.cells) + len(self.not_run),
             passed=passed,
             failed=failed,
-            skipped=skipped,
+            skipped=sum(reasons.values()),
             not_run=len(self.not_run),
+            skip_reasons=tuple(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
         )
 
     @property
-    def verdict(self) -> Literal["PASS", "FAIL", "INCOMPLETE", "EMPTY"]:
-        """FAIL if a cell missed its expectation, INCOMPLETE if some were not run."""
+    def verdict(self) -> Literal["PASS", "FAIL", "INCOMPLETE", "SKIPPED", "EMPTY"]:
+        """FAIL if a cell missed its expectation, INCOMPLETE if some were not run, SKIPPED if
+        none ran at all (every cell skipped: a GPU runner whose driver vanished must not
+        read as a pass), EMPTY if the selection had no cells."""
         c = self.counts
         if c.failed:
             return "FAIL"
@@ -128,6 +147,8 @@ class RunData:
             return "INCOMPLETE"
         if c.total == 0:
             return "EMPTY"
+        if c.ran == 0:
+            return "SKIPPED"
         return "PASS"
 
     @property

@@ -1,0 +1,143 @@
+"""``cumatrix doctor`` and ``cumatrix clean`` on this host: real tools, a real dockerd.
+
+doctor's exit status follows its required checks; a tool taken off PATH is reported with its
+fix; the docker backend finds the base image build-base.sh made by its label; clean removes
+the cache and the untagged build stages it is pointed at.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import tarfile
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHECKS = ["python", "gcc", "runtimes", "gpu", "nvcc", "docker daemon", "base image", "debootstrap", "chromium"]
+
+
+def test_doctor_json_lists_every_check_and_its_exit_status_follows_them(
+        cli: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path) -> None:
+    r = cli("doctor", "--json", cwd=tmp_path)
+    assert r.returncode in (0, 1), r.stderr
+    doc = json.loads(r.stdout)
+    assert [c["name"] for c in doc["checks"]] == CHECKS
+    required_missing = [c["name"] for c in doc["checks"] if c["required"] and c["status"] != "ok"]
+    assert doc["ok"] is (not required_missing) and r.returncode == (1 if required_missing else 0)
+    assert all(c["fix"] for c in doc["checks"] if c["status"] != "ok")  # every miss says how to fix it
+    # The host facts of the old --json stay.
+    assert {"hostname", "driver_version", "gpus", "docker", "cached_runtimes"} <= set(doc)
+    # --require makes an optional feature count: without a GPU, `--require gpu` fails.
+    gpu = next(c for c in doc["checks"] if c["name"] == "gpu")
+    r2 = cli("doctor", "--require", "gpu", cwd=tmp_path)
+    assert r2.returncode == (0 if gpu["status"] == "ok" and not required_missing else 1)
+
+
+def test_doctor_names_a_missing_compiler_with_its_fix(cli: Callable[..., subprocess.CompletedProcess[str]],
+                                                      tmp_path: Path) -> None:
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    r = cli("doctor", cwd=tmp_path, env={"PATH": str(empty)})
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "[MISS] gcc" in r.stdout and "apt-get install gcc" in r.stdout
+    assert "[MISS] chromium" in r.stdout and "apt-get install chromium" in r.stdout
+    assert "required check(s) failed: gcc" in r.stdout
+    assert "Traceback" not in r.stderr
+
+
+def test_doctor_refuses_an_unknown_feature(cli: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    r = cli("doctor", "--require", "gpu,warp-drive")
+    assert r.returncode == 2 and "unknown feature warp-drive" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_clean_cache_removes_the_cache_and_dry_run_keeps_it(
+        cli: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    (cache / "wheels").mkdir(parents=True)
+    (cache / "wheels" / "x.whl").write_bytes(b"0" * 4096)
+    r = cli("clean", "--cache", "--dry-run", env={"CUMATRIX_CACHE": str(cache)})
+    assert r.returncode == 0 and f"would remove the cache {cache}" in r.stdout and cache.is_dir()
+    r = cli("clean", "--cache", env={"CUMATRIX_CACHE": str(cache)})
+    assert r.returncode == 0 and f"removed the cache {cache}" in r.stdout and not cache.exists()
+
+
+def test_every_subcommand_help_has_an_example(cli: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    for sub in ("run", "validate", "plan", "report", "merge", "doctor", "build", "clean", "gate", "repro", "calibrate"):
+        r = cli(sub, "--help")
+        assert r.returncode == 0 and "examples:" in r.stdout and f"cumatrix {sub}" in r.stdout.split("examples:")[1], sub
+
+
+def test_report_defaults_to_out(cli: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path) -> None:
+    r = cli("report", cwd=tmp_path)
+    assert r.returncode == 2 and "out: no results.jsonl here" in r.stderr
+
+
+# --------------------------------------------------------------------------- docker
+
+
+@pytest.fixture
+def client() -> Iterator[object]:
+    import docker
+
+    try:
+        c = docker.from_env(timeout=60)
+        c.ping()
+    except Exception as e:  # any failure to reach the daemon means: no docker here
+        if os.environ.get("CUMATRIX_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"CUMATRIX_REQUIRE_DOCKER=1 but no Docker daemon answers ({e})")
+        pytest.skip(f"no Docker daemon answers ({type(e).__name__}: {e})")
+    yield c
+    c.close()
+
+
+@pytest.mark.docker
+def test_the_docker_backend_finds_the_base_image_by_its_label(client: object) -> None:
+    from cumatrix.backends.docker import DockerBackend
+    from cumatrix.doctor import find_base_image
+
+    proc = subprocess.run(["bash", str(ROOT / "containers" / "build-base.sh")], capture_output=True, text=True,
+                          timeout=900, check=False)
+    assert proc.returncode == 0, proc.stderr[-500:]
+    built = proc.stdout.strip().splitlines()[-1]
+    found = find_base_image(client)
+    assert found is not None
+    labels = client.images.get(found).labels  # type: ignore[attr-defined]
+    assert "cumatrix.base" in labels and "cumatrix" not in labels  # the base, not a runtime image on it
+    assert found == built or client.images.get(found).attrs["Created"] >= client.images.get(built).attrs["Created"]  # type: ignore[attr-defined]
+    with DockerBackend() as be:
+        assert be.base_image == found
+
+
+@pytest.mark.docker
+def test_clean_removes_untagged_build_stages(client: object, tmp_path: Path) -> None:
+    from cumatrix.clean import remove_build_stages
+
+    label = f"cumatrix.test.{uuid.uuid4().hex[:8]}"
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        data = b"stage test\n"
+        ti = tarfile.TarInfo("etc/motd")
+        ti.size = len(data)
+        tf.addfile(ti, io.BytesIO(data))
+    tag = f"cumatrix-test-stage:{label.rsplit('.', 1)[1]}"
+    client.api.import_image_from_data(buf.getvalue(), repository=tag.split(":")[0], tag=tag.split(":")[1],  # type: ignore[attr-defined]
+                                      changes=[f"LABEL {label}=1"])
+    (tmp_path / "Dockerfile").write_text(f"FROM {tag} AS stage\nCOPY Dockerfile /x\nFROM {tag}\nCOPY --from=stage /x /y\n")
+    final, _ = client.images.build(path=str(tmp_path), tag=f"{tag}-final", rm=True, pull=False)  # type: ignore[attr-defined]
+    try:
+        stages = client.images.list(filters={"dangling": True, "label": label})  # type: ignore[attr-defined]
+        assert stages, "the multi-stage build left no untagged stage to clean"
+        assert remove_build_stages(client, label=label, dry_run=True)
+        assert client.images.list(filters={"dangling": True, "label": label})  # type: ignore[attr-defined]
+        removed = remove_build_stages(client, label=label)
+        assert removed and client.images.list(filters={"dangling": True, "label": label}) == []  # type: ignore[attr-defined]
+    finally:
+        client.images.remove(final.id, force=True)  # type: ignore[attr-defined]
+        client.images.remove(tag, force=True)  # type: ignore[attr-defined]
+        remove_build_stages(client, label=label)

@@ -1,0 +1,47 @@
+"""Every YAML example in the README is a matrix that `cumatrix validate` accepts.
+
+The examples are read from README.md itself, so an edit that breaks one fails here with the
+README line it starts on.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from cumatrix import matrix
+from cumatrix.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+READMES = [ROOT / "README.md", ROOT / "reference" / "README.md"]
+_BLOCK_RE = re.compile(r"^```ya?ml[ \t]*\n(.*?)^```", re.DOTALL | re.MULTILINE)
+
+
+def yaml_examples() -> list[tuple[str, int, str]]:
+    """(readme name, line the block's first YAML line is on, text) of every ```yaml block."""
+    out = []
+    for readme in READMES:
+        if not readme.is_file():
+            continue
+        text = readme.read_text(encoding="utf-8")
+        for m in _BLOCK_RE.finditer(text):
+            out.append((readme.relative_to(ROOT).as_posix(), text.count("\n", 0, m.start(1)) + 1, m.group(1)))
+    return out
+
+
+def test_the_readme_has_yaml_examples() -> None:
+    assert any(name == "README.md" for name, _, _ in yaml_examples())
+
+
+@pytest.mark.parametrize(("readme", "line", "text"), yaml_examples(),
+                         ids=[f"{name}:{line}" for name, line, _ in yaml_examples()])
+def test_readme_yaml_example_validates(readme: str, line: int, text: str, tmp_path: Path) -> None:
+    path = tmp_path / "example.yaml"
+    path.write_text(text, encoding="utf-8")
+    try:
+        m = matrix.load(path)
+    except ConfigError as e:
+        pytest.fail(f"{readme}:{line}: the YAML example does not validate:\n{e}")
+    assert matrix.cells(m), f"{readme}:{line}: the example selects no cell"
