@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from . import matrix as _matrix
+from . import schedule as _schedule
 from .errors import ConfigError, CumatrixError
 from .keyword import KeywordExpression
 from .model import Cell, Matrix
@@ -30,11 +31,16 @@ from .results import Store, dumps
 
 _ORCHESTRATORS = pytest.StashKey[dict[str, Orchestrator]]()
 _PROGRESS = pytest.StashKey[dict[str, Any]]()
+#: ``(cell id, provision key)`` of every selected cell, in run order (for xdist scheduling).
+_SELECTED = pytest.StashKey[list[tuple[str, str]]]()
 MATRIX_SUFFIXES = (".yaml", ".yml")
 #: Where reports go when a matrix file is run and no --cumatrix-out is given.
 DEFAULT_OUT = "out"
 #: The attribute of a pytest report that carries a cell's record (JSON) across workers.
 REPORT_ATTR = "cumatrix_record"
+#: What REPORT_ATTR holds once the controller has stored the record: pytest's terminal
+#: reporter keeps every report to the end of the run, so the record must not stay on it.
+STORED = "stored"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -198,6 +204,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     report = outcome.get_result()
     if call.when == "call" and isinstance(item, CellItem) and item.record is not None:
         setattr(report, REPORT_ATTR, dumps(item.record.to_store()))
+        item.record = None  # the report carries it now; the item lives to the end of the run
         if report.skipped and isinstance(report.longrepr, tuple):
             # Point the skip at the matrix file's line, not at this plugin.
             report.longrepr = (str(item.path), item.line + 1, report.longrepr[2])
@@ -223,6 +230,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 def _selected_ids(config: pytest.Config) -> list[tuple[Matrix, list[str]]]:
     """The cells this run intends, computed in the controller (xdist workers collect)."""
     out = []
+    selected: list[tuple[str, str]] = []
     kexpr = config.getoption("keyword") or ""
     expr = KeywordExpression.compile(kexpr) if kexpr else None
     for p in _matrix_args(config):
@@ -230,10 +238,10 @@ def _selected_ids(config: pytest.Config) -> list[tuple[Matrix, list[str]]]:
             m = _matrix.load(p)
         except ConfigError:
             continue
-        ids = [c.id for c in _matrix.cells(m)]
-        if expr is not None:
-            ids = [i for i in ids if expr.matches(i, p.name)]
-        out.append((m, ids))
+        cells = [c for c in _matrix.cells(m) if expr is None or expr.matches(c.id, p.name)]
+        selected += [(c.id, _schedule.provision_key(c)) for c in cells]
+        out.append((m, [c.id for c in cells]))
+    config.stash[_SELECTED] = selected
     return out
 
 
@@ -265,7 +273,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     raw = getattr(report, REPORT_ATTR, None)
-    if raw is None:
+    if raw is None or raw == STORED:
         return
     config = _CONFIG.get("config")
     if config is None or _is_worker(config):
@@ -274,6 +282,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     out = _out(config)
     if out is not None:
         Store(out).append(record.to_store())
+    # Stored: what stays on the report (kept by pytest to the end of the run) is a marker,
+    # so that the controller's memory does not grow with the cells it has run.
+    setattr(report, REPORT_ATTR, STORED)
     prog = config.stash.get(_PROGRESS, None)
     if prog is None:
         return
@@ -291,6 +302,37 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -
     if getattr(report, REPORT_ATTR, None) is not None and config.get_verbosity() <= 0:
         return report.outcome, "", report.outcome.upper()
     return None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Cells that provision the same things on one worker, where that starves none (:mod:`.schedule`)."""
+    if config.getoption("dist", None) != "load":  # another --dist asked for: the user's choice
+        return None
+    selected = config.stash.get(_SELECTED, None)
+    if not selected:
+        return None
+    plan = _schedule.plan(selected, len(config.getoption("tx") or ()))
+    if plan.units is None:
+        return None
+    return _unit_scheduler()(config, log, plan.units)
+
+
+def _unit_scheduler() -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class CellUnitScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        """xdist's scope scheduling, a scope being a unit of :func:`cumatrix.schedule.plan`."""
+
+        def __init__(self, config: pytest.Config, log: Any, units: dict[str, str]) -> None:
+            super().__init__(config, log)
+            self.units = units
+
+        def _split_scope(self, nodeid: str) -> str:
+            unit = self.units.get(nodeid.rpartition("::")[2])
+            return nodeid if unit is None else unit
+
+    return CellUnitScheduling
 
 
 def progress_text(prog: dict[str, Any], record: CellRecord) -> str:
