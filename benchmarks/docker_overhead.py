@@ -24,7 +24,8 @@ from pathlib import Path
 
 from cumatrix import runtimes
 from cumatrix.backends.docker import DockerBackend, package_root
-from cumatrix.isolate import ChildResult, Job, classify, run_local
+from cumatrix.classify import classify
+from cumatrix.isolate import ChildResult, Job, run_local
 from cumatrix.model import Runtime
 
 REPO = Path(__file__).resolve().parents[1]

@@ -52,6 +52,7 @@ class Sample:
     cells: int
     rep: int
     wall_s: float
+    cpu_s: float
     max_mb: float
     tree_mb: float
     harness_procs: int
@@ -121,8 +122,10 @@ class _Tree:
         self._stop.set()
 
 
-def measure(argv: Sequence[str], *, cwd: Path, env: dict[str, str], sample: bool) -> tuple[float, float, float, int, int]:
-    """Run ``argv`` to its end: wall seconds, largest process (MB), tree peak (MB), processes, rc."""
+def measure(argv: Sequence[str], *, cwd: Path, env: dict[str, str],
+            sample: bool) -> tuple[float, float, float, float, int, int]:
+    """Run ``argv`` to its end: wall and CPU seconds (the whole tree, cells included), largest
+    process (MB), tree peak (MB), harness processes, exit status."""
     t0 = time.perf_counter()
     proc = subprocess.Popen(list(argv), cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     tree = _Tree(root=proc.pid, exclude=SPAWN)
@@ -139,18 +142,24 @@ def measure(argv: Sequence[str], *, cwd: Path, env: dict[str, str], sample: bool
         th.join()
     if proc.returncode not in (0, 1):
         sys.exit(f"{' '.join(argv[:6])} ... failed ({proc.returncode}):\n{err.decode(errors='replace')[-3000:]}")
-    return wall, usage.ru_maxrss / 1024, sum(tree.peaks.values()) / 1024, len(tree.peaks), proc.returncode
+    cpu = usage.ru_utime + usage.ru_stime
+    return wall, cpu, usage.ru_maxrss / 1024, sum(tree.peaks.values()) / 1024, len(tree.peaks), proc.returncode
 
 
-def floor(n: int, *, parallel: int, cwd: Path, env: dict[str, str]) -> float:
-    """The floor: ``parallel`` loops of ``subprocess.run(SPAWN)`` that share ``n`` spawns."""
+def floor(n: int, *, parallel: int, cwd: Path, env: dict[str, str]) -> tuple[float, float]:
+    """The floor: ``parallel`` loops of ``subprocess.run(SPAWN)`` that share ``n`` spawns (wall, CPU s)."""
     code = f"import subprocess, sys\nfor _ in range(int(sys.argv[1])): subprocess.run({list(SPAWN)!r}, check=True)\n"
     shares = [n // parallel + (1 if i < n % parallel else 0) for i in range(parallel)]
     t0 = time.perf_counter()
     procs = [subprocess.Popen([PYTHON, "-c", code, str(k)], cwd=cwd, env=env) for k in shares]
-    if any(p.wait() for p in procs):
-        sys.exit("the floor's loop failed")
-    return time.perf_counter() - t0
+    cpu = 0.0
+    for p in procs:
+        _, status, usage = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        if p.returncode:
+            sys.exit("the floor's loop failed")
+        cpu += usage.ru_utime + usage.ru_stime
+    return time.perf_counter() - t0, cpu
 
 
 def write_matrix(path: Path, n: int) -> None:
@@ -186,7 +195,7 @@ def validate_and_collect(work: Path, n: int, env: dict[str, str]) -> dict[str, f
                                       "-c", os.devnull, "--rootdir", str(work), str(m)]),
                        ("pytest_collect_s", [PYTHON, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                                              "-c", os.devnull, "--rootdir", str(work), str(work / f"test_spawn{n}.py")])):
-        wall, mx, _, _, _ = measure(argv, cwd=work, env=env, sample=False)
+        wall, _, mx, _, _, _ = measure(argv, cwd=work, env=env, sample=False)
         out[name] = round(wall, 3)
         out[name.replace("_s", "_max_mb")] = round(mx, 1)
     out["validate_plus_collect_s"] = round(out["validate_s"] + out["collect_s"], 3)
@@ -198,6 +207,8 @@ def summarise(samples: list[Sample], sizes: Sequence[int]) -> list[dict[str, obj
     for n in sizes:
         med = {c: statistics.median([s.wall_s for s in samples if s.cells == n and s.config == c] or [float("nan")])
                for c in CONFIGS}
+        cpu = {c: statistics.median([s.cpu_s for s in samples if s.cells == n and s.config == c] or [float("nan")])
+               for c in CONFIGS}
         peak = {c: max([s.tree_mb for s in samples if s.cells == n and s.config == c] or [float("nan")])
                 for c in CONFIGS}
         rows.append({
@@ -207,6 +218,10 @@ def summarise(samples: list[Sample], sizes: Sequence[int]) -> list[dict[str, obj
             "cumatrix_n2_vs_floor_n2": round(med["cumatrix-n2"] / med["floor-n2"], 3),
             "xdist_n2_vs_floor_n2": round(med["xdist-n2"] / med["floor-n2"], 3),
             "cumatrix_n2_vs_xdist_n2": round(med["cumatrix-n2"] / med["xdist-n2"], 3),
+            **{f"{c}_cpu_s": round(cpu[c], 3) for c in CONFIGS},
+            "cpu_cumatrix_vs_floor": round(cpu["cumatrix"] / cpu["floor"], 3),
+            "cpu_pytest_vs_floor": round(cpu["pytest"] / cpu["floor"], 3),
+            "cpu_cumatrix_n2_vs_xdist_n2": round(cpu["cumatrix-n2"] / cpu["xdist-n2"], 3),
             "extra_ms_per_cell": round((med["cumatrix"] - med["floor"]) / n * 1e3, 3),
             "extra_ms_per_cell_n2": round((med["cumatrix-n2"] - med["floor-n2"]) / n * 1e3, 3),
             "cumatrix_tree_mb": round(peak["cumatrix"], 1), "cumatrix_n2_tree_mb": round(peak["cumatrix-n2"], 1),
@@ -225,6 +240,11 @@ def show(rows: list[dict[str, object]], pre: dict[str, float] | None, n_pre: int
               f"{r['cumatrix-n2_s']:8.2f} {r['cumatrix_n2_vs_floor_n2']:7.2f} {r['xdist_n2_vs_floor_n2']:7.2f} "
               f"{r['cumatrix_n2_vs_xdist_n2']:7.2f} | {r['cumatrix_tree_mb']:7.1f} {r['cumatrix_n2_tree_mb']:9.1f} "
               f"{r['pytest_tree_mb']:7.1f} {r['xdist_n2_tree_mb']:7.1f}")
+    print(f"{'':>6} CPU seconds (the whole tree, cells included): run/floor, pytest/floor, run-n2/xdist-n2")
+    for r in rows:
+        print(f"{r['cells']:>6} {r['cpu_cumatrix_vs_floor']:7.2f} {r['cpu_pytest_vs_floor']:7.2f} "
+              f"{r['cpu_cumatrix_n2_vs_xdist_n2']:7.2f}   (floor {r['floor_cpu_s']:.2f} s, run {r['cumatrix_cpu_s']:.2f} s, "
+              f"run-n2 {r['cumatrix-n2_cpu_s']:.2f} s, xdist-n2 {r['xdist-n2_cpu_s']:.2f} s)")
     print("run/fl: cumatrix run / floor; pyt/fl: pytest / floor; xd: pytest-xdist -n 2; "
           "MB: peak of the harness's processes (controller + workers, summed)")
     if pre:
@@ -248,6 +268,7 @@ def main() -> int:
     env["CI"] = "true"
     samples: list[Sample] = []
     pre: dict[str, float] | None = None
+    load0 = os.getloadavg()[0]  # a busy machine stretches the wall times of every configuration
     with tempfile.TemporaryDirectory(prefix="cumatrix-scale-") as tmp:
         work = Path(tmp)
         write_matrix(work / "m1.yaml", 1)
@@ -260,21 +281,22 @@ def main() -> int:
             for rep in range(a.reps):
                 for c in a.configs:
                     if c.startswith("floor"):
-                        wall = floor(n, parallel=2 if c == "floor-n2" else 1, cwd=work, env=env)
-                        samples.append(Sample(c, n, rep, round(wall, 3), 0.0, 0.0, 0, 0))
+                        wall, cpu = floor(n, parallel=2 if c == "floor-n2" else 1, cwd=work, env=env)
+                        samples.append(Sample(c, n, rep, round(wall, 3), round(cpu, 3), 0.0, 0.0, 0, 0))
                     else:
-                        wall, mx, tree, procs, rc = measure(cmds[c], cwd=work, env=env, sample=True)
-                        samples.append(Sample(c, n, rep, round(wall, 3), round(mx, 1), round(tree, 1), procs, rc))
-                    print(f"  {n:>6} {c:12} rep {rep}: {samples[-1].wall_s:8.2f} s  "
+                        wall, cpu, mx, tree, procs, rc = measure(cmds[c], cwd=work, env=env, sample=True)
+                        samples.append(Sample(c, n, rep, round(wall, 3), round(cpu, 3), round(mx, 1), round(tree, 1),
+                                              procs, rc))
+                    print(f"  {n:>6} {c:12} rep {rep}: {samples[-1].wall_s:8.2f} s  cpu {samples[-1].cpu_s:8.2f} s  "
                           f"{samples[-1].tree_mb:6.1f} MB", file=sys.stderr, flush=True)
         pre = validate_and_collect(work, max(a.sizes), env)
     rows = summarise(samples, a.sizes)
-    print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}, Python {platform.python_version()}, "
+    print(f"machine: {os.cpu_count()} cores, load {load0:.1f} -> {os.getloadavg()[0]:.1f}, Python {platform.python_version()}, "
           f"cumatrix {cumatrix.__version__}; median of {a.reps} interleaved run(s)")
     show(rows, pre, max(a.sizes))
     if a.json:
         a.json.write_text(json.dumps({"cpus": os.cpu_count(), "python": platform.python_version(),
-                                      "spawn": list(SPAWN), "runtime": RUNTIME, "reps": a.reps,
+                                      "spawn": list(SPAWN), "runtime": RUNTIME, "reps": a.reps, "load": [load0, os.getloadavg()[0]],
                                       "summary": rows, "before_first_cell": pre,
                                       "samples": [asdict(s) for s in samples]}, indent=2) + "\n")
     return 0
