@@ -202,6 +202,10 @@ def format_failure(rec: CellRecord) -> str:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     outcome = yield
     report = outcome.get_result()
+    if isinstance(item, CellItem):
+        # pytest keeps every report (three a cell) to the end of the run; a cell's keywords
+        # (its name and its file's) say nothing its nodeid does not.
+        report.keywords = {}
     if call.when == "call" and isinstance(item, CellItem) and item.record is not None:
         setattr(report, REPORT_ATTR, dumps(item.record.to_store()))
         item.record = None  # the report carries it now; the item lives to the end of the run
