@@ -33,6 +33,8 @@ _ORCHESTRATORS = pytest.StashKey[dict[str, Orchestrator]]()
 _PROGRESS = pytest.StashKey[dict[str, Any]]()
 #: ``(cell id, provision key)`` of every selected cell, in run order (for xdist scheduling).
 _SELECTED = pytest.StashKey[list[tuple[str, str]]]()
+#: The run's store, opened once by the controller (a cell's record is appended as it finishes).
+_STORE = pytest.StashKey[Store]()
 MATRIX_SUFFIXES = (".yaml", ".yml")
 #: Where reports go when a matrix file is run and no --cumatrix-out is given.
 DEFAULT_OUT = "out"
@@ -261,7 +263,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     # SIGTERM (a CI job cancelled, `timeout`, a scheduler) ends the run as Ctrl-C does:
     # the end record and the reports are still written.
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
-    store = Store(out)
+    store = config.stash[_STORE] = Store(out)
     if not config.getoption("cumatrix_resume") and store.path.exists():
         store.path.unlink()
     fp = None
@@ -283,9 +285,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if config is None or _is_worker(config):
         return
     record = CellRecord.from_json(json.loads(raw), source=f"report of {report.nodeid}")
-    out = _out(config)
-    if out is not None:
-        Store(out).append(record.to_store())
+    store = config.stash.get(_STORE, None)
+    if store is not None:
+        store.append(record.to_store())
     # Stored: what stays on the report (kept by pytest to the end of the run) is a marker,
     # so that the controller's memory does not grow with the cells it has run.
     setattr(report, REPORT_ATTR, STORED)
