@@ -14,6 +14,7 @@ import os
 import signal
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -313,7 +314,7 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Cells that provision the same things on one worker, where that starves none (:mod:`.schedule`)."""
-    if config.getoption("dist", None) != "load":  # another --dist asked for: the user's choice
+    if config.getoption("dist", None) != "load":  # what -n gives; another --dist is the user's choice
         return None
     selected = config.stash.get(_SELECTED, None)
     if not selected:
@@ -330,7 +331,7 @@ def _unit_scheduler() -> Any:
     class CellUnitScheduling(LoadScopeScheduling):  # type: ignore[misc]
         """xdist's scope scheduling, a scope being a unit of :func:`cumatrix.schedule.plan`."""
 
-        def __init__(self, config: pytest.Config, log: Any, units: dict[str, str]) -> None:
+        def __init__(self, config: pytest.Config, log: Any, units: Mapping[str, str]) -> None:
             super().__init__(config, log)
             self.units = units
 
