@@ -24,7 +24,8 @@ from pathlib import Path
 
 from cumatrix import runtimes
 from cumatrix.backends.docker import DockerBackend, package_root
-from cumatrix.isolate import ChildResult, Job, classify, run_local
+from cumatrix.classify import classify
+from cumatrix.isolate import ChildResult, Job, run_local
 from cumatrix.model import Runtime
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,8 +83,10 @@ def main() -> int:
             outcomes: dict[str, set[str]] = {"local": set(), "docker": set()}
             for _ in range(args.reps):
                 for name in ("local", "docker"):
+                    # A probe is a harness child: it reports over the private verdict channel.
                     job = Job(cell_id=cell, kind=kind, argv=largv if name == "local" else dargv,
-                              runtime_name=RUNTIME.name, timeout=120)
+                              env=(("PYTHONPATH", str(package_root())),), runtime_name=RUNTIME.name, timeout=120,
+                              reports_verdict=kind == "probe")
                     t0 = time.perf_counter()
                     res = run_local_job(job) if name == "local" else docker_be.run_job(job)
                     times[name].append(time.perf_counter() - t0)

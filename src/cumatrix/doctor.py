@@ -203,7 +203,11 @@ def _matrix_requirements(matrix: Path | None) -> list[tuple[str, str]]:
 def check_runtimes(matrix: Path | None, wheel_dir: Path | None) -> Check:
     """Every wheel runtime of the matrix: cached, in the wheel directory, or fetchable."""
     from .fingerprint import cached_runtimes
-    from .runtimes import _find_wheel, cache_dir, parse_requirement
+    from .cache import cache_dir
+    from .cache import wheel_dir as _wheel_dir
+    from .runtimes import find_wheel, parse_requirement
+
+    wheel_dir = _wheel_dir(wheel_dir)  # $CUMATRIX_WHEEL_DIR when none is given
 
     cached = cached_runtimes()
     reqs = _matrix_requirements(matrix)
@@ -211,7 +215,7 @@ def check_runtimes(matrix: Path | None, wheel_dir: Path | None) -> Check:
     absent: list[tuple[str, str]] = []
     for name, req in reqs:
         dist, version = parse_requirement(req)
-        if not any(d.is_dir() and _find_wheel(d, dist, version) for d in dirs):
+        if not any(d.is_dir() and find_wheel(d, dist, version) for d in dirs):
             absent.append((name, req))
     head = f"{len(cached)} unpacked in the cache"
     if matrix is not None and reqs:

@@ -15,6 +15,7 @@ import re
 import signal
 import time
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -23,6 +24,7 @@ import pytest
 
 from . import matrix as _matrix
 from . import sandbox
+from . import schedule as _schedule
 from .errors import ConfigError, CumatrixError
 from .keyword import KeywordExpression
 from .model import Cell, Matrix
@@ -33,11 +35,18 @@ from .results import Store, cell_digests, dumps
 
 _ORCHESTRATORS = pytest.StashKey[dict[str, Orchestrator]]()
 _PROGRESS = pytest.StashKey[dict[str, Any]]()
+#: ``(cell id, provision key)`` of every selected cell, in run order (for xdist scheduling).
+_SELECTED = pytest.StashKey[list[tuple[str, str]]]()
+#: The run's store, opened once by the controller (a cell's record is appended as it finishes).
+_STORE = pytest.StashKey[Store]()
 MATRIX_SUFFIXES = (".yaml", ".yml")
 #: Where reports go when a matrix file is run and no --cumatrix-out is given.
 DEFAULT_OUT = "out"
 #: The attribute of a pytest report that carries a cell's record (JSON) across workers.
 REPORT_ATTR = "cumatrix_record"
+#: What REPORT_ATTR holds once the controller has stored the record: pytest's terminal
+#: reporter keeps every report to the end of the run, so the record must not stay on it.
+STORED = "stored"
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -199,8 +208,13 @@ def format_failure(rec: CellRecord) -> str:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     outcome = yield
     report = outcome.get_result()
+    if isinstance(item, CellItem):
+        # pytest keeps every report (three a cell) to the end of the run; a cell's keywords
+        # (its name and its file's) say nothing its nodeid does not.
+        report.keywords = {}
     if call.when == "call" and isinstance(item, CellItem) and item.record is not None:
         setattr(report, REPORT_ATTR, dumps(item.record.to_store()))
+        item.record = None  # the report carries it now; the item lives to the end of the run
         if report.skipped and isinstance(report.longrepr, tuple):
             # Point the skip at the matrix file's line, not at this plugin.
             report.longrepr = (str(item.path), item.line + 1, report.longrepr[2])
@@ -233,6 +247,7 @@ _REUSE = pytest.StashKey[frozenset[str]]()
 def _selected(config: pytest.Config) -> list[tuple[Matrix, list[Cell]]]:
     """The cells this run intends, computed in the controller (xdist workers collect)."""
     out = []
+    selected: list[tuple[str, str]] = []
     kexpr = config.getoption("keyword") or ""
     expr = KeywordExpression.compile(kexpr) if kexpr else None
     for p in _matrix_args(config):
@@ -240,10 +255,10 @@ def _selected(config: pytest.Config) -> list[tuple[Matrix, list[Cell]]]:
             m = _matrix.load(p)
         except ConfigError:
             continue
-        cells = _matrix.cells(m)
-        if expr is not None:
-            cells = [c for c in cells if expr.matches(c.id, p.name)]
+        cells = [c for c in _matrix.cells(m) if expr is None or expr.matches(c.id, p.name)]
+        selected += [(c.id, _schedule.provision_key(c)) for c in cells]
         out.append((m, cells))
+    config.stash[_SELECTED] = selected
     return out
 
 
@@ -290,7 +305,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     raw = getattr(report, REPORT_ATTR, None)
-    if raw is None:
+    if raw is None or raw == STORED:
         return
     config = _CONFIG.get("config")
     if config is None or _is_worker(config):
@@ -299,6 +314,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     store = config.stash.get(_STORE, None)
     if store is not None:
         store.append(record.to_store(), digest=config.stash.get(_DIGESTS, {}).get(record.id))
+    # Stored: what stays on the report (kept by pytest to the end of the run) is a marker,
+    # so that the controller's memory does not grow with the cells it has run.
+    setattr(report, REPORT_ATTR, STORED)
     prog = config.stash.get(_PROGRESS, None)
     if prog is None:
         return
@@ -316,6 +334,37 @@ def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -
     if getattr(report, REPORT_ATTR, None) is not None and config.get_verbosity() <= 0:
         return report.outcome, "", report.outcome.upper()
     return None
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Cells that provision the same things on one worker, where that starves none (:mod:`.schedule`)."""
+    if config.getoption("dist", None) != "load":  # what -n gives; another --dist is the user's choice
+        return None
+    selected = config.stash.get(_SELECTED, None)
+    if not selected:
+        return None
+    plan = _schedule.plan(selected, len(config.getoption("tx") or ()))
+    if plan.units is None:
+        return None
+    return _unit_scheduler()(config, log, plan.units)
+
+
+def _unit_scheduler() -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class CellUnitScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        """xdist's scope scheduling, a scope being a unit of :func:`cumatrix.schedule.plan`."""
+
+        def __init__(self, config: pytest.Config, log: Any, units: Mapping[str, str]) -> None:
+            super().__init__(config, log)
+            self.units = units
+
+        def _split_scope(self, nodeid: str) -> str:
+            unit = self.units.get(nodeid.rpartition("::")[2])
+            return nodeid if unit is None else unit
+
+    return CellUnitScheduling
 
 
 def progress_text(prog: dict[str, Any], record: CellRecord) -> str:
