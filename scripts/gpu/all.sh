@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Every GPU run of the project in one command, for a GPU host with no network:
+#   OUT=DIR bash scripts/gpu/all.sh [STAGE...]
+# Stages (default: reference drivers clients gate sandbox kernel): reference, drivers (the
+# H200 matrices, then a cell-by-cell comparison with the committed reports/gpu-h200*), clients
+# (the host's torch/CuPy/JAX/cuda-bindings), gate (nvcc-built wheels), sandbox (bubblewrap),
+# kernel, tests (pytest -m gpu), repro (the bug catalog), swap (the swap benchmark).
+# Runtime wheels from ./.wheels, extra Python packages from ./.whl, bubblewrap from ./.bwrap.
+# Everything lands under $OUT/e/ and is packed into $OUT/evidence.tgz after every stage, so a
+# run cut short still brings back what it finished.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-gpu-out}
+E="$OUT/e"
+mkdir -p "$E"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/cumatrix-site .whl/*.whl
+  export PYTHONPATH=/tmp/cumatrix-site:${PYTHONPATH:-}
+fi
+export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1 XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/cumatrix-cache}
+export CUMATRIX_WHEEL_DIR=$PWD/.wheels
+mkdir -p "$XDG_CACHE_HOME/cumatrix/wheels" && cp -n .wheels/*.whl "$XDG_CACHE_HOME/cumatrix/wheels/" 2>/dev/null
+NPROC=${NPROC:-8}
+pack() { tar -C "$OUT" -czf "$OUT/evidence.tgz.part" e && mv "$OUT/evidence.tgz.part" "$OUT/evidence.tgz"; }
+stage() {  # stage NAME SECONDS COMMAND...
+  local name=$1 limit=$2; shift 2
+  local t0; t0=$(date +%s)
+  echo "=== $name (limit ${limit}s, $(date -u +%H:%M:%S))"
+  timeout --kill-after=10 "$limit" "$@" > "$E/$name.log" 2>&1
+  local rc=$?
+  echo "=== $name: exit $rc in $(( $(date +%s) - t0 )) s" | tee -a "$E/stages.txt"
+  tail -8 "$E/$name.log"
+  pack
+}
+{ nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader; uname -r; } > "$E/host.txt" 2>&1
+python3 -m cumatrix doctor --json > "$E/doctor.json" 2>&1
+for s in ${*:-reference drivers clients gate sandbox kernel}; do
+  case $s in
+    reference) stage reference 200 python3 -m cumatrix run examples/h200-reference.yaml --out "$E/gpu-h200" -q -n "$NPROC"
+               python3 scripts/compare-runs.py reports/gpu-h200/results.json "$E/gpu-h200/results.json" \
+                 > "$E/gpu-h200/comparison.md"; head -3 "$E/gpu-h200/comparison.md" ;;
+    drivers) stage drivers 120 python3 -m cumatrix run examples/h200-drivers.yaml --out "$E/gpu-h200-drivers" -q -n "$NPROC"
+             python3 scripts/compare-runs.py reports/gpu-h200-drivers/results.json "$E/gpu-h200-drivers/results.json" \
+               > "$E/gpu-h200-drivers/comparison.md"; head -3 "$E/gpu-h200-drivers/comparison.md" ;;
+    clients) stage clients 200 env OUT="$E" bash scripts/gpu/clients.sh ;;
+    gate) stage gate 200 env OUT="$E" bash scripts/gpu/gate.sh ;;
+    sandbox) stage sandbox 120 env OUT="$E" bash scripts/gpu/sandbox.sh ;;
+    kernel) stage kernel 120 python3 -m cumatrix run examples/h200-kernel.yaml --out "$E/gpu-h200-kernel" -q -n 2 ;;
+    tests) stage tests 200 python3 -m pytest -p no:cacheprovider -c /dev/null --rootdir . -q -m gpu tests/gpu \
+             -o markers=gpu --junitxml "$E/gpu-tests.xml" ;;
+    repro) stage repro 150 python3 -m cumatrix repro --all --out "$E/repro" ;;
+    swap) stage swap 330 env OUT="$E" SWAP_SWEEP="${SWAP_SWEEP:-0}" bash scripts/gpu/swap.sh ;;
+    *) echo "unknown stage $s" ;;
+  esac
+done
+cat "$E/stages.txt"
