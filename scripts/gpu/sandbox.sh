@@ -43,28 +43,28 @@ if [ $rc -ne 0 ]; then echo "FAILED: bubblewrap cannot create the sandbox on thi
 python3 - "$S" <<'PY'
 import json, sys
 from cumatrix import matrix as M, sandbox
-from cumatrix.isolate import classify, run_local
-from cumatrix.session import Runner
+from cumatrix.classify import classify
+from cumatrix.isolate import Job, run_local
+from cumatrix.orchestrate import Orchestrator
 from pathlib import Path
 out = Path(sys.argv[1])
 m = M.load("examples/h200-reference.yaml")
-runner = Runner(matrix=m, wheel_dir=Path(".wheels"))
+orch = Orchestrator(matrix=m, wheel_dir=Path(".wheels"))
 want = ["cu12.9/host/probe", "cu13.0/host/probe", "cu12.9/host/runtime-dispatch/h12.8/kv-16k-d2h",
         "cu13.0/host/runtime-dispatch/h13.0/kv-16k-h2d"]
 cells = [c for c in M.cells(m) if c.id in want]
 rows = []
 for cell in cells:
-    job, pre = runner._job(cell)
-    if job is None:
-        rows.append({"id": cell.id, "outcome": pre.outcome if pre else "no job", "detail": pre.detail if pre else ""})
+    job = orch.provisioner.prepare(cell, orch.expected(cell))
+    if not isinstance(job, Job):
+        rows.append({"id": cell.id, "outcome": job.outcome, "detail": job.detail})
         continue
     row = {"id": cell.id}
     for mode in ("off", "on"):
         res = run_local(job, policy=sandbox.Policy(sandbox=mode))
         obs = classify(res, kind=cell.kind)
         row[mode] = {"outcome": obs.outcome, "path": obs.path, "detail": obs.detail[:300], "extra": res.extra,
-                     "device": (obs.data.get("data") or {}).get("fingerprint", {}).get("gpu_name")
-                     if isinstance(obs.data.get("data"), dict) else None}
+                     "device": obs.facts.gpu_name}
     rows.append(row)
     print(f"{cell.id}: unsandboxed {row['off']['outcome']} [{row['off']['path']}]; "
           f"sandboxed {row['on']['outcome']} [{row['on']['path']}] {row['on']['extra']}")
