@@ -26,7 +26,7 @@ import textwrap
 import time
 import xml.etree.ElementTree as ET
 import zipfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -837,6 +837,21 @@ def _imports(tree: ast.AST, package: str) -> list[tuple[str, int, bool]]:
             for name in _import_names(node, package)]
 
 
+def _python_trees(wheel: Path, wanted: re.Pattern[bytes]) -> Iterator[tuple[str, ast.AST]]:
+    """The parsed ``.py`` members of ``wheel`` whose text matches ``wanted``."""
+    with zipfile.ZipFile(wheel) as zf:
+        for info in zf.infolist():
+            if not info.filename.endswith(".py") or info.file_size > 4 << 20:
+                continue
+            raw = zf.read(info)
+            if not wanted.search(raw):
+                continue
+            try:
+                yield info.filename, ast.parse(raw.decode("utf-8", errors="replace"))
+            except (SyntaxError, ValueError, RecursionError):
+                continue
+
+
 def optional_import_notes(wheel: Path, findings: Sequence[Finding]) -> list[Finding]:
     """A note for each file with an error finding that the wheel's Python code imports only
     inside ``try/except ImportError``: the project may treat it as optional."""
@@ -852,28 +867,16 @@ def optional_import_notes(wheel: Path, findings: Sequence[Finding]) -> list[Find
     found: dict[str, tuple[str, int]] = {}
     plain: set[str] = set()  # imported somewhere without a guard: not optional
     try:
-        with zipfile.ZipFile(wheel) as zf:
-            for info in zf.infolist():
-                if not info.filename.endswith(".py") or info.file_size > 4 << 20:
+        for filename, tree in _python_trees(wheel, wanted):
+            parts = filename[:-3].split("/")
+            package = ".".join(parts if parts[-1] == "__init__" else parts[:-1]).removesuffix(".__init__")
+            for mod, line, guarded in _imports(tree, package):
+                if mod not in modules:
                     continue
-                raw = zf.read(info)
-                if not wanted.search(raw):
-                    continue
-                text = raw.decode("utf-8", errors="replace")
-                try:
-                    tree = ast.parse(text)
-                except (SyntaxError, ValueError, RecursionError):
-                    continue
-                parts = info.filename[:-3].split("/")
-                package = ".".join(parts if parts[-1] == "__init__" else parts[:-1])
-                package = package.removesuffix(".__init__")
-                for mod, line, guarded in _imports(tree, package):
-                    if mod not in modules:
-                        continue
-                    if not guarded:
-                        plain.add(mod)
-                    elif mod not in found:
-                        found[mod] = (info.filename, line)
+                if not guarded:
+                    plain.add(mod)
+                elif mod not in found:
+                    found[mod] = (filename, line)
     except (zipfile.BadZipFile, OSError, EOFError, ValueError):
         return []
     out: list[Finding] = []

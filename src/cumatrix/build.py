@@ -121,7 +121,7 @@ def _check_variant(variant: str, family: str) -> str:
 @functools.lru_cache(maxsize=8)
 def _compiler_identity(cc: str) -> str:
     try:
-        proc = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60)
+        proc = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60, check=False)
     except OSError as e:
         raise HarnessError(f"cannot run the C compiler {cc!r}: {e.strerror}; install gcc or pass cc=") from e
     first = (proc.stdout or proc.stderr).splitlines()[:1]
@@ -155,7 +155,7 @@ def _command(cc: str, include: Path, ref: Path, source: str, out: Path, name: st
 
 def _run(cmd: tuple[str, ...], cwd: Path) -> tuple[int, str]:
     try:
-        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
     except OSError as e:
         raise HarnessError(f"cannot run the C compiler {cmd[0]!r}: {e.strerror}") from e
     return proc.returncode, (proc.stderr + proc.stdout).strip()
@@ -237,7 +237,9 @@ def cli_build(variant: str, headers_version: str, wheel_dir: Path | None, *, fam
     ``loop`` together with ``family``.
     Returns 0 (built), 1 (``build-error``: the compiler refused the source) or 2 (bad input).
     """
-    from .runtimes import headers_for  # provisioning pulls in pip and subprocess helpers
+    from .runtimes import (
+        headers_for,  # provisioning pulls in pip and subprocess helpers
+    )
 
     if variant == "loop" and family in ("driver", "runtime"):
         variant = f"{family}-loop"

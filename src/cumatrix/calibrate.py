@@ -293,8 +293,9 @@ def _measure(spec: dict[str, object]) -> dict[str, Any] | str:
 
     env = (("PYTHONPATH", os.pathsep.join(p for p in (PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p)),)
     job = Job(cell_id="calibrate", kind="calibrate", reports_verdict=True, timeout=3600, env=env,
-              argv=(sys.executable, "-c", "import sys; from cumatrix.calibrate import child_main; "
-                    "sys.exit(child_main(sys.argv[1:]))", json.dumps(spec)))
+              argv=(sys.executable, "-c",
+                    "import sys; from cumatrix.calibrate import child_main; sys.exit(child_main(sys.argv[1:]))",
+                    json.dumps(spec)))
     res = run_local(job, base_env={k: v for k, v in os.environ.items() if k != "KVSWAP_POLICY"})
     if res.verdict is not None and res.verdict.outcome == "ok":
         return dict(res.verdict.data)

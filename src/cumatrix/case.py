@@ -162,7 +162,7 @@ def main(argv: list[str]) -> int:
                 verdict.setdefault("data", {})["fingerprint"] = fingerprint()
         else:
             verdict = {"outcome": "harness-error", "detail": f"unknown cell kind {kind!r}"}
-    except Exception as e:  # the harness's own child code failed: say so, with the traceback
+    except Exception as e:  # noqa: BLE001 - the harness's own child code failed: say so, with the traceback
         traceback.print_exc()
         verdict = {"outcome": "harness-error", "detail": f"{type(e).__name__}: {e}"}
     if not protocol.emit(verdict, environ=channel):

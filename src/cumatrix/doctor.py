@@ -202,9 +202,9 @@ def _matrix_requirements(matrix: Path | None) -> list[tuple[str, str]]:
 
 def check_runtimes(matrix: Path | None, wheel_dir: Path | None) -> Check:
     """Every wheel runtime of the matrix: cached, in the wheel directory, or fetchable."""
-    from .fingerprint import cached_runtimes
     from .cache import cache_dir
     from .cache import wheel_dir as _wheel_dir
+    from .fingerprint import cached_runtimes
     from .runtimes import find_wheel, parse_requirement
 
     wheel_dir = _wheel_dir(wheel_dir)  # $CUMATRIX_WHEEL_DIR when none is given

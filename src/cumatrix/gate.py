@@ -43,12 +43,12 @@ from .audit import (
 from .errors import CumatrixError, UsageError
 from .isolate import Job
 from .model import Case, Cell, CudaVersion, Driver, Expected, Matrix, Observed, Runtime
+from .orchestrate import CellRun, Orchestrator, end_record, run_header
+from .provision import DEFAULT_TIMEOUT
 from .record import CellRecord
 from .report import load_records, progress_line, write_all
 from .report.jsonout import dumps
 from .results import JSONL, Store
-from .orchestrate import CellRun, Orchestrator, end_record, run_header
-from .provision import DEFAULT_TIMEOUT
 
 # --------------------------------------------------------------------------- dynamic stage
 
@@ -239,7 +239,7 @@ def _pip_install(wheel: Path, target: Path, constraints: Path | None) -> tuple[i
     argv.append(str(wheel))
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800,
-                              stdin=subprocess.DEVNULL)
+                              stdin=subprocess.DEVNULL, check=False)
     except subprocess.TimeoutExpired:
         return 124, "pip install did not finish in 30 minutes"
     return proc.returncode, (proc.stderr or proc.stdout).strip()

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from . import sandbox
 from .protocol import PipeChannel, Verdict, parse
+
 #: Bytes kept of each stream: the head (first lines often say what went wrong) and the
 #: tail.  A child writing megabytes must neither stall on a full pipe nor bloat the run.
 KEEP_HEAD = 8 * 1024
@@ -98,16 +99,13 @@ def run_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str |
         return ChildResult(returncode=None, signal=None, timed_out=False, stdout_tail="",
                            stderr_tail=plan.problem, verdict=Verdict(outcome="harness-error", detail=plan.problem),
                            verdict_error=None, duration_s=0.0, extra=plan.extra)
-    env = {k: v for k, v in plan.env.items() if k not in ("CUMATRIX_VERDICT_FD", "CUMATRIX_VERDICT_FILE")}
-    chan = PipeChannel() if job.reports_verdict else None
-    if chan is not None:
-        env.update(chan.env())
-        plan = replace(plan, pass_fds=(*plan.pass_fds, chan.write_fd))
+    env, plan, chan = _with_channel(job, plan)
     try:
         # No preexec_fn where the spawn shim exists: subprocess then uses vfork, not fork.
         proc = subprocess.Popen(plan.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True,
-                                pass_fds=plan.pass_fds, preexec_fn=plan.preexec_fn)
+                                pass_fds=plan.pass_fds,
+                                preexec_fn=plan.preexec_fn)  # noqa: PLW1509 - only without the C helper
     except (OSError, subprocess.SubprocessError) as e:
         scope.end()
         if chan:
@@ -144,8 +142,13 @@ def run_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str |
         proc.stderr.close()
         if chan:
             chan.close()
-    rc = proc.wait()
     verdict, verr = parse(chan.raw()) if chan else (None, None)
+    return _result(proc.wait(), plan, scope, timed_out=timed_out, out=out, err=err, verdict=verdict, verr=verr,
+                   start=start)
+
+
+def _result(rc: int, plan: sandbox.Plan, scope: sandbox.Scope, *, timed_out: bool, out: _Capture, err: _Capture,
+            verdict: Verdict | None, verr: str | None, start: float) -> ChildResult:
     extra = dict(plan.extra)
     if scope.killed:
         extra["killed_after"] = scope.killed  # processes the cell left running, killed with it
@@ -156,6 +159,16 @@ def run_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str |
     return ChildResult(returncode=None if sig is not None else rc, signal=sig,
                        timed_out=timed_out, stdout_tail=out.text(), stderr_tail=err.text(),
                        verdict=verdict, verdict_error=verr, duration_s=time.monotonic() - start, extra=extra)
+
+
+def _with_channel(job: Job, plan: sandbox.Plan) -> tuple[dict[str, str], sandbox.Plan, PipeChannel | None]:
+    """The child's environment and fds: a harness child gets the verdict pipe, nobody else does."""
+    env = {k: v for k, v in plan.env.items() if k not in ("CUMATRIX_VERDICT_FD", "CUMATRIX_VERDICT_FILE")}
+    if not job.reports_verdict:
+        return env, plan, None
+    chan = PipeChannel()
+    env.update(chan.env())
+    return env, replace(plan, pass_fds=(*plan.pass_fds, chan.write_fd)), chan
 
 
 def _pump(sel: selectors.BaseSelector, proc: subprocess.Popen[bytes], scope: sandbox.Scope,

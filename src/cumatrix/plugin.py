@@ -22,15 +22,14 @@ from typing import Any
 
 import pytest
 
+from . import __version__, sandbox
 from . import matrix as _matrix
-from . import sandbox
 from . import schedule as _schedule
 from .errors import ConfigError, CumatrixError
 from .keyword import KeywordExpression
 from .model import Cell, Matrix
 from .orchestrate import Orchestrator, end_record, run_header
 from .record import CellRecord
-from . import __version__
 from .results import Store, cell_digests, dumps
 
 _ORCHESTRATORS = pytest.StashKey[dict[str, Orchestrator]]()

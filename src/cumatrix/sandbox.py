@@ -32,6 +32,7 @@ Knobs: ``CUMATRIX_SANDBOX`` (off | auto | on; the flags set it per run),
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import fnmatch
 import hashlib
@@ -240,7 +241,7 @@ def _build_shim() -> Path | None:
     tmp = target.with_name(f".{target.name}.{os.getpid()}")
     try:
         proc = subprocess.run([cc, "-O2", "-o", str(tmp), str(_SPAWN_SOURCE)], capture_output=True,
-                              timeout=120, stdin=subprocess.DEVNULL)
+                              timeout=120, stdin=subprocess.DEVNULL, check=False)
         if proc.returncode != 0:
             return None
         os.replace(tmp, target)  # atomic: parallel workers may build it at once
@@ -312,7 +313,7 @@ def _find_bwrap() -> tuple[str | None, str]:
         return None, "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
     try:
         proc = subprocess.run([path, *_BWRAP_BASE, "--", "true"], capture_output=True, text=True,
-                              timeout=30, stdin=subprocess.DEVNULL)
+                              timeout=30, stdin=subprocess.DEVNULL, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         return None, f"{path} did not run: {e}"
     if proc.returncode != 0:
@@ -678,31 +679,34 @@ def _sweep(scope: Scope, *, sole: bool) -> int:
     for _ in range(5):  # a process may fork while the sweep runs: sweep until none is left
         table = _table()
         mine = _descendants(table, [me]) - {me} - _descendants(table, [watcher] if watcher else [])
-        seeds = set()
-        for pid in mine:
-            _, pgid, sid, start = table[pid]
-            if scope.leader is not None and scope.leader in (pid, pgid, sid):
-                seeds.add(pid)
-            elif sole and start >= scope.start_ticks and table[pid][0] == me:
-                seeds.add(pid)  # an orphan of this cell (the only one running) that re-parented to us
-            elif _carries(pid, marker):
-                seeds.add(pid)
+        seeds = {pid for pid in mine if _left_by(scope, table, pid, me=me, sole=sole, marker=marker)}
         victims = _descendants(table, seeds) & mine
         if not victims:
             break
-        for pid in victims:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _kill_and_reap(victims, table, me)
         found |= victims
-        for pid in victims:  # reap those that are our children (orphans re-parented to us)
-            if table[pid][0] == me:
-                try:
-                    os.waitpid(pid, 0)
-                except ChildProcessError:
-                    pass
     return len(found - ({scope.leader} if scope.leader else set()))
+
+
+def _left_by(scope: Scope, table: Mapping[int, tuple[int, int, int, int]], pid: int, *, me: int, sole: bool,
+             marker: bytes) -> bool:
+    """Whether ``pid`` belongs to the cell: in its group or session, an orphan of it, or marked."""
+    ppid, pgid, sid, start = table[pid]
+    if scope.leader is not None and scope.leader in (pid, pgid, sid):
+        return True
+    if sole and start >= scope.start_ticks and ppid == me:
+        return True  # an orphan of this cell (the only one running) that re-parented to us
+    return _carries(pid, marker)
+
+
+def _kill_and_reap(victims: set[int], table: Mapping[int, tuple[int, int, int, int]], me: int) -> None:
+    for pid in victims:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in victims:  # reap those that are our children (orphans re-parented to us)
+        if table[pid][0] == me:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
 
 
 # --------------------------------------------------------------------------- the plan

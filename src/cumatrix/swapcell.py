@@ -21,6 +21,7 @@ byte is ``harness-error`` with a detail naming how many blocks differ and the fi
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import random
@@ -28,7 +29,6 @@ import statistics
 import sys
 import time
 from typing import Any
-
 
 from .cudaapi import (
     KVSWAP_E_NO_LIBRARY,
@@ -158,10 +158,34 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         return _verdict("harness-error", detail=f"bad spec: {type(e).__name__}: {e}")
     finally:
         if api is not None:
-            try:
+            with contextlib.suppress(CudaFailure, OSError):  # freeing after a CUDA error may fail; the verdict stands
                 api.close()
-            except Exception:  # noqa: BLE001 - freeing after a CUDA error may fail; the verdict stands
-                pass
+
+
+def _descriptors(src: int, dst: int, perm: list[int], block: int, layers: int) -> tuple[Any, Any, Any, int]:
+    """Source, destination and size arrays of a scattered swap of ``layers`` x ``len(perm)`` blocks."""
+    blocks = len(perm)
+    n = blocks * layers
+    src_ptrs = (ctypes.c_void_p * n)()
+    dst_ptrs = (ctypes.c_void_p * n)()
+    sizes = (ctypes.c_size_t * n)()
+    for layer in range(layers):
+        base = layer * blocks * block
+        for s in range(blocks):
+            i = layer * blocks + s
+            src_ptrs[i] = src + base + s * block
+            dst_ptrs[i] = dst + base + perm[s] * block
+            sizes[i] = block
+    return src_ptrs, dst_ptrs, sizes, n
+
+
+def _policy_data(variant: KvSwapLibrary, direction: str, block: int, n: int) -> dict[str, Any]:
+    """The policy in force (the spec's, else the library's default) and what it was set with."""
+    settings = variant.settings()
+    if not settings:
+        return {}
+    return {"policy": settings.get("policy"), "policy_settings": settings, "kernel_info": variant.kernel_info(),
+            "copy_streams": variant.copy_streams(direction, block, n)}
 
 
 def _run(api: CudaApi, spec: dict[str, Any], block: int, blocks: int, layers: int, direction: str,
@@ -190,17 +214,7 @@ def _run(api: CudaApi, spec: dict[str, Any], block: int, blocks: int, layers: in
     # Block s of layer l goes to block perm[s] of layer l: scattered, as a KV-cache swap is.
     perm = list(range(blocks))
     rng.shuffle(perm)
-    src_ptrs = (ctypes.c_void_p * n)()
-    dst_ptrs = (ctypes.c_void_p * n)()
-    sizes = (ctypes.c_size_t * n)()
-    for layer in range(layers):
-        base = layer * blocks * block
-        for s in range(blocks):
-            i = layer * blocks + s
-            src_ptrs[i] = src + base + s * block
-            dst_ptrs[i] = dst + base + perm[s] * block
-            sizes[i] = block
-    args = (src_ptrs, dst_ptrs, sizes, n)
+    args = _descriptors(src, dst, perm, block, layers)
     stream = api.stream(stream_kind)
     api.sync()
 
@@ -215,11 +229,7 @@ def _run(api: CudaApi, spec: dict[str, Any], block: int, blocks: int, layers: in
                             "stream": stream_kind, "block_bytes": block, "blocks": blocks, "layers": layers,
                             "descriptors": n, "verified_bytes": total, "versions": api.versions,
                             "device": api.device_name(), "seed": seed}
-    settings = variant.settings()
-    if settings:
-        # The policy in force (the spec's, else the library's default) and what it was set with.
-        data |= {"policy": settings.get("policy"), "policy_settings": settings, "kernel_info": variant.kernel_info(),
-                 "copy_streams": variant.copy_streams(direction, block, n)}
+    data |= _policy_data(variant, direction, block, n)
     if loaded is not None:
         data["loaded_libraries"] = loaded
     if bad:

@@ -37,7 +37,7 @@ import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import docker
 import docker.errors
@@ -46,12 +46,12 @@ import requests.exceptions
 
 import cumatrix
 
+from .. import sandbox
 from ..doctor import find_base_image
 from ..errors import CumatrixError, DaemonUnavailable, HarnessError
-from .. import sandbox
 from ..isolate import ChildResult, Job, _Capture
-from ..protocol import FileChannel, Verdict, parse
 from ..model import Runtime
+from ..protocol import FileChannel, Verdict, parse
 from ..runtimes import check_runtime_wheel, fetch_wheel, parse_requirement
 
 #: Base image of runtime images when none is given (a common public Python image).
@@ -183,7 +183,7 @@ def cudart_in_wheel(wheel: Path) -> str:
 
 def _ldconfig_libcuda() -> Path | None:
     try:
-        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10).stdout
+        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10, check=False).stdout
     except (OSError, subprocess.TimeoutExpired):
         return None
     for line in out.splitlines():
@@ -290,7 +290,7 @@ class DockerBackend:
         if self._own_client and own is not None:
             own.close()
 
-    def __enter__(self) -> DockerBackend:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -605,6 +605,13 @@ class DockerBackend:
             if chan is not None:
                 chan.close()
 
+    def _gpu_kwargs(self, with_gpu: bool) -> dict[str, Any]:
+        if with_gpu and self.gpu.mode == "nvidia-runtime":
+            return {"device_requests": [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]}
+        if with_gpu and self.gpu.mode == "device-nodes":
+            return {"devices": list(self.gpu.devices)}
+        return {}
+
     def _run_in(self, job: Job, ref: str, facts: _ImageFacts, *, with_gpu: bool,
                 chan: FileChannel | None) -> ChildResult:
         extra: dict[str, object] = {"image": ref, "image_id": facts.image_id, "backend": "docker"}
@@ -618,11 +625,7 @@ class DockerBackend:
             mounts.append(docker.types.Mount(target=chan.container_dir, source=str(chan.mount_dir), type="bind",
                                              read_only=False))
             environment.update(chan.env())
-        kwargs: dict[str, Any] = {}
-        if with_gpu and self.gpu.mode == "nvidia-runtime":
-            kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
-        elif with_gpu and self.gpu.mode == "device-nodes":
-            kwargs["devices"] = list(self.gpu.devices)
+        kwargs = self._gpu_kwargs(with_gpu)
         slug = _NAME_RE.sub("-", job.cell_id).strip("-.")[:80]
         name = f"cumatrix-{slug}-{uuid.uuid4().hex[:8]}"
         container = None
@@ -651,38 +654,9 @@ class DockerBackend:
                                        stderr_tail=msg, verdict=None, verdict_error=None,
                                        duration_s=time.monotonic() - start, extra=extra)
                 return _harness_error(f"container for {job.cell_id} did not start: {msg}", **extra)
-            timed_out = False
-            try:
-                status = container.wait(timeout=max(job.timeout, 0.1))
-            except requests.exceptions.RequestException:  # the wait's read timeout is the job's
-                timed_out = True
-                try:
-                    container.kill()
-                except docker.errors.APIError:
-                    pass  # it exited between the timeout and the kill
-                status = container.wait(timeout=60)
-            duration = time.monotonic() - start
-            container.reload()
-            state = container.attrs.get("State") or {}
-            code = int(status.get("StatusCode", state.get("ExitCode", -1)))
-            oom = bool(state.get("OOMKilled"))
-            out, err = _Capture(), _Capture()
-            for cap, which in ((out, {"stdout": True, "stderr": False}), (err, {"stdout": False, "stderr": True})):
-                for chunk in _logs(container, **which):
-                    cap.feed(chunk)
-            verdict, verr = parse(chan.raw()) if chan is not None else (None, None)
-            sig: int | None = None
-            rc: int | None = code
-            if oom:
-                sig, rc = 9, None
-            elif _SIGNAL_BASE < code < _SIGNAL_BASE + 65:
-                sig, rc = code - _SIGNAL_BASE, None
-            extra["exit_code_raw"] = code
-            extra["container"] = container.name
-            extra["containment"] = "container"
-            return ChildResult(returncode=rc, signal=sig, timed_out=timed_out, stdout_tail=out.text(),
-                               stderr_tail=err.text(), verdict=verdict, verdict_error=verr,
-                               duration_s=duration, oom_killed=oom, extra=extra)
+            status, timed_out = _wait(container, job.timeout)
+            return _collect(container, status, timed_out=timed_out, duration=time.monotonic() - start,
+                            chan=chan, extra=extra)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
             return _harness_error(f"docker failed while running {job.cell_id}: {_short(e)}", **extra)
         finally:
@@ -702,6 +676,42 @@ def _world_readable(path: str) -> bool:
     mode = os.stat(path).st_mode
     need = 0o005 if os.path.isdir(path) else 0o004
     return mode & need == need
+
+
+def _wait(container: Any, timeout: float) -> tuple[dict[str, Any], bool]:
+    """The container's exit status, and whether it had to be killed at the job's timeout."""
+    try:
+        return container.wait(timeout=max(timeout, 0.1)), False
+    except requests.exceptions.RequestException:  # the wait's read timeout is the job's
+        try:
+            container.kill()
+        except docker.errors.APIError:
+            pass  # it exited between the timeout and the kill
+        return container.wait(timeout=60), True
+
+
+def _collect(container: Any, status: dict[str, Any], *, timed_out: bool, duration: float,
+             chan: FileChannel | None, extra: dict[str, object]) -> ChildResult:
+    """A finished container as a ChildResult: its exit (a signal or an OOM kill), logs, verdict."""
+    container.reload()
+    state = container.attrs.get("State") or {}
+    code = int(status.get("StatusCode", state.get("ExitCode", -1)))
+    oom = bool(state.get("OOMKilled"))
+    out, err = _Capture(), _Capture()
+    for cap, which in ((out, {"stdout": True, "stderr": False}), (err, {"stdout": False, "stderr": True})):
+        for chunk in _logs(container, **which):
+            cap.feed(chunk)
+    verdict, verr = parse(chan.raw()) if chan is not None else (None, None)
+    sig: int | None = None
+    rc: int | None = code
+    if oom:
+        sig, rc = 9, None
+    elif _SIGNAL_BASE < code < _SIGNAL_BASE + 65:
+        sig, rc = code - _SIGNAL_BASE, None
+    extra.update(exit_code_raw=code, container=container.name, containment="container")
+    return ChildResult(returncode=rc, signal=sig, timed_out=timed_out, stdout_tail=out.text(),
+                       stderr_tail=err.text(), verdict=verdict, verdict_error=verr,
+                       duration_s=duration, oom_killed=oom, extra=extra)
 
 
 def _check_unix_socket() -> None:
