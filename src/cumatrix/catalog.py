@@ -54,6 +54,9 @@ class BugRef:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BugNeeds:
+    """What reproducing a bug needs of the host: a GPU, a driver at least this new, or (for a
+    build break) only a compiler when there is no GPU."""
+
     gpu: bool
     driver_min: CudaVersion | None = None
     build_only_without_gpu: bool = False

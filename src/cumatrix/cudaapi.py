@@ -57,13 +57,50 @@ class CudaApi:
     def alloc_host(self, size: int) -> int: raise NotImplementedError
     def upload(self, dst: int, data: bytes) -> None: raise NotImplementedError
     def download(self, src: int, size: int) -> memoryview: raise NotImplementedError
-    def zero(self, ptr: int, size: int, host: bool) -> None: raise NotImplementedError
-    def stream(self, kind: str) -> int | None: raise NotImplementedError
+    def _zero_device(self, ptr: int, size: int) -> None: raise NotImplementedError
+    def _new_stream(self) -> int | None: raise NotImplementedError
+
+    def zero(self, ptr: int, size: int, host: bool) -> None:
+        if host:
+            ctypes.memset(ptr, 0, size)
+        else:
+            self._zero_device(ptr, size)
+
+    def stream(self, kind: str) -> int | None:
+        """``legacy`` (the NULL stream), ``per-thread``, or a new dedicated stream."""
+        if kind == "legacy":
+            return STREAM_LEGACY
+        if kind == "per-thread":
+            return STREAM_PER_THREAD
+        return self._new_stream()
     def copy_async(self, dst: int, src: int, size: int, stream: int | None) -> None: raise NotImplementedError
-    def event(self) -> int: raise NotImplementedError
-    def record(self, ev: int, stream: int | None) -> None: raise NotImplementedError
-    def elapsed_ms(self, start: int, end: int) -> float: raise NotImplementedError
-    def sync(self) -> None: raise NotImplementedError
+    #: This API's names for: create an event, record it, wait for it, time between two, sync.
+    EVENT_API: tuple[str, str, str, str, str] = ("", "", "", "", "")
+    lib: ctypes.CDLL
+
+    def check(self, rc: int, what: str) -> None: raise NotImplementedError
+
+    def _event_create(self, out: ctypes.c_void_p) -> int:
+        return int(getattr(self.lib, self.EVENT_API[0])(ctypes.byref(out)))
+
+    def event(self) -> int:
+        e = ctypes.c_void_p()
+        self.check(self._event_create(e), self.EVENT_API[0])
+        if e.value is None:
+            raise CudaFailure("harness-error", f"{self.EVENT_API[0]} gave no event")
+        return e.value
+
+    def record(self, ev: int, stream: int | None) -> None:
+        self.check(getattr(self.lib, self.EVENT_API[1])(ev, stream), self.EVENT_API[1])
+
+    def elapsed_ms(self, start: int, end: int) -> float:
+        self.check(getattr(self.lib, self.EVENT_API[2])(end), self.EVENT_API[2])
+        ms = ctypes.c_float()
+        self.check(getattr(self.lib, self.EVENT_API[3])(ctypes.byref(ms), start, end), self.EVENT_API[3])
+        return ms.value
+
+    def sync(self) -> None:
+        self.check(getattr(self.lib, self.EVENT_API[4])(), self.EVENT_API[4])
     def device_name(self) -> str: raise NotImplementedError
     def close(self) -> None: raise NotImplementedError
 
@@ -135,17 +172,10 @@ class Driver(CudaApi):
         self.check(self.lib.cuMemcpyDtoH_v2(buf, src, size), "cuMemcpyDtoH")
         return memoryview(buf).cast("B")
 
-    def zero(self, ptr: int, size: int, host: bool) -> None:
-        if host:
-            ctypes.memset(ptr, 0, size)
-        else:
-            self.check(self.lib.cuMemsetD8_v2(ptr, 0, size), "cuMemsetD8")
+    def _zero_device(self, ptr: int, size: int) -> None:
+        self.check(self.lib.cuMemsetD8_v2(ptr, 0, size), "cuMemsetD8")
 
-    def stream(self, kind: str) -> int | None:
-        if kind == "legacy":
-            return STREAM_LEGACY
-        if kind == "per-thread":
-            return STREAM_PER_THREAD
+    def _new_stream(self) -> int | None:
         s = ctypes.c_void_p()
         self.check(self.lib.cuStreamCreate(ctypes.byref(s), 0), "cuStreamCreate")
         return s.value
@@ -155,23 +185,10 @@ class Driver(CudaApi):
         self.lib.cuMemcpyAsync.argtypes = [ctypes.c_uint64, ctypes.c_uint64, ctypes.c_size_t, ctypes.c_void_p]
         self.check(self.lib.cuMemcpyAsync(dst, src, size, stream), "cuMemcpyAsync")
 
-    def event(self) -> int:
-        e = ctypes.c_void_p()
-        self.check(self.lib.cuEventCreate(ctypes.byref(e), 0), "cuEventCreate")
-        assert e.value is not None
-        return e.value
+    EVENT_API = ("cuEventCreate", "cuEventRecord", "cuEventSynchronize", "cuEventElapsedTime", "cuCtxSynchronize")
 
-    def record(self, ev: int, stream: int | None) -> None:
-        self.check(self.lib.cuEventRecord(ev, stream), "cuEventRecord")
-
-    def elapsed_ms(self, start: int, end: int) -> float:
-        self.check(self.lib.cuEventSynchronize(end), "cuEventSynchronize")
-        ms = ctypes.c_float()
-        self.check(self.lib.cuEventElapsedTime(ctypes.byref(ms), start, end), "cuEventElapsedTime")
-        return ms.value
-
-    def sync(self) -> None:
-        self.check(self.lib.cuCtxSynchronize(), "cuCtxSynchronize")
+    def _event_create(self, out: ctypes.c_void_p) -> int:
+        return int(self.lib.cuEventCreate(ctypes.byref(out), 0))  # flags: default
 
     def device_name(self) -> str:
         buf = ctypes.create_string_buffer(256)
@@ -297,17 +314,10 @@ class Runtime(CudaApi):
         self.check(self.lib.cudaMemcpy(buf, src, size, 2), "cudaMemcpy(DeviceToHost)")
         return memoryview(buf).cast("B")
 
-    def zero(self, ptr: int, size: int, host: bool) -> None:
-        if host:
-            ctypes.memset(ptr, 0, size)
-        else:
-            self.check(self.lib.cudaMemset(ptr, 0, size), "cudaMemset")
+    def _zero_device(self, ptr: int, size: int) -> None:
+        self.check(self.lib.cudaMemset(ptr, 0, size), "cudaMemset")
 
-    def stream(self, kind: str) -> int | None:
-        if kind == "legacy":
-            return STREAM_LEGACY
-        if kind == "per-thread":
-            return STREAM_PER_THREAD
+    def _new_stream(self) -> int | None:
         s = ctypes.c_void_p()
         self.check(self.lib.cudaStreamCreate(ctypes.byref(s)), "cudaStreamCreate")
         return s.value
@@ -318,23 +328,8 @@ class Runtime(CudaApi):
                                              ctypes.c_void_p]
         self.check(self.lib.cudaMemcpyAsync(dst, src, size, 4, stream), "cudaMemcpyAsync")
 
-    def event(self) -> int:
-        e = ctypes.c_void_p()
-        self.check(self.lib.cudaEventCreate(ctypes.byref(e)), "cudaEventCreate")
-        assert e.value is not None
-        return e.value
-
-    def record(self, ev: int, stream: int | None) -> None:
-        self.check(self.lib.cudaEventRecord(ev, stream), "cudaEventRecord")
-
-    def elapsed_ms(self, start: int, end: int) -> float:
-        self.check(self.lib.cudaEventSynchronize(end), "cudaEventSynchronize")
-        ms = ctypes.c_float()
-        self.check(self.lib.cudaEventElapsedTime(ctypes.byref(ms), start, end), "cudaEventElapsedTime")
-        return ms.value
-
-    def sync(self) -> None:
-        self.check(self.lib.cudaDeviceSynchronize(), "cudaDeviceSynchronize")
+    EVENT_API = ("cudaEventCreate", "cudaEventRecord", "cudaEventSynchronize", "cudaEventElapsedTime",
+                 "cudaDeviceSynchronize")
 
     def device_name(self) -> str:
         return ""  # cudaGetDeviceProperties' struct layout changes between versions; the probe reports it

@@ -25,7 +25,7 @@ from .errors import CumatrixError
 from .isolate import ChildResult, Job, run_local
 from .judge import Facts, judge, utcnow
 from .model import Cell, Expected, Matrix, Observed
-from .provision import DEFAULT_TIMEOUT, Provisioner
+from .provision import DEFAULT_TIMEOUT, Provisioner, Settings
 from .record import CellRecord
 
 if TYPE_CHECKING:
@@ -100,10 +100,10 @@ class Orchestrator:
     @property
     def provisioner(self) -> Provisioner:
         if self._provisioner is None:
-            self._provisioner = Provisioner(
-                matrix=self.matrix, backend=self.backend, wheel_dir=self.wheel_dir, timeout=self.timeout,
-                host_driver=self.host().driver_version, docker=self.docker() if self.backend == "docker" else None,
-                child_env=self.child_env)
+            settings = Settings(matrix=self.matrix, backend=self.backend, wheel_dir=self.wheel_dir,
+                                timeout=self.timeout, child_env=self.child_env)
+            self._provisioner = Provisioner(settings=settings, host_driver=self.host().driver_version,
+                                            docker=self.docker() if self.backend == "docker" else None)
         return self._provisioner
 
     def close(self) -> None:

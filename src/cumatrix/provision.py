@@ -52,19 +52,26 @@ class Audit:
             self.plan.log.unlink(missing_ok=True)
 
 
-@dataclass
-class Provisioner:
-    """Turns cells of one matrix into jobs; holds what it resolved for the run."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Settings:
+    """What a run provisions its cells with."""
 
     matrix: Matrix
     backend: str = "local"
     wheel_dir: Path | None = None
     timeout: float = DEFAULT_TIMEOUT
-    host_driver: int | None = None
-    docker: DockerBackend | None = None
     #: Extra environment every harness child gets (``repro`` asks swap children to list
     #: the libraries they mapped).
     child_env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass
+class Provisioner:
+    """Turns cells of one matrix into jobs; holds what it resolved for the run."""
+
+    settings: Settings
+    host_driver: int | None = None
+    docker: DockerBackend | None = None
     _resolved: dict[str, _runtimes.ResolvedRuntime | CumatrixError] = field(default_factory=dict)
     _interposers: dict[str, str] = field(default_factory=dict)
     _audit_dir: str | None = None
@@ -75,7 +82,7 @@ class Provisioner:
         """The resolved runtime ``name`` (resolved once; a failure is remembered)."""
         if name not in self._resolved:
             try:
-                self._resolved[name] = _runtimes.resolve(self.matrix.runtime(name), wheel_dir=self.wheel_dir)
+                self._resolved[name] = _runtimes.resolve(self.settings.matrix.runtime(name), wheel_dir=self.settings.wheel_dir)
             except CumatrixError as e:
                 self._resolved[name] = e
         got = self._resolved[name]
@@ -92,7 +99,7 @@ class Provisioner:
         """``cudaRuntimeGetVersion`` of the cell's runtime, as far as it is known before the run."""
         if cell.runtime == NO_RUNTIME:
             return None
-        rt = self.matrix.runtime(cell.runtime)
+        rt = self.settings.matrix.runtime(cell.runtime)
         if rt.image:
             from .oracle import image_runtime_version
 
@@ -111,7 +118,7 @@ class Provisioner:
         from . import drivers, headers
         from .fingerprint import SearchLog, search_real_libcuda
 
-        emu = self.matrix.driver(driver).emulated
+        emu = self.settings.matrix.driver(driver).emulated
         if emu is None:
             raise CumatrixError(f"{driver} is not an emulated driver")
         log = SearchLog()
@@ -119,8 +126,8 @@ class Provisioner:
         if hit is None:
             raise CumatrixError(f"no real driver to put an interposer in front of: {log.not_found('libcuda.so.1')}")
         real = hit.path
-        found = [self.runtime(r.name).include_dir for r in self.matrix.runtimes if r.requirement]
-        includes = [i for i in found if i is not None] or [_runtimes.headers_for("13.5", wheel_dir=self.wheel_dir)]
+        found = [self.runtime(r.name).include_dir for r in self.settings.matrix.runtimes if r.requirement]
+        includes = [i for i in found if i is not None] or [_runtimes.headers_for("13.5", wheel_dir=self.settings.wheel_dir)]
         intro = headers.load_introductions(headers.newest_typedefs(includes))
         ip = drivers.build_interposer(emu, real_libcuda=real, introductions=intro,
                                       real_driver_version=self.host_driver)
@@ -136,8 +143,8 @@ class Provisioner:
         return self.job(cell)
 
     def _decided_early(self, cell: Cell, expected: Expected) -> Observed | None:
-        rt = self.matrix.runtime(cell.runtime) if cell.runtime != NO_RUNTIME else None
-        if rt is not None and rt.image and self.backend != "docker":
+        rt = self.settings.matrix.runtime(cell.runtime) if cell.runtime != NO_RUNTIME else None
+        if rt is not None and rt.image and self.settings.backend != "docker":
             return Observed(outcome="skipped:needs-docker",
                             detail=f"runtime {rt.name} is the image {rt.image}; run with --backend docker")
         if cell.kind == "swap" and self.host_driver is None:
@@ -164,25 +171,25 @@ class Provisioner:
             lib_path.append(ip)
             mounts.append(ip)
         if cell.runtime != NO_RUNTIME:
-            rt = self.matrix.runtime(cell.runtime)
-            if self.backend == "docker":
-                image = self._docker().prepare_runtime(rt, self.wheel_dir).tag
+            rt = self.settings.matrix.runtime(cell.runtime)
+            if self.settings.backend == "docker":
+                image = self._docker().prepare_runtime(rt, self.settings.wheel_dir).tag
             else:
                 res = self.runtime(cell.runtime)
                 lib_path.append(str(res.lib_dir))
                 libcudart = str(res.libcudart)
                 env.append(("CUMATRIX_CUDART", libcudart))
                 env += list(res.cell_env())  # an environment runtime: the cell runs inside its venv
-        elif self.backend == "docker":
+        elif self.settings.backend == "docker":
             image = self._docker().base_image  # driver-family cells load no runtime
         if cell.kind == "command":
             case = cell.need_case()
             return Job(cell_id=cell.id, kind=cell.kind, argv=case.argv, env=(*env, *case.env),
-                       lib_path=tuple(lib_path), timeout=case.timeout or self.timeout, mounts=tuple(mounts),
+                       lib_path=tuple(lib_path), timeout=case.timeout or self.settings.timeout, mounts=tuple(mounts),
                        runtime_name=cell.runtime, image=image)
         # A harness child: it alone gets the harness's package on its path, and the verdict channel.
-        python = "python3" if self.backend == "docker" else sys.executable
-        env += [("PYTHONPATH", PACKAGE_PARENT), *self.child_env]
+        python = "python3" if self.settings.backend == "docker" else sys.executable
+        env += [("PYTHONPATH", PACKAGE_PARENT), *self.settings.child_env]
         mounts.append(PACKAGE_PARENT)
         if cell.kind == "probe":
             spec: dict[str, object] = {"kind": "probe", "libcudart": libcudart}
@@ -194,14 +201,14 @@ class Provisioner:
             mounts += [str(spec["library"]), str(spec["baseline"])]
             env += self._swap_env(cell, mounts)
         return Job(cell_id=cell.id, kind=cell.kind, argv=(python, "-m", "cumatrix.case", json.dumps(spec)),
-                   env=tuple(env), lib_path=tuple(lib_path), timeout=self.timeout, mounts=tuple(mounts),
+                   env=tuple(env), lib_path=tuple(lib_path), timeout=self.settings.timeout, mounts=tuple(mounts),
                    runtime_name=cell.runtime, image=image, reports_verdict=True)
 
     # ----------------------------------------------------------------- the runtime axis
 
     def runtime_mode(self, cell: Cell) -> observe.RuntimeMode:
         """``offered`` where the runtime or the case says so; else the cell's runtime is enforced."""
-        rt = self.matrix.runtime(cell.runtime) if cell.runtime != NO_RUNTIME else None
+        rt = self.settings.matrix.runtime(cell.runtime) if cell.runtime != NO_RUNTIME else None
         offered = (rt is not None and rt.offered) or (cell.case is not None and cell.case.offered)
         return "offered" if offered else "enforced"
 
@@ -213,7 +220,7 @@ class Provisioner:
         if self._audit_dir is None:
             self._audit_dir = tempfile.mkdtemp(prefix="cumatrix-audit-")
         try:
-            library = self._container_audit_library() if self.backend == "docker" else None
+            library = self._container_audit_library() if self.settings.backend == "docker" else None
             plan = observe.audit_plan(Path(self._audit_dir) / f"{uuid.uuid4().hex}.log", library=library,
                                       enforce=observe.enforce_rules(cell_rt, mode) if cell_rt else ())
         except observe.AuditError:
@@ -239,13 +246,13 @@ class Provisioner:
     def _cell_runtime(self, cell: Cell) -> observe.CellRuntime | None:
         if cell.runtime == NO_RUNTIME:
             return None
-        rt = self.matrix.runtime(cell.runtime)
-        if self.backend != "docker":
+        rt = self.settings.matrix.runtime(cell.runtime)
+        if self.settings.backend != "docker":
             res = self.runtime(cell.runtime)
             return observe.cell_runtime(res.libcudart, res.version)
         version = self.runtime_version(cell)
         if rt.requirement and version is not None:
-            inside = self._docker().prepare_runtime(rt, self.wheel_dir).cudart
+            inside = self._docker().prepare_runtime(rt, self.settings.wheel_dir).cudart
             if inside:
                 return observe.CellRuntime(soname=os.path.basename(inside), version=version, path=inside)
         return None
@@ -271,7 +278,7 @@ class Provisioner:
         w, b = cell.need_workload(), cell.need_build()
         if not (cell.variant and cell.family):
             raise CumatrixError(f"swap cell {cell.id} has no variant or family")
-        headers = _runtimes.headers_for(b, wheel_dir=self.wheel_dir, runtimes=self.matrix.runtimes)
+        headers = _runtimes.headers_for(b, wheel_dir=self.settings.wheel_dir, runtimes=self.settings.matrix.runtimes)
         lib = build.build_variant(cell.variant, cell.family, headers)
         if not lib.ok:
             return Observed(outcome="build-error", detail=lib.log.strip()[-2000:])

@@ -240,7 +240,8 @@ def unpack_wheel(wheel: Path, target: Path) -> Path:
     return root
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """The SHA-256 of a file, read in 1 MiB pieces."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -250,7 +251,7 @@ def _sha256(path: Path) -> str:
 
 def _unpack_cached(wheel: Path) -> Path:
     """The wheel unpacked under the cache, keyed by its name and content."""
-    target = cache_dir("runtimes") / f"{wheel.name[: -len('.whl')]}-{_sha256(wheel)[:12]}"
+    target = cache_dir("runtimes") / f"{wheel.name[: -len('.whl')]}-{sha256_file(wheel)[:12]}"
     if (target / ".complete").exists():
         return target
     tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=target.parent))
@@ -559,7 +560,7 @@ def environment_hash(requirements: Sequence[str], extra_wheels: Sequence[Path] =
     """Content hash of an environment: its requirements, extra wheels' bytes, the interpreter and platform."""
     py = python or sys.executable
     key = {"requirements": sorted(r.strip() for r in requirements),
-           "wheels": sorted(_sha256(w) for w in extra_wheels),
+           "wheels": sorted(sha256_file(w) for w in extra_wheels),
            "python": os.path.realpath(py), "python_version": sys.version.split()[0] if python is None else "",
            "platform": sysconfig.get_platform(), "layout": 1}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]

@@ -816,11 +816,7 @@ def _kill_marked(prefix: bytes) -> None:
         victims = _descendants(table, seeds) - {os.getpid()}
         if not victims:
             return
-        for pid in victims:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        _kill_and_reap(victims, table, os.getpid())
         time.sleep(0.05)
 
 

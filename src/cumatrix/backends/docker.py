@@ -52,7 +52,7 @@ from ..errors import CumatrixError, DaemonUnavailable, HarnessError
 from ..isolate import ChildResult, Job, _Capture
 from ..model import Runtime
 from ..protocol import FileChannel, Verdict, parse
-from ..runtimes import check_runtime_wheel, fetch_wheel, parse_requirement
+from ..runtimes import check_runtime_wheel, fetch_wheel, parse_requirement, sha256_file
 
 #: Base image of runtime images when none is given (a common public Python image).
 DEFAULT_BASE_IMAGE = "python:3.12-slim"
@@ -158,14 +158,6 @@ def _dockerfile(name: str) -> Path:
             return cand
     raise HarnessError(f"{name} not found (expected in containers/ of the source tree "
                        "or in cumatrix/data/); reinstall cumatrix")
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def cudart_in_wheel(wheel: Path) -> str:
@@ -368,7 +360,7 @@ class DockerBackend:
         """``cumatrix-rt:<name>-<hash of Dockerfile + wheel sha256 + base image id>``."""
         h = hashlib.sha256()
         h.update(runtime_dockerfile().read_bytes())
-        h.update(_sha256(wheel).encode())
+        h.update(sha256_file(wheel).encode())
         h.update(base_image_id.encode())
         slug = _NAME_RE.sub("-", name).strip("-.")[:60] or "runtime"
         return f"cumatrix-rt:{slug}-{h.hexdigest()[:16]}"
@@ -482,7 +474,7 @@ class DockerBackend:
                                     platforms=plat, what=f"runtime {runtime.name}")
             h = hashlib.sha256(dockerfile.read_bytes() + "\n".join(runtime.requirements).encode())
             for w in sorted(wheels.iterdir()):
-                h.update(_sha256(w).encode())
+                h.update(sha256_file(w).encode())
             h.update(base.image_id.encode())
             slug = _NAME_RE.sub("-", runtime.name).strip("-.")[:60] or "runtime"
             tag = f"cumatrix-env:{slug}-{h.hexdigest()[:16]}"
