@@ -290,7 +290,7 @@ def image_runtime_version(image: str) -> int | None:
 #: cudaErrorInsufficientDriver (35) and a Python program ends on the uncaught exception with
 #: exit status 1.  Measured for torch ("The NVIDIA driver on your system is too old"), CuPy
 #: (cudaErrorInsufficientDriver) and JAX ("Unable to initialize backend 'cuda'") under
-#: emulated 12.4 and 12.8 drivers: FACTS.md section 8.
+#: emulated 12.4 and 12.8 drivers: docs/facts.md section 8.
 PROGRAM_REFUSED = frozenset({"exit:1"})
 
 

@@ -46,7 +46,7 @@ _REQ_RE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*(?P<version>
 #: ``libcudart.so.<major>`` inside a wheel, as NVIDIA lays it out (nvidia/cu13/lib/, nvidia/cuda_runtime/lib/).
 _CUDART_MEMBER = re.compile(r"(?:^|/)lib/libcudart\.so\.(\d+)(?:\.\d+)*$")
 
-#: Requirements for the runtimes FACTS-level work uses; ``headers X.Y`` picks from here.
+#: Requirements of the runtimes measured in docs/facts.md; ``headers X.Y`` picks from here.
 KNOWN_WHEELS: dict[str, str] = {
     "12.0": "nvidia-cuda-runtime-cu12==12.0.146",
     "12.4": "nvidia-cuda-runtime-cu12==12.4.127",

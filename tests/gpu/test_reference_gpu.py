@@ -54,7 +54,7 @@ def run_cell(spec: dict[str, object]) -> dict[str, object]:
 
 
 # (variant, family, runtime wheel or None, headers, expected path); every row is expected to pass
-# on a 13.x driver (FACTS.md sections 2 and 6).
+# on a 13.x driver (docs/facts.md sections 2 and 6).
 ROWS = [
     ("proc-address", "driver", None, "12.8", "batch"),
     ("proc-address", "driver", None, "13.0", "batch"),

@@ -50,7 +50,7 @@ def test_every_known_runtime_reads_its_version_as_data(wheel_cache: Path, cuda: 
 
     rt = R.from_wheel(f"cu{cuda}", R.KNOWN_WHEELS[cuda])
     assert rt.version == int(CudaVersion.parse(cuda)) and "code constant" in rt.version_source
-    assert rt.batch_exported == (rt.version >= batch_introduced())  # FACTS section 1
+    assert rt.batch_exported == (rt.version >= batch_introduced())  # docs/facts.md section 1
 
 
 def test_resolving_a_runtime_loads_no_libcudart_on_the_host(wheel_cache: Path, cli_env: Any) -> None:

@@ -1,6 +1,6 @@
 /* A STAND-IN for the real NVIDIA driver (libcuda.so.1), for hosts without a GPU: it exists
  * only so the emulated-driver interposer can be built and exercised without one. It mimics
- * the pieces of a CUDA 13.0 driver the interposer touches (FACTS.md section 3): the version,
+ * the pieces of a CUDA 13.0 driver the interposer touches (docs/facts.md section 3): the version,
  * cuGetProcAddress gating by requested version, both ABIs of cuMemcpyBatchAsync. The copies
  * work on host memory only. Built by the tests with
  *   gcc -shared -fPIC -Wl,-soname,libcuda.so.1 -o libcuda.so.1 libcuda_stand_in.c
@@ -61,7 +61,7 @@ CUresult cuGetProcAddress(const char *symbol, void **pfn, int version, unsigned 
     return cuGetProcAddress_v2(symbol, pfn, version, flags, &status);
 }
 
-/* As measured on driver 13.0 (FACTS.md section 3): below a symbol's introduction the answer is
+/* As measured on driver 13.0 (docs/facts.md section 3): below a symbol's introduction the answer is
  * CUDA_SUCCESS, NULL, status 2 (CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT). */
 CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsigned long long flags,
                              int *status) {
