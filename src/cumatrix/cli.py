@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .errors import ConfigError, CumatrixError, UsageError
+from .errors import ConfigError, CumatrixError, EnvironmentProblem, UsageError
 
 DEFAULT_MATRIX = "matrix.yaml"
 DEFAULT_OUT = "out"
@@ -104,6 +104,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     from . import matrix as _matrix
 
     mpath = _matrix_arg(args.matrix)
+    if args.timeout is not None:  # --timeout nan, -5 and 0 are bad input, as in the matrix
+        args.timeout = _matrix.check_timeout(args.timeout)
+    if args.host is not None:
+        _matrix.check_name(args.host, "--host")
     m = _matrix.load(mpath)
     if args.wheel_dir and not Path(args.wheel_dir).is_dir():
         raise UsageError(f"--wheel-dir {args.wheel_dir}: no such directory")
@@ -123,11 +127,13 @@ def _preflight(args: argparse.Namespace, m: Any, mpath: Path) -> None:
 
     with Store.open(Path(args.out), fresh=False):
         pass
+    _check_compiler(m)
     if args.backend == "docker":
         from .backends.docker import DockerBackend
 
-        with DockerBackend(args.base_image):  # the daemon must answer before any cell runs
-            pass
+        with DockerBackend(args.base_image) as be:  # the daemon must answer before any cell runs
+            if be.base_image_problem() is not None:
+                raise EnvironmentProblem(str(be.base_image_problem()))
         return
     from .orchestrate import Orchestrator
 
@@ -145,13 +151,25 @@ def _preflight(args: argparse.Namespace, m: Any, mpath: Path) -> None:
             orch.provisioner.runtime(rt.name)
 
 
+def _check_compiler(m: Any) -> None:
+    """Swap cells (compiled variants) and emulated drivers (a generated libcuda) need gcc."""
+    import shutil
+
+    needs = [what for what, used in (("the reference variants", bool(m.variants and m.workloads)),
+                                     ("emulated drivers", any(d.emulated for d in m.drivers))) if used]
+    if needs and shutil.which("gcc") is None:
+        raise EnvironmentProblem(f"{m.path}: {' and '.join(needs)} are compiled with gcc at run time, and there is "
+                                 "no gcc on PATH: install it (apt-get install gcc), or run a matrix of "
+                                 "probes and cases only")
+
+
 def _pytest_args(args: argparse.Namespace, mpath: Path, out: Path) -> list[str]:
     pargs = [str(mpath), *_plugin_args(), "-c", os.devnull, "--rootdir", str(Path.cwd()),
              "-p", "no:cacheprovider", "--assert=plain", "--cumatrix-out", str(out), "--cumatrix-backend", args.backend,
              "-o", "console_output_style=classic", "-rfE"]
     pargs += ["-v"] if args.verbose else (["-qq"] if args.quiet else ["-q"])
     options = (("-k", args.keyword), ("-n", args.numprocesses), ("--cumatrix-wheel-dir", args.wheel_dir),
-               ("--cumatrix-timeout", str(args.timeout) if args.timeout else None),
+               ("--cumatrix-timeout", str(args.timeout) if args.timeout is not None else None),
                ("--cumatrix-base-image", args.base_image), ("--cumatrix-host", args.host),
                ("--junitxml", args.junitxml))
     for flag, value in options:

@@ -330,6 +330,8 @@ def _gate_argv(args: argparse.Namespace) -> list[str]:
 
 
 def _check_dynamic_inputs(args: argparse.Namespace) -> None:
+    if args.timeout is not None:
+        args.timeout = _matrix.check_timeout(args.timeout)
     gate_matrix(Path(args.matrix) if args.matrix is not None else None)  # ConfigError: exit 2
     if args.constraints is not None and not Path(args.constraints).is_file():
         raise UsageError(f"--constraints {args.constraints}: no such file")

@@ -380,6 +380,12 @@ _CONFIG: dict[str, pytest.Config] = {}
 
 def pytest_configure(config: pytest.Config) -> None:
     _CONFIG["config"] = config
+    timeout = config.getoption("cumatrix_timeout")
+    if timeout is not None:
+        try:
+            _matrix.check_timeout(timeout, "--cumatrix-timeout")
+        except ConfigError as e:
+            raise pytest.UsageError(str(e)) from None
     sandbox.set_default(sandbox.policy(config.getoption("cumatrix_sandbox"), config.getoption("cumatrix_pass_env")))
     if _is_worker(config):
         sandbox.die_with_parent()  # a killed controller must not leave a worker running a cell

@@ -301,3 +301,30 @@ def test_plan_idle_host_exits_2(tmp_path: Path, cli: Any) -> None:
     proc = cli("plan", f)
     assert proc.returncode == 2
     assert "host 'h200-580' runs no cell" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-5", "0"])
+def test_bad_timeout_option_is_exit_2(tmp_path: Path, write_matrix: Any, cli: Any, value: str) -> None:
+    m = write_matrix("runtimes: {}\ndrivers: [host]\nprobe: false\ncases: [{name: a, argv: [true]}]\n")
+    proc = cli("run", m, "--out", tmp_path / "o", f"--timeout={value}", cwd=tmp_path)
+    assert proc.returncode == 2 and "--timeout: expected seconds > 0" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "o").exists()
+
+
+def test_environment_problems_are_exit_3_before_any_cell(tmp_path: Path, write_matrix: Any, cli: Any) -> None:
+    m = write_matrix(f"""
+        runtimes: {{cu12.9: {{wheel: {RUNTIME}}}}}
+        drivers: [host]
+        builds: ["12.9"]
+        variants: [proc-address]
+        workloads: [{{name: w, direction: d2h, block_bytes: 4096, blocks: 4}}]
+    """)
+    (tmp_path / "afile").write_text("")
+    proc = cli("run", m, "--out", tmp_path / "afile", cwd=tmp_path)
+    assert proc.returncode == 3 and "is a file" in proc.stderr and "Traceback" not in proc.stderr
+    # No C compiler: the variants cannot be built; one message, no cell run.
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    proc = cli("run", m, "--out", tmp_path / "o", cwd=tmp_path, env={"PATH": str(bare)})
+    assert proc.returncode == 3 and "no gcc on PATH" in proc.stderr, proc.stderr
+    assert not (tmp_path / "o" / "results.jsonl").exists() or "cell" not in (tmp_path / "o" / "results.jsonl").read_text()

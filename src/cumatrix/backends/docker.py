@@ -344,6 +344,13 @@ class DockerBackend:
 
     # -------------------------------------------------------------------- images
 
+    def base_image_problem(self) -> str | None:
+        """Why the base image cannot be used (absent locally: no registry is reached), or ``None``."""
+        if self._image_facts(self.base_image) is not None:
+            return None
+        return (f"base image {self.base_image} not found locally (no registry is used): build one with "
+                "containers/build-base.sh (the docker backend then finds it by its label), or pass --base-image")
+
     def _image_facts(self, ref: str) -> _ImageFacts | None:
         if ref in self._facts:
             return self._facts[ref]
