@@ -342,6 +342,19 @@ def _hidden(path: str) -> bool:
     return any(path == top or path.startswith(top + "/") for top in ("/tmp", "/dev", "/proc"))
 
 
+def _environments(paths: Iterable[str]) -> list[str]:
+    """The Python environments (a ``pyvenv.cfg`` beside ``bin/``) that paths' programs live in:
+    a venv's interpreter needs its whole tree, not only the file named."""
+    out: list[str] = []
+    for p in paths:
+        if not p:
+            continue
+        for root in (Path(p).parent, Path(p).parent.parent):
+            if (root / "pyvenv.cfg").is_file():
+                out.append(str(root))
+    return out
+
+
 def bwrap_argv(bwrap: str, job: Job, env: dict[str, str], cwd: str) -> list[str]:
     """The bubblewrap command line that runs ``job.argv`` with no network, a read-only
     root, a private /tmp and the GPU's device nodes."""
@@ -350,8 +363,9 @@ def bwrap_argv(bwrap: str, job: Job, env: dict[str, str], cwd: str) -> list[str]
         argv += ["--dev-bind", node, node]
     # Host paths the cell reads that the private /tmp (or /dev) would hide: bound back, read-only.
     wanted = [*job.mounts, *job.lib_path, cwd, *(a for a in job.argv if a.startswith("/"))]
-    for var in ("PYTHONPATH", "LD_LIBRARY_PATH"):
+    for var in ("PYTHONPATH", "LD_LIBRARY_PATH", "PATH"):
         wanted += env.get(var, "").split(os.pathsep)
+    wanted += _environments(wanted)
     for p in dict.fromkeys(wanted):
         if p and _hidden(p) and not p.startswith("/dev/nvidia") and os.path.exists(p):
             argv += ["--ro-bind", p, p]

@@ -399,3 +399,15 @@ def test_sandbox_on_without_bubblewrap_is_a_clear_harness_error(monkeypatch: pyt
     assert obs.outcome == "harness-error" and "bubblewrap is not installed" in obs.detail
     auto = run_local(Job(cell_id="t", kind="command", argv=("true",), timeout=10), policy=Policy(sandbox="auto"))
     assert auto.returncode == 0 and auto.extra["sandbox"] == "none: bubblewrap is not installed"
+
+
+def test_a_venv_under_tmp_runs_in_the_sandbox(bwrap: str, tmp_path: Path) -> None:
+    """The sandbox's /tmp is private: a virtualenv there (CI checkouts often are) is bound back whole."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    res = run_local(Job(cell_id="t", kind="command", argv=(str(venv / "bin" / "python"), "-c",
+                                                           "import sys; print(sys.prefix)"), timeout=60),
+                    policy=Policy(sandbox="on"))
+    assert res.extra.get("sandbox") == "bubblewrap"
+    assert res.returncode == 0, res.stderr_tail
+    assert res.stdout_tail.strip() == str(venv)
