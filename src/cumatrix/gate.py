@@ -267,6 +267,12 @@ class GateHooks:
     sites: dict[str, _CellSite] = field(default_factory=dict)
     staged: dict[str, Path] = field(default_factory=dict)  #: wheel name -> pip's install
     install_failed: dict[str, Observed] = field(default_factory=dict)  #: wheel name -> outcome
+    #: Environment runtimes (``requirements:``): the wheel is installed with its dependencies
+    #: into a copy of the runtime's environment, one per (runtime, wheel).
+    matrix: Matrix | None = None
+    wheel_files: dict[str, Path] = field(default_factory=dict)
+    wheel_dir: Path | None = None
+    envs: dict[tuple[str, str], runtimes.ResolvedRuntime | Observed] = field(default_factory=dict)
 
     def unsupported(self, cell: Cell) -> str | None:
         try:
@@ -298,14 +304,41 @@ class GateHooks:
         failed = self.install_failed.get(plan.wheel)
         if failed is not None:
             return failed
-        if not plan.site.exists():
+        env = self._environment(cell, plan)
+        if isinstance(env, Observed):
+            return env
+        if env is None and not plan.site.exists():
             _link_tree(self.staged[plan.wheel], plan.site)
         return None
+
+    def _environment(self, cell: Cell, plan: _CellSite) -> runtimes.ResolvedRuntime | Observed | None:
+        """For an environment runtime: its environment with the wheel and its dependencies installed."""
+        rt = self.matrix.runtime(cell.runtime) if self.matrix is not None else None
+        if rt is None or not rt.requirements:
+            return None
+        key = (cell.runtime, plan.wheel)
+        if key not in self.envs:
+            try:
+                self.envs[key] = runtimes.install_into_environment(rt, [self.wheel_files[plan.wheel]],
+                                                                   wheel_dir=self.wheel_dir)
+            except CumatrixError as e:
+                self.envs[key] = Observed(outcome="exit:1", exit_status=1,
+                                          detail=f"installing {plan.wheel} with its dependencies into {rt.label} "
+                                                 f"failed: {e}")
+        return self.envs[key]
 
     def job(self, cell: Cell, job: Job) -> Job:
         plan = self.sites.get(cell.id)
         if plan is None:
             return job
+        env = self.envs.get((cell.runtime, plan.wheel))
+        if isinstance(env, runtimes.ResolvedRuntime) and env.env_dir is not None:
+            # The cell runs inside the environment that holds the wheel: its python, its bin/ first.
+            argv = job.argv
+            if not plan.smoke:
+                argv = (str(env.env_dir / "bin" / "python"), *argv[1:3], str(env.env_dir), *argv[4:])
+            extra = tuple((k, v) for k, v in job.env if k != "PYTHONPATH") + env.cell_env()
+            return replace(job, argv=argv, env=extra, mounts=(*job.mounts, str(env.env_dir)))
         return replace(job, mounts=(*job.mounts, str(plan.site)))  # docker: read-only, same path
 
     def shell_wrapped(self, cell: Cell) -> bool:
@@ -367,7 +400,8 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path], static: 
     try:
         # The daemon must answer before any cell runs (its facts join the host fingerprint).
         fingerprint = orch.host_fingerprint()
-        hooks = GateHooks(host=orch.host(), runtime_version=orch.provisioner.runtime_version, sites=plan)
+        hooks = GateHooks(host=orch.host(), runtime_version=orch.provisioner.runtime_version, sites=plan,
+                          matrix=matrix, wheel_files={w.name: w.path for w in gws}, wheel_dir=wheel_dir)
         orch = orch.with_hooks(hooks)
         npairs = len(cells) // (len(gws) * (2 if args.smoke else 1))
         print(f"dynamic stage: {len(gws)} wheel{'s' if len(gws) != 1 else ''} x {npairs} "

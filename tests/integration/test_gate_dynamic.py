@@ -310,3 +310,19 @@ def test_docker_backend_gates_the_clean_wheel(wheels: dict[str, Path], matrices:
         fp = rec["fingerprint"]
         assert fp["backend"] == "docker" and str(fp["image"]).startswith("cumatrix-rt")  # type: ignore[index]
     assert f"{os.sep}gate-sites{os.sep}" in str(cells["cu12.9/host/import-demo_clean"]["stdout_tail"])
+
+
+def test_environment_runtime_installs_the_wheel_into_its_environment(
+        wheels: dict[str, Path], cli: Cli, wheel_cache: Path, tmp_path: Path) -> None:
+    m = tmp_path / "env.yaml"
+    m.write_text("version: 1\nruntimes:\n  env12: {requirements: [nvidia-cuda-runtime-cu12==12.9.79]}\n"
+                 "drivers: [host]\n")
+    out = tmp_path / "out"
+    r = cli("gate", wheels["clean"], "--matrix", m, "--out", out, "--no-sandbox", timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rec = _cells(out)["env12/host/import-demo_clean"]
+    assert rec["status"] == "pass"
+    # Imported from the environment built for this wheel (uv, hard-linked), not from a site dir.
+    line = next(ln for ln in str(rec["stdout_tail"]).splitlines() if ln.startswith("imported demo_clean from "))
+    env = Path(line.split(" from ", 1)[1]).resolve()
+    assert any((p / "pyvenv.cfg").is_file() for p in env.parents), line
