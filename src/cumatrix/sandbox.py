@@ -342,6 +342,19 @@ def _hidden(path: str) -> bool:
     return any(path == top or path.startswith(top + "/") for top in ("/tmp", "/dev", "/proc"))
 
 
+def _bind_points(paths: Iterable[str]) -> list[str]:
+    """Directories to bind so that every path is visible: a file's directory (bubblewrap cannot
+    create a file's mount point under an empty /tmp), each only once, outermost first."""
+    tops = ("/tmp", "/dev", "/proc")
+    dirs = sorted({d if d not in tops else os.path.normpath(p)
+                   for p in paths for d in [os.path.normpath(p if os.path.isdir(p) else os.path.dirname(p))]})
+    out: list[str] = []
+    for d in dirs:
+        if not any(d == o or d.startswith(o.rstrip("/") + "/") for o in out):
+            out.append(d)
+    return out
+
+
 def _environments(paths: Iterable[str]) -> list[str]:
     """The Python environments (a ``pyvenv.cfg`` beside ``bin/``) that paths' programs live in:
     a venv's interpreter needs its whole tree, not only the file named."""
@@ -366,12 +379,13 @@ def bwrap_argv(bwrap: str, job: Job, env: dict[str, str], cwd: str) -> list[str]
     for var in ("PYTHONPATH", "LD_LIBRARY_PATH", "PATH"):
         wanted += env.get(var, "").split(os.pathsep)
     wanted += _environments(wanted)
-    for p in dict.fromkeys(wanted):
-        if p and _hidden(p) and not p.startswith("/dev/nvidia") and os.path.exists(p):
+    writable = _bind_points(p for p in job.writable if os.path.exists(p))
+    hidden = (p for p in wanted if p and _hidden(p) and not p.startswith("/dev/nvidia") and os.path.exists(p))
+    for p in _bind_points(hidden):
+        if not any(p == w or p.startswith(w + "/") for w in writable):
             argv += ["--ro-bind", p, p]
-    for p in job.writable:  # what the harness reads back (the audit log): bound writable
-        if os.path.exists(p):
-            argv += ["--bind", p, p]
+    for p in writable:  # what the harness reads back (the audit log): bound writable
+        argv += ["--bind", p, p]
     argv += ["--chdir", cwd, "--"]
     return [*argv, *job.argv]
 
