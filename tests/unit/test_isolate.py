@@ -251,7 +251,8 @@ def test_bwrap_binds_back_what_the_private_tmp_hides(tmp_path: Path) -> None:
     assert "--unshare-all" in argv and "--die-with-parent" in argv and "--share-net" not in argv
     assert "--ro-bind / /" in text and "--tmpfs /tmp" in text
     if str(tmp_path).startswith("/tmp/"):
-        assert f"--ro-bind {tmp_path} {tmp_path}" in text and f"--ro-bind {lib} {lib}" in text
+        # The outermost directory is bound once; what lies inside it comes along.
+        assert f"--ro-bind {tmp_path} {tmp_path}" in text and f"--ro-bind {lib} {lib}" not in text
     assert "--ro-bind /opt/site" not in text  # visible through the read-only root already
     assert argv[argv.index("--") + 1:] == list(job.argv)
 
