@@ -187,8 +187,12 @@ def _pytest_args(args: argparse.Namespace, mpath: Path, out: Path) -> list[str]:
 def _exit_status(code: int, args: argparse.Namespace, mpath: Path, out: Path) -> int:
     if code == 5:  # no tests ran
         if args.resume:
-            print("cumatrix: every selected cell already has a result; nothing left to run", file=sys.stderr)
-            return 0
+            from .report import load_records
+
+            failed = load_records(out / "results.jsonl").counts.failed
+            print("cumatrix: every selected cell already has a result; nothing left to run"
+                  + (f" ({failed} of them did not meet expectations)" if failed else ""), file=sys.stderr)
+            return 1 if failed else 0
         raise UsageError(f"no cell of {mpath} matches -k {args.keyword!r}" if args.keyword else f"{mpath}: no cells to run")
     if code in (0, 1):
         print(f"cumatrix: results in {out}/ (results.json, junit.xml, summary.md, index.html)", file=sys.stderr)

@@ -328,3 +328,16 @@ def test_environment_problems_are_exit_3_before_any_cell(tmp_path: Path, write_m
     proc = cli("run", m, "--out", tmp_path / "o", cwd=tmp_path, env={"PATH": str(bare)})
     assert proc.returncode == 3 and "no gcc on PATH" in proc.stderr, proc.stderr
     assert not (tmp_path / "o" / "results.jsonl").exists() or "cell" not in (tmp_path / "o" / "results.jsonl").read_text()
+
+
+def test_resume_with_nothing_left_keeps_a_failure(tmp_path: Path, wheel_cache: Path, write_matrix: Any,
+                                                  cli: Any) -> None:
+    m = write_matrix(f"""
+        runtimes: {{cu12.9: {{wheel: {RUNTIME}}}}}
+        drivers: [host]
+        probe: false
+        cases: [{{name: a, argv: [false]}}]
+    """)
+    assert cli("run", m, "--out", tmp_path / "o", "-q", cwd=tmp_path).returncode == 1
+    proc = cli("run", m, "--out", tmp_path / "o", "--resume", "-q", cwd=tmp_path)
+    assert proc.returncode == 1 and "nothing left to run" in proc.stderr
