@@ -6,11 +6,17 @@
 # (the host's torch/CuPy/JAX/cuda-bindings), gate (nvcc-built wheels), sandbox (bubblewrap),
 # kernel, tests (pytest -m gpu), repro (the bug catalog), swap (the swap benchmark).
 # Runtime wheels from ./.wheels, extra Python packages from ./.whl, bubblewrap from ./.bwrap.
+# CUMATRIX_EVIDENCE_ROOT=DIR runs from a copy of the checkout in DIR.
 # Everything lands under $OUT/e/ and is packed into $OUT/evidence.tgz after every stage, so a
 # run cut short still brings back what it finished.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-gpu-out}
+OUT=$(realpath -m "${OUT:-gpu-out}")
+# Run from a neutral place (CUMATRIX_EVIDENCE_ROOT), so that the reports name it, not wherever
+# the checkout happens to be.
+if [ -n "${CUMATRIX_EVIDENCE_ROOT:-}" ] && [ "$PWD" != "$CUMATRIX_EVIDENCE_ROOT" ]; then
+  mkdir -p "$CUMATRIX_EVIDENCE_ROOT" && cp -a . "$CUMATRIX_EVIDENCE_ROOT/" && cd "$CUMATRIX_EVIDENCE_ROOT"
+fi
 E="$OUT/e"
 mkdir -p "$E"
 if ls .whl/*.whl >/dev/null 2>&1; then
