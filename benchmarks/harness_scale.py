@@ -105,6 +105,10 @@ class _Tree:
                 # between fork and exec still shows its parent's command line and memory.
                 if not argv or argv == self.exclude or (ppid and argv == self._argv(ppid)):
                     continue
+                # The spawn shim waits for its cell's program as its parent (about 1 MB while the
+                # cell runs): the cell's cost, not the harness's memory.
+                if os.path.basename(argv[0]).startswith("cumatrix-spawn"):
+                    continue
                 with open(f"/proc/{pid}/status") as f:
                     for line in f:
                         if line.startswith("VmHWM:"):

@@ -11,7 +11,6 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -87,14 +86,21 @@ def _matrix_arg(path: str | None) -> Path:
     return p
 
 
-def _plugin_args() -> list[str]:
-    """Load the plugin explicitly unless its pytest11 entry point is installed."""
-    try:
-        eps = metadata.entry_points(group="pytest11")
-        installed = any(ep.value == "cumatrix.plugin" for ep in eps)
-    except (OSError, ValueError, KeyError, AttributeError):  # broken metadata of an unrelated distribution
-        installed = False
-    return [] if installed else ["-p", "cumatrix.plugin"]
+#: pytest's own plugins a run of cells has no use for, each of which costs every cell's three
+#: phases something (log capture, gc after each test, fd capture is turned off with ``-s``).
+_UNUSED_PLUGINS = ("logging", "unraisableexception", "threadexception", "faulthandler", "doctest", "pastebin",
+                   "legacypath", "nose", "stepwise", "python_path", "debugging", "setuponly", "setupplan",
+                   "tmpdir", "monkeypatch", "recwarn", "cacheprovider", "warnings")
+
+
+def _plugin_args(*, xdist: bool) -> list[str]:
+    """Our plugin (and xdist's, for ``-n``), loaded by name: a run sets
+    ``PYTEST_DISABLE_PLUGIN_AUTOLOAD``, so what else the environment installed (hypothesis,
+    coverage, ...) neither slows the cells nor changes how they run."""
+    args = ["-p", "cumatrix.plugin", *(["-p", "xdist.plugin"] if xdist else [])]
+    for name in _UNUSED_PLUGINS:
+        args += ["-p", f"no:{name}"]
+    return args
 
 
 # --------------------------------------------------------------------------- run
@@ -115,6 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import pytest
 
     out = Path(args.out)
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # xdist's workers inherit it
     code = int(pytest.main(_pytest_args(args, mpath, out)))
     return _exit_status(code, args, mpath, out)
 
@@ -164,8 +171,8 @@ def _check_compiler(m: Any) -> None:
 
 
 def _pytest_args(args: argparse.Namespace, mpath: Path, out: Path) -> list[str]:
-    pargs = [str(mpath), *_plugin_args(), "-c", os.devnull, "--rootdir", str(Path.cwd()),
-             "-p", "no:cacheprovider", "--assert=plain", "--cumatrix-out", str(out), "--cumatrix-backend", args.backend,
+    pargs = [str(mpath), *_plugin_args(xdist=bool(args.numprocesses)), "-c", os.devnull, "--rootdir",
+             str(Path.cwd()), "-s", "--assert=plain", "--cumatrix-out", str(out), "--cumatrix-backend", args.backend,
              "-o", "console_output_style=classic", "-rfE"]
     pargs += ["-v"] if args.verbose else (["-qq"] if args.quiet else ["-q"])
     options = (("-k", args.keyword), ("-n", args.numprocesses), ("--cumatrix-wheel-dir", args.wheel_dir),
@@ -396,7 +403,13 @@ def add_tools(sub: Any) -> None:
     add_fetch_parser(sub)
 
 
-def parser() -> argparse.ArgumentParser:
+#: Commands of ``add_tools``: their modules are big to import, so a parser for another command
+#: (``run`` above all: every xdist worker parses too) is built without them.
+_TOOLS = ("gate", "repro", "calibrate", "fetch")
+
+
+def parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser; given the command about to run, only what that command needs."""
     p = argparse.ArgumentParser(
         prog="cumatrix",
         description="Run native CUDA code across CUDA runtimes x host drivers x build headers, one isolated "
@@ -407,12 +420,14 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     add_run(sub)
     add_misc(sub)
-    add_tools(sub)
+    if command is None or command in _TOOLS or command not in sub.choices:
+        add_tools(sub)
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = parser(argv[0] if argv else None)
     args = p.parse_args(argv)
     if not getattr(args, "func", None):
         p.print_help()

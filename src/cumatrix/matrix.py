@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import re
 import shlex
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -362,14 +363,14 @@ def load(path: str | Path) -> Matrix:
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the matrix file: {e.strerror or e}") from e
     sha = hashlib.sha256(raw).hexdigest()
-    key = (str(path), sha)
+    key = (os.path.realpath(path), sha)  # the CLI's relative name and pytest's absolute one are one file
     hit = _CACHE.get(key)
     if hit is None:
         hit = loads(yamldoc.decode(raw, str(path)), str(path), sha256=sha)
         if len(_CACHE) >= _CACHE_SIZE:
             _CACHE.pop(next(iter(_CACHE)))
         _CACHE[key] = hit
-    return hit
+    return hit if hit.path == str(path) else replace(hit, path=str(path))
 
 
 def loads(text: str, filename: str = "<matrix>", *, sha256: str | None = None) -> Matrix:

@@ -66,6 +66,23 @@ def audit_source() -> str:
 
 
 def _compiler_identity(cc_path: str) -> str:
+    """The compiler's resolved path and first ``--version`` line, asked once per file version."""
+    real = Path(cc_path).resolve()
+    try:
+        st = real.stat()
+        key = (str(real), st.st_ino, st.st_size, st.st_mtime_ns)
+    except OSError:
+        key = (str(real), 0, 0, 0)
+    got = _COMPILER_IDS.get(key)
+    if got is None:
+        got = _COMPILER_IDS[key] = _ask_compiler(cc_path)
+    return got
+
+
+_COMPILER_IDS: dict[tuple[str, int, int, int], str] = {}
+
+
+def _ask_compiler(cc_path: str) -> str:
     try:
         out = subprocess.run([cc_path, "--version"], check=False, capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
@@ -86,10 +103,10 @@ def build_audit_library(*, cache: Path | None = None, cc: str = "gcc") -> Path:
     key = "\n".join([source, " ".join(_CFLAGS), _compiler_identity(cc_path)])
     digest = hashlib.sha256(key.encode()).hexdigest()[:20]
     root = cache if cache is not None else cache_dir("audit")
-    root.mkdir(parents=True, exist_ok=True)
     target = root / digest / LIBRARY_NAME
     if target.is_file():
         return target
+    root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
     try:
         (tmp / "audit.c").write_text(source)
@@ -288,6 +305,21 @@ def _host_path(path: str, roots: Mapping[str, Path]) -> Path:
 
 
 def _soname_from_file(path: Path) -> str | None:
+    """The file's DT_SONAME; read once per file version (every cell of a runtime asks)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _SONAMES:
+        _SONAMES[key] = _read_soname(path)
+    return _SONAMES[key]
+
+
+_SONAMES: dict[tuple[str, int, int, int, int], str | None] = {}
+
+
+def _read_soname(path: Path) -> str | None:
     from elftools.common.exceptions import ELFError
     from elftools.elf.elffile import ELFFile
 

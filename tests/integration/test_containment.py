@@ -195,6 +195,31 @@ def test_spawn_shim_is_used_where_a_compiler_exists() -> None:
     assert missing.returncode == 127 and "cannot start 'no-such-program-cumatrix'" in missing.stderr_tail
 
 
+@pytest.mark.parametrize(("script", "code", "sig"), [
+    ("exit 7", 7, None),
+    ("kill -SEGV $$", None, signal.SIGSEGV),
+    # The program signals its own process group, as `kill 0` in a cleanup trap does: the
+    # shim that waits for it (cgroup-v2) ignores that, so the status is the program's.
+    ("kill -TERM 0; sleep 1; exit 3", None, signal.SIGTERM),
+    ("trap '' TERM; kill -TERM 0; exit 4", 4, None),
+])
+def test_the_status_is_the_programs_own(script: str, code: int | None, sig: int | None) -> None:
+    res = run_local(Job(cell_id="t", kind="command", argv=("sh", "-c", script), timeout=30))
+    assert (res.returncode, res.signal, res.timed_out) == (code, sig, False), res.stderr_tail
+
+
+def test_the_program_starts_in_its_cells_cgroup() -> None:
+    """Started there (clone3 CLONE_INTO_CGROUP), not moved in after: the program's first
+    read of /proc/self/cgroup already names the cell's group."""
+    box = sandbox.containment()
+    if box.group is None:
+        pytest.skip(f"containment is {box.mode}: {box.why}")
+    res = run_local(Job(cell_id="t", kind="command", argv=("cat", "/proc/self/cgroup"), timeout=30))
+    assert res.returncode == 0, res.stderr_tail
+    line = next(ln for ln in res.stdout_tail.splitlines() if ln.startswith("0::"))
+    assert line.split("/")[-2] == box.group.name and line.split("/")[-1].startswith("c"), line
+
+
 # ------------------------------------------------------------------------ SIGKILL of the harness
 
 TREE = """

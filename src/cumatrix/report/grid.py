@@ -120,29 +120,27 @@ def column_of(axes: Mapping[str, str]) -> tuple[str | None, str]:
 def grids(run: RunData, items: list[Entry] | None = None) -> list[Grid]:
     """The grids of a run, in matrix order."""
     items = entries(run) if items is None else items
-    keys: list[tuple[str | None, str, str | None]] = []
-    rows: dict[tuple[str | None, str, str | None], list[str]] = {}
-    cols: dict[tuple[str | None, str, str | None], list[str]] = {}
+    # Rows and columns are dicts used as ordered sets: a run of 10,000 cases has 10,000 columns.
+    keys: dict[tuple[str | None, str, str | None], int] = {}
+    rows: dict[tuple[str | None, str, str | None], dict[str, None]] = {}
+    cols: dict[tuple[str | None, str, str | None], dict[str, None]] = {}
     cells: dict[tuple[str | None, str, str | None], dict[tuple[str, str], Entry]] = {}
     for e in items:
         workload, col = column_of(e.axes)
         key = (e.host, e.axes.get("driver", "?"), workload)
         if key not in cells:
-            keys.append(key)
-            rows[key], cols[key], cells[key] = [], [], {}
+            keys[key] = len(keys)
+            rows[key], cols[key], cells[key] = {}, {}, {}
         row = e.axes.get("runtime", "?")
-        if row not in rows[key]:
-            rows[key].append(row)
-        if col not in cols[key]:
-            cols[key].append(col)
+        rows[key][row] = None
+        cols[key][col] = None
         cells[key][(row, col)] = e
 
     # (host, driver) in first-seen order; inside, probe/cases first, then workloads.
-    hd_order: list[tuple[str | None, str]] = []
+    hd_order: dict[tuple[str | None, str], int] = {}
     for host, driver, _ in keys:
-        if (host, driver) not in hd_order:
-            hd_order.append((host, driver))
-    ordered = sorted(keys, key=lambda k: (hd_order.index((k[0], k[1])), k[2] is not None, keys.index(k)))
+        hd_order.setdefault((host, driver), len(hd_order))
+    ordered = sorted(keys, key=lambda k: (hd_order[(k[0], k[1])], k[2] is not None, keys[k]))
     return [
         Grid(host=k[0], driver=k[1], workload=k[2], rows=tuple(rows[k]), cols=tuple(cols[k]), cells=cells[k])
         for k in ordered
