@@ -123,7 +123,31 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # xdist's workers inherit it
     code = int(pytest.main(_pytest_args(args, mpath, out)))
+    _write_reports(args)
     return _exit_status(code, args, mpath, out)
+
+
+def _write_reports(args: argparse.Namespace) -> None:
+    """The reports, written once pytest has returned: its items and reports (a few KB a
+    cell) are freed first, so a run's memory peaks at the larger of the two, not their sum."""
+    import gc
+
+    from .plugin import PENDING_REPORTS
+
+    out = PENDING_REPORTS.pop("out", None)
+    if out is None:
+        return
+    gc.collect()
+    from .report import load_records, write_all
+    from .report.markdown import headline
+
+    try:
+        run = load_records(out / "results.jsonl")
+        write_all(run, out)
+    except CumatrixError as e:
+        print(f"cumatrix: reports not written: {e}", file=sys.stderr)
+        return
+    print(headline(run), flush=True)
 
 
 def _preflight(args: argparse.Namespace, m: Any, mpath: Path) -> None:
@@ -172,7 +196,8 @@ def _check_compiler(m: Any) -> None:
 
 def _pytest_args(args: argparse.Namespace, mpath: Path, out: Path) -> list[str]:
     pargs = [str(mpath), *_plugin_args(xdist=bool(args.numprocesses)), "-c", os.devnull, "--rootdir",
-             str(Path.cwd()), "-s", "--assert=plain", "--cumatrix-out", str(out), "--cumatrix-backend", args.backend,
+             str(Path.cwd()), "-s", "--assert=plain", "--cumatrix-out", str(out), "--cumatrix-reports-after",
+             "--cumatrix-backend", args.backend,
              "-o", "console_output_style=classic", "-rfE"]
     pargs += ["-v"] if args.verbose else (["-qq"] if args.quiet else ["-q"])
     options = (("-k", args.keyword), ("-n", args.numprocesses), ("--cumatrix-wheel-dir", args.wheel_dir),

@@ -366,11 +366,72 @@ def load(path: str | Path) -> Matrix:
     key = (os.path.realpath(path), sha)  # the CLI's relative name and pytest's absolute one are one file
     hit = _CACHE.get(key)
     if hit is None:
-        hit = loads(yamldoc.decode(raw, str(path)), str(path), sha256=sha)
+        hit = _saved(raw, sha, str(path))
+        if hit is None:
+            hit = loads(yamldoc.decode(raw, str(path)), str(path), sha256=sha)
+            _save(raw, sha, hit)
         if len(_CACHE) >= _CACHE_SIZE:
             _CACHE.pop(next(iter(_CACHE)))
         _CACHE[key] = hit
     return hit if hit.path == str(path) else replace(hit, path=str(path))
+
+
+# A large matrix, once validated, is kept in the user's cache as the Matrix it built, under
+# the digest of its name, its text and the code that validates it (its messages name the file): `validate` then `run`, every
+# pytest-xdist worker and every rerun of a nightly read it back instead of parsing 10,000
+# cases again.  Only valid matrices are kept; any doubt about an entry means parsing.
+_SAVE_ABOVE = 32 * 1024  # bytes of YAML; smaller files parse in a few milliseconds
+_SAVED_KEEP = 16
+_CODE = ("matrix.py", "yamldoc.py", "model.py", "runtimes.py", "data/matrix.schema.json")
+
+
+def _saved_path(raw: bytes, sha: str, name: str) -> Path | None:
+    if len(raw) < _SAVE_ABOVE or os.environ.get("CUMATRIX_NO_MATRIX_CACHE"):
+        return None
+    from importlib import resources
+
+    from . import __version__
+    from .cache import cache_root
+
+    h = hashlib.sha256(f"{__version__}\n{sha}\n{name}\n".encode())
+    try:
+        for source in _CODE:
+            h.update(resources.files("cumatrix").joinpath(source).read_bytes())
+    except OSError:
+        return None
+    return cache_root() / "matrix" / f"{h.hexdigest()[:32]}.pickle"
+
+
+def _saved(raw: bytes, sha: str, name: str) -> Matrix | None:
+    import pickle
+
+    where = _saved_path(raw, sha, name)
+    if where is None:
+        return None
+    try:
+        with open(where, "rb") as f:
+            got = pickle.load(f)
+    except Exception:  # noqa: BLE001 - absent, cut short, or from another layout: parse instead
+        return None
+    return got if isinstance(got, Matrix) and got.sha256 == sha and got.path == name else None
+
+
+def _save(raw: bytes, sha: str, m: Matrix) -> None:
+    import pickle
+
+    where = _saved_path(raw, sha, m.path)
+    if where is None:
+        return
+    try:
+        where.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = where.with_name(f".{where.name}.{os.getpid()}")
+        with open(tmp, "wb") as f:
+            pickle.dump(m, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, where)
+        for old in sorted(where.parent.glob("*.pickle"), key=lambda p: p.stat().st_mtime)[:-_SAVED_KEEP]:
+            old.unlink(missing_ok=True)
+    except OSError:
+        return  # a read-only or full cache costs speed, never the run
 
 
 def loads(text: str, filename: str = "<matrix>", *, sha256: str | None = None) -> Matrix:

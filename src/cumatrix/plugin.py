@@ -68,7 +68,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--cumatrix-require-gpu", action="store_true", default=False,
                 help="a cell skipped for want of a GPU fails (nightly jobs on GPU runners); "
                      "also CUMATRIX_REQUIRE_GPU=1")
+    g.addoption("--cumatrix-reports-after", action="store_true", default=False,
+                help="leave the reports to the caller (cumatrix run writes them once pytest has "
+                     "freed the run's memory; see plugin.PENDING_REPORTS)")
     sandbox.add_pytest_options(g)
+
+
+#: The --out directory whose reports a ``--cumatrix-reports-after`` session left to its caller.
+PENDING_REPORTS: dict[str, Path] = {}
 
 
 def _is_worker(config: pytest.Config) -> bool:
@@ -407,6 +414,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         store.append(end_record(interrupted=int(exitstatus) == int(pytest.ExitCode.INTERRUPTED)))
     finally:
         store.close()
+    if config.getoption("cumatrix_reports_after"):
+        PENDING_REPORTS["out"] = out
+        return
     try:
         write_reports(out)
     except CumatrixError as e:
@@ -425,7 +435,8 @@ def write_reports(out: Path) -> list[Path]:
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     """The run's headline last: how many cells ran and why the others did not."""
     out = _out(config)
-    if _is_worker(config) or out is None or not (out / "results.jsonl").is_file():
+    if _is_worker(config) or out is None or not (out / "results.jsonl").is_file() \
+            or config.getoption("cumatrix_reports_after"):
         return
     from .report import load_records
     from .report.markdown import headline

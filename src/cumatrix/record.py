@@ -8,9 +8,10 @@ the transport between pytest-xdist workers, every report writer, ``merge``, ``ga
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from .errors import ConfigError, Problem
 from .model import NO_RUNTIME, VARIANT_FAMILIES, Expected, Observed, Spread, Timings
@@ -106,13 +107,16 @@ class CellRecord:
         return {"schema": SCHEMA_VERSION, "type": "cell", **self.to_json()}
 
     @classmethod
-    def from_json(cls, rec: Mapping[str, object], *, source: str = "<record>", line: int = 1) -> CellRecord:
+    def from_json(cls, rec: Mapping[str, object], *, source: str = "<record>", line: int = 1,
+                  shared: dict[object, Any] | None = None) -> CellRecord:
         """Read a record written by :meth:`to_json` or :meth:`to_store`.
 
+        ``shared``: a memo kept across the records of one file, so that the axes, the
+        expectation and the fingerprint that thousands of cells have in common are held once.
         Raises :class:`~cumatrix.errors.ConfigError` naming ``source:line`` for a record
         that is not a cell record of a schema this cumatrix reads.
         """
-        return _cell(_Reader(source, line, rec))
+        return _cell(_Reader(source, line, rec), {} if shared is None else shared)
 
 
 def axes_from_id(cell_id: str) -> dict[str, str]:
@@ -232,7 +236,12 @@ def _timings(r: _Reader) -> Timings:
     )
 
 
-def _cell(r: _Reader) -> CellRecord:
+def _one(shared: dict[object, Any], key: object, value: Any) -> Any:
+    """The value ``shared`` already holds under ``key``, else ``value`` (now held)."""
+    return shared.setdefault(key, value)
+
+
+def _cell(r: _Reader, shared: dict[object, Any]) -> CellRecord:
     cell_id = r.need_text("id")
     status = r.text("status", required=True)
     if status not in _STATUSES:
@@ -242,16 +251,17 @@ def _cell(r: _Reader) -> CellRecord:
     outcome = r.need_text("outcome", obs)
     axes_raw = r.obj("axes")
     axes = {str(k): str(v) for k, v in axes_raw.items()} if axes_raw else axes_from_id(cell_id)
+    axes = _one(shared, ("axes", *sorted(axes.items())), axes)
     data = r.obj("data", obs)
+    fingerprint = dict(r.obj("fingerprint"))
+    fingerprint = _one(shared, ("fingerprint", json.dumps(fingerprint, sort_keys=True, default=str)), fingerprint)
+    expected = Expected(outcomes=frozenset(r.strings("outcomes", exp)), reason=r.text("reason", exp) or "",
+                        rule=r.text("rule", exp) or "")
     return CellRecord(
         id=cell_id,
         axes=axes,
         host=r.text("host"),
-        expected=Expected(
-            outcomes=frozenset(r.strings("outcomes", exp)),
-            reason=r.text("reason", exp) or "",
-            rule=r.text("rule", exp) or "",
-        ),
+        expected=_one(shared, expected, expected),
         observed=Observed(
             outcome=outcome,
             path=r.text("path", obs),
@@ -263,7 +273,7 @@ def _cell(r: _Reader) -> CellRecord:
         status=status,  # type: ignore[arg-type]  # checked against _STATUSES above
         mismatch=r.text("mismatch"),
         timings=_timings(r),
-        fingerprint=dict(r.obj("fingerprint")),
+        fingerprint=fingerprint,
         stderr_tail=r.text("stderr_tail") or "",
         stdout_tail=r.text("stdout_tail") or "",
         started=r.text("started"),

@@ -1,10 +1,17 @@
-"""``results.json``: the whole run as one versioned JSON document (schema: ``schema.json``)."""
+"""``results.json``: the whole run as one versioned JSON document (schema: ``schema.json``).
+
+Written as a stream: the document's keys in sorted order with two-space indent, and each
+cell on a line of its own (compact, keys sorted), so a run of 10,000 cells is neither held
+as one string nor encoded by Python's slow indenting encoder; ``grep`` finds a cell's line.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from importlib import resources
 from pathlib import Path
+from typing import TextIO
 
 from .. import __version__
 from .records import SCHEMA_VERSION, RunData, axes_from_id
@@ -23,7 +30,12 @@ def schema() -> dict[str, object]:
 
 
 def to_json(run: RunData) -> dict[str, object]:
-    """The ``results.json`` document of a run."""
+    """The ``results.json`` document of a run (as :func:`write_json` writes it, in memory)."""
+    return {**_head(run), "cells": [cell.to_json() for cell in run.cells]}
+
+
+def _head(run: RunData) -> dict[str, object]:
+    """Every key of the document but ``cells``."""
     head = run.header
     c = run.counts
     return {
@@ -53,14 +65,33 @@ def to_json(run: RunData) -> dict[str, object]:
         },
         "runs": [r.to_json() for r in run.runs],
         "hosts": list(run.hosts),
-        "cells": [cell.to_json() for cell in run.cells],
         "not_run": [{"id": cid, "axes": axes_from_id(cid)} for cid in run.not_run],
         "warnings": list(run.warnings),
         "extra": [dict(e) for e in run.extra],
     }
 
 
+def _write_cells(f: TextIO, cells: Iterable[dict[str, object]]) -> None:
+    f.write("[")
+    sep = "\n"
+    for cell in cells:
+        f.write(sep + "    " + json.dumps(cell, sort_keys=True, ensure_ascii=False))
+        sep = ",\n"
+    f.write("\n  ]" if sep == ",\n" else "]")
+
+
 def write_json(run: RunData, path: Path) -> Path:
-    """Write ``results.json`` and return its path."""
-    path.write_text(dumps(to_json(run)), encoding="utf-8")
+    """Write ``results.json`` (streamed, see the module's text) and return its path."""
+    head = _head(run)
+    keys = sorted([*head, "cells"])
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("{")
+        for i, key in enumerate(keys):
+            f.write(("," if i else "") + "\n  " + json.dumps(key) + ": ")
+            if key == "cells":
+                _write_cells(f, (cell.to_json() for cell in run.cells))
+            else:
+                text = json.dumps(head[key], sort_keys=True, indent=2, ensure_ascii=False)
+                f.write(text.replace("\n", "\n  "))
+        f.write("\n}\n")
     return path

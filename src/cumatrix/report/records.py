@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -204,22 +204,41 @@ def load_records(jsonl: Path) -> RunData:
     """
     source = str(jsonl)
     try:
-        text = jsonl.read_text(encoding="utf-8", errors="replace")
+        f = open(jsonl, "rb")  # noqa: SIM115 - closed below; lines end at b"\n" only
     except OSError as e:
         raise ConfigError(f"{source}: cannot read results: {e.strerror or e}") from e
-    lines = text.split("\n")
-    numbered = [(i + 1, ln) for i, ln in enumerate(lines) if ln.strip()]
+    with f:
+        return _read(source, _numbered(f))
+
+
+def _numbered(f: Iterable[bytes]) -> Iterator[tuple[int, str, str | None]]:
+    """``(line number, line, the next non-blank line or None)``: one line read ahead, so a
+    file of any size is read without holding it."""
+    prev: tuple[int, str] | None = None
+    for i, raw in enumerate(f, start=1):
+        line = raw.decode("utf-8", errors="replace").rstrip("\n")
+        if not line.strip():
+            continue
+        if prev is not None:
+            yield (*prev, line)
+        prev = (i, line)
+    if prev is not None:
+        yield (*prev, None)
+
+
+def _read(source: str, numbered: Iterable[tuple[int, str, str | None]]) -> RunData:
     warnings: list[str] = []
     runs: list[RunInfo] = []
     cells: dict[str, CellResult] = {}
     extra: list[Mapping[str, object]] = []
+    shared: dict[object, object] = {}
 
-    for pos, (lineno, line) in enumerate(numbered):
+    for lineno, line, following in numbered:
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
-            is_last = pos == len(numbered) - 1
-            before_resume = not is_last and _RUN_HEADER_RE.match(numbered[pos + 1][1]) is not None
+            is_last = following is None
+            before_resume = not is_last and _RUN_HEADER_RE.match(following or "") is not None
             if is_last or before_resume:
                 warnings.append(
                     f"{source}:{lineno}: line cut mid-write (the run was killed while writing it); ignored"
@@ -241,7 +260,7 @@ def load_records(jsonl: Path) -> RunData:
         if kind == "run":
             runs.append(_run_info(r))
         elif kind == "cell":
-            cell = CellRecord.from_json(rec, source=source, line=lineno)
+            cell = CellRecord.from_json(rec, source=source, line=lineno, shared=shared)
             cells.pop(cell.id, None)  # a resumed run's record wins, placed where it ran last
             cells[cell.id] = cell
         elif kind == "end":

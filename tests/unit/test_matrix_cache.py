@@ -1,0 +1,71 @@
+"""A large matrix, once validated, is read back from the user's cache, and only while it is the same."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cumatrix import matrix
+from cumatrix.errors import ConfigError
+
+HEAD = "runtimes:\n  cu12.9: {wheel: nvidia-cuda-runtime-cu12==12.9.79}\ndrivers: [host]\nprobe: false\ncases:\n"
+
+
+def _write(path: Path, n: int, argv: str = "[/bin/true]") -> None:
+    path.write_text(HEAD + "".join(f"  - {{name: c{i:05d}, argv: {argv}}}\n" for i in range(n)))
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "cache"
+    monkeypatch.setenv("CUMATRIX_CACHE", str(root))
+    monkeypatch.delenv("CUMATRIX_NO_MATRIX_CACHE", raising=False)
+    monkeypatch.setattr(matrix, "_CACHE", {})
+    return root / "matrix"
+
+
+def _fresh_load(path: Path) -> matrix.Matrix:
+    matrix._CACHE.clear()  # a new process: nothing in memory
+    return matrix.load(path)
+
+
+def test_a_large_matrix_is_read_back_the_same(tmp_path: Path, cache: Path) -> None:
+    m = tmp_path / "m.yaml"
+    _write(m, 2000)
+    first = _fresh_load(m)
+    assert len(list(cache.glob("*.pickle"))) == 1
+    again = _fresh_load(m)
+    assert again == first and [c.id for c in matrix.cells(again)] == [c.id for c in matrix.cells(first)]
+
+
+def test_an_edited_matrix_is_parsed_again(tmp_path: Path, cache: Path) -> None:
+    m = tmp_path / "m.yaml"
+    _write(m, 2000)
+    _fresh_load(m)
+    _write(m, 2000, argv="[/bin/false]")
+    assert matrix.cells(_fresh_load(m))[0].need_case().argv == ("/bin/false",)
+    m.write_text(m.read_text() + "  - {name: c00000, argv: [x]}\n")  # now invalid: a duplicate name
+    with pytest.raises(ConfigError, match="c00000"):
+        _fresh_load(m)
+
+
+def test_a_damaged_entry_is_ignored(tmp_path: Path, cache: Path) -> None:
+    m = tmp_path / "m.yaml"
+    _write(m, 2000)
+    first = _fresh_load(m)
+    for entry in cache.glob("*.pickle"):
+        entry.write_bytes(entry.read_bytes()[:100])
+    assert _fresh_load(m) == first
+
+
+def test_small_matrices_and_the_opt_out_are_not_kept(tmp_path: Path, cache: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    small = tmp_path / "small.yaml"
+    _write(small, 3)
+    _fresh_load(small)
+    monkeypatch.setenv("CUMATRIX_NO_MATRIX_CACHE", "1")
+    big = tmp_path / "big.yaml"
+    _write(big, 2000)
+    _fresh_load(big)
+    assert not cache.exists() or not list(cache.glob("*.pickle"))
