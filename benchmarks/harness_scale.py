@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -126,8 +127,8 @@ class _Tree:
         self._stop.set()
 
 
-def measure(argv: Sequence[str], *, cwd: Path, env: dict[str, str],
-            sample: bool) -> tuple[float, float, float, float, int, int]:
+def measure(argv: Sequence[str], *, cwd: Path, env: dict[str, str], sample: bool,
+            ok: tuple[int, ...] = (0, 1)) -> tuple[float, float, float, float, int, int]:
     """Run ``argv`` to its end: wall and CPU seconds (the whole tree, cells included), largest
     process (MB), tree peak (MB), harness processes, exit status."""
     t0 = time.perf_counter()
@@ -144,7 +145,7 @@ def measure(argv: Sequence[str], *, cwd: Path, env: dict[str, str],
     tree.stop()
     if sample:
         th.join()
-    if proc.returncode not in (0, 1):
+    if proc.returncode not in ok:
         sys.exit(f"{' '.join(argv[:6])} ... failed ({proc.returncode}):\n{err.decode(errors='replace')[-3000:]}")
     cpu = usage.ru_utime + usage.ru_stime
     return wall, cpu, usage.ru_maxrss / 1024, sum(tree.peaks.values()) / 1024, len(tree.peaks), proc.returncode
@@ -191,15 +192,29 @@ def commands(work: Path, n: int, wheel_dir: str | None) -> dict[str, list[str]]:
 
 
 def validate_and_collect(work: Path, n: int, env: dict[str, str]) -> dict[str, float]:
-    """What a run does before its first cell, at ``n`` cells: validate, then collection."""
+    """What a run does before its first cell, at ``n`` cells.
+
+    ``validate_s``: ``cumatrix validate`` with an empty cache (the matrix parsed and checked);
+    ``collect_s``: then ``cumatrix run -k <no cell>``, which does everything a run does before
+    its first cell (start-up, the matrix, pytest's collection of every cell, the selection)
+    and stops there; ``collect_cold_s``: the same with an empty cache (no ``validate`` before).
+    """
     m = work / f"m{n}.yaml"
     out: dict[str, float] = {}
-    for name, argv in (("validate_s", [PYTHON, "-m", "cumatrix", "validate", str(m)]),
-                       ("collect_s", [PYTHON, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                                      "-c", os.devnull, "--rootdir", str(work), str(m)]),
-                       ("pytest_collect_s", [PYTHON, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                                             "-c", os.devnull, "--rootdir", str(work), str(work / f"test_spawn{n}.py")])):
-        wall, _, mx, _, _, _ = measure(argv, cwd=work, env=env, sample=False)
+    nothing = ["-k", "no-such-cell-zzz", "--out", str(work / "collect-out")]
+    steps = (("validate_s", "cold", [PYTHON, "-m", "cumatrix", "validate", str(m)]),
+             ("collect_s", "warm", [PYTHON, "-m", "cumatrix", "run", str(m), "-q", *nothing]),
+             ("collect_cold_s", "cold", [PYTHON, "-m", "cumatrix", "run", str(m), "-q", *nothing]),
+             ("pytest_collect_s", "cold", [PYTHON, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                                           "-c", os.devnull, "--rootdir", str(work), str(work / f"test_spawn{n}.py")]))
+    from cumatrix.cache import cache_root
+
+    saved = cache_root() / "matrix"  # validated matrices kept between processes (nothing else)
+    step_env = {k: v for k, v in env.items() if k != "CUMATRIX_NO_MATRIX_CACHE"}
+    for name, state, argv in steps:
+        if state == "cold":
+            shutil.rmtree(saved, ignore_errors=True)
+        wall, _, mx, _, _, _ = measure(argv, cwd=work, env=step_env, sample=False, ok=(0, 1, 2, 5))
         out[name] = round(wall, 3)
         out[name.replace("_s", "_max_mb")] = round(mx, 1)
     out["validate_plus_collect_s"] = round(out["validate_s"] + out["collect_s"], 3)
@@ -252,9 +267,10 @@ def show(rows: list[dict[str, object]], pre: dict[str, float] | None, n_pre: int
     print("run/fl: cumatrix run / floor; pyt/fl: pytest / floor; xd: pytest-xdist -n 2; "
           "MB: peak of the harness's processes (controller + workers, summed)")
     if pre:
-        print(f"before the first cell, {n_pre} cells: validate {pre['validate_s']:.2f} s + collection "
-              f"{pre['collect_s']:.2f} s = {pre['validate_plus_collect_s']:.2f} s "
-              f"(pytest --collect-only of {n_pre} plain tests: {pre['pytest_collect_s']:.2f} s)")
+        print(f"before the first cell, {n_pre} cells: validate {pre['validate_s']:.2f} s + a run up to its first "
+              f"cell {pre['collect_s']:.2f} s = {pre['validate_plus_collect_s']:.2f} s; without validate first (no "
+              f"cached matrix) {pre['collect_cold_s']:.2f} s (pytest --collect-only of {n_pre} plain tests: "
+              f"{pre['pytest_collect_s']:.2f} s); peak {pre['collect_max_mb']:.0f} MB")
 
 
 def main() -> int:
@@ -266,10 +282,18 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write every sample and the summary here")
     a = ap.parse_args()
 
+    # Byte-compiled as an installed wheel is (pip compiles at install): with
+    # PYTHONDONTWRITEBYTECODE set, a source checkout would compile every module at every start.
+    import compileall
+
+    compileall.compile_dir(str(Path(cumatrix.__file__).parent), quiet=1)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(Path(cumatrix.__file__).parent.parent),
                                                      env.get("PYTHONPATH")) if p)
     env["CI"] = "true"
+    # Timed runs parse the matrix in every process (controller and each xdist worker), as on a
+    # machine that never saw it; what the cache of a validated matrix saves is timed apart.
+    env["CUMATRIX_NO_MATRIX_CACHE"] = "1"
     samples: list[Sample] = []
     pre: dict[str, float] | None = None
     load0 = os.getloadavg()[0]  # a busy machine stretches the wall times of every configuration

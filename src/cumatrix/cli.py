@@ -11,6 +11,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -93,7 +94,18 @@ _UNUSED_PLUGINS = ("logging", "unraisableexception", "threadexception", "faultha
                    "tmpdir", "monkeypatch", "recwarn", "cacheprovider", "warnings")
 
 
-def _plugin_args(*, xdist: bool) -> list[str]:
+def _plugin_args() -> list[str]:
+    """Load the plugin explicitly unless its pytest11 entry point is installed (pytest as
+    the user runs it, plugins autoloaded)."""
+    try:
+        eps = metadata.entry_points(group="pytest11")
+        installed = any(ep.value == "cumatrix.plugin" for ep in eps)
+    except (OSError, ValueError, KeyError, AttributeError):  # broken metadata of an unrelated distribution
+        installed = False
+    return [] if installed else ["-p", "cumatrix.plugin"]
+
+
+def _run_plugin_args(*, xdist: bool) -> list[str]:
     """Our plugin (and xdist's, for ``-n``), loaded by name: a run sets
     ``PYTEST_DISABLE_PLUGIN_AUTOLOAD``, so what else the environment installed (hypothesis,
     coverage, ...) neither slows the cells nor changes how they run."""
@@ -195,7 +207,7 @@ def _check_compiler(m: Any) -> None:
 
 
 def _pytest_args(args: argparse.Namespace, mpath: Path, out: Path) -> list[str]:
-    pargs = [str(mpath), *_plugin_args(xdist=bool(args.numprocesses)), "-c", os.devnull, "--rootdir",
+    pargs = [str(mpath), *_run_plugin_args(xdist=bool(args.numprocesses)), "-c", os.devnull, "--rootdir",
              str(Path.cwd()), "-s", "--assert=plain", "--cumatrix-out", str(out), "--cumatrix-reports-after",
              "--cumatrix-backend", args.backend,
              "-o", "console_output_style=classic", "-rfE"]

@@ -474,7 +474,7 @@ class Containment:
         r, w = os.pipe()
         try:
             self._watcher_pid = os.posix_spawn(
-                sys.executable, [sys.executable, "-c", "from cumatrix.sandbox import watch_main; watch_main()"],
+                sys.executable, [sys.executable, "-c", _WATCH_SCRIPT],
                 env, setsid=True,
                 file_actions=[(os.POSIX_SPAWN_DUP2, r, 0),
                               (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
@@ -804,15 +804,33 @@ def unwatch_container(name: str) -> None:
 # --------------------------------------------------------------------------- the watcher
 
 
+#: The watcher as it waits: a bare interpreter reading what to clean up (a harness of 10,000
+#: cells should not carry a second copy of its modules all run long); this module, and with
+#: it the means to kill and remove, is imported only once the harness has died.
+_WATCH_SCRIPT = """
+import signal, sys
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(sig, signal.SIG_IGN)  # only the harness's death ends the watch
+lines = [raw.decode(errors="replace").rstrip("\\n") for raw in sys.stdin.buffer]
+from cumatrix.sandbox import watch_cleanup
+watch_cleanup(lines)
+"""
+
+
 def watch_main() -> None:
     """The watcher: read what to clean up from stdin; at EOF (the harness died), clean it up."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # only the harness's death ends the watch
+    watch_cleanup([raw.decode(errors="replace").rstrip("\n") for raw in sys.stdin.buffer])
+
+
+def watch_cleanup(lines: Iterable[str]) -> None:
+    """Clean up after a dead harness: what its watcher was told, one line each."""
     token = ""
     groups: list[str] = []
     containers: dict[str, None] = {}
-    for raw in sys.stdin.buffer:
-        cmd, _, arg = raw.decode(errors="replace").rstrip("\n").partition(" ")
+    for line in lines:
+        cmd, _, arg = line.partition(" ")
         if cmd == "token":
             token = arg
         elif cmd == "+cg":
