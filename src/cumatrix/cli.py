@@ -126,6 +126,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         args.timeout = _matrix.check_timeout(args.timeout)
     if args.host is not None:
         _matrix.check_name(args.host, "--host")
+    if args.keyword:
+        from .keyword import KeywordExpression
+
+        KeywordExpression.compile(args.keyword)  # a malformed -k is bad input (exit 2) before anything runs
     m = _matrix.load(mpath)
     if args.wheel_dir and not Path(args.wheel_dir).is_dir():
         raise UsageError(f"--wheel-dir {args.wheel_dir}: no such directory")
@@ -212,7 +216,7 @@ def _pytest_args(args: argparse.Namespace, mpath: Path, out: Path) -> list[str]:
              "--cumatrix-backend", args.backend,
              "-o", "console_output_style=classic", "-rfE"]
     pargs += ["-v"] if args.verbose else (["-qq"] if args.quiet else ["-q"])
-    options = (("-k", args.keyword), ("-n", args.numprocesses), ("--cumatrix-wheel-dir", args.wheel_dir),
+    options = (("--cumatrix-keyword", args.keyword), ("-n", args.numprocesses), ("--cumatrix-wheel-dir", args.wheel_dir),
                ("--cumatrix-timeout", str(args.timeout) if args.timeout is not None else None),
                ("--cumatrix-base-image", args.base_image), ("--cumatrix-host", args.host),
                ("--junitxml", args.junitxml))

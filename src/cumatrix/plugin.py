@@ -68,6 +68,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--cumatrix-require-gpu", action="store_true", default=False,
                 help="a cell skipped for want of a GPU fails (nightly jobs on GPU runners); "
                      "also CUMATRIX_REQUIRE_GPU=1")
+    g.addoption("--cumatrix-keyword", metavar="EXPR", default=None,
+                help="only cells whose id matches EXPR (-k's syntax, matched by this plugin alone: "
+                     "pytest's -k builds every item's keywords, a second per 10,000 cells)")
     g.addoption("--cumatrix-reports-after", action="store_true", default=False,
                 help="leave the reports to the caller (cumatrix run writes them once pytest has "
                      "freed the run's memory; see plugin.PENDING_REPORTS)")
@@ -226,7 +229,19 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
             report.longrepr = (str(item.path), item.line + 1, report.longrepr[2])
 
 
+def _keyword(config: pytest.Config) -> KeywordExpression | None:
+    text = config.getoption("cumatrix_keyword") or config.getoption("keyword") or ""
+    return KeywordExpression.compile(text) if text else None
+
+
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    expr = _keyword(config) if config.getoption("cumatrix_keyword") else None
+    if expr is not None:
+        chosen = [it for it in items if not isinstance(it, CellItem) or expr.matches(it.cell.id, it.path.name)]
+        if len(chosen) < len(items):
+            kept = {id(it) for it in chosen}
+            config.hook.pytest_deselected(items=[it for it in items if id(it) not in kept])
+            items[:] = chosen
     out = _out(config)
     if not (config.getoption("cumatrix_resume") and out):
         return
@@ -254,8 +269,7 @@ def _selected(config: pytest.Config) -> list[tuple[Matrix, list[Cell]]]:
     """The cells this run intends, computed in the controller (xdist workers collect)."""
     out = []
     selected: list[tuple[str, str]] = []
-    kexpr = config.getoption("keyword") or ""
-    expr = KeywordExpression.compile(kexpr) if kexpr else None
+    expr = _keyword(config)
     for p in _matrix_args(config):
         try:
             m = _matrix.load(p)
