@@ -222,7 +222,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         # (its name and its file's) say nothing its nodeid does not.
         report.keywords = {}
     if call.when == "call" and isinstance(item, CellItem) and item.record is not None:
-        setattr(report, REPORT_ATTR, dumps(item.record.to_store()))
+        # An xdist worker sends the record inside the report, as JSON; in one process the
+        # controller takes the object itself (a JSON round trip a cell saved).
+        setattr(report, REPORT_ATTR, dumps(item.record.to_store()) if _is_worker(item.config) else item.record)
         item.record = None  # the report carries it now; the item lives to the end of the run
         if report.skipped and isinstance(report.longrepr, tuple):
             # Point the skip at the matrix file's line, not at this plugin.
@@ -323,14 +325,29 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     config.stash[_DIGESTS] = digests
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _store_record(report)
+    if report.when != "call" and report.passed and report.nodeid.split("::", 1)[0].endswith(MATRIX_SUFFIXES):
+        # pytest's terminal keeps every report to the end of the run, and those of a passed
+        # setup and teardown (two a cell, under the empty category) only to count nothing:
+        # 10,000 cells hold about 20 MB of them.  Logged by now, they are let go.
+        config = _CONFIG.get("config")
+        tr = config.pluginmanager.get_plugin("terminalreporter") if config is not None else None
+        kept = tr.stats.get("") if tr is not None else None
+        if kept and kept[-1] is report:
+            kept.pop()
+
+
+def _store_record(report: pytest.TestReport) -> None:
     raw = getattr(report, REPORT_ATTR, None)
     if raw is None or raw == STORED:
         return
     config = _CONFIG.get("config")
     if config is None or _is_worker(config):
         return
-    record = CellRecord.from_json(json.loads(raw), source=f"report of {report.nodeid}")
+    record = raw if isinstance(raw, CellRecord) else \
+        CellRecord.from_json(json.loads(raw), source=f"report of {report.nodeid}")
     store = config.stash.get(_STORE, None)
     if store is not None:
         store.append(record.to_store(), digest=config.stash.get(_DIGESTS, {}).get(record.id))

@@ -35,6 +35,7 @@ import argparse
 import contextlib
 import ctypes
 import fnmatch
+import functools
 import hashlib
 import math
 import os
@@ -130,10 +131,12 @@ _ALLOW_RE = _pattern(ENV_ALLOW_PATTERNS)
 _ALLOW_HARNESS_RE = _pattern(ENV_ALLOW_PATTERNS + ENV_ALLOW_HARNESS)
 
 
-def _allowed(name: str, *, harness: bool, extra: re.Pattern[str]) -> bool:
+@functools.lru_cache(maxsize=4096)
+def _allowed(name: str, harness: bool, pass_env: tuple[str, ...]) -> bool:
+    """Whether a child gets the variable ``name`` (decided once per name: every cell asks)."""
     if name in ENV_ALLOW:
         return True
-    if extra.match(name):
+    if _pattern(pass_env).match(name):
         return True  # asked for by name: the user's call, secret-looking or not
     pats = _ALLOW_HARNESS_RE if harness else _ALLOW_RE
     return pats.match(name) is not None and not _SECRET_RE.search(name)
@@ -161,8 +164,8 @@ def child_env(job: Job, *, base_env: Mapping[str, str] | None = None,
     policy = policy or default_policy()
     base = os.environ if base_env is None else base_env
     harness = job.reports_verdict or job.kind in HARNESS_KINDS
-    extra = _pattern(policy.pass_env)
-    env = {k: v for k, v in base.items() if _allowed(k, harness=harness, extra=extra)}
+    passed = tuple(policy.pass_env)
+    env = {k: v for k, v in base.items() if _allowed(k, harness, passed)}
     env.update(job.env)
     if not harness and "PYTHONPATH" in env:
         own = harness_paths()
