@@ -107,8 +107,9 @@ class _Tree:
                 if not argv or argv == self.exclude or (ppid and argv == self._argv(ppid)):
                     continue
                 # The spawn shim waits for its cell's program as its parent (about 1 MB while the
-                # cell runs): the cell's cost, not the harness's memory.
-                if os.path.basename(argv[0]).startswith("cumatrix-spawn"):
+                # cell runs): the cell's cost, not the harness's memory.  The same binary as the
+                # harness's watcher (``--watch``) is the harness's, and is counted.
+                if os.path.basename(argv[0]).startswith("cumatrix-spawn") and argv[1:2] != ("--watch",):
                     continue
                 with open(f"/proc/{pid}/status") as f:
                     for line in f:

@@ -210,7 +210,7 @@ def limits(job: Job) -> list[tuple[str, int, int]]:
 
 
 _SHIM: dict[str, Path | None] = {}
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # the watcher's start asks for the shim from within containment()
 
 
 def spawn_shim() -> Path | None:
@@ -475,9 +475,13 @@ class Containment:
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join([root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
         r, w = os.pipe()
+        argv = [sys.executable, "-c", _WATCH_SCRIPT]
+        shim = spawn_shim()
+        if shim is not None:  # waits in C, and runs that Python only once the harness has died
+            argv = [str(shim), "--watch", *argv]
         try:
             self._watcher_pid = os.posix_spawn(
-                sys.executable, [sys.executable, "-c", _WATCH_SCRIPT],
+                argv[0], argv,
                 env, setsid=True,
                 file_actions=[(os.POSIX_SPAWN_DUP2, r, 0),
                               (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
@@ -807,9 +811,10 @@ def unwatch_container(name: str) -> None:
 # --------------------------------------------------------------------------- the watcher
 
 
-#: The watcher as it waits: a bare interpreter reading what to clean up (a harness of 10,000
-#: cells should not carry a second copy of its modules all run long); this module, and with
-#: it the means to kill and remove, is imported only once the harness has died.
+#: The watcher's cleanup, run once the harness has died with all it was told on stdin.  While
+#: the harness lives, the spawn shim waits in its place (``cumatrix-spawn --watch``, 1 MB);
+#: without a C compiler this script waits itself, a bare interpreter that imports this module
+#: (and with it the means to kill and remove) only at the end.
 _WATCH_SCRIPT = """
 import signal, sys
 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):

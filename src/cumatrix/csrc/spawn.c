@@ -21,6 +21,12 @@
  * Elsewhere it joins the cgroup by the write and execs the program in place.
  *
  * A PROGRAM that cannot be executed exits 127 (not found) or 126, as a shell does.
+ *
+ *   cumatrix-spawn --watch PROGRAM [ARGS...]
+ *
+ * The harness's watcher, as it waits: what it is told on stdin is kept in memory (a memfd)
+ * until EOF (the harness has died), then PROGRAM runs with all of it as its stdin to clean up.
+ * A Python interpreter would hold 10 MB for the whole run only to wait.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -30,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/sched.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -141,7 +148,37 @@ static int mirror(pid_t pid) {
     return 128 + sig;  /* a signal whose default is not to terminate */
 }
 
+static int watch(char **argv) {
+    signal(SIGINT, SIG_IGN);  /* only the harness's death (EOF) ends the watch */
+    signal(SIGTERM, SIG_IGN);
+    signal(SIGHUP, SIG_IGN);
+    int mem = memfd_create("cumatrix-watch", MFD_CLOEXEC);
+    if (mem >= 0) {
+        char buf[65536];
+        for (;;) {
+            ssize_t n = read(0, buf, sizeof buf);
+            if (n == 0) break;
+            if (n < 0) {
+                if (errno == EINTR) continue;
+                break;
+            }
+            for (ssize_t off = 0; off < n;) {
+                ssize_t w = write(mem, buf + off, (size_t)(n - off));
+                if (w < 0) {
+                    if (errno == EINTR) continue;
+                    break;
+                }
+                off += w;
+            }
+        }
+        if (lseek(mem, 0, SEEK_SET) == 0) dup2(mem, 0);  /* dup2 clears close-on-exec */
+    }  /* no memfd: PROGRAM reads the pipe itself */
+    execvp(argv[0], argv);
+    return 127;
+}
+
 int main(int argc, char **argv) {
+    if (argc >= 3 && strcmp(argv[1], "--watch") == 0) return watch(&argv[2]);
     if (argc < 6 || strcmp(argv[4], "--") != 0) {
         fprintf(stderr, "usage: cumatrix-spawn PARENT_PID CGROUP_PROCS LIMITS -- PROGRAM [ARGS...]\n");
         return 126;
