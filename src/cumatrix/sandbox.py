@@ -20,9 +20,10 @@ Three layers, each used where the host offers it:
   the gate's default) a sandbox with no network, a read-only root, a private ``/tmp`` and
   the GPU device nodes bound in.
 
-A watcher process per harness process (``watch_main``) holds the read end of a pipe; when
-the harness dies, even by SIGKILL, the pipe reaches EOF and the watcher kills what the
-harness's cells left and removes their docker containers.
+A watcher process per harness process holds the read end of a pipe (the spawn shim in
+``--watch`` mode, or ``watch_main`` without a C compiler); when the harness dies, even by
+SIGKILL, the pipe reaches EOF and the watcher kills what the harness's cells left and removes
+their docker containers.
 
 Knobs: ``CUMATRIX_SANDBOX`` (off | auto | on; the flags set it per run),
 ``CUMATRIX_CONTAINMENT=subreaper`` (skip the cgroup, e.g. to compare), and
