@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
 import textwrap
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -94,7 +96,18 @@ def _docker_client() -> object | None:
         client.ping()
         return client
     except Exception:  # no daemon answers: the docker tests skip, and nothing is left to clean
-        return None
+        pass
+    # The refused connection's socket was dropped, not closed: collect it now (the exception that
+    # held it is gone), quietly, rather than inside whichever test runs when the collector gets to it.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
+    return None
+
+
+def _close(client: object) -> None:
+    """Close the client's connections now, not when the garbage collector gets to them."""
+    client.close()  # type: ignore[attr-defined]
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:
@@ -102,7 +115,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         return
     client = _docker_client()
     if client is not None:
-        _IMAGES_BEFORE["runtime"] = {i.id for i in client.images.list(filters={"label": "cumatrix=1"})}  # type: ignore[attr-defined]
+        try:
+            _IMAGES_BEFORE["runtime"] = {i.id for i in client.images.list(filters={"label": "cumatrix=1"})}  # type: ignore[attr-defined]
+        finally:
+            _close(client)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -113,11 +129,14 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         return
     from cumatrix.clean import remove_build_stages
 
-    for img in client.images.list(filters={"label": "cumatrix=1"}):  # type: ignore[attr-defined]
-        if img.id not in _IMAGES_BEFORE["runtime"]:
-            try:
-                client.images.remove(img.id, force=True)  # type: ignore[attr-defined]
-            except Exception:  # in use by a container of a parallel run, or gone already
-                pass
-    remove_build_stages(client)
-    remove_build_stages(client, label="cumatrix.test")
+    try:
+        for img in client.images.list(filters={"label": "cumatrix=1"}):  # type: ignore[attr-defined]
+            if img.id not in _IMAGES_BEFORE["runtime"]:
+                try:
+                    client.images.remove(img.id, force=True)  # type: ignore[attr-defined]
+                except Exception:  # in use by a container of a parallel run, or gone already
+                    pass
+        remove_build_stages(client)
+        remove_build_stages(client, label="cumatrix.test")
+    finally:
+        _close(client)
