@@ -211,8 +211,13 @@ def _check_compiler(m: Any) -> None:
 
 
 def _pytest_args(args: argparse.Namespace, mpath: Path, out: Path) -> list[str]:
+    # ``-c /dev/null`` alone would put pytest's conftest cut at /dev: every directory above the
+    # matrix would be searched for conftest.py files and listed entry by entry to reach the file
+    # (a /tmp of 1,000 entries cost half a second).  A run loads no conftest and lists only the
+    # matrix's own directory.
     pargs = [str(mpath), *_run_plugin_args(xdist=bool(args.numprocesses)), "-c", os.devnull, "--rootdir",
-             str(Path.cwd()), "-s", "--assert=plain", "--cumatrix-out", str(out), "--cumatrix-reports-after",
+             str(Path.cwd()), "--noconftest", "--confcutdir", str(mpath.resolve().parent),
+             "-s", "--assert=plain", "--cumatrix-out", str(out), "--cumatrix-reports-after",
              "--cumatrix-backend", args.backend,
              "-o", "console_output_style=classic", "-rfE"]
     pargs += ["-v"] if args.verbose else (["-qq"] if args.quiet else ["-q"])
