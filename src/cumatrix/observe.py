@@ -93,8 +93,22 @@ def _ask_compiler(cc_path: str) -> str:
 _CFLAGS = ("-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror")
 
 
+#: The library each ``(cache, cc, PATH)`` gave in this process: every cell asks, and the
+#: answer (a PATH search, the source read and hashed) only changes with those.
+_BUILT: dict[tuple[Path | None, str, str | None], Path] = {}
+
+
 def build_audit_library(*, cache: Path | None = None, cc: str = "gcc") -> Path:
     """Compile ``csrc/audit.c`` (once per source and compiler) and return the library's path."""
+    key = (cache, cc, os.environ.get("PATH"))
+    known = _BUILT.get(key)
+    if known is not None and known.is_file():  # removed meanwhile (cumatrix clean): built again
+        return known
+    _BUILT[key] = built = _build_audit_library(cache=cache, cc=cc)
+    return built
+
+
+def _build_audit_library(*, cache: Path | None, cc: str) -> Path:
     cc_path = shutil.which(cc)
     if cc_path is None:
         raise AuditError(f"no C compiler {cc!r} on PATH: the rtld-audit library that observes what each "
@@ -168,9 +182,15 @@ def audit_plan(log: Path, *, library: Path | None = None,
             raise ValueError(f"not a SONAME: {soname!r}")
         if not path.startswith("/") or ":" in path:
             raise ValueError(f"the enforced {soname} must be an absolute path without ':', not {path!r}")
-    log.parent.mkdir(parents=True, exist_ok=True)
-    log.touch()
-    log.chmod(0o666)
+    try:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except FileNotFoundError:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        os.fchmod(fd, 0o666)  # whatever the umask: a container's user appends to it
+    finally:
+        os.close(fd)
     return AuditPlan(library=library or build_audit_library(), log=log, enforce=rules)
 
 
