@@ -91,7 +91,8 @@ def _matrix_arg(path: str | None) -> Path:
 #: phases something (log capture, gc after each test, fd capture is turned off with ``-s``).
 _UNUSED_PLUGINS = ("logging", "unraisableexception", "threadexception", "faulthandler", "doctest", "pastebin",
                    "legacypath", "nose", "stepwise", "python_path", "debugging", "setuponly", "setupplan",
-                   "tmpdir", "monkeypatch", "recwarn", "cacheprovider", "warnings")
+                   "tmpdir", "monkeypatch", "recwarn", "cacheprovider", "warnings", "subtests", "unittest",
+                   "skipping", "capture", "assertion")
 
 
 def _plugin_args() -> list[str]:
@@ -217,7 +218,7 @@ def _pytest_args(args: argparse.Namespace, mpath: Path, out: Path) -> list[str]:
     # matrix's own directory.
     pargs = [str(mpath), *_run_plugin_args(xdist=bool(args.numprocesses)), "-c", os.devnull, "--rootdir",
              str(Path.cwd()), "--noconftest", "--confcutdir", str(mpath.resolve().parent),
-             "-s", "--assert=plain", "--cumatrix-out", str(out), "--cumatrix-reports-after",
+             "--cumatrix-out", str(out), "--cumatrix-reports-after",
              "--cumatrix-backend", args.backend,
              "-o", "console_output_style=classic", "-rfE"]
     pargs += ["-v"] if args.verbose else (["-qq"] if args.quiet else ["-q"])
