@@ -29,7 +29,7 @@ from .errors import ConfigError, CumatrixError
 from .keyword import KeywordExpression
 from .model import Cell, Matrix
 from .orchestrate import Orchestrator, end_record, run_header
-from .record import CellRecord
+from .record import STATUSES, CellRecord
 from .results import Store, cell_digests, dumps
 
 _ORCHESTRATORS = pytest.StashKey[dict[str, Orchestrator]]()
@@ -239,7 +239,10 @@ def _keyword(config: pytest.Config) -> KeywordExpression | None:
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     expr = _keyword(config) if config.getoption("cumatrix_keyword") else None
     if expr is not None:
-        chosen = [it for it in items if not isinstance(it, CellItem) or expr.matches(it.cell.id, it.path.name)]
+        # The controller matched every cell already (_selected); a worker matches them here.
+        ids = {cid for cid, _ in config.stash.get(_SELECTED, ())} if _SELECTED in config.stash else None
+        chosen = [it for it in items if not isinstance(it, CellItem)
+                  or (it.cell.id in ids if ids is not None else expr.matches(it.cell.id, it.path.name))]
         if len(chosen) < len(items):
             kept = {id(it) for it in chosen}
             config.hook.pytest_deselected(items=[it for it in items if id(it) not in kept])
@@ -346,11 +349,14 @@ def _store_record(report: pytest.TestReport) -> None:
     config = _CONFIG.get("config")
     if config is None or _is_worker(config):
         return
-    record = raw if isinstance(raw, CellRecord) else \
-        CellRecord.from_json(json.loads(raw), source=f"report of {report.nodeid}")
+    # A worker's record arrives as the JSON of its to_store(): it is stored as it came, not
+    # rebuilt into a CellRecord and back (under -n the controller shares the cores with the
+    # workers, and that round trip cost it about a millisecond a cell).
+    stored = raw.to_store() if isinstance(raw, CellRecord) else _from_worker(raw, report.nodeid)
+    cell_id = str(stored["id"])
     store = config.stash.get(_STORE, None)
     if store is not None:
-        store.append(record.to_store(), digest=config.stash.get(_DIGESTS, {}).get(record.id))
+        store.append(stored, digest=config.stash.get(_DIGESTS, {}).get(cell_id))
     # Stored: what stays on the report (kept by pytest to the end of the run) is a marker,
     # so that the controller's memory does not grow with the cells it has run.
     setattr(report, REPORT_ATTR, STORED)
@@ -359,11 +365,24 @@ def _store_record(report: pytest.TestReport) -> None:
         return
     prog["done"] += 1
     quiet = config.get_verbosity() < -1  # -qq (cumatrix run -q): failures only
-    if not quiet or record.status == "fail":
+    if not quiet or stored["status"] == "fail":
         tr = config.pluginmanager.get_plugin("terminalreporter")
         if tr is not None:
             tr.ensure_newline()
-            tr.write_line(progress_text(prog, record))
+            tr.write_line(progress_text(prog, stored))
+
+
+def _from_worker(raw: str, nodeid: str) -> dict[str, Any]:
+    """A record a worker sent, checked for what the controller reads of it."""
+    try:
+        rec = json.loads(raw)
+    except ValueError as e:
+        raise ConfigError(f"report of {nodeid}: the cell's record is not JSON: {e}") from None
+    obs = rec.get("observed") if isinstance(rec, dict) else None
+    if not (isinstance(obs, dict) and rec.get("type") == "cell" and isinstance(rec.get("id"), str)
+            and rec.get("status") in STATUSES and isinstance(obs.get("outcome"), str)):
+        raise ConfigError(f"report of {nodeid}: not a cell record")
+    return rec
 
 
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> tuple[str, str, str] | None:
@@ -404,13 +423,15 @@ def _unit_scheduler() -> Any:
     return CellUnitScheduling
 
 
-def progress_text(prog: dict[str, Any], record: CellRecord) -> str:
+def progress_text(prog: dict[str, Any], stored: Mapping[str, Any]) -> str:
+    """The progress line of a cell, from its ``results.jsonl`` record."""
     from .report import progress_line
 
-    obs = record.observed
-    outcome = obs.outcome + (f" [{obs.path}]" if obs.path and obs.path != "n/a" else "")
+    obs = stored["observed"]
+    path = obs.get("path")
+    outcome = obs["outcome"] + (f" [{path}]" if path and path != "n/a" else "")
     total = max(prog["total"], prog["done"])
-    return progress_line(prog["done"], total, time.monotonic() - prog["t0"], record.id, record.status, outcome)
+    return progress_line(prog["done"], total, time.monotonic() - prog["t0"], stored["id"], stored["status"], outcome)
 
 
 _CONFIG: dict[str, pytest.Config] = {}

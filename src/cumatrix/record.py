@@ -25,7 +25,7 @@ Status = Literal["pass", "fail", "skip"]
 Category = Literal["ok", "expected", "fail", "skip", "not-run"]
 CATEGORIES: tuple[Category, ...] = ("ok", "expected", "fail", "skip", "not-run")
 
-_STATUSES = ("pass", "fail", "skip")
+STATUSES = ("pass", "fail", "skip")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -244,8 +244,8 @@ def _one(shared: dict[object, Any], key: object, value: Any) -> Any:
 def _cell(r: _Reader, shared: dict[object, Any]) -> CellRecord:
     cell_id = r.need_text("id")
     status = r.text("status", required=True)
-    if status not in _STATUSES:
-        raise r.fail(f"status {status!r} is not one of {', '.join(_STATUSES)}")
+    if status not in STATUSES:
+        raise r.fail(f"status {status!r} is not one of {', '.join(STATUSES)}")
     exp = r.obj("expected")
     obs = r.obj("observed")
     outcome = r.need_text("outcome", obs)
@@ -270,7 +270,7 @@ def _cell(r: _Reader, shared: dict[object, Any]) -> CellRecord:
             exit_status=r.integer("exit_status", obs),
             data=dict(data),
         ),
-        status=status,  # type: ignore[arg-type]  # checked against _STATUSES above
+        status=status,  # type: ignore[arg-type]  # checked against STATUSES above
         mismatch=r.text("mismatch"),
         timings=_timings(r),
         fingerprint=fingerprint,
