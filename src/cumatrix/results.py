@@ -86,22 +86,60 @@ def cell_digest(matrix: Matrix, cell: Cell, harness_version: str) -> str:
     select it, and the harness version.  Places in the file (line numbers) are left out:
     moving a line does not invalidate a result.
     """
-    runtime = None if cell.runtime == NO_RUNTIME else matrix.runtime(cell.runtime)
-    inputs = {
-        "harness": harness_version,
-        "cell": dataclasses.asdict(cell),
-        "runtime": dataclasses.asdict(dataclasses.replace(runtime, where="")) if runtime is not None else None,
-        "driver": dataclasses.asdict(matrix.driver(cell.driver)),
-        "headers": _headers_source(matrix, cell),
-        "expect": [{"select": list(ov.selector.values), "outcomes": sorted(ov.outcomes), "reason": ov.reason}
-                   for ov in matrix.expect if ov.selector.matches(cell)],
-    }
-    return hashlib.sha256(dumps(inputs).encode()).hexdigest()
+    return _digest(matrix, cell, harness_version, {})
+
+
+def _digest(matrix: Matrix, cell: Cell, harness_version: str, shared: dict[tuple[str, str], str]) -> str:
+    """:func:`cell_digest`, with the runtime and driver entries (the same for many cells) in ``shared``."""
+    rkey, dkey = ("runtime", cell.runtime), ("driver", cell.driver)
+    if rkey not in shared:
+        runtime = None if cell.runtime == NO_RUNTIME else matrix.runtime(cell.runtime)
+        shared[rkey] = _json(_plain(dataclasses.replace(runtime, where="")) if runtime is not None else None)
+    if dkey not in shared:
+        shared[dkey] = _json(_plain(matrix.driver(cell.driver)))
+    expect = [{"select": list(ov.selector.values), "outcomes": sorted(ov.outcomes), "reason": ov.reason}
+              for ov in matrix.expect if ov.selector.matches(cell)]
+    # dumps() of {"cell", "driver", "expect", "harness", "headers", "runtime"}, written out in
+    # its key order so that the entries many cells share are encoded once.
+    text = (f'{{"cell":{_json(_plain(cell))},"driver":{shared[dkey]},"expect":{_json(expect)},'
+            f'"harness":{_json(harness_version)},"headers":{_json(_headers_source(matrix, cell))},'
+            f'"runtime":{shared[rkey]}}}')
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _plain(value: Any) -> Any:
+    """``dataclasses.asdict`` as JSON sees it (no copies: the result is only encoded)."""
+    if value is None or isinstance(value, str | int | float):
+        return value
+    names = _field_names(type(value))
+    if names is not None:
+        return {f: _plain(getattr(value, f)) for f in names}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def _field_names(cls: type) -> tuple[str, ...] | None:
+    """The fields of a dataclass type; None for any other type."""
+    if cls not in _FIELDS:
+        _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else None
+    return _FIELDS[cls]
+
+
+_FIELDS: dict[type, tuple[str, ...] | None] = {}
+
+
+def _json(value: Any) -> str:
+    """:func:`dumps` of any JSON value (the same encoding)."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
 def cell_digests(matrix: Matrix, cells: Iterable[Cell], harness_version: str) -> dict[str, str]:
     """``{cell id: cell_digest}`` for the cells of a run."""
-    return {c.id: cell_digest(matrix, c, harness_version) for c in cells}
+    shared: dict[tuple[str, str], str] = {}
+    return {c.id: _digest(matrix, c, harness_version, shared) for c in cells}
 
 
 # --------------------------------------------------------------------------- environment
