@@ -11,7 +11,6 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +87,8 @@ def _matrix_arg(path: str | None) -> Path:
 
 
 #: pytest's own plugins a run of cells has no use for, each of which costs every cell's three
-#: phases something (log capture, gc after each test, fd capture is turned off with ``-s``).
+#: phases something (log capture, gc after each test, output capture: a cell's output is
+#: the harness's to capture, through its pipes).
 _UNUSED_PLUGINS = ("logging", "unraisableexception", "threadexception", "faulthandler", "doctest", "pastebin",
                    "legacypath", "nose", "stepwise", "python_path", "debugging", "setuponly", "setupplan",
                    "tmpdir", "monkeypatch", "recwarn", "cacheprovider", "warnings", "subtests", "unittest",
@@ -98,6 +98,8 @@ _UNUSED_PLUGINS = ("logging", "unraisableexception", "threadexception", "faultha
 def _plugin_args() -> list[str]:
     """Load the plugin explicitly unless its pytest11 entry point is installed (pytest as
     the user runs it, plugins autoloaded)."""
+    from importlib import metadata  # 60 ms to import: only here, not in every command
+
     try:
         eps = metadata.entry_points(group="pytest11")
         installed = any(ep.value == "cumatrix.plugin" for ep in eps)
@@ -140,7 +142,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # xdist's workers inherit it
     code = int(pytest.main(_pytest_args(args, mpath, out)))
-    _write_reports(args)
+    if code == 5 and not args.resume:  # no cell selected: a usage error (exit 2), no reports of nothing
+        from .plugin import PENDING_REPORTS
+
+        PENDING_REPORTS.pop("out", None)
+    else:
+        _write_reports(args)
     return _exit_status(code, args, mpath, out)
 
 

@@ -549,5 +549,21 @@ def _keep(m: Matrix, cells: list[Cell], apply_exclude: bool) -> Iterator[Cell]:
             yield c
 
 
+#: The cells of the last matrices expanded: pytest's collection and the controller's selection
+#: both ask, each for 10,000 Cell objects at 10,000 cells.  load() hands each caller its own
+#: copy of a Matrix (its path as that caller named it) with the same sections: those are what
+#: the cells come from, so they are the key, compared by identity.
+_CELLS: dict[str, tuple[tuple[object, ...], tuple[Cell, ...]]] = {}
+
+
+def _sections(m: Matrix) -> tuple[object, ...]:
+    return (m.runtimes, m.drivers, m.builds, m.variants, m.workloads, m.cases, m.exclude, m.probe)
+
+
 def cells(m: Matrix) -> list[Cell]:
-    return list(expand(m))
+    hit = _CELLS.get(m.sha256)
+    if hit is None or any(a is not b for a, b in zip(hit[0], _sections(m), strict=True)):
+        if len(_CELLS) >= _CACHE_SIZE:
+            _CELLS.pop(next(iter(_CELLS)))
+        hit = _CELLS[m.sha256] = (_sections(m), tuple(expand(m)))
+    return list(hit[1])

@@ -18,7 +18,6 @@ once per content hash, hard-linked from uv's cache; its ``libcudart`` is the cel
 from __future__ import annotations
 
 import contextlib
-import email.parser
 import fcntl
 import hashlib
 import json
@@ -34,7 +33,6 @@ import tempfile
 import zipfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from importlib import metadata as importlib_metadata
 from pathlib import Path, PurePosixPath
 
 from .cache import cache_dir, cache_root
@@ -277,6 +275,8 @@ def wheel_metadata(wheel: Path) -> tuple[str, str]:
         if len(metas) != 1:
             raise RuntimeNotFound(f"{wheel.name}: {len(metas)} *.dist-info/METADATA files (a wheel has one)")
         text = zf.read(metas[0]).decode("utf-8", "replace")
+    import email.parser  # imported where a wheel's METADATA is read: 25 ms every matrix load paid
+
     msg = email.parser.HeaderParser().parsestr(text)
     name, version = msg.get("Name"), msg.get("Version")
     if not name or not version:
@@ -443,6 +443,8 @@ def find_in_distributions(paths: Sequence[str]) -> Iterator[InstalledCudart]:
 
     Reads ``*.dist-info`` files only: nothing is imported or loaded.
     """
+    from importlib import metadata as importlib_metadata
+
     for dist in importlib_metadata.distributions(path=list(paths)):
         for f in dist.files or ():
             if _CUDART_MEMBER.search(str(f).replace(os.sep, "/")):
@@ -614,6 +616,8 @@ def build_environment(requirements: Sequence[str], *, wheel_dir: Path | None = N
                  str(env_dir / "bin" / "python"), *source, "--", *reqs, *map(str, extra_wheels)], what)
         # Read from the dist-info files, not by `uv pip list`: that starts the environment's
         # interpreter, and a wheel's .pth file would run on the host.
+        from importlib import metadata as importlib_metadata
+
         installed = sorted(f"{d.metadata['Name']}=={d.version}"
                            for d in importlib_metadata.distributions(path=env_site_packages(env_dir)))
         (env_dir / ".complete").write_text(json.dumps({"requirements": reqs, "installed": installed,

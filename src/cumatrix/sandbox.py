@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import ctypes
 import fnmatch
 import functools
 import hashlib
@@ -271,6 +270,8 @@ def _build_shim() -> Path | None:
 
 def _prctl() -> Callable[..., int] | None:
     try:
+        import ctypes
+
         fn: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None

@@ -143,6 +143,26 @@ class _Frame:
     key: str | None = None
 
 
+def _plain_text_starts(loader: yaml.SafeLoader) -> frozenset[str]:
+    """First characters of a plain scalar that some implicit resolver of ``loader`` looks at.
+
+    A plain scalar starting with any other character resolves to a string; ``None`` (a
+    resolver for every first character) or a path resolver means every scalar is resolved.
+    """
+    resolvers = loader.yaml_implicit_resolvers
+    if None in resolvers or getattr(loader, "yaml_path_resolvers", None):
+        return _EVERY_START
+    return frozenset(k for k in resolvers if k)
+
+
+class _Everything(frozenset[str]):
+    def __contains__(self, item: object) -> bool:
+        return True
+
+
+_EVERY_START = _Everything()
+
+
 class _Builder:
     """Parser events -> JSON-shaped data, positions kept; an explicit stack, no recursion."""
 
@@ -153,13 +173,20 @@ class _Builder:
         self.total = 0
         self.documents = 0
         self.done = False
+        self._plain: frozenset[str] = _EVERY_START
 
     def fail(self, place: tuple[int, int], message: str) -> ConfigError:
         return ConfigError([Problem(self.doc.file, place[0], place[1], message)])
 
     def run(self, loader: yaml.SafeLoader) -> Doc:
+        self._plain = _plain_text_starts(loader)
+        scalar, put = ScalarEvent, self.put
         while loader.check_event():
-            self.event(loader, loader.get_event())  # type: ignore[no-untyped-call]  # untyped in types-PyYAML
+            ev = loader.get_event()  # type: ignore[no-untyped-call]  # untyped in types-PyYAML
+            if ev.__class__ is scalar:  # most events: one branch, not the chain below
+                put(self.scalar(loader, ev), 1, ev, scalar_text=str(ev.value))
+            else:
+                self.event(loader, ev)
         return self.doc
 
     def event(self, loader: yaml.SafeLoader, ev: Event) -> None:
@@ -204,19 +231,21 @@ class _Builder:
         self.stack.append(_Frame(path=path, value=value, anchor=ev.anchor))
 
     def scalar(self, loader: yaml.SafeLoader, ev: ScalarEvent) -> Any:
-        place = _mark(ev.start_mark)
-        tag = ev.tag if ev.tag not in (None, "!") and not ev.implicit[0] else None
+        value, implicit = ev.value, ev.implicit
+        tag = ev.tag if ev.tag not in (None, "!") and not implicit[0] else None
         if tag is None:
-            tag = loader.resolve(ScalarNode, ev.value, ev.implicit)  # type: ignore[no-untyped-call]  # untyped in types-PyYAML
+            if implicit[0] and value[:1] not in self._plain and value:
+                return str(value)  # a plain scalar no implicit resolver looks at: a string
+            tag = loader.resolve(ScalarNode, value, implicit)  # type: ignore[no-untyped-call]  # untyped in types-PyYAML
         if tag in _TEXT_TAGS:
-            return str(ev.value)
+            return str(value)
         construct = _SCALARS.get(tag)
         if construct is None:
-            raise self.fail(place, f"unsupported YAML tag {tag!r}")
+            raise self.fail(_mark(ev.start_mark), f"unsupported YAML tag {tag!r}")
         try:
             return construct(ScalarNode(tag, ev.value))  # marks unused: problems are located here
         except (ValueError, OverflowError, yaml.YAMLError) as e:
-            raise self.fail(place, f"cannot read {ev.value[:40]!r} as {tag.rsplit(':', 1)[-1]}: {e}") from None
+            raise self.fail(_mark(ev.start_mark), f"cannot read {ev.value[:40]!r} as {tag.rsplit(':', 1)[-1]}: {e}") from None
 
     def alias(self, ev: AliasEvent) -> None:
         place = _mark(ev.start_mark)
