@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -159,8 +160,10 @@ def _kernel_or_skip(result: dict[str, object]) -> None:
         pytest.skip(f"kernel path unavailable: {result['kernel_info']}")
 
 
+# Up to 2040 blocks of one size travel in the kernel's parameters; more blocks, or blocks of
+# several sizes, are uploaded to device memory first: both routes, every byte.
 LAYOUTS = {"16k-x1024": uniform(16384, 1024), "4k-x1024": uniform(4096, 1024), "2m-x8": uniform(2 << 20, 8),
-           "ragged": ragged()}
+           "4k-x2040": uniform(4096, 2040), "4k-x2041": uniform(4096, 2041), "ragged": ragged()}
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -173,6 +176,74 @@ def test_kernel_path_every_byte(library: str, direction: str, layout: str) -> No
     assert r["path"] == "kernel", r
     assert r["nbad"] == 0, f"{r['nbad']} of {len(sizes)} blocks wrong, first {r['bad']}"
     assert str(r["kernel_info"]).startswith("cubin sm_"), r["kernel_info"]
+
+
+_STAGED_CHILD = r'''
+import ctypes, json, random, sys
+from cumatrix import swapcell
+api = swapcell._Driver()
+lib = api.lib
+lib.cuMemsetD8Async.argtypes = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t, ctypes.c_void_p]
+swap = swapcell._Swap(sys.argv[1])
+swap.set_policy("kernel")
+n, block, rounds = 8192, 4096, 7
+src = api.alloc_device(n * block)
+api.upload(src, random.Random(3).randbytes(n * block))
+dsts = [api.alloc_device(n * block) for _ in range(rounds)]
+busy = api.alloc_device(1 << 31)
+stream = api.stream("dedicated")
+api.sync()
+# The GPU is kept busy first, so every call below is enqueued while the earlier ones still wait:
+# the pinned descriptor buffers are all in flight and later calls must not overwrite them.
+lib.cuMemsetD8Async(busy, 1, 1 << 31, stream)
+lib.cuMemsetD8Async(busy, 2, 1 << 31, stream)
+perms = []
+for r in range(rounds):
+    perm = list(range(n)); random.Random(100 + r).shuffle(perm); perms.append(perm)
+    S = (ctypes.c_void_p * n)(*[src + i * block for i in range(n)])
+    D = (ctypes.c_void_p * n)(*[dsts[r] + perm[i] * block for i in range(n)])
+    Z = (ctypes.c_size_t * n)(*([block] * n))
+    rc = swap((S, D, Z, n), stream)
+    if rc != 0:
+        print(json.dumps({"rc": rc, "detail": swap.failure().detail})); sys.exit(0)
+api.sync()
+want = bytes(api.download(src, n * block))
+bad = []
+for r in range(rounds):
+    got = bytes(api.download(dsts[r], n * block))
+    bad += [(r, i) for i in range(n) if got[perms[r][i] * block:(perms[r][i] + 1) * block] != want[i * block:(i + 1) * block]]
+print(json.dumps({"rc": 0, "path": swapcell._PATHS[swap.path.value], "nbad": len(bad), "bad": bad[:5]}))
+'''
+
+
+def test_staged_descriptors_back_to_back(library: str) -> None:
+    # Seven calls of 8192 blocks enqueued while the GPU is still busy: the four pinned descriptor
+    # buffers are all in flight, so later calls take a free one or upload from pageable memory;
+    # none may overwrite descriptors a queued upload has not read yet.
+    proc = subprocess.run([sys.executable, "-c", _STAGED_CHILD, library], capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, PYTHONPATH=SRC_ROOT))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    _kernel_or_skip(r)
+    assert (r["rc"], r["path"], r["nbad"]) == (0, "kernel", 0), r
+
+
+def test_descriptors_in_parameters_where_driver_and_nvrtc_allow(library: str) -> None:
+    # Parameters over 4 KiB need a 12.1+ driver and NVRTC: there the kernel is built with the
+    # descriptors-in-parameters entry, and a call of 1024 uniform blocks takes it (every byte).
+    r = run_child(library, direction="h2d", policy="kernel", sizes=uniform(4096, 1024)[0],
+                  offsets=uniform(4096, 1024)[1])
+    _kernel_or_skip(r)
+    assert (r["rc"], r["path"], r["nbad"]) == (0, "kernel", 0), r
+    info = str(r["kernel_info"])
+    m = re.search(r"NVRTC (\d+)\.(\d+)", info)
+    assert m, info
+    drv = ctypes.c_int()
+    ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(drv))
+    if (int(m.group(1)), int(m.group(2))) >= (12, 1) and drv.value >= 12010:
+        assert "in the kernel's parameters" in info, info
+    else:
+        assert "parameters" not in info, info
 
 
 @pytest.mark.parametrize("direction", ["d2h", "h2d", "d2d"])

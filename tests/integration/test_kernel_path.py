@@ -59,7 +59,10 @@ def _kernel_source(tmp_path: Path) -> Path:
     return out
 
 
-def test_kernel_source_compiles_to_sm90_machine_code(tmp_path: Path) -> None:
+@pytest.mark.parametrize("param_blocks", [None, 2040])
+def test_kernel_source_compiles_to_sm90_machine_code(tmp_path: Path, param_blocks: int | None) -> None:
+    # As NVRTC gets it: without the define (drivers or NVRTC before 12.1), and with it (the
+    # descriptors-in-parameters kernel, 32664 bytes of parameters).
     nvcc = shutil.which("nvcc")
     if not nvcc:
         if os.environ.get("CUMATRIX_REQUIRE_NVCC") == "1":
@@ -67,13 +70,15 @@ def test_kernel_source_compiles_to_sm90_machine_code(tmp_path: Path) -> None:
         pytest.skip("nvcc is not on PATH")
     source = _kernel_source(tmp_path)
     cubin = tmp_path / "k.cubin"
-    proc = subprocess.run([nvcc, "-cubin", "-arch=sm_90", "-Werror", "all-warnings", "-o", str(cubin), str(source)],
-                          capture_output=True, text=True)
+    define = [f"-DKVSWAP_PARAM_BLOCKS={param_blocks}"] if param_blocks else []
+    proc = subprocess.run([nvcc, "-cubin", "-arch=sm_90", "-Werror", "all-warnings", *define, "-o", str(cubin),
+                           str(source)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     with open(cubin, "rb") as f:
         names = {sym.name for sec in ELFFile(f).iter_sections() if isinstance(sec, SymbolTableSection)
                  for sym in sec.iter_symbols()}
     assert "kvswap_copy_blocks" in names
+    assert ("kvswap_copy_params" in names) == bool(param_blocks), sorted(names)
 
 
 def test_no_cuda_dt_needed_and_policy_api_exported(proc_address: Path) -> None:
