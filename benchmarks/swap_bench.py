@@ -9,6 +9,9 @@ Measures on the GPU of this host, every number from this run:
 - d2d 16 KiB x (32 layers x 1024 blocks);
 - the limits: the link, 2 MiB blocks x 1024 through the best batch per direction; the device's copy
   bandwidth, one 1 GiB ``cuMemcpyDtoDAsync``;
+- steady state: the 4 and 16 KiB host transfers and the d2d row, each call as called, queued
+  behind a spin kernel (the GPU's own time) and by the calling thread's clock; back to back a call
+  costs the larger of its host and GPU times (``sustained_gbps``);
 - interference: a compute-bound kernel that fills every SM (a cuBLAS bf16 GEMM through torch
   where torch is importable, else an NVRTC-compiled FMA loop) alone, then queued first on one
   stream with swaps on another stream for its whole window, per policy, direction and block size:
@@ -17,6 +20,7 @@ Measures on the GPU of this host, every number from this run:
 GB/s count bytes copied once (median of the repetitions; spread in ms).  Writes ``--json`` (rows:
 direction, block_bytes, blocks, path, policy, streams, gbps, limit_gbps, repetitions, spread;
 ``interference`` rows: policy, direction, block_bytes, swap_gbps, limit_gbps, compute_slowdown;
+``steady`` rows: called_gbps, queued_gbps, host_ms, sustained_gbps;
 ``targets``: each goal of the swap-speed issues beside its measured ratio) and ``--plot``.
 
     python benchmarks/swap_bench.py [--json reports/bench/swap-h200.json] [--plot reports/bench/swap-h200.png]
@@ -110,6 +114,88 @@ def phase_sweep(bench: Bench, reps: int) -> dict[str, Any]:
                 for m in bench.measure(direction, block, BLOCKS, ("batch",), reps, streams=(1, 2, 3, 4, 6, 8)):
                     rows.append(asdict(m) | {"chunk": chunk or 4096, "flags": os.environ.get("KVSWAP_CE_FLAGS", "0")})
     bench.swap.set_chunk_limit(0)
+    return {"rows": rows}
+
+
+# --------------------------------------------------------------------------- steady state
+
+_SPIN_SOURCE = r"""
+extern "C" __global__ void spin(unsigned long long ns) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+    do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns);
+}
+"""
+#: (direction, block bytes, blocks, policies) measured as called, queued, and by the host's clock.
+STEADY: list[tuple[str, int, int, tuple[str, ...]]] = [
+    (d, b, BLOCKS, ("kernel", "copy-engine-only", "beside-compute", "fastest"))
+    for d in ("d2h", "h2d") for b in (4 * KIB, 16 * KIB)]
+STEADY.append(("d2d", 16 * KIB, D2D_LAYERS * BLOCKS, ("kernel", "beside-compute", "fastest")))
+
+
+def phase_steady(bench: Bench, reps: int) -> dict[str, Any]:
+    """Each call three ways: as called (events around the call on an idle GPU: what a lone call
+    takes), queued (a spin kernel ahead of the start event holds the GPU until the call is
+    enqueued: the GPU's own time), and the calling thread's time (the host's clock around the
+    call).  Back to back, as a server issues swaps behind its other work, a call costs the larger
+    of its host time and its GPU time: ``sustained_gbps``."""
+    from cumatrix.cudaapi import nvrtc_compile
+
+    api = bench.api
+    arch = (api.attribute(75), api.attribute(76))
+    spin = api.load_function(nvrtc_compile(_SPIN_SOURCE, "spin", arch), "spin")
+    sms = api.attribute(16)
+    rows = []
+    for direction, block, blocks, policies in STEADY:
+        args = bench.layout(direction, block, blocks)
+        total = block * blocks
+        for policy in policies:
+            bench.swap.set_policy(policy)
+
+            def call() -> None:
+                if bench.swap(args, bench.stream) != 0:
+                    raise bench.swap.failure()
+
+            def timed(spin_us: float, host: list[float] | None = None) -> float:
+                out = []
+                for i in range(reps + 2):
+                    if spin_us:
+                        api.launch(spin, sms, 32, bench.stream, [ctypes.c_uint64(int(spin_us * 1000))])
+                    api.record(bench.start, bench.stream)
+                    t0 = time.perf_counter()
+                    call()
+                    t1 = time.perf_counter()
+                    api.record(bench.end, bench.stream)
+                    ms = api.elapsed_ms(bench.start, bench.end)
+                    if i >= 2:
+                        out.append(ms)
+                        if host is not None:
+                            host.append((t1 - t0) * 1e3)
+                return statistics.median(out)
+
+            try:
+                host: list[float] = []
+                called = timed(0.0, host)
+                # The spin holds every SM (the GPU stays at its working clocks) for twice the call's
+                # host time, at least 0.3 ms, so the whole call is enqueued before the start event.
+                queued = timed(max(300.0, 2000.0 * max(host)))
+            except bench._cudaapi.CudaFailure as e:
+                rows.append({"direction": direction, "block_bytes": block, "blocks": blocks, "policy": policy,
+                             "error": e.detail})
+                continue
+            host_ms = statistics.median(host)
+            row = {"direction": direction, "block_bytes": block, "blocks": blocks, "policy": policy,
+                   "path": bench._cudaapi.PATHS.get(bench.swap.path.value, "n/a"),
+                   "called_gbps": total / 1e9 / (called / 1e3), "queued_gbps": total / 1e9 / (queued / 1e3),
+                   "host_ms": host_ms, "sustained_gbps": total / 1e9 / (max(host_ms, queued) / 1e3),
+                   "repetitions": reps}
+            rows.append(row)
+            print(f"  steady {policy:18} {direction} {block // KIB:3} KiB x {blocks:5}: called "
+                  f"{row['called_gbps']:7.1f}  queued {row['queued_gbps']:7.1f}  host {host_ms:.3f} ms  "
+                  f"sustained {row['sustained_gbps']:7.1f} GB/s", file=sys.stderr, flush=True)
+        bench.api.sync()
+        bench.free()
+    bench.swap.set_policy("fastest")
     return {"rows": rows}
 
 
@@ -325,7 +411,8 @@ def plot(rows: list[dict[str, Any]], limits: dict[str, float], path: Path, title
     fig.savefig(path, dpi=110)
 
 
-def _targets(rows: list[dict[str, Any]], inter: list[dict[str, Any]], limits: dict[str, float]) -> list[dict[str, Any]]:
+def _targets(rows: list[dict[str, Any]], inter: list[dict[str, Any]], limits: dict[str, float],
+             steady: list[dict[str, Any]]) -> list[dict[str, Any]]:
     def gbps(direction: str, block: int, blocks: int, policy: str) -> float:
         vals = [float(r["gbps"] or 0.0) for r in rows
                 if (r["direction"], r["block_bytes"], r["blocks"], r["policy"]) == (direction, block, blocks, policy)]
@@ -362,6 +449,19 @@ def _targets(rows: list[dict[str, Any]], inter: list[dict[str, Any]], limits: di
         target(f"{d} 16 KiB beside the computation, best policy slowing it <= 5% "
                f"({best['policy'] if best else 'none'}) / link limit", best["swap_gbps"] / limits[d] if best else 0.0,
                0.8)
+    # Back to back (a server's swaps behind its other work): bytes / max(host time, GPU time).
+    for r in steady:
+        if r.get("sustained_gbps") is None:
+            continue
+        d, b, n, p = r["direction"], r["block_bytes"], r["blocks"], r["policy"]
+        goal = {("copy-engine-only", 16 * KIB): 0.6, ("kernel", 4 * KIB): 0.85, ("kernel", 16 * KIB): 0.8}.get((p, b))
+        if d == "d2d" and p in ("kernel", "fastest"):
+            goal = 0.8
+        if goal is not None:
+            shape = f"{D2D_LAYERS}x{BLOCKS}" if n == D2D_LAYERS * BLOCKS else str(n)
+            what = "device copy" if d == "d2d" else "link limit"
+            target(f"{d} {b // KIB} KiB x {shape}, {p}, sustained (max of host and GPU time) / {what}",
+                   r["sustained_gbps"] / limits[d], goal)
     cal = [(gbps(d, b, n, "fastest-calibrated") / gbps(d, b, n, "batch"), f"{d} {b // KIB} KiB x {n}")
            for d, b, n in configs() if gbps(d, b, n, "batch") > 0]
     worst = min(cal, default=(0.0, "-"))
@@ -377,7 +477,8 @@ def main() -> int:
     ap.add_argument("--wheel-dir", type=Path)
     ap.add_argument("--repetitions", type=int, default=10)
     ap.add_argument("--sweep", action="store_true", help="also the copy-engine and SM-budget sweeps")
-    ap.add_argument("--phase", choices=("forced", "calibrated", "sweep", "interference"), help=argparse.SUPPRESS)
+    ap.add_argument("--phase", choices=("forced", "calibrated", "sweep", "interference", "steady"),
+                    help=argparse.SUPPRESS)
     ap.add_argument("--library", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.phase:
@@ -386,6 +487,7 @@ def main() -> int:
         result = {"forced": lambda: phase_forced(bench, args.repetitions),
                   "calibrated": lambda: phase_calibrated(bench, args.repetitions),
                   "sweep": lambda: phase_sweep(bench, args.repetitions),
+                  "steady": lambda: phase_steady(bench, args.repetitions),
                   "interference": lambda: phase_interference(bench, args.repetitions, args.sweep)}[args.phase]()
         if not protocol.emit({"outcome": "ok", "path": "n/a", "data": result}, environ=channel):
             print(json.dumps(result), flush=True)
@@ -409,6 +511,7 @@ def main() -> int:
         table.write_text(table_text(best_rows(as_calibration_input(measured))))
         calibrated = run_phase("calibrated", lib, args.repetitions, {"KVSWAP_CALIBRATION": str(table)})
         calibration_text = table.read_text()
+    steady = run_phase("steady", lib, args.repetitions, {})["rows"]
     inter = run_phase("interference", lib, args.repetitions, {}, sweep=args.sweep)
     sweep_rows: list[dict[str, Any]] = []
     if args.sweep:
@@ -421,13 +524,13 @@ def main() -> int:
     for r in rows:
         r["limit_gbps"] = limits[r["direction"]]
         r["layers"] = D2D_LAYERS if r["blocks"] == D2D_LAYERS * BLOCKS else 1
-    for r in inter["interference"]:
+    for r in inter["interference"] + steady:
         r["limit_gbps"] = limits[r["direction"]]
-    targets = _targets(rows, inter["interference"], limits)
+    targets = _targets(rows, inter["interference"], limits, steady)
     report = {"device": forced.get("device"), "versions": forced.get("versions"), "sms": forced.get("sms"),
               "kernel_info": forced.get("kernel_info"), "limits_gbps": limits, "settings": forced.get("settings"),
               "device_copy_spread_ms": forced.get("device_copy_spread"), "rows": rows, "targets": targets,
-              "calibration_table": calibration_text, "interference": inter["interference"],
+              "calibration_table": calibration_text, "interference": inter["interference"], "steady": steady,
               "interference_compute": inter["compute"], "copy_engine_sweep": sweep_rows,
               "method": "median of --repetitions event-timed calls after 2 warm-ups; GB/s count bytes copied once; "
                         "scattered destination slots; pinned host memory (cuMemHostAlloc). Link limit: the best "
@@ -435,7 +538,10 @@ def main() -> int:
                         "Interference: the computation queued first on its own stream, swaps on another stream "
                         "after an event of the computation's start; swap GB/s over the swaps that ended inside "
                         "the computation's window; slowdown = median window beside swaps / median window alone - 1, "
-                        "3 rounds of each, interleaved, after one untimed run alone"}
+                        "3 rounds of each, interleaved, after one untimed run alone. Steady: each call as called "
+                        "(events around it, GPU idle), queued (behind a spin kernel on every SM for twice the call's "
+                        "host time, at least 0.3 ms: the GPU's time), and the "
+                        "calling thread's time; sustained = bytes / max(host time, queued time)"}
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
     # No paths in the title: NVRTC found by path (KVSWAP_NVRTC) is named by its file name alone.
