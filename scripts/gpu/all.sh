@@ -44,10 +44,10 @@ for s in ${*:-reference drivers clients gate sandbox kernel}; do
   case $s in
     reference) stage reference 200 python3 -m cumatrix run examples/h200-reference.yaml --out "$E/gpu-h200" -q -n "$NPROC"
                python3 scripts/compare-runs.py reports/gpu-h200/results.json "$E/gpu-h200/results.json" \
-                 > "$E/gpu-h200/comparison.md"; head -3 "$E/gpu-h200/comparison.md" ;;
+                 > "$E/gpu-h200/comparison.md"; head -3 "$E/gpu-h200/comparison.md"; pack ;;
     drivers) stage drivers 120 python3 -m cumatrix run examples/h200-drivers.yaml --out "$E/gpu-h200-drivers" -q -n "$NPROC"
              python3 scripts/compare-runs.py reports/gpu-h200-drivers/results.json "$E/gpu-h200-drivers/results.json" \
-               > "$E/gpu-h200-drivers/comparison.md"; head -3 "$E/gpu-h200-drivers/comparison.md" ;;
+               > "$E/gpu-h200-drivers/comparison.md"; head -3 "$E/gpu-h200-drivers/comparison.md"; pack ;;
     clients) stage clients 200 env OUT="$E" bash scripts/gpu/clients.sh ;;
     gate) stage gate 200 env OUT="$E" bash scripts/gpu/gate.sh ;;
     sandbox) stage sandbox 120 env OUT="$E" bash scripts/gpu/sandbox.sh ;;
