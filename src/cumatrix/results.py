@@ -57,8 +57,9 @@ SYNC_INTERVAL = 1.0
 MIN_FREE_BYTES = 1 << 20
 
 
-def dumps(record: Mapping[str, Any]) -> str:
-    """The one JSON encoding of every record and report: stable, sorted, one line."""
+def dumps(record: Any) -> str:
+    """The one JSON encoding of every record and report (and of any part of one): stable, sorted,
+    one line."""
     return json.dumps(record, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
@@ -94,15 +95,15 @@ def _digest(matrix: Matrix, cell: Cell, harness_version: str, shared: dict[tuple
     rkey, dkey = ("runtime", cell.runtime), ("driver", cell.driver)
     if rkey not in shared:
         runtime = None if cell.runtime == NO_RUNTIME else matrix.runtime(cell.runtime)
-        shared[rkey] = _json(_plain(dataclasses.replace(runtime, where="")) if runtime is not None else None)
+        shared[rkey] = dumps(_plain(dataclasses.replace(runtime, where="")) if runtime is not None else None)
     if dkey not in shared:
-        shared[dkey] = _json(_plain(matrix.driver(cell.driver)))
+        shared[dkey] = dumps(_plain(matrix.driver(cell.driver)))
     expect = [{"select": list(ov.selector.values), "outcomes": sorted(ov.outcomes), "reason": ov.reason}
               for ov in matrix.expect if ov.selector.matches(cell)]
     # dumps() of {"cell", "driver", "expect", "harness", "headers", "runtime"}, written out in
     # its key order so that the entries many cells share are encoded once.
-    text = (f'{{"cell":{_json(_plain(cell))},"driver":{shared[dkey]},"expect":{_json(expect)},'
-            f'"harness":{_json(harness_version)},"headers":{_json(_headers_source(matrix, cell))},'
+    text = (f'{{"cell":{dumps(_plain(cell))},"driver":{shared[dkey]},"expect":{dumps(expect)},'
+            f'"harness":{dumps(harness_version)},"headers":{dumps(_headers_source(matrix, cell))},'
             f'"runtime":{shared[rkey]}}}')
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -129,11 +130,6 @@ def _field_names(cls: type) -> tuple[str, ...] | None:
 
 
 _FIELDS: dict[type, tuple[str, ...] | None] = {}
-
-
-def _json(value: Any) -> str:
-    """:func:`dumps` of any JSON value (the same encoding)."""
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
 def cell_digests(matrix: Matrix, cells: Iterable[Cell], harness_version: str) -> dict[str, str]:
