@@ -145,40 +145,23 @@ def phase_steady(bench: Bench, reps: int) -> dict[str, Any]:
     arch = (api.attribute(75), api.attribute(76))
     spin = api.load_function(nvrtc_compile(_SPIN_SOURCE, "spin", arch), "spin")
     sms = api.attribute(16)
+
+    def spin_for(ms: float) -> Callable[[], None]:
+        return lambda: api.launch(spin, sms, 32, bench.stream, [ctypes.c_uint64(int(ms * 1e6))])
+
     rows = []
     for direction, block, blocks, policies in STEADY:
         args = bench.layout(direction, block, blocks)
         total = block * blocks
         for policy in policies:
             bench.swap.set_policy(policy)
-
-            def call() -> None:
-                if bench.swap(args, bench.stream) != 0:
-                    raise bench.swap.failure()
-
-            def timed(spin_us: float, host: list[float] | None = None) -> float:
-                out = []
-                for i in range(reps + 2):
-                    if spin_us:
-                        api.launch(spin, sms, 32, bench.stream, [ctypes.c_uint64(int(spin_us * 1000))])
-                    api.record(bench.start, bench.stream)
-                    t0 = time.perf_counter()
-                    call()
-                    t1 = time.perf_counter()
-                    api.record(bench.end, bench.stream)
-                    ms = api.elapsed_ms(bench.start, bench.end)
-                    if i >= 2:
-                        out.append(ms)
-                        if host is not None:
-                            host.append((t1 - t0) * 1e3)
-                return statistics.median(out)
-
+            call = _swap_call(bench, args, bench.stream)
             try:
                 host: list[float] = []
-                called = timed(0.0, host)
+                called = statistics.median(bench.time_ms(call, reps, 2, host=host))
                 # The spin holds every SM (the GPU stays at its working clocks) for twice the call's
                 # host time, at least 0.3 ms, so the whole call is enqueued before the start event.
-                queued = timed(max(300.0, 2000.0 * max(host)))
+                queued = statistics.median(bench.time_ms(call, reps, 2, before=spin_for(max(0.3, 2 * max(host)))))
             except bench._cudaapi.CudaFailure as e:
                 rows.append({"direction": direction, "block_bytes": block, "blocks": blocks, "policy": policy,
                              "error": e.detail})

@@ -20,6 +20,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -150,12 +151,20 @@ class Bench:
         self.api._dev_allocs.clear()
         self.api._host_allocs.clear()
 
-    def time_ms(self, fn: Any, reps: int, warmup: int) -> list[float]:
-        """Event-timed milliseconds of ``fn()`` on the bench stream."""
+    def time_ms(self, fn: Any, reps: int, warmup: int, *, before: Any = None,
+                host: list[float] | None = None) -> list[float]:
+        """Event-timed milliseconds of ``fn()`` on the bench stream.  ``before()`` runs ahead of
+        the start event each time (say, a kernel that holds the GPU while ``fn`` is enqueued);
+        ``host`` gets the milliseconds the calling thread spent in ``fn()``."""
         out: list[float] = []
         for i in range(warmup + reps):
+            if before is not None:
+                before()
             self.api.record(self.start, self.stream)
+            t0 = time.perf_counter() if host is not None else 0.0
             fn()
+            if host is not None and i >= warmup:
+                host.append((time.perf_counter() - t0) * 1e3)
             self.api.record(self.end, self.stream)
             ms = self.api.elapsed_ms(self.start, self.end)
             if i >= warmup:
