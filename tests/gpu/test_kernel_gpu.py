@@ -17,6 +17,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -144,12 +145,17 @@ def ragged() -> tuple[list[int], list[int]]:
     return sizes, offsets
 
 
-def run_child(library: str, env: dict[str, str] | None = None, **spec: object) -> dict[str, object]:
-    proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(dict(spec, library=library))],
-                          capture_output=True, text=True, timeout=300,
+def child_json(source: str, *argv: str, env: dict[str, str] | None = None, timeout: float = 300) -> Any:
+    """Run ``source`` in a child Python (a fault there must not take the test run down); the
+    JSON of its last line of output."""
+    proc = subprocess.run([sys.executable, "-c", source, *argv], capture_output=True, text=True, timeout=timeout,
                           env=dict(os.environ, PYTHONPATH=SRC_ROOT, **(env or {})))
     assert proc.returncode == 0, f"child exit {proc.returncode}: {proc.stderr[-3000:]}"
-    result: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_child(library: str, env: dict[str, str] | None = None, **spec: object) -> dict[str, object]:
+    result: dict[str, object] = child_json(_CHILD, json.dumps(dict(spec, library=library)), env=env)
     return result
 
 
@@ -220,10 +226,7 @@ def test_staged_descriptors_back_to_back(library: str) -> None:
     # Seven calls of 8192 blocks enqueued while the GPU is still busy: the four pinned descriptor
     # buffers are all in flight, so later calls take a free one or upload from pageable memory;
     # none may overwrite descriptors a queued upload has not read yet.
-    proc = subprocess.run([sys.executable, "-c", _STAGED_CHILD, library], capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, PYTHONPATH=SRC_ROOT))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    r = child_json(_STAGED_CHILD, library)
     _kernel_or_skip(r)
     assert (r["rc"], r["path"], r["nbad"]) == (0, "kernel", 0), r
 
@@ -334,10 +337,7 @@ def test_kernel_survives_a_context_destroyed_and_recreated(library: str) -> None
     # The per-context module and pool die with their context; a new context (the driver often hands
     # out the same address again) must get its own, not the dead one's (cached by address alone,
     # this failed with an invalid-handle error or wrong bytes).
-    proc = subprocess.run([sys.executable, "-c", _RECREATE_CHILD, library], capture_output=True, text=True,
-                          timeout=120, env=dict(os.environ, PYTHONPATH=SRC_ROOT))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    rounds = json.loads(proc.stdout.strip().splitlines()[-1])
+    rounds = child_json(_RECREATE_CHILD, library, timeout=120)
     print(rounds)
     if "no NVRTC" in str(rounds[0]["info"]):
         pytest.skip(f"kernel path unavailable: {rounds[0]['info']}")
@@ -402,10 +402,7 @@ def test_ptx_newer_than_the_driver_is_222(library: str) -> None:
         ctypes.CDLL(os.environ.get("KVSWAP_NVRTC") or "libnvrtc.so.13")
     except OSError as e:
         pytest.skip(f"no NVRTC: {e}")
-    proc = subprocess.run([sys.executable, "-c", _PTX_CHILD], capture_output=True, text=True, timeout=120,
-                          env=dict(os.environ, PYTHONPATH=SRC_ROOT))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    r = child_json(_PTX_CHILD, timeout=120)
     print(r)
     assert r["same"] == 0, r
     assert (r["newer"], r["newer_name"]) == (222, "CUDA_ERROR_UNSUPPORTED_PTX_VERSION"), r
