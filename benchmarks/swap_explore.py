@@ -247,6 +247,20 @@ class Lab:
         self.api._host_allocs.clear()
 
 
+def swap_args(srcs: list[int], dsts: list[int], block: int) -> tuple[Any, Any, Any, int]:
+    """The (src, dst, sizes, n) arrays of one call of the library."""
+    n = len(srcs)
+    return (ctypes.c_void_p * n)(*srcs), (ctypes.c_void_p * n)(*dsts), (ctypes.c_size_t * n)(*([block] * n)), n
+
+
+def swap_call(swap: Any, args: tuple[Any, Any, Any, int], stream: int | None) -> Callable[[], None]:
+    """One call of the library on ``stream``; its failure raised."""
+    def call() -> None:
+        if swap(args, stream) != 0:
+            raise swap.failure()
+    return call
+
+
 def gbps(nbytes: int, ms: float) -> float:
     return nbytes / 1e9 / (ms / 1e3)
 
@@ -289,14 +303,8 @@ def part_d2d(lab: Lab, swap: Any, rows: list[dict[str, Any]]) -> None:
             rows.append({"part": "d2d", "variant": label, "error": e.detail})
         print(f"  d2d {label:58s} {rows[-1].get('gbps', 0):8.1f} GB/s {rows[-1].get('ratio', 0):.3f}", flush=True)
 
-    args = ((ctypes.c_void_p * blocks)(*srcs), (ctypes.c_void_p * blocks)(*dsts),
-            (ctypes.c_size_t * blocks)(*([block] * blocks)), blocks)
     swap.set_policy("kernel")
-
-    def lib_call() -> None:
-        if swap(args, lab.stream) != 0:
-            raise swap.failure()
-
+    lib_call = swap_call(swap, swap_args(srcs, dsts, block), lab.stream)
     lab.clear(dst, total)
     ms = lab.timed(lib_call, spin_us=300)
     rows.append({"part": "d2d", "variant": "the library, kernel policy", "gbps": gbps(total, ms),
@@ -341,16 +349,8 @@ def part_host_kernel(lab: Lab, swap: Any, rows: list[dict[str, Any]], limits: di
                       f"{gbps(total, ms) / lim:.3f}", flush=True)
 
             # The library as the benchmark calls it (events around the call), and behind a spin.
-            src_arr = (ctypes.c_void_p * blocks)(*srcs)
-            dst_arr = (ctypes.c_void_p * blocks)(*dsts)
-            sizes = (ctypes.c_size_t * blocks)(*([block] * blocks))
-            args = (src_arr, dst_arr, sizes, blocks)
             swap.set_policy("kernel")
-
-            def lib_call() -> None:
-                if swap(args, lab.stream) != 0:
-                    raise swap.failure()
-
+            lib_call = swap_call(swap, swap_args(srcs, dsts, block), lab.stream)
             host: list[float] = []
             ms = lab.timed(lib_call, host=host)
             row("library kernel policy, as called", ms, lab.check_blocks(srcs, dsts, block),
@@ -399,9 +399,8 @@ def part_ce(lab: Lab, swap: Any, rows: list[dict[str, Any]], limits: dict[str, f
             blocks = 1024
             total = block * blocks
             src, dst, srcs, dsts = lab.layout(direction, block, blocks)
-            src_arr = (ctypes.c_void_p * blocks)(*srcs)
-            dst_arr = (ctypes.c_void_p * blocks)(*dsts)
-            sizes = (ctypes.c_size_t * blocks)(*([block] * blocks))
+            args = swap_args(srcs, dsts, block)
+            src_arr, dst_arr, sizes, _ = args
             lim = limits[direction]
 
             def row(label: str, called: float, queued: float, host: list[float], **extra: Any) -> None:
@@ -414,9 +413,7 @@ def part_ce(lab: Lab, swap: Any, rows: list[dict[str, Any]], limits: dict[str, f
                       f"({gbps(total, queued) / lim:.2f})  host {statistics.median(host) if host else 0:.3f} ms",
                       flush=True)
 
-            def plain() -> None:
-                if swap((src_arr, dst_arr, sizes, blocks), lab.stream) != 0:
-                    raise swap.failure()
+            plain = swap_call(swap, args, lab.stream)
 
             def shape(policy: str, chunk: int, streams: int) -> None:
                 swap.set_policy(policy)
@@ -525,15 +522,9 @@ def main() -> int:
     for direction in ("d2h", "h2d"):
         block, blocks = 2048 * KIB, 1024
         src, dst, srcs, dsts = lab.layout(direction, block, blocks)
-        a = ((ctypes.c_void_p * blocks)(*srcs), (ctypes.c_void_p * blocks)(*dsts),
-             (ctypes.c_size_t * blocks)(*([block] * blocks)), blocks)
         swap.set_policy("batch")
-
-        def link() -> None:
-            if swap(a, lab.stream) != 0:
-                raise swap.failure()
-
-        limits[direction] = gbps(block * blocks, lab.timed(link, reps=5))
+        limits[direction] = gbps(block * blocks, lab.timed(swap_call(swap, swap_args(srcs, dsts, block), lab.stream),
+                                                           reps=5))
         lab.free()
     out["limits_gbps"] = limits
     print("limits", {k: round(v, 1) for k, v in limits.items()}, out["clocks"]["start"], flush=True)
