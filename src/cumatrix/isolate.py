@@ -92,13 +92,25 @@ def run_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str |
     program's own output can never carry a verdict: only a harness child
     (``Job.reports_verdict``) gets the private channel of :mod:`cumatrix.protocol`.
     """
+    return start_local(job, base_env=base_env, cwd=cwd, policy=policy).wait()
+
+
+def start_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | None = None,
+                policy: sandbox.Policy | None = None) -> LocalChild:
+    """Start ``job``'s child and return at once; :meth:`LocalChild.wait` finishes it.
+
+    A child that cannot start (no such program, a sandbox that was asked for and is missing)
+    comes back already finished.  Until ``wait`` reads them, the child's output waits in its
+    pipes (a child that fills one waits too); its timeout counts from here.
+    """
     plan, scope = sandbox.prepare(job, base_env=base_env, cwd=cwd, policy=policy)
     start = time.monotonic()
     if plan.problem is not None:
         scope.end()
-        return ChildResult(returncode=None, signal=None, timed_out=False, stdout_tail="",
-                           stderr_tail=plan.problem, verdict=Verdict(outcome="harness-error", detail=plan.problem),
-                           verdict_error=None, duration_s=0.0, extra=plan.extra)
+        return LocalChild(job, plan, scope, start, done=ChildResult(
+            returncode=None, signal=None, timed_out=False, stdout_tail="", stderr_tail=plan.problem,
+            verdict=Verdict(outcome="harness-error", detail=plan.problem), verdict_error=None, duration_s=0.0,
+            extra=plan.extra))
     env, plan, chan = _with_channel(job, plan)
     try:
         # No preexec_fn where the spawn shim exists: subprocess then uses vfork, not fork.
@@ -113,38 +125,72 @@ def run_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str |
         # A command that cannot even start is what a shell reports as 126/127.
         code = 127 if isinstance(e, FileNotFoundError) else 126
         why = e.strerror if isinstance(e, OSError) else str(e)
-        return ChildResult(returncode=code, signal=None, timed_out=False, stdout_tail="",
-                           stderr_tail=f"cannot start {job.argv[0]!r}: {why}", verdict=None,
-                           verdict_error=None, duration_s=time.monotonic() - start, extra=plan.extra)
+        return LocalChild(job, plan, scope, start, done=ChildResult(
+            returncode=code, signal=None, timed_out=False, stdout_tail="",
+            stderr_tail=f"cannot start {job.argv[0]!r}: {why}", verdict=None, verdict_error=None,
+            duration_s=time.monotonic() - start, extra=plan.extra))
     scope.started(proc.pid)
-    out, err = _Capture(), _Capture()
-    sel = selectors.DefaultSelector()
-    if proc.stdout is None or proc.stderr is None:
-        raise RuntimeError("Popen gave no pipes")
-    sel.register(proc.stdout, selectors.EVENT_READ, out)
-    sel.register(proc.stderr, selectors.EVENT_READ, err)
     if chan:
         chan.after_spawn()
-        sel.register(chan.read_fd, selectors.EVENT_READ, chan)
-    deadline = start + job.timeout
-    timed_out = False
-    try:
-        timed_out = _pump(sel, proc, scope, deadline)
-    finally:
-        if timed_out or proc.poll() is None:
-            _kill_group(proc)
-        # The group may hold children that outlive the leader; end them too, and then
-        # whatever left the group (setsid daemons): the cell's cgroup, or the sweep.
-        _kill_group(proc, quiet=True)
-        scope.end()
-        sel.close()
-        proc.stdout.close()
-        proc.stderr.close()
+    return LocalChild(job, plan, scope, start, proc=proc, chan=chan)
+
+
+class LocalChild:
+    """A job's child from its start to its end: :meth:`wait` for its result, or :meth:`cancel`."""
+
+    def __init__(self, job: Job, plan: sandbox.Plan, scope: sandbox.Scope, start: float, *,
+                 proc: subprocess.Popen[bytes] | None = None, chan: PipeChannel | None = None,
+                 done: ChildResult | None = None) -> None:
+        self.job, self.plan, self.scope, self.start = job, plan, scope, start
+        self.proc, self.chan, self.done = proc, chan, done
+
+    def wait(self) -> ChildResult:
+        """Read the child's streams until it ends (or its timeout kills it); its result."""
+        if self.done is not None:
+            return self.done
+        proc, chan, scope = self.proc, self.chan, self.scope
+        assert proc is not None and proc.stdout is not None and proc.stderr is not None
+        out, err = _Capture(), _Capture()
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ, out)
+        sel.register(proc.stderr, selectors.EVENT_READ, err)
         if chan:
-            chan.close()
-    verdict, verr = parse(chan.raw()) if chan else (None, None)
-    return _result(proc.wait(), plan, scope, timed_out=timed_out, out=out, err=err, verdict=verdict, verr=verr,
-                   start=start)
+            sel.register(chan.read_fd, selectors.EVENT_READ, chan)
+        timed_out = False
+        try:
+            timed_out = _pump(sel, proc, scope, self.start + self.job.timeout)
+        finally:
+            sel.close()
+            self._end(kill=timed_out or proc.poll() is None)
+        verdict, verr = parse(chan.raw()) if chan else (None, None)
+        self.done = _result(proc.wait(), self.plan, scope, timed_out=timed_out, out=out, err=err, verdict=verdict,
+                            verr=verr, start=self.start)
+        return self.done
+
+    def cancel(self) -> None:
+        """End the child and everything it started, unread (a cell that will not be reported)."""
+        if self.done is None and self.proc is not None:
+            self._end(kill=True)
+            self.proc.wait()
+        self.done = self.done or ChildResult(returncode=None, signal=None, timed_out=False, stdout_tail="",
+                                             stderr_tail="", verdict=None, verdict_error="cancelled",
+                                             duration_s=0.0)
+
+    def _end(self, *, kill: bool) -> None:
+        proc = self.proc
+        assert proc is not None and proc.stdout is not None and proc.stderr is not None
+        try:
+            if kill:
+                _kill_group(proc)
+            # The group may hold children that outlive the leader; end them too, and then
+            # whatever left the group (setsid daemons): the cell's cgroup, or the sweep.
+            _kill_group(proc, quiet=True)
+            self.scope.end()
+        finally:
+            proc.stdout.close()
+            proc.stderr.close()
+            if self.chan:
+                self.chan.close()
 
 
 def _result(rc: int, plan: sandbox.Plan, scope: sandbox.Scope, *, timed_out: bool, out: _Capture, err: _Capture,

@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING, Protocol
 from . import __version__, observe, oracle
 from .classify import classify, with_audit
 from .errors import CumatrixError
-from .isolate import ChildResult, Job, run_local
+from .isolate import ChildResult, Job, LocalChild, run_local, start_local
 from .judge import Facts, judge, utcnow
-from .model import Cell, Expected, Matrix, Observed
-from .provision import DEFAULT_TIMEOUT, Provisioner, Settings
+from .model import NO_RUNTIME, Cell, Expected, Matrix, Observed
+from .provision import DEFAULT_TIMEOUT, Audit, Provisioner, Settings
 from .record import CellRecord
 
 if TYPE_CHECKING:
@@ -56,6 +56,22 @@ class CellRun:
     job: Job | None
 
 
+@dataclass(kw_only=True, slots=True)
+class _Turn:
+    """A cell on its way through the stages (made ready ahead of its turn, or in it)."""
+
+    cell: Cell
+    started: str
+    t0: float
+    expected: Expected
+    job: Job | None = None
+    audit: Audit | None = None
+    observed: Observed | None = None  # decided without a child (or failed to provision)
+    child: LocalChild | None = None
+    ready_s: float = 0.0  # how long stages one and two took
+    ahead: bool = False
+
+
 @dataclass
 class Orchestrator:
     """Runs the cells of one matrix; one per process (the pytest controller, each worker)."""
@@ -72,6 +88,7 @@ class Orchestrator:
     _host_fp: dict[str, object] | None = None
     _docker: DockerBackend | None = None
     _provisioner: Provisioner | None = field(default=None, repr=False)
+    _ahead: _Turn | None = field(default=None, repr=False)
 
     # ----------------------------------------------------------------- host
 
@@ -107,7 +124,8 @@ class Orchestrator:
         return self._provisioner
 
     def close(self) -> None:
-        """Release the docker client, if one was opened."""
+        """Undo a cell started ahead; release the docker client, if one was opened."""
+        self.cancel_ahead()
         if self._docker is not None:
             self._docker.close()
             self._docker = None
@@ -129,30 +147,115 @@ class Orchestrator:
             return self.docker().run_job(job)
         return run_local(job)
 
-    def run(self, cell: Cell) -> CellRun:
-        """Run one cell through every stage; never raises for the cell's own failure."""
-        started, t0 = utcnow(), time.monotonic()
-        expected = self.expected(cell)
+    def run(self, cell: Cell, *, then: Cell | None = None) -> CellRun:
+        """Run one cell through every stage; never raises for the cell's own failure.
+
+        ``then``, the cell that will run next (if any), is made ready while this cell's
+        child runs and started the moment it ends, so that this cell's classification and
+        reporting happen beside the next cell's child instead of between the two.  Cells
+        never overlap: the next one starts only once this one's processes are gone.  A cell
+        run next that is not ``then`` finds it undone (:meth:`cancel_ahead`).
+        """
+        turn = self._take_ahead(cell) or self._begin(cell)
         child: ChildResult | None = None
-        job: Job | None = None
-        seen: observe.Observation | None = None
         try:
-            prepared = (self.hooks.before_run(cell, expected) if self.hooks else None) \
-                or self.provisioner.prepare(cell, expected)
+            try:
+                running = self._launch(turn)
+                if then is not None and self._may_start_ahead(then):
+                    self._ahead = self._ready_ahead(then)
+                if running is not None:
+                    child = running.wait()
+                elif turn.job is not None and turn.observed is None:
+                    child = self.execute(turn.job)
+            except CumatrixError as e:
+                turn.observed = Observed(outcome="harness-error", detail=str(e))
+            if self._ahead is not None:
+                self._launch(self._ahead)
+        except BaseException:
+            self.cancel_ahead()
+            raise
+        return self._conclude(turn, child)
+
+    def _begin(self, cell: Cell) -> _Turn:
+        """Stages one and two: the expectation and the job (with its audit), not yet run."""
+        t0 = time.monotonic()
+        turn = _Turn(cell=cell, started=utcnow(), t0=t0, expected=self.expected(cell))
+        try:
+            prepared = (self.hooks.before_run(cell, turn.expected) if self.hooks else None) \
+                or self.provisioner.prepare(cell, turn.expected)
             if isinstance(prepared, Job):
-                job = self.hooks.job(cell, prepared) if self.hooks else prepared
-                job, audit = self.provisioner.audited(cell, job)
-                child = self.execute(job)
-                seen = audit.conclude() if audit is not None else None
+                turn.job = self.hooks.job(cell, prepared) if self.hooks else prepared
+                turn.job, turn.audit = self.provisioner.audited(cell, turn.job)
+            else:
+                turn.observed = prepared
+        except CumatrixError as e:
+            turn.observed = Observed(outcome="harness-error", detail=str(e))
+        turn.ready_s = time.monotonic() - t0
+        return turn
+
+    def _launch(self, turn: _Turn) -> LocalChild | None:
+        """Start the turn's child (local backend), once; ``None`` where it runs another way."""
+        if turn.child is None and turn.job is not None and turn.observed is None and self.backend == "local":
+            if turn.ahead:  # its clock starts now, as if it had been made ready just before
+                turn.started, turn.t0 = utcnow(), time.monotonic() - turn.ready_s
+            turn.child = start_local(turn.job)
+        return turn.child
+
+    def _conclude(self, turn: _Turn, child: ChildResult | None) -> CellRun:
+        """Stages four and five: what the child did, judged against the expectation."""
+        cell, expected, seen = turn.cell, turn.expected, None
+        observed = turn.observed
+        try:
+            if observed is None:
+                assert child is not None  # a turn with a job and no outcome yet has run its child
+                seen = turn.audit.conclude() if turn.audit is not None else None
                 observed = with_audit(classify(child, kind=cell.kind), seen)
                 expected = self._program_expectation(cell, expected, seen)
-            else:
-                observed = prepared
         except CumatrixError as e:
             observed = Observed(outcome="harness-error", detail=str(e))
-        record = judge(cell, expected, observed, child, self._facts(cell, seen), started=started,
-                       duration_s=time.monotonic() - t0)
-        return CellRun(record=record, job=job)
+        record = judge(cell, expected, observed, child, self._facts(cell, seen), started=turn.started,
+                       duration_s=time.monotonic() - turn.t0)
+        return CellRun(record=record, job=turn.job)
+
+    # ----------------------------------------------------------------- the next cell, ahead
+
+    def _may_start_ahead(self, cell: Cell) -> bool:
+        """Whether ``cell`` can be made ready while another cell's child runs: only where that
+        costs no provisioning (a wheel to fetch, an interposer or a variant to build would
+        stall the running cell's output), and not for swap cells, which time the GPU."""
+        if self.backend != "local" or self.hooks is not None or cell.kind not in ("command", "probe"):
+            return False
+        if cell.driver.startswith("emulated-") and not self.provisioner.has_interposer(cell.driver):
+            return False
+        return cell.runtime == NO_RUNTIME or self.provisioner.resolved(cell.runtime) is not None
+
+    def _ready_ahead(self, cell: Cell) -> _Turn | None:
+        try:
+            turn = self._begin(cell)
+        except Exception:  # noqa: BLE001 - it fails again, and is reported, in its own turn
+            return None
+        turn.ahead = True
+        return turn
+
+    def _take_ahead(self, cell: Cell) -> _Turn | None:
+        turn, self._ahead = self._ahead, None
+        if turn is not None and turn.cell != cell:
+            self._drop(turn)
+            return None
+        return turn
+
+    def cancel_ahead(self) -> None:
+        """Undo the cell made ready (or started) ahead of its turn: a run that stops early."""
+        turn, self._ahead = self._ahead, None
+        if turn is not None:
+            self._drop(turn)
+
+    @staticmethod
+    def _drop(turn: _Turn) -> None:
+        if turn.child is not None:
+            turn.child.cancel()
+        if turn.audit is not None:
+            turn.audit.plan.log.unlink(missing_ok=True)
 
     def _program_expectation(self, cell: Cell, expected: Expected, seen: observe.Observation | None) -> Expected:
         """A command cell, re-predicted from the runtime its processes really used."""
@@ -171,12 +274,16 @@ class Orchestrator:
 
     def run_all(self, cells: Iterable[Cell], on_record: Callable[[CellRun], None]) -> None:
         """Run ``cells`` one after another, handing each finished cell to ``on_record``."""
-        for cell in cells:
-            on_record(self.run(cell))
+        todo = list(cells)
+        try:
+            for i, cell in enumerate(todo):
+                on_record(self.run(cell, then=todo[i + 1] if i + 1 < len(todo) else None))
+        finally:
+            self.cancel_ahead()
 
     def with_hooks(self, hooks: CellHooks) -> Orchestrator:
         """A copy of this orchestrator that uses ``hooks``."""
-        return replace(self, hooks=hooks, _provisioner=None)
+        return replace(self, hooks=hooks, _provisioner=None, _ahead=None)
 
 
 def run_header(matrix: Matrix, cell_ids: list[str], *, backend: str, argv: list[str], host: str | None,

@@ -172,9 +172,11 @@ class CellItem(pytest.Item):
         self.matrix = matrix
         self.line = line
         self.record: CellRecord | None = None
+        self.then: Cell | None = None  # the cell this process runs next, when pytest knows it
 
     def runtest(self) -> None:
-        record = orchestrator_for(self.config, self.matrix).run(self.cell).record
+        then, self.then = self.then, None
+        record = orchestrator_for(self.config, self.matrix).run(self.cell, then=then).record
         self.record = record
         obs = record.observed
         self.user_properties += [("outcome", obs.outcome), ("path", obs.path or ""),
@@ -211,6 +213,14 @@ def format_failure(rec: CellRecord) -> str:
     if tail:
         lines += ["----- child stderr (tail) -----", tail[-2000:], "----- end of child stderr -----"]
     return "\n".join(lines)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    # The next cell of the same matrix is made ready while this one runs, and started as it
+    # ends (Orchestrator.run): this cell's reporting then costs no time between the two.
+    if isinstance(item, CellItem) and isinstance(nextitem, CellItem) and nextitem.matrix.path == item.matrix.path:
+        item.then = nextitem.cell
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -458,6 +468,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
+    for orch in config.stash.get(_ORCHESTRATORS, {}).values():
+        orch.cancel_ahead()  # a run stopped early (-x, --maxfail, Ctrl-C) ends the cell started next
     out = _out(config)
     store = config.stash.get(_STORE, None)
     if _is_worker(config) or out is None or store is None:

@@ -114,6 +114,10 @@ class Provisioner:
             self._interposers[cell.driver] = self._build_interposer(cell.driver)
         return self._interposers[cell.driver]
 
+    def has_interposer(self, driver: str) -> bool:
+        """Whether the interposer of emulated driver ``driver`` is built already."""
+        return driver in self._interposers
+
     def _build_interposer(self, driver: str) -> str:
         from . import drivers, headers
         from .fingerprint import SearchLog, search_real_libcuda
