@@ -28,6 +28,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -192,32 +193,57 @@ def commands(work: Path, n: int, wheel_dir: str | None) -> dict[str, list[str]]:
             "pytest": pt, "xdist-n2": [*pt, "-n", "2"]}
 
 
+def _first_cell_s(argv: list[str], *, cwd: Path, env: dict[str, str], stamp: Path) -> float:
+    """Seconds from starting ``argv`` (a run) until its first cell's command runs; the run is
+    then killed (what it does after its first cell is not start-up)."""
+    stamp.unlink(missing_ok=True)
+    t0 = time.time()
+    proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        while not (stamp.exists() and stamp.read_text().strip()):
+            if proc.poll() is not None:
+                sys.exit(f"{' '.join(argv[:6])} ... ended before its first cell:\n"
+                         f"{proc.stderr.read().decode(errors='replace')[-3000:] if proc.stderr else ''}")
+            time.sleep(0.002)
+        return int(stamp.read_text()) / 1e9 - t0  # the cell wrote its start (date +%s%N)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
 def validate_and_collect(work: Path, n: int, env: dict[str, str]) -> dict[str, float]:
     """What a run does before its first cell, at ``n`` cells.
 
     ``validate_s``: ``cumatrix validate`` with an empty cache (the matrix parsed and checked);
-    ``collect_s``: then ``cumatrix run -k <no cell>``, which does everything a run does before
-    its first cell (start-up, the matrix, pytest's collection of every cell, the selection)
-    and stops there; ``collect_cold_s``: the same with an empty cache (no ``validate`` before).
+    ``collect_s``: then ``cumatrix run`` until its first cell's command starts (start-up, the
+    matrix read back, pytest's collection of every cell, the selection, the runtime, the
+    store); ``collect_cold_s``: the same with an empty cache (no ``validate`` before: the run
+    parses the matrix itself).  The first cell writes the time it ran; the run is then killed.
     """
-    m = work / f"m{n}.yaml"
+    stamp = work / "first-cell.t"
+    m = work / f"m{n}-first.yaml"
+    text = (work / f"m{n}.yaml").read_text()
+    first = f"  - {{name: c{0:05d}, argv: [sh, -c, 'date +%s%N > {stamp}']}}\n"
+    lines = text.splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if line.startswith("  - "))
+    m.write_text("".join(lines[:at]) + first + "".join(lines[at + 1:]))
     out: dict[str, float] = {}
-    nothing = ["-k", "no-such-cell-zzz", "--out", str(work / "collect-out")]
-    steps = (("validate_s", "cold", [PYTHON, "-m", "cumatrix", "validate", str(m)]),
-             ("collect_s", "warm", [PYTHON, "-m", "cumatrix", "run", str(m), "-q", *nothing]),
-             ("collect_cold_s", "cold", [PYTHON, "-m", "cumatrix", "run", str(m), "-q", *nothing]),
-             ("pytest_collect_s", "cold", [PYTHON, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                                           "-c", os.devnull, "--rootdir", str(work), str(work / f"test_spawn{n}.py")]))
+    run = [PYTHON, "-m", "cumatrix", "run", str(m), "-q", "--out", str(work / "collect-out")]
     from cumatrix.cache import cache_root
 
     saved = cache_root() / "matrix"  # validated matrices kept between processes (nothing else)
     step_env = {k: v for k, v in env.items() if k != "CUMATRIX_NO_MATRIX_CACHE"}
-    for name, state, argv in steps:
-        if state == "cold":
-            shutil.rmtree(saved, ignore_errors=True)
-        wall, _, mx, _, _, _ = measure(argv, cwd=work, env=step_env, sample=False, ok=(0, 1, 2, 5))
-        out[name] = round(wall, 3)
-        out[name.replace("_s", "_max_mb")] = round(mx, 1)
+    shutil.rmtree(saved, ignore_errors=True)
+    wall, _, mx, _, _, _ = measure([PYTHON, "-m", "cumatrix", "validate", str(m)], cwd=work, env=step_env, sample=False)
+    out["validate_s"], out["validate_max_mb"] = round(wall, 3), round(mx, 1)
+    out["collect_s"] = round(_first_cell_s(run, cwd=work, env=step_env, stamp=stamp), 3)
+    shutil.rmtree(saved, ignore_errors=True)
+    out["collect_cold_s"] = round(_first_cell_s(run, cwd=work, env=step_env, stamp=stamp), 3)
+    wall, _, mx, _, _, _ = measure([PYTHON, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "-c",
+                                    os.devnull, "--rootdir", str(work), str(work / f"test_spawn{n}.py")],
+                                   cwd=work, env=step_env, sample=False)
+    out["pytest_collect_s"], out["pytest_collect_max_mb"] = round(wall, 3), round(mx, 1)
     out["validate_plus_collect_s"] = round(out["validate_s"] + out["collect_s"], 3)
     return out
 
@@ -253,25 +279,28 @@ def show(rows: list[dict[str, object]], pre: dict[str, float] | None, n_pre: int
     head = (f"{'cells':>6} {'floor s':>8} {'run s':>8} {'run/fl':>7} {'pyt/fl':>7} {'+ms/cell':>8} | "
             f"{'fl-n2 s':>8} {'run-n2 s':>8} {'run/fl':>7} {'xd/fl':>7} {'run/xd':>7} | "
             f"{'run MB':>7} {'run-n2 MB':>9} {'pyt MB':>7} {'xd MB':>7}")
-    print(head)
+    if rows:
+        print(head)
     for r in rows:
         print(f"{r['cells']:>6} {r['floor_s']:8.2f} {r['cumatrix_s']:8.2f} {r['cumatrix_vs_floor']:7.2f} "
               f"{r['pytest_vs_floor']:7.2f} {r['extra_ms_per_cell']:8.2f} | {r['floor-n2_s']:8.2f} "
               f"{r['cumatrix-n2_s']:8.2f} {r['cumatrix_n2_vs_floor_n2']:7.2f} {r['xdist_n2_vs_floor_n2']:7.2f} "
               f"{r['cumatrix_n2_vs_xdist_n2']:7.2f} | {r['cumatrix_tree_mb']:7.1f} {r['cumatrix_n2_tree_mb']:9.1f} "
               f"{r['pytest_tree_mb']:7.1f} {r['xdist_n2_tree_mb']:7.1f}")
-    print(f"{'':>6} CPU seconds (the whole tree, cells included): run/floor, pytest/floor, run-n2/xdist-n2")
+    if rows:
+        print(f"{'':>6} CPU seconds (the whole tree, cells included): run/floor, pytest/floor, run-n2/xdist-n2")
     for r in rows:
         print(f"{r['cells']:>6} {r['cpu_cumatrix_vs_floor']:7.2f} {r['cpu_pytest_vs_floor']:7.2f} "
               f"{r['cpu_cumatrix_n2_vs_xdist_n2']:7.2f}   (floor {r['floor_cpu_s']:.2f} s, run {r['cumatrix_cpu_s']:.2f} s, "
               f"run-n2 {r['cumatrix-n2_cpu_s']:.2f} s, xdist-n2 {r['xdist-n2_cpu_s']:.2f} s)")
-    print("run/fl: cumatrix run / floor; pyt/fl: pytest / floor; xd: pytest-xdist -n 2; "
-          "MB: peak of the harness's processes (controller + workers, summed)")
+    if rows:
+        print("run/fl: cumatrix run / floor; pyt/fl: pytest / floor; xd: pytest-xdist -n 2; "
+              "MB: peak of the harness's processes (controller + workers, summed)")
     if pre:
-        print(f"before the first cell, {n_pre} cells: validate {pre['validate_s']:.2f} s + a run up to its first "
-              f"cell {pre['collect_s']:.2f} s = {pre['validate_plus_collect_s']:.2f} s; without validate first (no "
-              f"cached matrix) {pre['collect_cold_s']:.2f} s (pytest --collect-only of {n_pre} plain tests: "
-              f"{pre['pytest_collect_s']:.2f} s); peak {pre['collect_max_mb']:.0f} MB")
+        print(f"before the first cell, {n_pre} cells: validate {pre['validate_s']:.2f} s + a run until its first "
+              f"cell's command starts {pre['collect_s']:.2f} s = {pre['validate_plus_collect_s']:.2f} s; without "
+              f"validate first (no cached matrix) {pre['collect_cold_s']:.2f} s (pytest --collect-only of {n_pre} "
+              f"plain tests: {pre['pytest_collect_s']:.2f} s); validate's peak {pre['validate_max_mb']:.0f} MB")
 
 
 def main() -> int:
@@ -281,6 +310,8 @@ def main() -> int:
     ap.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS))
     ap.add_argument("--wheel-dir", help="take the runtime wheel from here (offline)")
     ap.add_argument("--json", type=Path, help="write every sample and the summary here")
+    ap.add_argument("--startup-only", action="store_true", help="only what a run does before its first cell, "
+                                                                 "at the largest size")
     a = ap.parse_args()
 
     # Byte-compiled as an installed wheel is (pip compiles at install): with
@@ -303,7 +334,7 @@ def main() -> int:
         write_matrix(work / "m1.yaml", 1)
         measure([PYTHON, "-m", "cumatrix", "run", str(work / "m1.yaml"), "-q", "--out", str(work / "warm"),
                  *(["--wheel-dir", a.wheel_dir] if a.wheel_dir else [])], cwd=work, env=env, sample=False)
-        for n in a.sizes:
+        for n in ([] if a.startup_only else a.sizes):
             write_matrix(work / f"m{n}.yaml", n)
             write_tests(work / f"test_spawn{n}.py", n)
             cmds = commands(work, n, a.wheel_dir)
@@ -318,10 +349,16 @@ def main() -> int:
                                               procs, rc))
                     print(f"  {n:>6} {c:12} rep {rep}: {samples[-1].wall_s:8.2f} s  cpu {samples[-1].cpu_s:8.2f} s  "
                           f"{samples[-1].tree_mb:6.1f} MB", file=sys.stderr, flush=True)
-        pre = validate_and_collect(work, max(a.sizes), env)
-    rows = summarise(samples, a.sizes)
+        if a.startup_only:
+            write_matrix(work / f"m{max(a.sizes)}.yaml", max(a.sizes))
+            write_tests(work / f"test_spawn{max(a.sizes)}.py", max(a.sizes))
+        # Start-up is a second or two: the median of three, each step interleaved with the others.
+        tries = [validate_and_collect(work, max(a.sizes), env) for _ in range(3)]
+        pre = {k: statistics.median(t[k] for t in tries) for k in tries[0]}
+        pre["tries"] = tries  # type: ignore[assignment]
+    rows = [] if a.startup_only else summarise(samples, a.sizes)
     print(f"machine: {os.cpu_count()} cores, load {load0:.1f} -> {os.getloadavg()[0]:.1f}, Python {platform.python_version()}, "
-          f"cumatrix {cumatrix.__version__}; median of {a.reps} interleaved run(s)")
+          f"cumatrix {cumatrix.__version__}; median of {a.reps} interleaved run(s); start-up: median of 3")
     show(rows, pre, max(a.sizes))
     if a.json:
         a.json.write_text(json.dumps({"cpus": os.cpu_count(), "python": platform.python_version(),

@@ -19,10 +19,9 @@ import shlex
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import runtimes as _runtimes
-from . import yamldoc
 from .errors import ConfigError, Problem, did_you_mean
 from .model import (
     NO_RUNTIME,
@@ -40,6 +39,9 @@ from .model import (
     Selector,
     Workload,
 )
+
+if TYPE_CHECKING:  # PyYAML (25 ms to import) only where a matrix is parsed, not read back from the cache
+    from . import yamldoc
 
 #: The JSON Schema of a matrix file, shipped in the package.  Editors that speak the YAML
 #: language server complete and check a matrix from it when the file's first line is
@@ -79,7 +81,9 @@ class _Ctx:
         try:
             return CudaVersion.parse(self.text(path, raw))
         except ValueError as e:
-            self.err(path, f"{yamldoc.where_text(path)}: {e}")
+            from .yamldoc import where_text
+
+            self.err(path, f"{where_text(path)}: {e}")
             return None
 
     def unique(self, items: Sequence[tuple[str, yamldoc.Path]], what: str) -> None:
@@ -368,7 +372,9 @@ def load(path: str | Path) -> Matrix:
     if hit is None:
         hit = _saved(raw, sha, str(path))
         if hit is None:
-            hit = loads(yamldoc.decode(raw, str(path)), str(path), sha256=sha)
+            from .yamldoc import decode
+
+            hit = loads(decode(raw, str(path)), str(path), sha256=sha)
             _save(raw, sha, hit)
         if len(_CACHE) >= _CACHE_SIZE:
             _CACHE.pop(next(iter(_CACHE)))
@@ -382,7 +388,7 @@ def load(path: str | Path) -> Matrix:
 # cases again.  Only valid matrices are kept; any doubt about an entry means parsing.
 _SAVE_ABOVE = 32 * 1024  # bytes of YAML; smaller files parse in a few milliseconds
 _SAVED_KEEP = 16
-_CODE = ("matrix.py", "yamldoc.py", "model.py", "runtimes.py", "data/matrix.schema.json")
+_CODE = ("matrix.py", "yamldoc.py", "yamlfast.py", "model.py", "runtimes.py", "data/matrix.schema.json")
 
 
 def _saved_path(raw: bytes, sha: str, name: str) -> Path | None:
@@ -436,6 +442,8 @@ def _save(raw: bytes, sha: str, m: Matrix) -> None:
 
 def loads(text: str, filename: str = "<matrix>", *, sha256: str | None = None) -> Matrix:
     """Parse and validate matrix text: the schema's shape checks, then the semantic ones."""
+    from . import yamldoc
+
     doc = yamldoc.parse(text, filename)
     if not isinstance(doc.data, dict):
         raise ConfigError([doc.problem((), "a matrix file is a mapping with at least `runtimes` and `drivers`")])

@@ -75,7 +75,25 @@ def _compiler_identity(cc_path: str) -> str:
         key = (str(real), 0, 0, 0)
     got = _COMPILER_IDS.get(key)
     if got is None:
-        got = _COMPILER_IDS[key] = _ask_compiler(cc_path)
+        got = _COMPILER_IDS[key] = _noted_compiler(cc_path, key)
+    return got
+
+
+def _noted_compiler(cc_path: str, key: tuple[str, int, int, int]) -> str:
+    """``_ask_compiler``, noted in the cache under the compiler file's identity: asking costs a
+    process (50 ms) that every run would otherwise spend before its first cell."""
+    note = cache_dir("audit") / f"cc-{hashlib.sha256(repr(key).encode()).hexdigest()[:20]}.txt"
+    try:
+        return note.read_text()
+    except OSError:
+        pass
+    got = _ask_compiler(cc_path)
+    try:
+        tmp = note.with_name(f".{note.name}.{os.getpid()}")
+        tmp.write_text(got)
+        tmp.replace(note)
+    except OSError:
+        pass  # a read-only cache: asked again next time
     return got
 
 
@@ -481,9 +499,10 @@ class CellRuntime:
     path: str | None = None  # where the process would find it (inside the container for docker)
 
 
-def cell_runtime(libcudart: Path, version: int, *, path_inside: str | None = None) -> CellRuntime:
-    """A cell's runtime from its provisioned file (the SONAME read from the ELF)."""
-    soname = _soname_from_file(libcudart) or libcudart.name
+def cell_runtime(libcudart: Path, version: int, *, path_inside: str | None = None,
+                 soname: str | None = None) -> CellRuntime:
+    """A cell's runtime from its provisioned file (the SONAME read from the ELF, unless known)."""
+    soname = soname or _soname_from_file(libcudart) or libcudart.name
     return CellRuntime(soname=soname, version=version, path=path_inside or str(libcudart))
 
 

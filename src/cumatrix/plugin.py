@@ -15,7 +15,7 @@ import re
 import signal
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Generator, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -30,7 +30,7 @@ from .keyword import KeywordExpression
 from .model import Cell, Matrix
 from .orchestrate import Orchestrator, end_record, run_header
 from .record import STATUSES, CellRecord
-from .results import Store, cell_digests, dumps
+from .results import LazyDigests, Store, cell_digests, dumps
 
 _ORCHESTRATORS = pytest.StashKey[dict[str, Orchestrator]]()
 _PROGRESS = pytest.StashKey[dict[str, Any]]()
@@ -246,7 +246,28 @@ def _keyword(config: pytest.Config) -> KeywordExpression | None:
     return KeywordExpression.compile(text) if text else None
 
 
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: list[pytest.Item]) -> Generator[None, None, None]:
+    _select_cells(config, items)
+    # A cumatrix run's cells use no fixtures, and the CLI passes no -k, -m or --deselect and
+    # autoloads no plugin: the other implementations (pytest's fixture reordering above all,
+    # 0.15 s at 10,000 cells for an order it keeps) are given the rest of the items only.
+    cells: list[pytest.Item] = []
+    if config.getoption("cumatrix_reports_after") and not (
+            config.getoption("keyword") or config.getoption("markexpr") or config.getoption("deselect")):
+        cells = [it for it in items if isinstance(it, CellItem)]
+        if cells:
+            items[:] = [it for it in items if not isinstance(it, CellItem)]
+    try:
+        return (yield)
+    finally:
+        if cells:
+            items[:] = cells + items
+
+
+def _select_cells(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """-k of cumatrix run (--cumatrix-keyword), and --resume: the cells this process runs."""
     expr = _keyword(config) if config.getoption("cumatrix_keyword") else None
     if expr is not None:
         # The controller matched every cell already (_selected); a worker matches them here.
@@ -276,7 +297,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
 # --------------------------------------------------------------------------- controller side
 
 _STORE = pytest.StashKey[Store]()
-_DIGESTS = pytest.StashKey[dict[str, str]]()
+_DIGESTS = pytest.StashKey[LazyDigests]()
 _REUSE = pytest.StashKey[frozenset[str]]()
 
 
@@ -317,16 +338,15 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     # the end record and the reports are still written.
     signal.signal(signal.SIGTERM, _terminate_as_interrupt)
     store = config.stash[_STORE] = _open_store(config, out)
-    digests: dict[str, str] = {}
+    digests = LazyDigests(__version__)
     fp = None
     tr = config.pluginmanager.get_plugin("terminalreporter")
     for m, cells in _selected(config):
         orch = orchestrator_for(config, m)
         fp = fp or orch.host_fingerprint()
-        mine = cell_digests(m, cells, __version__)
-        digests.update(mine)
-        if config.getoption("cumatrix_resume"):
-            plan = store.resume(mine)
+        digests.add(m, cells)
+        if config.getoption("cumatrix_resume"):  # every digest now: they decide what runs
+            plan = store.resume(cell_digests(m, cells, __version__))
             config.stash[_REUSE] = config.stash.get(_REUSE, frozenset()) | plan.reuse
             for w in plan.warnings:
                 if tr is not None:
@@ -366,7 +386,8 @@ def _store_record(report: pytest.TestReport) -> None:
     cell_id = str(stored["id"])
     store = config.stash.get(_STORE, None)
     if store is not None:
-        store.append(stored, digest=config.stash.get(_DIGESTS, {}).get(cell_id))
+        digests = config.stash.get(_DIGESTS, None)
+        store.append(stored, digest=digests.get(cell_id) if digests is not None else None)
     # Stored: what stays on the report (kept by pytest to the end of the run) is a marker,
     # so that the controller's memory does not grow with the cells it has run.
     setattr(report, REPORT_ATTR, STORED)

@@ -253,7 +253,7 @@ class Provisioner:
         rt = self.settings.matrix.runtime(cell.runtime)
         if self.settings.backend != "docker":
             res = self.runtime(cell.runtime)
-            return observe.cell_runtime(res.libcudart, res.version)
+            return observe.cell_runtime(res.libcudart, res.version, soname=res.soname)
         version = self.runtime_version(cell)
         if rt.requirement and version is not None:
             inside = self._docker().prepare_runtime(rt, self.settings.wheel_dir).cudart

@@ -18,6 +18,7 @@ once per content hash, hard-linked from uv's cache; its ``libcudart`` is the cel
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -69,6 +70,7 @@ class ResolvedRuntime:
     batch_exported: bool = False  # .dynsym defines cudaMemcpyBatchAsync
     env_dir: Path | None = None  # an environment runtime's virtual environment
     installed: tuple[str, ...] = ()  # an environment runtime's ``name==version`` list
+    soname: str | None = None  # libcudart's DT_SONAME, where it was read already (None: read it from the file)
 
     @property
     def cuda(self) -> CudaVersion:
@@ -247,9 +249,9 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _unpack_cached(wheel: Path) -> Path:
+def _unpack_cached(wheel: Path, sha256: str | None = None) -> Path:
     """The wheel unpacked under the cache, keyed by its name and content."""
-    target = cache_dir("runtimes") / f"{wheel.name[: -len('.whl')]}-{sha256_file(wheel)[:12]}"
+    target = _unpacked_dir(wheel, sha256 or sha256_file(wheel))
     if (target / ".complete").exists():
         return target
     tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=target.parent))
@@ -263,6 +265,10 @@ def _unpack_cached(wheel: Path) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _unpacked_dir(wheel: Path, sha256: str) -> Path:
+    return cache_dir("runtimes") / f"{wheel.name[: -len('.whl')]}-{sha256[:12]}"
 
 
 # --------------------------------------------------------------------------- versions, from data
@@ -392,13 +398,17 @@ def _not_a_runtime(label: str, requirement: str, wheel: Path, why: str) -> Runti
                            "(runtime wheels are nvidia-cuda-runtime-cu12 and nvidia-cuda-runtime)")
 
 
+def _check_metadata(wheel: Path, requirement: str, label: str, meta_name: str, meta_version: str) -> None:
+    name, version = parse_requirement(requirement)
+    if _normalise(meta_name) != _normalise(name) or meta_version != version:
+        raise RuntimeNotFound(f"{label}: {wheel.name} is {meta_name}=={meta_version} by its METADATA, not {requirement}")
+
+
 def check_runtime_wheel(wheel: Path, requirement: str, *, label: str = "") -> str:
     """Check, without unpacking, that ``wheel`` is the CUDA runtime ``requirement`` names; return its libcudart member."""
     label = label or requirement
-    name, version = parse_requirement(requirement)
     meta_name, meta_version = wheel_metadata(wheel)
-    if _normalise(meta_name) != _normalise(name) or meta_version != version:
-        raise RuntimeNotFound(f"{label}: {wheel.name} is {meta_name}=={meta_version} by its METADATA, not {requirement}")
+    _check_metadata(wheel, requirement, label, meta_name, meta_version)
     member = cudart_member(wheel)
     if member is None:
         raise _not_a_runtime(label, requirement, wheel, "holds no lib/libcudart.so.<N>")
@@ -406,15 +416,48 @@ def check_runtime_wheel(wheel: Path, requirement: str, *, label: str = "") -> st
     return member
 
 
+_FACTS_NOTE = ".cumatrix-wheel-facts.json"
+
+
+def _checked_wheel(wheel: Path, requirement: str, label: str) -> tuple[Path, str, str, LibraryFacts]:
+    """``wheel`` checked against ``requirement`` and unpacked: (its directory, the libcudart
+    member, its release, that library's facts).
+
+    What the checks found is noted beside the unpacked files, under the wheel's SHA-256: a
+    later process (every run, every xdist worker) reads the note instead of opening the
+    archive and parsing the library again (0.1 to 0.2 s), unless the library's size or mtime
+    changed.  The requirement is compared with the noted name and version every time.
+    """
+    sha = sha256_file(wheel)
+    note = _unpacked_dir(wheel, sha) / _FACTS_NOTE
+    try:
+        d = json.loads(note.read_text())
+        lib = note.parent / str(d["member"])
+        st = lib.stat()
+        if d["sha256"] == sha and d["library"] == [st.st_size, st.st_mtime_ns]:
+            _check_metadata(wheel, requirement, label, str(d["name"]), str(d["version"]))
+            return note.parent, str(d["member"]), str(d["version"]), LibraryFacts(**d["facts"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no note (or one this version cannot read): check the wheel itself
+    member = check_runtime_wheel(wheel, requirement, label=label)
+    root = _unpack_cached(wheel, sha)
+    meta_name, release = wheel_metadata(wheel)
+    facts = library_facts(root / member)
+    st = (root / member).stat()
+    with contextlib.suppress(OSError):  # a read-only cache costs the next process the checks, not the run
+        tmp = note.with_name(f".{note.name}.{os.getpid()}")
+        tmp.write_text(json.dumps({"sha256": sha, "name": meta_name, "version": release, "member": member,
+                                   "library": [st.st_size, st.st_mtime_ns], "facts": dataclasses.asdict(facts)}))
+        tmp.replace(note)
+    return root, member, release, facts
+
+
 def from_wheel(name: str, requirement: str, *, wheel_dir: Path | None = None, where: str = "") -> ResolvedRuntime:
     """A wheel runtime: fetched, checked, unpacked safely; its version read as data."""
     label = f"{where}: runtimes.{name}" if where else f"runtimes.{name}"
     wheel = fetch_wheel(requirement, wheel_dir=wheel_dir)
-    member = check_runtime_wheel(wheel, requirement, label=label)
-    root = _unpack_cached(wheel)
+    root, member, release, facts = _checked_wheel(wheel, requirement, label)
     lib = root / member
-    _, release = wheel_metadata(wheel)
-    facts = library_facts(lib)
     version, how = checked_version(f"{label} ({requirement})", release, facts)
     meta = root / ".cumatrix-runtime.json"  # read by `cumatrix doctor`
     if not meta.exists():
@@ -423,7 +466,7 @@ def from_wheel(name: str, requirement: str, *, wheel_dir: Path | None = None, wh
     return ResolvedRuntime(name=name, lib_dir=lib.parent, libcudart=lib,
                            include_dir=inc if (inc / "cuda_runtime_api.h").is_file() else None,
                            version=version, wheel_version=release, found_by=f"wheel {wheel.name}",
-                           version_source=how, batch_exported=facts.batch_exported)
+                           version_source=how, batch_exported=facts.batch_exported, soname=facts.soname)
 
 
 # --------------------------------------------------------------------------- installed runtimes (site, env)

@@ -140,6 +140,33 @@ def test_version_is_read_as_data_and_the_library_never_loaded(tmp_path: Path, fa
     assert not marker.exists(), "the runtime's constructor ran on the host"
 
 
+def test_what_the_checks_found_is_noted_and_read_back_until_the_library_changes(
+        tmp_path: Path, fake_cudart: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUMATRIX_CACHE", str(tmp_path / "cache"))
+    wheels = tmp_path / "wheels"
+    _runtime_wheel(wheels, "nvidia-cuda-runtime-cu12", "12.9.79", fake_cudart(12090, tmp_path / "LOADED"))
+    first = R.from_wheel("cu12.9", "nvidia-cuda-runtime-cu12==12.9.79", wheel_dir=wheels)
+
+    def not_again(*_: Any, **__: Any) -> Any:
+        raise AssertionError("the library was read again")
+
+    monkeypatch.setattr(R, "library_facts", not_again)
+    again = R.from_wheel("cu12.9", "nvidia-cuda-runtime-cu12==12.9.79", wheel_dir=wheels)
+    assert again == first and again.soname == "libcudart.so.12"
+    # The requirement is held to the noted METADATA every time.
+    note = first.libcudart.parents[3] / ".cumatrix-wheel-facts.json"
+    saved = note.read_text()
+    note.write_text(saved.replace('"version": "12.9.79"', '"version": "12.9.80"'))
+    with pytest.raises(RuntimeNotFound, match=r"is nvidia-cuda-runtime-cu12==12\.9\.80 by its METADATA"):
+        R.from_wheel("cu12.9", "nvidia-cuda-runtime-cu12==12.9.79", wheel_dir=wheels)
+    note.write_text(saved)
+    # A library changed in the cache is read again (and so checked again).
+    with open(first.libcudart, "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(AssertionError, match="read again"):
+        R.from_wheel("cu12.9", "nvidia-cuda-runtime-cu12==12.9.79", wheel_dir=wheels)
+
+
 def test_a_library_that_contradicts_its_wheel_is_refused(tmp_path: Path, fake_cudart: Any,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CUMATRIX_CACHE", str(tmp_path / "cache"))

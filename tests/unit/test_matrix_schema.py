@@ -103,6 +103,26 @@ def test_schema_verdicts_agree_with_jsonschema(data: st.DataObject) -> None:
     ours = yamldoc.SchemaCheck(yamldoc.Doc(file="m", data=doc), _schema("matrix.schema.json"), "matrix").run()
     theirs = list(jsonschema.Draft202012Validator(_schema("matrix.schema.json")).iter_errors(doc))
     assert (ours == []) == (theirs == []), (doc, ours, [e.message for e in theirs])
+    # The compiled predicate that spares valid documents the walk: the same verdict, always.
+    assert yamldoc.valid("matrix.schema.json")(doc) == (ours == []), (doc, ours)
+
+
+@pytest.mark.parametrize("name", ["matrix.schema.json", "bugs.schema.json"])
+def test_the_compiled_predicate_agrees_with_the_walk_on_hostile_values(name: str) -> None:
+    hostile = [None, True, False, 0, 1, -1, 1.0, 2.5, math.nan, math.inf, "", "x", "a\n", "a\0", [], [1], {}, {"x": 1}]
+    check = yamldoc.valid(name)
+    root = _schema(name)
+    docs: list[Any] = list(hostile)
+    base = BASE if name == "matrix.schema.json" else json.loads(resources.files("cumatrix").joinpath("data/bugs.json").read_text())
+    for path in _paths(base)[:: 1 if base is BASE else 4]:  # the catalog is long: every fourth place of it
+        for v in hostile:
+            docs.append(_mutate(base, path, "replace", v))
+            docs.append(_mutate(base, path, "add", v))
+        if path:
+            docs.append(_mutate(base, path, "delete", None))
+    for doc in docs:
+        walk = yamldoc.SchemaCheck(yamldoc.Doc(file="m", data=doc), root, "m").run()
+        assert check(doc) == (walk == []), (doc, walk)
 
 
 def test_where_the_evaluators_differ_ours_is_stricter() -> None:
