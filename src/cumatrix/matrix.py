@@ -269,7 +269,8 @@ def _workloads_section(ctx: _Ctx, data: list[Mapping[str, Any]]) -> tuple[Worklo
 
 def _argv(ctx: _Ctx, path: yamldoc.Path, raw: str | list[Any]) -> tuple[str, ...] | None:
     if isinstance(raw, list):
-        return tuple(ctx.text((*path, j), a) for j, a in enumerate(raw))
+        # A string is its own text (texts are kept for other scalars only): no path built for it.
+        return tuple(a if isinstance(a, str) else ctx.text((*path, j), a) for j, a in enumerate(raw))
     try:
         words = shlex.split(raw)
     except ValueError as e:
