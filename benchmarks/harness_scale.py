@@ -16,7 +16,7 @@ harness process's high-water mark (``VmHWM``, sampled), ``max_mb`` is the larges
 process (``wait4``'s ``ru_maxrss``).  At the largest size it also times what a run does
 before its first cell: ``cumatrix validate`` and ``pytest --collect-only`` of the matrix.
 
-    python benchmarks/harness_scale.py [--sizes 100 1000 10000] [--reps 1] [--json FILE]
+    python benchmarks/harness_scale.py [--sizes 100 1000 10000] [--reps 1] [--large-reps N] [--json FILE]
 
 The runtime is a wheel from the cache (fetched once; ``--wheel-dir`` for offline runs).
 """
@@ -307,6 +307,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 10000], help="cells per run")
     ap.add_argument("--reps", type=int, default=1, help="runs of each configuration per size (interleaved)")
+    ap.add_argument("--large-reps", type=int, help="runs at sizes of 10,000 cells and more (default: --reps)")
     ap.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS))
     ap.add_argument("--wheel-dir", help="take the runtime wheel from here (offline)")
     ap.add_argument("--json", type=Path, help="write every sample and the summary here")
@@ -338,7 +339,7 @@ def main() -> int:
             write_matrix(work / f"m{n}.yaml", n)
             write_tests(work / f"test_spawn{n}.py", n)
             cmds = commands(work, n, a.wheel_dir)
-            for rep in range(a.reps):
+            for rep in range(a.reps if n < 10000 or a.large_reps is None else a.large_reps):
                 for c in a.configs:
                     if c.startswith("floor"):
                         wall, cpu = floor(n, parallel=2 if c == "floor-n2" else 1, cwd=work, env=env)
@@ -358,7 +359,8 @@ def main() -> int:
         pre["tries"] = tries  # type: ignore[assignment]
     rows = [] if a.startup_only else summarise(samples, a.sizes)
     print(f"machine: {os.cpu_count()} cores, load {load0:.1f} -> {os.getloadavg()[0]:.1f}, Python {platform.python_version()}, "
-          f"cumatrix {cumatrix.__version__}; median of {a.reps} interleaved run(s); start-up: median of 3")
+          f"cumatrix {cumatrix.__version__}; median of {a.reps} interleaved run(s)"
+          + (f" ({a.large_reps} at 10,000 cells and more)" if a.large_reps is not None else "") + "; start-up: median of 3")
     show(rows, pre, max(a.sizes))
     if a.json:
         a.json.write_text(json.dumps({"cpus": os.cpu_count(), "python": platform.python_version(),

@@ -216,11 +216,44 @@ def format_failure(rec: CellRecord) -> str:
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> bool | None:
+    if not isinstance(item, CellItem):
+        return None
     # The next cell of the same matrix is made ready while this one runs, and started as it
     # ends (Orchestrator.run): this cell's reporting then costs no time between the two.
-    if isinstance(item, CellItem) and isinstance(nextitem, CellItem) and nextitem.matrix.path == item.matrix.path:
+    if isinstance(nextitem, CellItem) and nextitem.matrix.path == item.matrix.path:
         item.then = nextitem.cell
+    if _call_and_report is None or not _lean(item.config):
+        return None
+    # A cell has no fixtures: its setup and teardown pass, and their two reports (logged,
+    # and under -n serialised, sent and read back by the controller) would only count
+    # nothing.  They are made as pytest makes them and logged only when they did not pass.
+    ihook = item.ihook
+    ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    setup = _call_and_report(item, "setup", log=False)
+    if not setup.passed:
+        ihook.pytest_runtest_logreport(report=setup)
+    else:
+        _call_and_report(item, "call", log=True)
+    if item.session.shouldfail or item.session.shouldstop:
+        nextitem = None
+    teardown = _call_and_report(item, "teardown", log=False, nextitem=nextitem)
+    if not teardown.passed:
+        ihook.pytest_runtest_logreport(report=teardown)
+    ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
+
+
+def _lean(config: pytest.Config) -> bool:
+    """A cumatrix run whose passing setup and teardown reports nobody reads (pytest's own
+    --junitxml writes a test case as its teardown report arrives)."""
+    return bool(config.getoption("cumatrix_reports_after")) and not getattr(config.option, "xmlpath", None)
+
+
+try:  # pytest's one-phase runner (internal, stable since pytest 3): without it, the full protocol
+    from _pytest.runner import call_and_report as _call_and_report
+except ImportError:  # pragma: no cover - a pytest that moved it
+    _call_and_report = None  # type: ignore[assignment]
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -175,3 +175,23 @@ def test_pytest_x_ends_the_cell_started_ahead(pytester: pytest.Pytester, wheel_c
     started, alive = seen.read_text().split()
     assert started == "1", "the next cell was not started ahead (nothing to end)"
     assert alive == "0", "the cell started ahead still ran when the session finished"
+
+
+@pytest.mark.parametrize("junit", [False, True])
+def test_a_run_reports_every_cell_once_with_or_without_pytest_junit(tmp_path: Path, wheel_cache: Path, cli: Any,
+                                                                    junit: bool) -> None:
+    # Without --junitxml a run logs only the call report of a cell whose setup and teardown
+    # passed; with it, pytest's full protocol (its JUnit file is written from teardown reports).
+    m = tmp_path / "m.yaml"
+    m.write_text(f"runtimes:\n  cu12.9: {{wheel: {RUNTIME}}}\ndrivers: [host]\nprobe: false\ncases:\n"
+                 "  - {name: ok1, argv: ['true']}\n  - {name: bad, argv: [sh, -c, 'exit 3']}\n"
+                 "  - {name: ok2, argv: ['true']}\n")
+    xml = tmp_path / "pytest-junit.xml"
+    proc = cli("run", m, "--out", tmp_path / "out", *(["--junitxml", xml] if junit else []), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "1 failed, 2 passed" in proc.stdout, proc.stdout
+    lines = [json.loads(x) for x in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in lines if r["type"] == "cell") == [f"cu12.9/host/{n}" for n in ("bad", "ok1", "ok2")]
+    if junit:
+        text = xml.read_text()
+        assert text.count("<testcase ") == 3 and text.count("<failure ") == 1, text
