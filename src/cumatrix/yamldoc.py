@@ -1,7 +1,8 @@
 """YAML (and JSON) input as plain data that remembers where every value came from.
 
-The matrix file and the bug catalog are read here: parsed once with libyaml's C parser
-where PyYAML has it (the pure-Python parser otherwise), turned into JSON-shaped data
+The matrix file and the bug catalog are read here: parsed once, by :mod:`cumatrix.yamlfast`
+where the text is plain YAML, else with libyaml's C parser where PyYAML has it (the
+pure-Python parser otherwise), turned into JSON-shaped data
 (dicts, lists, str, int, float, bool, None) while every value's ``line:col`` is kept, then
 checked against a JSON Schema shipped in the package.  Semantic checks stay with the
 loaders; they locate their problems through :meth:`Doc.where`.
@@ -10,7 +11,8 @@ The document is built from parser events without recursion, so hostile input can
 raise ``RecursionError``: nesting is capped at :data:`MAX_DEPTH` and alias expansion at
 :data:`MAX_VALUES` values, each reported at its place like any other problem.
 
-Schemas are evaluated by :class:`SchemaCheck`, which implements the Draft 2020-12
+Schemas are evaluated by a predicate compiled from them (:func:`valid`), and where it
+refuses a document, by :class:`SchemaCheck`, which implements the Draft 2020-12
 keywords the shipped schemas use (the unit tests hold the schemas to that list and
 compare verdicts with the ``jsonschema`` package).  Evaluating them here keeps
 ``jsonschema``'s import (a quarter second) out of every process that loads a matrix,
