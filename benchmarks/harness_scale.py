@@ -301,6 +301,9 @@ def show(rows: list[dict[str, object]], pre: dict[str, float] | None, n_pre: int
               f"cell's command starts {pre['collect_s']:.2f} s = {pre['validate_plus_collect_s']:.2f} s; without "
               f"validate first (no cached matrix) {pre['collect_cold_s']:.2f} s (pytest --collect-only of {n_pre} "
               f"plain tests: {pre['pytest_collect_s']:.2f} s); validate's peak {pre['validate_max_mb']:.0f} MB")
+        for i, t in enumerate(pre.get("tries", [])):  # type: ignore[attr-defined]
+            print(f"  start-up try {i + 1}: validate {t['validate_s']:.2f} s + run {t['collect_s']:.2f} s = "
+                  f"{t['validate_plus_collect_s']:.2f} s; cold {t['collect_cold_s']:.2f} s")
 
 
 def main() -> int:
@@ -364,7 +367,7 @@ def main() -> int:
     show(rows, pre, max(a.sizes))
     if a.json:
         a.json.write_text(json.dumps({"cpus": os.cpu_count(), "python": platform.python_version(),
-                                      "spawn": list(SPAWN), "runtime": RUNTIME, "reps": a.reps, "load": [load0, os.getloadavg()[0]],
+                                      "spawn": ["python3", *SPAWN[1:]], "runtime": RUNTIME, "reps": a.reps, "load": [load0, os.getloadavg()[0]],
                                       "summary": rows, "before_first_cell": pre,
                                       "samples": [asdict(s) for s in samples]}, indent=2) + "\n")
     return 0

@@ -492,7 +492,8 @@ def _check_builds(ctx: _Ctx, built: Mapping[str, Any]) -> None:
 
 def _check_selectors(ctx: _Ctx, m: Matrix) -> None:
     """Excludes that empty the matrix, and expects that select nothing, are errors."""
-    everything = list(expand(m, apply_exclude=False))
+    # Without excludes these are the matrix's cells: expanded once, for this check and its users.
+    everything = cells(m) if not m.exclude else list(expand(m, apply_exclude=False))
     if not everything:
         ctx.err(("drivers",), "the matrix has no cells: add cases, or variants with builds and workloads, "
                               "or keep the probe", key=True)
