@@ -108,7 +108,9 @@ def _job(cell: str, *argv: str, kind: str = "command", timeout: float = 60.0, im
 
 
 def _ours(client: docker.DockerClient, cell_id: str) -> list[object]:
-    return client.containers.list(all=True, filters={"label": f"cumatrix.cell={cell_id}"})
+    # sparse: from the list call alone; a full list inspects each container afterwards, and one
+    # removed in between (by the watcher this is waiting for) raised NotFound.
+    return client.containers.list(all=True, sparse=True, filters={"label": f"cumatrix.cell={cell_id}"})
 
 
 # ------------------------------------------------------------------------ images
