@@ -223,7 +223,7 @@ class Orchestrator:
         """Whether ``cell`` can be made ready while another cell's child runs: only where that
         costs no provisioning (a wheel to fetch, an interposer or a variant to build would
         stall the running cell's output), and not for swap cells, which time the GPU."""
-        if os.environ.get("XX_NOAHEAD") or self.backend != "local" or self.hooks is not None or cell.kind not in ("command", "probe"):
+        if self.backend != "local" or self.hooks is not None or cell.kind not in ("command", "probe"):
             return False
         if cell.driver.startswith("emulated-") and not self.provisioner.has_interposer(cell.driver):
             return False
