@@ -70,16 +70,18 @@ def clean_images(client: Any, *, dry_run: bool = False) -> Cleaned:
     import docker.errors
 
     done = Cleaned()
-    for c in client.containers.list(all=True, filters={"label": f"{RUNTIME_LABEL}=1"}):
-        if c.status == "running":
-            done.kept.append(f"container {c.name}: running (a live run's; stop it first)")
+    from .backends.docker import listed
+
+    for c, _, name, state in listed(client, f"{RUNTIME_LABEL}=1"):
+        if state == "running":
+            done.kept.append(f"container {name}: running (a live run's; stop it first)")
             continue
         if not dry_run:
             try:
                 c.remove(force=True)
             except docker.errors.NotFound:
                 continue
-        done.containers.append(str(c.name))
+        done.containers.append(name)
     runtime = client.images.list(filters={"label": f"{RUNTIME_LABEL}=1"})
     base = [i for i in client.images.list(filters={"label": BASE_LABEL})
             if i.tags and RUNTIME_LABEL not in (i.labels or {})]

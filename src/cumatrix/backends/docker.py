@@ -239,6 +239,18 @@ def detect_gpu(info: dict[str, Any], *, dev_dir: Path = Path("/dev"),
 # ------------------------------------------------------------------------------ the backend
 
 
+def listed(client: Any, label: str) -> list[tuple[Any, dict[str, str], str, str]]:
+    """``(container, labels, name, state)`` of the containers with ``label``, from the list call
+    alone: a full listing inspects each container after listing it, and one removed in between
+    (another run's, finished) raised ``NotFound`` and ended the caller."""
+    out = []
+    for c in client.containers.list(all=True, sparse=True, filters={"label": label}):
+        a = c.attrs
+        names = a.get("Names") or [c.id[:12]]
+        out.append((c, dict(a.get("Labels") or {}), str(names[0]).lstrip("/"), str(a.get("State") or "")))
+    return out
+
+
 class DockerBackend:
     """Runs jobs in containers on a Docker daemon (see the module docstring)."""
 
@@ -324,8 +336,7 @@ class DockerBackend:
         stay; so do those kept on purpose (``CUMATRIX_KEEP_CONTAINERS``).
         """
         removed = []
-        for c in self.client.containers.list(all=True, filters={"label": f"{LABEL}=1"}):
-            labels = c.labels or {}
+        for c, labels, name, status in listed(self.client, f"{LABEL}=1"):
             if labels.get("cumatrix.keep") == "1":
                 continue
             owner = labels.get("cumatrix.owner", "")
@@ -333,11 +344,11 @@ class DockerBackend:
                 pid = owner.split(".", 1)[0]
                 if pid.isdigit() and _process_token(int(pid)) == owner:
                     continue  # its run is alive
-            elif labels.get("cumatrix.host") not in (None, self._host) and c.status == "running":
+            elif labels.get("cumatrix.host") not in (None, self._host) and status == "running":
                 continue  # another machine's run on a shared daemon: cannot tell if it is alive
             try:
                 c.remove(force=True)
-                removed.append(c.name)
+                removed.append(name)
             except docker.errors.NotFound:
                 pass  # removed meanwhile (auto-remove, or another cleaner)
         return removed
