@@ -238,10 +238,9 @@ class Orchestrator:
         return turn
 
     def _take_ahead(self, cell: Cell) -> _Turn | None:
+        if self._ahead is not None and self._ahead.cell != cell:
+            self.cancel_ahead()
         turn, self._ahead = self._ahead, None
-        if turn is not None and turn.cell != cell:
-            self._drop(turn)
-            return None
         return turn
 
     def cancel_ahead(self) -> None:
