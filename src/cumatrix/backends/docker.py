@@ -351,6 +351,9 @@ class DockerBackend:
                 removed.append(name)
             except docker.errors.NotFound:
                 pass  # removed meanwhile (auto-remove, or another cleaner)
+            except docker.errors.APIError as e:
+                if e.status_code != 409:  # 409: another cleaner's removal of it is in progress
+                    raise
         return removed
 
     # -------------------------------------------------------------------- images
