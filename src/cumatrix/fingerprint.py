@@ -216,8 +216,11 @@ def docker_status() -> dict[str, Any]:
         return {"answers": False, "why": "docker SDK not installed"}
     try:
         client = docker.from_env(timeout=3)
-        v = client.version()
-        info = client.info()
+        try:
+            v = client.version()
+            info = client.info()
+        finally:
+            client.close()
         return {"answers": True, "version": v.get("Version"), "runtimes": sorted(info.get("Runtimes", {}))}
     except (docker.errors.DockerException, requests.exceptions.RequestException, OSError) as e:  # no daemon
         return {"answers": False, "why": str(e).splitlines()[0][:200]}

@@ -5,6 +5,7 @@ Skipped with the reason when no daemon answers, unless ``CUMATRIX_REQUIRE_DOCKER
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -27,7 +28,8 @@ def _base_image() -> str:
         pytest.skip(reason)
 
     try:
-        docker.from_env(timeout=60).ping()
+        with contextlib.closing(docker.from_env(timeout=60)) as client:  # closed: an open client's socket outlives the check
+            client.ping()
     except (docker.errors.DockerException, OSError) as e:  # no daemon reachable: no docker here
         unavailable(f"no Docker daemon answers ({type(e).__name__}: {e})")
     proc = subprocess.run(["bash", str(REPO / "containers" / "build-base.sh")],

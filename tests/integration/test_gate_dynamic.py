@@ -8,6 +8,7 @@ wheel with ``DT_NEEDED libcuda.so.1`` breaks (CPU-only CI, docs builds).
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -289,7 +290,8 @@ def test_docker_backend_gates_the_clean_wheel(wheels: dict[str, Path], matrices:
     import docker
 
     try:
-        docker.from_env(timeout=30).ping()
+        with contextlib.closing(docker.from_env(timeout=30)) as client:  # closed: an open client's socket outlives the check
+            client.ping()
     except Exception as e:  # any failure to reach the daemon means: no docker here
         _no_docker(f"no Docker daemon answers ({type(e).__name__}: {e})")
     base = subprocess.run(["bash", str(REPO / "containers" / "build-base.sh")],

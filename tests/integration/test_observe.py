@@ -8,6 +8,7 @@ absolute path (the way torch, CuPy and JAX find theirs), run through the local b
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
 import sys
@@ -423,7 +424,8 @@ def docker_backend(wheel_cache: Path) -> object:
     try:
         import docker
 
-        docker.from_env(timeout=30).ping()
+        with contextlib.closing(docker.from_env(timeout=30)) as client:  # closed: an open client's socket outlives the check
+            client.ping()
     except Exception as e:  # noqa: BLE001 (any failure to reach the daemon means: no docker here)
         if os.environ.get("CUMATRIX_REQUIRE_DOCKER") == "1":
             pytest.fail(f"CUMATRIX_REQUIRE_DOCKER=1 but no Docker daemon answers: {e}")
