@@ -142,6 +142,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # xdist's workers inherit it
     code = int(pytest.main(_pytest_args(args, mpath, out)))
+    from . import gcpause
+
+    gcpause.release()
     if code == 5 and not args.resume:  # no cell selected: a usage error (exit 2), no reports of nothing
         from .plugin import PENDING_REPORTS
 
@@ -481,6 +484,10 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:
+        from . import gcpause
+
+        gcpause.hold()  # released once the cells are collected (plugin), or when pytest returns
     p = parser(argv[0] if argv else None)
     args = p.parse_args(argv)
     if not getattr(args, "func", None):

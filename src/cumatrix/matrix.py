@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import gcpause
 from . import runtimes as _runtimes
 from .errors import ConfigError, Problem, did_you_mean
 from .model import (
@@ -371,12 +372,13 @@ def load(path: str | Path) -> Matrix:
     key = (os.path.realpath(path), sha)  # the CLI's relative name and pytest's absolute one are one file
     hit = _CACHE.get(key)
     if hit is None:
-        hit = _saved(raw, sha, str(path))
-        if hit is None:
-            from .yamldoc import decode
+        with gcpause.paused():  # objects that live as long as the matrix; no cyclic garbage
+            hit = _saved(raw, sha, str(path))
+            if hit is None:
+                from .yamldoc import decode
 
-            hit = loads(decode(raw, str(path)), str(path), sha256=sha)
-            _save(raw, sha, hit)
+                hit = loads(decode(raw, str(path)), str(path), sha256=sha)
+                _save(raw, sha, hit)
         if len(_CACHE) >= _CACHE_SIZE:
             _CACHE.pop(next(iter(_CACHE)))
         _CACHE[key] = hit

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from . import __version__, sandbox
+from . import __version__, gcpause, sandbox
 from . import matrix as _matrix
 from . import schedule as _schedule
 from .errors import ConfigError, CumatrixError
@@ -512,6 +512,12 @@ def pytest_configure(config: pytest.Config) -> None:
     sandbox.set_default(sandbox.policy(config.getoption("cumatrix_sandbox"), config.getoption("cumatrix_pass_env")))
     if _is_worker(config):
         sandbox.die_with_parent()  # a killed controller must not leave a worker running a cell
+        if config.getoption("cumatrix_reports_after"):  # a worker of cumatrix run (see gcpause)
+            gcpause.hold()
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    gcpause.release()  # what collection made lives to the end: frozen, not walked again
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
