@@ -179,10 +179,11 @@ class CellItem(pytest.Item):
         record = orchestrator_for(self.config, self.matrix).run(self.cell, then=then).record
         self.record = record
         obs = record.observed
-        self.user_properties += [("outcome", obs.outcome), ("path", obs.path or ""),
-                                 ("expected", " | ".join(sorted(record.expected.outcomes)))]
-        if record.timings.speedup is not None:
-            self.user_properties.append(("speedup", f"{record.timings.speedup:.3f}"))
+        if not _lean(self.config):  # for pytest's --junitxml (cumatrix's own reports read the record)
+            self.user_properties += [("outcome", obs.outcome), ("path", obs.path or ""),
+                                     ("expected", " | ".join(sorted(record.expected.outcomes)))]
+            if record.timings.speedup is not None:
+                self.user_properties.append(("speedup", f"{record.timings.speedup:.3f}"))
         if record.status == "fail":
             raise CellMismatch(record)
         if record.status == "skip":
@@ -229,7 +230,12 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     # and under -n serialised, sent and read back by the controller) would only count
     # nothing.  They are made as pytest makes them and logged only when they did not pass.
     ihook = item.ihook
-    ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    # Under -n, a worker sends the controller each logstart and logfinish as a message of its
+    # own (two of a cell's four); a quiet run's controller does nothing with them (its
+    # progress line comes with the cell's record), so a quiet worker does not call them.
+    announce = not _is_worker(item.config) or item.config.get_verbosity() > 0
+    if announce:
+        ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
     setup = _call_and_report(item, "setup", log=False)
     if not setup.passed:
         ihook.pytest_runtest_logreport(report=setup)
@@ -240,7 +246,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     teardown = _call_and_report(item, "teardown", log=False, nextitem=nextitem)
     if not teardown.passed:
         ihook.pytest_runtest_logreport(report=teardown)
-    ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    if announce:
+        ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
     return True
 
 

@@ -142,6 +142,27 @@ def _allowed(name: str, harness: bool, pass_env: tuple[str, ...]) -> bool:
     return pats.match(name) is not None and not _SECRET_RE.search(name)
 
 
+_ENVIRON_SEEN: dict[tuple[bool, tuple[str, ...]], tuple[object, dict[str, str]]] = {}
+
+
+def _allowed_environ(harness: bool, passed: tuple[str, ...]) -> dict[str, str]:
+    """The allowlist of this process's environment, filtered again only when it changed.
+
+    Every cell asks, and decoding each variable of ``os.environ`` is most of a child's
+    environment's cost (50 variables: 0.3 ms a cell); the raw table is compared instead.
+    """
+    raw = getattr(os.environ, "_data", None)  # CPython's bytes table behind os.environ
+    seen = tuple(raw.items()) if isinstance(raw, dict) else None
+    key = (harness, passed)
+    hit = _ENVIRON_SEEN.get(key)
+    if seen is not None and hit is not None and hit[0] == seen:
+        return hit[1]
+    env = {k: v for k, v in os.environ.items() if _allowed(k, harness, passed)}
+    if seen is not None:
+        _ENVIRON_SEEN[key] = (seen, env)
+    return env
+
+
 def harness_paths() -> set[str]:
     """Directories of the harness's own Python packages (never on a command cell's path)."""
     import sysconfig
@@ -162,10 +183,12 @@ def child_env(job: Job, *, base_env: Mapping[str, str] | None = None,
     runs a plain ``python3`` must not import what only the harness has installed.
     """
     policy = policy or default_policy()
-    base = os.environ if base_env is None else base_env
     harness = job.reports_verdict or job.kind in HARNESS_KINDS
     passed = tuple(policy.pass_env)
-    env = {k: v for k, v in base.items() if _allowed(k, harness, passed)}
+    if base_env is None:
+        env = dict(_allowed_environ(harness, passed))
+    else:
+        env = {k: v for k, v in base_env.items() if _allowed(k, harness, passed)}
     env.update(job.env)
     if not harness and "PYTHONPATH" in env:
         own = harness_paths()

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from cumatrix import sandbox
 from cumatrix.classify import classify
 from cumatrix.isolate import KEEP_HEAD, KEEP_TAIL, Job, run_local
@@ -272,3 +274,20 @@ def test_result_says_how_the_tree_was_contained() -> None:
     res = run_local(Job(cell_id="t", kind="command", argv=("true",), timeout=10))
     assert res.extra["containment"] in ("cgroup-v2", "subreaper")
     assert res.extra["containment"] == sandbox.containment().mode
+
+
+def test_the_harness_environment_is_read_again_when_it_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every cell's environment comes from the harness's; a variable set, changed or removed
+    # between two cells (by a hook, a plugin, the user's conftest) is what the next cell sees.
+    job = Job(cell_id="t", kind="command", argv=("true",))
+    monkeypatch.setenv("LANG", "C.UTF-8")
+    assert child_env(job)["LANG"] == "C.UTF-8"
+    monkeypatch.setenv("LANG", "de_DE.UTF-8")
+    assert child_env(job)["LANG"] == "de_DE.UTF-8"
+    monkeypatch.delenv("LANG")
+    assert "LANG" not in child_env(job)
+    monkeypatch.setenv("NVIDIA_API_KEY", "secret")  # a new variable is filtered like the others
+    env = child_env(job)
+    assert "NVIDIA_API_KEY" not in env
+    env["MINE"] = "1"  # what a caller does to its copy is not what the next cell gets
+    assert "MINE" not in child_env(job)
