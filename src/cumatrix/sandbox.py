@@ -152,7 +152,9 @@ def _allowed_environ(harness: bool, passed: tuple[str, ...]) -> dict[str, str]:
     environment's cost (50 variables: 0.3 ms a cell); the raw table is compared instead.
     """
     raw = getattr(os.environ, "_data", None)  # CPython's bytes table behind os.environ
-    seen = tuple(raw.items()) if isinstance(raw, dict) else None
+    seen = dict(raw) if isinstance(raw, dict) else None
+    if seen is not None and not _allowed("PYTEST_CURRENT_TEST", harness, passed):
+        seen.pop(b"PYTEST_CURRENT_TEST", None)  # pytest sets it anew at every phase of every item
     key = (harness, passed)
     hit = _ENVIRON_SEEN.get(key)
     if seen is not None and hit is not None and hit[0] == seen:

@@ -291,3 +291,10 @@ def test_the_harness_environment_is_read_again_when_it_changes(monkeypatch: pyte
     assert "NVIDIA_API_KEY" not in env
     env["MINE"] = "1"  # what a caller does to its copy is not what the next cell gets
     assert "MINE" not in child_env(job)
+    # pytest rewrites PYTEST_CURRENT_TEST at every phase; a cell gets it only when asked for.
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "a (call)")
+    assert "PYTEST_CURRENT_TEST" not in child_env(job)
+    asked = Policy(pass_env=("PYTEST_CURRENT_TEST",))
+    assert child_env(job, policy=asked)["PYTEST_CURRENT_TEST"] == "a (call)"
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "b (call)")
+    assert child_env(job, policy=asked)["PYTEST_CURRENT_TEST"] == "b (call)"
