@@ -144,7 +144,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     code = int(pytest.main(_pytest_args(args, mpath, out)))
     from . import gcpause
 
-    gcpause.release()
+    gcpause.end()  # the run's items (frozen at collection) are garbage now, for _write_reports
     if code == 5 and not args.resume:  # no cell selected: a usage error (exit 2), no reports of nothing
         from .plugin import PENDING_REPORTS
 

@@ -5,7 +5,9 @@ objects that live to the end of the run, and next to no cyclic garbage; yet ever
 that their growing number sets off walks them all again (a sixth of a run's start-up at
 10,000 cells).  The collector is paused while they are made; once the cells are collected,
 what exists is frozen (:func:`gc.freeze`: never walked again) and the collector runs as
-before for what the cells make.
+before for what the cells make.  When the run ends, what was frozen is handed back to the
+collector (:func:`end`): the run's items hold reference cycles, and the reports written after
+them must not be written on top of them.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 _held = False
+_frozen = False
 
 
 @contextmanager
@@ -39,8 +42,18 @@ def hold() -> None:
 
 def release() -> None:
     """End :func:`hold`: freeze what start-up made, and collect again from here on."""
-    global _held
+    global _held, _frozen
     if _held:
         _held = False
+        _frozen = True
         gc.freeze()
         gc.enable()
+
+
+def end() -> None:
+    """After the run: :func:`release` if still held, and give what it froze back to the collector."""
+    global _frozen
+    release()
+    if _frozen:
+        _frozen = False
+        gc.unfreeze()

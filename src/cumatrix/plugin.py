@@ -523,8 +523,12 @@ def pytest_configure(config: pytest.Config) -> None:
             gcpause.hold()
 
 
-def pytest_collection_finish(session: pytest.Session) -> None:
-    gcpause.release()  # what collection made lives to the end: frozen, not walked again
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtestloop(session: pytest.Session) -> None:
+    # The cells are collected (an xdist controller collects none, and runs none: it is past
+    # its start-up here all the same); what start-up made lives to the end of the run: frozen,
+    # not walked again, and the collector runs for what the run makes from here on.
+    gcpause.release()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -1,5 +1,5 @@
-"""The collector is paused for a run's start-up only: every process of a run (the controller
-and each xdist worker) runs its cells with cyclic garbage collection on."""
+"""The collector is paused for a run's start-up only: every process of a run runs its cells (an
+xdist worker) or takes their reports (the controller) with cyclic garbage collection on."""
 
 from __future__ import annotations
 
@@ -31,6 +31,10 @@ NOTER = textwrap.dedent("""
             f.write(json.dumps([os.environ.get("PYTEST_XDIST_WORKER"), gc.isenabled(), gc.get_freeze_count()]) + "\\n")
         return _run(self, cell, **kw)
     Orchestrator.run = run
+    def pytest_runtest_logreport(report):  # where the reports arrive (the controller, under -n)
+        if report.when == "call" and not os.environ.get("PYTEST_XDIST_WORKER"):
+            with open(os.environ["GC_NOTES"], "a") as f:
+                f.write(json.dumps(["report", gc.isenabled(), gc.get_freeze_count()]) + "\\n")
 """)
 
 
@@ -48,9 +52,11 @@ def test_cells_run_with_the_collector_on(tmp_path: Path, wheel_cache: Path, cli_
             *(["-n", workers] if workers else [])]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    seen = [json.loads(line) for line in notes.read_text().splitlines()]
-    assert len(seen) == 6
-    assert all(enabled for _, enabled, _ in seen), seen
+    notes_ = [json.loads(line) for line in notes.read_text().splitlines()]
+    seen = [n for n in notes_ if n[0] != "report"]
+    reported = [n for n in notes_ if n[0] == "report"]
+    assert len(seen) == 6 and len(reported) == 6
+    assert all(enabled for _, enabled, _ in notes_), notes_  # cells run, and reports arrive, with it on
     assert all(frozen > 0 for _, _, frozen in seen), seen  # start-up's objects, never walked again
     assert all(bool(worker) == bool(workers) for worker, _, _ in seen), seen  # where the cells ran
 
