@@ -144,7 +144,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     code = int(pytest.main(_pytest_args(args, mpath, out)))
     from . import gcpause
 
-    gcpause.end()  # the run's items (frozen at collection) are garbage now, for _write_reports
+    gcpause.end()  # the run's items (frozen as its loop started) are garbage now, for _write_reports
     if code == 5 and not args.resume:  # no cell selected: a usage error (exit 2), no reports of nothing
         from .plugin import PENDING_REPORTS
 
@@ -487,7 +487,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv[:1] == ["run"]:
         from . import gcpause
 
-        gcpause.hold()  # released once the cells are collected (plugin), or when pytest returns
+        gcpause.hold()  # released as the run loop starts (plugin), or when pytest returns
     p = parser(argv[0] if argv else None)
     args = p.parse_args(argv)
     if not getattr(args, "func", None):

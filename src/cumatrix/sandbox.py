@@ -159,10 +159,14 @@ def _allowed_environ(harness: bool, passed: tuple[str, ...]) -> dict[str, str]:
     hit = _ENVIRON_SEEN.get(key)
     if seen is not None and hit is not None and hit[0] == seen:
         return hit[1]
-    env = {k: v for k, v in os.environ.items() if _allowed(k, harness, passed)}
+    env = _filtered(os.environ, harness, passed)
     if seen is not None:
         _ENVIRON_SEEN[key] = (seen, env)
     return env
+
+
+def _filtered(base: Mapping[str, str], harness: bool, passed: tuple[str, ...]) -> dict[str, str]:
+    return {k: v for k, v in base.items() if _allowed(k, harness, passed)}
 
 
 def harness_paths() -> set[str]:
@@ -190,7 +194,7 @@ def child_env(job: Job, *, base_env: Mapping[str, str] | None = None,
     if base_env is None:
         env = dict(_allowed_environ(harness, passed))
     else:
-        env = {k: v for k, v in base_env.items() if _allowed(k, harness, passed)}
+        env = _filtered(base_env, harness, passed)
     env.update(job.env)
     if not harness and "PYTHONPATH" in env:
         own = harness_paths()
