@@ -22,11 +22,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cumatrix import runtimes
-from cumatrix.backends.docker import DockerBackend, package_root
-from cumatrix.classify import classify
-from cumatrix.isolate import ChildResult, Job, run_local
-from cumatrix.model import Runtime
+from cumatrix.provision import runtimes
+from cumatrix.execute.docker import DockerBackend, package_root
+from cumatrix.judge.classify import classify
+from cumatrix.core.jobs import ChildResult, Job
+from cumatrix.execute.local import run_local
+from cumatrix.core.model import Runtime
 
 REPO = Path(__file__).resolve().parents[1]
 RUNTIME = Runtime(name="cu12.9", requirement="nvidia-cuda-runtime-cu12==12.9.79")
@@ -38,14 +39,14 @@ def local_runner() -> tuple[Callable[[Job], ChildResult], str]:
     try:
         from cumatrix.backends import local
     except ImportError:
-        return (lambda job: run_local(job, base_env=env)), "cumatrix.isolate.run_local"
+        return (lambda job: run_local(job, base_env=env)), "cumatrix.execute.local.run_local"
     backend_cls = getattr(local, "LocalBackend", None)
     if backend_cls is not None:
         try:
             return backend_cls().run_job, "cumatrix.backends.local.LocalBackend.run_job"
         except TypeError:
             pass  # a constructor with required arguments: fall back to the child runner
-    return (lambda job: run_local(job, base_env=env)), "cumatrix.isolate.run_local"
+    return (lambda job: run_local(job, base_env=env)), "cumatrix.execute.local.run_local"
 
 
 def main() -> int:
@@ -73,8 +74,8 @@ def main() -> int:
             "cu12.9/host/import-smoke": ((sys.executable, "-c", "import ctypes"), ("python3", "-c", "import ctypes"),
                                          "command"),
             "cu12.9/host/probe": (
-                (sys.executable, "-m", "cumatrix.case", json.dumps({"kind": "probe", "libcudart": str(rt.libcudart)})),
-                ("python3", "-m", "cumatrix.case", json.dumps({"kind": "probe", "libcudart": None})),
+                (sys.executable, "-m", "cumatrix.child.case", json.dumps({"kind": "probe", "libcudart": str(rt.libcudart)})),
+                ("python3", "-m", "cumatrix.child.case", json.dumps({"kind": "probe", "libcudart": None})),
                 "probe"),
         }
         rows = []

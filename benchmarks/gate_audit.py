@@ -69,8 +69,8 @@ STUB_SOURCE = "int cuMemcpyBatchAsync(void) { return 0; }\n"
 CHILD = r"""
 import json, resource, sys, time
 from pathlib import Path
-from cumatrix.audit import audit_wheel, load_audit_data
-from cumatrix.model import CudaVersion
+from cumatrix.audit.static import audit_wheel, load_audit_data
+from cumatrix.core.model import CudaVersion
 wheel_dir = Path(sys.argv[2]) if sys.argv[2] else None
 t0 = time.perf_counter()
 data = load_audit_data(wheel_dir=wheel_dir)
@@ -90,7 +90,7 @@ print(json.dumps({
 NAIVE_CHILD = r"""
 import json, resource, sys, time, zipfile
 from elftools.elf.elffile import ELFFile
-from cumatrix.elf import elf_needed, elf_strings, elf_undefined_symbols
+from cumatrix.binary.elf import elf_needed, elf_strings, elf_undefined_symbols
 t0 = time.perf_counter()
 n = 0
 with zipfile.ZipFile(sys.argv[1]) as zf:
@@ -163,9 +163,9 @@ def _child(code: str, *argv: str, timeout: float | None = None) -> dict[str, obj
 REAL_CHILD = r"""
 import json, os, resource, sys, time
 from pathlib import Path
-from cumatrix.audit import AuditSettings, audit_wheel, load_audit_data, _workers
-from cumatrix.fatbin import parse_arch
-from cumatrix.model import CudaVersion
+from cumatrix.audit.static import AuditSettings, audit_wheel, load_audit_data, _workers
+from cumatrix.binary.fatbin import parse_arch
+from cumatrix.core.model import CudaVersion
 wheel_dir = Path(sys.argv[2]) if sys.argv[2] else None
 data = load_audit_data(wheel_dir=wheel_dir)
 s = AuditSettings(min_driver=CudaVersion(12, 8), runtimes=(12,), min_runtime=CudaVersion(12, 8),
@@ -214,7 +214,7 @@ def real(args: argparse.Namespace) -> int:
     wheel = _cached_wheel(args.spec)
     print(f"{wheel.name}: {wheel.stat().st_size / 1e6:.0f} MB")
     wd = str(args.wheel_dir or "")
-    _child("from cumatrix.audit import load_audit_data; import sys, pathlib; "
+    _child("from cumatrix.audit.static import load_audit_data; import sys, pathlib; "
            "load_audit_data(wheel_dir=pathlib.Path(sys.argv[1]) if sys.argv[1] else None); "
            "print('{}')", wd)  # warm the header cache outside the timed runs
     unzip_s: list[float] = []
@@ -267,7 +267,7 @@ def main() -> int:
                     kind = "stored" if i.compress_type == zipfile.ZIP_STORED else "deflated"
                     print(f"  {i.filename}: {i.file_size / 1e6:.0f} MB, {kind}")
         wd = str(args.wheel_dir or "")
-        _child("from cumatrix.audit import load_audit_data; import sys, pathlib; "
+        _child("from cumatrix.audit.static import load_audit_data; import sys, pathlib; "
                "load_audit_data(wheel_dir=pathlib.Path(sys.argv[1]) if sys.argv[1] else None); "
                "print('{}')",
                wd)  # warm the header cache outside the timed run

@@ -230,7 +230,7 @@ def validate_and_collect(work: Path, n: int, env: dict[str, str]) -> dict[str, f
     m.write_text("".join(lines[:at]) + first + "".join(lines[at + 1:]))
     out: dict[str, float] = {}
     run = [PYTHON, "-m", "cumatrix", "run", str(m), "-q", "--out", str(work / "collect-out")]
-    from cumatrix.cache import cache_root
+    from cumatrix.core.cache import cache_root
 
     saved = cache_root() / "matrix"  # validated matrices kept between processes (nothing else)
     step_env = {k: v for k, v in env.items() if k != "CUMATRIX_NO_MATRIX_CACHE"}

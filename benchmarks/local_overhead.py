@@ -7,7 +7,7 @@ One run measures, on the same machine:
       (wall time / cells, start-up included),
   (d) cells per second for a 500-cell command-only matrix (1 runtime x 500 ``true`` cases)
       with ``-n 2``,
-  (e) the cost of observing what a cell maps (rtld-audit, ``cumatrix.observe``): the same
+  (e) the cost of observing what a cell maps (rtld-audit, ``cumatrix.execute.observe``): the same
       command through ``isolate.run_local`` plain and audited, interleaved (plain, audited,
       plain, ...) so that drift in the machine's load hits both alike; the audited time
       includes creating the cell's log and reading the mapped list back.  Two commands:
@@ -31,8 +31,9 @@ import time
 from pathlib import Path
 
 import cumatrix
-from cumatrix import observe
-from cumatrix.isolate import Job, run_local
+from cumatrix.execute import observe
+from cumatrix.core.jobs import Job
+from cumatrix.execute.local import run_local
 
 RUNTIME = "nvidia-cuda-runtime-cu12==12.9.79"
 PYTHON = sys.executable  # the interpreter itself: a launcher shim would inflate (a)
@@ -92,7 +93,7 @@ def audited_vs_plain(n: int, argv: tuple[str, ...], lib_path: tuple[str, ...], w
 
 
 def report_audit(n: int, wheel_dir: str | None) -> bool:
-    from cumatrix import runtimes
+    from cumatrix.provision import runtimes
 
     rt = runtimes.from_wheel("cu12.9", RUNTIME, wheel_dir=Path(wheel_dir) if wheel_dir else None)
     cell = observe.cell_runtime(rt.libcudart, rt.version)

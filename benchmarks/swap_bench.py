@@ -47,8 +47,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-from cumatrix import protocol
-from cumatrix.calibrate import (
+from cumatrix.execute import protocol
+from cumatrix.front.calibrate import (
     STREAM_CHOICES,
     Bench,
     Measurement,
@@ -139,7 +139,7 @@ def phase_steady(bench: Bench, reps: int) -> dict[str, Any]:
     enqueued: the GPU's own time), and the calling thread's time (the host's clock around the
     call).  Back to back, as a server issues swaps behind its other work, a call costs the larger
     of its host time and its GPU time: ``sustained_gbps``."""
-    from cumatrix.cudaapi import nvrtc_compile
+    from cumatrix.child.cudaapi import nvrtc_compile
 
     api = bench.api
     arch = (api.attribute(75), api.attribute(76))
@@ -212,7 +212,7 @@ class Compute:
             self.tstream = torch.cuda.Stream()
             self.stream: int = int(self.tstream.cuda_stream)
         except ImportError:
-            from cumatrix.cudaapi import nvrtc_compile
+            from cumatrix.child.cudaapi import nvrtc_compile
 
             self.torch = None
             arch = (self.api.attribute(75), self.api.attribute(76))
@@ -479,8 +479,8 @@ def main() -> int:
     if reason:
         print(f"error: this benchmark needs a GPU: {reason}", file=sys.stderr)
         return 2
-    from cumatrix.build import build_variant
-    from cumatrix.runtimes import headers_for
+    from cumatrix.provision.build import build_variant
+    from cumatrix.provision.runtimes import headers_for
 
     built = build_variant("proc-address", "driver", headers_for(args.headers, wheel_dir=args.wheel_dir))
     if not built.ok or built.library is None:

@@ -143,7 +143,7 @@ def kernel_source(unroll: int = 8, slice_bytes: int = 32 * KIB, load: str = "pla
 
 class Lab:
     def __init__(self, reps: int) -> None:
-        from cumatrix import cudaapi
+        from cumatrix.child import cudaapi
 
         self.cu = cudaapi
         self.api = cudaapi.Driver()
@@ -505,12 +505,12 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--parts", default="d2d,host,ce")
     args = ap.parse_args()
-    from cumatrix.build import build_variant
-    from cumatrix.runtimes import headers_for
+    from cumatrix.provision.build import build_variant
+    from cumatrix.provision.runtimes import headers_for
 
     built = build_variant("proc-address", "driver", headers_for(args.headers, wheel_dir=args.wheel_dir))
     lab = Lab(args.reps)
-    from cumatrix import cudaapi
+    from cumatrix.child import cudaapi
 
     assert built.ok and built.library is not None, built.log
     swap = cudaapi.KvSwapLibrary(str(built.library))

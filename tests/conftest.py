@@ -127,7 +127,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     client = _docker_client()
     if client is None:
         return
-    from cumatrix.clean import remove_build_stages
+    from cumatrix.front.clean import remove_build_stages
 
     try:
         for img in client.images.list(filters={"label": "cumatrix=1"}):  # type: ignore[attr-defined]

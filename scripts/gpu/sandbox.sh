@@ -42,9 +42,11 @@ if [ $rc -ne 0 ]; then echo "FAILED: bubblewrap cannot create the sandbox on thi
 # --sandbox semantics (CUMATRIX_SANDBOX=on: a cell without a sandbox is a harness error).
 python3 - "$S" <<'PY'
 import json, sys
-from cumatrix import matrix as M, sandbox
-from cumatrix.classify import classify
-from cumatrix.isolate import Job, run_local
+from cumatrix.load import matrix as M
+from cumatrix.execute import sandbox
+from cumatrix.judge.classify import classify
+from cumatrix.core.jobs import Job
+from cumatrix.execute.local import run_local
 from cumatrix.orchestrate import Orchestrator
 from pathlib import Path
 out = Path(sys.argv[1])

@@ -1,8 +1,8 @@
 """The one orchestrator: a cell through every stage, for every front end.
 
-``Cell -> Expected`` (:mod:`~cumatrix.oracle`) ``-> Job`` (:mod:`~cumatrix.provision`)
-``-> ChildResult`` (:mod:`~cumatrix.isolate` or :mod:`~cumatrix.backends.docker`)
-``-> Observed`` (:mod:`~cumatrix.classify`) ``-> CellRecord`` (:mod:`~cumatrix.judge`).
+``Cell -> Expected`` (:mod:`~cumatrix.predict.oracle`) ``-> Job`` (:mod:`~cumatrix.provision.cell`)
+``-> ChildResult`` (:mod:`~cumatrix.execute.local` or :mod:`~cumatrix.execute.docker`)
+``-> Observed`` (:mod:`~cumatrix.judge.classify`) ``-> CellRecord`` (:mod:`~cumatrix.judge.verdict`).
 
 The pytest plugin (and so ``cumatrix run``), the gate's dynamic stage, ``repro`` and
 ``calibrate`` all run cells through :meth:`Orchestrator.run`, which hands back the record
@@ -19,17 +19,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from . import __version__, observe, oracle
-from .classify import classify, with_audit
-from .errors import CumatrixError
-from .isolate import ChildResult, Job, LocalChild, run_local, start_local
-from .judge import Facts, judge, utcnow
-from .model import NO_RUNTIME, Cell, Expected, Matrix, Observed
-from .provision import DEFAULT_TIMEOUT, Audit, Provisioner, Settings
-from .record import CellRecord
+from cumatrix import __version__
+from cumatrix.execute import observe
+from cumatrix.predict import oracle
+from cumatrix.judge.classify import classify, with_audit
+from cumatrix.core.errors import CumatrixError
+from cumatrix.core.jobs import ChildResult, Job
+from cumatrix.execute.local import LocalChild, run_local, start_local
+from cumatrix.judge.verdict import Facts, judge, utcnow
+from cumatrix.core.model import NO_RUNTIME, Cell, Expected, Matrix, Observed
+from cumatrix.provision.cell import DEFAULT_TIMEOUT, Audit, Provisioner, Settings
+from cumatrix.core.record import CellRecord
 
 if TYPE_CHECKING:
-    from .backends.docker import DockerBackend
+    from cumatrix.execute.docker import DockerBackend
 
 
 class CellHooks(Protocol):
@@ -95,7 +98,7 @@ class Orchestrator:
     def host_fingerprint(self) -> dict[str, object]:
         """The host's driver, GPUs and (docker backend) daemon, looked up once."""
         if self._host_fp is None:
-            from .fingerprint import host_fingerprint
+            from cumatrix.host.fingerprint import host_fingerprint
 
             fp: dict[str, object] = dict(host_fingerprint())
             if self.backend == "docker":
@@ -109,7 +112,7 @@ class Orchestrator:
 
     def docker(self) -> DockerBackend:
         if self._docker is None:
-            from .backends.docker import DockerBackend
+            from cumatrix.execute.docker import DockerBackend
 
             self._docker = DockerBackend(self.base_image)
         return self._docker

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 
 import cumatrix
-from cumatrix.build import build_variant
-from cumatrix.runtimes import headers_for
+from cumatrix.provision.build import build_variant
+from cumatrix.provision.runtimes import headers_for
 
 pytestmark = pytest.mark.gpu
 SRC_ROOT = str(Path(cumatrix.__file__).resolve().parents[1])
@@ -54,7 +54,7 @@ def library() -> str:
 # rewritten on the stream right before the swap, then every destination byte compared.
 _CHILD = r'''
 import ctypes, json, os, random, sys
-from cumatrix import swapcell
+from cumatrix.child import swapcell
 spec = json.loads(sys.argv[1])
 api = swapcell._Driver()
 lib = api.lib
@@ -186,7 +186,7 @@ def test_kernel_path_every_byte(library: str, direction: str, layout: str) -> No
 
 _STAGED_CHILD = r'''
 import ctypes, json, random, sys
-from cumatrix import swapcell
+from cumatrix.child import swapcell
 api = swapcell._Driver()
 lib = api.lib
 lib.cuMemsetD8Async.argtypes = [ctypes.c_uint64, ctypes.c_ubyte, ctypes.c_size_t, ctypes.c_void_p]
@@ -295,7 +295,7 @@ def test_every_policy_every_byte(library: str, direction: str, run: str, layout:
 
 _RECREATE_CHILD = r'''
 import ctypes, json, os, sys
-from cumatrix import cudaapi
+from cumatrix.child import cudaapi
 lib = ctypes.CDLL("libcuda.so.1")
 assert lib.cuInit(0) == 0
 swap = cudaapi.KvSwapLibrary(sys.argv[1])
@@ -371,7 +371,7 @@ def test_ptx_image_through_the_driver_jit(library: str) -> None:
 
 _PTX_CHILD = r'''
 import ctypes, json, os, re
-from cumatrix import swapcell
+from cumatrix.child import swapcell
 api = swapcell._Driver()
 nv = ctypes.CDLL(os.environ.get("KVSWAP_NVRTC") or "libnvrtc.so.13")
 cc = [ctypes.c_int(), ctypes.c_int()]

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 import cumatrix
-from cumatrix.build import build_variant
-from cumatrix.runtimes import KNOWN_WHEELS, from_wheel, headers_for
+from cumatrix.provision.build import build_variant
+from cumatrix.provision.runtimes import KNOWN_WHEELS, from_wheel, headers_for
 
 pytestmark = pytest.mark.gpu
 SRC_ROOT = str(Path(cumatrix.__file__).resolve().parents[1])
@@ -42,7 +42,7 @@ def gpu() -> None:
         pytest.skip(reason)
 
 
-_CHILD = "import json,sys; from cumatrix import swapcell; print(json.dumps(swapcell.run(json.loads(sys.argv[1]))))"
+_CHILD = "import json,sys; from cumatrix.child import swapcell; print(json.dumps(swapcell.run(json.loads(sys.argv[1]))))"
 
 
 def run_cell(spec: dict[str, object]) -> dict[str, object]:

@@ -21,10 +21,11 @@ from typing import Any
 
 import pytest
 
-from cumatrix import sandbox
-from cumatrix.classify import classify
-from cumatrix.isolate import Job, run_local
-from cumatrix.sandbox import Policy
+from cumatrix.execute import sandbox
+from cumatrix.judge.classify import classify
+from cumatrix.core.jobs import Job
+from cumatrix.execute.local import run_local
+from cumatrix.execute.sandbox import Policy
 
 REPO = Path(__file__).resolve().parents[2]
 RUNTIME = "nvidia-cuda-runtime-cu12==12.9.79"
@@ -124,7 +125,8 @@ def _cgroup_usable() -> bool:
 
 _CHILD = """
 import json, sys
-from cumatrix.isolate import Job, run_local
+from cumatrix.core.jobs import Job
+from cumatrix.execute.local import run_local
 res = run_local(Job(cell_id="t", kind="command", argv=(sys.executable, "-c", sys.argv[1], sys.argv[2]), timeout=30))
 print(json.dumps({"rc": res.returncode, "extra": res.extra, "err": res.stderr_tail, "timed_out": res.timed_out,
                   "wall": res.duration_s}))

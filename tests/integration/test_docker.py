@@ -23,11 +23,12 @@ import docker
 import docker.errors
 import pytest
 
-from cumatrix import runtimes
-from cumatrix.classify import classify
-from cumatrix.errors import DaemonUnavailable
-from cumatrix.isolate import Job, run_local
-from cumatrix.model import Runtime
+from cumatrix.provision import runtimes
+from cumatrix.judge.classify import classify
+from cumatrix.core.errors import DaemonUnavailable
+from cumatrix.core.jobs import Job
+from cumatrix.execute.local import run_local
+from cumatrix.core.model import Runtime
 
 pytestmark = pytest.mark.docker
 
@@ -72,7 +73,7 @@ def wheel_dir(wheel_cache: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def backend(base_image: str) -> Iterator[object]:
-    from cumatrix.backends.docker import DockerBackend
+    from cumatrix.execute.docker import DockerBackend
 
     with DockerBackend(base_image) as be:
         yield be
@@ -127,7 +128,7 @@ def test_build_base_skips_when_image_exists(base_image: str) -> None:
 
 def test_runtime_image_is_built_once_and_labelled(backend: object, rt_image: object,
                                                  client: docker.DockerClient, wheel_dir: Path) -> None:
-    from cumatrix.backends.docker import DockerBackend
+    from cumatrix.execute.docker import DockerBackend
 
     assert rt_image.tag.startswith("cumatrix-rt:cu12.9-")  # type: ignore[attr-defined]
     img = client.images.get(rt_image.tag)  # type: ignore[attr-defined]
@@ -142,14 +143,14 @@ def test_runtime_image_is_built_once_and_labelled(backend: object, rt_image: obj
 
 def test_probe_in_container_matches_local(backend: object, rt_image: object) -> None:
     spec = json.dumps({"kind": "probe", "libcudart": None})
-    res = backend.run_job(_job("probe", "python3", "-m", "cumatrix.case", spec, kind="probe"))  # type: ignore[attr-defined]
+    res = backend.run_job(_job("probe", "python3", "-m", "cumatrix.child.case", spec, kind="probe"))  # type: ignore[attr-defined]
     obs = classify(res, kind="probe")
     assert res.verdict is not None, res.stderr_tail
     assert res.verdict.data["runtime_version"] == 12090
     assert res.extra["image"] == rt_image.tag and res.extra["image_id"] == rt_image.image_id  # type: ignore[attr-defined]
     # The same cell run locally against the same wheel classifies the same way.
     local_rt = runtimes.from_wheel("cu12.9", WHEEL_REQ, wheel_dir=None)
-    local = run_local(_job("probe", sys.executable, "-m", "cumatrix.case",
+    local = run_local(_job("probe", sys.executable, "-m", "cumatrix.child.case",
                            json.dumps({"kind": "probe", "libcudart": str(local_rt.libcudart)}), kind="probe"),
                       base_env={**os.environ, "PYTHONPATH": str(SRC)})
     assert classify(local, kind="probe").outcome == obs.outcome
@@ -186,7 +187,7 @@ def test_hang_times_out_and_container_is_gone(backend: object, rt_image: object,
 
 
 def test_oom_killed_is_sigkill_with_oom_noted(base_image: str) -> None:
-    from cumatrix.backends.docker import DockerBackend
+    from cumatrix.execute.docker import DockerBackend
 
     with DockerBackend(base_image, mem_limit="64m") as small:
         res = small.run_job(_job("oom", "python3", "-c", "b = b'x' * (512 << 20)", image=base_image))
@@ -217,7 +218,7 @@ def test_mounts_are_read_only_and_network_is_off(backend: object, rt_image: obje
 
 
 def test_daemon_not_running_says_how_to_start_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from cumatrix.backends.docker import DockerBackend
+    from cumatrix.execute.docker import DockerBackend
 
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-daemon.sock")
     with pytest.raises(DaemonUnavailable) as exc:
@@ -243,7 +244,7 @@ def test_image_without_python3_is_a_per_cell_error(backend: object, scratch_imag
 
 
 def test_failing_dockerfile_build_is_a_clear_error(base_image: str, tmp_path: Path, scratch_image: str) -> None:
-    from cumatrix.backends.docker import DockerBackend, ImageBuildError
+    from cumatrix.execute.docker import DockerBackend, ImageBuildError
 
     # A wheel whose libcudart is no ELF file: the build's own load check must fail.
     bad = tmp_path / "nvidia_cuda_runtime_cu12-12.9.79-py3-none-manylinux2014_x86_64.whl"
@@ -267,8 +268,8 @@ def test_failing_dockerfile_build_is_a_clear_error(base_image: str, tmp_path: Pa
 
 _KILLED_CHILD = """
 import sys
-from cumatrix.backends.docker import DockerBackend
-from cumatrix.isolate import Job
+from cumatrix.execute.docker import DockerBackend
+from cumatrix.core.jobs import Job
 image, cell = sys.argv[1], sys.argv[2]
 DockerBackend(image).run_job(Job(cell_id=cell, kind="command", image=image, timeout=600,
                                  argv=("python3", "-c", "import time; time.sleep(600)")))
@@ -296,7 +297,7 @@ def test_killed_harness_leaves_no_container(base_image: str, client: docker.Dock
 
 def test_stale_containers_go_at_next_start_and_live_ones_stay(base_image: str, client: docker.DockerClient) -> None:
     """A container left by a run whose watcher could not remove it goes when the next backend starts."""
-    from cumatrix.backends.docker import DockerBackend
+    from cumatrix.execute.docker import DockerBackend
 
     cell = f"stale/{uuid.uuid4().hex[:8]}"
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -367,12 +368,7 @@ def test_driver_libraries_reach_the_container_without_a_toolkit(base_image: str,
     files laid out like a real driver install (versioned files plus SONAME links, and a
     leftover of an older version that must not be taken).
     """
-    from cumatrix.backends.docker import (
-        DRIVER_LIB_DIR,
-        DockerBackend,
-        GpuAccess,
-        driver_libraries,
-    )
+    from cumatrix.execute.docker import DRIVER_LIB_DIR, DockerBackend, GpuAccess, driver_libraries
 
     drv = tmp_path / "driver"
     drv.mkdir()

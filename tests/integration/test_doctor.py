@@ -98,8 +98,8 @@ def client() -> Iterator[object]:
 
 @pytest.mark.docker
 def test_the_docker_backend_finds_the_base_image_by_its_label(client: object) -> None:
-    from cumatrix.backends.docker import DockerBackend
-    from cumatrix.doctor import find_base_image
+    from cumatrix.execute.docker import DockerBackend
+    from cumatrix.execute.docker import find_base_image
 
     proc = subprocess.run(["bash", str(ROOT / "containers" / "build-base.sh")], capture_output=True, text=True,
                           timeout=900, check=False)
@@ -116,7 +116,7 @@ def test_the_docker_backend_finds_the_base_image_by_its_label(client: object) ->
 
 @pytest.mark.docker
 def test_clean_removes_untagged_build_stages(client: object, tmp_path: Path) -> None:
-    from cumatrix.clean import remove_build_stages
+    from cumatrix.front.clean import remove_build_stages
 
     label = f"cumatrix.test.{uuid.uuid4().hex[:8]}"
     buf = io.BytesIO()

@@ -17,18 +17,18 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from cumatrix import drivers as D
-from cumatrix import headers as H
-from cumatrix.errors import ConfigError
-from cumatrix.fingerprint import (
+from cumatrix.provision import drivers as D
+from cumatrix.provision import headers as H
+from cumatrix.core.errors import ConfigError
+from cumatrix.host.fingerprint import (
     SearchLog,
     compiler_identity,
     find_real_libcuda,
     headers_cuda_version,
     search_real_libcuda,
 )
-from cumatrix.model import CudaVersion
-from cumatrix.runtimes import headers_for
+from cumatrix.core.model import CudaVersion
+from cumatrix.provision.runtimes import headers_for
 
 STAND_INS = Path(__file__).resolve().parents[1] / "stand_ins"
 

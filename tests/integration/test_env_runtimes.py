@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from cumatrix import runtimes as R
-from cumatrix.errors import RuntimeNotFound
-from cumatrix.model import Runtime
+from cumatrix.provision import runtimes as R
+from cumatrix.core.errors import RuntimeNotFound
+from cumatrix.core.model import Runtime
 
 pytestmark = pytest.mark.network
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 import cumatrix
-from cumatrix.audit import load_audit_data
-from cumatrix.gate import add_gate_parser, gate_main
+from cumatrix.audit.static import load_audit_data
+from cumatrix.front.gate import add_gate_parser, gate_main
 
 if shutil.which("gcc") is None:
     if os.environ.get("CUMATRIX_REQUIRE_GCC") == "1":

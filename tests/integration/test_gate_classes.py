@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from test_gate import _gcc, gate, make_wheel
 
-from cumatrix.audit import StaticAudit, load_audit_data
+from cumatrix.audit.static import StaticAudit, load_audit_data
 
 pytestmark = pytest.mark.network  # runtime wheel headers, fetched once into the cache
 

@@ -27,10 +27,10 @@ from test_gate import (  # the static stage's gcc-built ELF files
     _gcc,
 )
 
-from cumatrix import runtimes
-from cumatrix.gate import unsupported_pairing, wheel_packages
-from cumatrix.model import Case, Cell
-from cumatrix.oracle import HostFacts
+from cumatrix.provision import runtimes
+from cumatrix.front.gate import unsupported_pairing, wheel_packages
+from cumatrix.core.model import Case, Cell
+from cumatrix.predict.oracle import HostFacts
 
 pytestmark = pytest.mark.network  # runtime wheels, fetched once into the cache
 

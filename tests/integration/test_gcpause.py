@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from cumatrix import gcpause
+from cumatrix.load import gcpause
 
 pytestmark = pytest.mark.network  # the matrix's runtime comes from a real wheel (cached)
 

@@ -18,8 +18,8 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
 import cumatrix
-from cumatrix.build import build_variant, reference_dir
-from cumatrix.calibrate import (
+from cumatrix.provision.build import build_variant, reference_dir
+from cumatrix.front.calibrate import (
     CalibrationRow,
     Measurement,
     add_calibrate_parser,
@@ -27,8 +27,8 @@ from cumatrix.calibrate import (
     best_rows,
     table_text,
 )
-from cumatrix.elf import elf_defined_symbols, elf_needed
-from cumatrix.runtimes import headers_for
+from cumatrix.binary.elf import elf_defined_symbols, elf_needed
+from cumatrix.provision.runtimes import headers_for
 
 SRC_ROOT = str(Path(cumatrix.__file__).resolve().parents[1])
 POLICY_API = ("kvswap_set_policy", "kvswap_get_policy", "kvswap_swap_blocks_dir", "kvswap_kernel_info",
@@ -188,7 +188,7 @@ def _has_gpu() -> bool:
 def test_calibrate_without_gpu_exits_2(tmp_path: Path) -> None:
     if _has_gpu():
         pytest.skip("this host has a GPU: calibrate would measure")
-    code = ("import argparse, sys\nfrom cumatrix.calibrate import add_calibrate_parser\n"
+    code = ("import argparse, sys\nfrom cumatrix.front.calibrate import add_calibrate_parser\n"
             "p = argparse.ArgumentParser(prog='cumatrix'); sub = p.add_subparsers()\n"
             "add_calibrate_parser(sub)\nargs = p.parse_args(sys.argv[1:])\nsys.exit(args.func(args))\n")
     out = tmp_path / "cal.txt"

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from cumatrix import matrix as _matrix
-from cumatrix.cli import _plugin_args
+from cumatrix.load import matrix as _matrix
+from cumatrix.front.cli import _plugin_args
 from cumatrix.orchestrate import Orchestrator
 
 pytestmark = pytest.mark.network  # the matrix's runtime comes from a real wheel (cached)

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from cumatrix import observe as O
-from cumatrix import runtimes as R
-from cumatrix.isolate import Job, run_local
-from cumatrix.model import Cell
+from cumatrix.execute import observe as O
+from cumatrix.provision import runtimes as R
+from cumatrix.core.jobs import Job
+from cumatrix.execute.local import run_local
+from cumatrix.core.model import Cell
 
 pytestmark = pytest.mark.network
 
@@ -122,7 +123,7 @@ def test_library_is_built_once_per_source(tmp_path: Path) -> None:
     # Only plain libc entry points present in any glibc, so it loads in older containers.
     from elftools.elf.elffile import ELFFile
 
-    from cumatrix.elf import elf_undefined_symbols
+    from cumatrix.binary.elf import elf_undefined_symbols
 
     with open(first, "rb") as fh:
         undefined = set(elf_undefined_symbols(ELFFile(fh)))
@@ -333,14 +334,14 @@ def test_plan_rejects_what_the_library_cannot_carry(tmp_path: Path) -> None:
 
 
 def _command(driver: str) -> Cell:
-    from cumatrix.model import Case
+    from cumatrix.core.model import Case
 
     return Cell(kind="command", runtime="cu12.9", driver=driver, case=Case(name="torch", argv=("python3",)))
 
 
 def test_programs_cuda13_runtime_under_a_12x_driver_is_expected_to_exit_1() -> None:
-    from cumatrix import oracle
-    from cumatrix.model import Expected
+    from cumatrix.predict import oracle
+    from cumatrix.core.model import Expected
 
     host = oracle.HostFacts(driver_version=13000)
     for driver in ("emulated-12.4", "emulated-12.8"):
@@ -435,7 +436,7 @@ def docker_backend(wheel_cache: Path) -> object:
                           text=True, timeout=900)
     if proc.returncode != 0:
         pytest.skip(f"containers/build-base.sh failed: {proc.stderr.strip()[-300:]}")
-    from cumatrix.backends.docker import DockerBackend
+    from cumatrix.execute.docker import DockerBackend
 
     with DockerBackend(proc.stdout.strip().splitlines()[-1]) as be:
         yield be
@@ -444,7 +445,7 @@ def docker_backend(wheel_cache: Path) -> object:
 @pytest.mark.docker
 def test_in_a_container_the_audit_sees_and_enforces_the_images_runtime(
         tmp_path: Path, rts: dict[str, R.ResolvedRuntime], audit_lib: Path, docker_backend: object) -> None:
-    from cumatrix.model import Runtime
+    from cumatrix.core.model import Runtime
 
     be = docker_backend
     info = be.prepare_runtime(Runtime(name="cu12.9", requirement=CU129))  # type: ignore[attr-defined]

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from cumatrix.cli import _plugin_args
+from cumatrix.front.cli import _plugin_args
 
 pytestmark = pytest.mark.network  # the matrix's runtime comes from a real wheel (cached)
 

@@ -8,8 +8,8 @@ import pytest
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 
-from cumatrix.build import build_variant, headers_version
-from cumatrix.runtimes import headers_for
+from cumatrix.provision.build import build_variant, headers_version
+from cumatrix.provision.runtimes import headers_for
 
 CORRECT = [("proc-address", "driver"), ("loop", "driver"), ("runtime-dispatch", "runtime"),
            ("driver-dispatch", "runtime"), ("header-dispatch", "runtime"), ("loop", "runtime")]
@@ -61,7 +61,7 @@ def test_direct_link_is_a_build_error_with_13_0_headers(tmp_path: Path) -> None:
 
 
 def test_unknown_variant_suggests(tmp_path: Path) -> None:
-    from cumatrix.errors import UsageError
+    from cumatrix.core.errors import UsageError
 
     with pytest.raises(UsageError, match="did you mean 'proc-address'"):
         build_variant("proc-adress", "driver", headers_for("12.8"), cache=tmp_path)

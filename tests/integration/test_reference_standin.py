@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 import cumatrix
-from cumatrix.build import build_variant
-from cumatrix.runtimes import headers_for
+from cumatrix.provision.build import build_variant
+from cumatrix.provision.runtimes import headers_for
 
 STANDIN_SRC = Path(__file__).with_name("standin_libcuda.c")
 SRC_ROOT = str(Path(cumatrix.__file__).resolve().parents[1])
@@ -62,7 +62,7 @@ _CHILD = r"""
 import ctypes, json, os, sys
 job = json.loads(sys.argv[1])
 if job["kind"] == "cell":
-    from cumatrix import swapcell
+    from cumatrix.child import swapcell
     print(json.dumps(swapcell.run(job["spec"])))
     sys.exit(0)
 standin = ctypes.CDLL("libcudart.so.13" if job.get("runtime") else "libcuda.so.1", mode=ctypes.RTLD_GLOBAL)

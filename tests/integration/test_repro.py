@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from cumatrix.fingerprint import host_fingerprint
+from cumatrix.host.fingerprint import host_fingerprint
 
 HAS_GPU = host_fingerprint().get("driver_version") is not None
 MATRIX = """

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from cumatrix import matrix as M
-from cumatrix.errors import EnvironmentProblem, OutDirBusy
+from cumatrix.load import matrix as M
+from cumatrix.core.errors import EnvironmentProblem, OutDirBusy
 from cumatrix.report import load_records
-from cumatrix.results import (
+from cumatrix.results.store import (
     JSONL,
     PREVIOUS,
     REPORTS,
@@ -30,8 +30,8 @@ from cumatrix.results import (
 # A writer that takes the --out lock, says so, then holds it (or appends records slowly).
 HOLDER = textwrap.dedent("""
     import sys, time
-    from cumatrix.errors import CumatrixError
-    from cumatrix.results import Store
+    from cumatrix.core.errors import CumatrixError
+    from cumatrix.results.store import Store
     try:
         store = Store.open(sys.argv[1], fresh=True)
     except CumatrixError as e:
@@ -171,8 +171,8 @@ def _in_private_mount(tmp_path: Path, script: str, size: str, *, ro: bool = Fals
 OPEN_AND_FILL = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from cumatrix.errors import CumatrixError
-    from cumatrix.results import Store
+    from cumatrix.core.errors import CumatrixError
+    from cumatrix.results.store import Store
     mnt = Path(sys.argv[1])
     try:
         with Store.open(mnt / "out", fresh=True) as store:

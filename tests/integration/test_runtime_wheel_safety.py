@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from cumatrix import runtimes as R
-from cumatrix.errors import RuntimeNotFound, UnsafeArchive
+from cumatrix.provision import runtimes as R
+from cumatrix.core.errors import RuntimeNotFound, UnsafeArchive
 
 GCC = shutil.which("gcc")
 

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 import cumatrix
-from cumatrix import runtimes as R
-from cumatrix.errors import RuntimeNotFound, UsageError
-from cumatrix.model import Runtime
+from cumatrix.provision import runtimes as R
+from cumatrix.core.errors import RuntimeNotFound, UsageError
+from cumatrix.core.model import Runtime
 
 PACKAGE_PARENT = str(Path(cumatrix.__file__).resolve().parent.parent)
 
@@ -45,8 +45,8 @@ def test_version_read_from_the_library(wheel_cache: Path, req: str, version: int
 
 @pytest.mark.parametrize("cuda", list(R.KNOWN_WHEELS))
 def test_every_known_runtime_reads_its_version_as_data(wheel_cache: Path, cuda: str) -> None:
-    from cumatrix.model import CudaVersion
-    from cumatrix.oracle import batch_introduced
+    from cumatrix.core.model import CudaVersion
+    from cumatrix.predict.oracle import batch_introduced
 
     rt = R.from_wheel(f"cu{cuda}", R.KNOWN_WHEELS[cuda])
     assert rt.version == int(CudaVersion.parse(cuda)) and "code constant" in rt.version_source
@@ -54,7 +54,7 @@ def test_every_known_runtime_reads_its_version_as_data(wheel_cache: Path, cuda: 
 
 
 def test_resolving_a_runtime_loads_no_libcudart_on_the_host(wheel_cache: Path, cli_env: Any) -> None:
-    code = (f"from cumatrix import runtimes as R; R.from_wheel('x', {CU129!r}); "
+    code = (f"from cumatrix.provision import runtimes as R; R.from_wheel('x', {CU129!r}); "
             "maps = open('/proc/self/maps').read(); print('libcudart' in maps)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env(), timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
@@ -161,7 +161,7 @@ def test_site_runtime_in_a_fresh_venv(tmp_path: Path, wheel_cache: Path, write_m
                           capture_output=True, text=True, check=True).stdout.split()
     assert base not in path
     # the site runtime is found and its version read without loading it into the harness
-    code = ("from cumatrix import runtimes as R; r = R.from_site('s'); "
+    code = ("from cumatrix.provision import runtimes as R; r = R.from_site('s'); "
             "print(r.version, r.found_by.split()[0], 'libcudart' in open('/proc/self/maps').read())")
     found = subprocess.run([str(py), "-c", code], env=env, capture_output=True, text=True, check=True).stdout.split()
     assert found == ["13000", "site-packages", "False"]

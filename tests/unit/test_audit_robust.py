@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cumatrix.audit import AuditData, AuditSettings, audit_wheel
-from cumatrix.fatbin import FatbinError, read_fatbin
-from cumatrix.model import CudaVersion
+from cumatrix.audit.static import AuditData, AuditSettings, audit_wheel
+from cumatrix.binary.fatbin import FatbinError, read_fatbin
+from cumatrix.core.model import CudaVersion
 
 if shutil.which("gcc") is None:
     pytest.skip("gcc is not on PATH (these tests build real ELF files)", allow_module_level=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from cumatrix.elf import (
+from cumatrix.binary.elf import (
     elf_defined_symbols,
     elf_needed,
     elf_soname,

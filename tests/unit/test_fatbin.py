@@ -1,11 +1,11 @@
-"""NVIDIA's rules for which device code serves which GPU, as :mod:`cumatrix.fatbin` applies them
+"""NVIDIA's rules for which device code serves which GPU, as :mod:`cumatrix.binary.fatbin` applies them
 (CUDA C++ Programming Guide, "Binary Compatibility", "PTX Compatibility", "Feature Availability")."""
 
 from __future__ import annotations
 
 import pytest
 
-from cumatrix.fatbin import DeviceCode, covering, parse_arch, ptx_isa_cuda
+from cumatrix.binary.fatbin import DeviceCode, covering, parse_arch, ptx_isa_cuda
 
 
 @pytest.mark.parametrize("text,want", [

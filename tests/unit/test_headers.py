@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cumatrix import headers as H
-from cumatrix.errors import ConfigError
-from cumatrix.runtimes import headers_for
+from cumatrix.provision import headers as H
+from cumatrix.core.errors import ConfigError
+from cumatrix.provision.runtimes import headers_for
 
 VERSIONS = ("12.4", "12.8", "12.9", "13.0", "13.5")
 

@@ -12,15 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from cumatrix import sandbox
-from cumatrix.classify import classify
-from cumatrix.isolate import KEEP_HEAD, KEEP_TAIL, Job, run_local
-from cumatrix.protocol import parse
-from cumatrix.sandbox import Policy, child_env
+from cumatrix.execute import sandbox
+from cumatrix.judge.classify import classify
+from cumatrix.core.jobs import Job
+from cumatrix.execute.local import KEEP_HEAD, KEEP_TAIL, run_local
+from cumatrix.execute.protocol import parse
+from cumatrix.execute.sandbox import Policy, child_env
 
 PY = sys.executable
 #: Child code that hands a verdict over the private channel, as the harness's own children do.
-EMIT = "from cumatrix import protocol\nprotocol.emit({verdict})\n"
+EMIT = "from cumatrix.execute import protocol\nprotocol.emit({verdict})\n"
 TAG_LINE = "CUMATRIX-RESULT {\"outcome\": \"ok\", \"path\": \"batch\"}"
 
 
@@ -109,7 +110,7 @@ def test_no_verdict_from_harness_child_is_harness_error() -> None:
 
 def test_uncaught_exception_in_case_child_keeps_traceback() -> None:
     # The harness's own child code fails before it can reach a verdict.
-    job = Job(cell_id="t", kind="probe", argv=(PY, "-m", "cumatrix.case", "{not a spec"), timeout=30,
+    job = Job(cell_id="t", kind="probe", argv=(PY, "-m", "cumatrix.child.case", "{not a spec"), timeout=30,
               env=(("PYTHONPATH", os.pathsep.join(sys.path)),), reports_verdict=True)
     res = run_local(job)
     obs = classify(res, kind="probe")
@@ -120,7 +121,7 @@ def test_uncaught_exception_in_case_child_keeps_traceback() -> None:
 
 def test_exception_inside_the_probe_is_caught_with_traceback() -> None:
     spec = json.dumps({"kind": "probe", "libcudart": 5})  # ctypes.CDLL(5): TypeError inside the probe
-    job = Job(cell_id="t", kind="probe", argv=(PY, "-m", "cumatrix.case", spec), timeout=30,
+    job = Job(cell_id="t", kind="probe", argv=(PY, "-m", "cumatrix.child.case", spec), timeout=30,
               env=(("PYTHONPATH", os.pathsep.join(sys.path)),), reports_verdict=True)
     res = run_local(job)
     obs = classify(res, kind="probe")
@@ -188,7 +189,7 @@ def test_child_dies_with_a_killed_harness(tmp_path: Path) -> None:
     pidfile = tmp_path / "child"
     code = (
         "import sys\n"
-        "from cumatrix.isolate import Job, run_local\n"
+        "from cumatrix.execute.local import Job, run_local\n"
         f"run_local(Job(cell_id='t', kind='command', timeout=300, argv=('sh', '-c', 'echo $$ > {pidfile}; exec sleep 300')))\n"
     )
     harness = subprocess.Popen([PY, "-c", code], env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
@@ -230,7 +231,7 @@ def test_pass_env_adds_a_name_or_a_pattern() -> None:
 
 
 def test_harness_children_keep_their_knobs_and_path_commands_do_not() -> None:
-    own = str(Path(sandbox.__file__).resolve().parent.parent)
+    own = str(Path(sandbox.__file__).resolve().parents[2])
     for kind in ("probe", "swap"):
         env = child_env(Job(cell_id="t", kind=kind, argv=("x",), env=(("PYTHONPATH", own),)), base_env=HARNESS_ENV)
         assert env["PYTHONPATH"] == own and env["KVSWAP_CALIBRATION"] == "/c.json"
@@ -246,7 +247,7 @@ def test_harness_children_keep_their_knobs_and_path_commands_do_not() -> None:
 def test_bwrap_binds_back_what_the_private_tmp_hides(tmp_path: Path) -> None:
     lib = tmp_path / "lib"
     lib.mkdir()
-    job = Job(cell_id="t", kind="swap", argv=(PY, "-m", "cumatrix.case"), lib_path=(str(lib),),
+    job = Job(cell_id="t", kind="swap", argv=(PY, "-m", "cumatrix.child.case"), lib_path=(str(lib),),
               mounts=(str(tmp_path),))
     argv = sandbox.bwrap_argv("bwrap", job, {"PYTHONPATH": "/opt/site"}, str(tmp_path))
     text = " ".join(argv)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from cumatrix.errors import UsageError
-from cumatrix.keyword import KeywordExpression
+from cumatrix.core.errors import UsageError
+from cumatrix.load.keyword import KeywordExpression
 
 IDS = ["cu12.9/host/probe", "cu12.9/emulated-12.4/import-smoke", "cu13.0/host/driver-dispatch/h13.0/kv-16k-d2h",
        "none/host/proc-address/h12.8/kv-16k-h2d"]

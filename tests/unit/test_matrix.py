@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cumatrix import matrix as M
-from cumatrix.errors import ConfigError
+from cumatrix.load import matrix as M
+from cumatrix.core.errors import ConfigError
 
 RT = "runtimes:\n  cu12.9: {wheel: nvidia-cuda-runtime-cu12==12.9.79}\n"
 
@@ -205,7 +205,7 @@ def test_hostile_input_is_a_located_validation_error(tmp_path: Path, cli, text: 
 def test_c_loader_is_used_where_pyyaml_has_it() -> None:
     import yaml
 
-    from cumatrix import yamldoc
+    from cumatrix.load import yamldoc
 
     if not getattr(yaml, "__with_libyaml__", False):
         pytest.skip("this PyYAML was built without libyaml")

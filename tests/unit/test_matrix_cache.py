@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from cumatrix import matrix
-from cumatrix.errors import ConfigError
+from cumatrix.load import matrix
+from cumatrix.core.errors import ConfigError
 
 HEAD = "runtimes:\n  cu12.9: {wheel: nvidia-cuda-runtime-cu12==12.9.79}\ndrivers: [host]\nprobe: false\ncases:\n"
 

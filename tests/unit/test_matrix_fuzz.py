@@ -11,10 +11,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cumatrix import matrix as M
-from cumatrix import yamldoc
-from cumatrix.errors import ConfigError
-from cumatrix.model import Matrix
+from cumatrix.load import matrix as M
+from cumatrix.load import yamldoc
+from cumatrix.core.errors import ConfigError
+from cumatrix.core.model import Matrix
 
 FUZZ = settings(max_examples=400, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow])

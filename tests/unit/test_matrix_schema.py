@@ -12,8 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cumatrix import matrix as M
-from cumatrix import yamldoc
+from cumatrix.load import matrix as M
+from cumatrix.load import yamldoc
 
 jsonschema = pytest.importorskip("jsonschema")
 

@@ -12,10 +12,10 @@ from importlib import resources
 
 import pytest
 
-from cumatrix import matrix as _matrix
-from cumatrix.judge import Facts, decide
-from cumatrix.judge import reconcile as _reconcile
-from cumatrix.model import (
+from cumatrix.load import matrix as _matrix
+from cumatrix.judge.verdict import Facts, decide
+from cumatrix.judge.verdict import reconcile as _reconcile
+from cumatrix.core.model import (
     NO_RUNTIME,
     OUTCOME_RE,
     Case,
@@ -25,7 +25,7 @@ from cumatrix.model import (
     Observed,
     Workload,
 )
-from cumatrix.oracle import HostFacts, cuda_for_driver, expect
+from cumatrix.predict.oracle import HostFacts, cuda_for_driver, expect
 
 
 def verdict(e: Expected, observed: Observed) -> tuple[str, str | None]:

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from _pytest.mark.expression import Expression
 
-from cumatrix import cli
-from cumatrix import matrix as _matrix
-from cumatrix.errors import ConfigError
-from cumatrix.model import CudaVersion
-from cumatrix.oracle import cuda_for_driver
-from cumatrix.plan import github_matrix, plan
+from cumatrix.front import cli
+from cumatrix.load import matrix as _matrix
+from cumatrix.core.errors import ConfigError
+from cumatrix.core.model import CudaVersion
+from cumatrix.predict.oracle import cuda_for_driver
+from cumatrix.front.plan import github_matrix, plan
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hosts.yaml"
 HOSTS = {"h200-580": ("580.159", "gpu-h200"), "a100-550": ("550.163", "gpu-a100"), "l4-570": ("570.86", "gpu-l4")}

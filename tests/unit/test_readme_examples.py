@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cumatrix import matrix
-from cumatrix.errors import ConfigError
+from cumatrix.load import matrix
+from cumatrix.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[2]
 READMES = [ROOT / "README.md", ROOT / "reference" / "README.md"]

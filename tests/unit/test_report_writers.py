@@ -11,7 +11,7 @@ import jsonschema
 import pytest
 from test_report_sample import NASTY, sample_records, write_jsonl
 
-from cumatrix.errors import ConfigError
+from cumatrix.core.errors import ConfigError
 from cumatrix.report import load_records, merge_runs, progress_line, write_all
 from cumatrix.report.jsonout import schema, to_json
 

@@ -10,10 +10,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cumatrix import catalog, repro, runtimes
-from cumatrix.errors import ConfigError, UsageError
-from cumatrix.isolate import Job
-from cumatrix.model import OUTCOME_RE, VARIANT_FAMILIES
+from cumatrix.load import catalog
+from cumatrix.front import repro
+from cumatrix.provision import runtimes
+from cumatrix.core.errors import ConfigError, UsageError
+from cumatrix.core.jobs import Job
+from cumatrix.core.model import OUTCOME_RE, VARIANT_FAMILIES
 from cumatrix.orchestrate import Orchestrator
 
 IDS = ("vllm-undefined-symbol", "vllm-cuda13-build", "sglang-driver-dispatch", "sglang-header-dispatch",
@@ -104,14 +106,14 @@ def test_family_must_fit_the_runtime_axis() -> None:
 
 def test_standalone_command_round_trips_through_the_shell() -> None:
     spec = json.dumps({"kind": "swap", "library": "/x y/lib.so", "note": "it's"})
-    job = Job(cell_id="a/host/b", kind="swap", argv=("python3", "-m", "cumatrix.case", spec),
+    job = Job(cell_id="a/host/b", kind="swap", argv=("python3", "-m", "cumatrix.child.case", spec),
               env=(("PYTHONPATH", "/p q"),), lib_path=("/l1", "/l 2"))
     runner = Orchestrator(matrix=repro.load_catalog().get("legacy-stream").matrix())
     runner._host_fp = {"driver_version": None}  # a fingerprint without a driver: no --gpus for docker
     words = shlex.split(repro.standalone_command(runner, job))
     assert words[0] == "env"
     assert "LD_LIBRARY_PATH=/l1:/l 2" in words and "PYTHONPATH=/p q" in words
-    assert words[-4:] == ["python3", "-m", "cumatrix.case", spec]
+    assert words[-4:] == ["python3", "-m", "cumatrix.child.case", spec]
 
 
 def test_maps_block_is_parsed() -> None:

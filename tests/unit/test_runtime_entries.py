@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from cumatrix import matrix as M
-from cumatrix import runtimes as R
-from cumatrix.errors import ConfigError
-from cumatrix.fetch import needs, platform_tags
+from cumatrix.load import matrix as M
+from cumatrix.provision import runtimes as R
+from cumatrix.core.errors import ConfigError
+from cumatrix.front.fetch import needs, platform_tags
 
 ENV = "runtimes:\n  env: {requirements: [cuda-bindings==12.9.*, nvidia-cuda-runtime-cu12==12.9.79]}\ndrivers: [host]\n"
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from cumatrix import cli
+from cumatrix.front import cli
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOW = ROOT / ".github" / "workflows" / "nightly.yml"

@@ -1,6 +1,6 @@
 """The fast reader of plain YAML against libyaml's events: the same document, or it declines.
 
-Whatever :mod:`cumatrix.yamlfast` accepts must come out exactly as the event builder makes it
+Whatever :mod:`cumatrix.load.yamlfast` accepts must come out exactly as the event builder makes it
 (data, the place of every value and key, scalars as written); whatever libyaml refuses, it must
 decline, so that libyaml words the error.  Checked on every YAML file of the project, on
 documents generated from a grammar of block and flow YAML with tricky scalars, and on
@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cumatrix import yamldoc
-from cumatrix.errors import ConfigError
-from cumatrix.yamlfast import Unsupported, read
+from cumatrix.load import yamldoc
+from cumatrix.core.errors import ConfigError
+from cumatrix.load.yamlfast import Unsupported, read
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .html import write_html
-from .jsonout import write_json
-from .junit import write_junit
-from .markdown import verdict_line, write_markdown
-from .merge import merge_runs
-from .progress import progress_line
-from .records import (
+from cumatrix.report.html import write_html
+from cumatrix.report.jsonout import write_json
+from cumatrix.report.junit import write_junit
+from cumatrix.report.markdown import verdict_line, write_markdown
+from cumatrix.report.merge import merge_runs
+from cumatrix.report.progress import progress_line
+from cumatrix.report.records import (
     SCHEMA_VERSION,
     CellResult,
     Counts,
@@ -64,8 +64,8 @@ def write_all(run: RunData, out_dir: Path) -> list[Path]:
         writer(run, tmp)
         tmp.replace(final)
         written.append(final)
-    from .jsonout import dumps
-    from .static import static_record
+    from cumatrix.report.jsonout import dumps
+    from cumatrix.report.static import static_record
 
     static = static_record(run)
     if static is not None:  # a gate's static audit, as it recorded it

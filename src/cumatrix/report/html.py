@@ -27,10 +27,10 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup
 
-from .grid import LEGEND, Entry, Grid, entries, grids, timed
-from .markdown import headline
-from .records import CATEGORIES, CellResult, RunData, Timings
-from .text import clean
+from cumatrix.report.grid import LEGEND, Entry, Grid, entries, grids, timed
+from cumatrix.report.markdown import headline
+from cumatrix.report.records import CATEGORIES, CellResult, RunData, Timings
+from cumatrix.report.text import clean
 
 #: Glyphs the page uses per category (present in common fonts, no emoji font needed).
 GLYPHS = {"ok": "✓", "expected": "◎", "fail": "✗", "skip": "–", "not-run": "○"}

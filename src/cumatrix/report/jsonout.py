@@ -13,8 +13,8 @@ from importlib import resources
 from pathlib import Path
 from typing import TextIO
 
-from .. import __version__
-from .records import SCHEMA_VERSION, RunData, axes_from_id
+from cumatrix import __version__
+from cumatrix.report.records import SCHEMA_VERSION, RunData, axes_from_id
 
 
 def dumps(obj: object) -> str:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from .markdown import headline
-from .records import CellResult, RunData, axes_from_id
-from .text import clean
+from cumatrix.report.markdown import headline
+from cumatrix.report.records import CellResult, RunData, axes_from_id
+from cumatrix.report.text import clean
 
 
 def _classname(runtime: str, driver: str, host: str | None) -> str:
@@ -131,7 +131,7 @@ def to_xml(run: RunData) -> ET.ElementTree:
 
 def _static_suites(root: ET.Element, run: RunData) -> None:
     """A gate's static findings: a ``static <wheel>`` suite per wheel, counted in the totals."""
-    from .static import static_record, static_suites
+    from cumatrix.report.static import static_record, static_suites
 
     static = static_record(run)
     if static is None:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from .grid import LEGEND, SYMBOLS, Grid, grids, timed
-from .records import CellResult, RunData
-from .text import clean, md_code, md_inline, shorten
+from cumatrix.report.grid import LEGEND, SYMBOLS, Grid, grids, timed
+from cumatrix.report.records import CellResult, RunData
+from cumatrix.report.text import clean, md_code, md_inline, shorten
 
 #: GitHub caps a step summary at 1 MiB; stay well under it.
 _MAX_MISMATCHES_LISTED = 100
@@ -193,7 +193,7 @@ def _speed(run: RunData) -> list[str]:
 
 def to_markdown(run: RunData) -> str:
     """The ``summary.md`` text of a run (a gate's static findings first)."""
-    from .static import static_markdown, static_record
+    from cumatrix.report.static import static_markdown, static_record
 
     static = static_record(run)
     lines = [static_markdown(static)] if static is not None else []

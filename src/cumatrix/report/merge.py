@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from ..errors import ConfigError
-from .records import CellResult, RunData, RunInfo, load_records
+from cumatrix.core.errors import ConfigError
+from cumatrix.report.records import CellResult, RunData, RunInfo, load_records
 
 
 def merge_runs(dirs: list[Path], *, host_names: list[str] | None = None) -> RunData:

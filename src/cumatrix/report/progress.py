@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .text import clean
+from cumatrix.report.text import clean
 
 
 def _duration(seconds: float) -> str:

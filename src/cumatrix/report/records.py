@@ -15,9 +15,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from ..errors import ConfigError, Problem
-from ..model import Spread, Timings
-from ..record import (
+from cumatrix.core.errors import ConfigError, Problem
+from cumatrix.core.model import Spread, Timings
+from cumatrix.core.record import (
     CATEGORIES,
     SCHEMA_VERSION,
     Category,
@@ -200,7 +200,7 @@ def load_records(jsonl: Path) -> RunData:
     A last line cut mid-write (a killed run), or a cut line directly followed by the run
     header of a resumed run, is ignored with a warning in ``RunData.warnings``.  Any other
     unreadable line, a record from a newer schema, or a file with no run header raises
-    :class:`~cumatrix.errors.ConfigError` (exit 2) naming ``file:line:col``.
+    :class:`~cumatrix.core.errors.ConfigError` (exit 2) naming ``file:line:col``.
     """
     source = str(jsonl)
     try:

@@ -1,7 +1,7 @@
 """The gate's static findings as the reports show them, read from the run's own data.
 
 The gate stores its static audit in ``results.jsonl`` as one ``{"type": "static"}`` record
-(:meth:`cumatrix.audit.StaticAudit.to_json`) beside the cells; every writer renders it from
+(:meth:`cumatrix.audit.static.StaticAudit.to_json`) beside the cells; every writer renders it from
 there (``summary.md`` opens with it, ``junit.xml`` has a ``static <wheel>`` suite per wheel,
 ``static.json`` is the record).  Nothing edits a report after it was written.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 
-from .records import RunData
+from cumatrix.report.records import RunData
 
 
 def static_record(run: RunData) -> Mapping[str, object] | None:
@@ -22,13 +22,13 @@ def static_record(run: RunData) -> Mapping[str, object] | None:
 
 def static_markdown(record: Mapping[str, object]) -> str:
     """The findings as Markdown, for the top of ``summary.md``."""
-    from ..audit import StaticAudit, findings_markdown
+    from cumatrix.audit.static import StaticAudit, findings_markdown
 
     return findings_markdown(StaticAudit.from_json(record).wheels)
 
 
 def static_suites(record: Mapping[str, object]) -> list[ET.Element]:
     """One JUnit ``testsuite`` per wheel."""
-    from ..audit import StaticAudit, junit_suites
+    from cumatrix.audit.static import StaticAudit, junit_suites
 
     return junit_suites(StaticAudit.from_json(record).wheels)

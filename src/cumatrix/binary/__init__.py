@@ -1,0 +1,1 @@
+"""Reading binaries: ELF files and the device code in their fatbins, for the gate and the observation."""

@@ -1,0 +1,51 @@
+"""Where cumatrix keeps what it fetches and builds (honours ``XDG_CACHE_HOME``), and where
+it takes wheels from when offline (``--wheel-dir``, else ``$CUMATRIX_WHEEL_DIR``)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from cumatrix.core.errors import UsageError
+
+#: Stands for ``--wheel-dir`` wherever a command or an API takes one and none is given.
+WHEEL_DIR_ENV = "CUMATRIX_WHEEL_DIR"
+
+
+def cache_root() -> Path:
+    """``$CUMATRIX_CACHE``, else ``$XDG_CACHE_HOME/cumatrix``, else ``~/.cache/cumatrix``."""
+    explicit = os.environ.get("CUMATRIX_CACHE")
+    if explicit:
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "cumatrix"
+
+
+def cache_dir(*parts: str) -> Path:
+    path = cache_root().joinpath(*parts)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def wheel_dir(explicit: Path | str | None = None) -> Path | None:
+    """The directory offline wheels come from: ``explicit``, else ``$CUMATRIX_WHEEL_DIR``, else None.
+
+    ``None`` means: fetch from the package index.  A directory named by the variable that
+    does not exist is a usage error, not a silent fall-back to the network.
+    """
+    if explicit:
+        return Path(explicit)
+    env = os.environ.get(WHEEL_DIR_ENV, "").strip()
+    if not env:
+        return None
+    path = Path(env)
+    if not path.is_dir():
+        raise UsageError(f"{WHEEL_DIR_ENV}={env}: no such directory (unset it, or fill it with `cumatrix fetch "
+                         f"MATRIX --dest {env}`)")
+    return path
+
+
+def default_table() -> Path:
+    """The calibration table: where ``cumatrix calibrate`` writes by default, and where ``cumatrix run`` looks."""
+    return cache_dir("calibration") / "kvswap-calibration.txt"

@@ -1,0 +1,55 @@
+"""What crosses from provisioning to execution to judgement: a child's job and what it did."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Verdict:
+    """A harness child's validated payload.
+
+    ``timings`` are numbers the child measured, ``data`` the child's facts (runtime and
+    driver versions, its fingerprint, probe results); both are JSON objects that the
+    classifier turns into typed fields.
+    """
+
+    outcome: str
+    path: str | None = None
+    error_name: str | None = None
+    detail: str = ""
+    timings: Mapping[str, object] = field(default_factory=dict)
+    data: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Job:
+    """Everything a backend needs to run one cell's child."""
+
+    cell_id: str
+    kind: str  # probe | command | swap
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+    lib_path: tuple[str, ...] = ()  # prepended to LD_LIBRARY_PATH, in order
+    timeout: float = 120.0
+    mounts: tuple[str, ...] = ()  # host paths the child reads (docker mounts them read-only)
+    writable: tuple[str, ...] = ()  # host paths the child writes (docker mounts them read-write)
+    runtime_name: str = ""
+    image: str | None = None
+    #: A harness-owned child (probe, swap): it alone gets the private verdict channel.
+    reports_verdict: bool = False
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ChildResult:
+    returncode: int | None
+    signal: int | None
+    timed_out: bool
+    stdout_tail: str
+    stderr_tail: str
+    verdict: Verdict | None
+    verdict_error: str | None
+    duration_s: float
+    oom_killed: bool = False
+    extra: dict[str, object] = field(default_factory=dict)

@@ -1,0 +1,796 @@
+"""The docker backend: one container per cell, through the ``docker`` Python SDK.
+
+What a cell's container gets (cibuildwheel's ``oci_container.py`` is the model: unique
+names, removed in ``finally``, an env var to keep them, the daemon checked up front):
+
+- ``init=True``: PID 1 is docker-init, so a signal that kills the child is reported as
+  exit status 128+N, mapped back here to ``signal=N`` (a segfault reads ``crash:SIGSEGV``);
+- ``network_mode="none"``, CPU, memory and pids limits, and a timeout that kills the container;
+- a non-root user (the invoking user's uid, or ``nobody`` when that is root), every
+  capability dropped, ``no-new-privileges``, a read-only root filesystem and a tmpfs ``/tmp``;
+- removal when the harness dies, even by SIGKILL: the per-process watcher of
+  :mod:`cumatrix.execute.sandbox` removes the containers its harness left;
+- every host path the job reads (and the directory holding the ``cumatrix`` package, for
+  ``PYTHONPATH``) bind-mounted read-only at the same path;
+- the label ``cumatrix=1`` and the owning process, so that :meth:`DockerBackend.cleanup_stale`
+  removes what a killed run left behind without touching a live run's containers;
+- the GPU, when the host has one: ``--gpus all`` through the NVIDIA container runtime, or
+  else the device nodes and the driver's user-mode libraries passed explicitly.
+
+Runtime images come from ``containers/runtime.Dockerfile``: a base image plus one runtime
+wheel, built with no network; the tag is a hash of the inputs, so unchanged inputs never
+rebuild.  ``image:`` runtimes are used as they are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Self
+
+import docker
+import docker.errors
+import docker.types
+import requests.exceptions
+
+import cumatrix
+
+from cumatrix.execute import sandbox
+from cumatrix.core.errors import CumatrixError, DaemonUnavailable, HarnessError
+from cumatrix.core.jobs import ChildResult, Job
+from cumatrix.execute.local import _Capture
+from cumatrix.core.model import Runtime
+from cumatrix.core.jobs import Verdict
+from cumatrix.execute.protocol import FileChannel, parse
+from cumatrix.provision.runtimes import (
+    check_runtime_wheel,
+    fetch_wheel,
+    parse_requirement,
+    sha256_file,
+)
+
+#: Base image of runtime images when none is given (a common public Python image).
+DEFAULT_BASE_IMAGE = "python:3.12-slim"
+#: Where runtime wheels are unpacked inside runtime images.
+RUNTIME_ROOT = "/opt/cumatrix/runtime"
+#: Where the host driver's user-mode libraries appear in a container (no toolkit case).
+DRIVER_LIB_DIR = "/usr/local/cumatrix-driver/lib"
+LABEL = "cumatrix"
+_START_HINT = ("start one with `sudo dockerd &` (or `sudo systemctl start docker`), or point "
+               "DOCKER_HOST at a daemon that runs")
+_DEFAULT_HOST = "unix:///var/run/docker.sock"
+_SIGNAL_BASE = 128  # docker-init (tini) exits with 128+N when its child dies of signal N
+_NAME_RE = re.compile(r"[^a-zA-Z0-9_.-]+")
+# What the NVIDIA container toolkit says when an image's NVIDIA_REQUIRE_CUDA exceeds the driver.
+_REFUSED_RE = re.compile(r"unsatisfied condition: cuda[^\n]*")
+_ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
+_DRIVER_LIB_PATTERNS = ("libcuda.so*", "libnvidia-ptxjitcompiler.so*", "libnvidia-*.so*")
+#: The user cells run as when the harness runs as root (``nobody``: owns nothing).
+NOBODY = "65534:65534"
+#: The writable scratch of a read-only container (exec allowed: JIT caches, test binaries).
+TMPFS_OPTIONS = "rw,exec,nosuid,nodev,size=1g,mode=1777"
+
+
+def default_user() -> str:
+    """The invoking user's ``uid:gid``, or ``nobody`` when that is root."""
+    uid, gid = os.getuid(), os.getgid()
+    return NOBODY if uid == 0 else f"{uid}:{gid}"
+
+
+def default_cpus() -> float:
+    """Half the host's cores, at least one: a cell cannot starve the harness and its peers."""
+    return max(1.0, (os.cpu_count() or 2) / 2)
+
+
+class ImageBuildError(HarnessError):
+    """A runtime image could not be built (the message holds the build log's tail)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ImageInfo:
+    """The image a runtime's cells run in, or why there is none (a per-cell error)."""
+
+    runtime_name: str
+    tag: str
+    image_id: str | None
+    source: str  # "wheel <requirement> on <base>" or "image"
+    built: bool = False  # built by this call (False: it existed already)
+    cudart: str | None = None  # CUMATRIX_CUDART inside the image
+    python: str | None = None  # python3 version inside, when checked
+    problem: str | None = None  # set when cells of this runtime cannot run
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GpuAccess:
+    """How containers see the host's GPU: ``nvidia-runtime``, ``device-nodes`` or ``none``."""
+
+    mode: str
+    devices: tuple[str, ...] = ()  # "host:container:rwm", device-nodes mode only
+    libraries: tuple[tuple[str, str], ...] = ()  # (host file, path inside), device-nodes mode only
+    detail: str = ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _ImageFacts:
+    tag: str
+    image_id: str
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _process_token(pid: int) -> str | None:
+    """``<pid>.<start time>`` of a live process, else None (a reused pid has another start time)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Field 22 (starttime) counted after the ")" that ends the command name.
+    fields = stat.rsplit(")", 1)[1].split()
+    return f"{pid}.{fields[19]}"
+
+
+def package_root() -> Path:
+    """The directory holding the ``cumatrix`` package (what the child's PYTHONPATH needs)."""
+    return Path(cumatrix.__file__).resolve().parent.parent
+
+
+def runtime_dockerfile() -> Path:
+    """``containers/runtime.Dockerfile`` of the source tree, or the copy in package data."""
+    return _dockerfile("runtime.Dockerfile")
+
+
+def _dockerfile(name: str) -> Path:
+    here = Path(__file__).resolve()
+    for cand in (here.parents[3] / "containers" / name, here.parents[1] / "data" / name):
+        if cand.is_file():
+            return cand
+    raise HarnessError(f"{name} not found (expected in containers/ of the source tree "
+                       "or in cumatrix/data/); reinstall cumatrix")
+
+
+def cudart_in_wheel(wheel: Path) -> str:
+    """Path of ``libcudart.so.<major>`` inside a runtime wheel."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = sorted(n for n in zf.namelist()
+                       if re.search(r"/lib/libcudart\.so\.\d+$", n))
+    if not names:
+        raise ImageBuildError(f"{wheel.name}: holds no lib/libcudart.so.<N>; not a CUDA runtime wheel")
+    return names[0]
+
+
+# ------------------------------------------------------------------------------ GPU access
+
+
+def _ldconfig_libcuda() -> Path | None:
+    try:
+        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in out.splitlines():
+        if line.strip().startswith("libcuda.so.1 ") and "=>" in line:
+            return Path(line.split("=>", 1)[1].strip())
+    return None
+
+
+def _find_libcuda(search_dirs: tuple[Path, ...]) -> Path | None:
+    for d in search_dirs:
+        p = d / "libcuda.so.1"
+        if p.exists():
+            return p
+    return _ldconfig_libcuda() if not search_dirs else None
+
+
+def driver_libraries(libcuda: Path) -> tuple[tuple[str, str], ...]:
+    """The driver's user-mode libraries next to ``libcuda``, of the same driver version.
+
+    Returns (host file, path inside the container) pairs: every name in the directory that
+    resolves to one of those files (``libcuda.so.1`` -> ``libcuda.so.580.159.04``) is
+    mounted under :data:`DRIVER_LIB_DIR`, so the SONAME links exist inside as well.
+    """
+    real = libcuda.resolve()
+    m = re.search(r"\.so\.(\d+(?:\.\d+)+)$", real.name)
+    version = m.group(1) if m else None
+    out: dict[str, str] = {}
+    for pattern in _DRIVER_LIB_PATTERNS:
+        for entry in sorted(libcuda.parent.glob(pattern)):
+            target = entry.resolve()
+            if not target.is_file():
+                continue
+            # Libraries of another driver version left behind by an upgrade do not load with this one.
+            if version and not target.name.endswith(f".so.{version}"):
+                continue
+            out.setdefault(entry.name, str(target))
+    return tuple((host, f"{DRIVER_LIB_DIR}/{name}") for name, host in sorted(out.items()))
+
+
+def detect_gpu(info: dict[str, Any], *, dev_dir: Path = Path("/dev"),
+               lib_dirs: tuple[Path, ...] = ()) -> GpuAccess:
+    """Choose how containers reach the GPU, from ``docker info`` and the host's files."""
+    if "nvidia" in (info.get("Runtimes") or {}):
+        return GpuAccess(mode="nvidia-runtime", detail="daemon has the nvidia runtime: --gpus all")
+    # `--gpus` needs only the toolkit's prestart hook, registered runtime or not.
+    hook = shutil.which("nvidia-container-runtime-hook")
+    if hook and (dev_dir / "nvidiactl").exists():
+        return GpuAccess(mode="nvidia-runtime", detail=f"NVIDIA container toolkit hook at {hook}: --gpus all")
+    nodes = sorted(p for p in dev_dir.glob("nvidia*") if not p.is_dir())
+    nodes += sorted(p for p in (dev_dir / "nvidia-caps").glob("*") if not p.is_dir())
+    libcuda = _find_libcuda(lib_dirs)
+    if nodes and libcuda is not None:
+        libs = driver_libraries(libcuda)
+        return GpuAccess(mode="device-nodes", devices=tuple(f"{p}:{p}:rwm" for p in nodes),
+                         libraries=libs,
+                         detail=f"{len(nodes)} device node(s), {len(libs)} driver librar(ies) from {libcuda.parent}")
+    why = "no /dev/nvidia* device" if not nodes else "no libcuda.so.1 on the host"
+    return GpuAccess(mode="none", detail=f"no GPU in containers: {why}")
+
+
+# ------------------------------------------------------------------------------ the backend
+
+
+def listed(client: Any, label: str) -> list[tuple[Any, dict[str, str], str, str]]:
+    """``(container, labels, name, state)`` of the containers with ``label``, from the list call
+    alone: a full listing inspects each container after listing it, and one removed in between
+    (another run's, finished) raised ``NotFound`` and ended the caller."""
+    out = []
+    for c in client.containers.list(all=True, sparse=True, filters={"label": label}):
+        a = c.attrs
+        names = a.get("Names") or [c.id[:12]]
+        out.append((c, dict(a.get("Labels") or {}), str(names[0]).lstrip("/"), str(a.get("State") or "")))
+    return out
+
+
+class DockerBackend:
+    """Runs jobs in containers on a Docker daemon (see the module docstring)."""
+
+    name = "docker"
+
+    def __init__(self, base_image: str | None = None, *, client: docker.DockerClient | None = None,
+                 keep: bool | None = None, mem_limit: str = "2g", pids_limit: int = 1024,
+                 gpu: GpuAccess | None = None, cpus: float | None = None, user: str | None = None) -> None:
+        """Connect to the daemon (``DaemonUnavailable`` if none answers) and remove stale containers.
+
+        ``keep`` defaults to ``$CUMATRIX_KEEP_CONTAINERS``; ``gpu`` defaults to :func:`detect_gpu`.
+        """
+        self.base_image = base_image or DEFAULT_BASE_IMAGE
+        self.keep = _truthy(os.environ.get("CUMATRIX_KEEP_CONTAINERS")) if keep is None else keep
+        self.mem_limit = mem_limit
+        self.pids_limit = pids_limit
+        self.cpus = cpus if cpus is not None else default_cpus()
+        self.user = user if user is not None else default_user()
+        self._own_client = client is None
+        if client is None:
+            _check_unix_socket()
+        try:
+            self.client = client or docker.from_env(timeout=120)
+            self._version = self.client.version()
+            self._info = self.client.info()
+            self.base_image = base_image or find_base_image(self.client) or DEFAULT_BASE_IMAGE
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+            self.close()
+            where = os.environ.get("DOCKER_HOST") or _DEFAULT_HOST
+            raise DaemonUnavailable(f"no Docker daemon answers at {where}: {_short(e)}; {_START_HINT}") from e
+        self.gpu = gpu if gpu is not None else detect_gpu(self._info)
+        self._host = socket.gethostname()
+        self._owner = _process_token(os.getpid()) or str(os.getpid())
+        self._facts: dict[str, _ImageFacts] = {}
+        self._images: dict[str, ImageInfo] = {}
+        self.cleanup_stale()
+
+    def close(self) -> None:
+        """Close the connection to the daemon (when this backend opened it)."""
+        own: docker.DockerClient | None = getattr(self, "client", None)
+        if self._own_client and own is not None:
+            own.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -------------------------------------------------------------------- facts
+
+    def fingerprint(self) -> dict[str, object]:
+        """Backend facts for a report: daemon version, API, kernel, cgroups, GPU access."""
+        return {
+            "backend": "docker",
+            "daemon_version": self._version.get("Version"),
+            "api_version": self._version.get("ApiVersion"),
+            "os": self._info.get("OperatingSystem"),
+            "kernel": self._info.get("KernelVersion"),
+            "cgroup_version": self._info.get("CgroupVersion"),
+            "runtimes": sorted((self._info.get("Runtimes") or {}).keys()),
+            "gpu_access": self.gpu.mode,
+            "gpu_detail": self.gpu.detail,
+            "base_image": self.base_image,
+            "user": self.user,
+            "cpus": self.cpus,
+        }
+
+    def _labels(self, cell_id: str = "") -> dict[str, str]:
+        labels = {LABEL: "1", "cumatrix.owner": self._owner, "cumatrix.host": self._host}
+        if cell_id:
+            labels["cumatrix.cell"] = cell_id
+        if self.keep:
+            labels["cumatrix.keep"] = "1"
+        return labels
+
+    # -------------------------------------------------------------------- stale containers
+
+    def cleanup_stale(self) -> list[str]:
+        """Remove containers labelled ``cumatrix`` whose owning process is gone; return their names.
+
+        Containers of a live run (another pytest-xdist worker, a parallel ``cumatrix run``)
+        stay; so do those kept on purpose (``CUMATRIX_KEEP_CONTAINERS``).
+        """
+        removed = []
+        for c, labels, name, status in listed(self.client, f"{LABEL}=1"):
+            if labels.get("cumatrix.keep") == "1":
+                continue
+            owner = labels.get("cumatrix.owner", "")
+            if labels.get("cumatrix.host") == self._host and owner:
+                pid = owner.split(".", 1)[0]
+                if pid.isdigit() and _process_token(int(pid)) == owner:
+                    continue  # its run is alive
+            elif labels.get("cumatrix.host") not in (None, self._host) and status == "running":
+                continue  # another machine's run on a shared daemon: cannot tell if it is alive
+            try:
+                c.remove(force=True)
+                removed.append(name)
+            except docker.errors.NotFound:
+                pass  # removed meanwhile (auto-remove, or another cleaner)
+            except docker.errors.APIError as e:
+                if e.status_code != 409:  # 409: another cleaner's removal of it is in progress
+                    raise
+        return removed
+
+    # -------------------------------------------------------------------- images
+
+    def base_image_problem(self) -> str | None:
+        """Why the base image cannot be used (absent locally: no registry is reached), or ``None``."""
+        if self._image_facts(self.base_image) is not None:
+            return None
+        return (f"base image {self.base_image} not found locally (no registry is used): build one with "
+                "containers/build-base.sh (the docker backend then finds it by its label), or pass --base-image")
+
+    def _image_facts(self, ref: str) -> _ImageFacts | None:
+        if ref in self._facts:
+            return self._facts[ref]
+        try:
+            img = self.client.images.get(ref)
+        except docker.errors.ImageNotFound:
+            return None
+        env = dict(e.split("=", 1) for e in (img.attrs.get("Config") or {}).get("Env") or [] if "=" in e)
+        facts = _ImageFacts(tag=ref, image_id=img.id, env=env)
+        self._facts[ref] = facts
+        return facts
+
+    def runtime_image_tag(self, name: str, wheel: Path, base_image_id: str) -> str:
+        """``cumatrix-rt:<name>-<hash of Dockerfile + wheel sha256 + base image id>``."""
+        h = hashlib.sha256()
+        h.update(runtime_dockerfile().read_bytes())
+        h.update(sha256_file(wheel).encode())
+        h.update(base_image_id.encode())
+        slug = _NAME_RE.sub("-", name).strip("-.")[:60] or "runtime"
+        return f"cumatrix-rt:{slug}-{h.hexdigest()[:16]}"
+
+    def build_runtime_image(self, runtime: Runtime, wheel: Path) -> ImageInfo:
+        """Build (or find) the image of a wheel runtime; raise :class:`ImageBuildError` on failure."""
+        if not runtime.requirement:
+            raise ImageBuildError(f"runtime {runtime.name!r} has no wheel requirement to build an image from")
+        base = self._image_facts(self.base_image)
+        if base is None:
+            raise ImageBuildError(
+                f"base image {self.base_image} not found locally (no registry is used): build one with "
+                "containers/build-base.sh and pass its tag as --base-image, or `docker pull` it")
+        tag = self.runtime_image_tag(runtime.name, wheel, base.image_id)
+        relpath = cudart_in_wheel(wheel)
+        existing = self._image_facts(tag)
+        if existing is not None:
+            return ImageInfo(runtime_name=runtime.name, tag=tag, image_id=existing.image_id,
+                             source=f"wheel {runtime.requirement} on {self.base_image}",
+                             cudart=existing.env.get("CUMATRIX_CUDART"))
+        _, version = parse_requirement(runtime.requirement)
+        with tempfile.TemporaryDirectory(prefix="cumatrix-build-") as ctx:
+            shutil.copyfile(runtime_dockerfile(), Path(ctx, "Dockerfile"))
+            shutil.copyfile(wheel, Path(ctx, wheel.name))
+            try:
+                image, _ = self.client.images.build(
+                    path=ctx, tag=tag, pull=False, rm=True, forcerm=True, network_mode="none",
+                    labels={LABEL: "1", "cumatrix.runtime": runtime.name},
+                    buildargs={"BASE_IMAGE": self.base_image, "WHEEL": wheel.name,
+                               "CUDART_RELPATH": relpath, "RUNTIME_NAME": runtime.name,
+                               "RUNTIME_VERSION": version, "RUNTIME_REQUIREMENT": runtime.requirement})
+            except docker.errors.BuildError as e:
+                log = _ANSI_RE.sub("", "".join(str(c.get("stream") or c.get("error") or "") for c in e.build_log))
+                tail = "\n".join(log.strip().splitlines()[-12:])
+                raise ImageBuildError(
+                    f"building the image of runtime {runtime.name!r} ({runtime.requirement}) on "
+                    f"{self.base_image} failed: {e.msg}\n--- build log (tail) ---\n{tail}") from e
+            except docker.errors.APIError as e:
+                raise ImageBuildError(f"building the image of runtime {runtime.name!r} failed: {_short(e)}") from e
+        facts = self._image_facts(tag)
+        return ImageInfo(runtime_name=runtime.name, tag=tag, image_id=image.id,
+                         source=f"wheel {runtime.requirement} on {self.base_image}", built=True,
+                         cudart=facts.env.get("CUMATRIX_CUDART") if facts else None)
+
+    def prepare_runtime(self, runtime: Runtime, wheel_dir: Path | None = None) -> ImageInfo:
+        """The image a runtime's cells run in; problems come back in ``ImageInfo.problem``.
+
+        A wheel runtime is built from the base image and the wheel (fetched on the host);
+        an ``image:`` runtime is used as it is, after checking it exists locally and has
+        python3.  A ``site`` runtime has no meaning in a container.
+        """
+        if runtime.name in self._images:
+            return self._images[runtime.name]
+        info: ImageInfo
+        if runtime.requirement:
+            source = f"wheel {runtime.requirement} on {self.base_image}"
+            try:
+                wheel = fetch_wheel(runtime.requirement, wheel_dir=wheel_dir)
+                check_runtime_wheel(wheel, runtime.requirement, label=runtime.label)  # a runtime, nothing unsafe
+                info = self.build_runtime_image(runtime, wheel)
+            except CumatrixError as e:
+                info = ImageInfo(runtime_name=runtime.name, tag="", image_id=None, source=source, problem=str(e))
+        elif runtime.requirements:
+            try:
+                info = self.build_env_image(runtime, wheel_dir)
+            except CumatrixError as e:
+                info = ImageInfo(runtime_name=runtime.name, tag="", image_id=None, problem=str(e),
+                                 source=f"environment {' '.join(runtime.requirements)} on {self.base_image}")
+        elif runtime.image:
+            info = self._check_foreign_image(runtime)
+        else:
+            info = ImageInfo(runtime_name=runtime.name, tag="", image_id=None, source=runtime.source,
+                             problem=f"runtime {runtime.name!r} is this Python environment's; it has no image "
+                                     "(give it a wheel: or image: to run it with --backend docker)")
+        self._images[runtime.name] = info
+        return info
+
+    def build_env_image(self, runtime: Runtime, wheel_dir: Path | None = None) -> ImageInfo:
+        """Bake an environment runtime into an image: uv builds its venv offline inside the build.
+
+        The wheels are those of the wheel directory (``wheel_dir``, else ``$CUMATRIX_WHEEL_DIR``;
+        they must suit the base image's Python: ``cumatrix fetch --python-version``), else
+        downloaded on the host for the base image's Python.
+        """
+        from cumatrix.provision import pip
+        from cumatrix.core.cache import wheel_dir as default_wheel_dir
+        from cumatrix.provision.runtimes import uv_binary
+
+        base = self._image_facts(self.base_image)
+        if base is None:
+            raise ImageBuildError(f"base image {self.base_image} not found locally: build one with "
+                                  "containers/build-base.sh and pass its tag as --base-image")
+        source = f"environment {' '.join(runtime.requirements)} on {self.base_image}"
+        check = Job(cell_id=f"{runtime.name}/python3-version", kind="command", timeout=60.0,
+                    argv=("python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"))
+        res = self._run(check, self.base_image, base, with_gpu=False)
+        pyver = (res.stdout_tail.strip().splitlines() or [""])[-1]
+        if not re.fullmatch(r"3\.\d+", pyver):
+            raise ImageBuildError(f"base image {self.base_image}: no working python3 ({res.stderr_tail.strip()[-200:]})")
+        dockerfile = _dockerfile("env-runtime.Dockerfile")
+        with tempfile.TemporaryDirectory(prefix="cumatrix-build-") as ctx:
+            wheels = Path(ctx, "wheels")
+            wheels.mkdir()
+            wd = default_wheel_dir(wheel_dir)
+            if wd is not None:
+                for w in sorted(wd.glob("*.whl")):
+                    shutil.copyfile(w, wheels / w.name)
+            else:
+                plat = pip.platform_tags(f"manylinux_2_28_{os.uname().machine}")
+                pip.pip_download(list(runtime.requirements), wheels, deps=True, python_version=pyver,
+                                    platforms=plat, what=f"runtime {runtime.name}")
+            h = hashlib.sha256(dockerfile.read_bytes() + "\n".join(runtime.requirements).encode())
+            for w in sorted(wheels.iterdir()):
+                h.update(sha256_file(w).encode())
+            h.update(base.image_id.encode())
+            slug = _NAME_RE.sub("-", runtime.name).strip("-.")[:60] or "runtime"
+            tag = f"cumatrix-env:{slug}-{h.hexdigest()[:16]}"
+            existing = self._image_facts(tag)
+            if existing is not None:
+                return ImageInfo(runtime_name=runtime.name, tag=tag, image_id=existing.image_id, source=source,
+                                 cudart=existing.env.get("CUMATRIX_CUDART"), python=pyver)
+            shutil.copyfile(dockerfile, Path(ctx, "Dockerfile"))
+            shutil.copy2(uv_binary(), Path(ctx, "uv"))
+            Path(ctx, "requirements.txt").write_text("".join(f"{r}\n" for r in runtime.requirements))
+            try:
+                image, _ = self.client.images.build(
+                    path=ctx, tag=tag, pull=False, rm=True, forcerm=True, network_mode="none",
+                    labels={LABEL: "1", "cumatrix.runtime": runtime.name},
+                    buildargs={"BASE_IMAGE": self.base_image, "RUNTIME_NAME": runtime.name})
+            except docker.errors.BuildError as e:
+                log = _ANSI_RE.sub("", "".join(str(c.get("stream") or c.get("error") or "") for c in e.build_log))
+                raise ImageBuildError(f"building the image of runtime {runtime.name!r} ({source}) failed: {e.msg}\n"
+                                      f"--- build log (tail) ---\n" + "\n".join(log.strip().splitlines()[-12:])) from e
+            except docker.errors.APIError as e:
+                raise ImageBuildError(f"building the image of runtime {runtime.name!r} failed: {_short(e)}") from e
+        facts = self._image_facts(tag)
+        return ImageInfo(runtime_name=runtime.name, tag=tag, image_id=image.id, source=source, built=True,
+                         cudart=facts.env.get("CUMATRIX_CUDART") if facts else None, python=pyver)
+
+    def _check_foreign_image(self, runtime: Runtime) -> ImageInfo:
+        ref = runtime.image or ""
+        facts = self._image_facts(ref)
+        if facts is None:
+            return ImageInfo(runtime_name=runtime.name, tag=ref, image_id=None, source="image",
+                             problem=f"image {ref} not found locally; build or pull it (`docker pull {ref}`)")
+        # The child is `python3 -m cumatrix.child.case`: an image without python3 cannot run it.
+        check = Job(cell_id=f"{runtime.name}/python3-check", kind="command", timeout=60.0,
+                    argv=("python3", "-c", "import ctypes, sys; print('%d.%d.%d' % sys.version_info[:3])"))
+        res = self._run(check, ref, facts, with_gpu=False)
+        version = res.stdout_tail.strip().splitlines()[-1] if res.stdout_tail.strip() else ""
+        if res.returncode != 0 or not re.fullmatch(r"3\.\d+\.\d+", version):
+            why = (res.stderr_tail.strip().splitlines() or ["no output"])[-1]
+            return ImageInfo(runtime_name=runtime.name, tag=ref, image_id=facts.image_id, source="image",
+                             problem=f"image {ref} has no working python3 (the cell's child is "
+                                     f"`python3 -m cumatrix.child.case`): {why}; use an image with python3 >= 3.7")
+        return ImageInfo(runtime_name=runtime.name, tag=ref, image_id=facts.image_id, source="image",
+                         cudart=facts.env.get("CUMATRIX_CUDART"), python=version)
+
+    # -------------------------------------------------------------------- running
+
+    def run_job(self, job: Job) -> ChildResult:
+        """Run ``job.argv`` in a fresh container of ``job.image`` (else the runtime's prepared image)."""
+        ref = job.image
+        prepared = self._images.get(job.runtime_name)
+        if ref is None and prepared is not None:
+            if prepared.problem:
+                return _harness_error(prepared.problem, image=prepared.tag)
+            ref = prepared.tag
+        if ref is None:
+            return _harness_error(f"cell {job.cell_id}: no image for runtime {job.runtime_name!r} "
+                                  "(prepare_runtime was not called, and the job names no image)")
+        if prepared is not None and prepared.tag == ref and prepared.problem:
+            return _harness_error(prepared.problem, image=ref)
+        facts = self._image_facts(ref)
+        if facts is None:
+            return _harness_error(f"image {ref} not found locally; build or pull it", image=ref)
+        return self._run(job, ref, facts, with_gpu=True)
+
+    def _mounts(self, job: Job, with_gpu: bool) -> list[docker.types.Mount] | str:
+        paths = dict.fromkeys([str(package_root()), *job.mounts, *job.writable])
+        mounts = []
+        for p in paths:
+            if not os.path.exists(p):
+                return f"cannot mount {p} into the container: no such file or directory on the host"
+            if self.user == NOBODY and not _world_readable(p):
+                return (f"cannot mount {p} into the container: cells run as the non-root user {NOBODY}, "
+                        f"which cannot read it (mode {os.stat(p).st_mode & 0o777:o}); make it readable "
+                        f"(chmod o+rX) or run the harness as a user that owns it")
+            mounts.append(docker.types.Mount(target=p, source=p, type="bind", read_only=p not in job.writable))
+        if not self.user.startswith("0:") and self.user != "0" and any(p.startswith("/root/") for p in paths):
+            # The image's /root is 0700: a non-root user could not reach paths mounted below it.
+            mounts.append(docker.types.Mount(target="/root", source="", type="tmpfs", tmpfs_mode=0o755))
+        if with_gpu and self.gpu.mode == "device-nodes":
+            mounts += [docker.types.Mount(target=inside, source=host, type="bind", read_only=True)
+                       for host, inside in self.gpu.libraries]
+        return mounts
+
+    def _environment(self, job: Job, facts: _ImageFacts, with_gpu: bool) -> dict[str, str]:
+        env = dict(job.env)
+        lib_path = list(job.lib_path)
+        if with_gpu and self.gpu.mode == "device-nodes":
+            lib_path.append(DRIVER_LIB_DIR)
+        # Prepended to the image's own LD_LIBRARY_PATH (nvidia/cuda images set one).
+        own = env.get("LD_LIBRARY_PATH", facts.env.get("LD_LIBRARY_PATH", ""))
+        joined = ":".join([*lib_path, *([own] if own else [])])
+        if joined:
+            env["LD_LIBRARY_PATH"] = joined
+        root = str(package_root())
+        py = [p for p in env.get("PYTHONPATH", "").split(":") if p]
+        if job.reports_verdict or job.kind in sandbox.HARNESS_KINDS:
+            if root not in py:
+                py.insert(0, root)
+        else:  # a command cell sees none of the harness's packages
+            harness = sandbox.harness_paths() | {root}
+            py = [p for p in py if p not in harness]
+        if py:
+            env["PYTHONPATH"] = ":".join(py)
+        else:
+            env.pop("PYTHONPATH", None)
+        env.setdefault("HOME", "/tmp")  # the user has no home in the image; /tmp is writable
+        env.setdefault("PYTHONFAULTHANDLER", "1")
+        env.setdefault("PYTHONDONTWRITEBYTECODE", "1")  # the package is mounted read-only
+        if with_gpu and self.gpu.mode == "nvidia-runtime":
+            env.setdefault("NVIDIA_VISIBLE_DEVICES", "all")
+            env.setdefault("NVIDIA_DRIVER_CAPABILITIES", facts.env.get("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"))
+        return env
+
+    def _run(self, job: Job, ref: str, facts: _ImageFacts, *, with_gpu: bool) -> ChildResult:
+        # Only a harness child gets the verdict channel: a directory mounted for it alone.
+        chan = FileChannel() if job.reports_verdict else None
+        try:
+            return self._run_in(job, ref, facts, with_gpu=with_gpu, chan=chan)
+        finally:
+            if chan is not None:
+                chan.close()
+
+    def _gpu_kwargs(self, with_gpu: bool) -> dict[str, Any]:
+        if with_gpu and self.gpu.mode == "nvidia-runtime":
+            return {"device_requests": [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]}
+        if with_gpu and self.gpu.mode == "device-nodes":
+            return {"devices": list(self.gpu.devices)}
+        return {}
+
+    def _run_in(self, job: Job, ref: str, facts: _ImageFacts, *, with_gpu: bool,
+                chan: FileChannel | None) -> ChildResult:
+        extra: dict[str, object] = {"image": ref, "image_id": facts.image_id, "backend": "docker"}
+        mounts = self._mounts(job, with_gpu)
+        if isinstance(mounts, str):
+            return _harness_error(mounts, image=ref, image_id=facts.image_id)
+        environment = self._environment(job, facts, with_gpu)
+        for key in ("CUMATRIX_VERDICT_FD", "CUMATRIX_VERDICT_FILE"):
+            environment.pop(key, None)
+        if chan is not None:
+            mounts.append(docker.types.Mount(target=chan.container_dir, source=str(chan.mount_dir), type="bind",
+                                             read_only=False))
+            environment.update(chan.env())
+        kwargs = self._gpu_kwargs(with_gpu)
+        slug = _NAME_RE.sub("-", job.cell_id).strip("-.")[:80]
+        name = f"cumatrix-{slug}-{uuid.uuid4().hex[:8]}"
+        container = None
+        start = time.monotonic()
+        if not self.keep:
+            sandbox.watch_container(name)  # removed by the watcher should this process die
+        try:
+            try:
+                container = self.client.containers.create(
+                    ref, command=list(job.argv), name=name, environment=environment,
+                    mounts=mounts, init=True, network_mode="none", mem_limit=self.mem_limit,
+                    memswap_limit=self.mem_limit, pids_limit=self.pids_limit, labels=self._labels(job.cell_id),
+                    nano_cpus=int(self.cpus * 1e9), user=self.user, cap_drop=["ALL"],
+                    security_opt=["no-new-privileges"], read_only=True, tmpfs={"/tmp": TMPFS_OPTIONS},
+                    stdin_open=False, tty=False, detach=True,
+                    log_config=docker.types.LogConfig(type="json-file", config={"max-size": "64m", "max-file": "1"}),
+                    **kwargs)
+                start = time.monotonic()
+                container.start()
+            except docker.errors.APIError as e:
+                msg = _short(e)
+                m = _REFUSED_RE.search(msg)
+                if m:
+                    extra["refused"] = msg
+                    return ChildResult(returncode=None, signal=None, timed_out=False, stdout_tail="",
+                                       stderr_tail=msg, verdict=None, verdict_error=None,
+                                       duration_s=time.monotonic() - start, extra=extra)
+                return _harness_error(f"container for {job.cell_id} did not start: {msg}", **extra)
+            status, timed_out = _wait(container, job.timeout)
+            return _collect(container, status, timed_out=timed_out, duration=time.monotonic() - start,
+                            chan=chan, extra=extra)
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
+            return _harness_error(f"docker failed while running {job.cell_id}: {_short(e)}", **extra)
+        finally:
+            if container is not None and not self.keep:
+                try:
+                    container.remove(force=True)
+                    sandbox.unwatch_container(name)
+                except docker.errors.NotFound:
+                    sandbox.unwatch_container(name)
+                except docker.errors.APIError:
+                    pass  # left for the watcher, or cleanup_stale on the next start (it carries our label)
+            elif container is None and not self.keep:
+                sandbox.unwatch_container(name)
+
+
+def _world_readable(path: str) -> bool:
+    mode = os.stat(path).st_mode
+    need = 0o005 if os.path.isdir(path) else 0o004
+    return mode & need == need
+
+
+def _wait(container: Any, timeout: float) -> tuple[dict[str, Any], bool]:
+    """The container's exit status, and whether it had to be killed at the job's timeout."""
+    try:
+        return container.wait(timeout=max(timeout, 0.1)), False
+    except requests.exceptions.RequestException:  # the wait's read timeout is the job's
+        try:
+            container.kill()
+        except docker.errors.APIError:
+            pass  # it exited between the timeout and the kill
+        return container.wait(timeout=60), True
+
+
+def _collect(container: Any, status: dict[str, Any], *, timed_out: bool, duration: float,
+             chan: FileChannel | None, extra: dict[str, object]) -> ChildResult:
+    """A finished container as a ChildResult: its exit (a signal or an OOM kill), logs, verdict."""
+    container.reload()
+    state = container.attrs.get("State") or {}
+    code = int(status.get("StatusCode", state.get("ExitCode", -1)))
+    oom = bool(state.get("OOMKilled"))
+    out, err = _Capture(), _Capture()
+    for cap, which in ((out, {"stdout": True, "stderr": False}), (err, {"stdout": False, "stderr": True})):
+        for chunk in _logs(container, **which):
+            cap.feed(chunk)
+    verdict, verr = parse(chan.raw()) if chan is not None else (None, None)
+    sig: int | None = None
+    rc: int | None = code
+    if oom:
+        sig, rc = 9, None
+    elif _SIGNAL_BASE < code < _SIGNAL_BASE + 65:
+        sig, rc = code - _SIGNAL_BASE, None
+    extra.update(exit_code_raw=code, container=container.name, containment="container")
+    return ChildResult(returncode=rc, signal=sig, timed_out=timed_out, stdout_tail=out.text(),
+                       stderr_tail=err.text(), verdict=verdict, verdict_error=verr,
+                       duration_s=duration, oom_killed=oom, extra=extra)
+
+
+def _check_unix_socket() -> None:
+    """Connect to the daemon's unix socket once with a socket we close ourselves.
+
+    docker-py's unix transport leaves its socket open when ``connect`` fails (a
+    ``ResourceWarning`` at collection), so a missing daemon is detected here first.
+    """
+    host = os.environ.get("DOCKER_HOST") or _DEFAULT_HOST
+    if not host.startswith("unix://"):
+        return
+    path = host[len("unix://"):]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(10)
+        try:
+            sock.connect(path)
+        except OSError as e:
+            raise DaemonUnavailable(f"no Docker daemon answers at {host}: {e.strerror or e}; {_START_HINT}") from e
+
+
+def _logs(container: Any, *, stdout: bool, stderr: bool) -> Iterator[bytes]:
+    stream = container.logs(stdout=stdout, stderr=stderr, stream=True, follow=False)
+    try:
+        yield from stream
+    finally:
+        stream.close()
+
+
+def _short(e: BaseException) -> str:
+    text = getattr(e, "explanation", None) or str(e)
+    return " ".join(str(text).split())[:600]
+
+
+def _harness_error(message: str, **extra: object) -> ChildResult:
+    """A per-cell harness error the lead's ``classify`` reads from the synthetic verdict."""
+    return ChildResult(returncode=None, signal=None, timed_out=False, stdout_tail="", stderr_tail=message,
+                       verdict=Verdict(outcome="harness-error", detail=message), verdict_error=None,
+                       duration_s=0.0, extra={**extra, "harness_error": message, "backend": "docker"})
+
+
+#: The label ``containers/build-base.sh`` puts on the base image (value: the recipe hash).
+BASE_LABEL = "cumatrix.base"
+
+
+#: The label the docker backend puts on runtime images (and containers).
+RUNTIME_LABEL = "cumatrix"
+
+
+def find_base_image(client: Any) -> str | None:
+    """The newest tagged image ``containers/build-base.sh`` built, or None.
+
+    Images built FROM the base inherit its labels, so runtime images (labelled
+    ``cumatrix``) and untagged build stages are left out.
+    """
+    best: tuple[str, str] | None = None
+    for img in client.images.list(filters={"label": BASE_LABEL}):
+        labels = img.labels or {}
+        if RUNTIME_LABEL in labels or not img.tags:
+            continue
+        created = str(img.attrs.get("Created", ""))
+        if best is None or created > best[0]:
+            best = (created, img.tags[0])
+    return best[1] if best else None

@@ -1,0 +1,232 @@
+"""Run one cell in its own process and classify what it did.
+
+Only a harness-owned child (``Job.reports_verdict``) is given the private verdict channel of
+:mod:`cumatrix.execute.protocol`; everything any child prints is log.  Timeout, signal, missing
+verdict and malformed verdict are distinct outcomes.
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from cumatrix.execute import sandbox
+from cumatrix.core.jobs import ChildResult, Job, Verdict
+from cumatrix.execute.protocol import PipeChannel, parse
+
+__all__ = ["ChildResult", "Job", "run_local", "start_local"]
+
+#: Bytes kept of each stream: the head (first lines often say what went wrong) and the
+#: tail.  A child writing megabytes must neither stall on a full pipe nor bloat the run.
+KEEP_HEAD = 8 * 1024
+KEEP_TAIL = 32 * 1024
+
+
+
+
+
+
+
+class _Capture:
+    """Bounded capture of one stream: its head and its tail."""
+
+    def __init__(self) -> None:
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.dropped = 0
+
+    def feed(self, chunk: bytes) -> None:
+        room = KEEP_HEAD - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        self.tail += chunk
+        if len(self.tail) > KEEP_TAIL:
+            cut = len(self.tail) - KEEP_TAIL
+            self.dropped += cut
+            del self.tail[:cut]
+
+    def text(self) -> str:
+        body = self.head.decode(errors="replace")
+        if self.dropped:
+            body += f"\n[... {self.dropped} bytes not kept ...]\n"
+        return body + self.tail.decode(errors="replace")
+
+
+def run_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | None = None,
+              policy: sandbox.Policy | None = None) -> ChildResult:
+    """Run ``job.argv`` as a child in its own process group, bounded in time and output.
+
+    :func:`cumatrix.execute.sandbox.prepare` decides what the child sees (its environment, limits,
+    bubblewrap per ``policy``); every process the child starts ends with the cell.  A
+    program's own output can never carry a verdict: only a harness child
+    (``Job.reports_verdict``) gets the private channel of :mod:`cumatrix.execute.protocol`.
+    """
+    return start_local(job, base_env=base_env, cwd=cwd, policy=policy).wait()
+
+
+def start_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | None = None,
+                policy: sandbox.Policy | None = None) -> LocalChild:
+    """Start ``job``'s child and return at once; :meth:`LocalChild.wait` finishes it.
+
+    A child that cannot start (no such program, a sandbox that was asked for and is missing)
+    comes back already finished.  Until ``wait`` reads them, the child's output waits in its
+    pipes (a child that fills one waits too); its timeout counts from here.
+    """
+    plan, scope = sandbox.prepare(job, base_env=base_env, cwd=cwd, policy=policy)
+    start = time.monotonic()
+    if plan.problem is not None:
+        scope.end()
+        return LocalChild(job, plan, scope, start, done=ChildResult(
+            returncode=None, signal=None, timed_out=False, stdout_tail="", stderr_tail=plan.problem,
+            verdict=Verdict(outcome="harness-error", detail=plan.problem), verdict_error=None, duration_s=0.0,
+            extra=plan.extra))
+    env, plan, chan = _with_channel(job, plan)
+    try:
+        # No preexec_fn where the spawn shim exists: subprocess then uses vfork, not fork.
+        proc = subprocess.Popen(plan.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=env, cwd=cwd, start_new_session=True,
+                                pass_fds=plan.pass_fds,
+                                preexec_fn=plan.preexec_fn)  # noqa: PLW1509 - only without the C helper
+    except (OSError, subprocess.SubprocessError) as e:
+        scope.end()
+        if chan:
+            chan.close()
+        # A command that cannot even start is what a shell reports as 126/127.
+        code = 127 if isinstance(e, FileNotFoundError) else 126
+        why = e.strerror if isinstance(e, OSError) else str(e)
+        return LocalChild(job, plan, scope, start, done=ChildResult(
+            returncode=code, signal=None, timed_out=False, stdout_tail="",
+            stderr_tail=f"cannot start {job.argv[0]!r}: {why}", verdict=None, verdict_error=None,
+            duration_s=time.monotonic() - start, extra=plan.extra))
+    scope.started(proc.pid)
+    if chan:
+        chan.after_spawn()
+    return LocalChild(job, plan, scope, start, proc=proc, chan=chan)
+
+
+class LocalChild:
+    """A job's child from its start to its end: :meth:`wait` for its result, or :meth:`cancel`."""
+
+    def __init__(self, job: Job, plan: sandbox.Plan, scope: sandbox.Scope, start: float, *,
+                 proc: subprocess.Popen[bytes] | None = None, chan: PipeChannel | None = None,
+                 done: ChildResult | None = None) -> None:
+        self.job, self.plan, self.scope, self.start = job, plan, scope, start
+        self.proc, self.chan, self.done = proc, chan, done
+
+    def wait(self) -> ChildResult:
+        """Read the child's streams until it ends (or its timeout kills it); its result."""
+        if self.done is not None:
+            return self.done
+        proc, chan, scope = self.proc, self.chan, self.scope
+        assert proc is not None and proc.stdout is not None and proc.stderr is not None
+        out, err = _Capture(), _Capture()
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ, out)
+        sel.register(proc.stderr, selectors.EVENT_READ, err)
+        if chan:
+            sel.register(chan.read_fd, selectors.EVENT_READ, chan)
+        timed_out = False
+        try:
+            timed_out = _pump(sel, proc, scope, self.start + self.job.timeout)
+        finally:
+            sel.close()
+            self._end(kill=timed_out or proc.poll() is None)
+        verdict, verr = parse(chan.raw()) if chan else (None, None)
+        self.done = _result(proc.wait(), self.plan, scope, timed_out=timed_out, out=out, err=err, verdict=verdict,
+                            verr=verr, start=self.start)
+        return self.done
+
+    def cancel(self) -> None:
+        """End the child and everything it started, unread (a cell that will not be reported)."""
+        if self.done is None and self.proc is not None:
+            self._end(kill=True)
+            self.proc.wait()
+        self.done = self.done or ChildResult(returncode=None, signal=None, timed_out=False, stdout_tail="",
+                                             stderr_tail="", verdict=None, verdict_error="cancelled",
+                                             duration_s=0.0)
+
+    def _end(self, *, kill: bool) -> None:
+        proc = self.proc
+        assert proc is not None and proc.stdout is not None and proc.stderr is not None
+        try:
+            if kill:
+                _kill_group(proc)
+            # The group may hold children that outlive the leader; end them too, and then
+            # whatever left the group (setsid daemons): the cell's cgroup, or the sweep.
+            _kill_group(proc, quiet=True)
+            self.scope.end()
+        finally:
+            proc.stdout.close()
+            proc.stderr.close()
+            if self.chan:
+                self.chan.close()
+
+
+def _result(rc: int, plan: sandbox.Plan, scope: sandbox.Scope, *, timed_out: bool, out: _Capture, err: _Capture,
+            verdict: Verdict | None, verr: str | None, start: float) -> ChildResult:
+    extra = dict(plan.extra)
+    if scope.killed:
+        extra["killed_after"] = scope.killed  # processes the cell left running, killed with it
+    sig = -rc if rc < 0 else None
+    if plan.signal_in_exit and sig is None and 128 < rc < 128 + 65:
+        extra["exit_code_raw"] = rc  # bubblewrap reports a child killed by signal N as 128+N
+        sig = rc - 128
+    return ChildResult(returncode=None if sig is not None else rc, signal=sig,
+                       timed_out=timed_out, stdout_tail=out.text(), stderr_tail=err.text(),
+                       verdict=verdict, verdict_error=verr, duration_s=time.monotonic() - start, extra=extra)
+
+
+def _with_channel(job: Job, plan: sandbox.Plan) -> tuple[dict[str, str], sandbox.Plan, PipeChannel | None]:
+    """The child's environment and fds: a harness child gets the verdict pipe, nobody else does."""
+    env = {k: v for k, v in plan.env.items() if k not in ("CUMATRIX_VERDICT_FD", "CUMATRIX_VERDICT_FILE")}
+    if not job.reports_verdict:
+        return env, plan, None
+    chan = PipeChannel()
+    env.update(chan.env())
+    return env, replace(plan, pass_fds=(*plan.pass_fds, chan.write_fd)), chan
+
+
+def _pump(sel: selectors.BaseSelector, proc: subprocess.Popen[bytes], scope: sandbox.Scope,
+          deadline: float) -> bool:
+    """Read the child's streams until they close; True when the deadline passed first."""
+    while sel.get_map():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return True
+        events = sel.select(timeout=min(remaining, 0.5))
+        if not events and proc.poll() is not None:
+            # The cell's process is done and its pipes are quiet: whatever still holds
+            # them open (a daemon it left) is killed, which closes them.
+            scope.end()
+        for key, _ in events:
+            chunk = os.read(key.fd, 65536)
+            if not chunk:
+                sel.unregister(key.fileobj)
+                continue
+            key.data.feed(chunk)
+    try:
+        proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return True
+    return False
+
+
+def _kill_group(proc: subprocess.Popen[bytes], *, quiet: bool = False) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    except PermissionError:
+        if not quiet:
+            proc.kill()
+    if not quiet:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass

@@ -1,0 +1,594 @@
+"""What a cell's process tree really mapped, and whether the cell's runtime was the one used.
+
+A cell offers its runtime (first on ``LD_LIBRARY_PATH``), but programs that carry their own
+(torch, CuPy, JAX and most CUDA wheels, through ``DT_RPATH``/``RUNPATH`` or a ``dlopen`` by
+absolute path) load that one instead.  This module observes, through glibc's rtld-audit
+interface, every object each process of the cell opens (``csrc/audit.c``, loaded with
+``LD_AUDIT``, which every child inherits), and by default enforces the cell's runtime over a
+bundled copy with the same SONAME.  Nothing of an observed library is run: its SONAME is
+read from its dynamic section, its version from its file name or its wheel's metadata.
+A statically linked executable (no dynamic loader) and a set-uid one (the loader ignores
+``LD_AUDIT`` there) are not observed: their cells list nothing.
+
+The pieces a backend needs:
+
+- :func:`build_audit_library`: the audit library, compiled once with gcc into the user
+  cache, keyed by its source (and the compiler);
+- :func:`audit_plan`: the environment of a job, and what a container must mount (the
+  library read-only, the log writable);
+- :func:`read_mapped` after the run, :func:`cuda_libraries` to keep the CUDA ones,
+  :func:`observed_runtime` for the fingerprint and the oracle, and
+  :func:`runtime_not_used` for the ``skipped:runtime-not-used`` outcome.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+from cumatrix.core.cache import cache_dir
+from cumatrix.core.errors import CumatrixError
+from cumatrix.core.model import CudaVersion
+
+#: The environment variables the audit library reads (csrc/audit.c).
+LOG_ENV = "CUMATRIX_AUDIT_LOG"
+ENFORCE_ENV = "CUMATRIX_AUDIT_ENFORCE"
+LIBRARY_NAME = "libcumatrix_audit.so"
+
+#: How a cell treats its runtime: ``enforced`` (the default: the cell's file answers every
+#: request for its SONAME) or ``offered`` (observe only: test what the program brings).
+RuntimeMode = Literal["enforced", "offered"]
+RUNTIME_MODES: tuple[RuntimeMode, ...] = ("enforced", "offered")
+
+OUTCOME_NOT_USED = "skipped:runtime-not-used"
+
+
+class AuditError(CumatrixError):
+    """The audit library cannot be built on this host (no compiler, or the build failed)."""
+
+
+# --------------------------------------------------------------------------- the library
+
+
+def audit_source() -> str:
+    return resources.files("cumatrix").joinpath("csrc/audit.c").read_text()
+
+
+def _compiler_identity(cc_path: str) -> str:
+    """The compiler's resolved path and first ``--version`` line, asked once per file version."""
+    real = Path(cc_path).resolve()
+    try:
+        st = real.stat()
+        key = (str(real), st.st_ino, st.st_size, st.st_mtime_ns)
+    except OSError:
+        key = (str(real), 0, 0, 0)
+    got = _COMPILER_IDS.get(key)
+    if got is None:
+        got = _COMPILER_IDS[key] = _noted_compiler(cc_path, key)
+    return got
+
+
+def _noted_compiler(cc_path: str, key: tuple[str, int, int, int]) -> str:
+    """``_ask_compiler``, noted in the cache under the compiler file's identity: asking costs a
+    process (50 ms) that every run would otherwise spend before its first cell."""
+    note = cache_dir("audit") / f"cc-{hashlib.sha256(repr(key).encode()).hexdigest()[:20]}.txt"
+    try:
+        return note.read_text()
+    except OSError:
+        pass
+    got = _ask_compiler(cc_path)
+    try:
+        tmp = note.with_name(f".{note.name}.{os.getpid()}")
+        tmp.write_text(got)
+        tmp.replace(note)
+    except OSError:
+        pass  # a read-only cache: asked again next time
+    return got
+
+
+_COMPILER_IDS: dict[tuple[str, int, int, int], str] = {}
+
+
+def _ask_compiler(cc_path: str) -> str:
+    try:
+        out = subprocess.run([cc_path, "--version"], check=False, capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise AuditError(f"{cc_path} --version failed ({e}): install gcc (apt-get install gcc)") from e
+    return f"{Path(cc_path).resolve()} {out.splitlines()[0] if out else ''}"
+
+
+_CFLAGS = ("-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror")
+
+
+#: The library each ``(cache, cc, PATH)`` gave in this process: every cell asks, and the
+#: answer (a PATH search, the source read and hashed) only changes with those.
+_BUILT: dict[tuple[Path | None, str, str | None], Path] = {}
+
+
+def build_audit_library(*, cache: Path | None = None, cc: str = "gcc") -> Path:
+    """Compile ``csrc/audit.c`` (once per source and compiler) and return the library's path."""
+    key = (cache, cc, os.environ.get("PATH"))
+    known = _BUILT.get(key)
+    if known is not None and known.is_file():  # removed meanwhile (cumatrix clean): built again
+        return known
+    _BUILT[key] = built = _build_audit_library(cache=cache, cc=cc)
+    return built
+
+
+def _build_audit_library(*, cache: Path | None, cc: str) -> Path:
+    cc_path = shutil.which(cc)
+    if cc_path is None:
+        raise AuditError(f"no C compiler {cc!r} on PATH: the rtld-audit library that observes what each "
+                         "cell maps is compiled on the host: install gcc (e.g. apt-get install gcc)")
+    source = audit_source()
+    key = "\n".join([source, " ".join(_CFLAGS), _compiler_identity(cc_path)])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:20]
+    root = cache if cache is not None else cache_dir("audit")
+    target = root / digest / LIBRARY_NAME
+    if target.is_file():
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
+    try:
+        (tmp / "audit.c").write_text(source)
+        cmd = [cc_path, *_CFLAGS, "-o", str(tmp / LIBRARY_NAME), str(tmp / "audit.c")]
+        proc = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            raise AuditError(f"compiling the rtld-audit library failed ({' '.join(cmd)}):\n"
+                             + proc.stderr.strip()[-2000:])
+        try:
+            tmp.rename(target.parent)
+        except OSError:  # another worker built the same one first; theirs is identical
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+# --------------------------------------------------------------------------- a job's part
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AuditPlan:
+    """What one job needs to be observed: its environment and what a container mounts."""
+
+    library: Path
+    log: Path
+    enforce: tuple[tuple[str, str], ...] = ()  # (SONAME, path the process gets for it)
+
+    @property
+    def env(self) -> tuple[tuple[str, str], ...]:
+        pairs = [("LD_AUDIT", str(self.library)), (LOG_ENV, str(self.log))]
+        if self.enforce:
+            pairs.append((ENFORCE_ENV, ":".join(f"{s}={p}" for s, p in self.enforce)))
+        return tuple(pairs)
+
+    @property
+    def mounts(self) -> tuple[str, ...]:
+        """Host paths a container reads (the library)."""
+        return (str(self.library),)
+
+    @property
+    def writable(self) -> tuple[str, ...]:
+        """Host paths a container writes (the log, created here so the host owns it)."""
+        return (str(self.log),)
+
+
+def audit_plan(log: Path, *, library: Path | None = None,
+               enforce: Iterable[tuple[str, str]] = ()) -> AuditPlan:
+    """The audit of one job writing to ``log`` (created empty, writable by a container's user).
+
+    ``enforce`` pairs a SONAME with the absolute path that answers every request for it
+    (``("libcudart.so.12", "/…/libcudart.so.12")``); empty: observe only (``runtime: offered``).
+    In a container the path is the file's path inside it.
+    """
+    rules = tuple(enforce)
+    for soname, path in rules:
+        if "/" in soname or ":" in soname or "=" in soname or not soname:
+            raise ValueError(f"not a SONAME: {soname!r}")
+        if not path.startswith("/") or ":" in path:
+            raise ValueError(f"the enforced {soname} must be an absolute path without ':', not {path!r}")
+    try:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    except FileNotFoundError:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+    try:
+        os.fchmod(fd, 0o666)  # whatever the umask: a container's user appends to it
+    finally:
+        os.close(fd)
+    return AuditPlan(library=library or build_audit_library(), log=log, enforce=rules)
+
+
+# --------------------------------------------------------------------------- the log
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MappedLibrary:
+    """One object some process of the cell mapped."""
+
+    path: str  # as the loader opened it (inside the container, for the docker backend)
+    soname: str | None
+    version: str | None  # e.g. "12.9.79"; None where neither source says
+    version_from: str | None  # "file name" or "wheel <name>"
+    pids: tuple[int, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.soname or os.path.basename(self.path)
+
+    def to_json(self) -> dict[str, object]:
+        return {"path": self.path, "soname": self.soname, "version": self.version,
+                "version_from": self.version_from}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AuditLog:
+    opened: tuple[tuple[int, str, str], ...]  # (pid, soname from memory, path)
+    redirected: tuple[tuple[int, str, str], ...]  # (pid, requested, given)
+
+
+def read_log(path: Path) -> AuditLog:
+    """Parse an audit log; a torn last line (the process died mid-write) is dropped."""
+    opened: list[tuple[int, str, str]] = []
+    redirected: list[tuple[int, str, str]] = []
+    try:
+        text = path.read_bytes().decode(errors="replace")
+    except FileNotFoundError:
+        return AuditLog(opened=(), redirected=())
+    for line in text.split("\n")[:-1]:  # every line ends in \n; what follows the last is torn
+        parts = line.split("\t", 3)
+        if len(parts) != 4 or not parts[1].isdigit():
+            continue
+        row = (int(parts[1]), parts[2], parts[3])
+        if parts[0] == "o":
+            opened.append(row)
+        elif parts[0] == "r":
+            redirected.append(row)
+    return AuditLog(opened=tuple(opened), redirected=tuple(redirected))
+
+
+_SUFFIX_RE = re.compile(r"\.so\.(\d+(?:\.\d+)+)$")
+_CUDA_RE = re.compile(
+    r"^lib(?:cudart|cuda|nvrtc(?:-builtins)?|cublas(?:Lt)?|nccl|cudnn\w*|nvJitLink|cufft\w*|curand"
+    r"|cusparse\w*|cusolver\w*|cupti|nvToolsExt|nvjpeg|npp\w+|cufile\w*|nvshmem\w*|nvidia-ml"
+    r"|nvidia-ptxjitcompiler)\.so(?:\.|$)")
+
+
+def is_cuda_library(name: str) -> bool:
+    """Whether a SONAME or file name is one of NVIDIA's CUDA libraries (runtime, driver, math, NCCL, cuDNN...)."""
+    return bool(_CUDA_RE.match(os.path.basename(name)))
+
+
+def version_from_name(path: str) -> str | None:
+    """``libcudart.so.12.9.79`` -> ``12.9.79``; a bare major (``.so.12``) is no version."""
+    m = _SUFFIX_RE.search(os.path.basename(path))
+    return m.group(1) if m else None
+
+
+@lru_cache(maxsize=4096)
+def _record_index(directory: str) -> dict[str, str]:
+    """Files listed in the RECORD of each ``*.dist-info`` in ``directory``: relative path -> 'name version'."""
+    out: dict[str, str] = {}
+    try:
+        infos = [e for e in os.scandir(directory) if e.name.endswith(".dist-info") and e.is_dir()]
+    except OSError:
+        return out
+    for info in infos:
+        dist = _metadata_name_version(Path(info.path) / "METADATA")
+        if dist is None:
+            continue
+        try:
+            record = (Path(info.path) / "RECORD").read_text(errors="replace")
+        except OSError:
+            continue
+        for line in record.splitlines():
+            rel = line.rsplit(",", 2)[0] if line.count(",") >= 2 else line
+            if rel:
+                out.setdefault(rel.strip('"'), dist)
+    return out
+
+
+def _metadata_name_version(path: Path) -> str | None:
+    name = version = None
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the headers end at the first blank line
+                if line.startswith("Name:"):
+                    name = line[5:].strip()
+                elif line.startswith("Version:"):
+                    version = line[8:].strip()
+    except OSError:
+        return None
+    return f"{name} {version}" if name and version else None
+
+
+def owning_wheel(path: Path) -> tuple[str, str] | None:
+    """(distribution name, version) of the installed wheel whose RECORD lists ``path``.
+
+    Walks up from the file; at each ancestor, the ``*.dist-info`` directories there are the
+    candidates, and the file must be listed (relative to that ancestor) in one's RECORD.
+    """
+    for candidate in dict.fromkeys([Path(os.path.normpath(path)), path.resolve()]):
+        parent = candidate.parent
+        while parent != parent.parent:
+            rel = candidate.relative_to(parent).as_posix()
+            hit = _record_index(str(parent)).get(rel)
+            if hit:
+                name, version = hit.rsplit(" ", 1)
+                return name, version
+            parent = parent.parent
+    return None
+
+
+def _host_path(path: str, roots: Mapping[str, Path]) -> Path:
+    for prefix, host in roots.items():
+        if path == prefix or path.startswith(prefix.rstrip("/") + "/"):
+            return host / os.path.relpath(path, prefix)
+    return Path(path)
+
+
+def _soname_from_file(path: Path) -> str | None:
+    """The file's DT_SONAME; read once per file version (every cell of a runtime asks)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _SONAMES:
+        _SONAMES[key] = _read_soname(path)
+    return _SONAMES[key]
+
+
+_SONAMES: dict[tuple[str, int, int, int, int], str | None] = {}
+
+
+def _read_soname(path: Path) -> str | None:
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    from cumatrix.binary.elf import elf_soname
+
+    try:
+        with open(path, "rb") as fh:
+            return elf_soname(ELFFile(fh))
+    except (OSError, ELFError):
+        return None
+
+
+def describe(path: str, logged_soname: str, *, roots: Mapping[str, Path] = {}, pids: Sequence[int] = (),
+             wheel_versions: bool = True) -> MappedLibrary:
+    """One mapped object: SONAME (as logged from its dynamic section) and version (file name suffix of the file or of what it links to, else its wheel)."""
+    host = _host_path(path, roots)
+    # The log's SONAME is the object's own DT_SONAME, read from its dynamic section once mapped;
+    # empty there means it has none (a Python extension module), so the file is not opened again.
+    soname = logged_soname or None
+    version, source = version_from_name(path), "file name"
+    if version is None and wheel_versions and host.exists():  # libcudart.so.12 -> libcudart.so.12.9.79
+        version = version_from_name(str(host.resolve()))
+    if version is None and wheel_versions and host.exists():
+        wheel = owning_wheel(host)
+        if wheel is not None:
+            version, source = wheel[1], f"wheel {wheel[0]}"
+    return MappedLibrary(path=path, soname=soname, version=version, version_from=source if version else None,
+                         pids=tuple(pids))
+
+
+def read_mapped(log: Path, *, roots: Mapping[str, Path] = {}, cuda_only: bool = False) -> tuple[MappedLibrary, ...]:
+    """Every distinct object the cell's processes mapped, in first-mapped order.
+
+    ``roots`` maps path prefixes inside a container to where the same files are on this
+    host (an image's unpacked runtime wheel), for the version and the SONAME of files that
+    are not mounted.  Versions from wheel metadata are looked up for CUDA libraries only
+    (walking a large site-packages for every extension module would cost more than the cell);
+    for the others, the version is the file name's numeric suffix as mapped, if any.
+    """
+    pids: dict[str, list[int]] = {}
+    sonames: dict[str, str] = {}
+    for pid, soname, path in read_log(log).opened:
+        if "/" not in path:  # the vDSO
+            continue
+        seen = pids.setdefault(path, [])
+        if pid not in seen:
+            seen.append(pid)
+        if soname:
+            sonames.setdefault(path, soname)
+    out = []
+    for path, who in pids.items():
+        so = sonames.get(path, "")
+        if cuda_only and not (is_cuda_library(so) or is_cuda_library(path)):
+            continue
+        out.append(describe(path, so, roots=roots, pids=who,
+                            wheel_versions=is_cuda_library(so) or is_cuda_library(path)))
+    return tuple(out)
+
+
+def cuda_libraries(mapped: Iterable[MappedLibrary]) -> tuple[MappedLibrary, ...]:
+    """The CUDA libraries among ``mapped`` (libcudart, libcuda, libnvrtc, libcublas*, libnccl, ...)."""
+    return tuple(m for m in mapped if is_cuda_library(m.name) or is_cuda_library(m.path))
+
+
+# --------------------------------------------------------------------------- the runtime
+
+
+def cuda_int(version: str | None) -> int | None:
+    """``"12.9.79"`` -> 12090 (``cudaRuntimeGetVersion``'s encoding); ``None`` when not MAJOR.MINOR[...]."""
+    if not version:
+        return None
+    parts = version.split(".")
+    if len(parts) < 2 or not (parts[0].isdigit() and parts[1].isdigit()):
+        return None
+    return int(CudaVersion(int(parts[0]), int(parts[1])))
+
+
+_SONAME_MAJOR_RE = re.compile(r"\.so\.(\d+)")
+#: Libraries whose SONAME major is the CUDA major they belong to (cuFFT, cuSPARSE, cuRAND
+#: and cuSOLVER number theirs apart).  With no libcudart mapped, one of these says which
+#: CUDA the process runs: its runtime is then linked statically (nvcc's default).  Seen on
+#: an H200 host: CuPy 14.2 (cupy-cuda13x) maps no libcudart, but libcublasLt.so.13 at import
+#: and libnvrtc.so.13 at its first kernel.
+_TRACKS_CUDA_MAJOR = ("libnvrtc.so", "libnvJitLink.so", "libcublas.so", "libcublasLt.so")
+
+
+def is_runtime(lib: MappedLibrary) -> bool:
+    return lib.name.startswith("libcudart.so")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ObservedRuntime:
+    """The CUDA runtime a process tree used, as far as its mappings tell."""
+
+    file: str | None  # the libcudart mapped; None: none was (static runtime, or driver API only)
+    soname: str | None
+    version: int | None  # CUDA encoding (13000); major-only evidence gives MAJOR*1000
+    evidence: str  # one line: what says so
+
+    def to_json(self) -> dict[str, object]:
+        return {"file": self.file, "soname": self.soname, "version": self.version, "evidence": self.evidence}
+
+
+def _soname_major(name: str) -> int | None:
+    m = _SONAME_MAJOR_RE.search(name)
+    return int(m.group(1)) if m else None
+
+
+def observed_runtime(mapped: Sequence[MappedLibrary]) -> ObservedRuntime:
+    """The runtime the mappings show: the (first) libcudart, else the CUDA major of a toolkit
+    library that tracks it (a statically linked runtime), else nothing."""
+    runtimes = [m for m in mapped if is_runtime(m)]
+    if runtimes:
+        rt = runtimes[0]
+        version = cuda_int(rt.version)
+        major = _soname_major(rt.name)
+        if version is None and major is not None:
+            version = major * 1000
+        more = f" (and {len(runtimes) - 1} more)" if len(runtimes) > 1 else ""
+        return ObservedRuntime(file=rt.path, soname=rt.soname, version=version,
+                               evidence=f"mapped {rt.name} {rt.version or ''} from {rt.path}{more}".replace("  ", " "))
+    for lib in mapped:
+        if lib.name.startswith(_TRACKS_CUDA_MAJOR):
+            major = _soname_major(lib.name)
+            if major is not None:
+                return ObservedRuntime(file=None, soname=None, version=major * 1000,
+                                       evidence=f"no libcudart mapped; {lib.name} from {lib.path} is CUDA {major}, "
+                                                "so a CUDA runtime of that major is linked statically")
+    return ObservedRuntime(file=None, soname=None, version=None,
+                           evidence="no libcudart mapped: the driver API only, a statically linked runtime, or no CUDA")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CellRuntime:
+    """The runtime a cell offers: its library's SONAME, version and file."""
+
+    soname: str
+    version: int  # cudaRuntimeGetVersion, e.g. 12090
+    path: str | None = None  # where the process would find it (inside the container for docker)
+
+
+def cell_runtime(libcudart: Path, version: int, *, path_inside: str | None = None,
+                 soname: str | None = None) -> CellRuntime:
+    """A cell's runtime from its provisioned file (the SONAME read from the ELF, unless known)."""
+    soname = soname or _soname_from_file(libcudart) or libcudart.name
+    return CellRuntime(soname=soname, version=version, path=path_inside or str(libcudart))
+
+
+def enforce_rules(cell: CellRuntime, mode: RuntimeMode = "enforced") -> tuple[tuple[str, str], ...]:
+    """The ``audit_plan(enforce=...)`` of a cell: its SONAME answered by its file, unless offered."""
+    if mode == "offered" or cell.path is None:
+        return ()
+    return ((cell.soname, cell.path),)
+
+
+def _same_file(a: str, b: str) -> bool:
+    if os.path.normpath(a) == os.path.normpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def runtime_not_used(cell: CellRuntime, mapped: Sequence[MappedLibrary], *,
+                     mode: RuntimeMode = "enforced") -> str | None:
+    """Why the cell's runtime was not what the process used (the reason of
+    ``skipped:runtime-not-used``), or ``None`` when nothing says so.
+
+    - A libcudart of another SONAME than the cell's (torch's ``libcudart.so.13`` in a cu12.9
+      cell): not used.  Enforcement cannot help there: the program was built for another major.
+    - Under enforcement, a libcudart of the cell's SONAME that is not the cell's file (only a
+      ``dlmopen`` into another namespace gets past ``la_objsearch``): not used.
+    - No libcudart but a toolkit library of another CUDA major (``libnvrtc.so.13`` in a cu12.9
+      cell): a statically linked runtime of that major; not used.
+    - No CUDA library at all, or only the driver (``libcuda``): ``None``.  Nothing contradicts
+      the cell's runtime, though nothing exercised it; the fingerprint says ``runtime_file: null``.
+    - ``offered``: ``None``; the cell tests what the program brings, and its record names
+      the runtime that was used.
+    """
+    if mode == "offered":
+        return None
+    runtimes = [m for m in mapped if is_runtime(m)]
+    for rt in runtimes:
+        if rt.name != cell.soname:
+            return (f"the process used {rt.name} ({rt.version or 'version unknown'}) from {rt.path}, "
+                    f"not the cell's {cell.soname} ({CudaVersion.from_int(cell.version)})")
+        if cell.path is not None and not _same_file(rt.path, cell.path):
+            return (f"the process mapped {rt.name} ({rt.version or 'version unknown'}) from {rt.path} "
+                    f"past the enforced {cell.path}")
+    if not runtimes:
+        seen = observed_runtime(mapped)
+        if seen.version is not None and seen.version // 1000 != cell.version // 1000:
+            return f"{seen.evidence}, not the cell's {cell.soname} ({CudaVersion.from_int(cell.version)})"
+    return None
+
+
+def libraries_record(mapped: Sequence[MappedLibrary]) -> list[dict[str, object]]:
+    """The fingerprint's ``libraries``: each CUDA library mapped, as JSON."""
+    return [m.to_json() for m in cuda_libraries(mapped)]
+
+
+# --------------------------------------------------------------------------- after a run
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Observation:
+    """What one cell's audit showed, ready for its record."""
+
+    libraries: tuple[MappedLibrary, ...]  # the CUDA libraries mapped
+    runtime: ObservedRuntime
+    not_used: str | None  # the reason of skipped:runtime-not-used, or None
+
+    def fingerprint(self) -> dict[str, object]:
+        """The record's ``libraries``, ``runtime_file`` and ``runtime_version`` (observed, not offered)."""
+        return {"libraries": [m.to_json() for m in self.libraries], "runtime_file": self.runtime.file,
+                "runtime_version": self.runtime.version, "runtime_evidence": self.runtime.evidence}
+
+
+def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "enforced",
+             roots: Mapping[str, Path] = {}) -> Observation:
+    """Read a finished job's audit log.  The cell's own file, when it is the runtime mapped,
+    carries the version measured at provisioning (``cudaRuntimeGetVersion``)."""
+    mapped = read_mapped(plan.log, roots=roots, cuda_only=True)
+    if cell is not None and cell.path:
+        # The cell's file inside an image is not readable here; its version is known anyway.
+        own = str(CudaVersion.from_int(cell.version))
+        mapped = tuple(dataclasses.replace(m, version=own, version_from="the cell's runtime (cudaRuntimeGetVersion)")
+                       if m.version is None and _same_file(m.path, cell.path) else m for m in mapped)
+    seen = observed_runtime(mapped)
+    if cell is not None and cell.path and seen.file and _same_file(seen.file, cell.path):
+        seen = ObservedRuntime(file=seen.file, soname=seen.soname, version=cell.version, evidence=seen.evidence)
+    return Observation(libraries=mapped, runtime=seen,
+                       not_used=runtime_not_used(cell, mapped, mode=mode) if cell is not None else None)

@@ -1,0 +1,508 @@
+"""The ``cumatrix`` command.
+
+Exit codes: 0 every cell met its expectation; 1 some cell did not; 2 bad usage or bad
+input (a message naming file:line:col where there is one, never a traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from cumatrix import __version__
+from cumatrix.core.errors import ConfigError, CumatrixError, EnvironmentProblem, UsageError
+
+DEFAULT_MATRIX = "matrix.yaml"
+DEFAULT_OUT = "out"
+
+EPILOG_RUN = """\
+examples:
+  cumatrix run                              # the bundled matrix.yaml, results in ./out
+  cumatrix run matrix.yaml -n 2 --out out   # two cells at a time
+  cumatrix run -k 'cu12.9 and probe'        # select cells by id, as pytest -k
+  cumatrix run --resume --out out           # finish a run that was interrupted
+  cumatrix run --wheel-dir wheels/          # offline: runtime wheels from a directory
+
+outcome words: ok (path batch|fallback|kernel|n/a), cuda-error:N, undefined-symbol:SYM,
+build-error, crash:SIGNAME, exit:N, timeout, cannot-emulate, refused, skipped:REASON,
+harness-error. A cell passes when what it did is in its expected set.
+"""
+
+EPILOG_CALIBRATE = """\
+examples:
+  cumatrix calibrate                                   # the default sizes and counts, table in the cache
+  cumatrix calibrate --sizes 4k 16k 2MiB --counts 1024 --out calib.txt
+"""
+EPILOGS = {
+    "validate": """\
+examples:
+  cumatrix validate matrix.yaml          # every problem as file:line:col, exit 2
+  cumatrix validate matrix.yaml --list   # and every cell id, for -k
+""",
+    "plan": """\
+examples:
+  cumatrix plan examples/hosts.yaml                 # GitHub Actions strategy.matrix
+  cumatrix plan examples/hosts.yaml --format json   # which cells each host runs
+""",
+    "report": """\
+examples:
+  cumatrix report              # rebuild ./out's reports from out/results.jsonl
+  cumatrix report nightly-out  # a killed run's --out directory
+""",
+    "merge": """\
+examples:
+  cumatrix merge out-h200 out-a100 --out merged   # one report from the runs of two hosts
+""",
+    "doctor": """\
+examples:
+  cumatrix doctor                        # what is here, what is missing, how to fix it
+  cumatrix doctor --require gpu,docker   # exit 1 unless a GPU and dockerd are here (CI)
+  cumatrix doctor --json                 # machine-readable, every check included
+""",
+    "build": """\
+examples:
+  cumatrix build proc-address --headers 13.0   # prints the library path
+  cumatrix build loop --family driver --headers 12.8
+""",
+    "clean": """\
+examples:
+  cumatrix clean                     # images, build stages and the cache
+  cumatrix clean --images            # only cumatrix's images and stopped containers
+  cumatrix clean --cache --dry-run   # say what would go
+""",
+}
+
+
+def _matrix_arg(path: str | None) -> Path:
+    p = Path(path or DEFAULT_MATRIX)
+    if not p.is_file():
+        hint = " (run from a directory holding matrix.yaml, or name a matrix file)" if path is None else ""
+        raise UsageError(f"{p}: no such matrix file{hint}")
+    return p
+
+
+#: pytest's own plugins a run of cells has no use for, each of which costs every cell's three
+#: phases something (log capture, gc after each test, output capture: a cell's output is
+#: the harness's to capture, through its pipes).
+_UNUSED_PLUGINS = ("logging", "unraisableexception", "threadexception", "faulthandler", "doctest", "pastebin",
+                   "legacypath", "nose", "stepwise", "python_path", "debugging", "setuponly", "setupplan",
+                   "tmpdir", "monkeypatch", "recwarn", "cacheprovider", "warnings", "subtests", "unittest",
+                   "skipping", "capture", "assertion")
+
+
+def _plugin_args() -> list[str]:
+    """Load the plugin explicitly unless its pytest11 entry point is installed (pytest as
+    the user runs it, plugins autoloaded)."""
+    from importlib import metadata  # 60 ms to import: only here, not in every command
+
+    try:
+        eps = metadata.entry_points(group="pytest11")
+        installed = any(ep.value == "cumatrix.front.plugin" for ep in eps)
+    except (OSError, ValueError, KeyError, AttributeError):  # broken metadata of an unrelated distribution
+        installed = False
+    return [] if installed else ["-p", "cumatrix.front.plugin"]
+
+
+def _run_plugin_args(*, xdist: bool) -> list[str]:
+    """Our plugin (and xdist's, for ``-n``), loaded by name: a run sets
+    ``PYTEST_DISABLE_PLUGIN_AUTOLOAD``, so what else the environment installed (hypothesis,
+    coverage, ...) neither slows the cells nor changes how they run."""
+    args = ["-p", "cumatrix.front.plugin", *(["-p", "xdist.plugin"] if xdist else [])]
+    for name in _UNUSED_PLUGINS:
+        args += ["-p", f"no:{name}"]
+    return args
+
+
+# --------------------------------------------------------------------------- run
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from cumatrix.load import matrix as _matrix
+
+    mpath = _matrix_arg(args.matrix)
+    if args.timeout is not None:  # --timeout nan, -5 and 0 are bad input, as in the matrix
+        args.timeout = _matrix.check_timeout(args.timeout)
+    if args.host is not None:
+        _matrix.check_name(args.host, "--host")
+    if args.keyword:
+        from cumatrix.load.keyword import KeywordExpression
+
+        KeywordExpression.compile(args.keyword)  # a malformed -k is bad input (exit 2) before anything runs
+    m = _matrix.load(mpath)
+    if args.wheel_dir and not Path(args.wheel_dir).is_dir():
+        raise UsageError(f"--wheel-dir {args.wheel_dir}: no such directory")
+    _preflight(args, m, mpath)
+    import pytest
+
+    out = Path(args.out)
+    os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # xdist's workers inherit it
+    code = int(pytest.main(_pytest_args(args, mpath, out)))
+    from cumatrix.load import gcpause
+
+    gcpause.end()  # the run's items (frozen as its loop started) are garbage now, for _write_reports
+    if code == 5 and not args.resume:  # no cell selected: a usage error (exit 2), no reports of nothing
+        from cumatrix.front.plugin import PENDING_REPORTS
+
+        PENDING_REPORTS.pop("out", None)
+    else:
+        _write_reports(args)
+    return _exit_status(code, args, mpath, out)
+
+
+def _write_reports(args: argparse.Namespace) -> None:
+    """The reports, written once pytest has returned: its items and reports (a few KB a
+    cell) are freed first, so a run's memory peaks at the larger of the two, not their sum."""
+    import gc
+
+    from cumatrix.front.plugin import PENDING_REPORTS
+
+    out = PENDING_REPORTS.pop("out", None)
+    if out is None:
+        return
+    gc.collect()
+    from cumatrix.report import load_records, write_all
+    from cumatrix.report.markdown import headline
+
+    try:
+        run = load_records(out / "results.jsonl")
+        write_all(run, out)
+    except CumatrixError as e:
+        print(f"cumatrix: reports not written: {e}", file=sys.stderr)
+        return
+    print(headline(run), flush=True)
+
+
+def _preflight(args: argparse.Namespace, m: Any, mpath: Path) -> None:
+    """What must hold before any cell runs: --out is free and writable (exit 2 / 3), the daemon
+    answers, every runtime resolves (a requirement that does not resolve is bad input, exit 2,
+    found once rather than per cell)."""
+    from cumatrix.results.store import Store
+
+    with Store.open(Path(args.out), fresh=False):
+        pass
+    _check_compiler(m)
+    if args.backend == "docker":
+        from cumatrix.execute.docker import DockerBackend
+
+        with DockerBackend(args.base_image) as be:  # the daemon must answer before any cell runs
+            if be.base_image_problem() is not None:
+                raise EnvironmentProblem(str(be.base_image_problem()))
+        return
+    from cumatrix.orchestrate import Orchestrator
+
+    orch = Orchestrator(matrix=m, wheel_dir=Path(args.wheel_dir) if args.wheel_dir else None)
+    real = orch.host().driver_version
+    for d in m.drivers:
+        if d.emulated is not None and real is not None and int(d.emulated) > real:
+            raise ConfigError(f"{mpath}: drivers: {d.name} is newer than this host's driver "
+                              f"({real // 1000}.{real % 1000 // 10}): an interposer can only hide what the real "
+                              "driver has; emulate an older version, or run this on a newer host")
+    for rt in m.runtimes:
+        if rt.requirement or rt.site or rt.requirements:
+            if not args.quiet:
+                print(f"cumatrix: runtime {rt.name}: {rt.source}", file=sys.stderr)
+            orch.provisioner.runtime(rt.name)
+
+
+def _check_compiler(m: Any) -> None:
+    """Swap cells (compiled variants) and emulated drivers (a generated libcuda) need gcc."""
+    import shutil
+
+    needs = [what for what, used in (("the reference variants", bool(m.variants and m.workloads)),
+                                     ("emulated drivers", any(d.emulated for d in m.drivers))) if used]
+    if needs and shutil.which("gcc") is None:
+        raise EnvironmentProblem(f"{m.path}: {' and '.join(needs)} are compiled with gcc at run time, and there is "
+                                 "no gcc on PATH: install it (apt-get install gcc), or run a matrix of "
+                                 "probes and cases only")
+
+
+def _pytest_args(args: argparse.Namespace, mpath: Path, out: Path) -> list[str]:
+    # ``-c /dev/null`` alone would put pytest's conftest cut at /dev: every directory above the
+    # matrix would be searched for conftest.py files and listed entry by entry to reach the file
+    # (a /tmp of 1,000 entries cost half a second).  A run loads no conftest and lists only the
+    # matrix's own directory.
+    pargs = [str(mpath), *_run_plugin_args(xdist=bool(args.numprocesses)), "-c", os.devnull, "--rootdir",
+             str(Path.cwd()), "--noconftest", "--confcutdir", str(mpath.resolve().parent),
+             "--cumatrix-out", str(out), "--cumatrix-reports-after",
+             "--cumatrix-backend", args.backend,
+             "-o", "console_output_style=classic", "-rfE"]
+    pargs += ["-v"] if args.verbose else (["-qq"] if args.quiet else ["-q"])
+    options = (("--cumatrix-keyword", args.keyword), ("-n", args.numprocesses), ("--cumatrix-wheel-dir", args.wheel_dir),
+               ("--cumatrix-timeout", str(args.timeout) if args.timeout is not None else None),
+               ("--cumatrix-base-image", args.base_image), ("--cumatrix-host", args.host),
+               ("--junitxml", args.junitxml))
+    for flag, value in options:
+        if value:
+            pargs += [flag, value]
+    if args.resume:
+        pargs.append("--cumatrix-resume")
+    if args.require_gpu:
+        pargs.append("--cumatrix-require-gpu")
+    pargs += ["--cumatrix-sandbox", args.sandbox] if args.sandbox else []
+    pargs += [f"--cumatrix-pass-env={n}" for n in args.pass_env]
+    return pargs
+
+
+def _exit_status(code: int, args: argparse.Namespace, mpath: Path, out: Path) -> int:
+    if code == 5:  # no tests ran
+        if args.resume:
+            from cumatrix.report import load_records
+
+            failed = load_records(out / "results.jsonl").counts.failed
+            print("cumatrix: every selected cell already has a result; nothing left to run"
+                  + (f" ({failed} of them did not meet expectations)" if failed else ""), file=sys.stderr)
+            return 1 if failed else 0
+        raise UsageError(f"no cell of {mpath} matches -k {args.keyword!r}" if args.keyword else f"{mpath}: no cells to run")
+    if code in (0, 1):
+        print(f"cumatrix: results in {out}/ (results.json, junit.xml, summary.md, index.html)", file=sys.stderr)
+        return code
+    if code == 2:
+        print(f"cumatrix: interrupted; finished cells are kept in {out}/results.jsonl (resume with --resume)", file=sys.stderr)
+        return 130
+    if code == 4:
+        return 2
+    return code
+
+
+def add_run(sub: Any) -> None:
+    p = sub.add_parser("run", help="run a matrix (default: ./matrix.yaml)", epilog=EPILOG_RUN,
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Run every cell of a matrix in its own process (or container) and judge it.")
+    p.add_argument("matrix", nargs="?", help="matrix file (default: matrix.yaml)")
+    p.add_argument("--backend", choices=("local", "docker"), default="local",
+                   help="local: a child process per cell (default); docker: a container per cell")
+    p.add_argument("-k", dest="keyword", metavar="EXPR", help="only cells whose id matches EXPR (pytest -k syntax)")
+    p.add_argument("-n", dest="numprocesses", metavar="N", help="run N cells at a time (pytest-xdist; 'auto' = one per core)")
+    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"results and reports go here (default: {DEFAULT_OUT})")
+    p.add_argument("--resume", action="store_true", help="run only cells without a result in --out")
+    p.add_argument("--wheel-dir", metavar="DIR", help="take runtime wheels from DIR; no network")
+    p.add_argument("--timeout", type=float, metavar="S", help="kill a cell after S seconds (default 300)")
+    p.add_argument("--base-image", metavar="IMAGE", help="docker: base image for runtime images")
+    p.add_argument("--host", metavar="NAME", help="tag results with this host name (for `cumatrix merge`)")
+    p.add_argument("--junitxml", metavar="FILE", help="also write pytest's own JUnit file")
+    p.add_argument("--require-gpu", action="store_true",
+                   help="a cell skipped for want of a GPU fails (nightly jobs on GPU runners; also "
+                        "CUMATRIX_REQUIRE_GPU=1)")
+    p.add_argument("-v", "--verbose", action="store_true", help="one line per cell from pytest too")
+    p.add_argument("-q", "--quiet", action="store_true", help="only failures and the final line")
+    from cumatrix.execute import sandbox
+
+    sandbox.add_cli_options(p, default=None)
+    p.set_defaults(func=cmd_run)
+
+
+# --------------------------------------------------------------------------- validate, plan
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from cumatrix.load import matrix as _matrix
+
+    m = _matrix.load(_matrix_arg(args.matrix))
+    cells = _matrix.cells(m)
+    kinds: dict[str, int] = {}
+    for c in cells:
+        kinds[c.kind] = kinds.get(c.kind, 0) + 1
+    parts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    print(f"{m.path}: ok: {len(cells)} cells ({parts}) from {len(m.runtimes)} runtimes x {len(m.drivers)} drivers")
+    if args.list:
+        for c in cells:
+            print(c.id)
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from cumatrix.front import plan
+
+    data = plan.plan(_matrix_arg(args.matrix))
+    print(json.dumps(data if args.format == "json" else plan.github_matrix(data), indent=None if args.format == "github" else 2))
+    return 0
+
+
+# --------------------------------------------------------------------------- reports
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from cumatrix.report import load_records, write_all
+    from cumatrix.report.markdown import headline
+
+    d = Path(args.dir)
+    if not (d / "results.jsonl").is_file():
+        raise UsageError(f"{d}: no results.jsonl here (a run's --out directory holds one)")
+    run = load_records(d / "results.jsonl")
+    for w in getattr(run, "warnings", ()):
+        print(f"cumatrix: warning: {w}", file=sys.stderr)
+    for p in write_all(run, d):
+        print(p)
+    print(headline(run), file=sys.stderr)
+    return 0
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from cumatrix.report import write_all
+    from cumatrix.report.markdown import headline
+    from cumatrix.report.merge import merge_runs
+
+    dirs = [Path(d) for d in args.dirs]
+    for d in dirs:
+        if not (d / "results.jsonl").is_file():
+            raise UsageError(f"{d}: no results.jsonl here (merge takes the --out directories of runs)")
+    run = merge_runs(dirs, host_names=None)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for p in write_all(run, out):
+        print(p)
+    print(headline(run), file=sys.stderr)
+    return 0
+
+
+# --------------------------------------------------------------------------- doctor, build
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from cumatrix.front.doctor import doctor
+
+    matrix = Path(args.matrix) if args.matrix else (Path(DEFAULT_MATRIX) if Path(DEFAULT_MATRIX).is_file() else None)
+    if matrix is not None and not matrix.is_file():
+        raise UsageError(f"{matrix}: no such matrix file")
+    wheel_dir = args.wheel_dir or os.environ.get("CUMATRIX_WHEEL_DIR") or None
+    return doctor(as_json=args.json, matrix=matrix, wheel_dir=Path(wheel_dir) if wheel_dir else None,
+                  require=args.require, version=__version__)
+
+
+def cmd_clean(args: argparse.Namespace) -> int:
+    from cumatrix.front.clean import cmd_clean as clean
+
+    return clean(images=args.images, cache=args.cache, dry_run=args.dry_run)
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from cumatrix.provision import build
+
+    return build.cli_build(args.variant, args.headers, Path(args.wheel_dir) if args.wheel_dir else None,
+                           family=args.family)
+
+
+def add_misc(sub: Any) -> None:
+    raw = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser("validate", help="check a matrix file; list its cells", epilog=EPILOGS["validate"],
+                       formatter_class=raw)
+    p.add_argument("matrix", help="matrix file")
+    p.add_argument("--list", action="store_true", help="print every cell id")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("plan", help="spread a matrix over the hosts it names (CI strategy matrix)",
+                       description="Print which cells each host of `hosts:` runs, as a GitHub Actions strategy matrix or JSON.",
+                       epilog=EPILOGS["plan"], formatter_class=raw)
+    p.add_argument("matrix", help="matrix file with a hosts: section")
+    p.add_argument("--format", choices=("github", "json"), default="github")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("report", help="rebuild the reports of a run from its results.jsonl",
+                       epilog=EPILOGS["report"], formatter_class=raw)
+    p.add_argument("dir", nargs="?", default=DEFAULT_OUT, help=f"a run's --out directory (default: {DEFAULT_OUT})")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("merge", help="combine runs of several hosts into one report",
+                       epilog=EPILOGS["merge"], formatter_class=raw)
+    p.add_argument("dirs", nargs="+", metavar="DIR", help="--out directories of runs of the same matrix")
+    p.add_argument("--out", required=True, metavar="DIR", help="write the merged reports here")
+    p.set_defaults(func=cmd_merge)
+
+    p = sub.add_parser("doctor", help="check every tool and service a feature needs; say how to fix each",
+                       description="Check Python, gcc, the matrix's runtimes (cached or fetchable), a GPU, nvcc, "
+                                   "the Docker daemon and base image, debootstrap and Chromium. Exit 0 when every "
+                                   "required check passes (what `cumatrix run` needs, plus --require), else 1.",
+                       epilog=EPILOGS["doctor"], formatter_class=raw)
+    p.add_argument("matrix", nargs="?", help="check this matrix's runtimes (default: ./matrix.yaml if present)")
+    p.add_argument("--json", action="store_true", help="machine-readable")
+    p.add_argument("--require", metavar="FEATURE,...",
+                   help="also require these: gpu, docker, base-image, browser, nvcc, debootstrap")
+    p.add_argument("--wheel-dir", metavar="DIR", help="runtime wheels are taken from DIR (default $CUMATRIX_WHEEL_DIR)")
+    p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("clean", help="remove cumatrix's images, build stages, stopped containers and caches",
+                       description="Remove what cumatrix made: with --images, containers left by dead runs, runtime "
+                                   "and base images and their untagged build stages (found by their labels); with "
+                                   "--cache, the cache directory. Neither flag: both.",
+                       epilog=EPILOGS["clean"], formatter_class=raw)
+    p.add_argument("--images", action="store_true", help="images and containers labelled cumatrix")
+    p.add_argument("--cache", action="store_true", help="the cache (wheels, unpacked runtimes, builds)")
+    p.add_argument("--dry-run", action="store_true", help="list what would go; remove nothing")
+    p.set_defaults(func=cmd_clean)
+
+    p = sub.add_parser("build", help="compile a reference variant against a runtime wheel's headers",
+                       description="Compile a reference variant; prints the library path as the last line "
+                                   "(exit 0) or the compiler's message (exit 1: build-error).",
+                       epilog=EPILOGS["build"], formatter_class=raw)
+    p.add_argument("variant", help="proc-address, direct-link, runtime-dispatch, driver-dispatch, header-dispatch, loop")
+    p.add_argument("--headers", default="13.0", metavar="X.Y", help="headers of the runtime wheel of CUDA X.Y (default 13.0)")
+    p.add_argument("--family", choices=("driver", "runtime"), help="for loop: which API family (default runtime)")
+    p.add_argument("--wheel-dir", metavar="DIR", help="take the runtime wheel from DIR")
+    p.set_defaults(func=cmd_build)
+
+
+def add_tools(sub: Any) -> None:
+    from cumatrix.front import calibrate
+    from cumatrix.front import gate
+    from cumatrix.front import repro
+
+    gate.add_gate_parser(sub)
+    repro.add_repro_parser(sub)
+    p = calibrate.add_calibrate_parser(sub)
+    if not p.epilog:
+        p.epilog = EPILOG_CALIBRATE
+        p.formatter_class = argparse.RawDescriptionHelpFormatter
+    from cumatrix.front.fetch import add_fetch_parser
+
+    add_fetch_parser(sub)
+
+
+#: Commands of ``add_tools``: their modules are big to import, so a parser for another command
+#: (``run`` above all: every xdist worker parses too) is built without them.
+_TOOLS = ("gate", "repro", "calibrate", "fetch")
+
+
+def parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The CLI's parser; given the command about to run, only what that command needs."""
+    p = argparse.ArgumentParser(
+        prog="cumatrix",
+        description="Run native CUDA code across CUDA runtimes x host drivers x build headers, one isolated "
+                    "process or container per cell; predict what each cell should do; report what it did.",
+        epilog="Start with `cumatrix doctor`, then `cumatrix run`. Each command has --help.",
+    )
+    p.add_argument("--version", action="version", version=f"cumatrix {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    add_run(sub)
+    add_misc(sub)
+    if command is None or command in _TOOLS or command not in sub.choices:
+        add_tools(sub)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:
+        from cumatrix.load import gcpause
+
+        gcpause.hold()  # released as the run loop starts (plugin), or when pytest returns
+    p = parser(argv[0] if argv else None)
+    args = p.parse_args(argv)
+    if not getattr(args, "func", None):
+        p.print_help()
+        return 2
+    try:
+        return int(args.func(args))
+    except ConfigError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    except CumatrixError as e:
+        print(f"cumatrix: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("cumatrix: interrupted", file=sys.stderr)
+        return 130

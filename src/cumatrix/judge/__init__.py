@@ -1,0 +1,1 @@
+"""Stage five, judge: a finished child classified into an observed outcome, then the one verdict."""

@@ -1,0 +1,113 @@
+"""Stage four: turn a finished child (:class:`~cumatrix.execute.local.ChildResult`) into an
+:class:`~cumatrix.core.model.Observed` outcome, in the outcome words the README lists.
+
+A harness child's verdict is taken as it reported it; every other child (a command, a
+gate cell) is judged from what the operating system says: timeout, signal, the dynamic
+loader's ``undefined symbol`` message, exit status.  Nothing a program prints can make it
+pass.  The child's raw payload stops here: what follows sees typed timings and facts.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Mapping
+from dataclasses import replace
+
+from cumatrix.execute import observe
+from cumatrix.core.jobs import ChildResult
+from cumatrix.core.model import ChildFacts, Observed, Timings
+from cumatrix.core.jobs import Verdict
+
+_UNDEFINED_RE = re.compile(r"undefined symbol: ([A-Za-z_][A-Za-z0-9_]*)")
+#: Facts a child's fingerprint may carry, read into :class:`ChildFacts`.
+_FACT_KEYS = ("runtime_version", "runtime_file", "driver_version", "libcuda_file", "gpu_name",
+              "compute_capability", "forward_compat")
+
+
+def signal_name(num: int) -> str:
+    """``SIGSEGV`` for 11; ``SIG99`` for a number the platform does not name."""
+    try:
+        return signal.Signals(num).name
+    except ValueError:
+        return f"SIG{num}"
+
+
+def classify(res: ChildResult, *, kind: str) -> Observed:
+    """The outcome of a finished child; ``kind`` is the cell's (probe, swap, command)."""
+    tail = res.stderr_tail[-600:].strip()
+    refused = res.extra.get("refused")
+    if isinstance(refused, str):
+        return Observed(outcome="refused", detail=refused)
+    if res.timed_out:
+        return Observed(outcome="timeout", detail=f"no result after {res.duration_s:.1f} s; process group killed")
+    if res.verdict is not None:
+        return _from_verdict(res, res.verdict)
+    if res.signal is not None:
+        detail = "OOM-killed (memory limit reached)" if res.oom_killed else tail
+        return Observed(outcome=f"crash:{signal_name(res.signal)}", detail=detail, exit_status=-res.signal)
+    m = _UNDEFINED_RE.search(res.stderr_tail)
+    if m and res.returncode != 0:
+        return Observed(outcome=f"undefined-symbol:{m.group(1)}", detail=_line_with(res.stderr_tail, m.group(0)),
+                        exit_status=res.returncode)
+    if res.verdict_error:
+        return Observed(outcome="harness-error", detail=f"malformed verdict: {res.verdict_error}",
+                        exit_status=res.returncode)
+    if kind == "command":
+        if res.returncode == 0:
+            return Observed(outcome="ok", path="n/a", exit_status=0)
+        return Observed(outcome=f"exit:{res.returncode}", detail=tail, exit_status=res.returncode)
+    # A harness child that ended without a verdict: its own code failed.
+    why = "exited 0 without a verdict" if res.returncode == 0 else f"exited {res.returncode} without a verdict"
+    return Observed(outcome="harness-error", detail=f"{why}: {tail}", exit_status=res.returncode)
+
+
+def with_audit(observed: Observed, seen: observe.Observation | None) -> Observed:
+    """A process that used a runtime of another soname than the cell's did not run under the
+    cell's name: ``skipped:runtime-not-used``, naming what it loaded and from where."""
+    if seen is None or seen.not_used is None or observed.outcome == "harness-error":
+        return observed
+    return replace(observed, outcome=observe.OUTCOME_NOT_USED, path=None,
+                   detail=f"{seen.not_used}; the process's own outcome: {observed.outcome}")
+
+
+def _from_verdict(res: ChildResult, v: Verdict) -> Observed:
+    detail = v.detail
+    if res.signal is not None:  # a verdict, then a crash on the way out: say so
+        detail = f"{detail}; then killed by {signal_name(res.signal)} on exit".strip("; ")
+    data = dict(v.data)
+    fp = data.pop("fingerprint", None)
+    return Observed(outcome=v.outcome, path=v.path, error_name=v.error_name, detail=detail,
+                    exit_status=res.returncode if res.signal is None else -res.signal, data=data,
+                    timings=Timings.from_json(v.timings), facts=child_facts(fp, data))
+
+
+def child_facts(fingerprint: object, data: Mapping[str, object]) -> ChildFacts:
+    """Typed facts from a child's ``fingerprint`` object and its runtime version."""
+    fp: Mapping[str, object] = fingerprint if isinstance(fingerprint, Mapping) else {}
+    rv = data.get("runtime_version")
+    if rv is None:
+        versions = data.get("versions")
+        rv = versions.get("runtime") if isinstance(versions, Mapping) else None
+    values: dict[str, object] = {k: fp.get(k) for k in _FACT_KEYS}
+    values["runtime_version"] = rv if rv is not None else fp.get("runtime_version")
+    return ChildFacts(
+        runtime_version=_int(values["runtime_version"]), runtime_file=_str(values["runtime_file"]),
+        driver_version=_int(values["driver_version"]), libcuda_file=_str(values["libcuda_file"]),
+        gpu_name=_str(values["gpu_name"]), compute_capability=_str(values["compute_capability"]),
+        forward_compat=values["forward_compat"] if isinstance(values["forward_compat"], bool) else None)
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _line_with(text: str, needle: str) -> str:
+    for line in text.splitlines():
+        if needle in line:
+            return line.strip()
+    return needle

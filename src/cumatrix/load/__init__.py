@@ -1,0 +1,1 @@
+"""Stage one, load: a matrix file (YAML or JSON) checked at file:line:col and expanded into cells."""

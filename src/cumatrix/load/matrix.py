@@ -1,0 +1,582 @@
+"""Load, validate and expand a matrix file.
+
+The YAML is parsed once per process (:func:`load` caches by content), here, into the
+frozen dataclasses of :mod:`cumatrix.core.model`; nothing past this module sees a raw dict.
+Shapes are checked against ``data/matrix.schema.json`` (:mod:`cumatrix.load.yamldoc`), then
+each section is built by a small function that makes the checks a schema cannot (known
+header versions, reserved and duplicate names, selectors that match a cell).  Every
+problem is reported with the ``file:line:col`` of the value it concerns, all at once,
+so a user fixes a file in one go.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import re
+import shlex
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from cumatrix.load import gcpause
+from cumatrix.load import requirements as _runtimes
+from cumatrix.core.errors import ConfigError, Problem, did_you_mean
+from cumatrix.core.model import (
+    NO_RUNTIME,
+    OUTCOME_RE,
+    SELECTOR_AXES,
+    VARIANT_FAMILIES,
+    Case,
+    Cell,
+    CudaVersion,
+    Driver,
+    ExpectOverride,
+    Host,
+    Matrix,
+    Runtime,
+    Selector,
+    Workload,
+)
+
+if TYPE_CHECKING:  # PyYAML (25 ms to import) only where a matrix is parsed, not read back from the cache
+    from cumatrix.load import yamldoc
+
+#: The JSON Schema of a matrix file, shipped in the package.  Editors that speak the YAML
+#: language server complete and check a matrix from it when the file's first line is
+#: ``# yaml-language-server: $schema=<path or URL of matrix.schema.json>``
+#: (``cumatrix schema --path`` prints the installed copy's path).
+SCHEMA = "matrix.schema.json"
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*")  # used with fullmatch: no trailing newline
+_SIZE_RE = re.compile(r"(\d+)\s*(KiB|MiB|GiB|K|M|G)?")
+_SIZE_MULT = {None: 1, "K": 1024, "KiB": 1024, "M": 1 << 20, "MiB": 1 << 20, "G": 1 << 30, "GiB": 1 << 30}
+_HOST_DRIVER_RE = re.compile(r"\d{3}(\.\d+){0,2}")
+#: Sections built in this order; each sees the sections before it.
+_RESERVED_CASE_NAMES = frozenset({"probe", *VARIANT_FAMILIES})
+
+
+def schema_path() -> Path:
+    """Where the installed matrix JSON Schema lives (for an editor's ``$schema=`` line)."""
+    from importlib import resources
+
+    return Path(str(resources.files("cumatrix").joinpath(f"data/{SCHEMA}")))
+
+
+@dataclass
+class _Ctx:
+    """The document being built and the problems found so far."""
+
+    doc: yamldoc.Doc
+    problems: list[Problem] = field(default_factory=list)
+
+    def err(self, path: yamldoc.Path, message: str, *, key: bool = False) -> None:
+        self.problems.append(self.doc.problem(path, message, key=key))
+
+    def text(self, path: yamldoc.Path, value: Any) -> str:
+        return self.doc.text(path, value)
+
+    def version(self, path: yamldoc.Path, raw: Any) -> CudaVersion | None:
+        """A CUDA version as written; the schema lets numbers through (``13.0``), so check here."""
+        try:
+            return CudaVersion.parse(self.text(path, raw))
+        except ValueError as e:
+            from cumatrix.load.yamldoc import where_text
+
+            self.err(path, f"{where_text(path)}: {e}")
+            return None
+
+    def unique(self, items: Sequence[tuple[str, yamldoc.Path]], what: str) -> None:
+        seen: dict[str, yamldoc.Path] = {}
+        for name, path in items:
+            if name in seen:
+                first = self.doc.where(seen[name])[0]
+                self.err(path, f"duplicate {what} name {name!r} (first defined on line {first})")
+            else:
+                seen[name] = path
+
+
+# --------------------------------------------------------------------------- validators
+# The CLI's own options go through these too, so `--timeout nan` fails like `timeout: .nan`.
+
+
+def check_timeout(value: object, what: str = "--timeout") -> float:
+    """Seconds > 0 and finite, from a number or its text; :class:`ConfigError` (exit 2) otherwise."""
+    try:
+        seconds = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if isinstance(value, bool) or not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(f"{what}: expected seconds > 0 (a finite number), got {value!r}")
+    return seconds
+
+
+def check_name(value: str, what: str) -> str:
+    """A name that may appear in cell ids, file names and JUnit (letters, digits, ``._+-``)."""
+    if not NAME_RE.fullmatch(value) or len(value) > 64:
+        raise ConfigError(f"{what}: {value!r} is not a usable name (letters, digits and . _ + -, at most 64, "
+                          "starting with a letter or digit)")
+    return value
+
+
+def check_env_name(value: str, what: str = "--pass-env") -> str:
+    """An environment variable name: not empty, no ``=``, no NUL."""
+    if not value or "=" in value or "\0" in value:
+        raise ConfigError(f"{what}: {value!r} is not an environment variable name (no '=' or NUL bytes)")
+    return value
+
+
+# --------------------------------------------------------------------------- sections
+
+
+def _where(ctx: _Ctx, path: yamldoc.Path) -> str:
+    line, col = ctx.doc.where(path)
+    return f"{ctx.doc.file}:{line}:{col}"
+
+
+def _rt_wheel(ctx: _Ctx, name: str, entry: Mapping[str, Any], path: yamldoc.Path) -> Runtime | None:
+    try:
+        _runtimes.parse_requirement(entry["wheel"])
+    except ValueError as e:
+        ctx.err((*path, "wheel"), f"runtimes.{name}.wheel: {e}")
+        return None
+    return Runtime(name=name, requirement=entry["wheel"], offered=bool(entry.get("offered")), where=_where(ctx, (*path, "wheel")))
+
+
+def _rt_image(ctx: _Ctx, name: str, entry: Mapping[str, Any], path: yamldoc.Path) -> Runtime | None:
+    return Runtime(name=name, image=entry["image"], where=_where(ctx, (*path, "image")))
+
+
+def _rt_site(ctx: _Ctx, name: str, entry: Mapping[str, Any], path: yamldoc.Path) -> Runtime | None:
+    return Runtime(name=name, site=True, offered=bool(entry.get("offered")), where=_where(ctx, (*path, "site")))
+
+
+def _rt_requirements(ctx: _Ctx, name: str, entry: Mapping[str, Any], path: yamldoc.Path) -> Runtime | None:
+    """An environment built from pip requirements (plain requirements only: no options, paths or URLs)."""
+    reqs: list[str] = []
+    for i, text in enumerate(entry["requirements"]):
+        try:
+            reqs.append(_runtimes.check_env_requirement(str(text)))
+        except ValueError as e:
+            ctx.err((*path, "requirements", i), f"runtimes.{name}.requirements[{i}]: {e}")
+    if len(reqs) != len(entry["requirements"]):
+        return None
+    return Runtime(name=name, requirements=tuple(reqs), offered=bool(entry.get("offered")),
+                   where=_where(ctx, (*path, "requirements")))
+
+
+#: The forms of a runtime entry: its one form key -> a builder.  A new form adds a builder
+#: here and its key to ``$defs/runtime`` in the schema; keys that qualify any form (not in
+#: this table) reach every builder in ``entry``.
+RUNTIME_FORMS: dict[str, Callable[[_Ctx, str, Mapping[str, Any], yamldoc.Path], Runtime | None]] = {
+    "wheel": _rt_wheel,
+    "image": _rt_image,
+    "site": _rt_site,
+    "requirements": _rt_requirements,
+}
+
+
+def _runtimes_section(ctx: _Ctx, data: Mapping[str, Any]) -> tuple[Runtime, ...]:
+    out = []
+    for name, entry in data.items():
+        path: yamldoc.Path = ("runtimes", name)
+        if name == NO_RUNTIME:
+            ctx.err(path, f"runtimes: {name!r} is reserved (driver-family cells load no runtime)", key=True)
+            continue
+        forms = [k for k in entry if k in RUNTIME_FORMS]
+        if len(forms) != 1:
+            ctx.err(path, f"runtimes.{name}: give exactly one of {', '.join(RUNTIME_FORMS)}")
+            continue
+        rt = RUNTIME_FORMS[forms[0]](ctx, name, entry, path)
+        if rt is not None:
+            out.append(rt)
+    return tuple(out)
+
+
+def parse_driver(text: str) -> Driver:
+    """``host`` or ``emulated-X.Y``."""
+    if text == "host":
+        return Driver(name="host")
+    if text.startswith("emulated-"):
+        try:
+            v = CudaVersion.parse(text[len("emulated-"):])
+        except ValueError:
+            raise ValueError(f"malformed emulated driver {text!r}: want emulated-MAJOR.MINOR, e.g. emulated-12.4") from None
+        if v.major < 12:
+            raise ValueError(f"{text}: emulation reads symbol versions from CUDA 12+ headers; use 12.0 or newer")
+        return Driver(name=f"emulated-{v}", emulated=v)
+    raise ValueError(f"unknown driver {text!r}{did_you_mean(text, ['host', 'emulated-12.4'])}: want host or emulated-X.Y")
+
+
+def _drivers_section(ctx: _Ctx, data: list[str]) -> tuple[Driver, ...]:
+    out: dict[str, Driver] = {}
+    names = []
+    for i, text in enumerate(data):
+        try:
+            d = parse_driver(text)
+        except ValueError as e:
+            ctx.err(("drivers", i), f"drivers: {e}")
+            continue
+        names.append((d.name, ("drivers", i)))
+        out.setdefault(d.name, d)
+    ctx.unique(names, "driver")
+    return tuple(out.values())
+
+
+def _builds_section(ctx: _Ctx, data: list[Any]) -> tuple[CudaVersion, ...]:
+    out, names = [], []
+    for i, raw in enumerate(data):
+        v = ctx.version(("builds", i), raw)
+        if v is None:
+            continue
+        out.append(v)
+        names.append((str(v), ("builds", i)))
+    ctx.unique(names, "build")
+    return tuple(dict.fromkeys(out))
+
+
+def _variants_section(ctx: _Ctx, data: list[str]) -> tuple[str, ...]:
+    ctx.unique([(v, ("variants", i)) for i, v in enumerate(data)], "variant")
+    return tuple(dict.fromkeys(data))
+
+
+def _size(ctx: _Ctx, path: yamldoc.Path, raw: float | str) -> int | None:
+    if not isinstance(raw, str):
+        return int(raw)  # JSON's integers include 16384.0
+    m = _SIZE_RE.fullmatch(raw.strip())
+    assert m is not None  # the schema's pattern
+    value = int(m.group(1)) * _SIZE_MULT[m.group(2)]
+    if value < 16:
+        ctx.err(path, f"workloads: block_bytes must be at least 16, got {value}")
+        return None
+    return value
+
+
+def _workloads_section(ctx: _Ctx, data: list[Mapping[str, Any]]) -> tuple[Workload, ...]:
+    out, names = [], []
+    for i, w in enumerate(data):
+        block = _size(ctx, ("workloads", i, "block_bytes"), w["block_bytes"])
+        if block is None:
+            continue
+        names.append((w["name"], ("workloads", i, "name")))
+        extra: dict[str, Any] = {k: w[k] for k in ("stream", "policy", "kernel_image") if k in w}
+        extra |= {k: int(w[k]) for k in ("layers", "repetitions", "warmup") if k in w}  # 4.0 is an integer too
+        out.append(Workload(name=w["name"], direction=w["direction"], block_bytes=block, blocks=int(w["blocks"]),
+                            **extra))
+    ctx.unique(names, "workload")
+    return tuple(out)
+
+
+def _argv(ctx: _Ctx, path: yamldoc.Path, raw: str | list[Any]) -> tuple[str, ...] | None:
+    if isinstance(raw, list):
+        # A string is its own text (texts are kept for other scalars only): no path built for it.
+        return tuple(a if isinstance(a, str) else ctx.text((*path, j), a) for j, a in enumerate(raw))
+    try:
+        words = shlex.split(raw)
+    except ValueError as e:
+        ctx.err(path, f"cases: argv: cannot split {raw!r}: {e}")
+        return None
+    if not words:
+        ctx.err(path, "cases: argv: empty command")
+        return None
+    return tuple(words)
+
+
+def _cases_section(ctx: _Ctx, data: list[Mapping[str, Any]]) -> tuple[Case, ...]:
+    out, names = [], []
+    for i, c in enumerate(data):
+        path: yamldoc.Path = ("cases", i)
+        if c["name"] in _RESERVED_CASE_NAMES:
+            ctx.err((*path, "name"), f"cases: name {c['name']!r} is reserved (probe and the variant names)")
+            continue
+        argv = _argv(ctx, (*path, "argv"), c["argv"])
+        if argv is None:
+            continue
+        env = tuple((k, ctx.text((*path, "env", k), v)) for k, v in (c.get("env") or {}).items())
+        names.append((c["name"], (*path, "name")))
+        timeout = c.get("timeout")
+        out.append(Case(name=c["name"], argv=argv, timeout=float(timeout) if timeout is not None else None, env=env,
+                        offered=c.get("runtime") == "offered"))
+    ctx.unique(names, "case")
+    return tuple(out)
+
+
+def _hosts_section(ctx: _Ctx, data: Mapping[str, Any]) -> tuple[Host, ...]:
+    out = []
+    for name, h in data.items():
+        path: yamldoc.Path = ("hosts", name, "driver")
+        drv = ctx.text(path, h["driver"])
+        if not _HOST_DRIVER_RE.fullmatch(drv):
+            ctx.err(path, f"hosts.{name}.driver: {drv!r} is not a driver version (e.g. 580.159.04)")
+            continue
+        cuda = ctx.version(("hosts", name, "cuda"), h["cuda"]) if "cuda" in h else None
+        if "cuda" in h and cuda is None:
+            continue
+        out.append(Host(name=name, driver=drv, label=h.get("label", name), cuda=cuda))
+    return tuple(out)
+
+
+def _selector(ctx: _Ctx, path: yamldoc.Path, raw: Mapping[str, Any]) -> Selector:
+    values = tuple((k, ctx.text((*path, k), v)) for k, v in raw.items() if k in SELECTOR_AXES)
+    if not values:
+        ctx.err(path, f"{path[0]}[{path[1]}]: name at least one axis ({', '.join(SELECTOR_AXES)})")
+    line, col = ctx.doc.where(path)
+    return Selector(values=values, line=line, col=col)
+
+
+def _exclude_section(ctx: _Ctx, data: list[Mapping[str, Any]]) -> tuple[Selector, ...]:
+    return tuple(_selector(ctx, ("exclude", i), item) for i, item in enumerate(data))
+
+
+def _expect_section(ctx: _Ctx, data: list[Mapping[str, Any]]) -> tuple[ExpectOverride, ...]:
+    out = []
+    for i, item in enumerate(data):
+        path: yamldoc.Path = ("expect", i)
+        sel = _selector(ctx, path, item)
+        words = item["outcome"] if isinstance(item["outcome"], list) else [item["outcome"]]
+        bad = [w for w in words if not OUTCOME_RE.match(w)]
+        for w in bad:
+            ctx.err((*path, "outcome"), f"expect[{i}].outcome: {w!r} is not an outcome (ok, ok:batch, cuda-error:N, "
+                                        "crash:SIGSEGV, undefined-symbol:NAME, exit:N, timeout, ...)")
+        if not bad:
+            out.append(ExpectOverride(selector=sel, outcomes=frozenset(words),
+                                      reason=item.get("reason") or f"matrix override {_sel_text(sel)}"))
+    return tuple(out)
+
+
+_SECTIONS: tuple[tuple[str, Callable[[_Ctx, Any], Any]], ...] = (
+    ("runtimes", _runtimes_section), ("drivers", _drivers_section), ("builds", _builds_section),
+    ("variants", _variants_section), ("workloads", _workloads_section), ("cases", _cases_section),
+    ("hosts", _hosts_section), ("exclude", _exclude_section), ("expect", _expect_section),
+)
+
+
+# --------------------------------------------------------------------------- loading
+
+_CACHE: dict[tuple[str, str], Matrix] = {}
+_CACHE_SIZE = 16
+
+
+def load(path: str | Path) -> Matrix:
+    """Parse and validate a matrix file; raise :class:`ConfigError` listing every problem.
+
+    One parse per process: a file read again with the same content (by SHA-256) returns
+    the :class:`Matrix` already built, so the plugin's and the CLI's several loads cost one.
+    """
+    try:
+        raw = Path(path).read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read the matrix file: {e.strerror or e}") from e
+    sha = hashlib.sha256(raw).hexdigest()
+    key = (os.path.realpath(path), sha)  # the CLI's relative name and pytest's absolute one are one file
+    hit = _CACHE.get(key)
+    if hit is None:
+        with gcpause.paused():  # objects that live as long as the matrix; no cyclic garbage
+            hit = _saved(raw, sha, str(path))
+            if hit is None:
+                from cumatrix.load.yamldoc import decode
+
+                hit = loads(decode(raw, str(path)), str(path), sha256=sha)
+                _save(raw, sha, hit)
+        if len(_CACHE) >= _CACHE_SIZE:
+            _CACHE.pop(next(iter(_CACHE)))
+        _CACHE[key] = hit
+    return hit if hit.path == str(path) else replace(hit, path=str(path))
+
+
+# A large matrix, once validated, is kept in the user's cache as the Matrix it built, under
+# the digest of its name, its text and the code that validates it (its messages name the file): `validate` then `run`, every
+# pytest-xdist worker and every rerun of a nightly read it back instead of parsing 10,000
+# cases again.  Only valid matrices are kept; any doubt about an entry means parsing.
+_SAVE_ABOVE = 32 * 1024  # bytes of YAML; smaller files parse in a few milliseconds
+_SAVED_KEEP = 16
+_CODE = ("load/matrix.py", "load/yamldoc.py", "load/yamlfast.py", "core/model.py", "load/requirements.py",
+         "data/matrix.schema.json")
+
+
+def _saved_path(raw: bytes, sha: str, name: str) -> Path | None:
+    if len(raw) < _SAVE_ABOVE or os.environ.get("CUMATRIX_NO_MATRIX_CACHE"):
+        return None
+    from importlib import resources
+
+    from cumatrix import __version__
+    from cumatrix.core.cache import cache_root
+
+    h = hashlib.sha256(f"{__version__}\n{sha}\n{name}\n".encode())
+    try:
+        for source in _CODE:
+            h.update(resources.files("cumatrix").joinpath(source).read_bytes())
+    except OSError:
+        return None
+    return cache_root() / "matrix" / f"{h.hexdigest()[:32]}.pickle"
+
+
+def _saved(raw: bytes, sha: str, name: str) -> Matrix | None:
+    import pickle
+
+    where = _saved_path(raw, sha, name)
+    if where is None:
+        return None
+    try:
+        with open(where, "rb") as f:
+            got = pickle.load(f)
+    except Exception:  # noqa: BLE001 - absent, cut short, or from another layout: parse instead
+        return None
+    return got if isinstance(got, Matrix) and got.sha256 == sha and got.path == name else None
+
+
+def _save(raw: bytes, sha: str, m: Matrix) -> None:
+    import pickle
+
+    where = _saved_path(raw, sha, m.path)
+    if where is None:
+        return
+    try:
+        where.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = where.with_name(f".{where.name}.{os.getpid()}")
+        with open(tmp, "wb") as f:
+            pickle.dump(m, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, where)
+        for old in sorted(where.parent.glob("*.pickle"), key=lambda p: p.stat().st_mtime)[:-_SAVED_KEEP]:
+            old.unlink(missing_ok=True)
+    except OSError:
+        return  # a read-only or full cache costs speed, never the run
+
+
+def loads(text: str, filename: str = "<matrix>", *, sha256: str | None = None) -> Matrix:
+    """Parse and validate matrix text: the schema's shape checks, then the semantic ones."""
+    from cumatrix.load import yamldoc
+
+    doc = yamldoc.parse(text, filename)
+    if not isinstance(doc.data, dict):
+        raise ConfigError([doc.problem((), "a matrix file is a mapping with at least `runtimes` and `drivers`")])
+    problems, bad = yamldoc.check(doc, SCHEMA, "matrix")
+    ctx = _Ctx(doc, problems)
+    data: dict[str, Any] = doc.data
+    # A section with a shape problem is not built; every other section still is, so one
+    # run of `cumatrix validate` lists every problem of the file.
+    broken = {p[0] for p in bad if p}
+    built = {key: fn(ctx, data[key]) for key, fn in _SECTIONS if key in data and key not in broken}
+    if not ctx.problems:
+        _check_builds(ctx, built)
+        if built.get("variants") and not (built.get("builds") and built.get("workloads")):
+            ctx.err(("variants",), "variants need `builds` (header versions) and `workloads` to make swap cells",
+                    key=True)
+    if ctx.problems:
+        raise ConfigError(ctx.problems)
+    m = Matrix(path=filename, sha256=sha256 or hashlib.sha256(text.encode()).hexdigest(), version=1,
+               probe=data.get("probe", True), **built)
+    _check_selectors(ctx, m)
+    if ctx.problems:
+        raise ConfigError(ctx.problems)
+    return m
+
+
+def known_builds(runtimes: tuple[Runtime, ...]) -> list[str]:
+    """Header versions a build can use: the known wheels' and the matrix's own wheel runtimes'."""
+    known = set(_runtimes.KNOWN_WHEELS)
+    for rt in runtimes:
+        if rt.requirement:
+            _, version = _runtimes.parse_requirement(rt.requirement)
+            known.add(".".join(version.split(".")[:2]))
+    return sorted(known, key=lambda v: tuple(int(p) if p.isdigit() else 0 for p in v.split(".")))
+
+
+def _check_builds(ctx: _Ctx, built: Mapping[str, Any]) -> None:
+    """Each header version must come from somewhere: a known wheel or a wheel runtime of the matrix."""
+    known = known_builds(built.get("runtimes", ()))
+    for i, v in enumerate(built.get("builds", ())):
+        if str(v) not in known:
+            ctx.err(("builds", i), f"builds: no CUDA {v} headers: they come from a runtime wheel of that version; "
+                                   f"known: {', '.join(known)}{did_you_mean(str(v), known)} "
+                                   "(or add a runtime wheel of that version to `runtimes`)")
+
+
+def _check_selectors(ctx: _Ctx, m: Matrix) -> None:
+    """Excludes that empty the matrix, and expects that select nothing, are errors."""
+    # Without excludes these are the matrix's cells: expanded once, for this check and its users.
+    everything = cells(m) if not m.exclude else list(expand(m, apply_exclude=False))
+    if not everything:
+        ctx.err(("drivers",), "the matrix has no cells: add cases, or variants with builds and workloads, "
+                              "or keep the probe", key=True)
+        return
+    kept = [c for c in everything if not any(s.matches(c) for s in m.exclude)]
+    for sel in m.exclude:
+        if not any(sel.matches(c) for c in everything):
+            ctx.problems.append(Problem(ctx.doc.file, sel.line, sel.col, f"exclude selects no cell: {_sel_text(sel)}{_axis_hint(sel, everything)}"))
+    if m.exclude and not kept:
+        first = m.exclude[0]
+        ctx.problems.append(Problem(ctx.doc.file, first.line, first.col, "exclude removes every cell of the matrix"))
+    for ov in m.expect:
+        if not any(ov.selector.matches(c) for c in kept):
+            ctx.problems.append(Problem(ctx.doc.file, ov.selector.line, ov.selector.col,
+                                        f"expect selects no cell: {_sel_text(ov.selector)}{_axis_hint(ov.selector, kept)}"))
+
+
+def _sel_text(sel: Selector) -> str:
+    return "{" + ", ".join(f"{k}: {v}" for k, v in sel.values) + "}"
+
+
+def _axis_hint(sel: Selector, cells: list[Cell]) -> str:
+    for k, v in sel.values:
+        known = sorted({c.axes().get(k, "") for c in cells} - {""})
+        if v not in known:
+            return f" ({k} {v!r} is not in the matrix{did_you_mean(v, known)}; known: {', '.join(known) or 'none'})"
+    return ""
+
+
+# --------------------------------------------------------------------------- expansion
+
+
+def expand(m: Matrix, *, apply_exclude: bool = True) -> Iterator[Cell]:
+    """Every cell of the matrix, in a stable order (driver, runtime, kind, variant, build, workload)."""
+    for drv in m.drivers:
+        for rt in m.runtimes:
+            cells: list[Cell] = []
+            if m.probe:
+                cells.append(Cell(kind="probe", runtime=rt.name, driver=drv.name))
+            cells += [Cell(kind="command", runtime=rt.name, driver=drv.name, case=c) for c in m.cases]
+            for variant in m.variants:
+                if "runtime" not in VARIANT_FAMILIES[variant]:
+                    continue
+                for b in m.builds:
+                    for w in m.workloads:
+                        cells.append(Cell(kind="swap", runtime=rt.name, driver=drv.name, variant=variant,
+                                          family="runtime", build=b, workload=w))
+            yield from _keep(m, cells, apply_exclude)
+        cells = []
+        for variant in m.variants:
+            if "driver" not in VARIANT_FAMILIES[variant]:
+                continue
+            for b in m.builds:
+                for w in m.workloads:
+                    cells.append(Cell(kind="swap", runtime=NO_RUNTIME, driver=drv.name, variant=variant,
+                                      family="driver", build=b, workload=w))
+        yield from _keep(m, cells, apply_exclude)
+
+
+def _keep(m: Matrix, cells: list[Cell], apply_exclude: bool) -> Iterator[Cell]:
+    for c in cells:
+        if not apply_exclude or not any(s.matches(c) for s in m.exclude):
+            yield c
+
+
+#: The cells of the last matrices expanded: pytest's collection and the controller's selection
+#: both ask, each for 10,000 Cell objects at 10,000 cells.  load() hands each caller its own
+#: copy of a Matrix (its path as that caller named it) with the same sections: those are what
+#: the cells come from, so they are the key, compared by identity.
+_CELLS: dict[str, tuple[tuple[object, ...], tuple[Cell, ...]]] = {}
+
+
+def _sections(m: Matrix) -> tuple[object, ...]:
+    return (m.runtimes, m.drivers, m.builds, m.variants, m.workloads, m.cases, m.exclude, m.probe)
+
+
+def cells(m: Matrix) -> list[Cell]:
+    hit = _CELLS.get(m.sha256)
+    if hit is None or any(a is not b for a, b in zip(hit[0], _sections(m), strict=True)):
+        if len(_CELLS) >= _CACHE_SIZE:
+            _CELLS.pop(next(iter(_CELLS)))
+        hit = _CELLS[m.sha256] = (_sections(m), tuple(expand(m)))
+    return list(hit[1])

@@ -1,0 +1,1 @@
+"""Stage two, predict: what each cell should do, from NVIDIA's rules and each variant's mechanics."""

@@ -1,0 +1,302 @@
+"""The driver axis: the host's real ``libcuda.so.1``, or an emulated older driver.
+
+An emulated driver ``emulated-X.Y`` is a ``libcuda.so.1`` generated and compiled with gcc on
+the host, found first through ``LD_LIBRARY_PATH``. It forwards every entry point to the real
+driver except those introduced after X.Y (introduction versions from the ``PFN_`` typedefs of
+``cudaTypedefs.h``, see :mod:`cumatrix.provision.headers`), answers ``cuDriverGetVersion`` with X.Y and
+caps ``cuGetProcAddress`` / ``cuGetProcAddress_v2`` at X.Y. What that reproduces, and where it
+cannot (a cu12 runtime notices it: error 103), is measured in docs/facts.md section 4.
+
+Forwarding needs no signatures: each export is a one-instruction x86-64 trampoline
+(``jmp *ptr(%rip)``) through a table filled by a constructor that ``dlopen``\\s the real driver
+by absolute path (so the interposer never finds itself).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import NoteSection, SymbolTableSection
+
+from cumatrix.core.cache import cache_dir
+from cumatrix.core.errors import ConfigError, CumatrixError
+from cumatrix.core.model import CudaVersion
+
+
+class InterposerError(CumatrixError):
+    """An emulated driver cannot be built on this host (no real driver, no compiler).
+
+    A host problem, not bad input: a run turns it into an error for the emulated cells only.
+    """
+
+
+# ------------------------------------------------------------------ parsing the axis
+
+_EMULATED_RE = re.compile(r"^emulated-(?P<rest>.*)$")
+
+
+def parse_driver_name(text: str) -> CudaVersion | None:
+    """``host`` -> ``None``; ``emulated-X.Y`` -> ``CudaVersion(X, Y)``; anything else: ValueError."""
+    name = text.strip()
+    if name == "host":
+        return None
+    m = _EMULATED_RE.match(name)
+    if not m:
+        raise ValueError(f"unknown driver {text!r}: want 'host' or 'emulated-X.Y' (e.g. emulated-12.4)")
+    try:
+        return CudaVersion.parse(m["rest"])
+    except ValueError:
+        raise ValueError(
+            f"bad emulated driver {text!r}: the version must be MAJOR.MINOR, e.g. emulated-12.4"
+        ) from None
+
+
+# A version query: a harness child, so its answer comes over the private verdict channel.
+_VERSION_SNIPPET = (
+    "import ctypes,sys\n"
+    "from cumatrix.child import channel as protocol\n"
+    "lib=ctypes.CDLL(sys.argv[1])\n"
+    "v=ctypes.c_int(0)\n"
+    "rc=lib.cuDriverGetVersion(ctypes.byref(v))\n"
+    "protocol.emit({'outcome': 'ok' if rc == 0 else 'cuda-error:%d' % rc, 'data': {'driver_version': v.value}})\n"
+)
+
+
+def read_driver_version(libcuda: Path) -> int:
+    """``cuDriverGetVersion`` of ``libcuda`` (e.g. 13000), asked in a throwaway child."""
+    from cumatrix.execute.protocol import run_harness_child
+    from cumatrix.provision.cell import PACKAGE_PARENT
+
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
+    verdict, why, proc = run_harness_child([sys.executable, "-c", _VERSION_SNIPPET, str(libcuda)], env=env, timeout=60)
+    version = verdict.data.get("driver_version") if verdict is not None and verdict.outcome == "ok" else None
+    if not isinstance(version, int):
+        raise InterposerError(f"{libcuda}: cuDriverGetVersion failed: "
+                              f"{why or (verdict.outcome if verdict else '') or proc.stderr.strip()[-300:]}")
+    return version
+
+
+# ------------------------------------------------------------------ ELF
+
+
+def exported_functions(path: Path) -> tuple[str, ...]:
+    """Names of the functions ``path`` defines in its dynamic symbol table (sorted, unique)."""
+    names: set[str] = set()
+    with open(path, "rb") as fh:
+        elf = ELFFile(fh)
+        dynsym = elf.get_section_by_name(".dynsym")
+        if not isinstance(dynsym, SymbolTableSection):
+            return ()
+        for sym in dynsym.iter_symbols():
+            if (sym["st_shndx"] != "SHN_UNDEF" and sym["st_info"]["type"] in ("STT_FUNC", "STT_GNU_IFUNC")
+                    and sym["st_info"]["bind"] in ("STB_GLOBAL", "STB_WEAK")
+                    and sym["st_other"]["visibility"] in ("STV_DEFAULT", "STV_PROTECTED")):
+                names.add(sym.name)
+    return tuple(sorted(names))
+
+
+def _build_id(path: Path) -> str:
+    with open(path, "rb") as fh:
+        elf = ELFFile(fh)
+        for sec in elf.iter_sections():
+            if isinstance(sec, NoteSection):
+                for note in sec.iter_notes():
+                    if note["n_type"] == "NT_GNU_BUILD_ID":
+                        return str(note["n_desc"])
+    return ""
+
+
+# ------------------------------------------------------------------ the interposer
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Interposer:
+    """A built emulated driver: put ``lib_dir`` first on ``LD_LIBRARY_PATH``."""
+
+    lib_dir: Path  # holds libcuda.so.1
+    version: int  # what cuDriverGetVersion answers, e.g. 12040
+    hidden: tuple[str, ...]  # real exports left out (introduced after ``version``)
+    exported: int  # how many symbols the interposer exports
+    cache_hit: bool
+    real_libcuda: Path
+
+    @property
+    def library(self) -> Path:
+        return self.lib_dir / "libcuda.so.1"
+
+
+#: The entry points the interposer implements itself instead of forwarding.
+_OWN = ("cuDriverGetVersion", "cuGetProcAddress", "cuGetProcAddress_v2")
+
+
+def _c_string(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def interposer_template() -> str:
+    """The interposer's C source (``cumatrix/data/interposer.c``): compiled with the tables below."""
+    return resources.files("cumatrix").joinpath("data/interposer.c").read_text()
+
+
+def generate_tables(*, version: int, real_libcuda: Path, exports: tuple[str, ...],
+                    hidden_bases: tuple[str, ...], unknown: tuple[str, ...]) -> str:
+    """The header the template is compiled with: what to forward, what to hide, what to answer.
+
+    ``exports`` are the real driver's exports kept (forwarded, except the entry points the
+    template implements itself); ``unknown`` are listed in a comment: exported by the real
+    driver but in no PFN_ typedef, so of unknown introduction version, and kept.
+    """
+    forwarded = [n for n in exports if n not in _OWN]
+    lines = [f"/* Generated by cumatrix: an emulated CUDA driver {version} forwarding to",
+             f" * {real_libcuda}. Do not edit. */",
+             f"#define EMULATED_VERSION {version}",
+             f"#define REAL_PATH {_c_string(str(real_libcuda))}",
+             f"#define HAS_GET_PROC_ADDRESS {int('cuGetProcAddress' in exports)}",
+             f"#define HAS_GET_PROC_ADDRESS_V2 {int('cuGetProcAddress_v2' in exports)}",
+             f"#define N_FORWARDED {len(forwarded)}",
+             "#define FORWARDED(X) \\"]
+    lines += [f"    X({n}, {i}) \\" for i, n in enumerate(forwarded)]
+    lines += ["", "#define HIDDEN(X) \\"]
+    lines += [f"    X({_c_string(n)}) \\" for n in hidden_bases]
+    lines.append("")
+    if unknown:
+        lines += ["/* Of unknown introduction version (in no PFN_ typedef), kept:"]
+        lines += [f" *   {n}" for n in unknown]
+        lines.append(" */")
+    return "\n".join(lines) + "\n"
+
+
+def _compiler_identity(cc_path: str) -> str:
+    try:
+        out = subprocess.run([cc_path, "--version"], capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise InterposerError(f"{cc_path} --version failed ({e}): install gcc (apt-get install gcc)") from e
+    return f"{Path(cc_path).resolve()} {out.splitlines()[0] if out else ''}"
+
+
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def build_interposer(emulated: CudaVersion, *, real_libcuda: Path | None, introductions: Mapping[str, int],
+                     base_introductions: Mapping[str, int] | None = None,
+                     real_driver_version: int | None = None, cache: Path | None = None,
+                     cc: str = "gcc") -> Interposer:
+    """Generate, compile (cached) and return a ``libcuda.so.1`` emulating driver ``emulated``.
+
+    ``introductions`` maps exported names to introduction versions
+    (:func:`cumatrix.provision.headers.load_introductions`); ``base_introductions`` maps
+    ``cuGetProcAddress`` names (default: derived from ``introductions`` by dropping ``_vN``
+    and per-thread suffixes). ``real_driver_version`` defaults to asking ``real_libcuda``.
+
+    Raises :class:`ConfigError` when ``introductions`` is empty or ``emulated`` is newer than
+    the real driver, :class:`InterposerError` when there is no real driver, no compiler, or
+    the build fails.
+    """
+    version = int(emulated)
+    real, cc_path = _check_build_inputs(emulated, real_libcuda, introductions, real_driver_version, cc)
+    bases = dict(base_introductions) if base_introductions is not None else _bases_from(introductions)
+    exports = tuple(n for n in exported_functions(real) if _NAME_RE.match(n))
+    hidden = tuple(n for n in exports if introductions.get(n, 0) > version)
+    kept = tuple(n for n in exports if n not in hidden)
+    unknown = tuple(n for n in kept if n not in introductions)
+    hidden_bases = tuple(sorted(b for b, v in bases.items() if v > version))
+    tables = generate_tables(version=version, real_libcuda=real, exports=kept,
+                             hidden_bases=hidden_bases, unknown=unknown)
+    source = interposer_template()
+
+    st = real.stat()
+    key = "\n".join([source, tables, str(real), str(st.st_size), str(st.st_mtime_ns), _build_id(real),
+                     _compiler_identity(cc_path)])
+    digest = hashlib.sha256(key.encode()).hexdigest()[:20]
+    root = cache if cache is not None else cache_dir("drivers")
+    root.mkdir(parents=True, exist_ok=True)
+    lib_dir = root / f"emulated-{emulated}-{digest}"
+    cached = (lib_dir / "libcuda.so.1").is_file()
+    if not cached:
+        cached = _compile(emulated, cc_path, source, tables, root, lib_dir) == "cache-hit"
+    return Interposer(lib_dir=lib_dir, version=version, hidden=hidden, exported=len(kept),
+                      cache_hit=cached, real_libcuda=real)
+
+
+def _check_build_inputs(emulated: CudaVersion, real_libcuda: Path | None, introductions: Mapping[str, int],
+                        real_driver_version: int | None, cc: str) -> tuple[Path, str]:
+    """The real driver (resolved) and the compiler's path, or the error that says what is missing."""
+    if not introductions:
+        raise ConfigError(
+            f"emulated-{emulated}: no symbol introduction versions (the runtime headers have no "
+            "cudaTypedefs.h PFN_ typedefs); use a runtime wheel of CUDA >= 12.0"
+        )
+    if real_libcuda is None or not Path(real_libcuda).is_file():
+        where = f" (looked for {real_libcuda})" if real_libcuda else ""
+        raise InterposerError(
+            f"emulated-{emulated}: no real NVIDIA driver (libcuda.so.1) on this host{where}; an "
+            "emulated driver forwards to the real one, so it needs an NVIDIA GPU host"
+        )
+    if platform.machine() != "x86_64":
+        raise InterposerError(f"emulated-{emulated}: emulated drivers are built for x86-64 only, "
+                              f"this host is {platform.machine()}")
+    real = Path(real_libcuda).resolve()
+    real_v = real_driver_version if real_driver_version is not None else read_driver_version(real)
+    if int(emulated) > real_v:
+        raise ConfigError(
+            f"emulating {emulated} on a host whose driver is {CudaVersion.from_int(real_v)} cannot "
+            "work: an interposer only hides what the real driver has"
+        )
+    cc_path = shutil.which(cc)
+    if cc_path is None:
+        raise InterposerError(
+            f"emulated-{emulated}: no C compiler {cc!r} on PATH; emulated drivers are compiled on "
+            "the host at run time: install gcc (e.g. apt-get install gcc)"
+        )
+    return real, cc_path
+
+
+def _compile(emulated: CudaVersion, cc_path: str, source: str, tables: str, root: Path, lib_dir: Path) -> str:
+    """Compile into a fresh directory, then rename it into place; "built" or "cache-hit"
+    (another worker built the same one first: theirs is identical)."""
+    tmp = Path(tempfile.mkdtemp(prefix=".build-", dir=root))
+    try:
+        (tmp / "interposer.c").write_text(source)
+        (tmp / "tables.h").write_text(tables)
+        cmd = [cc_path, "-shared", "-fPIC", "-O2", "-Wl,-soname,libcuda.so.1", '-DCUMATRIX_TABLES="tables.h"', "-o",
+               str(tmp / "libcuda.so.1"), str(tmp / "interposer.c"), "-ldl"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=False)
+        if proc.returncode != 0:
+            raise InterposerError(
+                f"emulated-{emulated}: compiling the interposer failed ({' '.join(cmd)}):\n"
+                + proc.stderr.strip()[-2000:]
+            )
+        try:
+            tmp.rename(lib_dir)
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            return "cache-hit"
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return "built"
+
+
+_BASE_RE = re.compile(r"^(?P<base>.+?)(?:_v\d+)?(?:_ptds|_ptsz)?$")
+
+
+def _bases_from(introductions: Mapping[str, int]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for name, v in introductions.items():
+        m = _BASE_RE.match(name)
+        base = m["base"] if m else name
+        out[base] = min(v, out.get(base, v))
+    return out

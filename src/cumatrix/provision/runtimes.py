@@ -1,0 +1,729 @@
+"""Provision CUDA runtimes: a pip wheel, an environment built from requirements, or this Python's.
+
+A wheel runtime is downloaded once (``pip download --no-deps``), unpacked safely under
+``<cache>/runtimes/<wheel stem>-<sha256>/`` and described by a :class:`ResolvedRuntime`:
+the directory holding ``libcudart.so.*``, its ``include/`` and its version.
+
+No code from a wheel runs on the host outside a cell.  The version is data: the release
+in the wheel's ``METADATA`` (12.9.79 -> CUDA's encoding 12090), checked against what the
+library says about itself without being loaded: its ``DT_SONAME`` (the major), a file
+name carrying the full release where there is one (``libcudart.so.12.9.79``), and, on
+x86-64, the constant that ``cudaRuntimeGetVersion`` stores (read from the code bytes).
+Loading the library to ask it would run its constructors in the harness's process.
+
+An environment runtime (``{requirements: [...]}``) is a virtual environment built by uv
+once per content hash, hard-linked from uv's cache; its ``libcudart`` is the cell's runtime.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import stat
+import struct
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import zipfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from cumatrix.core.cache import cache_dir, cache_root
+from cumatrix.core.cache import wheel_dir as default_wheel_dir
+from cumatrix.core.errors import ConfigError, CumatrixError, RuntimeNotFound, UnsafeArchive
+from cumatrix.core.model import CudaVersion, Runtime
+from cumatrix.load.requirements import KNOWN_WHEELS, check_env_requirement, parse_requirement
+
+__all__ = ["KNOWN_WHEELS", "check_env_requirement", "parse_requirement"]  # re-exported: the loader owns them
+
+#: ``libcudart.so.<major>`` inside a wheel, as NVIDIA lays it out (nvidia/cu13/lib/, nvidia/cuda_runtime/lib/).
+_CUDART_MEMBER = re.compile(r"(?:^|/)lib/libcudart\.so\.(\d+)(?:\.\d+)*$")
+
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ResolvedRuntime:
+    name: str
+    lib_dir: Path
+    libcudart: Path
+    include_dir: Path | None
+    version: int  # CUDA's encoding, e.g. 12090 (what cudaRuntimeGetVersion returns)
+    wheel_version: str | None
+    found_by: str  # which search step found it
+    #: How the version was established, e.g. "METADATA 12.9.79; DT_SONAME libcudart.so.12; code 12090".
+    version_source: str = ""
+    batch_exported: bool = False  # .dynsym defines cudaMemcpyBatchAsync
+    env_dir: Path | None = None  # an environment runtime's virtual environment
+    installed: tuple[str, ...] = ()  # an environment runtime's ``name==version`` list
+    soname: str | None = None  # libcudart's DT_SONAME, where it was read already (None: read it from the file)
+
+    @property
+    def cuda(self) -> CudaVersion:
+        return CudaVersion.from_int(self.version)
+
+    @property
+    def typedefs(self) -> Path | None:
+        if self.include_dir is None:
+            return None
+        p = self.include_dir / "cudaTypedefs.h"
+        return p if p.is_file() else None
+
+    @property
+    def python(self) -> Path | None:
+        """An environment runtime's interpreter."""
+        return self.env_dir / "bin" / "python" if self.env_dir else None
+
+    def cell_env(self, path: str | None = None) -> tuple[tuple[str, str], ...]:
+        """Variables that put a cell inside an environment runtime (its ``bin/`` first on PATH)."""
+        if self.env_dir is None:
+            return ()
+        rest = os.environ.get("PATH", os.defpath) if path is None else path
+        return (("VIRTUAL_ENV", str(self.env_dir)), ("PATH", f"{self.env_dir / 'bin'}{os.pathsep}{rest}"))
+
+
+
+
+def _normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def cuda_version_of_release(release: str) -> int:
+    """A runtime package's release in CUDA's encoding: ``12.9.79`` -> 12090."""
+    m = re.match(r"^(\d+)\.(\d+)(?:\.|$)", release)
+    if not m:
+        raise ValueError(f"not a CUDA release: {release!r} (want MAJOR.MINOR[.PATCH])")
+    return int(CudaVersion(int(m.group(1)), int(m.group(2))))
+
+
+# --------------------------------------------------------------------------- fetching
+
+
+def find_wheel(directory: Path, name: str, version: str) -> Path | None:
+    prefix = f"{_normalise(name)}-{version}-"
+    for p in sorted(directory.glob("*.whl")):
+        if p.name.lower().startswith(prefix.lower()):
+            return p
+    return None
+
+
+def fetch_wheel(requirement: str, *, wheel_dir: Path | None = None) -> Path:
+    """Return a local wheel for ``requirement``: from the wheel directory, the cache, or pip.
+
+    The wheel directory is ``wheel_dir``, else ``$CUMATRIX_WHEEL_DIR``; with one, nothing is
+    fetched.  ``pip download --only-binary=:all: --no-deps`` runs no code of the package.
+    """
+    name, version = parse_requirement(requirement)
+    wheel_dir = default_wheel_dir(wheel_dir)
+    for d in ([wheel_dir] if wheel_dir else []) + [cache_dir("wheels")]:
+        found = find_wheel(d, name, version)
+        if found:
+            return found
+    if wheel_dir is not None:
+        raise RuntimeNotFound(
+            f"{requirement}: no matching wheel in {wheel_dir} (--wheel-dir works offline: put the "
+            f"wheel there with `cumatrix fetch MATRIX --dest {wheel_dir}`)"
+        )
+    dest = cache_dir("wheels")
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "-q", "-d", str(dest), requirement]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    found = find_wheel(dest, name, version)
+    if proc.returncode != 0 or not found:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise RuntimeNotFound(
+            f"{requirement}: pip could not fetch it ({' / '.join(tail) or 'no wheel'}). Check the "
+            "name and version on the package index, or pass --wheel-dir DIR holding the wheel."
+        )
+    return found
+
+
+# --------------------------------------------------------------------------- unpacking
+
+_KINDS = {stat.S_IFLNK: "a symbolic link", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
+
+
+def _refusal(info: zipfile.ZipInfo, root: Path, seen: set[str]) -> str | None:
+    """Why a member must not be unpacked under ``root``, or None when it is a plain file or directory."""
+    name = info.filename
+    if not name or "\x00" in name:
+        return "an empty name or a NUL byte in the name"
+    if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name):
+        return "an absolute path"
+    if ".." in PurePosixPath(name.replace("\\", "/")).parts:
+        return "a `..` component (it would land outside the target)"
+    kind = stat.S_IFMT(info.external_attr >> 16)
+    if kind in _KINDS:
+        return _KINDS[kind]
+    if kind not in (0, stat.S_IFREG, stat.S_IFDIR):
+        # zip has no hard-link entry; any other type bits are refused rather than guessed at
+        return f"an entry of unknown type {oct(kind)} (only regular files and directories are unpacked)"
+    key = name.rstrip("/")
+    if key in seen:
+        return "a second member of the same name (it would overwrite the first)"
+    seen.add(key)
+    dest = (root / name).resolve()
+    if dest != root and not dest.is_relative_to(root):
+        return f"a path that resolves outside the target ({dest})"
+    return None
+
+
+def check_members(wheel: Path) -> None:
+    """Raise :class:`UnsafeArchive` naming the wheel and member when any member is unsafe to unpack."""
+    root = Path("/nonexistent-root").resolve()
+    seen: set[str] = set()
+    with _open_zip(wheel) as zf:
+        for info in zf.infolist():
+            why = _refusal(info, root, seen)
+            if why:
+                raise UnsafeArchive(f"{wheel.name}: refusing to unpack member {info.filename!r}: it is {why}")
+
+
+@contextlib.contextmanager
+def _open_zip(wheel: Path) -> Iterator[zipfile.ZipFile]:
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            yield zf
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError) as e:
+        raise RuntimeNotFound(f"{wheel.name}: not a readable wheel ({type(e).__name__}: {e})") from e
+
+
+def unpack_wheel(wheel: Path, target: Path) -> Path:
+    """Unpack ``wheel`` into ``target`` (created fresh), refusing any unsafe member first.
+
+    Every member is resolved inside ``target``; absolute names, ``..`` components, links,
+    device nodes and duplicate names raise :class:`UnsafeArchive` before anything is written,
+    and files are created with ``O_EXCL | O_NOFOLLOW`` so nothing already there is followed.
+    """
+    root = target.resolve()
+    seen: set[str] = set()
+    with _open_zip(wheel) as zf:
+        infos = zf.infolist()
+        for info in infos:
+            why = _refusal(info, root, seen)
+            if why:
+                raise UnsafeArchive(f"{wheel.name}: refusing to unpack member {info.filename!r}: it is {why}")
+        root.mkdir(parents=True, exist_ok=False)
+        for info in infos:
+            dest = root / info.filename
+            if info.is_dir():
+                dest.mkdir(parents=True, exist_ok=True)
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            mode = 0o755 if (info.external_attr >> 16) & 0o111 else 0o644
+            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+            with zf.open(info) as src, os.fdopen(fd, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+    return root
+
+
+def sha256_file(path: Path) -> str:
+    """The SHA-256 of a file, read in 1 MiB pieces."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _unpack_cached(wheel: Path, sha256: str | None = None) -> Path:
+    """The wheel unpacked under the cache, keyed by its name and content."""
+    target = _unpacked_dir(wheel, sha256 or sha256_file(wheel))
+    if (target / ".complete").exists():
+        return target
+    tmp = Path(tempfile.mkdtemp(prefix=".unpack-", dir=target.parent))
+    try:
+        unpack_wheel(wheel, tmp / "t")
+        (tmp / "t" / ".complete").write_text(wheel.name)
+        try:
+            (tmp / "t").rename(target)
+        except OSError:  # another process won the race; use theirs
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _unpacked_dir(wheel: Path, sha256: str) -> Path:
+    return cache_dir("runtimes") / f"{wheel.name[: -len('.whl')]}-{sha256[:12]}"
+
+
+# --------------------------------------------------------------------------- versions, from data
+
+
+def wheel_metadata(wheel: Path) -> tuple[str, str]:
+    """(Name, Version) from the wheel's ``*.dist-info/METADATA``, read from the archive."""
+    with _open_zip(wheel) as zf:
+        metas = [n for n in zf.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
+        if len(metas) != 1:
+            raise RuntimeNotFound(f"{wheel.name}: {len(metas)} *.dist-info/METADATA files (a wheel has one)")
+        text = zf.read(metas[0]).decode("utf-8", "replace")
+    import email.parser  # imported where a wheel's METADATA is read: 25 ms every matrix load paid
+
+    msg = email.parser.HeaderParser().parsestr(text)
+    name, version = msg.get("Name"), msg.get("Version")
+    if not name or not version:
+        raise RuntimeNotFound(f"{wheel.name}: METADATA names no Name or Version")
+    return str(name).strip(), str(version).strip()
+
+
+def cudart_member(wheel: Path) -> str | None:
+    """Path of ``lib/libcudart.so.<major>`` inside a wheel, or None."""
+    with _open_zip(wheel) as zf:
+        names = sorted(n for n in zf.namelist() if _CUDART_MEMBER.search(n))
+    return names[0] if names else None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LibraryFacts:
+    """What a ``libcudart`` says about itself, read as data (never loaded)."""
+
+    soname: str | None
+    soname_major: int | None
+    file_release: str | None  # from a file name such as libcudart.so.12.9.79
+    code_version: int | None  # the constant cudaRuntimeGetVersion stores (x86-64), when unique
+    batch_exported: bool
+
+
+# `mov DWORD PTR [rdi], imm32` (c7 07 imm32): how every x86-64 libcudart from 12.0 to 13.5 stores
+# its version into cudaRuntimeGetVersion's out-parameter.  Only values shaped like CUDA's
+# encoding count, and only when exactly one such value appears in executable code.
+_STORE_RDI = re.compile(rb"\xc7\x07(....)", re.DOTALL)
+
+
+def _code_version(elf: object) -> int | None:
+    if elf.header["e_machine"] != "EM_X86_64":  # type: ignore[attr-defined]
+        return None
+    values: set[int] = set()
+    for section in elf.iter_sections():  # type: ignore[attr-defined]
+        if section["sh_type"] != "SHT_PROGBITS" or not section["sh_flags"] & 0x4:  # SHF_EXECINSTR
+            continue
+        for m in _STORE_RDI.finditer(section.data()):
+            v = struct.unpack("<I", m.group(1))[0]
+            if 9000 <= v < 100000 and v % 10 == 0:
+                values.add(v)
+    return values.pop() if len(values) == 1 else None
+
+
+def library_facts(libcudart: Path) -> LibraryFacts:
+    """Read ``libcudart``'s SONAME, exported symbols and version constant from the file."""
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    from cumatrix.binary.elf import elf_defined_symbols, elf_soname
+
+    m = re.search(r"\.so\.(\d+\.\d+\.\d+)$", libcudart.resolve().name)
+    try:
+        with open(libcudart, "rb") as f:
+            elf = ELFFile(f)
+            soname = elf_soname(elf)
+            batch = "cudaMemcpyBatchAsync" in set(elf_defined_symbols(elf))
+            code = _code_version(elf)
+    except (ELFError, struct.error, ValueError, OSError, AssertionError) as e:
+        raise RuntimeNotFound(f"{libcudart}: not a readable ELF library ({type(e).__name__}: {e})") from e
+    sm = re.fullmatch(r"libcudart\.so\.(\d+)", soname or "")
+    return LibraryFacts(soname=soname, soname_major=int(sm.group(1)) if sm else None,
+                        file_release=m.group(1) if m else None, code_version=code, batch_exported=batch)
+
+
+def library_version(libcudart: Path) -> tuple[int | None, bool]:
+    """(the version constant in ``libcudart``'s code or None, exports ``cudaMemcpyBatchAsync``), as data."""
+    facts = library_facts(libcudart)
+    version = cuda_version_of_release(facts.file_release) if facts.file_release else facts.code_version
+    return version, facts.batch_exported
+
+
+def checked_version(what: str, release: str, facts: LibraryFacts) -> tuple[int, str]:
+    """The runtime's version from its package ``release``, cross-checked with the library's own data.
+
+    Returns (CUDA encoding, how it was established); raises :class:`RuntimeNotFound` on disagreement.
+    """
+    try:
+        version = cuda_version_of_release(release)
+    except ValueError as e:
+        raise RuntimeNotFound(f"{what}: {e}") from e
+    cuda = CudaVersion.from_int(version)
+    notes = [f"METADATA {release}"]
+    disagree: list[str] = []
+    if facts.soname_major is None:
+        disagree.append(f"its DT_SONAME is {facts.soname!r}, not libcudart.so.<major>")
+    elif facts.soname_major != cuda.major:
+        disagree.append(f"its DT_SONAME {facts.soname} is of CUDA {facts.soname_major}")
+    else:
+        notes.append(f"DT_SONAME {facts.soname}")
+    if facts.file_release is not None:
+        if cuda_version_of_release(facts.file_release) != version:
+            disagree.append(f"its file name says {facts.file_release}")
+        else:
+            notes.append(f"file name {facts.file_release}")
+    if facts.code_version is not None:
+        if facts.code_version != version:
+            disagree.append(f"the version its cudaRuntimeGetVersion stores is {facts.code_version}")
+        else:
+            notes.append(f"code constant {facts.code_version}")
+    if disagree:
+        raise RuntimeNotFound(f"{what}: the package says {release} ({version}) but {'; '.join(disagree)}: "
+                              "it is not what its name claims")
+    return version, "; ".join(notes)
+
+
+# --------------------------------------------------------------------------- wheel runtimes
+
+
+def _not_a_runtime(label: str, requirement: str, wheel: Path, why: str) -> RuntimeNotFound:
+    return RuntimeNotFound(f"{label}: {requirement} is not a CUDA runtime wheel: {wheel.name} {why} "
+                           "(runtime wheels are nvidia-cuda-runtime-cu12 and nvidia-cuda-runtime)")
+
+
+def _check_metadata(wheel: Path, requirement: str, label: str, meta_name: str, meta_version: str) -> None:
+    name, version = parse_requirement(requirement)
+    if _normalise(meta_name) != _normalise(name) or meta_version != version:
+        raise RuntimeNotFound(f"{label}: {wheel.name} is {meta_name}=={meta_version} by its METADATA, not {requirement}")
+
+
+def check_runtime_wheel(wheel: Path, requirement: str, *, label: str = "") -> str:
+    """Check, without unpacking, that ``wheel`` is the CUDA runtime ``requirement`` names; return its libcudart member."""
+    label = label or requirement
+    meta_name, meta_version = wheel_metadata(wheel)
+    _check_metadata(wheel, requirement, label, meta_name, meta_version)
+    member = cudart_member(wheel)
+    if member is None:
+        raise _not_a_runtime(label, requirement, wheel, "holds no lib/libcudart.so.<N>")
+    check_members(wheel)
+    return member
+
+
+_FACTS_NOTE = ".cumatrix-wheel-facts.json"
+
+
+def _checked_wheel(wheel: Path, requirement: str, label: str) -> tuple[Path, str, str, LibraryFacts]:
+    """``wheel`` checked against ``requirement`` and unpacked: (its directory, the libcudart
+    member, its release, that library's facts).
+
+    What the checks found is noted beside the unpacked files, under the wheel's SHA-256: a
+    later process (every run, every xdist worker) reads the note instead of opening the
+    archive and parsing the library again (0.1 to 0.2 s), unless the library's size or mtime
+    changed.  The requirement is compared with the noted name and version every time.
+    """
+    sha = sha256_file(wheel)
+    note = _unpacked_dir(wheel, sha) / _FACTS_NOTE
+    try:
+        d = json.loads(note.read_text())
+        lib = note.parent / str(d["member"])
+        st = lib.stat()
+        if d["sha256"] == sha and d["library"] == [st.st_size, st.st_mtime_ns]:
+            _check_metadata(wheel, requirement, label, str(d["name"]), str(d["version"]))
+            return note.parent, str(d["member"]), str(d["version"]), LibraryFacts(**d["facts"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass  # no note (or one this version cannot read): check the wheel itself
+    member = check_runtime_wheel(wheel, requirement, label=label)
+    root = _unpack_cached(wheel, sha)
+    meta_name, release = wheel_metadata(wheel)
+    facts = library_facts(root / member)
+    st = (root / member).stat()
+    with contextlib.suppress(OSError):  # a read-only cache costs the next process the checks, not the run
+        tmp = note.with_name(f".{note.name}.{os.getpid()}")
+        tmp.write_text(json.dumps({"sha256": sha, "name": meta_name, "version": release, "member": member,
+                                   "library": [st.st_size, st.st_mtime_ns], "facts": dataclasses.asdict(facts)}))
+        tmp.replace(note)
+    return root, member, release, facts
+
+
+def from_wheel(name: str, requirement: str, *, wheel_dir: Path | None = None, where: str = "") -> ResolvedRuntime:
+    """A wheel runtime: fetched, checked, unpacked safely; its version read as data."""
+    label = f"{where}: runtimes.{name}" if where else f"runtimes.{name}"
+    wheel = fetch_wheel(requirement, wheel_dir=wheel_dir)
+    root, member, release, facts = _checked_wheel(wheel, requirement, label)
+    lib = root / member
+    version, how = checked_version(f"{label} ({requirement})", release, facts)
+    meta = root / ".cumatrix-runtime.json"  # read by `cumatrix doctor`
+    if not meta.exists():
+        meta.write_text(json.dumps({"version": version, "batch": facts.batch_exported, "source": how}))
+    inc = lib.parent.parent / "include"
+    return ResolvedRuntime(name=name, lib_dir=lib.parent, libcudart=lib,
+                           include_dir=inc if (inc / "cuda_runtime_api.h").is_file() else None,
+                           version=version, wheel_version=release, found_by=f"wheel {wheel.name}",
+                           version_source=how, batch_exported=facts.batch_exported, soname=facts.soname)
+
+
+# --------------------------------------------------------------------------- installed runtimes (site, env)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InstalledCudart:
+    """A libcudart that an installed distribution owns (from its RECORD), and that distribution."""
+
+    path: Path
+    dist: str
+    release: str
+
+
+def find_in_distributions(paths: Sequence[str]) -> Iterator[InstalledCudart]:
+    """libcudart files recorded by the distributions installed on ``paths``, in path order.
+
+    Reads ``*.dist-info`` files only: nothing is imported or loaded.
+    """
+    from importlib import metadata as importlib_metadata
+
+    for dist in importlib_metadata.distributions(path=list(paths)):
+        for f in dist.files or ():
+            if _CUDART_MEMBER.search(str(f).replace(os.sep, "/")):
+                p = Path(str(dist.locate_file(f)))
+                if p.is_file():
+                    yield InstalledCudart(path=p, dist=str(dist.metadata["Name"]), release=str(dist.version))
+
+
+@dataclass
+class SearchContext:
+    """What each search step tried, so that "not found" lists every place."""
+
+    tried: list[str] = field(default_factory=list)
+
+
+def _find_in_site_packages(ctx: SearchContext) -> tuple[Path, str, str] | None:
+    ctx.tried.append("the distributions installed in this Python environment (sys.path)")
+    for hit in find_in_distributions(sys.path):
+        return hit.path, hit.release, f"site-packages ({hit.dist} {hit.release})"
+    return None
+
+
+def _find_in_cuda_home(ctx: SearchContext) -> tuple[Path, str, str] | None:
+    for env in ("CUDA_HOME", "CUDA_PATH"):
+        home = os.environ.get(env)
+        if not home:
+            ctx.tried.append(f"${env} (unset)")
+            continue
+        ctx.tried.append(f"${env}/lib64 ({home})")
+        for lib in sorted(Path(home, "lib64").glob("libcudart.so.*")):
+            m = re.search(r"\.so\.(\d+\.\d+\.\d+)$", lib.resolve().name)
+            release = m.group(1) if m else _toolkit_release(Path(home))
+            if release:
+                return lib, release, f"${env}"
+    return None
+
+
+def _toolkit_release(home: Path) -> str | None:
+    """``cuda_cudart``'s version in a toolkit's ``version.json``."""
+    try:
+        data = json.loads((home / "version.json").read_text())
+        return str(data["cuda_cudart"]["version"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+SITE_STEPS: tuple[Callable[[SearchContext], tuple[Path, str, str] | None], ...] = (
+    _find_in_site_packages, _find_in_cuda_home)
+
+
+def from_site(name: str, *, where: str = "") -> ResolvedRuntime:
+    """The runtime installed in this Python environment (what a tox runtime env holds)."""
+    label = f"{where}: runtimes.{name}" if where else f"runtimes.{name}"
+    ctx = SearchContext()
+    for step in SITE_STEPS:
+        hit = step(ctx)
+        if hit:
+            lib, release, how = hit
+            facts = library_facts(lib)
+            version, source = checked_version(f"{label} ({lib})", release, facts)
+            inc = lib.parent.parent / "include"
+            return ResolvedRuntime(name=name, lib_dir=lib.parent, libcudart=lib,
+                                   include_dir=inc if inc.is_dir() else None, version=version,
+                                   wheel_version=release, found_by=how, version_source=source,
+                                   batch_exported=facts.batch_exported)
+    raise RuntimeNotFound(
+        f"{label} is `site: true` but no libcudart is installed in this environment "
+        f"(looked in: {'; '.join(ctx.tried)}); pip install nvidia-cuda-runtime-cu12 or nvidia-cuda-runtime"
+    )
+
+
+# --------------------------------------------------------------------------- environment runtimes
+
+
+
+
+
+
+def uv_binary() -> str:
+    """The ``uv`` executable of the ``uv`` package cumatrix depends on."""
+    try:
+        from uv import find_uv_bin
+
+        return str(find_uv_bin())
+    except (ImportError, FileNotFoundError):  # not installed, or its binary is missing
+        found = shutil.which("uv")
+        if found:
+            return found
+        raise CumatrixError("uv is not installed (pip install uv): environment runtimes are built with it") from None
+
+
+def _uv_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # One cache beside the environments, so uv hard-links from it (links need one filesystem).
+    if not env.get("UV_CACHE_DIR"):
+        env["UV_CACHE_DIR"] = str(cache_root() / "uv")
+    env["UV_PYTHON_DOWNLOADS"] = "never"
+    env.pop("VIRTUAL_ENV", None)
+    return env
+
+
+def environment_hash(requirements: Sequence[str], extra_wheels: Sequence[Path] = (), python: str | None = None) -> str:
+    """Content hash of an environment: its requirements, extra wheels' bytes, the interpreter and platform."""
+    py = python or sys.executable
+    key = {"requirements": sorted(r.strip() for r in requirements),
+           "wheels": sorted(sha256_file(w) for w in extra_wheels),
+           "python": os.path.realpath(py), "python_version": sys.version.split()[0] if python is None else "",
+           "platform": sysconfig.get_platform(), "layout": 1}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _run_uv(args: list[str], what: str) -> str:
+    proc = subprocess.run([uv_binary(), *args], capture_output=True, text=True, env=_uv_env(), timeout=1800,
+                          check=False)
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-12:])
+        raise RuntimeNotFound(f"{what}: uv failed (exit {proc.returncode}):\n{tail}")
+    return proc.stdout
+
+
+def build_environment(requirements: Sequence[str], *, wheel_dir: Path | None = None,
+                      extra_wheels: Sequence[Path] = (), python: str | None = None, what: str = "") -> Path:
+    """A virtual environment holding ``requirements`` (and ``extra_wheels`` with their dependencies).
+
+    Built once per :func:`environment_hash` under ``<cache>/envs/``, with uv linking files
+    from its cache (``--link-mode hardlink``).  With a wheel directory (``wheel_dir``, else
+    ``$CUMATRIX_WHEEL_DIR``) uv works offline: ``--offline --no-index --find-links DIR``.
+    Nothing of the packages runs on the host: only wheels are installed (``--no-build``;
+    wheels have no install hooks, uv compiles no bytecode unless asked), and what was
+    installed is read from the dist-info files, never by starting the environment's Python.
+    """
+    what = what or f"environment {' '.join(requirements)}"
+    reqs = [check_env_requirement(r) for r in requirements]
+    wheel_dir = default_wheel_dir(wheel_dir)
+    py = python or sys.executable
+    digest = environment_hash(reqs, extra_wheels, python)
+    root = cache_dir("envs")
+    env_dir = root / digest
+    with _locked(root / f"{digest}.lock"):
+        if (env_dir / ".complete").is_file():
+            return env_dir
+        shutil.rmtree(env_dir, ignore_errors=True)  # a build that died half-way
+        _run_uv(["venv", "--no-config", "--quiet", "--python", py, str(env_dir)], what)
+        source = ["--offline", "--no-index", "--find-links", str(wheel_dir)] if wheel_dir else []
+        # --no-build: a source distribution would run its build backend on the host
+        _run_uv(["pip", "install", "--no-config", "--quiet", "--no-build", "--link-mode", "hardlink", "--python",
+                 str(env_dir / "bin" / "python"), *source, "--", *reqs, *map(str, extra_wheels)], what)
+        # Read from the dist-info files, not by `uv pip list`: that starts the environment's
+        # interpreter, and a wheel's .pth file would run on the host.
+        from importlib import metadata as importlib_metadata
+
+        installed = sorted(f"{d.metadata['Name']}=={d.version}"
+                           for d in importlib_metadata.distributions(path=env_site_packages(env_dir)))
+        (env_dir / ".complete").write_text(json.dumps({"requirements": reqs, "installed": installed,
+                                                       "extra_wheels": [w.name for w in extra_wheels]}))
+    return env_dir
+
+
+def env_site_packages(env_dir: Path) -> list[str]:
+    """The site-packages directories of a virtual environment, found on disk (no interpreter run)."""
+    return sorted(str(p) for p in env_dir.glob("lib/python3*/site-packages") if p.is_dir())
+
+
+def from_environment(name: str, requirements: Sequence[str], *, wheel_dir: Path | None = None,
+                     extra_wheels: Sequence[Path] = (), where: str = "") -> ResolvedRuntime:
+    """An environment runtime: the env built from ``requirements``; its libcudart is the cell's runtime."""
+    label = f"{where}: runtimes.{name}" if where else f"runtimes.{name}"
+    env_dir = build_environment(requirements, wheel_dir=wheel_dir, extra_wheels=extra_wheels, what=label)
+    hits = list(find_in_distributions(env_site_packages(env_dir)))
+    if not hits:
+        raise RuntimeNotFound(f"{label}: the environment {' '.join(requirements)} holds no libcudart "
+                              "(add nvidia-cuda-runtime-cu12==X.Y.Z or nvidia-cuda-runtime==X.Y.Z to its requirements)")
+    majors = sorted({h.path.name for h in hits})
+    if len(majors) > 1:
+        raise RuntimeNotFound(f"{label}: the environment holds several runtimes ({', '.join(majors)}): "
+                              "a cell can have only one; pin one runtime package")
+    hit = hits[0]
+    facts = library_facts(hit.path)
+    version, source = checked_version(f"{label} ({hit.dist} {hit.release})", hit.release, facts)
+    info = json.loads((env_dir / ".complete").read_text())
+    inc = hit.path.parent.parent / "include"
+    return ResolvedRuntime(name=name, lib_dir=hit.path.parent, libcudart=hit.path,
+                           include_dir=inc if (inc / "cuda_runtime_api.h").is_file() else None,
+                           version=version, wheel_version=hit.release,
+                           found_by=f"environment {env_dir.name} ({hit.dist} {hit.release})",
+                           version_source=source, batch_exported=facts.batch_exported, env_dir=env_dir,
+                           installed=tuple(info.get("installed", ())))
+
+
+def install_into_environment(rt: Runtime, wheels: Iterable[Path], *, wheel_dir: Path | None = None) -> ResolvedRuntime:
+    """The environment of ``rt`` plus ``wheels`` and their dependencies: what the gate's dynamic stage runs in.
+
+    A new environment (its own content hash), so the matrix's shared one stays as built.
+    """
+    if not rt.requirements:
+        raise ConfigError(f"{rt.label}: not an environment runtime (give it `requirements: [...]`)")
+    return from_environment(rt.name, rt.requirements, wheel_dir=wheel_dir, extra_wheels=tuple(wheels), where=rt.where)
+
+
+# --------------------------------------------------------------------------- one entry point
+
+
+def resolve(rt: Runtime, *, wheel_dir: Path | None = None) -> ResolvedRuntime:
+    """Provision one runtime of a matrix (image runtimes are the docker backend's).
+
+    ``wheel_dir`` defaults to ``$CUMATRIX_WHEEL_DIR``.
+    """
+    if rt.requirement:
+        return from_wheel(rt.name, rt.requirement, wheel_dir=wheel_dir, where=rt.where)
+    if rt.requirements:
+        return from_environment(rt.name, rt.requirements, wheel_dir=wheel_dir, where=rt.where)
+    if rt.site:
+        return from_site(rt.name, where=rt.where)
+    raise ConfigError(f"{rt.label}: runtime {rt.name!r} is an image ({rt.image}); it runs only with --backend docker")
+
+
+def headers_wheel(version: str | CudaVersion, runtimes: Sequence[Runtime] = ()) -> tuple[str, str]:
+    """(runtime name, requirement) of the wheel whose ``include/`` serves headers ``version``."""
+    v = CudaVersion.parse(str(version))
+    for rt in runtimes:
+        if rt.requirement:
+            _, wv = parse_requirement(rt.requirement)
+            if wv.split(".")[:2] == [str(v.major), str(v.minor)]:
+                return rt.name, rt.requirement
+    req = KNOWN_WHEELS.get(str(v))
+    if req is None:
+        raise ConfigError(
+            f"no runtime wheel known for headers {v}: add a runtime of that version to the matrix "
+            f"(known without one: {', '.join(KNOWN_WHEELS)})"
+        )
+    return f"cu{v}", req
+
+
+def headers_for(version: str | CudaVersion, *, wheel_dir: Path | None = None,
+                runtimes: Sequence[Runtime] = ()) -> Path:
+    """The ``include/`` of a runtime wheel of CUDA ``version`` (the ``builds:`` axis).
+
+    Prefers a runtime of the matrix with that major.minor, else the known wheel.
+    """
+    name, req = headers_wheel(version, runtimes)
+    res = from_wheel(name, req, wheel_dir=wheel_dir)
+    if res.include_dir is None:
+        raise RuntimeNotFound(f"{req}: the wheel ships no include/ directory")
+    return res.include_dir

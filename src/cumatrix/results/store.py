@@ -1,0 +1,588 @@
+"""The results store: ``results.jsonl`` in the ``--out`` directory, one record a line.
+
+One run at a time.  :meth:`Store.open` takes an exclusive ``flock`` on ``.cumatrix.lock``
+in the directory for the whole run (the kernel drops it when the process dies, so a
+killed run leaves no stale lock); a second run fails with :class:`OutDirBusy` (exit 2)
+naming the holder's pid and command line.
+
+Durability.  Each record is one ``write()`` of a whole line to a file opened with
+``O_APPEND``, so a killed harness (SIGKILL included) loses nothing it finished: the
+bytes are in the kernel once ``append`` returns.  ``fdatasync`` runs once per
+:data:`SYNC_EVERY` records, at most :data:`SYNC_INTERVAL` seconds after an unsynced
+record (a timer thread), and at :meth:`Store.close`; a power cut or kernel crash can
+therefore lose the records of the last second of the run, never a record written
+before the last sync.  A line cut mid-write (a killed writer) is ignored on reading.
+
+Resuming.  :func:`cell_digest` names everything a cell's result depends on: its
+definition, the runtime, driver and headers it uses, the expectations that select it,
+and the harness version.  :meth:`Store.resume` keeps a finished record only where the
+digest is unchanged, drops foreign lines (another matrix's cells, unknown ids,
+unreadable text) with a warning naming their line numbers, rewrites the file
+atomically (the previous one kept as ``results.jsonl.prev``), and says which cells
+must run again and whether the reports must be rewritten.
+
+Environment problems (an ``--out`` that is a file, unwritable, or on a full
+filesystem) raise :class:`EnvironmentProblem` (exit 3) before any cell runs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import fcntl
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
+
+from cumatrix.core.errors import EnvironmentProblem, OutDirBusy
+from cumatrix.core.model import NO_RUNTIME, Cell, Matrix
+
+JSONL = "results.jsonl"
+PREVIOUS = "results.jsonl.prev"
+LOCK = ".cumatrix.lock"
+#: The report files a run writes; removed when a fresh run starts so none outlives its data.
+REPORTS = ("results.json", "junit.xml", "summary.md", "index.html")
+SYNC_EVERY = 64
+SYNC_INTERVAL = 1.0
+#: Free space below which ``--out`` counts as full before the run starts.
+MIN_FREE_BYTES = 1 << 20
+
+
+def dumps(record: Any) -> str:
+    """The one JSON encoding of every record and report (and of any part of one): stable, sorted,
+    one line."""
+    return json.dumps(record, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
+
+
+# --------------------------------------------------------------------------- digests
+
+
+def _headers_source(matrix: Matrix, cell: Cell) -> str | None:
+    """The wheel whose headers build this cell (as ``runtimes.headers_for`` picks it)."""
+    if cell.build is None:
+        return None
+    from cumatrix.provision.runtimes import KNOWN_WHEELS
+
+    want = [str(cell.build.major), str(cell.build.minor)]
+    for rt in matrix.runtimes:
+        if rt.requirement and rt.requirement.split("==")[-1].split(".")[:2] == want:
+            return rt.requirement
+    return KNOWN_WHEELS.get(str(cell.build))
+
+
+def cell_digest(matrix: Matrix, cell: Cell, harness_version: str) -> str:
+    """SHA-256 of every input of a cell's result.
+
+    Its definition (kind, case or workload, variant, build), the runtime and driver
+    entries it uses, the wheel its headers come from, the ``expect`` overrides that
+    select it, and the harness version.  Places in the file (line numbers) are left out:
+    moving a line does not invalidate a result.
+    """
+    return _digest(matrix, cell, harness_version, {})
+
+
+def _digest(matrix: Matrix, cell: Cell, harness_version: str, shared: dict[tuple[str, str], str]) -> str:
+    """:func:`cell_digest`, with the runtime and driver entries (the same for many cells) in ``shared``."""
+    rkey, dkey = ("runtime", cell.runtime), ("driver", cell.driver)
+    if rkey not in shared:
+        runtime = None if cell.runtime == NO_RUNTIME else matrix.runtime(cell.runtime)
+        shared[rkey] = dumps(_plain(dataclasses.replace(runtime, where="")) if runtime is not None else None)
+    if dkey not in shared:
+        shared[dkey] = dumps(_plain(matrix.driver(cell.driver)))
+    expect = [{"select": list(ov.selector.values), "outcomes": sorted(ov.outcomes), "reason": ov.reason}
+              for ov in matrix.expect if ov.selector.matches(cell)]
+    # dumps() of {"cell", "driver", "expect", "harness", "headers", "runtime"}, written out in
+    # its key order so that the entries many cells share are encoded once.
+    text = (f'{{"cell":{dumps(_plain(cell))},"driver":{shared[dkey]},"expect":{dumps(expect)},'
+            f'"harness":{dumps(harness_version)},"headers":{dumps(_headers_source(matrix, cell))},'
+            f'"runtime":{shared[rkey]}}}')
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _plain(value: Any) -> Any:
+    """``dataclasses.asdict`` as JSON sees it (no copies: the result is only encoded)."""
+    if value is None or isinstance(value, str | int | float):
+        return value
+    names = _field_names(type(value))
+    if names is not None:
+        return {f: _plain(getattr(value, f)) for f in names}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    return value
+
+
+def _field_names(cls: type) -> tuple[str, ...] | None:
+    """The fields of a dataclass type; None for any other type."""
+    if cls not in _FIELDS:
+        _FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else None
+    return _FIELDS[cls]
+
+
+_FIELDS: dict[type, tuple[str, ...] | None] = {}
+
+
+def cell_digests(matrix: Matrix, cells: Iterable[Cell], harness_version: str) -> dict[str, str]:
+    """``{cell id: cell_digest}`` for the cells of a run."""
+    shared: dict[tuple[str, str], str] = {}
+    return {c.id: _digest(matrix, c, harness_version, shared) for c in cells}
+
+
+class LazyDigests:
+    """``cell id -> cell_digest`` for the cells of a run, each computed when its record is
+    stored: 10,000 of them cost 0.4 s, which a run would otherwise spend before its first cell."""
+
+    def __init__(self, harness_version: str) -> None:
+        self.version = harness_version
+        self._cells: dict[str, tuple[Matrix, Cell, dict[tuple[str, str], str]]] = {}
+
+    def add(self, matrix: Matrix, cells: Iterable[Cell]) -> None:
+        shared: dict[tuple[str, str], str] = {}
+        for c in cells:
+            self._cells[c.id] = (matrix, c, shared)
+
+    def get(self, cell_id: str) -> str | None:
+        got = self._cells.get(cell_id)
+        return _digest(got[0], got[1], self.version, got[2]) if got is not None else None
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def _environment(path: Path, e: OSError, doing: str) -> EnvironmentProblem:
+    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        why = "the filesystem is full (or over quota)"
+    elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        why = "permission denied (or a read-only filesystem)"
+    elif isinstance(e, FileExistsError | NotADirectoryError):
+        why = "it (or a parent) is a file, not a directory"
+    else:
+        why = e.strerror or str(e)
+    return EnvironmentProblem(f"{path}: cannot {doing}: {why}; choose another --out or fix the directory")
+
+
+def prepare_out(out_dir: Path) -> Path:
+    """Create ``out_dir`` and check it is a writable directory with space; :class:`EnvironmentProblem` if not."""
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise _environment(out, e, "create the output directory") from None
+    if not out.is_dir():
+        raise EnvironmentProblem(f"{out}: --out is a file, not a directory; choose another --out")
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise EnvironmentProblem(f"{out}: cannot write the output directory: permission denied; choose another --out")
+    try:
+        free = shutil.disk_usage(out).free
+    except OSError as e:
+        raise _environment(out, e, "read the output directory") from None
+    if free < MIN_FREE_BYTES:
+        raise EnvironmentProblem(f"{out}: the filesystem is full ({free // 1024} KiB free); "
+                                 "free some space or choose another --out")
+    return out
+
+
+# --------------------------------------------------------------------------- resume
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ResumePlan:
+    """What :meth:`Store.resume` decided."""
+
+    reuse: frozenset[str]  #: ids whose stored record stands (inputs unchanged)
+    rerun: tuple[str, ...]  #: ids of the current cells to run, in the given order
+    changed: tuple[str, ...]  #: ids with a record whose inputs changed (a subset of rerun)
+    ignored_lines: tuple[int, ...]  #: line numbers of foreign or unreadable lines dropped
+    warnings: tuple[str, ...]  #: one line each, for the terminal
+    reports_stale: bool  #: the reports on disk do not show the stored results: rewrite them
+
+
+@dataclass(slots=True)
+class _Group:
+    header: dict[str, Any] | None
+    cells: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    other: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    end: dict[str, Any] | None = None
+
+
+def _lines_text(numbers: list[int]) -> str:
+    shown = ", ".join(map(str, numbers[:10]))
+    return shown + (f" and {len(numbers) - 10} more" if len(numbers) > 10 else "")
+
+
+class _Reader:
+    """Sorts the lines of a results file into runs, this matrix's cells, and foreign lines."""
+
+    def __init__(self, digests: Mapping[str, str]) -> None:
+        self.digests = digests
+        self.groups: list[_Group] = [_Group(header=None)]
+        self.latest: dict[str, tuple[int, dict[str, Any]]] = {}
+        self.foreign: list[int] = []
+        self.cut: list[int] = []
+
+    def read(self, raw: bytes) -> None:
+        numbered = [(i + 1, ln) for i, ln in enumerate(raw.split(b"\n")) if ln.strip()]
+        for pos, (lineno, line) in enumerate(numbered):
+            rec = _record(line)
+            if rec is None:
+                nxt = _record(numbered[pos + 1][1]) if pos + 1 < len(numbered) else None
+                last_of_run = nxt is None and pos + 1 == len(numbered) or (nxt or {}).get("type") == "run"
+                (self.cut if last_of_run else self.foreign).append(lineno)
+            else:
+                self.place(lineno, rec)
+
+    def place(self, lineno: int, rec: dict[str, Any]) -> None:
+        kind = rec.get("type")
+        group = self.groups[-1]
+        if kind == "run":
+            self.groups.append(_Group(header=rec))
+        elif kind == "cell" and isinstance(rec.get("id"), str) and rec["id"] in self.digests:
+            self.latest[rec["id"]] = (len(self.groups) - 1, rec)
+        elif kind == "end" and group.header is not None:
+            group.end = rec
+        elif kind not in ("cell", "end") and group.header is not None:
+            group.other.append(rec)
+        else:
+            self.foreign.append(lineno)
+
+    def reusable(self) -> set[str]:
+        return {cid for cid, (_, rec) in self.latest.items() if rec.get("digest") == self.digests[cid]}
+
+    def compacted(self, reuse: set[str]) -> list[dict[str, Any]]:
+        for cid, (g, rec) in self.latest.items():
+            if cid in reuse:
+                self.groups[g].cells.append(rec)
+        out: list[dict[str, Any]] = []
+        for group in self.groups:
+            if group.header is None or not group.cells:
+                continue
+            ids = [c["id"] for c in group.cells]
+            out.append({**group.header, "cells": ids, "cells_total": len(ids)})
+            out += group.cells + group.other
+            if group.end is not None:
+                out.append(group.end)
+        return out
+
+
+def reusable_ids(out_dir: Path, digests: Mapping[str, str]) -> frozenset[str]:
+    """The ids :meth:`Store.resume` keeps, read without locking or rewriting anything.
+
+    For processes that only select cells (pytest-xdist workers): the answer is the same
+    before and after the run's writer compacts the file.
+    """
+    path = Path(out_dir) / JSONL
+    reader = _Reader(digests)
+    try:
+        reader.read(path.read_bytes())
+    except FileNotFoundError:
+        return frozenset()
+    except OSError as e:
+        raise _environment(path, e, "read the results file") from None
+    return frozenset(reader.reusable())
+
+
+def _record(line: bytes) -> dict[str, Any] | None:
+    try:
+        rec = json.loads(line)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+# --------------------------------------------------------------------------- the store
+
+
+def _holder_text() -> str:
+    argv = getattr(sys, "orig_argv", sys.argv)
+    return dumps({"pid": os.getpid(), "argv": " ".join(shlex.quote(a) for a in argv),
+                  "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())})
+
+
+#: Writers this process holds, by directory: a second :meth:`Store.open` of one directory in
+#: the same process (the CLI, then the pytest plugin it runs in-process) shares the first.
+_HELD: dict[Path, Store] = {}
+
+
+class Store:
+    """``results.jsonl`` of one ``--out`` directory.
+
+    ``Store(out)`` reads and appends without a lock (reports, merge, older callers);
+    :meth:`open` is the run's writer: lock held, file kept open, syncs grouped.
+    """
+
+    def __init__(self, out_dir: Path) -> None:
+        self.dir = prepare_out(Path(out_dir))
+        self.path = self.dir / JSONL
+        self._fd: int | None = None
+        self._lock_fd: int | None = None
+        self._mutex = threading.Lock()
+        self._unsynced = 0
+        self._timer: threading.Timer | None = None
+        self._users = 0
+
+    @classmethod
+    def open(cls, out_dir: Path, *, fresh: bool, holder: str | None = None) -> Store:
+        """The writer of a run: lock ``out_dir`` for this process, then open ``results.jsonl``.
+
+        ``fresh``: start empty (a new run) and remove the previous run's reports, so none
+        outlives its data; otherwise keep the file for :meth:`resume`.  Raises
+        :class:`OutDirBusy` (exit 2) if another run holds the directory and
+        :class:`EnvironmentProblem` (exit 3) if it cannot be written.  A second ``open`` of
+        the same directory in this process returns the writer it holds (``fresh`` ignored);
+        the lock goes when every opener has closed.
+        """
+        held = _HELD.get(Path(out_dir).resolve())
+        if held is not None:  # this process is the holder already: share its writer
+            held._users += 1
+            return held
+        store = cls(out_dir)
+        store._lock(holder or _holder_text())
+        store._users = 1
+        _HELD[store.dir.resolve()] = store
+        try:
+            if fresh:
+                for name in (JSONL, *REPORTS):
+                    (store.dir / name).unlink(missing_ok=True)
+            store._open_file()
+        except OSError as e:
+            store.close()
+            raise _environment(store.dir, e, "write the output directory") from None
+        except BaseException:
+            store.close()
+            raise
+        return store
+
+    def _lock(self, holder: str) -> None:
+        path = self.dir / LOCK
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise _environment(path, e, "create the lock file") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            info = _read_holder(fd)
+            os.close(fd)
+            raise OutDirBusy(f"{self.dir}: another cumatrix run is writing here (pid {info.get('pid', '?')}: "
+                             f"{info.get('argv', 'command line unknown')}); wait for it to finish, "
+                             "or give this run another --out") from None
+        self._lock_fd = fd
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, (holder + "\n").encode(), 0)
+        except OSError as e:
+            self.close()
+            raise _environment(path, e, "write the lock file") from None
+
+    def _open_file(self) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        size = os.fstat(fd).st_size
+        if size:
+            with open(self.path, "rb") as f:
+                f.seek(size - 1)
+                if f.read(1) != b"\n":  # a writer killed mid-line: start on a fresh line
+                    os.write(fd, b"\n")
+        self._fd = fd
+
+    # -- resume --------------------------------------------------------------------
+
+    def resume(self, digests: Mapping[str, str]) -> ResumePlan:
+        """Keep the records whose cell inputs are unchanged; drop the rest; say what to run.
+
+        ``digests``: :func:`cell_digests` of the cells this run selects.  The file is
+        rewritten atomically (the previous one kept as ``results.jsonl.prev``) when any
+        line is dropped.  Call it on a store from :meth:`open` (``fresh=False``), before
+        appending the new run's header.
+        """
+        raw = self.path.read_bytes() if self.path.exists() else b""
+        reader = _Reader(digests)
+        reader.read(raw)
+        reuse = reader.reusable()
+        changed = tuple(cid for cid in reader.latest if cid not in reuse)
+        kept = reader.compacted(reuse)
+        text = "".join(dumps(r) + "\n" for r in kept).encode()
+        warnings = []
+        if reader.foreign:
+            word = "line" if len(reader.foreign) == 1 else "lines"
+            warnings.append(f"{self.path}: {word} {_lines_text(reader.foreign)}: not records of this matrix's cells "
+                            f"(another matrix, unknown cell ids, or unreadable text); ignored, previous file kept "
+                            f"as {PREVIOUS}")
+        if changed:
+            shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+            warnings.append(f"{len(changed)} finished cell(s) changed since they ran (definition, runtime, driver, "
+                            f"headers, expectations or harness version); running them again: {shown}")
+        rewritten = text != raw
+        if rewritten:
+            self._replace(text, keep_previous=bool(reader.foreign or changed))
+        rerun = tuple(cid for cid in digests if cid not in reuse)
+        return ResumePlan(reuse=frozenset(reuse), rerun=rerun, changed=changed,
+                          ignored_lines=tuple(reader.foreign), warnings=tuple(warnings),
+                          reports_stale=rewritten or bool(rerun) or not self._reports_fresh())
+
+    def _reports_fresh(self) -> bool:
+        try:
+            data = self.path.stat().st_mtime_ns
+            return all((self.dir / r).stat().st_mtime_ns >= data for r in REPORTS)
+        except OSError:
+            return False
+
+    def _replace(self, text: bytes, *, keep_previous: bool) -> None:
+        tmp = self.dir / f".{JSONL}.{os.getpid()}.tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            if keep_previous and self.path.exists():
+                (self.dir / PREVIOUS).unlink(missing_ok=True)
+                os.link(self.path, self.dir / PREVIOUS)
+            os.replace(tmp, self.path)
+            _sync_dir(self.dir)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise _environment(self.path, e, "rewrite the results file") from None
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+            self._open_file()
+
+    # -- writing -------------------------------------------------------------------
+
+    def append(self, record: Mapping[str, Any], *, digest: str | None = None) -> None:
+        """Write one record (one ``write()``); ``digest``: the cell's :func:`cell_digest`.
+
+        Raises :class:`EnvironmentProblem` when the filesystem refuses the write.
+        """
+        if digest is not None:
+            record = {**record, "digest": digest}
+        line = (dumps(record) + "\n").encode()
+        with self._mutex:
+            if self._lock_fd is None:  # not the run's writer: open, write, close
+                self._write_once(line)
+                return
+            try:
+                if self._fd is None:
+                    self._open_file()
+                assert self._fd is not None  # opened just above
+                _write_all(self._fd, line)
+            except OSError as e:
+                raise _environment(self.path, e, "write results") from None
+            self._unsynced += 1
+            if self._unsynced >= SYNC_EVERY:
+                self._sync_locked()
+            elif self._timer is None:
+                self._timer = threading.Timer(SYNC_INTERVAL, self.sync)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def _write_once(self, line: bytes) -> None:
+        try:
+            self._open_file()
+            assert self._fd is not None  # opened just above
+            try:
+                _write_all(self._fd, line)
+            finally:
+                os.close(self._fd)
+                self._fd = None
+        except OSError as e:
+            raise _environment(self.path, e, "write results") from None
+
+    def sync(self) -> None:
+        """Make every appended record durable now."""
+        with self._mutex:
+            self._sync_locked()
+
+    def _sync_locked(self) -> None:
+        self._timer, timer = None, self._timer
+        if timer is not None:
+            timer.cancel()
+        if self._fd is not None and self._unsynced:
+            try:
+                os.fdatasync(self._fd)
+            except OSError as e:
+                raise _environment(self.path, e, "write results") from None
+            self._unsynced = 0
+
+    def close(self) -> None:
+        """Sync, close the file, and release the ``--out`` lock (when the last user closes)."""
+        if self._users > 1:
+            self._users -= 1
+            self.sync()
+            return
+        self._users = 0
+        if _HELD.get(self.dir.resolve()) is self:
+            del _HELD[self.dir.resolve()]
+        try:
+            if self._fd is not None:
+                self.sync()
+                os.close(self._fd)
+                self._fd = None
+        finally:
+            if self._lock_fd is not None:
+                os.close(self._lock_fd)  # closing the descriptor drops the flock
+                self._lock_fd = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- reading -------------------------------------------------------------------
+
+    def records(self) -> Iterator[dict[str, Any]]:
+        yield from read_records(self.path)
+
+    def finished_ids(self) -> set[str]:
+        return {str(r["id"]) for r in self.records() if r.get("type") == "cell"}
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:  # a regular file takes a line in one write; a short write finishes it
+        view = view[os.write(fd, view):]
+
+
+def _read_holder(fd: int) -> dict[str, Any]:
+    """The lock holder's pid and command line (it writes them right after locking)."""
+    for _ in range(20):
+        try:
+            raw = os.pread(fd, 4096, 0)
+        except OSError:
+            return {}
+        rec = _record(raw.strip())
+        if rec is not None:
+            return rec
+        time.sleep(0.025)
+    return {}
+
+
+def _sync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def read_records(path: Path) -> Iterator[dict[str, Any]]:
+    if not path.exists():
+        return
+    with open(path, "rb") as f:
+        for raw in f:
+            raw = raw.strip()
+            if not raw:
+                continue
+            rec = _record(raw)
+            if rec is not None:  # None: a line cut mid-write
+                yield rec
