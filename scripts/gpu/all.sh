@@ -4,7 +4,7 @@
 # Stages (default: reference drivers clients gate sandbox kernel): reference, drivers (the
 # H200 matrices, then a cell-by-cell comparison with the committed reports/gpu-h200*), clients
 # (the host's torch/CuPy/JAX/cuda-bindings), gate (nvcc-built wheels), sandbox (bubblewrap),
-# kernel, tests (pytest -m gpu), repro (the bug catalog), swap (the swap benchmark).
+# kernel, nightly (the default matrix.yaml, as a user's first GPU run), tests (pytest -m gpu), repro (the bug catalog), swap (the swap benchmark).
 # Runtime wheels from ./.wheels, extra Python packages from ./.whl, bubblewrap from ./.bwrap.
 # CUMATRIX_EVIDENCE_ROOT=DIR runs from a copy of the checkout in DIR.
 # Everything lands under $OUT/e/ and is packed into $OUT/evidence.tgz after every stage, so a
@@ -51,6 +51,7 @@ for s in ${*:-reference drivers clients gate sandbox kernel}; do
     clients) stage clients 200 env OUT="$E" bash scripts/gpu/clients.sh ;;
     gate) stage gate 200 env OUT="$E" bash scripts/gpu/gate.sh ;;
     sandbox) stage sandbox 120 env OUT="$E" bash scripts/gpu/sandbox.sh ;;
+    nightly) stage nightly 300 python3 -m cumatrix run matrix.yaml --require-gpu --out "$E/gpu-h200-nightly" -q -n "$NPROC" ;;
     kernel) stage kernel 120 python3 -m cumatrix run examples/h200-kernel.yaml --out "$E/gpu-h200-kernel" -q -n 2 ;;
     tests) stage tests 200 python3 -m pytest -p no:cacheprovider -c /dev/null --rootdir . -q -m gpu tests/gpu \
              -o markers=gpu --junitxml "$E/gpu-tests.xml" ;;
