@@ -15,10 +15,7 @@ from typing import Any
 
 import pytest
 
-try:  # the provision stage's module, wherever the package layout keeps it
-    from cumatrix.provision.runtimes import cuda_version_of_release
-except ImportError:
-    from cumatrix.runtimes import cuda_version_of_release
+from cumatrix.provision.runtimes import cuda_version_of_release
 
 pytestmark = pytest.mark.network  # the matrix's runtimes come from real wheels (cached)
 
