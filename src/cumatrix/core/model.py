@@ -140,6 +140,9 @@ class Case:
     env: tuple[tuple[str, str], ...] = ()
     #: ``runtime: offered``: the runtime is offered to this command, not enforced over its own.
     offered: bool = False
+    #: ``allow_runtime``: host runtimes (absolute paths or globs) the command uses on purpose;
+    #: any other runtime from outside its own distribution and the cell is ``runtime-leak:PATH``.
+    allow_runtime: tuple[str, ...] = ()
 
 
 #: Axis names a selector (``exclude``/``expect``) may use.
@@ -280,6 +283,7 @@ class Kind(str, Enum):
     CANNOT_EMULATE = "cannot-emulate"
     REFUSED = "refused"
     SKIPPED = "skipped"
+    RUNTIME_LEAK = "runtime-leak"
     HARNESS_ERROR = "harness-error"
 
 
@@ -287,7 +291,10 @@ OUTCOME_RE = re.compile(
     r"^(?:ok(?::(?:batch|fallback|kernel|n/a))?"
     r"|cuda-error:\d+|undefined-symbol:[A-Za-z_][A-Za-z0-9_]*|build-error"
     r"|crash:SIG[A-Z0-9+]+|exit:-?\d+|timeout|cannot-emulate|refused"
-    r"|skipped:[a-z0-9][a-z0-9-]*|harness-error)$"
+    r"|skipped:[a-z0-9][a-z0-9-]*|harness-error"
+    # The path of a runtime from outside both the program and the cell (any character a
+    # path may hold but control characters).
+    r"|runtime-leak:/[^\x00-\x1f\x7f]*)$"
 )
 
 PATHS = ("batch", "fallback", "kernel", "n/a")

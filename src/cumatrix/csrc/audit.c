@@ -17,6 +17,16 @@
  * Lines (tab-separated; the path is last so it may hold anything but a newline):
  *   o <pid> <soname> <path>         an object was mapped (la_objopen); soname may be empty
  *   r <pid> <requested> <path>      a request was answered with PATH (la_objsearch)
+ *   q <pid> <requester> <name>      a CUDA library (libcu*, libnv*, libnccl*, libnpp*) was
+ *                                   requested by NAME on behalf of the object REQUESTER
+ *                                   (its path; empty: the main program)
+ *   s <pid> <step> <path>           the loader tried PATH for that request, found through
+ *                                   STEP: rpath (DT_RPATH/DT_RUNPATH), ld_library_path,
+ *                                   ld.so.cache, default, secure
+ *
+ * The q and s lines say how the loader found a CUDA library: the o line that follows names
+ * the candidate that opened.  Only CUDA names are followed: a Python process requests
+ * thousands of objects, and tracing each search step of each would cost more than the cell.
  *
  * Each line is one write(2) on an O_APPEND descriptor: lines of concurrent processes do
  * not interleave, and a process that crashes has already left every line it wrote.
@@ -49,6 +59,9 @@ static const char *rule_soname[MAX_RULES];
 static const char *rule_path[MAX_RULES];
 /* The rules point into this copy of CUMATRIX_AUDIT_ENFORCE. */
 static char enforce_buf[8192];
+/* Whether the request being searched in this process is a CUDA library (its steps are
+ * logged).  The loader holds its lock through a search, so one request at a time. */
+static int tracing;
 
 static void refresh_pid(void) {
     pid_t now = getpid();
@@ -141,11 +154,42 @@ unsigned int la_version(unsigned int version) {
     return version < LAV_CURRENT ? version : LAV_CURRENT;
 }
 
+/* A prefix test of its own: strncmp would add a symbol to the few this library imports. */
+static int starts(const char *s, const char *prefix) {
+    while (*prefix && *s == *prefix) { s++; prefix++; }
+    return *prefix == 0;
+}
+
+static int traced_name(const char *base) {
+    return starts(base, "libcu") || starts(base, "libnv") || starts(base, "libnccl") || starts(base, "libnpp");
+}
+
+static const char *step_name(unsigned int flag) {
+    switch (flag) {
+    case LA_SER_RUNPATH: return "rpath";
+    case LA_SER_LIBPATH: return "ld_library_path";
+    case LA_SER_CONFIG: return "ld.so.cache";
+    case LA_SER_DEFAULT: return "default";
+    case LA_SER_SECURE: return "secure";
+    default: return "other";
+    }
+}
+
 char *la_objsearch(const char *name, uintptr_t *cookie, unsigned int flag) {
-    (void)cookie;
-    if (flag != LA_SER_ORIG || n_rules == 0 || name == NULL) return (char *)name;
+    if (name == NULL) return (char *)name;
+    if (flag != LA_SER_ORIG) {
+        if (tracing) emit('s', step_name(flag), name);
+        return (char *)name;
+    }
     const char *slash = strrchr(name, '/');
     const char *base = slash ? slash + 1 : name;
+    tracing = log_path != NULL && traced_name(base);
+    if (tracing) {
+        /* The cookie is the requesting object's link_map: la_objopen leaves glibc's default. */
+        const struct link_map *by = cookie ? (const struct link_map *)*cookie : NULL;
+        emit('q', by && by->l_name ? by->l_name : "", name);
+    }
+    if (n_rules == 0) return (char *)name;
     for (int i = 0; i < n_rules; i++) {
         if (strcmp(base, rule_soname[i]) == 0) {
             if (strcmp(name, rule_path[i]) != 0) emit('r', name, rule_path[i]);

@@ -40,6 +40,7 @@ from typing import Literal
 from cumatrix.core.cache import cache_dir
 from cumatrix.core.errors import CumatrixError
 from cumatrix.core.model import CudaVersion
+from cumatrix.execute import provenance as _provenance
 
 #: The environment variables the audit library reads (csrc/audit.c).
 LOG_ENV = "CUMATRIX_AUDIT_LOG"
@@ -570,17 +571,30 @@ class Observation:
     libraries: tuple[MappedLibrary, ...]  # the CUDA libraries mapped
     runtime: ObservedRuntime
     not_used: str | None  # the reason of skipped:runtime-not-used, or None
+    #: Where each of ``libraries`` came from (same order), when the cell's setting is known.
+    provenance: tuple[_provenance.Provenance, ...] = ()
+    #: A runtime from outside both the program and the cell: the cell fails with runtime-leak:PATH.
+    leak: _provenance.Provenance | None = None
+    leak_detail: str | None = None
 
     def fingerprint(self) -> dict[str, object]:
-        """The record's ``libraries``, ``runtime_file`` and ``runtime_version`` (observed, not offered)."""
-        return {"libraries": [m.to_json() for m in self.libraries], "runtime_file": self.runtime.file,
-                "runtime_version": self.runtime.version, "runtime_evidence": self.runtime.evidence}
+        """The record's ``libraries`` (each with where it came from and how the loader found it),
+        ``runtime_file``, ``runtime_version`` (observed, not offered) and ``runtime_origin``."""
+        where = {p.path: p for p in self.provenance}
+        libs = [{**m.to_json(), **({k: v for k, v in where[m.path].to_json().items() if k != "path"}
+                                   if m.path in where else {})} for m in self.libraries]
+        origin = where.get(self.runtime.file) if self.runtime.file else None
+        return {"libraries": libs, "runtime_file": self.runtime.file,
+                "runtime_version": self.runtime.version, "runtime_evidence": self.runtime.evidence,
+                "runtime_origin": origin.to_json() if origin is not None else None}
 
 
 def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "enforced",
-             roots: Mapping[str, Path] = {}) -> Observation:
+             roots: Mapping[str, Path] = {}, setting: _provenance.Setting | None = None) -> Observation:
     """Read a finished job's audit log.  The cell's own file, when it is the runtime mapped,
-    carries the version measured at provisioning (``cudaRuntimeGetVersion``)."""
+    carries the version measured at provisioning (``cudaRuntimeGetVersion``).  With the cell's
+    ``setting``, each library's provenance is traced, and a runtime from outside both the
+    program and the cell is the observation's ``leak``."""
     mapped = read_mapped(plan.log, roots=roots, cuda_only=True)
     if cell is not None and cell.path:
         # The cell's file inside an image is not readable here; its version is known anyway.
@@ -590,5 +604,14 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
     seen = observed_runtime(mapped)
     if cell is not None and cell.path and seen.file and _same_file(seen.file, cell.path):
         seen = ObservedRuntime(file=seen.file, soname=seen.soname, version=cell.version, evidence=seen.evidence)
+    provs: tuple[_provenance.Provenance, ...] = ()
+    leak = detail = None
+    if setting is not None:
+        provs = _provenance.trace(mapped, _provenance.read_searches(plan.log), setting)
+        # Only a cell that offers a runtime of its own can say a runtime came from elsewhere.
+        leak = _provenance.leaked(provs) if cell is not None else None
+        if leak is not None:
+            detail = _provenance.leak_detail(leak, next((m.version for m in mapped if m.path == leak.path), None))
     return Observation(libraries=mapped, runtime=seen,
-                       not_used=runtime_not_used(cell, mapped, mode=mode) if cell is not None else None)
+                       not_used=runtime_not_used(cell, mapped, mode=mode) if cell is not None else None,
+                       provenance=provs, leak=leak, leak_detail=detail)

@@ -14,7 +14,7 @@ import signal
 from collections.abc import Mapping
 from dataclasses import replace
 
-from cumatrix.execute import observe
+from cumatrix.execute import observe, provenance
 from cumatrix.core.jobs import ChildResult
 from cumatrix.core.model import ChildFacts, Observed, Timings
 from cumatrix.core.jobs import Verdict
@@ -63,9 +63,17 @@ def classify(res: ChildResult, *, kind: str) -> Observed:
 
 
 def with_audit(observed: Observed, seen: observe.Observation | None) -> Observed:
-    """A process that used a runtime of another soname than the cell's did not run under the
-    cell's name: ``skipped:runtime-not-used``, naming what it loaded and from where."""
-    if seen is None or seen.not_used is None or observed.outcome == "harness-error":
+    """A process that used a runtime from outside both its own distribution and the cell
+    (the host's toolkit, the loader cache, a stray ``LD_LIBRARY_PATH``) fails:
+    ``runtime-leak:PATH``, saying how the loader found it.  One that used a runtime of another
+    soname than the cell's, its own, did not run under the cell's name:
+    ``skipped:runtime-not-used``, naming what it loaded and from where."""
+    if seen is None or observed.outcome == "harness-error":
+        return observed
+    if seen.leak is not None:
+        return replace(observed, outcome=f"{provenance.OUTCOME_PREFIX}{seen.leak.path}", path=None,
+                       detail=f"{seen.leak_detail}; the process's own outcome: {observed.outcome}")
+    if seen.not_used is None:
         return observed
     return replace(observed, outcome=observe.OUTCOME_NOT_USED, path=None,
                    detail=f"{seen.not_used}; the process's own outcome: {observed.outcome}")

@@ -49,7 +49,7 @@ class Facts:
     #: The cell's command runs under ``sh -c`` (exit 128+N means signal N).
     shell_wrapped: bool = False
     #: What the rtld-audit saw (``libraries``, ``runtime_file``, ``runtime_version``,
-    #: ``runtime_evidence``): the runtime really used, which wins over the one offered.
+    #: ``runtime_evidence``, ``runtime_origin``): the runtime really used, which wins over the one offered.
     observed: Mapping[str, object] = field(default_factory=dict)
 
 
@@ -142,7 +142,8 @@ def fingerprint(observed: Observed, child: ChildResult | None, facts: Facts) -> 
         facts.provisioned_runtime if runtime_file == facts.provisioned_runtime_file else None)
     audit: dict[str, object] = {}
     if facts.observed:  # observed: what the process tree mapped, not what was offered
-        audit = {"libraries": facts.observed.get("libraries"), "runtime_evidence": facts.observed.get("runtime_evidence")}
+        audit = {"libraries": facts.observed.get("libraries"), "runtime_evidence": facts.observed.get("runtime_evidence"),
+                 "runtime_origin": facts.observed.get("runtime_origin")}
         runtime_file = _opt_str(facts.observed.get("runtime_file"))
         seen_version = facts.observed.get("runtime_version")
         runtime_version = cf.runtime_version if cf.runtime_version is not None else (

@@ -283,6 +283,22 @@ def _argv(ctx: _Ctx, path: yamldoc.Path, raw: str | list[Any]) -> tuple[str, ...
     return tuple(words)
 
 
+def _allow_runtime(ctx: _Ctx, path: yamldoc.Path, raw: Sequence[str]) -> tuple[str, ...]:
+    """A case's ``allow_runtime`` entries: absolute paths or globs of runtime files (the schema
+    checked that they are absolute); a directory or a path with ``.``/``..`` segments names no file."""
+    out = []
+    for j, entry in enumerate(raw):
+        if entry.endswith("/"):
+            ctx.err((*path, j), f"cases: allow_runtime: {entry!r} is a directory; name the runtime file "
+                                f"(e.g. {entry}libcudart.so.13) or a glob ({entry}libcudart.so.*)")
+        elif os.path.normpath(entry) != entry:
+            ctx.err((*path, j), f"cases: allow_runtime: {entry!r} is not a plain path (write it as "
+                                f"{os.path.normpath(entry)!r}): mapped paths are compared as written")
+        else:
+            out.append(entry)
+    return tuple(out)
+
+
 def _cases_section(ctx: _Ctx, data: list[Mapping[str, Any]]) -> tuple[Case, ...]:
     out, names = [], []
     for i, c in enumerate(data):
@@ -296,8 +312,9 @@ def _cases_section(ctx: _Ctx, data: list[Mapping[str, Any]]) -> tuple[Case, ...]
         env = tuple((k, ctx.text((*path, "env", k), v)) for k, v in (c.get("env") or {}).items())
         names.append((c["name"], (*path, "name")))
         timeout = c.get("timeout")
+        allow = _allow_runtime(ctx, (*path, "allow_runtime"), c.get("allow_runtime") or ())
         out.append(Case(name=c["name"], argv=argv, timeout=float(timeout) if timeout is not None else None, env=env,
-                        offered=c.get("runtime") == "offered"))
+                        offered=c.get("runtime") == "offered", allow_runtime=allow))
     ctx.unique(names, "case")
     return tuple(out)
 

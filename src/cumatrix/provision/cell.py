@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cumatrix.core.cache import default_table
-from cumatrix.execute import observe
+from cumatrix.execute import observe, provenance
 from cumatrix.provision import runtimes as _runtimes
 from cumatrix.core.errors import CumatrixError
 from cumatrix.core.jobs import Job
@@ -44,11 +44,14 @@ class Audit:
     plan: observe.AuditPlan
     cell: observe.CellRuntime | None
     mode: observe.RuntimeMode
+    #: What the cell intended (its search path, the program's environment, allowed host
+    #: runtimes): where each mapped library came from is judged against it.
+    setting: provenance.Setting | None = None
 
     def conclude(self) -> observe.Observation:
         """What the audit log shows (read once the job is done); the log is removed."""
         try:
-            return observe.conclude(self.plan, self.cell, mode=self.mode)
+            return observe.conclude(self.plan, self.cell, mode=self.mode, setting=self.setting)
         finally:
             self.plan.log.unlink(missing_ok=True)
 
@@ -231,9 +234,24 @@ class Provisioner:
                                       enforce=observe.enforce_rules(cell_rt, mode) if cell_rt else ())
         except observe.AuditError:
             return job, None  # no compiler: the cell runs unobserved
+        setting = self._provenance_setting(cell, job, cell_rt)
         job = dataclasses.replace(job, env=job.env + plan.env, mounts=job.mounts + plan.mounts,
                                   writable=job.writable + plan.writable)
-        return job, Audit(plan=plan, cell=cell_rt, mode=mode)
+        return job, Audit(plan=plan, cell=cell_rt, mode=mode, setting=setting)
+
+    def _provenance_setting(self, cell: Cell, job: Job, cell_rt: observe.CellRuntime | None) -> provenance.Setting:
+        """What ``cell`` intended its processes to load (before the audit's variables are added).
+
+        A command's own Python environment is the program's distribution (read on this host;
+        in a container the paths are the image's, so only the rest applies); a ``site: true``
+        runtime's cell runs in the environment of cumatrix itself."""
+        rt = self.settings.matrix.runtime(cell.runtime) if cell.runtime != NO_RUNTIME else None
+        local = self.settings.backend != "docker"
+        extra = provenance.this_environment() if local and rt is not None and rt.site else ()
+        argv0 = job.argv[0] if local and cell.kind == "command" and job.argv else None
+        return provenance.setting(cell_file=cell_rt.path if cell_rt else None, lib_path=job.lib_path, job_env=job.env,
+                                  argv0=argv0, allow=cell.case.allow_runtime if cell.case else (),
+                                  extra_package_dirs=extra)
 
     def _container_audit_library(self) -> Path:
         """The audit library where a container's non-root user can reach it: the cache is often
