@@ -41,6 +41,17 @@ BAD = [
     ("bad-outcome-word", RT + "drivers: [host]\nexpect:\n  - {runtime: cu12.9, outcome: segfault}\n", 5, 32,
      r"'segfault' is not an outcome"),
     ("missing-drivers", RT, 1, 1, r"missing required key 'drivers'"),
+    ("allow-runtime-relative", RT + "drivers: [host]\ncases:\n  - {name: a, argv: [true], allow_runtime: [lib/libcudart.so.13]}\n",
+     5, 45, r"cases\[0\]\.allow_runtime\[0\]: expected an absolute path or glob \(starting with /, no NUL bytes\), "
+            r"got str 'lib/libcudart\.so\.13'"),
+    ("allow-runtime-directory", RT + "drivers: [host]\ncases:\n  - {name: a, argv: [true], allow_runtime: [/usr/local/cuda-13.0/lib64/]}\n",
+     5, 45, r"allow_runtime: '/usr/local/cuda-13\.0/lib64/' is a directory; name the runtime file"),
+    ("allow-runtime-dotdot", RT + "drivers: [host]\ncases:\n  - {name: a, argv: [true], allow_runtime: [/opt/x/../cuda/libcudart.so.13]}\n",
+     5, 45, r"is not a plain path \(write it as '/opt/cuda/libcudart\.so\.13'\)"),
+    ("allow-runtime-not-a-list", RT + "drivers: [host]\ncases:\n  - {name: a, argv: [true], allow_runtime: /usr/lib/libcudart.so.13}\n",
+     5, 44, r"allow_runtime: expected a list of absolute paths or globs of runtime files"),
+    ("runtime-leak-relative", RT + "drivers: [host]\ncases:\n  - {name: a, argv: [true]}\nexpect:\n  - {case: a, outcome: 'runtime-leak:x'}\n",
+     7, 24, r"'runtime-leak:x' is not an outcome"),
 ]
 
 
@@ -57,6 +68,15 @@ def test_bad_matrix_reports_place_and_exits_2(tmp_path: Path, cli, text: str, li
     assert re.search(rf"^{where}.*{message}", proc.stderr, re.MULTILINE), proc.stderr
     for ln in proc.stderr.strip().splitlines():  # every line is a located problem
         assert ln.startswith(f"{f}:"), ln
+
+
+def test_allow_runtime_and_runtime_leak_outcomes_are_read() -> None:
+    m = M.loads(RT + "drivers: [host]\ncases:\n  - name: a\n    argv: [true]\n"
+                "    allow_runtime: [/usr/local/cuda-13.0/lib64/libcudart.so.13, '/opt/cuda-*/lib*/libcudart.so.*']\n"
+                "expect:\n  - {case: a, outcome: 'runtime-leak:/usr/lib/x86_64-linux-gnu/libcudart.so.13', reason: known}\n",
+                "m.yaml")
+    assert m.cases[0].allow_runtime == ("/usr/local/cuda-13.0/lib64/libcudart.so.13", "/opt/cuda-*/lib*/libcudart.so.*")
+    assert m.expect[0].outcomes == {"runtime-leak:/usr/lib/x86_64-linux-gnu/libcudart.so.13"}
 
 
 def test_every_problem_reported_at_once() -> None:
