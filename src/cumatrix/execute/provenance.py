@@ -311,7 +311,9 @@ def _origin(path: str, f: Found, s: Setting) -> tuple[Origin, str]:
 def _how(f: Found, s: Setting) -> str:
     asked = f" (requested as {f.request} by {f.requester or 'the program'})" if f.request else ""
     if f.step == "rpath":
-        return _rpath_clause(f) + asked
+        clause = _rpath_clause(f)
+        # The RPATH's holder is named already when it is the requester.
+        return clause + (f" (requested as {f.request})" if f.requester and clause.endswith(f.requester) else asked)
     if f.step == "ld_library_path":
         entry = os.path.dirname(f.path)
         who = ("set by the harness" if _under(entry, s.harness_dirs) else
