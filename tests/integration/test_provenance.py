@@ -204,6 +204,31 @@ def test_bundled_cell_and_inherited_runtimes(tmp_path: Path, rts: dict[str, R.Re
     _reports_name(out, str(stray_file), how)
 
 
+def test_a_site_runtime_from_a_host_toolkit_is_the_cells_own(
+        tmp_path: Path, rts: dict[str, R.ResolvedRuntime], cli: Callable[..., subprocess.CompletedProcess[str]]) -> None:
+    """``site: true`` found through $CUDA_HOME (a toolkit installed on the host, used on purpose):
+    its runtime is the cell's, whether the program asks for it by name or through an RPATH
+    that names the toolkit (an nvcc-built extension's ``-rpath $CUDA_HOME/lib64``)."""
+    lib64 = tmp_path / "toolkit" / "lib64"
+    lib64.mkdir(parents=True)
+    shutil.copy2(rts["cu13.0"].libcudart.resolve(), lib64 / "libcudart.so.13.0.96")
+    (lib64 / "libcudart.so.13").symlink_to("libcudart.so.13.0.96")
+    by_name = _shared(tmp_path / "byname" / "_ext.so", DLOPEN_NAME_C, '-DSONAME="libcudart.so.13"', "-ldl")
+    linked = _shared(tmp_path / "nvcc-style" / "_ext.so", NEEDED_C, str(lib64 / "libcudart.so.13"),
+                     "-Wl,--enable-new-dtags", f"-Wl,-rpath,{lib64}")
+    matrix = tmp_path / "site.yaml"
+    matrix.write_text("version: 1\nruntimes: {host-toolkit: {site: true}}\ndrivers: [host]\nprobe: false\ncases:\n"
+                      + "\n".join([_case("by-name", by_name), _case("linked", linked, runtime="offered")]) + "\n")
+    proc = cli("run", matrix, "--out", tmp_path / "out", env={"CUDA_HOME": str(tmp_path / "toolkit")})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    recs = {r["id"].split("/")[-1]: r for r in map(json.loads, (tmp_path / "out" / "results.jsonl").read_text().splitlines())
+            if r.get("type") == "cell"}
+    for name in ("by-name", "linked"):
+        r = recs[name]
+        assert (r["observed"]["outcome"], r["stdout_tail"].strip()) == ("ok", "13000"), (name, r["observed"])
+        assert _runtime_lib(r)["origin"] == "cell", name
+
+
 # ------------------------------------------------------------------ torch, CuPy, JAX: their own CUDA 13 in a cu12.9 cell
 
 

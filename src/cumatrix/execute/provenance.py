@@ -40,8 +40,10 @@ from typing import Literal, Protocol
 Step = Literal["rpath", "ld_library_path", "ld.so.cache", "default", "secure", "path", "enforced", "unknown"]
 #: ``cell``: the cell's own runtime (or a directory the harness put first);
 #: ``bundled``: inside the program's own distribution; ``allowed``: outside, but named by
-#: the case's ``allow_runtime``; ``outside``: neither, a leak.
-Origin = Literal["cell", "bundled", "allowed", "outside"]
+#: the case's ``allow_runtime``; ``driver``: the host's driver (``libcuda``, ``libnvidia-*``),
+#: which every cell runs on; ``outside``: none of these, a leak.
+Origin = Literal["cell", "bundled", "allowed", "driver", "outside"]
+_DRIVER = re.compile(r"^lib(?:cuda\.so|nvidia-)")
 
 OUTCOME_PREFIX = "runtime-leak:"
 
@@ -275,9 +277,13 @@ def _origin(path: str, f: Found, s: Setting) -> tuple[Origin, str]:
         return "allowed", f"named by the case's allow_runtime ({hit})"
     if f.step == "enforced":
         return "cell", "the harness's enforcement of the cell's runtime"
-    harness_dir = _under(os.path.dirname(path), s.harness_dirs) if f.step == "ld_library_path" else None
+    # The cell's runtime directory (a wheel's, a site runtime's toolkit lib64) or the driver
+    # interposer's: what lies there is the cell's, however it was reached.
+    harness_dir = _under(os.path.dirname(path), s.harness_dirs)
     if harness_dir is not None:
-        return "cell", f"a directory the harness put on LD_LIBRARY_PATH ({harness_dir})"
+        return "cell", f"a directory the harness put on LD_LIBRARY_PATH for the cell ({harness_dir})"
+    if _DRIVER.match(os.path.basename(path)):
+        return "driver", "the host's driver, which every cell runs on"
     inherited = f.step == "ld_library_path" and _under(os.path.dirname(path), s.case_dirs) is None
     tree = package_tree(path)
     if tree is not None:
