@@ -256,12 +256,17 @@ def test_wheel_layouts_of_torch_cupy_and_jax_are_bundled(tmp_path: Path, rts: di
     _, other_site = _venv(tmp_path / "other-env")
     other = _copy_runtime(cu13, other_site / "nvidia" / "cu13" / "lib")
     wrong = _shared(tmp_path / "loose" / "_ext.so", DLOPEN_PATH_C, f'-DRELATIVE="{other}"', "-ldl")
+    # cuda-pathfinder (CuPy, cuda-bindings): ctypes.CDLL of the absolute path, from Python itself.
+    pathfinder = json.dumps({"name": "cupy-env", "argv": [str(python), "-c", (
+        "import ctypes; v = ctypes.c_int(); "
+        f"ctypes.CDLL({str(libcudart)!r}).cudaRuntimeGetVersion(ctypes.byref(v)); print(v.value)")]})
     _, recs, _ = _run(tmp_path, cli, [
         _case("torch-env", torch, str(python)),   # the environment's own interpreter
         _case("torch-plain", torch),              # the host's python3: the same environment's packages still
         _case("jax-env", jax, str(python)),
+        "  - " + pathfinder,
         _case("other-env", wrong, str(python))])
-    for name, step in (("torch-env", "rpath"), ("torch-plain", "rpath"), ("jax-env", "path")):
+    for name, step in (("torch-env", "rpath"), ("torch-plain", "rpath"), ("jax-env", "path"), ("cupy-env", "path")):
         r = recs[name]
         assert (r["observed"]["outcome"], r["status"], r["stdout_tail"].strip()) == \
             ("skipped:runtime-not-used", "skip", "13000"), (name, r["observed"])
@@ -270,6 +275,7 @@ def test_wheel_layouts_of_torch_cupy_and_jax_are_bundled(tmp_path: Path, rts: di
         assert (os.path.normpath(str(lib["path"])), lib["origin"], lib["found_by"]) == \
             (str(libcudart), "bundled", step), name
     assert "inside the program's own environment" in _runtime_lib(recs["torch-env"])["why"]
+    assert "inside the program's own environment" in _runtime_lib(recs["cupy-env"])["why"]
     assert "a package of the same environment as" in _runtime_lib(recs["torch-plain"])["why"]
     o = recs["other-env"]
     assert (o["observed"]["outcome"], o["status"]) == (f"runtime-leak:{other}", "fail")

@@ -30,7 +30,8 @@ examples:
 
 outcome words: ok (path batch|fallback|kernel|n/a), cuda-error:N, undefined-symbol:SYM,
 build-error, crash:SIGNAME, exit:N, timeout, cannot-emulate, refused, skipped:REASON,
-harness-error. A cell passes when what it did is in its expected set.
+harness-error, runtime-leak:PATH (a runtime from outside both the program and the cell).
+A cell passes when what it did is in its expected set.
 """
 
 EPILOG_CALIBRATE = """\
