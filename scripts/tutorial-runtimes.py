@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from cumatrix import runtimes as R  # noqa: E402
+from cumatrix.provision import runtimes as R  # noqa: E402
 
 CU129 = "nvidia-cuda-runtime-cu12==12.9.79"
 CU130 = "nvidia-cuda-runtime==13.0.96"
