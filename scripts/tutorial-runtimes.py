@@ -213,6 +213,16 @@ def page(demo: Path, cmds: dict[str, list[str]], srcs: dict[str, str], matrix: s
                   "refused by `cumatrix validate` with `file:line:col`.\n"]
         assert case["status"] != "fail", case
     parts += [textwrap.dedent("""\
+        ## torch, JAX and CuPy
+
+        They are `bundled`: torch's `libtorch_global_deps.so` and JAX's CUDA plugin reach
+        `site-packages/nvidia/cu13/lib/libcudart.so.13` through their `RUNPATH`
+        (`$ORIGIN/../../nvidia/cu13/lib`), inside the interpreter's own environment; CuPy maps no
+        libcudart (its runtime is linked statically). `tests/unit/test_provenance_gpu_logs.py` holds
+        the rtld-audit logs of the three on an NVIDIA H200 host whose loader cache also lists a CUDA 13
+        toolkit, and checks that verdict; `tests/integration/test_provenance.py` builds the same
+        layouts with gcc on any host.
+
         ## In the reports
 
         `runtime-leak:PATH` is a mismatch like any other: `summary.md` lists it under Mismatches with
