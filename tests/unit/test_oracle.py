@@ -24,6 +24,8 @@ from cumatrix.core.model import (
     Expected,
     Observed,
     Workload,
+    is_neutral,
+    outcome_kind,
 )
 from cumatrix.predict.oracle import HostFacts, cuda_for_driver, expect
 
@@ -186,6 +188,20 @@ def test_section4_observed_error_103_is_reconciled_to_cannot_emulate() -> None:
 def test_section4_cannot_emulate_is_never_pass_or_fail(expected: str) -> None:
     e = Expected(outcomes=frozenset({expected}), reason="whatever the oracle said")
     assert verdict(e, Observed(outcome="cannot-emulate"))[0] == "skip"
+
+
+def test_a_leaked_runtime_fails_even_where_the_pairing_cannot_be_emulated() -> None:
+    """Under an emulated driver that a CUDA 12 runtime detects, a cell's own outcome does not
+    count (cannot-emulate); a runtime leaked from the host is the program's fault on any driver."""
+    host = on("13.0")
+    cell = Cell(kind="command", runtime="cu12.9", driver="emulated-12.4", case=Case(name="ext", argv=("python3",)))
+    e = Expected(outcomes=frozenset({"cannot-emulate"}), reason="a CUDA 12 runtime detects the interposer")
+    leak = Observed(outcome="runtime-leak:/usr/local/cuda-13.0/lib64/libcudart.so.13", detail="found through ld.so.cache")
+    assert reconcile(cell, leak, host, e) == leak
+    assert reconcile(cell, Observed(outcome="ok", path="n/a"), host, e).outcome == "cannot-emulate"
+    v = decide(cell, e, leak, Facts(host=host))
+    assert v.status == "fail" and "observed runtime-leak:/usr/local/cuda-13.0/lib64/libcudart.so.13" in str(v.mismatch)
+    assert outcome_kind(leak.outcome).value == "runtime-leak" and not is_neutral(leak.outcome)
 
 
 def test_section4_error_103_at_the_real_drivers_version_stays_an_error() -> None:

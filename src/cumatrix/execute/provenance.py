@@ -129,6 +129,8 @@ class Setting:
 
 
 class Mapped(Protocol):
+    """A mapped object as :func:`trace` needs it (``observe.MappedLibrary`` is one)."""
+
     @property
     def path(self) -> str: ...
     @property

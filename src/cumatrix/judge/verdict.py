@@ -101,7 +101,9 @@ def shell_signal(observed: Observed) -> Observed:
 
 def reconcile(cell: Cell, observed: Observed, host: oracle.HostFacts, expected: Expected) -> Observed:
     """Map observations that mean "this pairing cannot be emulated" to ``cannot-emulate``."""
-    if expected.outcomes == {"cannot-emulate"} and not observed.outcome.startswith(("skipped:", "harness-error")):
+    # A leaked runtime is the program's fault on any driver: emulation does not excuse it.
+    if expected.outcomes == {"cannot-emulate"} and not observed.outcome.startswith(
+            ("skipped:", "harness-error", "runtime-leak:")):
         shown = f"observed {observed.outcome}" + (f" (path {observed.path})" if observed.path else "")
         return replace(observed, outcome="cannot-emulate", detail=f"{shown}; {expected.reason}")
     d = oracle.effective_driver(cell, host)
