@@ -367,6 +367,31 @@ def test_a_host_toolkit_on_the_cases_own_search_path_is_a_leak_unless_allowed(
     assert _runtime_lib(a)["origin"] == "allowed"
 
 
+def test_an_rpath_is_the_programs_own_when_relative_to_its_file_wherever_it_is_installed(
+        tmp_path: Path, toolkit_dir: Path) -> None:
+    """A program installed under /usr/local/lib with its runtime beside it ($ORIGIN) brings its
+    own; one whose RUNPATH names a toolkit directory by its absolute path uses the host's."""
+    app = Path(f"/usr/local/lib/cumatrix-test-{uuid.uuid4().hex[:8]}")
+    try:
+        ext = _shared(app / "ext.so", NEEDED_C, "-Wl,--unresolved-symbols=ignore-all", "-Wl,--enable-new-dtags",
+                      "-Wl,-rpath,$ORIGIN/lib")
+        nvcc = _shared(app / "nvcc.so", NEEDED_C, "-Wl,--unresolved-symbols=ignore-all", "-Wl,--enable-new-dtags",
+                       f"-Wl,-rpath,{toolkit_dir}")
+        own, host = f"{app}/lib/libcudart.so.13", f"{toolkit_dir}/libcudart.so.13"
+        lib = {own: P.Found(path=own, step="rpath", request="libcudart.so.13", requester=str(ext)),
+               host: P.Found(path=host, step="rpath", request="libcudart.so.13", requester=str(nvcc))}
+
+        class M:
+            def __init__(self, path: str) -> None:
+                self.path, self.name = path, "libcudart.so.13"
+
+        a, b = P.trace([M(own), M(host)], lib, P.Setting(cell_file="/rt/libcudart.so.12"))
+        assert (a.origin, a.how) == ("bundled", f"found through DT_RUNPATH $ORIGIN/lib of {ext} (requested as libcudart.so.13)")
+        assert (b.origin, b.why) == ("outside", "the program's RPATH/RUNPATH names a host toolkit or system directory")
+    finally:
+        shutil.rmtree(app, ignore_errors=True)
+
+
 # ------------------------------------------------------------------ the rules on their own
 
 

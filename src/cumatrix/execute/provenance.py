@@ -244,14 +244,22 @@ def _search_paths(obj: str) -> tuple[tuple[str, str, str], ...]:
     return tuple(out)
 
 
-def _rpath_clause(found: Found) -> str:
+def _rpath_entry(found: Found) -> tuple[str, str] | None:
+    """(tag, entry as written) of the requester's DT_RPATH/DT_RUNPATH entry that found it, if
+    the requester's own (the loader also searches the DT_RPATH of the objects that loaded it)."""
     directory = os.path.normpath(os.path.dirname(found.path))
-    holder = found.requester or "the program"
     if found.requester:
         for tag, entry, d in _search_paths(found.requester):
             if d == directory or _same(d, directory):
-                return f"found through {tag} {entry} of {found.requester}"
-    return f"found through DT_RPATH/DT_RUNPATH (searched for {holder})"
+                return tag, entry
+    return None
+
+
+def _rpath_clause(found: Found) -> str:
+    hit = _rpath_entry(found)
+    if hit is not None:
+        return f"found through {hit[0]} {hit[1]} of {found.requester}"
+    return f"found through DT_RPATH/DT_RUNPATH (searched for {found.requester or 'the program'})"
 
 
 # --------------------------------------------------------------------------- the verdict
@@ -301,6 +309,12 @@ def _origin(path: str, f: Found, s: Setting) -> tuple[Origin, str]:
         return "outside", "a host library directory"
     if inherited:
         return "outside", "an LD_LIBRARY_PATH entry inherited from the environment cumatrix ran in"
+    if f.step == "rpath" and not _TOOLKIT.match(os.path.normpath(path)):
+        hit = _rpath_entry(f)
+        if hit is not None and "ORIGIN" in hit[1]:
+            # Relative to the requester's own file: a program installed under /usr or /opt
+            # with its runtime beside it still brings its own.
+            return "bundled", f"the program's own {hit[0]} names it relative to {f.requester}"
     if host_location(path):
         if f.step == "ld_library_path":
             return "outside", "the case's LD_LIBRARY_PATH names a host toolkit or system directory"
