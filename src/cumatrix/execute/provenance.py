@@ -310,11 +310,11 @@ def _origin(path: str, f: Found, s: Setting) -> tuple[Origin, str]:
     if inherited:
         return "outside", "an LD_LIBRARY_PATH entry inherited from the environment cumatrix ran in"
     if f.step == "rpath" and not _TOOLKIT.match(os.path.normpath(path)):
-        hit = _rpath_entry(f)
-        if hit is not None and "ORIGIN" in hit[1]:
+        entry = _rpath_entry(f)
+        if entry is not None and "ORIGIN" in entry[1]:
             # Relative to the requester's own file: a program installed under /usr or /opt
             # with its runtime beside it still brings its own.
-            return "bundled", f"the program's own {hit[0]} names it relative to {f.requester}"
+            return "bundled", f"the program's own {entry[0]} names it relative to {f.requester}"
     if host_location(path):
         if f.step == "ld_library_path":
             return "outside", "the case's LD_LIBRARY_PATH names a host toolkit or system directory"
