@@ -243,6 +243,11 @@ OUTCOME_MEANINGS = {
                "`skipped:needs-docker`, `skipped:runtime-not-used`, ...): neither pass nor fail.",
     "harness-error": "cumatrix itself failed for this cell (a sandbox that was asked for and is missing, a "
                      "malformed verdict): not the code under test.",
+    "runtime-leak": "`runtime-leak:PATH`: the process used the CUDA runtime at PATH, from outside both its own "
+                    "distribution and the cell (a host toolkit, the loader cache, an `LD_LIBRARY_PATH` entry the "
+                    "harness did not set, another environment's wheel): a failure, whose detail says how the "
+                    "loader found it. A case's `allow_runtime` names host runtimes used on purpose. See "
+                    "[Where the runtime came from](../tutorial-runtimes.md).",
 }
 
 
