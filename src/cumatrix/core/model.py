@@ -177,6 +177,9 @@ class Host:
     driver: str
     label: str
     cuda: CudaVersion | None = None
+    #: Slurm: the partition and the --constraint (node features) of this host's array task.
+    partition: str | None = None
+    constraint: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

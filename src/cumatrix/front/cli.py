@@ -58,6 +58,10 @@ examples:
     "merge": """\
 examples:
   cumatrix merge out-h200 out-a100 --out merged   # one report from the runs of two hosts
+  cumatrix merge out/* --out merged --matrix matrix.yaml   # every cell of matrix.yaml is expected
+
+exit status: 0 every planned cell ran and met its expectation; 1 a cell did not, or a host of
+the plan left cells unrun (named); 2 bad input.
 """,
     "doctor": """\
 examples:
@@ -135,6 +139,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         KeywordExpression.compile(args.keyword)  # a malformed -k is bad input (exit 2) before anything runs
     m = _matrix.load(mpath)
+    if args.host is not None and m.hosts:
+        from cumatrix.front.plan import planned_cells
+
+        names = planned_cells(m).host_names  # a matrix that cannot be planned is bad input (exit 2)
+        if args.host not in names:
+            raise UsageError(f"--host {args.host}: {mpath} plans the hosts {', '.join(names)}; "
+                             "name one of them (the run takes the cells the plan gives it)")
     if args.wheel_dir and not Path(args.wheel_dir).is_dir():
         raise UsageError(f"--wheel-dir {args.wheel_dir}: no such directory")
     _preflight(args, m, mpath)
@@ -284,7 +295,9 @@ def add_run(sub: Any) -> None:
     p.add_argument("--wheel-dir", metavar="DIR", help="take runtime wheels from DIR; no network")
     p.add_argument("--timeout", type=float, metavar="S", help="kill a cell after S seconds (default 300)")
     p.add_argument("--base-image", metavar="IMAGE", help="docker: base image for runtime images")
-    p.add_argument("--host", metavar="NAME", help="tag results with this host name (for `cumatrix merge`)")
+    p.add_argument("--host", metavar="NAME",
+                   help="run as this host: tag results with its name (for `cumatrix merge`) and, when the "
+                        "matrix has a hosts: section, run only the cells `cumatrix plan` gives it")
     p.add_argument("--junitxml", metavar="FILE", help="also write pytest's own JUnit file")
     p.add_argument("--require-gpu", action="store_true",
                    help="a cell skipped for want of a GPU fails (nightly jobs on GPU runners; also "
@@ -352,13 +365,31 @@ def cmd_merge(args: argparse.Namespace) -> int:
     for d in dirs:
         if not (d / "results.jsonl").is_file():
             raise UsageError(f"{d}: no results.jsonl here (merge takes the --out directories of runs)")
-    run = merge_runs(dirs, host_names=None)
+    plan = None
+    if args.matrix:
+        from cumatrix.load import matrix as _matrix
+        from cumatrix.front.plan import planned_cells
+
+        plan = planned_cells(_matrix.load(_matrix_arg(args.matrix)))
+    run = merge_runs(dirs, host_names=None, plan=plan)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for p in write_all(run, out):
         print(p)
     print(headline(run), file=sys.stderr)
-    return 0
+    return merge_status(run)
+
+
+def merge_status(run: Any) -> int:
+    """0 when the merged runs are a PASS (or every cell skipped, as ``run`` exits then); 1 when
+    a cell missed its expectation or a planned cell was not run, naming each host that left
+    cells unrun."""
+    from cumatrix.report.markdown import not_run_by_host
+
+    who = not_run_by_host(run)
+    if who:
+        print(f"cumatrix: merge incomplete: {who}", file=sys.stderr)
+    return 1 if run.verdict in ("FAIL", "INCOMPLETE") else 0
 
 
 # --------------------------------------------------------------------------- doctor, build
@@ -412,6 +443,9 @@ def add_misc(sub: Any) -> None:
                        epilog=EPILOGS["merge"], formatter_class=raw)
     p.add_argument("dirs", nargs="+", metavar="DIR", help="--out directories of runs of the same matrix")
     p.add_argument("--out", required=True, metavar="DIR", help="write the merged reports here")
+    p.add_argument("--matrix", metavar="FILE",
+                   help="the matrix the runs ran: every cell it (or its hosts: plan) means to run is expected; "
+                        "for runs that did not record their plan")
     p.set_defaults(func=cmd_merge)
 
     p = sub.add_parser("doctor", help="check every tool and service a feature needs; say how to fix each",

@@ -10,46 +10,70 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from cumatrix.load import matrix as _matrix
 from cumatrix.core.errors import ConfigError, Problem
-from cumatrix.core.model import CudaVersion, Host
+from cumatrix.core.model import Cell, CudaVersion, Host, Matrix
+from cumatrix.core.planned import PlannedCells, planned_from_json
+from cumatrix.load import matrix as _matrix
 from cumatrix.predict.oracle import cuda_for_driver
+
+__all__ = ["PlannedCells", "assign", "github_matrix", "host_cuda", "plan", "planned_cells", "planned_from_json"]
 
 
 def host_cuda(h: Host) -> CudaVersion:
+    """The newest CUDA the host's driver supports (its ``cuda:`` key, else NVIDIA's table)."""
     return h.cuda or cuda_for_driver(h.driver)
 
 
-def plan(path: Path) -> dict[str, Any]:
-    m = _matrix.load(path)
+def assign(m: Matrix, path: Path | str) -> list[tuple[Host, list[str]]]:
+    """Each host of ``m.hosts`` (oldest driver first) with the drivers it runs.
+
+    Raises :class:`ConfigError` when the matrix has no hosts, a driver no host can emulate,
+    or a host that would run nothing.
+    """
     if not m.hosts:
         raise ConfigError([Problem(str(path), 1, 1, "plan needs a `hosts:` section (name: {driver: '580.159', label: RUNNER})")])
-    cells = _matrix.cells(m)
-    drivers_used = {c.driver for c in cells}
+    drivers_used = {c.driver for c in _matrix.cells(m)}
     hosts = sorted(m.hosts, key=lambda h: (host_cuda(h), h.name))
-    assign: dict[str, list[str]] = {h.name: [] for h in hosts}
+    chosen: dict[str, list[str]] = {h.name: [] for h in hosts}
     if "host" in drivers_used:
         for h in hosts:
-            assign[h.name].append("host")
+            chosen[h.name].append("host")
     for d in m.drivers:
         if d.emulated is None or d.name not in drivers_used:
             continue
         able = [h for h in hosts if host_cuda(h) >= d.emulated]
         if not able:
             raise ConfigError([Problem(str(path), 1, 1, f"no host can emulate {d.name}: every host's driver is older")])
-        assign[able[0].name].append(d.name)
-    idle = [h.name for h in hosts if not assign[h.name]]
+        chosen[able[0].name].append(d.name)
+    idle = [h.name for h in hosts if not chosen[h.name]]
     if idle:
         raise ConfigError([Problem(str(path), 1, 1, f"host {n!r} runs no cell of this matrix: remove it, or add drivers it should run")
                            for n in idle])
+    return [(h, chosen[h.name]) for h in hosts]
+
+
+def plan(path: Path) -> dict[str, Any]:
+    """Which drivers and how many cells each host of the matrix at ``path`` runs."""
+    m = _matrix.load(path)
+    cells = _matrix.cells(m)
     entries = []
-    for h in hosts:
-        ds = assign[h.name]
+    for h, ds in assign(m, path):
         ids = [c.id for c in cells if c.driver in ds]
         k = " or ".join(f"/{d}/" for d in ds)
         entries.append({"host": h.name, "runner": h.label, "driver": h.driver, "cuda": str(host_cuda(h)),
-                        "drivers": ds, "k": k, "cells": len(ids)})
+                        "drivers": ds, "k": k, "cells": len(ids),
+                        **({"partition": h.partition} if h.partition else {}),
+                        **({"constraint": h.constraint} if h.constraint else {})})
     return {"matrix": str(path), "matrix_sha256": m.sha256, "hosts": entries, "cells_total": len(cells)}
+
+
+def planned_cells(m: Matrix, cells: list[Cell] | None = None) -> PlannedCells:
+    """The plan of ``m`` (its ``hosts:`` assignment), or every cell for any host when it has none."""
+    cells = _matrix.cells(m) if cells is None else cells
+    if not m.hosts:
+        return PlannedCells(matrix_sha256=m.sha256, hosts=((None, tuple(c.id for c in cells)),))
+    return PlannedCells(matrix_sha256=m.sha256,
+                        hosts=tuple((h.name, tuple(c.id for c in cells if c.driver in ds)) for h, ds in assign(m, m.path)))
 
 
 def github_matrix(data: dict[str, Any]) -> dict[str, Any]:

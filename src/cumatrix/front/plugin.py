@@ -33,11 +33,13 @@ from cumatrix.core.model import Cell, Matrix
 from cumatrix.orchestrate import Orchestrator, end_record, run_header
 from cumatrix.core.record import STATUSES, CellRecord
 from cumatrix.results.store import LazyDigests, Store, cell_digests, dumps
+from cumatrix.front.plan import PlannedCells, planned_cells
 
 _ORCHESTRATORS = pytest.StashKey[dict[str, Orchestrator]]()
 _PROGRESS = pytest.StashKey[dict[str, Any]]()
 #: ``(cell id, provision key)`` of every selected cell, in run order (for xdist scheduling).
 _SELECTED = pytest.StashKey[list[tuple[str, str]]]()
+_PLANS = pytest.StashKey[dict[str, "PlannedCells | None"]]()
 #: The run's store, opened once by the controller (a cell's record is appended as it finishes).
 _STORE = pytest.StashKey[Store]()
 MATRIX_SUFFIXES = (".yaml", ".yml")
@@ -308,14 +310,44 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             items[:] = cells + items
 
 
+def _plan_of(config: pytest.Config, path: Path) -> PlannedCells | None:
+    """The plan of the matrix at ``path`` (every cell, or its ``hosts:`` assignment), once per
+    process; None when the matrix cannot be planned (``cumatrix run`` said so before)."""
+    found = config.stash.setdefault(_PLANS, {})
+    key = str(path)
+    if key not in found:
+        try:
+            found[key] = planned_cells(_matrix.load(path))
+        except ConfigError:
+            found[key] = None
+    return found[key]
+
+
+def _host_share(config: pytest.Config, path: Path) -> frozenset[str] | None:
+    """--host naming a host of the matrix's plan: the cell ids the plan gives it (else None)."""
+    host = config.getoption("cumatrix_host")
+    plan = _plan_of(config, path) if host else None
+    ids = plan.for_host(host) if plan is not None and host else None
+    return frozenset(ids) if ids is not None else None
+
+
 def _select_cells(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """-k of cumatrix run (--cumatrix-keyword), and --resume: the cells this process runs."""
+    """-k of cumatrix run (--cumatrix-keyword), --host of a plan, and --resume: the cells this
+    process runs."""
     expr = _keyword(config) if config.getoption("cumatrix_keyword") else None
-    if expr is not None:
+    shares = {p: _host_share(config, p) for p in {it.path for it in items if isinstance(it, CellItem)}} \
+        if config.getoption("cumatrix_host") else {}
+    if expr is not None or any(s is not None for s in shares.values()):
         # The controller matched every cell already (_selected); a worker matches them here.
         ids = {cid for cid, _ in config.stash.get(_SELECTED, ())} if _SELECTED in config.stash else None
+
+        def wanted(it: CellItem) -> bool:
+            share = shares.get(it.path)
+            return ((share is None or it.cell.id in share)
+                    and (expr is None or expr.matches(it.cell.id, it.path.name)))
+
         chosen = [it for it in items if not isinstance(it, CellItem)
-                  or (it.cell.id in ids if ids is not None else expr.matches(it.cell.id, it.path.name))]
+                  or (it.cell.id in ids if ids is not None else wanted(it))]
         if len(chosen) < len(items):
             kept = {id(it) for it in chosen}
             config.hook.pytest_deselected(items=[it for it in items if id(it) not in kept])
@@ -353,11 +385,18 @@ def _selected(config: pytest.Config) -> list[tuple[Matrix, list[Cell]]]:
             m = _matrix.load(p)
         except ConfigError:
             continue
-        cells = [c for c in _matrix.cells(m) if expr is None or expr.matches(c.id, p.name)]
+        share = _host_share(config, p)
+        cells = [c for c in _matrix.cells(m) if (expr is None or expr.matches(c.id, p.name))
+                 and (share is None or c.id in share)]
         selected += [(c.id, _schedule.provision_key(c)) for c in cells]
         out.append((m, cells))
     config.stash[_SELECTED] = selected
     return out
+
+
+def _plan_json(config: pytest.Config, m: Matrix) -> dict[str, object] | None:
+    plan = _plan_of(config, Path(m.path))
+    return plan.to_json() if plan is not None else None
 
 
 def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
@@ -395,7 +434,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
                     tr.write_line(f"cumatrix: warning: {w}")
         store.append(run_header(m, [c.id for c in cells], backend=config.getoption("cumatrix_backend"),
                                 argv=list(config.invocation_params.args), host=config.getoption("cumatrix_host"),
-                                fingerprint=fp, run_id=uuid.uuid4().hex[:12]))
+                                fingerprint=fp, run_id=uuid.uuid4().hex[:12],
+                                plan=_plan_json(config, m)))
         config.stash[_PROGRESS] = {"total": len(cells), "done": 0, "t0": time.monotonic()}
     config.stash[_DIGESTS] = digests
 

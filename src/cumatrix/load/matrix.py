@@ -330,7 +330,8 @@ def _hosts_section(ctx: _Ctx, data: Mapping[str, Any]) -> tuple[Host, ...]:
         cuda = ctx.version(("hosts", name, "cuda"), h["cuda"]) if "cuda" in h else None
         if "cuda" in h and cuda is None:
             continue
-        out.append(Host(name=name, driver=drv, label=h.get("label", name), cuda=cuda))
+        out.append(Host(name=name, driver=drv, label=h.get("label", name), cuda=cuda,
+                        partition=h.get("partition"), constraint=h.get("constraint")))
     return tuple(out)
 
 

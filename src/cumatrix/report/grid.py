@@ -90,12 +90,12 @@ def entries(run: RunData) -> list[Entry]:
                 cell=cell,
             )
         )
-    for cid in run.not_run:
+    for cid, where in run.not_run_where():
         out.append(
             Entry(
                 index=len(out),
                 id=cid,
-                host=NO_HOST if run.merged else None,
+                host=(where or NO_HOST) if run.merged or where else None,
                 axes=axes_from_id(cid),
                 category="not-run",
                 label="not run",

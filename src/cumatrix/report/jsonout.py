@@ -65,7 +65,9 @@ def _head(run: RunData) -> dict[str, object]:
         },
         "runs": [r.to_json() for r in run.runs],
         "hosts": list(run.hosts),
-        "not_run": [{"id": cid, "axes": axes_from_id(cid)} for cid in run.not_run],
+        "not_run": [{"id": cid, "axes": axes_from_id(cid), "outcome": "not-run", "host": host}
+                    for cid, host in run.not_run_where()],
+        "missing_hosts": list(run.missing_hosts),
         "warnings": list(run.warnings),
         "extra": [dict(e) for e in run.extra],
     }

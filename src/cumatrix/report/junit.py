@@ -76,15 +76,15 @@ def _case(cell: CellResult) -> ET.Element:
     return tc
 
 
-def _not_run_case(cell_id: str) -> ET.Element:
+def _not_run_case(cell_id: str, host: str | None) -> ET.Element:
     axes = axes_from_id(cell_id)
     tc = ET.Element(
         "testcase",
-        classname=_classname(axes.get("runtime", "?"), axes.get("driver", "?"), None),
+        classname=_classname(axes.get("runtime", "?"), axes.get("driver", "?"), host),
         name=clean(cell_id),
         time="0.000",
     )
-    ET.SubElement(tc, "skipped", message="not run")
+    ET.SubElement(tc, "skipped", message=f"not run: host {host} did not run it" if host else "not run")
     return tc
 
 
@@ -122,8 +122,8 @@ def to_xml(run: RunData) -> ET.ElementTree:
     )
     for cell in run.cells:
         suite.append(_case(cell))
-    for cid in run.not_run:
-        suite.append(_not_run_case(cid))
+    for cid, host in run.not_run_where():
+        suite.append(_not_run_case(cid, host))
     _static_suites(root, run)
     ET.indent(root)
     return ET.ElementTree(root)

@@ -26,9 +26,38 @@ def why_not_run(run: RunData) -> str:
     c = run.counts
     parts = [f"{n} {reason}" for reason, n in c.skip_reasons]
     if c.not_run:
-        cause = "the run was interrupted first" if run.interrupted else "no host ran them"
+        by_host = not_run_by_host(run) if run.merged or run.missing_hosts else ""
+        cause = by_host or ("the run was interrupted first" if run.interrupted else "no host ran them")
         parts.append(f"{c.not_run} not run ({cause})")
     return ", ".join(parts)
+
+
+def not_run_by_host(run: RunData) -> str:
+    """Which host of the plan left cells unrun: ``host a100-550 never ran (12 cells)``."""
+    out = []
+    for host, n, planned in run.incomplete_hosts():
+        if host in run.missing_hosts:
+            out.append(f"host {host} never ran its {n} planned cells")
+        else:
+            out.append(f"host {host} did not run {n} of its {planned} planned cells")
+    return "; ".join(out)
+
+
+_MAX_NOT_RUN_LISTED = 50
+
+
+def _not_run(run: RunData) -> list[str]:
+    where = run.not_run_where()
+    if not where or not (run.merged or run.missing_hosts):
+        return []  # a single run's unrun cells are in its grids; a merge names who should have run them
+    out = [f"### ⏸ Not run ({len(where)})", ""]
+    for cid, host in where[:_MAX_NOT_RUN_LISTED]:
+        who = f"host {md_inline(host)}" if host else "any host"
+        out.append(f"- {md_code(cid)}: not-run — {who} should have run it")
+    if len(where) > _MAX_NOT_RUN_LISTED:
+        out.append(f"- … and {len(where) - _MAX_NOT_RUN_LISTED} more: see results.json")
+    out.append("")
+    return out
 
 
 def headline(run: RunData) -> str:
@@ -75,8 +104,10 @@ def _meta(run: RunData) -> list[str]:
         bits.append(f"cumatrix {md_inline(head.harness_version)}")
     if head.backend:
         bits.append(f"backend {md_inline(head.backend)}")
-    if run.merged:
+    if run.merged or run.missing_hosts:
         bits.append("hosts " + ", ".join(md_inline(h) for h in run.hosts))
+        if run.missing_hosts:
+            bits.append("no run from " + ", ".join(md_inline(h) for h in run.missing_hosts))
     else:
         if fp.get("driver_string"):
             bits.append(f"driver {md_inline(str(fp['driver_string']))}")
@@ -201,6 +232,7 @@ def to_markdown(run: RunData) -> str:
     lines += _meta(run)
     lines.append("")
     lines += _mismatches(run)
+    lines += _not_run(run)
     lines += _grids(run)
     lines += _speed(run)
     others = [e for e in run.extra if e.get("type") != "static"]

@@ -7,15 +7,22 @@ from pathlib import Path
 
 from cumatrix.core.errors import ConfigError
 from cumatrix.report.records import CellResult, RunData, RunInfo, load_records
+from cumatrix.core.planned import PlannedCells
 
 
-def merge_runs(dirs: list[Path], *, host_names: list[str] | None = None) -> RunData:
+def merge_runs(dirs: list[Path], *, host_names: list[str] | None = None,
+               plan: PlannedCells | None = None) -> RunData:
     """Merge the ``results.jsonl`` of each directory into one :class:`RunData`.
 
     Every run must be of the same matrix (by sha256), else :class:`ConfigError` naming
     both files and hashes.  Each cell is tagged with its host: ``host_names[i]`` when
     given, else the run header's ``host``, else the directory name.  A cell run by several
-    hosts keeps one record per host; a cell of the matrix that no host ran is ``not run``.
+    hosts keeps one record per host.
+
+    What should have run comes from ``plan`` (``merge --matrix``), else from the plan the
+    runs recorded, else from the cells their headers list.  Every planned cell that its host
+    did not run is ``not run``, with that host; a host of the plan with no run among ``dirs``
+    is in ``missing_hosts``.
     """
     if not dirs:
         raise ConfigError("merge: no run directories given")
@@ -25,7 +32,13 @@ def merge_runs(dirs: list[Path], *, host_names: list[str] | None = None) -> RunD
     loaded = [_load(d, host_names[i] if host_names else None) for i, d in enumerate(dirs)]
     _check_same_matrix(loaded)
     _check_distinct_hosts(loaded)
-    return _combine(loaded)
+    if plan is not None and plan.matrix_sha256 != loaded[0][1].header.matrix_sha256:
+        first_file, first, _ = loaded[0]
+        raise ConfigError(f"merge: --matrix has sha256 {plan.matrix_sha256}, but {first_file} ran {first.header.matrix} "
+                          f"(sha256 {first.header.matrix_sha256}): name the matrix file these runs ran")
+    if plan is None:
+        plan = next((info.plan for _, run, _ in loaded for info in run.runs if info.plan is not None), None)
+    return _combine(loaded, plan)
 
 
 def _load(d: Path, host: str | None) -> tuple[Path, RunData, str]:
@@ -57,24 +70,45 @@ def _check_distinct_hosts(loaded: list[tuple[Path, RunData, str]]) -> None:
         seen[host] = jsonl
 
 
-def _combine(loaded: list[tuple[Path, RunData, str]]) -> RunData:
+def _combine(loaded: list[tuple[Path, RunData, str]], plan: PlannedCells | None) -> RunData:
     runs: list[RunInfo] = []
     cells: list[CellResult] = []
     order: dict[str, int] = {}
-    ran: set[str] = set()
+    ran: set[tuple[str, str]] = set()
     warnings: list[str] = []
     extra = []
+    for _, p in (plan.hosts if plan is not None else ()):
+        for cid in p:
+            order.setdefault(cid, len(order))
     for _, run, host in loaded:
         runs += [replace(info, host=host) for info in run.runs]
         for cid in (c for info in run.runs for c in info.cells):
             order.setdefault(cid, len(order))
         for cell in run.cells:
             order.setdefault(cell.id, len(order))
-            ran.add(cell.id)
+            ran.add((cell.id, host))
             cells.append(replace(cell, host=host))
         warnings += run.warnings
         extra += list(run.extra)
     hosts = [h for _, _, h in loaded]
     cells.sort(key=lambda c: (order[c.id], hosts.index(c.host or "")))
-    return RunData(runs=tuple(runs), cells=tuple(cells), not_run=tuple(cid for cid in order if cid not in ran),
+    ran_ids = {cid for cid, _ in ran}
+    not_run: list[tuple[str, str | None]] = []
+    missing: list[str] = []
+    if plan is not None and plan.host_names:
+        planned_hosts = plan.host_names
+        for h in hosts:
+            if h not in planned_hosts:
+                warnings.append(f"host {h!r} is not a host of the plan ({', '.join(planned_hosts)}); its cells are "
+                                "merged as they are")
+        missing = [h for h in planned_hosts if h not in hosts]
+        for h, ids in plan.hosts:
+            not_run += [(cid, h) for cid in ids if (cid, h or "") not in ran]
+    else:
+        any_host = {cid for _, ids in (plan.hosts if plan is not None else ()) for cid in ids}
+        headers = {c for _, run, _ in loaded for info in run.runs for c in info.cells}
+        not_run += [(cid, None) for cid in order if cid not in ran_ids and (cid in any_host or cid in headers)]
+    not_run.sort(key=lambda p: order[p[0]])
+    return RunData(runs=tuple(runs), cells=tuple(cells), not_run=tuple(cid for cid, _ in not_run),
+                   not_run_hosts=tuple(h for _, h in not_run), missing_hosts=tuple(missing),
                    warnings=tuple(warnings), extra=tuple(extra), hosts=tuple(hosts))

@@ -17,6 +17,7 @@ from typing import Literal
 
 from cumatrix.core.errors import ConfigError, Problem
 from cumatrix.core.model import Spread, Timings
+from cumatrix.core.planned import PlannedCells, planned_from_json
 from cumatrix.core.record import (
     CATEGORIES,
     SCHEMA_VERSION,
@@ -52,6 +53,9 @@ class RunInfo:
     cells_total: int = 0
     cells: tuple[str, ...] = ()
     source: str = ""  # the results.jsonl it came from
+    #: The cells the matrix means to run and on which host (None: a run written before runs
+    #: recorded it), for a merge to name the cells that no host ran.
+    plan: PlannedCells | None = None
 
     def to_json(self) -> dict[str, object]:
         """The header as a JSON object (``results.json`` ``runs[]``)."""
@@ -69,6 +73,7 @@ class RunInfo:
             "host_fingerprint": dict(self.host_fingerprint),
             "cells_total": self.cells_total,
             "source": self.source,
+            "plan": self.plan.to_json() if self.plan is not None else None,
         }
 
 
@@ -108,6 +113,30 @@ class RunData:
     warnings: tuple[str, ...] = ()
     extra: tuple[Mapping[str, object], ...] = ()
     hosts: tuple[str, ...] = ()  # set for merged runs, in the order given
+    #: The host that should have run each ``not_run`` cell (same order; None: any host, or
+    #: unknown).  A cell planned on several hosts is listed once per host that did not run it.
+    not_run_hosts: tuple[str | None, ...] = ()
+    #: Hosts of the plan with no run at all among those merged.
+    missing_hosts: tuple[str, ...] = ()
+
+    def not_run_where(self) -> list[tuple[str, str | None]]:
+        """``(cell id, host that should have run it)`` for every cell not run."""
+        hosts = list(self.not_run_hosts) + [None] * (len(self.not_run) - len(self.not_run_hosts))
+        return list(zip(self.not_run, hosts, strict=False))
+
+    def incomplete_hosts(self) -> list[tuple[str, int, int]]:
+        """``(host, planned cells not run, planned cells)`` for each host of the plan that
+        left some of its cells unrun (or never ran: then both numbers are equal)."""
+        missing: dict[str, int] = {}
+        for _, h in self.not_run_where():
+            if h is not None:
+                missing[h] = missing.get(h, 0) + 1
+        planned: dict[str, int] = {}
+        for r in self.runs:
+            if r.plan is not None:
+                planned = {h: len(ids) for h, ids in r.plan.hosts if h is not None}
+                break
+        return [(h, n, planned.get(h, n)) for h, n in missing.items()]
 
     @property
     def header(self) -> RunInfo:
@@ -188,6 +217,7 @@ def _run_info(r: _Reader) -> RunInfo:
         cells_total=total if total is not None else len(cells),
         cells=cells,
         source=r.source,
+        plan=planned_from_json(r.rec.get("plan")),
     )
 
 
@@ -298,6 +328,7 @@ def _assemble(
         runs=tuple(runs),
         cells=ordered,
         not_run=not_run,
+        not_run_hosts=(runs[-1].host,) * len(not_run),
         warnings=tuple(warnings),
         extra=tuple(extra),
     )
