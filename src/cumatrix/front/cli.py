@@ -49,6 +49,12 @@ examples:
 examples:
   cumatrix plan examples/hosts.yaml                 # GitHub Actions strategy.matrix
   cumatrix plan examples/hosts.yaml --format json   # which cells each host runs
+  cumatrix plan examples/hosts.yaml --format slurm --out /shared/nightly   # sbatch scripts
+""",
+    "submit": """\
+examples:
+  cumatrix submit --slurm examples/hosts.yaml --out /shared/nightly   # a task per host, then the merge
+  cumatrix submit --slurm matrix.yaml --sbatch-arg=--time=04:00:00 --run-arg=--require-gpu
 """,
     "report": """\
 examples:
@@ -332,9 +338,49 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_plan(args: argparse.Namespace) -> int:
     from cumatrix.front import plan
 
+    if args.format == "slurm":
+        from cumatrix.front import slurm
+
+        sp = slurm.write_scripts(_matrix_arg(args.matrix), Path(args.out or DEFAULT_OUT),
+                                 run_args=slurm.check_args(args.run_arg, "--run-arg"),
+                                 sbatch_args=slurm.check_args(args.sbatch_arg, "--sbatch-arg"))
+        for p in (sp.array_script, sp.merge_script, sp.submit_script):
+            print(p)
+        print(f"cumatrix: {len(sp.tasks)} array tasks ({', '.join(t.host for t in sp.tasks)}); submit with "
+              f"`bash {sp.submit_script}` or `cumatrix submit --slurm {args.matrix} --out {args.out or DEFAULT_OUT}`",
+              file=sys.stderr)
+        return 0
     data = plan.plan(_matrix_arg(args.matrix))
     print(json.dumps(data if args.format == "json" else plan.github_matrix(data), indent=None if args.format == "github" else 2))
     return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from cumatrix.front import slurm
+
+    if not args.slurm:
+        raise UsageError("submit: name the scheduler: `cumatrix submit --slurm MATRIX`")
+    mpath = _matrix_arg(args.matrix)
+    out = Path(args.out)
+    sp = slurm.write_scripts(mpath, out, run_args=slurm.check_args(args.run_arg, "--run-arg"),
+                             sbatch_args=slurm.check_args(args.sbatch_arg, "--sbatch-arg"))
+    array, merge = slurm.submit(sp)
+    print(f"cumatrix: slurm: array job {array} ({len(sp.tasks)} hosts: {', '.join(t.host for t in sp.tasks)}), "
+          f"merge job {merge}; scripts in {sp.array_script.parent}", file=sys.stderr, flush=True)
+    try:
+        final = slurm.wait(sp, array, merge, poll=args.poll)
+    except KeyboardInterrupt:
+        print(f"cumatrix: stopped waiting; the jobs go on (scancel {array} {merge} to stop them)", file=sys.stderr)
+        return 130
+    bad = [f"{h} {s}" for h, s in final.items() if h != "merge" and s.split()[0] != "COMPLETED"]
+    if bad:
+        print(f"cumatrix: slurm: host tasks that did not complete: {', '.join(bad)}", file=sys.stderr)
+    dirs = [sp.host_dir(t.host) for t in sp.tasks if (sp.host_dir(t.host) / "results.jsonl").is_file()]
+    if not dirs:
+        print(f"cumatrix: merge: no host wrote results ({', '.join(t.host for t in sp.tasks)}); see the job logs in "
+              f"{sp.array_script.parent}", file=sys.stderr)
+        return 1
+    return cmd_merge(argparse.Namespace(dirs=[str(d) for d in dirs], out=str(sp.merged_dir), matrix=str(mpath)))
 
 
 # --------------------------------------------------------------------------- reports
@@ -431,8 +477,26 @@ def add_misc(sub: Any) -> None:
                        description="Print which cells each host of `hosts:` runs, as a GitHub Actions strategy matrix or JSON.",
                        epilog=EPILOGS["plan"], formatter_class=raw)
     p.add_argument("matrix", help="matrix file with a hosts: section")
-    p.add_argument("--format", choices=("github", "json"), default="github")
+    p.add_argument("--format", choices=("github", "json", "slurm"), default="github",
+                   help="github: strategy.matrix JSON; json: each host's share; slurm: write a job-array "
+                        "script (a task per host), the merge job after it and submit.sh under OUT/slurm/")
+    p.add_argument("--out", metavar="DIR", help=f"slurm: where scripts and results go (default: {DEFAULT_OUT})")
+    _slurm_options(p)
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("submit", help="run a matrix's hosts as a Slurm job array, wait, merge",
+                       description="Write the Slurm scripts (as `plan --format slurm`), submit them with sbatch, "
+                                   "follow the jobs (squeue, scontrol), then merge the hosts' results into "
+                                   "OUT/merged. Exit status: the merge's (0 pass; 1 a cell failed or a host left "
+                                   "planned cells unrun, named; 2 bad input; 3 Slurm refused).",
+                       epilog=EPILOGS["submit"], formatter_class=raw)
+    p.add_argument("matrix", help="matrix file with a hosts: section (partition:, constraint: per host)")
+    p.add_argument("--slurm", action="store_true", help="submit to Slurm (sbatch on PATH)")
+    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
+                   help=f"results: DIR/HOST per host, DIR/merged (default: {DEFAULT_OUT}); on a shared filesystem")
+    p.add_argument("--poll", type=float, default=5.0, metavar="S", help="seconds between squeue polls (default 5)")
+    _slurm_options(p)
+    p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("report", help="rebuild the reports of a run from its results.jsonl",
                        epilog=EPILOGS["report"], formatter_class=raw)
@@ -479,6 +543,13 @@ def add_misc(sub: Any) -> None:
     p.add_argument("--family", choices=("driver", "runtime"), help="for loop: which API family (default runtime)")
     p.add_argument("--wheel-dir", metavar="DIR", help="take the runtime wheel from DIR")
     p.set_defaults(func=cmd_build)
+
+
+def _slurm_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--run-arg", action="append", default=[], metavar="ARG",
+                   help="slurm: one more word for each host's `cumatrix run` (repeat: --run-arg=-n --run-arg=2)")
+    p.add_argument("--sbatch-arg", action="append", default=[], metavar="ARG",
+                   help="slurm: one more #SBATCH line for both jobs (e.g. --sbatch-arg=--time=04:00:00)")
 
 
 def add_tools(sub: Any) -> None:
