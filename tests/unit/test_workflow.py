@@ -80,21 +80,37 @@ def test_run_job_fans_out_over_the_plan(wf: dict[Any, Any]) -> None:
     assert re.fullmatch(r"\$\{\{\s*matrix\.runner\s*\}\}", job["runs-on"])
 
 
-def test_run_job_runs_its_share_and_always_uploads_it(wf: dict[Any, Any]) -> None:
+def action_step(job: dict[str, Any], step_id: str) -> dict[str, Any]:
+    (step,) = [s for s in job["steps"] if s.get("id") == step_id]
+    assert step["uses"] == "./", step  # the repository's own composite action (action.yml)
+    return step
+
+
+def action_argv(inputs: dict[str, str]) -> list[str]:
+    """The command line the action's script builds for these inputs (as scripts/github-action.sh)."""
+    argv = ["run", inputs.get("matrix", "matrix.yaml"), "--out", inputs.get("out", "out")]
+    if inputs.get("require-gpu", "true") == "true":
+        argv.append("--require-gpu")
+    if inputs.get("host"):
+        argv += ["--host", inputs["host"]]
+    return argv + shlex.split(inputs.get("args", ""))
+
+
+def test_run_job_runs_its_share_through_the_action_and_always_uploads_it(wf: dict[Any, Any]) -> None:
     job = wf["jobs"]["run"]
-    (run,) = steps_running(job, "cumatrix run")
-    assert run["run"].strip() == ('cumatrix run matrix.yaml --require-gpu -k "${{ matrix.k }}" --host ${{ matrix.host }} '
-                                  "--out out/${{ matrix.host }}")
+    run = action_step(job, "run")
+    assert run["with"]["host"] == "${{ matrix.host }}" and run["with"]["require-gpu"] == "true"
+    assert run["with"]["out"] == "out/${{ matrix.host }}"
     uploads = steps_using(job, "actions/upload-artifact")
     assert len(uploads) == 1
     (up,) = uploads
     assert job["steps"].index(up) > job["steps"].index(run)
     assert up.get("if") == "always()"  # a failing cell exits 1: its results still travel
-    assert up["with"]["path"] == "out/${{ matrix.host }}"
+    assert up["with"]["path"] == run["with"]["out"]
     assert "${{ matrix.host }}" in up["with"]["name"]
 
 
-def test_merge_job_always_merges_and_summarises(wf: dict[Any, Any]) -> None:
+def test_merge_job_always_merges_keeps_history_and_fails_on_a_missing_host(wf: dict[Any, Any]) -> None:
     job = wf["jobs"]["merge"]
     assert needs(job) == ["run"]
     assert job.get("if") == "always()"
@@ -102,14 +118,60 @@ def test_merge_job_always_merges_and_summarises(wf: dict[Any, Any]) -> None:
     up_name = steps_using(wf["jobs"]["run"], "actions/upload-artifact")[0]["with"]["name"]
     pattern = down["with"].get("pattern", "*")
     assert re.fullmatch(pattern.replace("*", ".*"), up_name.replace("${{ matrix.host }}", "h200-580"))
-    assert down["with"]["path"] == "out"
-    (merge,) = steps_running(job, "cumatrix merge")
-    assert merge["run"].strip() == "cumatrix merge out/* --out merged"
-    (summary,) = steps_running(job, "$GITHUB_STEP_SUMMARY")
-    assert "merged/summary.md" in summary["run"] and ">>" in summary["run"]
-    order = [job["steps"].index(s) for s in (down, merge, summary)]
+    merge = action_step(job, "merge")
+    assert merge["with"]["merge-from"] == down["with"]["path"] + "/*"
+    assert merge["with"]["fail"] == "false"  # the upload runs; the verdict step fails the job
+    # The history is carried from night to night: restored from the newest earlier cache entry
+    # (restore-keys prefix), saved under a key of its own.
+    (cache,) = steps_using(job, "actions/cache")
+    assert cache["with"]["path"] == merge["with"]["history-file"]
+    prefix = cache["with"]["restore-keys"].strip()
+    assert cache["with"]["key"].startswith(prefix) and "github.run_id" in cache["with"]["key"]
+    order = [job["steps"].index(s) for s in (down, cache, merge)]
     assert order == sorted(order)
-    assert any(s["with"]["path"] == "merged" for s in steps_using(job, "actions/upload-artifact"))
+    (up,) = [s for s in steps_using(job, "actions/upload-artifact") if s["with"]["path"] == merge["with"]["out"]]
+    assert up.get("if") == "always()"
+    (verdict,) = steps_running(job, "exit")
+    assert verdict["env"]["CODE"] == "${{ steps.merge.outputs.exit-code }}" and 'exit "$CODE"' in verdict["run"]
+    assert job["steps"].index(verdict) == len(job["steps"]) - 1
+
+
+ACTION = ROOT / "action.yml"
+SCRIPT = ROOT / "scripts" / "github-action.sh"
+
+
+def test_action_passes_every_input_to_its_script_and_every_output_from_it() -> None:
+    action = yaml.safe_load(ACTION.read_text())
+    assert action["runs"]["using"] == "composite"
+    inputs = set(action["inputs"])
+    assert {"matrix", "require-gpu", "history-file", "out", "args"} <= inputs
+    assert set(action["outputs"]) == {"headline", "exit-code", "reports-dir"}
+    (step,) = [s for s in action["runs"]["steps"] if s.get("id") == "cumatrix"]
+    used = {m.group(1) for v in step["env"].values() for m in [re.fullmatch(r"\$\{\{ inputs\.([\w-]+) \}\}", v)] if m}
+    assert used | {"install"} == inputs
+    script = SCRIPT.read_text()
+    assert all(name in script for name in step["env"])
+    for name, out in action["outputs"].items():
+        assert out["value"] == f"${{{{ steps.cumatrix.outputs.{name} }}}}"
+        assert f"emit {name} " in script
+    assert 'GITHUB_ACTION_PATH/scripts/github-action.sh' in step["run"]
+
+
+def test_actionlint_finds_nothing_in_the_workflows() -> None:
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    exe = shutil.which("actionlint", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    if exe is None:
+        if os.environ.get("CI"):
+            pytest.fail("actionlint is not installed (the test extras install it)")
+        pytest.skip("actionlint is not installed (pip install -e '.[test]')")
+    # actionlint also checks each `uses: ./` step's inputs against action.yml.
+    proc = subprocess.run([exe, "-no-color", "-oneline"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                          check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 @pytest.mark.parametrize("matrix_file", ["matrix.yaml", "examples/hosts.yaml"])
@@ -125,14 +187,15 @@ def test_plan_output_has_every_key_the_run_job_uses(wf: dict[Any, Any], matrix_f
     include = json.loads(capsys.readouterr().out)["include"]
     assert include
     used = set(MATRIX_REF.findall(yaml.safe_dump(wf["jobs"]["run"])))
-    assert {"host", "runner", "k"} <= used
+    assert {"host", "runner"} <= used
     for entry in include:
         assert used <= entry.keys(), (entry, used)
-        # The run and merge commands, with this entry filled in, parse with cumatrix's CLI.
-        (step,) = steps_running(wf["jobs"]["run"], "cumatrix run")
-        line = MATRIX_REF.sub(lambda m, e=entry: str(e[m.group(1)]), step["run"].strip())
-        args = cli.parser().parse_args(shlex.split(line)[1:])
-        assert (args.matrix, args.keyword, args.host, args.out) == (
-            "matrix.yaml", entry["k"], entry["host"], f"out/{entry['host']}")
-    margs = cli.parser().parse_args(["merge", "out/results-a", "out/results-b", "--out", "merged"])
-    assert margs.dirs == ["out/results-a", "out/results-b"] and margs.out == "merged"
+        # The run command the action builds, with this entry filled in, parses with cumatrix's CLI.
+        run = action_step(wf["jobs"]["run"], "run")
+        inputs = {k: MATRIX_REF.sub(lambda m, e=entry: str(e[m.group(1)]), str(v)) for k, v in run["with"].items()}
+        args = cli.parser().parse_args(action_argv(inputs))
+        assert (args.matrix, args.host, args.out, args.require_gpu) == (
+            "matrix.yaml", entry["host"], f"out/{entry['host']}", True)
+    margs = cli.parser().parse_args(["merge", "out/results-a", "out/results-b", "--out", "merged", "--matrix",
+                                     "matrix.yaml"])
+    assert margs.dirs == ["out/results-a", "out/results-b"] and margs.out == "merged" and margs.matrix == "matrix.yaml"

@@ -1,0 +1,91 @@
+"""The composite action's step (scripts/github-action.sh), run as GitHub runs it: real bash, real
+cumatrix, GITHUB_OUTPUT and GITHUB_STEP_SUMMARY files, the inputs as environment variables."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.network
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "github-action.sh"
+
+MATRIX = """
+runtimes:
+  cu12.9: {wheel: nvidia-cuda-runtime-cu12==12.9.79}
+drivers: [host, emulated-12.4]
+probe: false
+cases: [{name: a, argv: [true]}, {name: b, argv: [sh, -c, "exit 0"]}]
+hosts:
+  drv580: {driver: "580.159"}
+  drv550: {driver: "550.163"}
+"""
+
+
+def _step(tmp_path: Path, cli_env: Callable[..., dict[str, str]], **inputs: str) -> tuple[int, dict[str, str], str]:
+    """Run the action's step with these inputs; (exit status, outputs, job summary)."""
+    out_file, summary = tmp_path / "github_output", tmp_path / "step_summary"
+    out_file.write_text("")
+    summary.write_text("")
+    env = cli_env({"GITHUB_OUTPUT": str(out_file), "GITHUB_STEP_SUMMARY": str(summary), "RUNNER_TEMP": str(tmp_path),
+                   "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])})
+    for k in [k for k in env if k.startswith("CUMATRIX_")]:
+        del env[k]  # the CI's own CUMATRIX_REQUIRE_* are not inputs
+    env.update({f"CUMATRIX_{k.upper()}": v for k, v in inputs.items()})
+    proc = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    outputs = dict(line.split("=", 1) for line in out_file.read_text().splitlines())
+    return proc.returncode, outputs, summary.read_text() + proc.stderr
+
+
+def test_run_as_a_host_then_merge_names_the_host_that_never_ran(tmp_path: Path, wheel_cache: Path,
+                                                                cli_env: Callable[..., dict[str, str]]) -> None:
+    (tmp_path / "matrix.yaml").write_text(MATRIX)
+    code, out, summary = _step(tmp_path, cli_env, host="drv580", out="runs/drv580", require_gpu_input="false",
+                               args="--timeout '60'")
+    assert code == 0 and out["exit-code"] == "0", summary
+    assert out["headline"].startswith("cumatrix: PASS — ")
+    assert out["reports-dir"] == str(tmp_path / "runs" / "drv580")
+    assert out["headline"].removeprefix("cumatrix: ") in summary.replace("**", "")  # summary.md went to the job summary
+    header = json.loads((tmp_path / "runs" / "drv580" / "results.jsonl").read_text().splitlines()[0])
+    assert header["host"] == "drv580" and header["cells"] == ["cu12.9/host/a", "cu12.9/host/b"]
+    argv = header["argv"]
+    assert argv[argv.index("--cumatrix-timeout") + 1] == "60.0" and "--cumatrix-require-gpu" not in argv
+
+    # The merge of the hosts that uploaded: drv550 never ran, so the merge is not a pass; with
+    # fail=false the step itself succeeds and hands the exit code on.  A history file is set:
+    # where this cumatrix has no `diff`, the summary simply has no such section.
+    code, out, summary = _step(tmp_path, cli_env, merge_from="runs/*", out="merged", fail="false",
+                               history_file=str(tmp_path / "hist" / "h.sqlite"))
+    assert code == 0 and out["exit-code"] == "1", summary
+    assert out["headline"].startswith("cumatrix: INCOMPLETE — ") and "drv550" in out["headline"]
+    doc = json.loads((tmp_path / "merged" / "results.json").read_text())
+    assert doc["missing_hosts"] == ["drv550"]
+    assert {(e["id"], e["host"]) for e in doc["not_run"]} == {
+        ("cu12.9/host/a", "drv550"), ("cu12.9/host/b", "drv550"),
+        ("cu12.9/emulated-12.4/a", "drv550"), ("cu12.9/emulated-12.4/b", "drv550")}
+    assert "host drv550 should have run it" in summary
+
+    # fail=true (the default): the step fails with cumatrix's code.
+    code, out, _ = _step(tmp_path, cli_env, merge_from="runs/*", out="merged")
+    assert code == 1 and out["exit-code"] == "1"
+
+
+def test_merge_of_nothing_fails_and_says_no_host_ran(tmp_path: Path, cli_env: Callable[..., dict[str, str]]) -> None:
+    (tmp_path / "matrix.yaml").write_text(MATRIX)
+    code, out, summary = _step(tmp_path, cli_env, merge_from="runs/*", out="merged")
+    assert code == 1 and out["exit-code"] == "1"
+    assert "no host ran" in out["headline"] and "no host ran" in summary
+
+
+def test_args_that_do_not_split_are_exit_2(tmp_path: Path, cli_env: Callable[..., dict[str, str]]) -> None:
+    (tmp_path / "matrix.yaml").write_text(MATRIX)
+    code, _, text = _step(tmp_path, cli_env, args="--timeout 'unclosed")
+    assert code == 2 and "cannot split" in text
