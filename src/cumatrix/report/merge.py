@@ -110,5 +110,5 @@ def _combine(loaded: list[tuple[Path, RunData, str]], plan: PlannedCells | None)
         not_run += [(cid, None) for cid in order if cid not in ran_ids and (cid in any_host or cid in headers)]
     not_run.sort(key=lambda p: order[p[0]])
     return RunData(runs=tuple(runs), cells=tuple(cells), not_run=tuple(cid for cid, _ in not_run),
-                   not_run_hosts=tuple(h for _, h in not_run), missing_hosts=tuple(missing),
+                   not_run_hosts=tuple(h for _, h in not_run), missing_hosts=tuple(missing), plan=plan,
                    warnings=tuple(warnings), extra=tuple(extra), hosts=tuple(hosts))

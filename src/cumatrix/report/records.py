@@ -118,6 +118,8 @@ class RunData:
     not_run_hosts: tuple[str | None, ...] = ()
     #: Hosts of the plan with no run at all among those merged.
     missing_hosts: tuple[str, ...] = ()
+    #: The plan a merge held the runs against (``--matrix``, else the one they recorded).
+    plan: PlannedCells | None = None
 
     def not_run_where(self) -> list[tuple[str, str | None]]:
         """``(cell id, host that should have run it)`` for every cell not run."""
@@ -131,11 +133,8 @@ class RunData:
         for _, h in self.not_run_where():
             if h is not None:
                 missing[h] = missing.get(h, 0) + 1
-        planned: dict[str, int] = {}
-        for r in self.runs:
-            if r.plan is not None:
-                planned = {h: len(ids) for h, ids in r.plan.hosts if h is not None}
-                break
+        plan = self.plan or next((r.plan for r in self.runs if r.plan is not None), None)
+        planned = {h: len(ids) for h, ids in plan.hosts if h is not None} if plan is not None else {}
         return [(h, n, planned.get(h, n)) for h, n in missing.items()]
 
     @property
