@@ -93,7 +93,7 @@ def test_merge_with_a_host_missing_and_a_host_incomplete_fails_naming_both(
     assert "**cumatrix: INCOMPLETE**" in md and "no run from drv550" in md
     assert md.count("should have run it") == 8
     html = (tmp_path / "merged" / "index.html").read_text()
-    assert "drv550" in html and "cu12.9/emulated-12.4/third" in html
+    assert "no run from" in html and "drv550" in html and "cu12.9/emulated-12.4/third" in html
 
 
 def test_merge_matrix_completes_runs_that_recorded_no_plan(planned: Path, tmp_path: Path, wheel_cache: Path,
@@ -158,3 +158,19 @@ def test_host_partition_and_constraint_are_checked(tmp_path: Path, cli: Callable
     by = {e["host"]: e for e in json.loads(proc.stdout)["hosts"]}
     assert by["drv550"]["partition"] == "gpu-old" and by["drv550"]["constraint"] == "a100&nvlink"
     assert "partition" not in by["drv580"]
+
+
+def test_report_of_a_host_run_cut_short_lists_its_unrun_cells_with_the_host(
+        planned: Path, tmp_path: Path, wheel_cache: Path, cli: Callable[..., Any]) -> None:
+    out = tmp_path / "drv580"
+    assert cli("run", planned, "--host", "drv580", "--out", out, "-q", cwd=tmp_path).returncode == 0
+    jsonl = out / "results.jsonl"
+    lines = jsonl.read_text().splitlines()
+    jsonl.write_text("\n".join(lines[:2]) + "\n")  # killed after its first cell: no end record
+    proc = cli("report", out, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    doc = _doc(out)
+    ran = {c["id"] for c in doc["cells"]}
+    assert len(ran) == 1
+    assert {(e["id"], e["host"], e["outcome"]) for e in doc["not_run"]} == {
+        (cid, "drv580", "not-run") for cid in HOST_CELLS if cid not in ran}

@@ -157,6 +157,8 @@ def _meta(run: RunData) -> list[tuple[str, str]]:
     ]
     if run.merged:
         rows.append(("hosts", ", ".join(run.hosts)))
+        if run.missing_hosts:
+            rows.append(("no run from", ", ".join(run.missing_hosts)))
         return rows
     if fp.get("driver_string"):
         rows.append(("driver", str(fp["driver_string"])))

@@ -102,8 +102,8 @@ def _combine(loaded: list[tuple[Path, RunData, str]], plan: PlannedCells | None)
                 warnings.append(f"host {h!r} is not a host of the plan ({', '.join(planned_hosts)}); its cells are "
                                 "merged as they are")
         missing = [h for h in planned_hosts if h not in hosts]
-        for h, ids in plan.hosts:
-            not_run += [(cid, h) for cid in ids if (cid, h or "") not in ran]
+        for planned_host, ids in plan.hosts:
+            not_run += [(cid, planned_host) for cid in ids if (cid, planned_host or "") not in ran]
     else:
         any_host = {cid for _, ids in (plan.hosts if plan is not None else ()) for cid in ids}
         headers = {c for _, run, _ in loaded for info in run.runs for c in info.cells}

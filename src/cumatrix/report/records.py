@@ -144,7 +144,8 @@ class RunData:
 
     @property
     def merged(self) -> bool:
-        return len(self.hosts) > 1
+        """Runs of several hosts (or of one, with hosts of its plan missing): cells carry hosts."""
+        return len(self.hosts) > 1 or bool(self.missing_hosts)
 
     @property
     def counts(self) -> Counts:
