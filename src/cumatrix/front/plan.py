@@ -24,7 +24,7 @@ def host_cuda(h: Host) -> CudaVersion:
     return h.cuda or cuda_for_driver(h.driver)
 
 
-def assign(m: Matrix, path: Path | str) -> list[tuple[Host, list[str]]]:
+def assign(m: Matrix, path: Path | str, cells: list[Cell] | None = None) -> list[tuple[Host, list[str]]]:
     """Each host of ``m.hosts`` (oldest driver first) with the drivers it runs.
 
     Raises :class:`ConfigError` when the matrix has no hosts, a driver no host can emulate,
@@ -32,7 +32,7 @@ def assign(m: Matrix, path: Path | str) -> list[tuple[Host, list[str]]]:
     """
     if not m.hosts:
         raise ConfigError([Problem(str(path), 1, 1, "plan needs a `hosts:` section (name: {driver: '580.159', label: RUNNER})")])
-    drivers_used = {c.driver for c in _matrix.cells(m)}
+    drivers_used = {c.driver for c in (_matrix.cells(m) if cells is None else cells)}
     hosts = sorted(m.hosts, key=lambda h: (host_cuda(h), h.name))
     chosen: dict[str, list[str]] = {h.name: [] for h in hosts}
     if "host" in drivers_used:
@@ -57,7 +57,7 @@ def plan(path: Path) -> dict[str, Any]:
     m = _matrix.load(path)
     cells = _matrix.cells(m)
     entries = []
-    for h, ds in assign(m, path):
+    for h, ds in assign(m, path, cells):
         ids = [c.id for c in cells if c.driver in ds]
         k = " or ".join(f"/{d}/" for d in ds)
         entries.append({"host": h.name, "runner": h.label, "driver": h.driver, "cuda": str(host_cuda(h)),
@@ -73,7 +73,8 @@ def planned_cells(m: Matrix, cells: list[Cell] | None = None) -> PlannedCells:
     if not m.hosts:
         return PlannedCells(matrix_sha256=m.sha256, hosts=((None, tuple(c.id for c in cells)),))
     return PlannedCells(matrix_sha256=m.sha256,
-                        hosts=tuple((h.name, tuple(c.id for c in cells if c.driver in ds)) for h, ds in assign(m, m.path)))
+                        hosts=tuple((h.name, tuple(c.id for c in cells if c.driver in ds))
+                                          for h, ds in assign(m, m.path, cells)))
 
 
 def github_matrix(data: dict[str, Any]) -> dict[str, Any]:

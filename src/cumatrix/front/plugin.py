@@ -385,8 +385,14 @@ def _selected(config: pytest.Config) -> list[tuple[Matrix, list[Cell]]]:
             m = _matrix.load(p)
         except ConfigError:
             continue
+        every = _matrix.cells(m)
+        plans = config.stash.setdefault(_PLANS, {})
+        try:  # planned from the cells at hand: a matrix is expanded once
+            plans[str(p)] = plans[m.path] = planned_cells(m, every)
+        except ConfigError:
+            plans[str(p)] = plans[m.path] = None
         share = _host_share(config, p)
-        cells = [c for c in _matrix.cells(m) if (expr is None or expr.matches(c.id, p.name))
+        cells = [c for c in every if (expr is None or expr.matches(c.id, p.name))
                  and (share is None or c.id in share)]
         selected += [(c.id, _schedule.provision_key(c)) for c in cells]
         out.append((m, cells))
@@ -395,7 +401,8 @@ def _selected(config: pytest.Config) -> list[tuple[Matrix, list[Cell]]]:
 
 
 def _plan_json(config: pytest.Config, m: Matrix) -> dict[str, object] | None:
-    plan = _plan_of(config, Path(m.path))
+    plan = config.stash.get(_PLANS, {}).get(m.path) if m.path in config.stash.get(_PLANS, {}) \
+        else _plan_of(config, Path(m.path))
     return plan.to_json() if plan is not None else None
 
 

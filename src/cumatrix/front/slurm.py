@@ -87,7 +87,7 @@ def write_scripts(matrix: Path, out: Path, *, run_args: Sequence[str] = (), sbat
     cells = _matrix.cells(m)
     tasks = tuple(HostTask(index=i, host=h.name, cells=sum(1 for c in cells if c.driver in ds),
                            partition=h.partition, constraint=h.constraint)
-                  for i, (h, ds) in enumerate(assign(m, matrix)))
+                  for i, (h, ds) in enumerate(assign(m, matrix, cells)))
     d = out / "slurm"
     d.mkdir(parents=True, exist_ok=True)
     cm = cumatrix_command()
