@@ -293,7 +293,7 @@ def run_header(matrix: Matrix, cell_ids: list[str], *, backend: str, argv: list[
                plan: dict[str, object] | None = None) -> dict[str, object]:
     """The ``run`` record that opens a run's segment of ``results.jsonl``.
 
-    ``plan`` (:meth:`cumatrix.plan.PlannedCells.to_json`): every cell the matrix means to
+    ``plan`` (:meth:`cumatrix.core.planned.PlannedCells.to_json`): every cell the matrix means to
     run and on which host, so that a merge of several hosts' runs can name what none ran.
     """
     return {"schema": 1, "type": "run", "run_id": run_id, "matrix": matrix.path, "matrix_sha256": matrix.sha256,
