@@ -188,3 +188,17 @@ def test_a_cancelled_host_task_leaves_its_cells_not_run_and_the_merge_fails_nami
                                                                        "cu12.9/host/c"}
     summary = (out / "merged" / "summary.md").read_text()
     assert "host drv550 should have run it" in summary
+
+
+def test_submit_without_a_slurm_client_is_exit_3_and_a_matrix_without_hosts_exit_2(
+        tmp_path: Path, cli: Callable[..., Any]) -> None:
+    m = _matrix(tmp_path)
+    proc = cli("submit", "--slurm", m, "--out", tmp_path / "o", cwd=tmp_path, env={"PATH": str(tmp_path / "empty")})
+    assert proc.returncode == 3 and "sbatch is not on PATH" in proc.stderr and "Traceback" not in proc.stderr
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(m.read_text().split("hosts:")[0])
+    for argv in (("submit", "--slurm", plain), ("plan", plain, "--format", "slurm")):
+        proc = cli(*argv, "--out", tmp_path / "o2", cwd=tmp_path)
+        assert proc.returncode == 2 and "needs a `hosts:` section" in proc.stderr and "Traceback" not in proc.stderr
+    proc = cli("submit", m, "--out", tmp_path / "o3", cwd=tmp_path)
+    assert proc.returncode == 2 and "--slurm" in proc.stderr
