@@ -13,7 +13,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
+
+from cumatrix.report.jsonout import schema
 
 pytestmark = pytest.mark.network
 
@@ -40,7 +43,10 @@ def planned(tmp_path: Path) -> Path:
 
 
 def _doc(d: Path) -> dict[str, Any]:
-    return json.loads((d / "results.json").read_text())
+    """results.json of a run or a merge, valid against the shipped schema."""
+    doc: dict[str, Any] = json.loads((d / "results.json").read_text())
+    jsonschema.Draft202012Validator(schema()).validate(doc)
+    return doc
 
 
 def test_run_as_a_host_takes_the_plans_share_and_records_the_plan(planned: Path, tmp_path: Path, wheel_cache: Path,

@@ -133,3 +133,19 @@ def test_cli_github_format_prints_one_json_line(capsys: pytest.CaptureFixture[st
     out = capsys.readouterr().out
     assert out.count("\n") == 1  # one line, fit for `echo "matrix=..." >> $GITHUB_OUTPUT`
     assert json.loads(out) == github_matrix(plan(EXAMPLE))
+
+
+def test_planned_cells_round_trip_through_a_run_header() -> None:
+    from cumatrix.core.planned import PlannedCells, planned_from_json
+
+    p = PlannedCells(matrix_sha256="ab" * 32, hosts=(("drv550", ("x/host/a", "x/emulated-12.4/a")), ("drv580", ("x/host/a",))))
+    back = planned_from_json(json.loads(json.dumps(p.to_json())))
+    assert back == p
+    assert back.host_names == ("drv550", "drv580") and back.for_host("drv580") == ("x/host/a",)
+    assert back.for_host("nope") is None
+    anyhost = PlannedCells(matrix_sha256="cd" * 32, hosts=((None, ("x/host/a",)),))
+    assert planned_from_json(anyhost.to_json()) == anyhost and anyhost.host_names == ()
+    # A header from another writer whose plan is not of this shape is read as having none.
+    for bad in (None, [], {"hosts": []}, {"matrix_sha256": "x", "hosts": [{"host": 3, "cells": []}]},
+                {"matrix_sha256": "x", "hosts": [{"host": "a", "cells": [1]}]}):
+        assert planned_from_json(bad) is None
