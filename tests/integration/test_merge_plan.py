@@ -180,3 +180,17 @@ def test_report_of_a_host_run_cut_short_lists_its_unrun_cells_with_the_host(
     assert len(ran) == 1
     assert {(e["id"], e["host"], e["outcome"]) for e in doc["not_run"]} == {
         (cid, "drv580", "not-run") for cid in HOST_CELLS if cid not in ran}
+
+
+def test_a_host_stopped_before_its_run_began_counts_as_not_run(planned: Path, tmp_path: Path, wheel_cache: Path,
+                                                               cli: Callable[..., Any]) -> None:
+    # A scheduler's task cancelled as it started leaves --out with an empty results.jsonl.
+    assert cli("run", planned, "--host", "drv580", "--out", tmp_path / "drv580", "-q", cwd=tmp_path).returncode == 0
+    (tmp_path / "drv550").mkdir()
+    (tmp_path / "drv550" / "results.jsonl").write_text("")
+    proc = cli("merge", tmp_path / "drv580", tmp_path / "drv550", "--out", tmp_path / "merged", cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    assert "drv550/results.jsonl is empty" in proc.stderr and "host drv550 never ran its 6 planned cells" in proc.stderr
+    assert _doc(tmp_path / "merged")["missing_hosts"] == ["drv550"]
+    proc = cli("merge", tmp_path / "drv550", "--out", tmp_path / "none", cwd=tmp_path)
+    assert proc.returncode == 1 and "every results.jsonl given is empty" in proc.stderr

@@ -411,6 +411,16 @@ def cmd_merge(args: argparse.Namespace) -> int:
     for d in dirs:
         if not (d / "results.jsonl").is_file():
             raise UsageError(f"{d}: no results.jsonl here (merge takes the --out directories of runs)")
+    # A run killed as it started (a scheduler's task cancelled, a runner lost) leaves an empty
+    # results.jsonl: its host ran nothing, which the merge reports; it is not bad input.
+    empty = [d for d in dirs if not (d / "results.jsonl").read_bytes().strip()]
+    for d in empty:
+        print(f"cumatrix: merge: {d}/results.jsonl is empty (the run was stopped before it began); "
+              "its host ran nothing", file=sys.stderr)
+    dirs = [d for d in dirs if d not in empty]
+    if not dirs:
+        print("cumatrix: merge: no run to merge: every results.jsonl given is empty", file=sys.stderr)
+        return 1
     plan = None
     if args.matrix:
         from cumatrix.load import matrix as _matrix

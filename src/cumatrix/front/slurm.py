@@ -115,7 +115,7 @@ exec {_q(cm)} run {shlex.quote(str(matrix))} --host "$host" --out {shlex.quote(s
 {extra}set -u
 dirs=()
 for h in {hosts}; do
-  [ -f {shlex.quote(str(out))}/"$h"/results.jsonl ] && dirs+=({shlex.quote(str(out))}/"$h")
+  [ -s {shlex.quote(str(out))}/"$h"/results.jsonl ] && dirs+=({shlex.quote(str(out))}/"$h")
 done
 if [ "${{#dirs[@]}}" -eq 0 ]; then
   echo "cumatrix: merge: no host wrote results ({hosts}); see the array's logs in {d}" >&2
