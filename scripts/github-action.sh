@@ -87,6 +87,7 @@ fi
 # cumatrix without it, or a history with one run, leaves the section out.
 if [ -n "${CUMATRIX_HISTORY_FILE:-}" ] && cumatrix diff --help >/dev/null 2>&1; then
   if diff_text="$(cumatrix diff --history "$CUMATRIX_HISTORY_FILE" 2>&1)"; then
+    # shellcheck disable=SC2016  # the backticks are a Markdown code fence, not a command
     printf '\n### Since the last recorded run\n\n```\n%s\n```\n' "$diff_text" >> "$summary"
   else
     echo "cumatrix action: no diff: $diff_text" >&2
