@@ -36,6 +36,7 @@ from typing import Any, Literal
 
 from elftools.elf.elffile import ELFFile
 
+from cumatrix.audit import runtime_evidence
 from cumatrix.provision import headers
 from cumatrix.provision import runtimes
 from cumatrix.binary.elf import (
@@ -271,9 +272,13 @@ class AuditData:
     introductions: Mapping[str, int]  #: exported driver symbol -> CUDA version (12080)
     abi_changes: Mapping[str, tuple[str, str]]  #: runtime function -> (old, new) prototype
     sources: tuple[str, ...]  #: which headers, e.g. ("12.9", "13.5")
-    #: runtime function -> the oldest CUDA version, among the headers read, declaring it
+    #: runtime symbol -> the oldest libcudart, among those read, exporting it (12050)
     runtime_introductions: Mapping[str, int] = field(default_factory=dict)
-    runtime_sources: tuple[str, ...] = ()  #: which runtime headers were read for that
+    runtime_sources: tuple[str, ...] = ()  #: which libcudart versions were read for that
+    #: runtime symbol -> the newest libcudart, among those read, exporting it
+    runtime_last: Mapping[str, int] = field(default_factory=dict)
+    #: the audited wheel's ``Requires-Dist`` lines (set per wheel by :func:`audit_wheel`)
+    requires: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------- the audit
@@ -309,7 +314,7 @@ def _min_driver_for_major(major: int) -> str | None:
     from cumatrix.core.model import CudaVersion
     from cumatrix.predict.rules import rules
 
-    return rules().min_driver_for(CudaVersion(major, 0))
+    return rules().min_driver_for(CudaVersion(major, 0)) or runtime_evidence.compat_floor(major)
 
 
 def _runtime_intro(sym: str, intros: Mapping[str, int]) -> int | None:
@@ -321,9 +326,11 @@ def _runtime_intro(sym: str, intros: Mapping[str, int]) -> int | None:
 
 def _static_runtime_major(strings: set[str], intros: Mapping[str, int]) -> int | None:
     """The CUDA major of a statically linked runtime, from its own table of function names:
-    the newest major that at least ``_MAJOR_EVIDENCE`` of the names it carries were introduced
-    in (one name is not enough: CuPy's CUDA 12 build names cudaGetFuncBySymbol, which only
-    the 13.0 runtime headers declare).  ``None`` when no name is known."""
+    the newest major that at least ``_MAJOR_EVIDENCE`` of the names it carries were first
+    exported in (one name is not enough: a stray name of a newer runtime does not make one).
+    ``intros`` are the export dates of :mod:`cumatrix.runtime_evidence`, CUDA 11.7 on, so a
+    CUDA 11 runtime, which carries no name first exported by 12.0 or later, is dated 11.
+    ``None`` when no name is known."""
     per_major: dict[int, int] = {}
     for s in strings:
         v = _runtime_intro(s, intros)
@@ -346,6 +353,9 @@ class _Facts:
     cuda_strings: frozenset[str]  #: cuda* identifiers in loaded data
     cu_strings: frozenset[str]  #: cu* identifiers in loaded data (driver lookups)
     static_runtime: bool
+    sonames: frozenset[str] = frozenset()  #: libcudart.so.N / libcuda.so.1 named in data
+    search_paths: tuple[str, ...] = ()  #: DT_RPATH and DT_RUNPATH entries
+    requires: tuple[str, ...] = ()  #: the wheel's Requires-Dist lines
 
 
 def _needs_libcuda(f: _Facts, s: AuditSettings) -> list[Finding]:
@@ -380,13 +390,30 @@ def _runtime_majors(f: _Facts, data: AuditData) -> list[tuple[int, str, str]]:
     return out
 
 
+def _runtime_loads(f: _Facts, data: AuditData) -> list[runtime_evidence.RuntimeLoad]:
+    """Runtimes ``f`` loads at run time (dlopen): only for a file that neither links one nor
+    carries one, where nothing else says which major it needs."""
+    if f.static_runtime or any(_LIBCUDART_RE.match(lib) for lib in f.needed):
+        return []
+    names = sum(t in data.runtime_introductions for t in f.cuda_strings)
+    stub = names if names >= _STATIC_CUDART_NAMES else 0
+    return runtime_evidence.runtime_loads(sonames=f.sonames, stub_names=stub,
+                                          search_paths=f.search_paths, requires=f.requires)
+
+
 def _runtime_major_checks(f: _Facts, s: AuditSettings, data: AuditData) -> list[Finding]:
     out: list[Finding] = []
-    for major, subject, how in _runtime_majors(f, data):
+    found: list[tuple[int, str, str, Severity]] = [
+        (major, subject, how, "error") for major, subject, how in _runtime_majors(f, data)]
+    # A runtime loaded at run time is as binding as a linked one when the file's search path
+    # and the wheel's dependency agree on it; a soname string alone is a warning.
+    found += [(r.major, r.subject, r.how, "error" if r.agreed else "warning")
+              for r in _runtime_loads(f, data)]
+    for major, subject, how, worst in found:
         if s.runtimes is not None and major not in s.runtimes:
             declared = ",".join(str(r) for r in s.runtimes)
             out.append(Finding(
-                file=f.name, severity="error", code="runtime-major", subject=subject,
+                file=f.name, severity=worst, code="runtime-major", subject=subject,
                 message=(f"{how}: this file loads only next to a CUDA {major} runtime, outside "
                          f"the declared runtime majors ({declared})"),
                 fix=(f"build it against a CUDA {declared} runtime, publish one wheel per CUDA "
@@ -408,7 +435,7 @@ def _runtime_major_checks(f: _Facts, s: AuditSettings, data: AuditData) -> list[
             ))
             continue
         out.append(Finding(
-            file=f.name, severity="error", code="runtime-needs-newer-driver", subject=subject,
+            file=f.name, severity=worst, code="runtime-needs-newer-driver", subject=subject,
             message=(f"{how} needs {drv_text}, newer than --min-driver {s.min_driver}: on older "
                      "drivers every CUDA call fails with cudaErrorInsufficientDriver (35)"),
             fix=(f"raise --min-driver to {major}.0, build against a CUDA "
@@ -462,25 +489,29 @@ def _runtime_floor_checks(f: _Facts, s: AuditSettings, data: AuditData) -> list[
     majors = [int(m.group(1)) for lib in f.needed if (m := _LIBCUDART_RE.match(lib))]
     # A file that loads libcudart.so.13 cannot meet a 12.x runtime: runtime-major says so.
     floor = max([int(s.min_runtime)] + [m * 1000 for m in majors])
+    older = [int(CudaVersion.parse(x)) for x in data.runtime_sources]
+    oldest = min(older, default=0)
+    read = (f"libcudart {data.runtime_sources[0]}-{data.runtime_sources[-1]} read"
+            if data.runtime_sources else "")
     for sym in sorted(f.undefined):
         if not sym.startswith("cuda"):
             continue
         intro = _runtime_intro(sym, data.runtime_introductions)
-        if intro is None or intro <= floor:
+        # Exported by the oldest libcudart read: older than that is all the data says.
+        if intro is None or intro <= floor or intro <= oldest:
             continue
         v, fv = CudaVersion.from_int(intro), CudaVersion.from_int(floor)
-        older = [int(CudaVersion.parse(x)) for x in data.runtime_sources]
         before = max((x for x in older if x < intro), default=0)
-        # Headers of versions between two read ones were not read: there, the date is a range.
+        # Versions between two read ones were not read: there, the date is a range.
         exact = before >= floor
         out.append(Finding(
             file=f.name, severity="error" if exact else "warning",
             code="runtime-symbol-too-new", subject=sym,
-            message=(f"links runtime entry point {sym}, first declared in the CUDA {v} headers "
-                     f"(of {', '.join(data.runtime_sources)} read), newer than the oldest runtime "
+            message=(f"links runtime entry point {sym}, first exported by libcudart {v} "
+                     f"({read}), newer than the oldest runtime "
                      f"supported ({fv}): next to an older libcudart importing this file fails "
                      f"with `undefined symbol: {sym}`"
-                     + ("" if exact else f" (the {fv} headers were not read: it may be older)")),
+                     + ("" if exact else f" (libcudart {fv} was not read: it may be older)")),
             fix=(f"look it up with cudaGetDriverEntryPoint/dlsym and fall back when absent, or "
                  f"raise --min-runtime (and the runtime dependency) to {v}"),
         ))
@@ -559,8 +590,15 @@ def device_checks(name: str, codes: tuple[DeviceCode, ...], s: AuditSettings) ->
                      "for JIT: code=compute_XY)"),
             ))
             continue
+        # A GPU of this generation runs no driver older than the first that supports it, so
+        # the PTX must JIT on that driver, not on an older --min-driver.
+        gen = runtime_evidence.arch_min_cuda(arch)
+        floor = max(s.min_driver, gen) if gen is not None else s.min_driver
+        raised = (f"; a compute capability {gpu} GPU needs "
+                  f"{runtime_evidence.min_driver_text(floor)} anyway, so that is the floor here"
+                  if floor > s.min_driver else "")
         usable = [c for c in ptx if c.isa is not None and (cv := ptx_isa_cuda(c.isa)) is not None
-                  and CudaVersion(*cv) <= s.min_driver]
+                  and CudaVersion(*cv) <= floor]
         if usable:
             continue
         newest = min(ptx, key=lambda c: c.isa or (99, 99))
@@ -572,10 +610,10 @@ def device_checks(name: str, codes: tuple[DeviceCode, ...], s: AuditSettings) ->
             file=name, severity="error", code="ptx-too-new", subject=f"sm_{arch}",
             message=(f"the only code for compute capability {gpu} is {newest.label()}, which "
                      f"needs {need_text} to JIT-compile, newer than --min-driver "
-                     f"{s.min_driver}: the load fails with CUDA_ERROR_UNSUPPORTED_PTX_VERSION "
-                     "(222) there"),
+                     f"{s.min_driver}{raised}: the load fails with "
+                     "CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222) there"),
             fix=(f"add SASS for sm_{arch}, or build the PTX with a toolkit no newer than "
-                 f"--min-driver {s.min_driver}"),
+                 f"CUDA {floor}"),
         ))
     return out
 
@@ -584,15 +622,34 @@ def _gather(name: str, elf: ELFFile, data: AuditData) -> _Facts:
     names = elf_strings(elf, ("cu", _STATIC_CUDART_MARK))
     cuda = {t for t in names if t.startswith("cuda")}
     cu = {t for t in names if t.startswith(_DRIVER_VERSION_QUERIES)}
+    sonames = runtime_evidence.elf_sonames(elf)
     return _Facts(
         name=name, needed=tuple(elf_needed(elf)),
         undefined=frozenset(elf_undefined_symbols(elf)),
         exported=frozenset(elf_defined_symbols(elf)),
         cuda_strings=frozenset(cuda), cu_strings=frozenset(cu),
-        static_runtime=any(t.startswith(_STATIC_CUDART_MARK) for t in names) or (
-            _STATIC_CUDART_ERROR in cuda
-            and sum(t in data.runtime_introductions for t in cuda) >= _STATIC_CUDART_NAMES),
+        static_runtime=_is_static_runtime(names, cuda, sonames, data),
+        sonames=sonames, search_paths=runtime_evidence.elf_search_paths(elf),
+        requires=data.requires,
     )
+
+
+def _is_static_runtime(names: set[str], cuda: set[str], sonames: frozenset[str],
+                       data: AuditData) -> bool:
+    """Whether the file carries a copy of libcudart, judged by its own content.
+
+    Its objects' names (``libcudart_static_<sha1>``, gone once stripped), else the runtime's
+    error-name table and function-name table together with what only the runtime's code
+    holds: the driver it opens (``libcuda.so.1``) and the hidden driver interface it asks for
+    (``cuGetExportTable``).  A Python wrapper of the runtime API (cuda-bindings'
+    ``runtime`` module, whose docstrings name every function and error) has the tables but not
+    the code; its sibling that links the runtime (``_bindings/cyruntime``) has both.
+    """
+    if any(t.startswith(_STATIC_CUDART_MARK) for t in names):
+        return True
+    return (_STATIC_CUDART_ERROR in cuda and "cuGetExportTable" in names
+            and "libcuda.so.1" in sonames
+            and sum(t in data.runtime_introductions for t in cuda) >= _STATIC_CUDART_NAMES)
 
 
 def elf_device_code(elf: ELFFile) -> tuple[DeviceCode, ...]:
@@ -766,6 +823,7 @@ def audit_wheel(
                                   optional=optional)
     d = replace(data, introductions=introductions) if data else AuditData(
         introductions=introductions, abi_changes={}, sources=())
+    d = replace(d, requires=runtime_evidence.wheel_requires(wheel))
     members = _candidates(wheel)
     results = _run_members(wheel, members, s, d, abi_changed, jobs)
     elves: list[str] = []
@@ -922,14 +980,12 @@ def load_audit_data(*, wheel_dir: Path | None = None) -> AuditData:
     Uses the newest known runtime wheel of each CUDA major
     (:data:`cumatrix.provision.runtimes.KNOWN_WHEELS`): introductions from the newest
     ``cudaTypedefs.h``, ABI changes from diffing ``cuda_runtime_api.h`` of consecutive majors.
-    Runtime functions are dated by the oldest of all known runtime wheels' headers that
-    declares them.
+    Runtime symbols are dated by the libcudart builds that export them
+    (:func:`cumatrix.runtime_evidence.export_table`, packaged data).
     """
     newest: dict[int, CudaVersion] = {}
-    everything: set[CudaVersion] = set()
     for text in runtimes.KNOWN_WHEELS:
         v = CudaVersion.parse(text)
-        everything.add(v)
         if v > newest.get(v.major, v):
             newest[v.major] = v
         newest.setdefault(v.major, v)
@@ -939,14 +995,13 @@ def load_audit_data(*, wheel_dir: Path | None = None) -> AuditData:
     changes: dict[str, tuple[str, str]] = {}
     for old, new in itertools.pairwise(includes):
         changes.update(headers.runtime_abi_changes(old, new))
-    runtime_intro: dict[str, int] = {}
-    for v in sorted(everything, reverse=True):
-        for name in _declared_runtime(runtimes.headers_for(v, wheel_dir=wheel_dir)):
-            runtime_intro[name] = int(v)
+    exports = runtime_evidence.export_table()
     return AuditData(introductions=introductions, abi_changes=changes,
                      sources=tuple(str(v) for v in versions),
-                     runtime_introductions=runtime_intro,
-                     runtime_sources=tuple(str(v) for v in sorted(everything)))
+                     runtime_introductions=exports.first,
+                     runtime_sources=tuple(runtime_evidence.version_text(v)
+                                           for v in exports.versions),
+                     runtime_last=exports.last)
 
 
 # --------------------------------------------------------------------------- output
