@@ -1020,8 +1020,32 @@ def _by_file(audit: WheelAudit) -> dict[str, list[Finding]]:
     return out
 
 
-def format_findings(audits: Sequence[WheelAudit], *, width: int = 100) -> str:
-    """A findings table per ELF file of each wheel, for a terminal."""
+def folded_notes(audit: WheelAudit) -> dict[str, list[Finding]]:
+    """The notes of ``audit`` that are folded into one line: code -> every note of that code,
+    for each code with more than one note in the wheel (one ABI-safe lookup per symbol and
+    file made ~130 lines per wheel that buried the findings)."""
+    by_code: dict[str, list[Finding]] = {}
+    for f in audit.findings:
+        if f.severity == "note":
+            by_code.setdefault(f.code, []).append(f)
+    return {code: found for code, found in by_code.items() if len(found) > 1}
+
+
+def _fold_line(code: str, found: Sequence[Finding]) -> str:
+    files = sorted({f.file for f in found})
+    first = found[0]
+    where = f"{len(files)} file{'s' if len(files) != 1 else ''}"
+    return (f"{len(found)} {code} notes in {where} (e.g. {first.subject} in {first.file}: "
+            f"{first.message}; fix: {first.fix})")
+
+
+def format_findings(audits: Sequence[WheelAudit], *, width: int = 100,
+                    verbose: bool = False) -> str:
+    """A findings table per ELF file of each wheel, for a terminal.
+
+    Notes of one code that occur more than once in a wheel are folded into one line with a
+    count at the end of that wheel (:func:`folded_notes`); ``verbose`` lists each of them.
+    """
     lines: list[str] = []
     wrap = textwrap.TextWrapper(width=width, initial_indent=" " * 13,
                                 subsequent_indent=" " * 13, break_on_hyphens=False,
@@ -1036,19 +1060,28 @@ def format_findings(audits: Sequence[WheelAudit], *, width: int = 100) -> str:
         if not a.elves:
             lines.append("  no ELF files (a pure-Python wheel): nothing to audit")
         device = {d.file: d for d in a.device}
+        folded = {} if verbose else folded_notes(a)
+        hidden = {id(f) for fs in folded.values() for f in fs}
         for file, found in _by_file(a).items():
             d = device.get(file)
             code = (f"  [SASS {' '.join(d.sass) or '-'}; PTX {' '.join(d.ptx) or '-'}]"
                     if d else "")
-            if not found:
-                lines.append(f"  {file}: ok{code}")
+            shown = [f for f in found if id(f) not in hidden]
+            if not shown:
+                n = len(found)
+                tail = f" ({n} note{'s' if n != 1 else ''} folded below)" if n else ""
+                lines.append(f"  {file}: ok{tail}{code}")
                 continue
+            found = shown
             lines.append(f"  {file}{code}")
             for f in found:
                 lines.append(f"    {f.severity.upper():<8} {f.code:<22} {f.subject}"
                              + ("  [optional file]" if f.optional else ""))
                 lines.extend(_wrap(wrap, f.message))
                 lines.extend(_wrap(fixwrap, f.fix))
+        for fcode, found in folded.items():
+            lines.append(f"  NOTE     {fcode} x{len(found)} (-v lists each)")
+            lines.extend(_wrap(wrap, _fold_line(fcode, found)))
         lines.append("")
     errors = sum(a.errors for a in audits)
     warnings = sum(a.warnings for a in audits)
@@ -1071,8 +1104,9 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def findings_markdown(audits: Sequence[WheelAudit]) -> str:
-    """The static findings as Markdown, for the top of ``summary.md``."""
+def findings_markdown(audits: Sequence[WheelAudit], *, verbose: bool = False) -> str:
+    """The static findings as Markdown, for the top of ``summary.md`` (notes folded as in
+    :func:`format_findings` unless ``verbose``; ``static.json`` keeps every one)."""
     errors = sum(a.errors for a in audits)
     warnings = sum(a.warnings for a in audits)
     out = [f"## Static audit: {'FAIL' if errors else 'pass'} ({_counts(errors, warnings)})", ""]
@@ -1083,12 +1117,21 @@ def findings_markdown(audits: Sequence[WheelAudit]) -> str:
         out.append("")
         if not a.findings:
             continue
+        folded = {} if verbose else folded_notes(a)
+        hidden = {id(f) for fs in folded.values() for f in fs}
         out.append("| file | severity | code | subject | message | fix |")
         out.append("|---|---|---|---|---|---|")
         for f in a.findings:
+            if id(f) in hidden:
+                continue
             sev = f.severity + (" (optional)" if f.optional else "")
             out.append(f"| `{_md(f.file)}` | {sev} | {f.code} | `{_md(f.subject)}` | "
                        f"{_md(f.message)} | {_md(f.fix)} |")
+        for fcode, found in folded.items():
+            files = len({f.file for f in found})
+            out.append(f"| {files} files | note x{len(found)} | {fcode} | "
+                       f"`{_md(found[0].subject)}`, ... | {_md(found[0].message)} | "
+                       f"{_md(found[0].fix)} |")
         out.append("")
     device = device_markdown(audits)
     if device:
