@@ -6,7 +6,7 @@ ships only ``libcudart.so.11.0``), so a "static CUDA 11 runtime" is a gcc-built 
 carries what a linked ``libcudart_static.a`` leaves in a binary and what the audit reads: the
 runtime's table of entry-point names (taken from the real 11.8 wheel's ``.dynsym``), its
 error-name table entry ``cudaErrorCudartUnloading``, the driver it opens (``libcuda.so.1``)
-and the hidden driver interface it asks for (``cuGetExportTable``).  The CUDA 12 control is
+and the name of the hidden driver interface it resolves (``cuGetExportTable``).  The CUDA 12 control is
 built the same way from the 12.9 wheel's exports.  ``cudart_stub``-style loaders (XLA's) are
 built the same way: a table of names, no runtime code, an RPATH into ``nvidia/cu13/lib``.
 """

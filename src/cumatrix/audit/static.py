@@ -628,27 +628,26 @@ def _gather(name: str, elf: ELFFile, data: AuditData) -> _Facts:
         undefined=frozenset(elf_undefined_symbols(elf)),
         exported=frozenset(elf_defined_symbols(elf)),
         cuda_strings=frozenset(cuda), cu_strings=frozenset(cu),
-        static_runtime=_is_static_runtime(names, cuda, sonames, data),
+        static_runtime=_is_static_runtime(names, cuda, data),
         sonames=sonames, search_paths=runtime_evidence.elf_search_paths(elf),
         requires=data.requires,
     )
 
 
-def _is_static_runtime(names: set[str], cuda: set[str], sonames: frozenset[str],
-                       data: AuditData) -> bool:
+def _is_static_runtime(names: set[str], cuda: set[str], data: AuditData) -> bool:
     """Whether the file carries a copy of libcudart, judged by its own content.
 
     Its objects' names (``libcudart_static_<sha1>``, gone once stripped), else the runtime's
     error-name table and function-name table together with what only the runtime's code
-    holds: the driver it opens (``libcuda.so.1``) and the hidden driver interface it asks for
-    (``cuGetExportTable``).  A Python wrapper of the runtime API (cuda-bindings'
-    ``runtime`` module, whose docstrings name every function and error) has the tables but not
-    the code; its sibling that links the runtime (``_bindings/cyruntime``) has both.
+    holds: the name of the hidden driver interface it resolves (``cuGetExportTable``).  A
+    Python wrapper of the runtime API (cuda-bindings' ``runtime`` module, whose docstrings
+    name every function and error) has the tables but not the code; its sibling that links
+    the runtime (``_bindings/cyruntime``) has both.  (``libcuda.so.1`` is no mark: libnvjpeg
+    12.4 packs it behind a fixed-size message array, with no NUL before it.)
     """
     if any(t.startswith(_STATIC_CUDART_MARK) for t in names):
         return True
     return (_STATIC_CUDART_ERROR in cuda and "cuGetExportTable" in names
-            and "libcuda.so.1" in sonames
             and sum(t in data.runtime_introductions for t in cuda) >= _STATIC_CUDART_NAMES)
 
 
