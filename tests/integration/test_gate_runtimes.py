@@ -23,9 +23,9 @@ import pytest
 from elftools.elf.elffile import ELFFile
 from test_gate import _gcc, gate, make_wheel
 
-from cumatrix import runtimes
-from cumatrix.audit import load_audit_data
-from cumatrix.elf import elf_defined_symbols
+from cumatrix.provision import runtimes
+from cumatrix.audit.static import load_audit_data
+from cumatrix.binary.elf import elf_defined_symbols
 
 pytestmark = pytest.mark.network  # runtime wheels, fetched once into the cache
 

@@ -16,7 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "truth"))
 import truth  # noqa: E402
 
-from cumatrix.audit import AuditData, load_audit_data  # noqa: E402
+from cumatrix.audit.static import AuditData, load_audit_data  # noqa: E402
 
 pytestmark = pytest.mark.network
 

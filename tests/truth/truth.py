@@ -63,7 +63,7 @@ def load() -> list[dict[str, Any]]:
 
 def cache() -> Path:
     sys.path.insert(0, str(HERE.parent.parent / "src"))
-    from cumatrix.cache import cache_dir
+    from cumatrix.core.cache import cache_dir
 
     return cache_dir("truth")
 
@@ -90,9 +90,9 @@ def fetch(entry: Mapping[str, Any], dest: Path) -> Path:
 
 
 def _settings(args: Mapping[str, Any]) -> Any:
-    from cumatrix.audit import AuditSettings
-    from cumatrix.fatbin import parse_arch
-    from cumatrix.model import CudaVersion
+    from cumatrix.audit.static import AuditSettings
+    from cumatrix.binary.fatbin import parse_arch
+    from cumatrix.core.model import CudaVersion
 
     rts = tuple(int(r) for r in args["runtimes"]) if "runtimes" in args else None
     min_driver = CudaVersion.parse(args.get("min_driver", f"{min(rts)}.0" if rts else "12.0"))
@@ -105,7 +105,7 @@ def _settings(args: Mapping[str, Any]) -> Any:
 
 def evaluate(entry: Mapping[str, Any], wheel: Path, data: Any) -> Iterator[Outcome]:
     """Each check of ``entry`` against the gate's audit of ``wheel``."""
-    from cumatrix.audit import audit_wheel
+    from cumatrix.audit.static import audit_wheel
 
     for run in entry["runs"]:
         s = _settings(run["args"])
@@ -157,7 +157,7 @@ def main() -> int:
     ap.add_argument("-v", "--verbose", action="store_true", help="print every check")
     args = ap.parse_args()
     dest = args.wheel_dir or cache()
-    from cumatrix.audit import load_audit_data
+    from cumatrix.audit.static import load_audit_data
 
     data = load_audit_data()
     outcomes: list[Outcome] = []
