@@ -328,7 +328,7 @@ def _static_runtime_major(strings: set[str], intros: Mapping[str, int]) -> int |
     """The CUDA major of a statically linked runtime, from its own table of function names:
     the newest major that at least ``_MAJOR_EVIDENCE`` of the names it carries were first
     exported in (one name is not enough: a stray name of a newer runtime does not make one).
-    ``intros`` are the export dates of :mod:`cumatrix.runtime_evidence`, CUDA 11.7 on, so a
+    ``intros`` are the export dates of :mod:`cumatrix.audit.runtime_evidence`, CUDA 11.7 on, so a
     CUDA 11 runtime, which carries no name first exported by 12.0 or later, is dated 11.
     ``None`` when no name is known."""
     per_major: dict[int, int] = {}
@@ -980,7 +980,7 @@ def load_audit_data(*, wheel_dir: Path | None = None) -> AuditData:
     (:data:`cumatrix.provision.runtimes.KNOWN_WHEELS`): introductions from the newest
     ``cudaTypedefs.h``, ABI changes from diffing ``cuda_runtime_api.h`` of consecutive majors.
     Runtime symbols are dated by the libcudart builds that export them
-    (:func:`cumatrix.runtime_evidence.export_table`, packaged data).
+    (:func:`cumatrix.audit.runtime_evidence.export_table`, packaged data).
     """
     newest: dict[int, CudaVersion] = {}
     for text in runtimes.KNOWN_WHEELS:
