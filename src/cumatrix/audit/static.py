@@ -32,7 +32,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from elftools.elf.elffile import ELFFile
 
@@ -720,19 +720,42 @@ def _audit_member(wheel: Path, member: str, s: AuditSettings, data: AuditData,
     """Audit one member; any failure to read it (a damaged zip entry, an ELF that pyelftools
     or the fat binary reader rejects, however it fails) is an ``unreadable-elf`` finding."""
     try:
-        with zipfile.ZipFile(wheel) as zf, open(wheel, "rb") as raw:
-            stream = open_member(zf, raw, zf.getinfo(member))
-            try:
-                if stream.read(len(ELF_MAGIC)) != ELF_MAGIC:
-                    return _MemberResult(name=member, is_elf=False, findings=(), codes=())
-                stream.seek(0)
-                findings, codes = _audit_one(member, ELFFile(stream), s, data, abi_changed)
-            finally:
-                stream.close()
+        info = _INFOS.get(member)
+        if info is None or info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            # Not listed by _candidates, or a method only zipfile reads: the slow way.
+            with zipfile.ZipFile(wheel) as zf, open(wheel, "rb") as raw:
+                return _audit_stream(member, open_member(zf, raw, zf.getinfo(member)), s,
+                                     data, abi_changed)
+        with open(wheel, "rb") as raw:
+            # Stored and deflated members need only the archive handle: no central directory
+            # is parsed again per member (2,000 entries took 40 ms a member in CuPy's wheel).
+            return _audit_stream(member, open_member(cast(zipfile.ZipFile, None), raw, info),
+                                 s, data, abi_changed)
+    except Exception as e:  # noqa: BLE001 - a hostile file may break any parser in any way
+        return _MemberResult(name=member, is_elf=True, findings=(_unreadable(member, e),),
+                             codes=())
+
+
+def _audit_stream(member: str, stream: Any, s: AuditSettings, data: AuditData,
+                  abi_changed: Mapping[str, tuple[str, str]] | AbstractSet[str]
+                  ) -> _MemberResult:
+    try:
+        try:
+            if stream.read(len(ELF_MAGIC)) != ELF_MAGIC:
+                return _MemberResult(name=member, is_elf=False, findings=(), codes=())
+            stream.seek(0)
+            findings, codes = _audit_one(member, ELFFile(stream), s, data, abi_changed)
+        finally:
+            stream.close()
     except Exception as e:  # noqa: BLE001 - a hostile file may break any parser in any way
         return _MemberResult(name=member, is_elf=True, findings=(_unreadable(member, e),),
                              codes=())
     return _MemberResult(name=member, is_elf=True, findings=tuple(findings), codes=codes)
+
+
+#: The zip entries of the wheel being audited, by member name: read once by _candidates in
+#: the parent (plain data, no file handle, so forked workers inherit them safely).
+_INFOS: dict[str, zipfile.ZipInfo] = {}
 
 
 # Set in the parent before the pool forks, so workers inherit the (large) header facts.
@@ -749,10 +772,12 @@ def _worker(member: str) -> _MemberResult:
 def _candidates(wheel: Path) -> list[tuple[str, int]]:
     """(member, uncompressed size) of the members that start with the ELF magic."""
     out: list[tuple[str, int]] = []
+    _INFOS.clear()
     with zipfile.ZipFile(wheel) as zf, open(wheel, "rb") as raw:
         for info in zf.infolist():
             if info.is_dir() or info.file_size < len(ELF_MAGIC):
                 continue
+            _INFOS[info.filename] = info
             try:
                 head = member_magic(raw, info, len(ELF_MAGIC))
             except Exception:  # noqa: BLE001 - audited (and reported) member by member
@@ -824,7 +849,10 @@ def audit_wheel(
         introductions=introductions, abi_changes={}, sources=())
     d = replace(d, requires=runtime_evidence.wheel_requires(wheel))
     members = _candidates(wheel)
-    results = _run_members(wheel, members, s, d, abi_changed, jobs)
+    try:
+        results = _run_members(wheel, members, s, d, abi_changed, jobs)
+    finally:
+        _INFOS.clear()
     elves: list[str] = []
     findings: list[Finding] = []
     device: list[FileDevice] = []
