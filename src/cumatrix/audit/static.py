@@ -983,24 +983,6 @@ def optional_import_notes(wheel: Path, findings: Sequence[Finding]) -> list[Find
 # ------------------------------------------------------------------------ header facts
 
 
-def _declared_runtime(include_dir: Path) -> set[str]:
-    path = Path(include_dir) / "cuda_runtime_api.h"
-    if not path.is_file():
-        return set()
-    return set(_cached_prototypes(str(path), path.stat().st_mtime_ns))
-
-
-_PROTO_CACHE: dict[tuple[str, int], tuple[str, ...]] = {}
-
-
-def _cached_prototypes(path: str, mtime: int) -> tuple[str, ...]:
-    key = (path, mtime)
-    if key not in _PROTO_CACHE:
-        text = Path(path).read_text(errors="replace")
-        _PROTO_CACHE[key] = tuple(headers.runtime_prototypes(text))
-    return _PROTO_CACHE[key]
-
-
 def load_audit_data(*, wheel_dir: Path | None = None) -> AuditData:
     """Introduction versions and runtime ABI changes from the runtime wheels' headers.
 
