@@ -88,12 +88,15 @@ def _gcc(cwd: Path, out: str, source: str, *args: str) -> Path:
     return cwd / out
 
 
-def make_wheel(out_dir: Path, dist: str, files: dict[str, bytes]) -> Path:
-    """A real wheel: the package's files, then *.dist-info/{METADATA,WHEEL,RECORD}."""
+def make_wheel(out_dir: Path, dist: str, files: dict[str, bytes],
+               requires: tuple[str, ...] = ()) -> Path:
+    """A real wheel: the package's files, then *.dist-info/{METADATA,WHEEL,RECORD};
+    ``requires`` become its ``Requires-Dist`` lines."""
     tag = "cp311-cp311-linux_x86_64"
     info = f"{dist}-1.0.dist-info"
     members = dict(files)
-    members[f"{info}/METADATA"] = (f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n").encode()
+    members[f"{info}/METADATA"] = (f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n"
+                                   + "".join(f"Requires-Dist: {r}\n" for r in requires)).encode()
     members[f"{info}/WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: cumatrix-tests\n"
                                 f"Root-Is-Purelib: false\nTag: {tag}\n").encode()
     record = []

@@ -32,10 +32,11 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from elftools.elf.elffile import ELFFile
 
+from cumatrix.audit import runtime_evidence
 from cumatrix.provision import headers
 from cumatrix.provision import runtimes
 from cumatrix.binary.elf import (
@@ -271,9 +272,13 @@ class AuditData:
     introductions: Mapping[str, int]  #: exported driver symbol -> CUDA version (12080)
     abi_changes: Mapping[str, tuple[str, str]]  #: runtime function -> (old, new) prototype
     sources: tuple[str, ...]  #: which headers, e.g. ("12.9", "13.5")
-    #: runtime function -> the oldest CUDA version, among the headers read, declaring it
+    #: runtime symbol -> the oldest libcudart, among those read, exporting it (12050)
     runtime_introductions: Mapping[str, int] = field(default_factory=dict)
-    runtime_sources: tuple[str, ...] = ()  #: which runtime headers were read for that
+    runtime_sources: tuple[str, ...] = ()  #: which libcudart versions were read for that
+    #: runtime symbol -> the newest libcudart, among those read, exporting it
+    runtime_last: Mapping[str, int] = field(default_factory=dict)
+    #: the audited wheel's ``Requires-Dist`` lines (set per wheel by :func:`audit_wheel`)
+    requires: tuple[str, ...] = ()
 
 
 # --------------------------------------------------------------------------- the audit
@@ -309,7 +314,7 @@ def _min_driver_for_major(major: int) -> str | None:
     from cumatrix.core.model import CudaVersion
     from cumatrix.predict.rules import rules
 
-    return rules().min_driver_for(CudaVersion(major, 0))
+    return rules().min_driver_for(CudaVersion(major, 0)) or runtime_evidence.compat_floor(major)
 
 
 def _runtime_intro(sym: str, intros: Mapping[str, int]) -> int | None:
@@ -321,9 +326,11 @@ def _runtime_intro(sym: str, intros: Mapping[str, int]) -> int | None:
 
 def _static_runtime_major(strings: set[str], intros: Mapping[str, int]) -> int | None:
     """The CUDA major of a statically linked runtime, from its own table of function names:
-    the newest major that at least ``_MAJOR_EVIDENCE`` of the names it carries were introduced
-    in (one name is not enough: CuPy's CUDA 12 build names cudaGetFuncBySymbol, which only
-    the 13.0 runtime headers declare).  ``None`` when no name is known."""
+    the newest major that at least ``_MAJOR_EVIDENCE`` of the names it carries were first
+    exported in (one name is not enough: a stray name of a newer runtime does not make one).
+    ``intros`` are the export dates of :mod:`cumatrix.audit.runtime_evidence`, CUDA 11.7 on, so a
+    CUDA 11 runtime, which carries no name first exported by 12.0 or later, is dated 11.
+    ``None`` when no name is known."""
     per_major: dict[int, int] = {}
     for s in strings:
         v = _runtime_intro(s, intros)
@@ -346,6 +353,9 @@ class _Facts:
     cuda_strings: frozenset[str]  #: cuda* identifiers in loaded data
     cu_strings: frozenset[str]  #: cu* identifiers in loaded data (driver lookups)
     static_runtime: bool
+    sonames: frozenset[str] = frozenset()  #: libcudart.so.N / libcuda.so.1 named in data
+    search_paths: tuple[str, ...] = ()  #: DT_RPATH and DT_RUNPATH entries
+    requires: tuple[str, ...] = ()  #: the wheel's Requires-Dist lines
 
 
 def _needs_libcuda(f: _Facts, s: AuditSettings) -> list[Finding]:
@@ -380,13 +390,30 @@ def _runtime_majors(f: _Facts, data: AuditData) -> list[tuple[int, str, str]]:
     return out
 
 
+def _runtime_loads(f: _Facts, data: AuditData) -> list[runtime_evidence.RuntimeLoad]:
+    """Runtimes ``f`` loads at run time (dlopen): only for a file that neither links one nor
+    carries one, where nothing else says which major it needs."""
+    if f.static_runtime or any(_LIBCUDART_RE.match(lib) for lib in f.needed):
+        return []
+    names = sum(t in data.runtime_introductions for t in f.cuda_strings)
+    stub = names if names >= _STATIC_CUDART_NAMES else 0
+    return runtime_evidence.runtime_loads(sonames=f.sonames, stub_names=stub,
+                                          search_paths=f.search_paths, requires=f.requires)
+
+
 def _runtime_major_checks(f: _Facts, s: AuditSettings, data: AuditData) -> list[Finding]:
     out: list[Finding] = []
-    for major, subject, how in _runtime_majors(f, data):
+    found: list[tuple[int, str, str, Severity]] = [
+        (major, subject, how, "error") for major, subject, how in _runtime_majors(f, data)]
+    # A runtime loaded at run time is as binding as a linked one when the file's search path
+    # and the wheel's dependency agree on it; a soname string alone is a warning.
+    found += [(r.major, r.subject, r.how, "error" if r.agreed else "warning")
+              for r in _runtime_loads(f, data)]
+    for major, subject, how, worst in found:
         if s.runtimes is not None and major not in s.runtimes:
             declared = ",".join(str(r) for r in s.runtimes)
             out.append(Finding(
-                file=f.name, severity="error", code="runtime-major", subject=subject,
+                file=f.name, severity=worst, code="runtime-major", subject=subject,
                 message=(f"{how}: this file loads only next to a CUDA {major} runtime, outside "
                          f"the declared runtime majors ({declared})"),
                 fix=(f"build it against a CUDA {declared} runtime, publish one wheel per CUDA "
@@ -408,7 +435,7 @@ def _runtime_major_checks(f: _Facts, s: AuditSettings, data: AuditData) -> list[
             ))
             continue
         out.append(Finding(
-            file=f.name, severity="error", code="runtime-needs-newer-driver", subject=subject,
+            file=f.name, severity=worst, code="runtime-needs-newer-driver", subject=subject,
             message=(f"{how} needs {drv_text}, newer than --min-driver {s.min_driver}: on older "
                      "drivers every CUDA call fails with cudaErrorInsufficientDriver (35)"),
             fix=(f"raise --min-driver to {major}.0, build against a CUDA "
@@ -462,25 +489,29 @@ def _runtime_floor_checks(f: _Facts, s: AuditSettings, data: AuditData) -> list[
     majors = [int(m.group(1)) for lib in f.needed if (m := _LIBCUDART_RE.match(lib))]
     # A file that loads libcudart.so.13 cannot meet a 12.x runtime: runtime-major says so.
     floor = max([int(s.min_runtime)] + [m * 1000 for m in majors])
+    older = [int(CudaVersion.parse(x)) for x in data.runtime_sources]
+    oldest = min(older, default=0)
+    read = (f"libcudart {data.runtime_sources[0]}-{data.runtime_sources[-1]} read"
+            if data.runtime_sources else "")
     for sym in sorted(f.undefined):
         if not sym.startswith("cuda"):
             continue
         intro = _runtime_intro(sym, data.runtime_introductions)
-        if intro is None or intro <= floor:
+        # Exported by the oldest libcudart read: older than that is all the data says.
+        if intro is None or intro <= floor or intro <= oldest:
             continue
         v, fv = CudaVersion.from_int(intro), CudaVersion.from_int(floor)
-        older = [int(CudaVersion.parse(x)) for x in data.runtime_sources]
         before = max((x for x in older if x < intro), default=0)
-        # Headers of versions between two read ones were not read: there, the date is a range.
+        # Versions between two read ones were not read: there, the date is a range.
         exact = before >= floor
         out.append(Finding(
             file=f.name, severity="error" if exact else "warning",
             code="runtime-symbol-too-new", subject=sym,
-            message=(f"links runtime entry point {sym}, first declared in the CUDA {v} headers "
-                     f"(of {', '.join(data.runtime_sources)} read), newer than the oldest runtime "
+            message=(f"links runtime entry point {sym}, first exported by libcudart {v} "
+                     f"({read}), newer than the oldest runtime "
                      f"supported ({fv}): next to an older libcudart importing this file fails "
                      f"with `undefined symbol: {sym}`"
-                     + ("" if exact else f" (the {fv} headers were not read: it may be older)")),
+                     + ("" if exact else f" (libcudart {fv} was not read: it may be older)")),
             fix=(f"look it up with cudaGetDriverEntryPoint/dlsym and fall back when absent, or "
                  f"raise --min-runtime (and the runtime dependency) to {v}"),
         ))
@@ -559,8 +590,15 @@ def device_checks(name: str, codes: tuple[DeviceCode, ...], s: AuditSettings) ->
                      "for JIT: code=compute_XY)"),
             ))
             continue
+        # A GPU of this generation runs no driver older than the first that supports it, so
+        # the PTX must JIT on that driver, not on an older --min-driver.
+        gen = runtime_evidence.arch_min_cuda(arch)
+        floor = max(s.min_driver, gen) if gen is not None else s.min_driver
+        raised = (f"; a compute capability {gpu} GPU needs "
+                  f"{runtime_evidence.min_driver_text(floor)} anyway, so that is the floor here"
+                  if floor > s.min_driver else "")
         usable = [c for c in ptx if c.isa is not None and (cv := ptx_isa_cuda(c.isa)) is not None
-                  and CudaVersion(*cv) <= s.min_driver]
+                  and CudaVersion(*cv) <= floor]
         if usable:
             continue
         newest = min(ptx, key=lambda c: c.isa or (99, 99))
@@ -572,10 +610,10 @@ def device_checks(name: str, codes: tuple[DeviceCode, ...], s: AuditSettings) ->
             file=name, severity="error", code="ptx-too-new", subject=f"sm_{arch}",
             message=(f"the only code for compute capability {gpu} is {newest.label()}, which "
                      f"needs {need_text} to JIT-compile, newer than --min-driver "
-                     f"{s.min_driver}: the load fails with CUDA_ERROR_UNSUPPORTED_PTX_VERSION "
-                     "(222) there"),
+                     f"{s.min_driver}{raised}: the load fails with "
+                     "CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222) there"),
             fix=(f"add SASS for sm_{arch}, or build the PTX with a toolkit no newer than "
-                 f"--min-driver {s.min_driver}"),
+                 f"CUDA {floor}"),
         ))
     return out
 
@@ -584,15 +622,33 @@ def _gather(name: str, elf: ELFFile, data: AuditData) -> _Facts:
     names = elf_strings(elf, ("cu", _STATIC_CUDART_MARK))
     cuda = {t for t in names if t.startswith("cuda")}
     cu = {t for t in names if t.startswith(_DRIVER_VERSION_QUERIES)}
+    sonames = runtime_evidence.elf_sonames(elf)
     return _Facts(
         name=name, needed=tuple(elf_needed(elf)),
         undefined=frozenset(elf_undefined_symbols(elf)),
         exported=frozenset(elf_defined_symbols(elf)),
         cuda_strings=frozenset(cuda), cu_strings=frozenset(cu),
-        static_runtime=any(t.startswith(_STATIC_CUDART_MARK) for t in names) or (
-            _STATIC_CUDART_ERROR in cuda
-            and sum(t in data.runtime_introductions for t in cuda) >= _STATIC_CUDART_NAMES),
+        static_runtime=_is_static_runtime(names, cuda, data),
+        sonames=sonames, search_paths=runtime_evidence.elf_search_paths(elf),
+        requires=data.requires,
     )
+
+
+def _is_static_runtime(names: set[str], cuda: set[str], data: AuditData) -> bool:
+    """Whether the file carries a copy of libcudart, judged by its own content.
+
+    Its objects' names (``libcudart_static_<sha1>``, gone once stripped), else the runtime's
+    error-name table and function-name table together with what only the runtime's code
+    holds: the name of the hidden driver interface it resolves (``cuGetExportTable``).  A
+    Python wrapper of the runtime API (cuda-bindings' ``runtime`` module, whose docstrings
+    name every function and error) has the tables but not the code; its sibling that links
+    the runtime (``_bindings/cyruntime``) has both.  (``libcuda.so.1`` is no mark: libnvjpeg
+    12.4 packs it behind a fixed-size message array, with no NUL before it.)
+    """
+    if any(t.startswith(_STATIC_CUDART_MARK) for t in names):
+        return True
+    return (_STATIC_CUDART_ERROR in cuda and "cuGetExportTable" in names
+            and sum(t in data.runtime_introductions for t in cuda) >= _STATIC_CUDART_NAMES)
 
 
 def elf_device_code(elf: ELFFile) -> tuple[DeviceCode, ...]:
@@ -664,19 +720,42 @@ def _audit_member(wheel: Path, member: str, s: AuditSettings, data: AuditData,
     """Audit one member; any failure to read it (a damaged zip entry, an ELF that pyelftools
     or the fat binary reader rejects, however it fails) is an ``unreadable-elf`` finding."""
     try:
-        with zipfile.ZipFile(wheel) as zf, open(wheel, "rb") as raw:
-            stream = open_member(zf, raw, zf.getinfo(member))
-            try:
-                if stream.read(len(ELF_MAGIC)) != ELF_MAGIC:
-                    return _MemberResult(name=member, is_elf=False, findings=(), codes=())
-                stream.seek(0)
-                findings, codes = _audit_one(member, ELFFile(stream), s, data, abi_changed)
-            finally:
-                stream.close()
+        info = _INFOS.get(member)
+        if info is None or info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            # Not listed by _candidates, or a method only zipfile reads: the slow way.
+            with zipfile.ZipFile(wheel) as zf, open(wheel, "rb") as raw:
+                return _audit_stream(member, open_member(zf, raw, zf.getinfo(member)), s,
+                                     data, abi_changed)
+        with open(wheel, "rb") as raw:
+            # Stored and deflated members need only the archive handle: no central directory
+            # is parsed again per member (2,000 entries took 40 ms a member in CuPy's wheel).
+            return _audit_stream(member, open_member(cast(zipfile.ZipFile, None), raw, info),
+                                 s, data, abi_changed)
+    except Exception as e:  # noqa: BLE001 - a hostile file may break any parser in any way
+        return _MemberResult(name=member, is_elf=True, findings=(_unreadable(member, e),),
+                             codes=())
+
+
+def _audit_stream(member: str, stream: Any, s: AuditSettings, data: AuditData,
+                  abi_changed: Mapping[str, tuple[str, str]] | AbstractSet[str]
+                  ) -> _MemberResult:
+    try:
+        try:
+            if stream.read(len(ELF_MAGIC)) != ELF_MAGIC:
+                return _MemberResult(name=member, is_elf=False, findings=(), codes=())
+            stream.seek(0)
+            findings, codes = _audit_one(member, ELFFile(stream), s, data, abi_changed)
+        finally:
+            stream.close()
     except Exception as e:  # noqa: BLE001 - a hostile file may break any parser in any way
         return _MemberResult(name=member, is_elf=True, findings=(_unreadable(member, e),),
                              codes=())
     return _MemberResult(name=member, is_elf=True, findings=tuple(findings), codes=codes)
+
+
+#: The zip entries of the wheel being audited, by member name: read once by _candidates in
+#: the parent (plain data, no file handle, so forked workers inherit them safely).
+_INFOS: dict[str, zipfile.ZipInfo] = {}
 
 
 # Set in the parent before the pool forks, so workers inherit the (large) header facts.
@@ -693,10 +772,12 @@ def _worker(member: str) -> _MemberResult:
 def _candidates(wheel: Path) -> list[tuple[str, int]]:
     """(member, uncompressed size) of the members that start with the ELF magic."""
     out: list[tuple[str, int]] = []
+    _INFOS.clear()
     with zipfile.ZipFile(wheel) as zf, open(wheel, "rb") as raw:
         for info in zf.infolist():
             if info.is_dir() or info.file_size < len(ELF_MAGIC):
                 continue
+            _INFOS[info.filename] = info
             try:
                 head = member_magic(raw, info, len(ELF_MAGIC))
             except Exception:  # noqa: BLE001 - audited (and reported) member by member
@@ -766,8 +847,12 @@ def audit_wheel(
                                   optional=optional)
     d = replace(data, introductions=introductions) if data else AuditData(
         introductions=introductions, abi_changes={}, sources=())
+    d = replace(d, requires=runtime_evidence.wheel_requires(wheel))
     members = _candidates(wheel)
-    results = _run_members(wheel, members, s, d, abi_changed, jobs)
+    try:
+        results = _run_members(wheel, members, s, d, abi_changed, jobs)
+    finally:
+        _INFOS.clear()
     elves: list[str] = []
     findings: list[Finding] = []
     device: list[FileDevice] = []
@@ -898,38 +983,18 @@ def optional_import_notes(wheel: Path, findings: Sequence[Finding]) -> list[Find
 # ------------------------------------------------------------------------ header facts
 
 
-def _declared_runtime(include_dir: Path) -> set[str]:
-    path = Path(include_dir) / "cuda_runtime_api.h"
-    if not path.is_file():
-        return set()
-    return set(_cached_prototypes(str(path), path.stat().st_mtime_ns))
-
-
-_PROTO_CACHE: dict[tuple[str, int], tuple[str, ...]] = {}
-
-
-def _cached_prototypes(path: str, mtime: int) -> tuple[str, ...]:
-    key = (path, mtime)
-    if key not in _PROTO_CACHE:
-        text = Path(path).read_text(errors="replace")
-        _PROTO_CACHE[key] = tuple(headers.runtime_prototypes(text))
-    return _PROTO_CACHE[key]
-
-
 def load_audit_data(*, wheel_dir: Path | None = None) -> AuditData:
     """Introduction versions and runtime ABI changes from the runtime wheels' headers.
 
     Uses the newest known runtime wheel of each CUDA major
     (:data:`cumatrix.provision.runtimes.KNOWN_WHEELS`): introductions from the newest
     ``cudaTypedefs.h``, ABI changes from diffing ``cuda_runtime_api.h`` of consecutive majors.
-    Runtime functions are dated by the oldest of all known runtime wheels' headers that
-    declares them.
+    Runtime symbols are dated by the libcudart builds that export them
+    (:func:`cumatrix.audit.runtime_evidence.export_table`, packaged data).
     """
     newest: dict[int, CudaVersion] = {}
-    everything: set[CudaVersion] = set()
     for text in runtimes.KNOWN_WHEELS:
         v = CudaVersion.parse(text)
-        everything.add(v)
         if v > newest.get(v.major, v):
             newest[v.major] = v
         newest.setdefault(v.major, v)
@@ -939,14 +1004,13 @@ def load_audit_data(*, wheel_dir: Path | None = None) -> AuditData:
     changes: dict[str, tuple[str, str]] = {}
     for old, new in itertools.pairwise(includes):
         changes.update(headers.runtime_abi_changes(old, new))
-    runtime_intro: dict[str, int] = {}
-    for v in sorted(everything, reverse=True):
-        for name in _declared_runtime(runtimes.headers_for(v, wheel_dir=wheel_dir)):
-            runtime_intro[name] = int(v)
+    exports = runtime_evidence.export_table()
     return AuditData(introductions=introductions, abi_changes=changes,
                      sources=tuple(str(v) for v in versions),
-                     runtime_introductions=runtime_intro,
-                     runtime_sources=tuple(str(v) for v in sorted(everything)))
+                     runtime_introductions=exports.first,
+                     runtime_sources=tuple(runtime_evidence.version_text(v)
+                                           for v in exports.versions),
+                     runtime_last=exports.last)
 
 
 # --------------------------------------------------------------------------- output
@@ -965,8 +1029,32 @@ def _by_file(audit: WheelAudit) -> dict[str, list[Finding]]:
     return out
 
 
-def format_findings(audits: Sequence[WheelAudit], *, width: int = 100) -> str:
-    """A findings table per ELF file of each wheel, for a terminal."""
+def folded_notes(audit: WheelAudit) -> dict[str, list[Finding]]:
+    """The notes of ``audit`` that are folded into one line: code -> every note of that code,
+    for each code with more than one note in the wheel (one ABI-safe lookup per symbol and
+    file made ~130 lines per wheel that buried the findings)."""
+    by_code: dict[str, list[Finding]] = {}
+    for f in audit.findings:
+        if f.severity == "note":
+            by_code.setdefault(f.code, []).append(f)
+    return {code: found for code, found in by_code.items() if len(found) > 1}
+
+
+def _fold_line(code: str, found: Sequence[Finding]) -> str:
+    files = sorted({f.file for f in found})
+    first = found[0]
+    where = f"{len(files)} file{'s' if len(files) != 1 else ''}"
+    return (f"{len(found)} {code} notes in {where} (e.g. {first.subject} in {first.file}: "
+            f"{first.message}; fix: {first.fix})")
+
+
+def format_findings(audits: Sequence[WheelAudit], *, width: int = 100,
+                    verbose: bool = False) -> str:
+    """A findings table per ELF file of each wheel, for a terminal.
+
+    Notes of one code that occur more than once in a wheel are folded into one line with a
+    count at the end of that wheel (:func:`folded_notes`); ``verbose`` lists each of them.
+    """
     lines: list[str] = []
     wrap = textwrap.TextWrapper(width=width, initial_indent=" " * 13,
                                 subsequent_indent=" " * 13, break_on_hyphens=False,
@@ -981,19 +1069,28 @@ def format_findings(audits: Sequence[WheelAudit], *, width: int = 100) -> str:
         if not a.elves:
             lines.append("  no ELF files (a pure-Python wheel): nothing to audit")
         device = {d.file: d for d in a.device}
+        folded = {} if verbose else folded_notes(a)
+        hidden = {id(f) for fs in folded.values() for f in fs}
         for file, found in _by_file(a).items():
             d = device.get(file)
             code = (f"  [SASS {' '.join(d.sass) or '-'}; PTX {' '.join(d.ptx) or '-'}]"
                     if d else "")
-            if not found:
-                lines.append(f"  {file}: ok{code}")
+            shown = [f for f in found if id(f) not in hidden]
+            if not shown:
+                n = len(found)
+                tail = f" ({n} note{'s' if n != 1 else ''} folded below)" if n else ""
+                lines.append(f"  {file}: ok{tail}{code}")
                 continue
+            found = shown
             lines.append(f"  {file}{code}")
             for f in found:
                 lines.append(f"    {f.severity.upper():<8} {f.code:<22} {f.subject}"
                              + ("  [optional file]" if f.optional else ""))
                 lines.extend(_wrap(wrap, f.message))
                 lines.extend(_wrap(fixwrap, f.fix))
+        for fcode, found in folded.items():
+            lines.append(f"  NOTE     {fcode} x{len(found)} (-v lists each)")
+            lines.extend(_wrap(wrap, _fold_line(fcode, found)))
         lines.append("")
     errors = sum(a.errors for a in audits)
     warnings = sum(a.warnings for a in audits)
@@ -1016,8 +1113,9 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def findings_markdown(audits: Sequence[WheelAudit]) -> str:
-    """The static findings as Markdown, for the top of ``summary.md``."""
+def findings_markdown(audits: Sequence[WheelAudit], *, verbose: bool = False) -> str:
+    """The static findings as Markdown, for the top of ``summary.md`` (notes folded as in
+    :func:`format_findings` unless ``verbose``; ``static.json`` keeps every one)."""
     errors = sum(a.errors for a in audits)
     warnings = sum(a.warnings for a in audits)
     out = [f"## Static audit: {'FAIL' if errors else 'pass'} ({_counts(errors, warnings)})", ""]
@@ -1028,12 +1126,21 @@ def findings_markdown(audits: Sequence[WheelAudit]) -> str:
         out.append("")
         if not a.findings:
             continue
+        folded = {} if verbose else folded_notes(a)
+        hidden = {id(f) for fs in folded.values() for f in fs}
         out.append("| file | severity | code | subject | message | fix |")
         out.append("|---|---|---|---|---|---|")
         for f in a.findings:
+            if id(f) in hidden:
+                continue
             sev = f.severity + (" (optional)" if f.optional else "")
             out.append(f"| `{_md(f.file)}` | {sev} | {f.code} | `{_md(f.subject)}` | "
                        f"{_md(f.message)} | {_md(f.fix)} |")
+        for fcode, found in folded.items():
+            files = len({f.file for f in found})
+            out.append(f"| {files} files | note x{len(found)} | {fcode} | "
+                       f"`{_md(found[0].subject)}`, ... | {_md(found[0].message)} | "
+                       f"{_md(found[0].fix)} |")
         out.append("")
     device = device_markdown(audits)
     if device:

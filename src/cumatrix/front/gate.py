@@ -537,12 +537,20 @@ what the static audit reports (per ELF file, read from the zip without extractin
   needs-libcuda          DT_NEEDED on libcuda.so*: warning (error with --strict)
   underlinked-libcuda    undefined driver (cu*) symbols and no DT_NEEDED libcuda: error
   driver-symbol-too-new  undefined cu* symbol introduced after --min-driver: error
-  runtime-major          DT_NEEDED libcudart.so.N (or a static libcudart N) outside
-                         --runtimes: error
+  runtime-major          DT_NEEDED libcudart.so.N, a static libcudart N (dated by the
+                         names its own tables carry), or a libcudart loaded at run
+                         time (dlopen) outside --runtimes: error
   runtime-needs-newer-driver
                          that runtime major needs a newer driver than --min-driver:
                          error (a note with --forward-compat)
-  runtime-symbol-too-new undefined cuda* symbol newer than --min-runtime: error
+                         a runtime loaded at run time (subject `dlopen libcudart...`):
+                         a soname in read-only data or a cudart_stub-style name table,
+                         its major from the soname, the RPATH/RUNPATH into
+                         nvidia/cuNN/lib and the wheel's Requires-Dist on
+                         nvidia-cuda-runtime*: an error where path and dependency
+                         agree, a warning where only a string hints at it
+  runtime-symbol-too-new undefined cuda* symbol first exported by a libcudart newer
+                         than --min-runtime: error
   abi-lookup             string naming a runtime function whose ABI changed between
                          CUDA majors (e.g. cudaMemcpyBatchAsync): warning; an error
                          (abi-lookup-driver-version) when the file asks the driver's
@@ -550,12 +558,17 @@ what the static audit reports (per ELF file, read from the zip without extractin
                          runtime's; names inside a static libcudart are not lookups
   no-device-code         an --arch-list GPU that neither SASS nor PTX covers: error
   ptx-too-new            an --arch-list GPU covered only by PTX whose ISA needs a newer
-                         driver than --min-driver: error
+                         driver than --min-driver, or than the first driver that
+                         supports that GPU generation (sm_100/sm_120: CUDA 12.8),
+                         whichever is newer: error
   optional-import        a failing file imported only under try/except ImportError:
                          note (suggests --optional)
   unreadable-elf         a file with the ELF magic that does not parse: error
-Introduction versions and ABI changes are read from the headers of the CUDA runtime
-wheels (fetched once into the cache; --wheel-dir uses already-downloaded wheels).
+Driver introduction versions and ABI changes are read from the headers of the CUDA
+runtime wheels (fetched once into the cache; --wheel-dir uses already-downloaded
+wheels); runtime symbols are dated by the exports of libcudart 11.7 to 13.5 (packaged
+data, scripts/runtime-exports.py). Notes of one kind that occur more than once in a
+wheel are folded into one line with a count; -v lists each.
 The summary lists each file's SASS and PTX (arch and PTX ISA version).
 
 exit status: 0 no error finding and every cell met its expectation, 1 an error
@@ -597,6 +610,9 @@ def add_gate_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
                    help=("member path glob (fnmatch) of ELF files loaded only inside a guarded "
                          "import; their findings become warnings (repeatable)"))
     p.add_argument("--static-only", action="store_true", help="stop after the static audit")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help=("list every note; by default notes of one kind that occur more than "
+                         "once in a wheel are folded into one line with a count"))
     p.add_argument("--matrix", type=Path, default=None, metavar="M",
                    help=("matrix file whose runtime x driver pairings the dynamic stage runs "
                          "(its variants, workloads and cases are ignored); default: "
@@ -654,9 +670,10 @@ def _default_min_runtime(runtime_majors: tuple[int, ...] | None) -> CudaVersion:
     return _default_min_driver(runtime_majors)
 
 
-def _write_outputs(out: Path, audits: Sequence[WheelAudit], record: dict[str, object]) -> None:
+def _write_outputs(out: Path, audits: Sequence[WheelAudit], record: dict[str, object],
+                   verbose: bool = False) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.md").write_text(findings_markdown(audits), encoding="utf-8")
+    (out / "summary.md").write_text(findings_markdown(audits, verbose=verbose), encoding="utf-8")
     (out / "static.json").write_text(dumps(record), encoding="utf-8")
     (out / "junit.xml").write_text(findings_junit(audits), encoding="utf-8")
 
@@ -697,15 +714,17 @@ def _gate(args: argparse.Namespace) -> int:
             ))
         except (zipfile.BadZipFile, OSError) as e:
             raise UsageError(f"{w}: cannot read the wheel: {e}") from e
+    exports = (f" and the exports of libcudart {data.runtime_sources[0]}-"
+               f"{data.runtime_sources[-1]}" if data.runtime_sources else "")
     print(f"static audit: --min-driver {min_driver}, runtimes "
           f"{','.join(map(str, runtime_majors)) if runtime_majors else 'any'}, "
-          f"facts from CUDA {' and '.join(data.sources)} headers")
-    print(format_findings(audits), end="")
+          f"facts from CUDA {' and '.join(data.sources)} headers{exports}")
+    print(format_findings(audits, verbose=getattr(args, "verbose", False)), end="")
     status = 1 if any(a.errors for a in audits) else 0
     record = findings_record(audits, settings=settings, sources=data.sources)
     if args.static_only:
         if args.out is not None:
-            _write_outputs(args.out, audits, record)
+            _write_outputs(args.out, audits, record, getattr(args, "verbose", False))
         return status
     dynamic = run_dynamic_stage(args, wheels, record)
     return max(status, dynamic)

@@ -1,0 +1,49 @@
+"""The static audit against the hand-checked truth set of published wheels (tests/truth/).
+
+Each wheel is downloaded once into ``$XDG_CACHE_HOME/cumatrix/truth`` and its sha256 checked;
+where it cannot be downloaded (no network) its test is skipped with the reason.  The
+agreement figure over the whole set is printed by ``python tests/truth/truth.py``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "truth"))
+import truth  # noqa: E402
+
+from cumatrix.audit.static import AuditData, load_audit_data  # noqa: E402
+
+pytestmark = pytest.mark.network
+
+ENTRIES = truth.load()
+
+
+@pytest.fixture(scope="module")
+def data() -> AuditData:
+    return load_audit_data()
+
+
+def test_truth_set_spans_the_classes() -> None:
+    # At least 15 wheels; CUDA 11, 12 and 13 builds; static, linked and dlopen'd runtimes.
+    assert len(ENTRIES) >= 15
+    assert {c for e in ENTRIES for c in e["cuda"]} >= {"11", "12", "13"}
+    assert {c for e in ENTRIES for c in e["classes"]} >= {"static", "dynamic", "dlopen",
+                                                          "sass", "ptx"}
+    assert all(c.get("evidence") for e in ENTRIES for r in e["runs"] for c in r["checks"]
+               if "exit" not in c)
+
+
+@pytest.mark.parametrize("entry", ENTRIES, ids=[e["requirement"] for e in ENTRIES])
+def test_gate_agrees_with_the_truth_set(entry: dict[str, Any], data: AuditData) -> None:
+    try:
+        wheel = truth.fetch(entry, truth.cache())
+    except truth.Unavailable as e:
+        pytest.skip(f"cannot download the truth-set wheel here: {e}")
+    outcomes = list(truth.evaluate(entry, wheel, data))
+    wrong = [f"[{o.args}] {o.check} (gate: {o.got})" for o in outcomes if not o.agreed]
+    assert not wrong, "\n".join(wrong)
