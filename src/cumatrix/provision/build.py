@@ -149,9 +149,10 @@ def _headers_digest(include: Path) -> str:
     return h.hexdigest()
 
 
-def _command(cc: str, include: Path, ref: Path, source: str, out: Path, name: str) -> tuple[str, ...]:
+def _command(cc: str, include: Path, ref: Path, source: str, out: Path, name: str,
+             extra_cflags: tuple[str, ...] = ()) -> tuple[str, ...]:
     link = LINK_DIRECT if name == "direct-link" else LINK_CLEAN
-    return (cc, *CFLAGS, f"-I{include}", f"-I{ref}", "-o", str(out), str(ref / source), *link)
+    return (cc, *CFLAGS, *extra_cflags, f"-I{include}", f"-I{ref}", "-o", str(out), str(ref / source), *link)
 
 
 def _run(cmd: tuple[str, ...], cwd: Path) -> tuple[int, str]:
@@ -163,11 +164,12 @@ def _run(cmd: tuple[str, ...], cwd: Path) -> tuple[int, str]:
 
 
 def build_variant(variant: str, family: str, headers: Path, *, cache: Path | None = None,
-                  cc: str = "gcc") -> BuildResult:
+                  cc: str = "gcc", extra_cflags: tuple[str, ...] = ()) -> BuildResult:
     """Build ``variant`` of ``family`` against the CUDA ``headers`` (an ``include/`` dir).
 
     ``variant`` is a name of :data:`cumatrix.core.model.VARIANT_FAMILIES` (``loop`` picks the
-    family's loop).  A compile failure is returned (``ok=False``, the compiler's message in
+    family's loop).  ``extra_cflags`` follow :data:`CFLAGS` (a sanitizer build, for example:
+    ``("-fsanitize=thread", "-g", "-O1")``) and are part of the cache key.  A compile failure is returned (``ok=False``, the compiler's message in
     ``log``), not raised; a missing compiler or unreadable headers raise :class:`HarnessError`.
     """
     name = _check_variant(variant, family)
@@ -176,7 +178,7 @@ def build_variant(variant: str, family: str, headers: Path, *, cache: Path | Non
     ref = reference_dir()
     ident = _compiler_identity(cc)
     key_src = json.dumps({"name": name, "sources": _sources_digest(ref), "headers": _headers_digest(include),
-                          "cuda": version, "cc": [cc, ident], "cflags": CFLAGS,
+                          "cuda": version, "cc": [cc, ident], "cflags": (*CFLAGS, *extra_cflags),
                           "link": LINK_DIRECT if name == "direct-link" else LINK_CLEAN, "stub": _LINK_STUB_C},
                          sort_keys=True)
     key = hashlib.sha256(key_src.encode()).hexdigest()[:20]
@@ -200,7 +202,7 @@ def build_variant(variant: str, family: str, headers: Path, *, cache: Path | Non
             rc, out = _run(stub_cmd, tmp)
             if rc != 0:
                 raise HarnessError(f"cannot build the libcuda link stub: {out[-500:]}")
-        cmd = _command(cc, include, ref, SOURCES[name], tmp / lib_name, name)
+        cmd = _command(cc, include, ref, SOURCES[name], tmp / lib_name, name, tuple(extra_cflags))
         rc, out = _run(cmd, tmp)
         ok = rc == 0
         log_parts.append(out)
