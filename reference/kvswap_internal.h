@@ -1,6 +1,7 @@
 /*
  * kvswap_internal.h - helpers every variant shares: argument checks, status filling,
  * the chunk limit and the legacy-stream test.  Not installed; included by each .c file.
+ * It defines no state: the chunk limit lives in kvswap_common.c, linked into every library.
  */
 #ifndef KVSWAP_INTERNAL_H
 #define KVSWAP_INTERNAL_H
@@ -13,13 +14,14 @@
 
 #include "kvswap.h"
 
-static _Atomic size_t kv_chunk_limit = KVSWAP_DEFAULT_CHUNK;
+/* Shared between the translation units of one library, never exported: with -fvisibility=hidden
+ * this is the default already, and the attribute says so where the symbol is declared. */
+#define KV_HIDDEN __attribute__((visibility("hidden")))
 
-KVSWAP_API void kvswap_set_chunk_limit(size_t max_descriptors_per_call) {
-    atomic_store(&kv_chunk_limit, max_descriptors_per_call ? max_descriptors_per_call : KVSWAP_DEFAULT_CHUNK);
-}
+/* Descriptors per batch call (kvswap_set_chunk_limit); defined in kvswap_common.c. */
+extern KV_HIDDEN _Atomic size_t kv_chunk_limit;
 
-static inline size_t kv_chunk(void) { return atomic_load(&kv_chunk_limit); }
+static inline size_t kv_chunk(void) { return atomic_load_explicit(&kv_chunk_limit, memory_order_relaxed); }
 
 static inline const char *kv_own_error_name(int code) {
     switch (code) {

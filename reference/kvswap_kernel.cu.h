@@ -2,7 +2,7 @@
  * kvswap_kernel.cu.h - the copy kernel's CUDA source, as a C string.
  *
  * Compiled at run time (NVRTC, to machine code for the device's own architecture) by
- * kernel_path.inc; the host library stays plain C built by gcc.  The same text is checked by
+ * kernel_path.c; the host library stays plain C built by gcc.  The same text is checked by
  * `nvcc -cubin` in the tests, so keep it free of host-only constructs.
  *
  * A persistent grid of warps: work item `it` is slice (it % slices) of block (it / slices), and

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 
-from cumatrix.provision.build import build_variant, headers_version
+from cumatrix.binary.elf import elf_defined_symbols
+from cumatrix.provision.build import build_variant, headers_version, reference_dir
 from cumatrix.provision.runtimes import headers_for
 
 CORRECT = [("proc-address", "driver"), ("loop", "driver"), ("runtime-dispatch", "runtime"),
@@ -27,6 +29,17 @@ def needed(path: Path) -> list[str]:
                 for t in s.iter_tags() if t.entry.d_tag == "DT_NEEDED"]
 
 
+def public_api() -> set[str]:
+    """The functions kvswap.h declares: all a library may export."""
+    text = (reference_dir() / "kvswap.h").read_text()
+    return set(re.findall(r"KVSWAP_API\s[^;(]*?\b(kvswap_\w+)\s*\(", text))
+
+
+def exported(path: Path) -> set[str]:
+    with open(path, "rb") as f:
+        return set(elf_defined_symbols(ELFFile(f)))
+
+
 def test_headers_version(headers: tuple[str, Path]) -> None:
     version, include = headers
     assert headers_version(include) == {"12.8": 12080, "13.0": 13000}[version]
@@ -40,6 +53,15 @@ def test_builds_without_cuda_dt_needed(headers: tuple[str, Path], variant: str, 
     assert result.library is not None and result.library.is_file()
     libs = needed(result.library)
     assert not [n for n in libs if n.startswith(("libcuda", "libcudart"))], libs
+    # What the translation units of a library share (kernel_path.c, kvswap_common.c, driver_api.h)
+    # stays hidden: a library exports kvswap.h's functions and nothing else; proc-address all of them.
+    api = public_api()
+    assert len(api) >= 17 and "kvswap_swap_blocks" in api, sorted(api)
+    ours = exported(result.library)
+    assert ours <= api, sorted(ours - api)
+    assert {"kvswap_swap_blocks", "kvswap_set_chunk_limit", "kvswap_variant_name", "kvswap_family"} <= ours
+    if variant == "proc-address":
+        assert ours == api, sorted(api - ours)
     again = build_variant(variant, family, include, cache=tmp_path)
     assert again.cache_hit and again.library == result.library
 

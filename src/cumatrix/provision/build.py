@@ -1,6 +1,7 @@
 """Compile the reference swap's variants with gcc against a runtime wheel's headers.
 
-Each variant is one shared library (``libkvswap-<name>.so``) built from ``reference/``.
+Each variant is one shared library (``libkvswap-<name>.so``) built from ``reference/``: the
+variant's own source, linked with the translation units it shares (:data:`SOURCES`).
 Builds are cached under ``<cache>/builds/`` by a content hash of the sources, the
 headers, the compiler and the flags, so unchanged inputs never rebuild.  A failed
 compile is cached too: it is an outcome (``build-error``), not an accident.  Builds run
@@ -25,15 +26,19 @@ from cumatrix.core.cache import cache_dir
 from cumatrix.core.errors import HarnessError, UsageError, did_you_mean
 from cumatrix.core.model import VARIANT_FAMILIES, CudaVersion
 
-#: Library name -> C source file in the reference directory.
-SOURCES: dict[str, str] = {
-    "proc-address": "proc_address.c",
-    "direct-link": "direct_link.c",
-    "driver-loop": "driver_loop.c",
-    "runtime-dispatch": "runtime_dispatch.c",
-    "driver-dispatch": "driver_dispatch.c",
-    "header-dispatch": "header_dispatch.c",
-    "runtime-loop": "runtime_loop.c",
+#: What every library links besides its own source: the state all variants share (the chunk limit).
+COMMON_SOURCES: tuple[str, ...] = ("kvswap_common.c",)
+#: Library name -> the C translation units in the reference directory it is built from: the
+#: variant's own source first, then the shared ones (proc-address's copy-kernel path is
+#: ``kernel_path.c``).
+SOURCES: dict[str, tuple[str, ...]] = {
+    "proc-address": ("proc_address.c", "kernel_path.c", *COMMON_SOURCES),
+    "direct-link": ("direct_link.c", *COMMON_SOURCES),
+    "driver-loop": ("driver_loop.c", *COMMON_SOURCES),
+    "runtime-dispatch": ("runtime_dispatch.c", *COMMON_SOURCES),
+    "driver-dispatch": ("driver_dispatch.c", *COMMON_SOURCES),
+    "header-dispatch": ("header_dispatch.c", *COMMON_SOURCES),
+    "runtime-loop": ("runtime_loop.c", *COMMON_SOURCES),
 }
 
 #: Flags every variant is compiled with.
@@ -129,8 +134,9 @@ def _compiler_identity(cc: str) -> str:
     return first[0] if first else cc
 
 
-#: What the reference sources are made of: variant sources, headers, and the ``.inc`` fragments
-#: a variant's source includes (family bodies that define its exported functions).
+#: What the reference sources are made of: translation units (variant sources, ``kernel_path.c``,
+#: ``kvswap_common.c``), headers, and the ``.inc`` fragments a variant's source includes (family
+#: bodies that define its exported functions).  Every such file is in the build's cache key.
 SOURCE_SUFFIXES: tuple[str, ...] = (".c", ".h", ".inc")
 
 
@@ -149,10 +155,11 @@ def _headers_digest(include: Path) -> str:
     return h.hexdigest()
 
 
-def _command(cc: str, include: Path, ref: Path, source: str, out: Path, name: str,
+def _command(cc: str, include: Path, ref: Path, sources: tuple[str, ...], out: Path, name: str,
              extra_cflags: tuple[str, ...] = ()) -> tuple[str, ...]:
     link = LINK_DIRECT if name == "direct-link" else LINK_CLEAN
-    return (cc, *CFLAGS, *extra_cflags, f"-I{include}", f"-I{ref}", "-o", str(out), str(ref / source), *link)
+    return (cc, *CFLAGS, *extra_cflags, f"-I{include}", f"-I{ref}", "-o", str(out),
+            *(str(ref / source) for source in sources), *link)
 
 
 def _run(cmd: tuple[str, ...], cwd: Path) -> tuple[int, str]:

@@ -1,7 +1,9 @@
 /*
- * kernel_path.inc - proc-address's copy kernel, its copy-engine fan-out, and the per-call path
- * policy.  A source fragment included once by driver_family.inc when KV_USE_KERNEL is 1; it builds
- * on driver_api.inc and on nothing that includes it back.
+ * kernel_path.c - proc-address's copy kernel, its copy-engine fan-out, and the per-call path
+ * policy.  A translation unit of its own, linked into the variants whose .c file defines
+ * KV_USE_KERNEL 1 (proc-address): driver_family.inc calls kv_policy_route (kernel_path.h), and
+ * this file uses the driver entry points driver_api.inc resolved (driver_api.h).  Everything else
+ * here is static, except the exported policy API (kvswap.h).
  *
  * Why a kernel: every copy-engine copy costs microseconds of setup, so 4-16 KiB blocks move far
  * below the link (reports/bench/swap-h200.json: 16 KiB d2h batched at 0.3 of the link, d2d at ~4 GB/s); vLLM added a
@@ -39,13 +41,18 @@
  * a following call (on any stream) can never overwrite descriptors a running kernel still
  * reads: the pool only reuses memory whose free has been ordered before the new use.
  */
-#ifndef KV_KERNEL_PATH_INC
-#define KV_KERNEL_PATH_INC
-
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
-#include "driver_api.inc"
+#include "driver_api.h"
+#include "kernel_path.h"
+#include "kvswap_internal.h"
 #include "kvswap_kernel.cu.h"
 
 typedef CUresult (*kv_cu_ctx_get_current_fn)(CUcontext *);
@@ -73,6 +80,32 @@ typedef CUresult (*kv_cu_stream_wait_event_fn)(CUstream, CUevent, unsigned);
 typedef CUresult (*kv_cu_occupancy_fn)(int *, CUfunction, int, size_t);
 typedef CUresult (*kv_cu_driver_version_fn)(int *);
 
+/* Each type is the headers' own for the version kv_kernel_resolve asks for (cuMemHostAlloc: its
+ * only ABI, v2020, which a request for 3020 returns). */
+KV_SAME_TYPE(kv_cu_ctx_get_current_fn, PFN_cuCtxGetCurrent_v4000);
+KV_SAME_TYPE(kv_cu_ctx_get_device_fn, PFN_cuCtxGetDevice_v2000);
+KV_SAME_TYPE(kv_cu_ctx_get_id_fn, PFN_cuCtxGetId_v12000);
+KV_SAME_TYPE(kv_cu_dev_attr_fn, PFN_cuDeviceGetAttribute_v2000);
+KV_SAME_TYPE(kv_cu_module_load_data_fn, PFN_cuModuleLoadData_v2000);
+KV_SAME_TYPE(kv_cu_module_get_function_fn, PFN_cuModuleGetFunction_v2000);
+KV_SAME_TYPE(kv_cu_launch_fn, PFN_cuLaunchKernel_v4000);
+KV_SAME_TYPE(kv_cu_htod_async_fn, PFN_cuMemcpyHtoDAsync_v3020);
+KV_SAME_TYPE(kv_cu_pool_create_fn, PFN_cuMemPoolCreate_v11020);
+KV_SAME_TYPE(kv_cu_pool_set_attr_fn, PFN_cuMemPoolSetAttribute_v11020);
+KV_SAME_TYPE(kv_cu_alloc_pool_async_fn, PFN_cuMemAllocFromPoolAsync_v11020);
+KV_SAME_TYPE(kv_cu_free_async_fn, PFN_cuMemFreeAsync_v11020);
+KV_SAME_TYPE(kv_cu_ptr_attr_fn, PFN_cuPointerGetAttribute_v4000);
+KV_SAME_TYPE(kv_cu_stream_create_prio_fn, PFN_cuStreamCreateWithPriority_v5050);
+KV_SAME_TYPE(kv_cu_prio_range_fn, PFN_cuCtxGetStreamPriorityRange_v5050);
+KV_SAME_TYPE(kv_cu_event_create_fn, PFN_cuEventCreate_v2000);
+KV_SAME_TYPE(kv_cu_event_record_fn, PFN_cuEventRecord_v2000);
+KV_SAME_TYPE(kv_cu_event_query_fn, PFN_cuEventQuery_v2000);
+KV_SAME_TYPE(kv_cu_host_alloc_fn, PFN_cuMemHostAlloc_v2020);
+KV_SAME_TYPE(kv_cu_host_free_fn, PFN_cuMemFreeHost_v2000);
+KV_SAME_TYPE(kv_cu_stream_wait_event_fn, PFN_cuStreamWaitEvent_v3020);
+KV_SAME_TYPE(kv_cu_occupancy_fn, PFN_cuOccupancyMaxActiveBlocksPerMultiprocessor_v6050);
+KV_SAME_TYPE(kv_cu_driver_version_fn, PFN_cuDriverGetVersion_v2020);
+
 /* NVRTC, declared here so no nvrtc.h is needed at build time (its ABI is stable since 7.0). */
 typedef void *kv_nvrtc_prog;
 typedef int (*kv_nvrtc_version_fn)(int *, int *);
@@ -89,6 +122,12 @@ typedef struct {
     unsigned slices, pad;
     unsigned long long addr[2 * KVSWAP_PARAM_BLOCKS];
 } kvswap_params;
+/* The device's struct kvswap_params: three 8-byte words, then the addresses; 32664 bytes in all,
+ * under the 32764 bytes of parameters CUDA 12.1+ allows (kvswap_kernel.cu.h). */
+_Static_assert(offsetof(kvswap_params, slices) == 16 && offsetof(kvswap_params, addr) == 24,
+               "kvswap_params must match the kernel's parameter layout");
+_Static_assert(sizeof(kvswap_params) == 24 + 16 * KVSWAP_PARAM_BLOCKS && sizeof(kvswap_params) <= 32764,
+               "kvswap_params must fit the launch's parameter space");
 
 #define KV_STR_(x) #x
 #define KV_STR(x) KV_STR_(x)
@@ -477,7 +516,7 @@ KVSWAP_API int kvswap_calibration_sm_budget(void) {
 
 /* ------------------------------------------------------------------ resolution and compile */
 
-/* After kv_drv_resolve (driver_api.inc) succeeded: the entry points of the kernel and the fan-out. */
+/* After driver_api.inc's kv_drv_resolve succeeded: the entry points of the kernel and the fan-out. */
 static void kv_kernel_resolve(void) {
 #define KV_K(field, type, name, version) kv_k.field = (type)kv_drv_lookup(name, version)
     KV_K(ctx_get_current, kv_cu_ctx_get_current_fn, "cuCtxGetCurrent", 4000);
@@ -991,4 +1030,54 @@ static int kv_kernel_ready(int slot, void *const *src, void *const *dst, size_t 
     return slot;
 }
 
-#endif /* KV_KERNEL_PATH_INC */
+/* ------------------------------------------------------------------ the per-call route (kernel_path.h) */
+
+int kv_policy_route(void *const *src, void *const *dst, const size_t *sizes, size_t n, void *stream, int direction,
+                    kvswap_path *path, kvswap_status *st, int *use_batch, int *rc) {
+    CUstream s = (CUstream)stream;
+    int policy = kv_policy_now();
+    if (policy == KVSWAP_POLICY_LOOP) *use_batch = 0;
+    if (policy == KVSWAP_POLICY_LOOP || policy == KVSWAP_POLICY_BATCH) return 0;
+    pthread_once(&kv_k.resolve_once, kv_kernel_resolve);
+    int slot = kv_context_slot();
+    /* Every block of a call shares block 0's direction; a pinned host pointer is assumed mapped
+     * here (the kernel checks that itself before it takes one). */
+    if (slot >= 0 && direction == KVSWAP_DIR_UNKNOWN) direction = kv_direction_of(src, dst, 1);
+    int beside_kernel = policy == KVSWAP_POLICY_BESIDE_COMPUTE &&
+                        (direction == KVSWAP_DIR_D2D || kv_beside_host_now() == KVSWAP_PATH_KERNEL);
+    int wants_kernel = policy == KVSWAP_POLICY_KERNEL || policy == KVSWAP_POLICY_FASTEST || beside_kernel;
+    int why = 0;
+    int ready = wants_kernel ? kv_kernel_ready(slot, src, dst, n, &direction, &why) : -1;
+    unsigned long long total = 0;
+    for (size_t i = 0; i < n; i++) total += sizes[i];
+    unsigned long long mean = total / n;
+    int choice = KVSWAP_PATH_BATCH;
+    if (policy == KVSWAP_POLICY_KERNEL) choice = KVSWAP_PATH_KERNEL;
+    else if (policy == KVSWAP_POLICY_FASTEST && ready >= 0) choice = kv_cal_pick(direction, mean, n);
+    else if (beside_kernel) choice = KVSWAP_PATH_KERNEL;
+    if (choice == KVSWAP_PATH_FALLBACK) *use_batch = 0;
+    if (ready >= 0 && choice == KVSWAP_PATH_KERNEL) {
+        kv_set_path(path, KVSWAP_PATH_KERNEL);
+        *rc = policy == KVSWAP_POLICY_BESIDE_COMPUTE ? kv_kernel_copy_budgeted(ready, src, dst, sizes, n, s, st)
+                                                     : kv_kernel_copy(ready, src, dst, sizes, n, 0, s, st);
+        return -1;
+    }
+    /* Forced kernel that cannot load (e.g. 222, PTX newer than the driver): say so, do not hide it. */
+    if (policy == KVSWAP_POLICY_KERNEL && why) {
+        kv_set_path(path, KVSWAP_PATH_KERNEL);
+        *rc = kv_fail(st, why, -1, why > 0 ? kv_drv_error_name((CUresult)why) : NULL, "copy kernel unavailable: %s",
+                      kvswap_kernel_info());
+        return -1;
+    }
+    /* Copy engines: calls of kv_ce_chunk_now() descriptors, fanned out over the calibrated number of
+     * streams where that is more than one (never for the legacy stream, which keeps the
+     * per-block path: vLLM issue 46345). */
+    if (!*use_batch || !kv_drv.batch || kv_is_legacy_stream(stream)) return 0;
+    int streams = kv_streams_for(direction, mean, n);
+    kv_set_path(path, KVSWAP_PATH_BATCH);
+    if (streams > 1 && slot >= 0 && kv_k.ctx[slot].ce_ready)
+        *rc = kv_batch_fanout(slot, src, dst, sizes, n, streams, s, st);
+    else
+        *rc = kv_drv_batch_chunked(src, dst, sizes, 0, n, kv_ce_chunk_now(), kv_ce_flags_now(), s, st);
+    return -1;
+}
