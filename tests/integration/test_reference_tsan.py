@@ -164,8 +164,10 @@ def test_concurrent_swaps_are_race_free(tsan_build: dict[str, Path], headers: st
                           extra_cflags=TSAN)
     assert built.ok and built.library is not None, built.log
     env = {k: v for k, v in os.environ.items() if not k.startswith(("KVSWAP_", "STANDIN_"))}
+    # The compile takes 50 ms, so that every thread reaches the kernel path's lazy initialisation
+    # while it runs, even on a loaded machine with few cores.
     env.update(LD_LIBRARY_PATH=str(tsan_build["driver"]), STANDIN_KERNEL="1", KVSWAP_NVRTC=str(tsan_build["nvrtc"]),
-               TSAN_OPTIONS="halt_on_error=1:exitcode=66")
+               STANDIN_NVRTC_DELAY_MS="50", TSAN_OPTIONS="halt_on_error=1:exitcode=66")
     proc = subprocess.run([str(tsan_build["program"]), str(built.library)], capture_output=True, text=True,
                           env=env, timeout=300)
     assert "ThreadSanitizer" not in proc.stderr, proc.stderr[-6000:]
