@@ -4,13 +4,15 @@
  * cudaErrorNotSupported part-way); it proves nothing about CUDA's behaviour.
  *   gcc -shared -fPIC -Wl,-soname,libcudart.so.13 -o libcudart.so.13 libcudart_stand_in.c
  * Knob: STANDIN_BATCH_OK=N lets the first N batch calls succeed; later ones return 801
- * (cudaErrorNotSupported), as a runtime does when the driver cannot run the batch. */
+ * (cudaErrorNotSupported), as a runtime does when the driver cannot run the batch.
+ * Thread-safe (atomic counters): the ThreadSanitizer test calls it from several threads at once. */
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define EXPORT __attribute__((visibility("default")))
-static unsigned long n_memcpy, n_batch;
+static _Atomic unsigned long n_memcpy, n_batch, n_tried;
 
 EXPORT unsigned long standin_count(int which) { return which == 0 ? n_memcpy : n_batch; }
 EXPORT int cudaRuntimeGetVersion(int *v) { *v = 13000; return 0; }
@@ -27,7 +29,8 @@ EXPORT int cudaMemcpyBatchAsync(void *const *dsts, const void *const *srcs, cons
                                 void *attrs, size_t *attrIdxs, size_t numAttrs, void *stream) {
     (void)attrs; (void)attrIdxs; (void)numAttrs; (void)stream;
     const char *ok = getenv("STANDIN_BATCH_OK");
-    if (ok && n_batch >= strtoul(ok, NULL, 10)) return 801;
+    /* One atomic count of the calls, so that exactly N succeed however many threads call at once. */
+    if (ok && n_tried++ >= strtoul(ok, NULL, 10)) return 801;
     n_batch++;
     for (size_t i = 0; i < count; i++) memcpy(dsts[i], srcs[i], sizes[i]);
     return 0;
