@@ -159,13 +159,17 @@ EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, voi
     (void)stream; memcpy((void *)(uintptr_t)d, s, n); return 0;
 }
 EXPORT CUresult cuMemPoolCreate(void **pool, const void *props) { (void)props; *pool = (void *)0x5000; return 0; }
-EXPORT CUresult cuMemPoolSetAttribute(void *pool, int attr, void *value) { (void)pool; (void)attr; (void)value; return 0; }
+EXPORT CUresult cuMemPoolSetAttribute(void *pool, int attr, void *value) {
+    (void)pool; (void)attr; (void)value; return 0;
+}
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t n, void *pool, void *stream) {
     (void)pool; (void)stream; *p = (CUdeviceptr)(uintptr_t)malloc(n); return *p ? 0 : 2;
 }
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, void *stream) { (void)stream; free((void *)(uintptr_t)p); return 0; }
 /* No pointer attributes: callers of the kernel path here name the direction. */
-EXPORT CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p) { (void)data; (void)attr; (void)p; return 1; }
+EXPORT CUresult cuPointerGetAttribute(void *data, int attr, CUdeviceptr p) {
+    (void)data; (void)attr; (void)p; return 1;
+}
 EXPORT CUresult cuEventQuery(void *e) { (void)e; return 0; }
 EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, void *fn, int threads, size_t shmem) {
     (void)fn; (void)threads; (void)shmem; *n = 8; return 0;

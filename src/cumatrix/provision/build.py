@@ -176,8 +176,9 @@ def build_variant(variant: str, family: str, headers: Path, *, cache: Path | Non
 
     ``variant`` is a name of :data:`cumatrix.core.model.VARIANT_FAMILIES` (``loop`` picks the
     family's loop).  ``extra_cflags`` follow :data:`CFLAGS` (a sanitizer build, for example:
-    ``("-fsanitize=thread", "-g", "-O1")``) and are part of the cache key.  A compile failure is returned (``ok=False``, the compiler's message in
-    ``log``), not raised; a missing compiler or unreadable headers raise :class:`HarnessError`.
+    ``("-fsanitize=thread", "-g", "-O1")``) and are part of the cache key.  A compile failure is
+    returned (``ok=False``, the compiler's message in ``log``), not raised; a missing compiler or
+    unreadable headers raise :class:`HarnessError`.
     """
     name = _check_variant(variant, family)
     include = Path(headers).resolve()
