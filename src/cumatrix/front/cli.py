@@ -155,6 +155,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.wheel_dir and not Path(args.wheel_dir).is_dir():
         raise UsageError(f"--wheel-dir {args.wheel_dir}: no such directory")
     _preflight(args, m, mpath)
+    from cumatrix.front.history_cli import check_history
+
+    check_history(args)  # a bad --history is exit 2 before any cell runs
     import pytest
 
     out = Path(args.out)
@@ -186,9 +189,11 @@ def _write_reports(args: argparse.Namespace) -> None:
     from cumatrix.report import load_records, write_all
     from cumatrix.report.markdown import headline
 
+    from cumatrix.front.history_cli import record
+
     try:
         run = load_records(out / "results.jsonl")
-        write_all(run, out)
+        write_all(record(args, run, kind="run"), out)
     except CumatrixError as e:
         print(f"cumatrix: reports not written: {e}", file=sys.stderr)
         return
@@ -310,6 +315,9 @@ def add_run(sub: Any) -> None:
                         "CUMATRIX_REQUIRE_GPU=1)")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per cell from pytest too")
     p.add_argument("-q", "--quiet", action="store_true", help="only failures and the final line")
+    from cumatrix.front.history_cli import add_history_options
+
+    add_history_options(p)
     from cumatrix.execute import sandbox
 
     sandbox.add_cli_options(p, default=None)
@@ -396,7 +404,9 @@ def cmd_report(args: argparse.Namespace) -> int:
     run = load_records(d / "results.jsonl")
     for w in getattr(run, "warnings", ()):
         print(f"cumatrix: warning: {w}", file=sys.stderr)
-    for p in write_all(run, d):
+    from cumatrix.front.history_cli import since_for
+
+    for p in write_all(since_for(args, run), d):
         print(p)
     print(headline(run), file=sys.stderr)
     return 0
@@ -427,7 +437,10 @@ def cmd_merge(args: argparse.Namespace) -> int:
         from cumatrix.front.plan import planned_cells
 
         plan = planned_cells(_matrix.load(_matrix_arg(args.matrix)))
-    run = merge_runs(dirs, host_names=None, plan=plan)
+    from cumatrix.front.history_cli import check_history, record
+
+    check_history(args)
+    run = record(args, merge_runs(dirs, host_names=None, plan=plan), kind="merge")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for p in write_all(run, out):
@@ -511,6 +524,9 @@ def add_misc(sub: Any) -> None:
     p = sub.add_parser("report", help="rebuild the reports of a run from its results.jsonl",
                        epilog=EPILOGS["report"], formatter_class=raw)
     p.add_argument("dir", nargs="?", default=DEFAULT_OUT, help=f"a run's --out directory (default: {DEFAULT_OUT})")
+    from cumatrix.front.history_cli import add_history_options, add_history_parsers
+
+    add_history_options(p)  # read only: the "since the last run" section of a stored run
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("merge", help="combine runs of several hosts into one report",
@@ -520,7 +536,9 @@ def add_misc(sub: Any) -> None:
     p.add_argument("--matrix", metavar="FILE",
                    help="the matrix the runs ran: every cell it (or its hosts: plan) means to run is expected; "
                         "for runs that did not record their plan")
+    add_history_options(p)
     p.set_defaults(func=cmd_merge)
+    add_history_parsers(sub)
 
     p = sub.add_parser("doctor", help="check every tool and service a feature needs; say how to fix each",
                        description="Check Python, gcc, the matrix's runtimes (cached or fetchable), a GPU, nvcc, "

@@ -371,6 +371,9 @@ def _check_dynamic_inputs(args: argparse.Namespace) -> None:
         raise UsageError(f"--constraints {args.constraints}: no such file")
     if args.wheel_dir is not None and not Path(args.wheel_dir).is_dir():
         raise UsageError(f"--wheel-dir {args.wheel_dir}: no such directory")
+    from cumatrix.front.history_cli import check_history
+
+    check_history(args)
     if importlib.util.find_spec("pip") is None:
         raise UsageError(f"the dynamic stage installs wheels with pip, which {sys.executable} "
                          "lacks: `python -m ensurepip`, or gate with --static-only")
@@ -420,7 +423,9 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path], static: 
             store.close()
     finally:
         orch.close()
-    write_all(load_records(out / JSONL), out)
+    from cumatrix.front.history_cli import record
+
+    write_all(record(args, load_records(out / JSONL), kind="gate"), out)
     for rec in failed:
         print(f"FAIL {rec.id}: {rec.mismatch}")
     print(f"dynamic stage: {'FAIL' if failed else 'pass'}: {len(failed)} of {len(cells)} cells "
@@ -638,7 +643,9 @@ def add_gate_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     p.add_argument("--wheel-dir", type=Path, default=None, metavar="DIR",
                    help="directory of already-downloaded CUDA runtime wheels")
     from cumatrix.execute import sandbox
+    from cumatrix.front.history_cli import add_history_options
 
+    add_history_options(p)
     sandbox.add_cli_options(p, default="auto")
     p.set_defaults(func=gate_main)
     return p

@@ -227,7 +227,16 @@ def to_html(run: RunData) -> str:
         charts=[str(ch["workload"]) for ch in data["charts"]],  # type: ignore[attr-defined]
         extra_count=len(run.extra), extra_kinds=", ".join(extra_kinds),
         data=_json_for_script(data), details=_json_for_script(details), total=c.total,
+        since=_since(run),
     )
+
+
+def _since(run: RunData) -> dict[str, object] | None:
+    if run.since is None:
+        return None
+    from .since import html_data
+
+    return html_data(run.since)
 
 
 def write_html(run: RunData, path: Path) -> Path:

@@ -34,6 +34,11 @@ def to_json(run: RunData) -> dict[str, object]:
     return {**_head(run), "cells": [cell.to_json() for cell in run.cells]}
 
 
+def _since(run: RunData) -> dict[str, object]:
+    """``since_last_run``: the run against the previous one of its matrix, when the history has one."""
+    return {} if run.since is None else {"since_last_run": run.since.to_json()}
+
+
 def _head(run: RunData) -> dict[str, object]:
     """Every key of the document but ``cells``."""
     head = run.header
@@ -70,6 +75,7 @@ def _head(run: RunData) -> dict[str, object]:
         "missing_hosts": list(run.missing_hosts),
         "warnings": list(run.warnings),
         "extra": [dict(e) for e in run.extra],
+        **_since(run),
     }
 
 

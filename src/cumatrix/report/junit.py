@@ -118,15 +118,28 @@ def to_xml(run: RunData) -> ET.ElementTree:
             ("driver_string", head.host_fingerprint.get("driver_string")),
             ("started", run.started),
             ("finished", run.finished),
+            *_since_properties(run),
         ],
     )
     for cell in run.cells:
         suite.append(_case(cell))
     for cid, host in run.not_run_where():
         suite.append(_not_run_case(cid, host))
+    if run.since is not None:  # the "since the last run" text, where CI shows a suite's output
+        from .since import text
+
+        ET.SubElement(suite, "system-out").text = clean(text(run.since))
     _static_suites(root, run)
     ET.indent(root)
     return ET.ElementTree(root)
+
+
+def _since_properties(run: RunData) -> list[tuple[str, object]]:
+    if run.since is None:
+        return []
+    from .since import junit_properties
+
+    return junit_properties(run.since)
 
 
 def _static_suites(root: ET.Element, run: RunData) -> None:

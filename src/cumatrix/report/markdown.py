@@ -231,6 +231,10 @@ def to_markdown(run: RunData) -> str:
     lines += [verdict_line(run), ""]
     lines += _meta(run)
     lines.append("")
+    if run.since is not None:  # what changed since the previous run of this matrix (history)
+        from .since import markdown as since_markdown
+
+        lines += since_markdown(run.since)
     lines += _mismatches(run)
     lines += _not_run(run)
     lines += _grids(run)

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from cumatrix.core.errors import ConfigError, Problem
 from cumatrix.core.model import Spread, Timings
@@ -27,6 +27,9 @@ from cumatrix.core.record import (
     _Reader,
     axes_from_id,
 )
+
+if TYPE_CHECKING:
+    from ..historydiff import Diff
 
 #: The reports' name for a cell record (the same type).
 CellResult = CellRecord
@@ -120,6 +123,8 @@ class RunData:
     missing_hosts: tuple[str, ...] = ()
     #: The plan a merge held the runs against (``--matrix``, else the one they recorded).
     plan: PlannedCells | None = None
+    #: this run against the previous run of its matrix in the history, when one is stored
+    since: Diff | None = None
 
     def not_run_where(self) -> list[tuple[str, str | None]]:
         """``(cell id, host that should have run it)`` for every cell not run."""

@@ -1,0 +1,207 @@
+"""``cumatrix history`` and ``cumatrix diff``, and the ``--history`` / ``--no-history``
+options by which ``run``, ``merge`` and ``gate`` append to the history."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import UsageError
+
+if TYPE_CHECKING:
+    from .report.records import RunData
+
+EPILOG_HISTORY = """\
+examples:
+  cumatrix history                        # every stored run, newest last
+  cumatrix history --json                 # the same, machine-readable
+  cumatrix history --prune --keep 90      # keep the newest 90 runs of each matrix
+  cumatrix history --prune --older-than 180
+"""
+EPILOG_DIFF = """\
+examples:
+  cumatrix diff                 # the newest run against the run of its matrix before it
+  cumatrix diff 41              # run #41 against the run of its matrix before it
+  cumatrix diff 12 41 --json    # run #41 against #12 (history ids or run ids)
+"""
+
+
+def add_history_options(p: argparse.ArgumentParser) -> None:
+    """``--history FILE`` and ``--no-history`` on a command that records its run."""
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--history", metavar="FILE",
+                   help="append the run to this history (default $CUMATRIX_HISTORY, else "
+                        "$XDG_DATA_HOME/cumatrix/history.sqlite)")
+    g.add_argument("--no-history", action="store_true", help="do not record the run in the history")
+
+
+def history_path(args: argparse.Namespace) -> Path | None:
+    """The history the command records to, or None with ``--no-history``."""
+    from .history import default_path
+
+    if getattr(args, "no_history", False):
+        return None
+    given = getattr(args, "history", None)
+    return Path(given) if given else default_path()
+
+
+def check_history(args: argparse.Namespace) -> None:
+    """Open (create, migrate) the history before any work: a bad file is exit 2 up front."""
+    from .history import History
+
+    path = history_path(args)
+    if path is not None:
+        with History.open(path):
+            pass
+
+
+def record(args: argparse.Namespace, run: RunData, *, kind: str) -> RunData:
+    """Append ``run`` to the history; returns it with ``since`` set when a previous run of its
+    matrix is stored.  A history that cannot be written is a warning, not the run's failure:
+    the cells ran and their reports must still be written."""
+    import sqlite3
+
+    from .history import History, HistoryError, git_commit
+    from .historydiff import diff
+
+    path = history_path(args)
+    if path is None:
+        return run
+    try:
+        with History.open(path) as hist:
+            rid = hist.append(run, kind=kind, commit=git_commit())
+            b = hist.run(str(rid))
+            earlier = hist.runs(digest=b.digest, upto=rid - 1, limit=1)
+            if not earlier:
+                return run
+            return replace(run, since=diff(hist, earlier[0], b, trends=True))
+    except (HistoryError, sqlite3.Error, OSError) as e:
+        print(f"cumatrix: warning: run not recorded in the history {path}: {e}", file=sys.stderr)
+        return run
+
+
+def since_for(args: argparse.Namespace, run: RunData) -> RunData:
+    """For ``cumatrix report``: the stored run of this results file (by run id), compared with
+    the one before it, read-only; the run as it is when the history has neither."""
+    import sqlite3
+
+    from .history import History, HistoryError
+    from .historydiff import diff
+
+    path = history_path(args)
+    if path is None or not path.is_file() or not run.runs:
+        return run
+    try:
+        with History.open(path, create=False) as hist:
+            uid = run.runs[-1].run_id
+            row = hist.conn.execute("SELECT max(id) FROM runs WHERE run_uid = ?", (uid,)).fetchone()[0]
+            if row is None:
+                return run
+            b = hist.run(str(row))
+            earlier = hist.runs(digest=b.digest, upto=b.id - 1, limit=1)
+            return replace(run, since=diff(hist, earlier[0], b, trends=True)) if earlier else run
+    except (HistoryError, sqlite3.Error) as e:
+        print(f"cumatrix: warning: history {path} not read: {e}", file=sys.stderr)
+        return run
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _require_file(args: argparse.Namespace) -> Path:
+    path = history_path(args)
+    if path is None:
+        raise UsageError("--no-history: this command reads the history")
+    return path
+
+
+def cmd_history(args: argparse.Namespace) -> int:
+    """``cumatrix history [--prune ...] [--json]``."""
+    from .history import History
+
+    if (args.keep is not None or args.older_than is not None) and not args.prune:
+        raise UsageError("--keep and --older-than go with --prune")
+    if args.prune and args.keep is None and args.older_than is None:
+        raise UsageError("--prune needs --keep N or --older-than DAYS")
+    if args.keep is not None and args.keep < 1:
+        raise UsageError(f"--keep {args.keep}: must be at least 1")
+    if args.older_than is not None and not args.older_than >= 0:
+        raise UsageError(f"--older-than {args.older_than}: must be a number of days, 0 or more")
+    path = _require_file(args)
+    with History.open(path, create=False) as hist:
+        if args.prune:
+            gone = hist.prune(keep=args.keep, older_than_days=args.older_than)
+            if args.json:
+                print(json.dumps({"history": str(path), "deleted": gone}, indent=2))
+            else:
+                print(f"{path}: deleted {len(gone)} run{'s' if len(gone) != 1 else ''}"
+                      + (f" ({', '.join(f'#{i}' for i in gone)})" if 0 < len(gone) <= 20 else ""))
+            return 0
+        runs = hist.runs(limit=args.limit)
+    if args.json:
+        print(json.dumps({"history": str(path), "runs": [r.to_json() for r in runs]}, indent=2, sort_keys=True))
+        return 0
+    if not runs:
+        print(f"{path}: no runs stored yet")
+        return 0
+    print(f"{'id':>5}  {'run id':12}  {'time':20}  {'kind':5}  {'matrix (sha256)':34}  {'host':16}  "
+          f"{'pass':>5} {'fail':>5} {'skip':>5} {'n/r':>5}  verdict")
+    for r in runs:
+        matrix = f"{Path(r.matrix).name} ({r.digest[:8]})"
+        print(f"{r.id:>5}  {r.run_uid:12}  {(r.started or r.recorded):20}  {r.kind:5}  {matrix[:34]:34}  "
+              f"{r.host[:16]:16}  {r.passed:>5} {r.failed:>5} {r.skipped:>5} {r.not_run:>5}  {r.verdict}")
+    return 0
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    """``cumatrix diff [A] [B] [--json] [--window N]``."""
+    from .history import History
+    from .historydiff import diff, resolve, to_text
+
+    if args.window < 2:
+        raise UsageError(f"--window {args.window}: must be at least 2")
+    path = _require_file(args)
+    with History.open(path, create=False) as hist:
+        a, b = resolve(hist, args.a, args.b)
+        d = diff(hist, a, b, window=args.window)
+    if args.json:
+        print(json.dumps(d.to_json(), indent=2, sort_keys=True))
+    else:
+        print(to_text(d), end="")
+    return 0
+
+
+def add_history_parsers(sub: Any) -> None:
+    """Register ``history`` and ``diff``."""
+    from .historydiff import DEFAULT_WINDOW
+
+    raw = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser("history", help="list the runs stored in the history; prune it",
+                       description="List the runs stored in the history file (id, time, matrix, host, counts), "
+                                   "or delete old ones with --prune.",
+                       epilog=EPILOG_HISTORY, formatter_class=raw)
+    p.add_argument("--history", metavar="FILE", help="the history file (default $CUMATRIX_HISTORY, else "
+                                                     "$XDG_DATA_HOME/cumatrix/history.sqlite)")
+    p.add_argument("--json", action="store_true", help="machine-readable")
+    p.add_argument("--limit", type=int, metavar="N", help="only the newest N runs")
+    p.add_argument("--prune", action="store_true", help="delete runs (with --keep or --older-than)")
+    p.add_argument("--keep", type=int, metavar="N", help="with --prune: keep the newest N runs of each matrix")
+    p.add_argument("--older-than", type=float, metavar="DAYS", help="with --prune: delete runs older than DAYS")
+    p.set_defaults(func=cmd_history)
+
+    p = sub.add_parser("diff", help="what changed between two stored runs; flaky cells",
+                       description="Compare run B with run A: new failures, fixes, changed outcomes, cells newly "
+                                   "skipped or not run, GB/s and speedups beyond their run-to-run noise, and cells "
+                                   "whose outcome flipped at least twice in the last --window runs (flaky).",
+                       epilog=EPILOG_DIFF, formatter_class=raw)
+    p.add_argument("a", nargs="?", metavar="A", help="the earlier run (history id or run id)")
+    p.add_argument("b", nargs="?", metavar="B", help="the later run (default: the newest)")
+    p.add_argument("--history", metavar="FILE", help="the history file (default as for `cumatrix history`)")
+    p.add_argument("--json", action="store_true", help="machine-readable")
+    p.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="N",
+                   help=f"runs looked back over for noise and flaky cells (default {DEFAULT_WINDOW})")
+    p.set_defaults(func=cmd_diff)
