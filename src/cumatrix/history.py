@@ -150,6 +150,28 @@ class CellKey:
         return f"{self.name} on {self.host}" if self.host else self.name
 
 
+class CellKeys(Mapping[int, CellKey]):
+    """Cell number -> :class:`CellKey`, each made when first asked for (a diff names a few
+    cells of thousands)."""
+
+    def __init__(self, names: dict[int, tuple[str, str]]) -> None:
+        self._names = names
+        self._made: dict[int, CellKey] = {}
+
+    def __getitem__(self, cid: int) -> CellKey:
+        key = self._made.get(cid)
+        if key is None:
+            name, host = self._names[cid]
+            key = self._made[cid] = CellKey(name=name, host=host)
+        return key
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Result:
     """One cell of one stored run."""
@@ -318,7 +340,9 @@ class History:
                     "FROM runs) WHERE n > ?", (keep,))}
             if older_than_days is not None:
                 cut = ((now or datetime.now(UTC)) - timedelta(days=older_than_days)).strftime("%Y-%m-%dT%H:%M:%SZ")
-                doomed |= {int(r) for (r,) in self.conn.execute("SELECT id FROM runs WHERE recorded < ?", (cut,))}
+                # a run's age is that of its start (the run's own clock), else of its recording
+                doomed |= {int(r) for (r,) in self.conn.execute(
+                    "SELECT id FROM runs WHERE coalesce(started, recorded) < ?", (cut,))}
             ids = sorted(doomed)
             for table, column in (("results", "run"), ("records", "run"), ("runs", "id")):
                 self.conn.executemany(f"DELETE FROM {table} WHERE {column} = ?", [(i,) for i in ids])
@@ -374,6 +398,20 @@ class History:
                         for c, s, o, g, sp in self.conn.execute(
                             "SELECT cell, status, outcome, gbps, speedup FROM results WHERE run = ?", (rid,))}
         return out
+
+    def cell_keys(self) -> CellKeys:
+        """Every stored cell by its number."""
+        return CellKeys({i: (n, h) for i, n, h in self.conn.execute("SELECT id, name, host FROM cells")})
+
+    def outcome_labels(self) -> dict[int, str]:
+        """Every stored outcome label by its number."""
+        return dict(self.conn.execute("SELECT id, label FROM outcomes"))
+
+    def rows(self, run_id: int) -> dict[int, tuple[int, int, int, float | None, float | None]]:
+        """A run's cells as stored: cell number -> (cell, status code, outcome number, GB/s,
+        speedup); what :mod:`cumatrix.historydiff` works on, without building objects per row."""
+        return {r[0]: r for r in self.conn.execute(
+            "SELECT cell, status, outcome, gbps, speedup FROM results WHERE run = ?", (run_id,))}
 
     def kinds(self) -> dict[CellKey, str]:
         """Each cell's kind (swap, probe, command), as stored."""

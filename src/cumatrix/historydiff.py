@@ -15,7 +15,8 @@ noise of a cell is measured on its history: the values of the metric in the last
 ``window`` runs of the matrix up to and including A.  With m their median and MAD the median
 absolute deviation from m, noise = max(1.4826 x MAD, 2% of |m|) (1.4826 x MAD estimates a
 standard deviation; the 2% floor keeps a cell that happened to repeat itself exactly from
-flagging every wobble).  B's value moved when |B - m| > 3 x noise.  A cell needs at least
+flagging every wobble).  B's value moved when |B - m| > 4 x noise (with 10 earlier values the
+MAD is itself a rough estimate; 4 keeps a year of nightlies of 10,000 cells from crying wolf).  A cell needs at least
 :data:`MIN_SAMPLES` earlier values; with fewer it is not judged.
 
 ``flaky`` names the cells whose outcome label changed at least twice between consecutive
@@ -29,14 +30,14 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .history import NOT_RUN, CellKey, History, HistoryError, Result, StoredRun
+from .history import NOT_RUN, STATUS_CODES, STATUS_NAMES, CellKey, History, HistoryError, Result, StoredRun
 
 #: Runs looked back over for noise and flips (``--window``).
 DEFAULT_WINDOW = 10
 #: Flips within the window that make a cell flaky.
 FLAKY_FLIPS = 2
 #: How many noise units a value must move to be reported.
-NOISE_K = 3.0
+NOISE_K = 4.0
 #: The noise floor, relative to the median.
 NOISE_FLOOR = 0.02
 #: 1.4826 x MAD estimates the standard deviation of normally distributed values.
@@ -199,48 +200,96 @@ def diff(hist: History, a: StoredRun, b: StoredRun, *, window: int = DEFAULT_WIN
     """Compare stored runs ``a`` and ``b`` (see the module's text for every list)."""
     if window < 2:
         raise HistoryError(f"--window {window}: must be at least 2")
-    # The window: runs of B's matrix up to B, and those up to A for the noise.
-    span = hist.runs(digest=b.digest, upto=b.id, limit=window)
-    before_a = [r for r in hist.runs(digest=b.digest, upto=a.id, limit=window)] if a.digest == b.digest else [a]
-    ids = sorted({r.id for r in span} | {r.id for r in before_a} | {a.id, b.id})
-    res = hist.results_of(ids)
-    ra, rb = res[a.id], res[b.id]
+    # The window: runs of B's matrix up to B (flips), and up to A (the noise).  Rows stay
+    # tuples keyed by cell number; objects are made only for what is reported (a 10,000-cell
+    # matrix and a window of 10 are 110,000 rows).
+    span = [r.id for r in hist.runs(digest=b.digest, upto=b.id, limit=window)]
+    before_a = [r.id for r in hist.runs(digest=b.digest, upto=a.id, limit=window)] if a.digest == b.digest else [a.id]
+    ra, rb = hist.rows(a.id), hist.rows(b.id)
+    keys = hist.cell_keys()
+    labels = hist.outcome_labels()
+
+    def result(row: tuple[int, int, int, float | None, float | None] | None) -> Result | None:
+        if row is None:
+            return None
+        return Result(status=STATUS_NAMES[row[1]], outcome=labels[row[2]], gbps=row[3], speedup=row[4])
+
     lists: dict[str, list[Change]] = {name: [] for name in LISTS}
-    for cell in [*ra, *(k for k in rb if k not in ra)]:
-        where = classify(cell, ra.get(cell), rb.get(cell))
+    for cid in [*ra, *(c for c in rb if c not in ra)]:
+        x, y = ra.get(cid), rb.get(cid)
+        if x is not None and y is not None and x[1] == y[1] and x[2] == y[2]:
+            continue
+        before, after = result(x), result(y)
+        where = classify(keys[cid], before, after)
         if where is not None:
-            lists[where].append(Change(cell=cell, before=ra.get(cell), after=rb.get(cell)))
-    speed = []
-    for cell, after in rb.items():
-        for metric in METRICS:
-            value = getattr(after, metric)
-            if value is None or after.status != "pass":
-                continue
-            earlier = [v for r in before_a if (x := res[r.id].get(cell)) is not None and x.status == "pass"
-                       and (v := getattr(x, metric)) is not None]
-            if len(earlier) < MIN_SAMPLES:
-                continue
-            m, noise = noise_of(earlier)
-            if noise > 0 and abs(value - m) > NOISE_K * noise:
-                before = ra.get(cell)
-                speed.append(SpeedMove(cell=cell, metric=metric, before=getattr(before, metric) if before else None,
-                                       after=value, median=m, noise=noise, samples=len(earlier)))
+            lists[where].append(Change(cell=keys[cid], before=before, after=after))
+    speed = _speed(hist, before_a, ra, rb, keys)
     flaky = []
-    for cell in rb.keys() | {k for r in span for k in res[r.id]}:
-        seq = tuple(x.outcome for r in span if (x := res[r.id].get(cell)) is not None and x.status != NOT_RUN)
+    marks = ",".join("?" * len(span))
+    # Only cells with more than one outcome among the runs of the window in which they ran
+    # can have flipped: SQLite finds them; their sequences are read for those alone.
+    seqs: dict[int, list[str]] = {}
+    for cid, outcome in hist.conn.execute(
+            f"SELECT cell, outcome FROM results WHERE run IN ({marks}) AND status != {STATUS_CODES[NOT_RUN]} "
+            f"AND cell IN (SELECT cell FROM results WHERE run IN ({marks}) AND status != {STATUS_CODES[NOT_RUN]} "
+            "GROUP BY cell HAVING min(outcome) != max(outcome)) ORDER BY run", [*span, *span]):
+        seqs.setdefault(cid, []).append(labels[outcome])
+    for cid, seq in seqs.items():
         n = flips_of(seq)
         if n >= FLAKY_FLIPS:
-            flaky.append(Flaky(cell=cell, flips=n, outcomes=seq))
+            flaky.append(Flaky(cell=keys[cid], flips=n, outcomes=tuple(seq)))
     flaky.sort(key=lambda f: (-f.flips, f.cell.name, f.cell.host))
-    trend = None
-    if trends:
-        kinds = hist.kinds()
-        trend = {cell: tuple((r.id, x.gbps) for r in span if (x := res[r.id].get(cell)) is not None
-                             and x.gbps is not None)
-                 for cell in rb if kinds.get(cell) == "swap"}
-        trend = {k: v for k, v in trend.items() if v}
+    trend = _trends(hist, span, rb, keys) if trends else None
     return Diff(a=a, b=b, window=window, **{k: tuple(v) for k, v in lists.items()}, speed=tuple(speed),
                 flaky=tuple(flaky), trends=trend)
+
+
+def _speed(hist: History, runs: Sequence[int], ra: Mapping[int, tuple], rb: Mapping[int, tuple],  # type: ignore[type-arg]
+           keys: Mapping[int, CellKey]) -> list[SpeedMove]:
+    """Cells of B (passed) whose GB/s or speedup lies beyond the noise of their earlier values."""
+    passed = STATUS_CODES["pass"]
+    earlier: dict[int, tuple[list[float], list[float]]] = {}
+    for rid in runs:
+        for cid, g, sp in hist.conn.execute("SELECT cell, gbps, speedup FROM results WHERE run = ? AND status = ? "
+                                            "AND (gbps IS NOT NULL OR speedup IS NOT NULL)", (rid, passed)):
+            lists = earlier.get(cid)
+            if lists is None:
+                lists = earlier[cid] = ([], [])
+            if g is not None:
+                lists[0].append(g)
+            if sp is not None:
+                lists[1].append(sp)
+    out = []
+    for cid, row in rb.items():
+        if row[1] != passed or cid not in earlier:
+            continue
+        for col, metric, values in ((3, "gbps", earlier[cid][0]), (4, "speedup", earlier[cid][1])):
+            value = row[col]
+            n = len(values)
+            if value is None or n < MIN_SAMPLES:
+                continue
+            values.sort()
+            m = values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+            if abs(value - m) <= NOISE_K * NOISE_FLOOR * abs(m):
+                continue  # within the floor: not moved whatever the spread (the common case, no MAD needed)
+            m, noise = noise_of(values)
+            if noise > 0 and abs(value - m) > NOISE_K * noise:
+                before = ra.get(cid)
+                out.append(SpeedMove(cell=keys[cid], metric=metric, before=before[col] if before else None,
+                                     after=value, median=m, noise=noise, samples=n))
+    return out
+
+
+def _trends(hist: History, span: Sequence[int], rb: Mapping[int, tuple],  # type: ignore[type-arg]
+            keys: Mapping[int, CellKey]) -> dict[CellKey, tuple[tuple[int, float], ...]]:
+    """GB/s of each swap cell of B over the runs of the window, oldest first."""
+    points: dict[int, list[tuple[int, float]]] = {}
+    marks = ",".join("?" * len(span))
+    for rid, cid, g in hist.conn.execute(
+            f"SELECT r.run, r.cell, r.gbps FROM results r JOIN cells c ON c.id = r.cell WHERE r.run IN ({marks}) "
+            "AND c.kind = 'swap' AND r.gbps IS NOT NULL ORDER BY r.run", list(span)):
+        points.setdefault(cid, []).append((rid, g))
+    return {keys[cid]: tuple(pts) for cid, pts in points.items() if cid in rb}
 
 
 def to_text(d: Diff) -> str:
