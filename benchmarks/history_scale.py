@@ -60,9 +60,7 @@ def matrix_cells(base: list[CellRecord], n: int) -> list[CellRecord]:
 
 def night(cells: list[CellRecord], k: int, rng: random.Random, broken: dict[int, int]) -> RunData:
     """Run ``k`` (0-based): noisy timings, a few outcome changes."""
-    day = f"2026-01-01T02:00:00Z"
-    started = time.strftime("%Y-%m-%dT02:00:00Z", time.gmtime(time.mktime(time.strptime(day, "%Y-%m-%dT%H:%M:%SZ"))
-                                                             + 86400 * k))
+    started = time.strftime("%Y-%m-%dT02:00:00Z", time.gmtime(1767225600 + 86400 * k))  # from 2026-01-01
     # three new breakages a night, each lasting 1-5 nights; two one-night flips
     for _ in range(3):
         broken[rng.randrange(len(cells))] = k + rng.randint(1, 5)
@@ -133,26 +131,31 @@ def main() -> int:
         history_s = time.perf_counter() - t0
     figures = {
         "runs": args.runs, "cells": args.cells, "db_mb": round(size / 1e6, 1),
-        "append_s": {"median": round(statistics.median(appends), 3), "max": round(max(appends), 3),
-                     "last": round(appends[-1], 3)},
+        # the first run of a matrix stores every record (each cell is news); a night after it
+        # stores short rows and the records of what changed
+        "append_s": {"first": round(appends[0], 3), "median": round(statistics.median(appends[1:]), 3),
+                     "max": round(max(appends[1:]), 3), "last": round(appends[-1], 3)},
         "diff_cli_s": {"median": round(statistics.median(diffs), 3), "max": round(max(diffs), 3)},
         "history_cli_s": round(history_s, 3),
         "diff_found": {k: len(d[k]) for k in ("new_failures", "fixed", "changed", "newly_skipped", "newly_not_run",
                                               "speed", "flaky")},
         "build_s": round(build_s, 1), "python": platform.python_version(), "machine": platform.machine(),
         "cpus": os.cpu_count(), "cumatrix": cumatrix.__version__,
+        "load_average": [round(x, 1) for x in os.getloadavg()],  # other work on the machine meanwhile
     }
     ok = {"db_mb": figures["db_mb"] <= GOALS["db_mb"], "diff_s": max(diffs) < GOALS["diff_s"],
-          "append_s": max(appends) < GOALS["append_s"]}
+          "append_s": max(appends[1:]) < GOALS["append_s"], "first_append_s": appends[0] < GOALS["append_s"]}
     figures["goals_met"] = ok
     print(f"history at scale: {args.runs} runs x {args.cells} cells")
     print(f"  database        {figures['db_mb']} MB (goal <= {GOALS['db_mb']:.0f} MB)")
     print(f"  append one run  median {figures['append_s']['median']} s, max {figures['append_s']['max']} s, "
-          f"the 365th {figures['append_s']['last']} s (goal < {GOALS['append_s']} s)")
+          f"the last {figures['append_s']['last']} s (goal < {GOALS['append_s']} s); the matrix's first run "
+          f"(every record kept) {figures['append_s']['first']} s")
     print(f"  cumatrix diff   median {figures['diff_cli_s']['median']} s, max {figures['diff_cli_s']['max']} s "
           f"(a new process each; goal < {GOALS['diff_s']} s); found {figures['diff_found']}")
     print(f"  cumatrix history --limit 5  {figures['history_cli_s']} s")
     print(f"  goals met: {ok}")
+    print(f"  load average at the end {figures['load_average']} on {figures['cpus']} CPUs; built in {build_s:.0f} s")
     print(json.dumps(figures, sort_keys=True))
     if args.json:
         args.json.write_text(json.dumps(figures, indent=2, sort_keys=True) + "\n")

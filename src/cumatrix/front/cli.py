@@ -154,10 +154,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                              "name one of them (the run takes the cells the plan gives it)")
     if args.wheel_dir and not Path(args.wheel_dir).is_dir():
         raise UsageError(f"--wheel-dir {args.wheel_dir}: no such directory")
-    _preflight(args, m, mpath)
     from cumatrix.front.history_cli import check_history
 
-    check_history(args)  # a bad --history is exit 2 before any cell runs
+    check_history(args)  # a bad --history is exit 2 before anything is written
+    _preflight(args, m, mpath)
     import pytest
 
     out = Path(args.out)
