@@ -12,9 +12,9 @@ Layout, kept small because a nightly of 10,000 cells is stored every night:
   label stored once, referred to by number;
 * ``results``: one short row per cell and run (status, outcome, GB/s, speedup);
 * ``records``: the full :class:`~cumatrix.record.CellRecord` (its ``to_json``, zlib) only
-  where it is news: a failed cell, a cell seen for the first time in runs of its matrix, or a
-  cell whose status or outcome differs from its previous run of that matrix.  A cell that did
-  what it did last time keeps its short row; its full record is in that run's results.json.
+  where it is news: a failed cell, or a cell whose status or outcome differs from its
+  previous run of that matrix.  A cell that passes as it did last time, or passes in the first
+  run of its matrix, keeps its short row; its full record is in that run's results.json.
 
 Writers are serialised by SQLite itself: WAL mode, a busy timeout, and each append (or
 prune, or migration) is one ``BEGIN IMMEDIATE`` transaction, so xdist controllers, several
@@ -233,27 +233,33 @@ class History:
     def _setup(self) -> None:
         try:
             self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-            with self._write():
-                version = int(self.conn.execute("PRAGMA user_version").fetchone()[0])
-                if version > SCHEMA_VERSION:
-                    raise HistoryError(f"{self.path}: written by a newer cumatrix (history schema {version}); "
-                                       f"this one reads schema {SCHEMA_VERSION}: upgrade cumatrix")
-                if version == 0 and self.conn.execute(
-                        "SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'").fetchone()[0]:
-                    raise HistoryError(f"{self.path}: an SQLite file that is not a cumatrix history; "
-                                       "name another file with --history")
-                for step in MIGRATIONS[version:]:
-                    for statement in step.split(";"):
-                        if statement.strip():
-                            self.conn.execute(statement)
-                self.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            if self._version() < SCHEMA_VERSION:  # a reader of an up-to-date file takes no write lock
+                with self._write():
+                    version = self._version()  # again, under the lock: another process may have migrated
+                    if version == 0 and self.conn.execute(
+                            "SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'").fetchone()[0]:
+                        raise HistoryError(f"{self.path}: an SQLite file that is not a cumatrix history; "
+                                           "name another file with --history")
+                    for step in MIGRATIONS[version:]:
+                        for statement in step.split(";"):
+                            if statement.strip():
+                                self.conn.execute(statement)
+                    self.conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             # WAL: readers (a report, a diff) never wait for a writer, and a writer's commit
-            # is one append to the log.  Set outside a transaction, as SQLite requires.
-            self.conn.execute("PRAGMA journal_mode = WAL")
+            # is one append to the log.  Persistent, set once, outside a transaction.
+            if self.conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                self.conn.execute("PRAGMA journal_mode = WAL")
             self.conn.execute("PRAGMA synchronous = NORMAL")
         except sqlite3.DatabaseError as e:
             raise HistoryError(f"{self.path}: not a cumatrix history database ({e}); "
                                "name another file with --history") from e
+
+    def _version(self) -> int:
+        version = int(self.conn.execute("PRAGMA user_version").fetchone()[0])
+        if version > SCHEMA_VERSION:
+            raise HistoryError(f"{self.path}: written by a newer cumatrix (history schema {version}); "
+                               f"this one reads schema {SCHEMA_VERSION}: upgrade cumatrix")
+        return version
 
     @contextmanager
     def _write(self) -> Iterator[None]:
@@ -305,7 +311,8 @@ class History:
                 outcome = outcome_ids[cell.outcome_label if cell else NOT_RUN]
                 t = cell.timings if cell else None
                 results.append((run_id, cid, status, outcome, t.gbps if t else None, t.speedup if t else None))
-                if cell is not None and (cell.status == "fail" or before.get(cid) != (status, outcome)):
+                was = before.get(cid)
+                if cell is not None and (cell.status == "fail" or (was is not None and was != (status, outcome))):
                     body = json.dumps(cell.to_json(), sort_keys=True, separators=(",", ":"), default=str)
                     records.append((run_id, cid, zlib.compress(body.encode("utf-8"), 6)))
             self.conn.executemany("INSERT OR REPLACE INTO results VALUES (?,?,?,?,?,?)", results)

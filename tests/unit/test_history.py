@@ -55,23 +55,27 @@ def test_a_new_history_is_created_private_in_wal_mode_at_the_latest_schema(tmp_p
 def test_append_keeps_a_short_row_per_cell_and_full_records_only_where_news(tmp_path: Path) -> None:
     path = tmp_path / "h.sqlite"
     first = night_run(tmp_path, 0, _states())
+    fixed = night_run(tmp_path, 3, _states(c1=State("pass", path="n/a")))
     second = night_run(tmp_path, 1, _states(c1=State("fail", outcome="exit:1")))
     third = night_run(tmp_path, 2, _states(c1=State("fail", outcome="exit:1")))
     with History.open(path) as h:
         ids = [h.append(r, kind="run", commit="abc123") for r in (first, second, third)]
         kept = [sorted(str(k) for k in h.records(i)) for i in ids]
+        fixed_id = h.append(fixed, kind="run", commit=None)
+        assert sorted(str(k) for k in h.records(fixed_id)) == ["cu12.9/host/c1"]  # the fix is news too
         stored = h.records(ids[1])[CellKey(name="cu12.9/host/c1")]
         rows = h.results(ids[2])
         runs = h.runs()
-    # night 0: every cell is new; night 1: c1 changed; night 2: c1 still fails (failures are kept)
-    assert kept == [sorted(first_id.id for first_id in first.cells), ["cu12.9/host/c1"], ["cu12.9/host/c1"]]
+    # night 0: every cell passes (nothing is news); night 1: c1 changed; night 2: c1 still fails (kept)
+    assert kept == [[], ["cu12.9/host/c1"], ["cu12.9/host/c1"]]
     assert stored == next(c for c in second.cells if c.id == "cu12.9/host/c1")  # the one to_json/from_json
     assert rows[CellKey(name=SWAP)].gbps == 100.0 and rows[CellKey(name=SWAP)].outcome == "ok:batch"
     assert rows[CellKey(name="cu12.9/host/c1")].status == "fail"
     assert [(r.id, r.passed, r.failed, r.git_commit, r.digest, r.host) for r in runs] == [
         (ids[0], 5, 0, "abc123", first.header.matrix_sha256, "nightly-host"),
         (ids[1], 4, 1, "abc123", first.header.matrix_sha256, "nightly-host"),
-        (ids[2], 4, 1, "abc123", first.header.matrix_sha256, "nightly-host")]
+        (ids[2], 4, 1, "abc123", first.header.matrix_sha256, "nightly-host"),
+        (fixed_id, 5, 0, None, first.header.matrix_sha256, "nightly-host")]
     # what is stored of a record is its to_json, compressed
     conn = sqlite3.connect(path)
     body = conn.execute("SELECT body FROM records WHERE run = ?", (ids[1],)).fetchone()[0]

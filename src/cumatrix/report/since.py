@@ -49,10 +49,12 @@ def headline(d: Diff) -> str:
     """``2 new failures, 1 fixed, ... against run #12 (…)``, or ``no change against …``."""
     from ..historydiff import LISTS
 
-    words = {"new_failures": "new failures", "fixed": "fixed", "changed": "changed", "newly_skipped": "newly skipped",
-             "newly_not_run": "newly not run", "speed": "speed moves", "flaky": "flaky"}
+    words = {"new_failures": ("new failure", "new failures"), "fixed": ("fixed", "fixed"),
+             "changed": ("changed", "changed"), "newly_skipped": ("newly skipped", "newly skipped"),
+             "newly_not_run": ("newly not run", "newly not run"), "speed": ("speed move", "speed moves"),
+             "flaky": ("flaky", "flaky")}
     counts = d.counts()
-    parts = [f"{counts[k]} {words[k]}" for k in (*LISTS, "speed", "flaky") if counts[k]]
+    parts = [f"{counts[k]} {words[k][counts[k] != 1]}" for k in (*LISTS, "speed", "flaky") if counts[k]]
     return f"{', '.join(parts) or 'no change'} against {_against(d)}"
 
 
