@@ -9,7 +9,7 @@ by default: swap cells with GB/s and speedups, and probes), repeated under new i
 ``--cells`` cells.  Every night each swap cell's GB/s and speedup wander by a seeded
 few percent; a few cells change outcome each night (some for good, some flipping back), and
 a few fail for days at a stretch, so the history keeps full records where a nightly would.
-Each run is appended through :meth:`cumatrix.history.History.append`, as ``cumatrix run``
+Each run is appended through :meth:`cumatrix.results.history.History.append`, as ``cumatrix run``
 appends it; the figures are measured in this run and printed (``--json FILE`` also writes
 them)::
 
@@ -32,10 +32,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import cumatrix
-from cumatrix.history import History
-from cumatrix.historydiff import diff, resolve
-from cumatrix.model import Observed
-from cumatrix.record import CellRecord
+from cumatrix.results.history import History
+from cumatrix.results.historydiff import diff, resolve
+from cumatrix.core.model import Observed
+from cumatrix.core.record import CellRecord
 from cumatrix.report import load_records
 from cumatrix.report.records import RunData, RunInfo
 

@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from cumatrix.model import Expected, Observed, Timings
-from cumatrix.record import CellRecord
+from cumatrix.core.model import Expected, Observed, Timings
+from cumatrix.core.record import CellRecord
 from cumatrix.report import load_records
 from cumatrix.report.records import RunData
 

@@ -11,8 +11,8 @@ import pytest
 from history_nights import State, night_run
 from test_report_browser import ARTIFACTS, Page, _wait_ready, browser  # noqa: F401 - browser is a fixture
 
-from cumatrix.history import History
-from cumatrix.historydiff import diff, resolve
+from cumatrix.results.history import History
+from cumatrix.results.historydiff import diff, resolve
 from cumatrix.report import write_all
 
 pytestmark = pytest.mark.browser

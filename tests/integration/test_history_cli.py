@@ -109,7 +109,7 @@ def test_history_command_bad_input(tmp_path: Path, cli: Callable[..., CompletedP
 APPENDER = """
 import sys
 from pathlib import Path
-from cumatrix.history import History
+from cumatrix.results.history import History
 from cumatrix.report import load_records
 run = load_records(Path(sys.argv[2]) / "results.jsonl")
 for _ in range(int(sys.argv[3])):

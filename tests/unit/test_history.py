@@ -14,8 +14,8 @@ import jsonschema
 import pytest
 from history_nights import State, night_run
 
-from cumatrix.history import MIGRATIONS, SCHEMA_VERSION, CellKey, History, HistoryError, default_path
-from cumatrix.historydiff import classify, diff, flips_of, noise_of, resolve
+from cumatrix.results.history import MIGRATIONS, SCHEMA_VERSION, CellKey, History, HistoryError, default_path
+from cumatrix.results.historydiff import classify, diff, flips_of, noise_of, resolve
 from cumatrix.report import write_all
 from cumatrix.report.jsonout import schema
 
@@ -95,7 +95,7 @@ def test_append_keeps_a_short_row_per_cell_and_full_records_only_where_news(tmp_
     (State("skip", outcome="skipped:no-cuda-driver"), OK, "changed"),
 ])
 def test_classify_sorts_each_change_into_one_list(before: State | None, after: State | None, where: str | None) -> None:
-    from cumatrix.history import Result
+    from cumatrix.results.history import Result
 
     def res(s: State | None) -> Result | None:
         return None if s is None else Result(status=s.status, outcome=s.label, gbps=None, speedup=None)

@@ -234,7 +234,7 @@ def to_html(run: RunData) -> str:
 def _since(run: RunData) -> dict[str, object] | None:
     if run.since is None:
         return None
-    from .since import html_data
+    from cumatrix.report.since import html_data
 
     return html_data(run.since)
 

@@ -126,7 +126,7 @@ def to_xml(run: RunData) -> ET.ElementTree:
     for cid, host in run.not_run_where():
         suite.append(_not_run_case(cid, host))
     if run.since is not None:  # the "since the last run" text, where CI shows a suite's output
-        from .since import text
+        from cumatrix.report.since import text
 
         ET.SubElement(suite, "system-out").text = clean(text(run.since))
     _static_suites(root, run)
@@ -137,7 +137,7 @@ def to_xml(run: RunData) -> ET.ElementTree:
 def _since_properties(run: RunData) -> list[tuple[str, object]]:
     if run.since is None:
         return []
-    from .since import junit_properties
+    from cumatrix.report.since import junit_properties
 
     return junit_properties(run.since)
 

@@ -232,7 +232,7 @@ def to_markdown(run: RunData) -> str:
     lines += _meta(run)
     lines.append("")
     if run.since is not None:  # what changed since the previous run of this matrix (history)
-        from .since import markdown as since_markdown
+        from cumatrix.report.since import markdown as since_markdown
 
         lines += since_markdown(run.since)
     lines += _mismatches(run)

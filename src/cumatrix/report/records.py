@@ -29,7 +29,7 @@ from cumatrix.core.record import (
 )
 
 if TYPE_CHECKING:
-    from ..historydiff import Diff
+    from cumatrix.results.historydiff import Diff
 
 #: The reports' name for a cell record (the same type).
 CellResult = CellRecord

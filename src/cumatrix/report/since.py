@@ -1,7 +1,7 @@
 """The "since the last run" section of every report, from :attr:`RunData.since`.
 
 ``summary.md`` and ``index.html`` list what changed against the previous run of the same
-matrix in the history (see :mod:`cumatrix.historydiff`); ``results.json`` carries the same
+matrix in the history (see :mod:`cumatrix.results.historydiff`); ``results.json`` carries the same
 lists under ``since_last_run``; ``junit.xml`` has their counts as suite properties and the
 text as the suite's ``system-out``.  ``index.html`` also draws each swap cell's GB/s over the
 stored runs as a small inline SVG (markup only: the page's policy allows no other source).
@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 
 from markupsafe import Markup
 
-from .text import clean, md_code, md_inline
+from cumatrix.report.text import clean, md_code, md_inline
 
 if TYPE_CHECKING:
-    from ..historydiff import Change, Diff
+    from cumatrix.results.historydiff import Change, Diff
 
 TITLES = {"new_failures": "New failures", "fixed": "Fixed", "changed": "Changed outcomes",
           "newly_skipped": "Newly skipped", "newly_not_run": "Newly not run"}
@@ -35,7 +35,7 @@ def _label(c: Change, before: bool) -> str:
 
 
 def _lists(d: Diff) -> list[tuple[str, str, tuple[Change, ...]]]:
-    from ..historydiff import LISTS
+    from cumatrix.results.historydiff import LISTS
 
     return [(name, TITLES[name], getattr(d, name)) for name in LISTS if getattr(d, name)]
 
@@ -47,7 +47,7 @@ def _against(d: Diff) -> str:
 
 def headline(d: Diff) -> str:
     """``2 new failures, 1 fixed, ... against run #12 (…)``, or ``no change against …``."""
-    from ..historydiff import LISTS
+    from cumatrix.results.historydiff import LISTS
 
     words = {"new_failures": ("new failure", "new failures"), "fixed": ("fixed", "fixed"),
              "changed": ("changed", "changed"), "newly_skipped": ("newly skipped", "newly skipped"),
@@ -85,7 +85,7 @@ def markdown(d: Diff) -> list[str]:
 
 def text(d: Diff) -> str:
     """Plain text of the section (junit system-out)."""
-    from ..historydiff import to_text
+    from cumatrix.results.historydiff import to_text
 
     return to_text(d)
 
@@ -102,7 +102,10 @@ def sparkline(points: Sequence[tuple[int, float]], title: str) -> Markup:
     and the escaped ``title`` reach the markup."""
     values = [v for _, v in points]
     lo, hi = min(values), max(values)
-    span = (hi - lo) or (abs(hi) or 1.0)
+    # at least 10% of the level tall, centred: a wobble of 0.5% must not fill the plot as a
+    # 40% drop does
+    span = max(hi - lo, 0.1 * abs(hi)) or 1.0
+    lo = (lo + hi) / 2 - span / 2
     n = len(values)
     xs = [_PAD + (i * (_W - 2 * _PAD) / (n - 1) if n > 1 else (_W - 2 * _PAD) / 2) for i in range(n)]
     ys = [_H - _PAD - (v - lo) / span * (_H - 2 * _PAD) for v in values]

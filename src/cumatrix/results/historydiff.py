@@ -30,7 +30,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .history import NOT_RUN, STATUS_CODES, STATUS_NAMES, CellKey, History, HistoryError, Result, StoredRun
+from cumatrix.results.history import NOT_RUN, STATUS_CODES, STATUS_NAMES, CellKey, History, HistoryError, Result, StoredRun
 
 #: Runs looked back over for noise and flips (``--window``).
 DEFAULT_WINDOW = 10

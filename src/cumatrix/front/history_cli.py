@@ -10,10 +10,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import UsageError
+from cumatrix.core.errors import UsageError
 
 if TYPE_CHECKING:
-    from .report.records import RunData
+    from cumatrix.report.records import RunData
 
 EPILOG_HISTORY = """\
 examples:
@@ -41,7 +41,7 @@ def add_history_options(p: argparse.ArgumentParser) -> None:
 
 def history_path(args: argparse.Namespace) -> Path | None:
     """The history the command records to, or None with ``--no-history``."""
-    from .history import default_path
+    from cumatrix.results.history import default_path
 
     if getattr(args, "no_history", False):
         return None
@@ -51,7 +51,7 @@ def history_path(args: argparse.Namespace) -> Path | None:
 
 def check_history(args: argparse.Namespace) -> None:
     """Open (create, migrate) the history before any work: a bad file is exit 2 up front."""
-    from .history import History
+    from cumatrix.results.history import History
 
     path = history_path(args)
     if path is not None:
@@ -65,8 +65,8 @@ def record(args: argparse.Namespace, run: RunData, *, kind: str) -> RunData:
     the cells ran and their reports must still be written."""
     import sqlite3
 
-    from .history import History, HistoryError, git_commit
-    from .historydiff import diff
+    from cumatrix.results.history import History, HistoryError, git_commit
+    from cumatrix.results.historydiff import diff
 
     path = history_path(args)
     if path is None:
@@ -89,8 +89,8 @@ def since_for(args: argparse.Namespace, run: RunData) -> RunData:
     the one before it, read-only; the run as it is when the history has neither."""
     import sqlite3
 
-    from .history import History, HistoryError
-    from .historydiff import diff
+    from cumatrix.results.history import History, HistoryError
+    from cumatrix.results.historydiff import diff
 
     path = history_path(args)
     if path is None or not path.is_file() or not run.runs:
@@ -121,7 +121,7 @@ def _require_file(args: argparse.Namespace) -> Path:
 
 def cmd_history(args: argparse.Namespace) -> int:
     """``cumatrix history [--prune ...] [--json]``."""
-    from .history import History
+    from cumatrix.results.history import History
 
     if (args.keep is not None or args.older_than is not None) and not args.prune:
         raise UsageError("--keep and --older-than go with --prune")
@@ -159,8 +159,8 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 def cmd_diff(args: argparse.Namespace) -> int:
     """``cumatrix diff [A] [B] [--json] [--window N]``."""
-    from .history import History
-    from .historydiff import diff, resolve, to_text
+    from cumatrix.results.history import History
+    from cumatrix.results.historydiff import diff, resolve, to_text
 
     if args.window < 2:
         raise UsageError(f"--window {args.window}: must be at least 2")
@@ -177,7 +177,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 def add_history_parsers(sub: Any) -> None:
     """Register ``history`` and ``diff``."""
-    from .historydiff import DEFAULT_WINDOW
+    from cumatrix.results.historydiff import DEFAULT_WINDOW
 
     raw = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser("history", help="list the runs stored in the history; prune it",

@@ -11,7 +11,7 @@ Layout, kept small because a nightly of 10,000 cells is stored every night:
 * ``cells`` and ``outcomes``: each cell id (with its host, for merged runs) and each outcome
   label stored once, referred to by number;
 * ``results``: one short row per cell and run (status, outcome, GB/s, speedup);
-* ``records``: the full :class:`~cumatrix.record.CellRecord` (its ``to_json``, zlib) only
+* ``records``: the full :class:`~cumatrix.core.record.CellRecord` (its ``to_json``, zlib) only
   where it is news: a failed cell, or a cell whose status or outcome differs from its
   previous run of that matrix.  A cell that passes as it did last time, or passes in the first
   run of its matrix, keeps its short row; its full record is in that run's results.json.
@@ -36,11 +36,11 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import UsageError
-from .record import CellRecord
+from cumatrix.core.errors import UsageError
+from cumatrix.core.record import CellRecord
 
 if TYPE_CHECKING:  # the report package is not imported to append or diff
-    from .report.records import RunData
+    from cumatrix.report.records import RunData
 
 ENV = "CUMATRIX_HISTORY"
 #: Seconds a writer waits for another's transaction before giving up.
@@ -282,11 +282,11 @@ class History:
         host = ", ".join(run.hosts) if run.merged else (head.host or str(head.host_fingerprint.get("hostname") or ""))
         now = recorded or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         rows: list[tuple[CellKey, str, CellRecord | None]] = []
-        for cell in run.cells:
-            rows.append((CellKey(name=cell.id, host=(cell.host or "") if run.merged else ""), cell.axes.get("kind", ""),
-                         cell))
-        for cid in run.not_run:
-            rows.append((CellKey(name=cid), _kind_of(cid), None))
+        for rec in run.cells:
+            rows.append((CellKey(name=rec.id, host=(rec.host or "") if run.merged else ""), rec.axes.get("kind", ""),
+                         rec))
+        for name in run.not_run:
+            rows.append((CellKey(name=name), _kind_of(name), None))
         with self._write():
             cur = self.conn.execute(
                 "INSERT INTO runs(run_uid, kind, recorded, started, finished, matrix, digest, host, fingerprint, "
@@ -301,7 +301,7 @@ class History:
             outcome_ids = self._ids_of_outcomes(labels)
             prev = self.conn.execute("SELECT max(id) FROM runs WHERE digest = ? AND id < ?",
                                      (head.matrix_sha256, run_id)).fetchone()[0]
-            before = {cell: (status, outcome) for cell, status, outcome in self.conn.execute(
+            before = {c: (s, o) for c, s, o in self.conn.execute(
                 "SELECT cell, status, outcome FROM results WHERE run = ?", (prev,))} if prev is not None else {}
             results = []
             records = []
@@ -362,7 +362,8 @@ class History:
     def runs(self, *, digest: str | None = None, limit: int | None = None, upto: int | None = None) -> list[StoredRun]:
         """Stored runs, oldest first: all, or of one matrix digest; the newest ``limit``;
         with ``upto``, only runs up to that id."""
-        where, params = [], []
+        where: list[str] = []
+        params: list[object] = []
         if digest is not None:
             where.append("digest = ?")
             params.append(digest)
@@ -416,7 +417,7 @@ class History:
 
     def rows(self, run_id: int) -> dict[int, tuple[int, int, int, float | None, float | None]]:
         """A run's cells as stored: cell number -> (cell, status code, outcome number, GB/s,
-        speedup); what :mod:`cumatrix.historydiff` works on, without building objects per row."""
+        speedup); what :mod:`cumatrix.results.historydiff` works on, without building objects per row."""
         return {r[0]: r for r in self.conn.execute(
             "SELECT cell, status, outcome, gbps, speedup FROM results WHERE run = ?", (run_id,))}
 
@@ -437,7 +438,7 @@ class History:
 
 
 def _kind_of(cell_id: str) -> str:
-    from .record import axes_from_id
+    from cumatrix.core.record import axes_from_id
 
     return axes_from_id(cell_id).get("kind", "")
 
