@@ -40,6 +40,15 @@ def run_cli(*args: str | Path, cwd: Path | None = None, env: Mapping[str, str] |
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def history_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The history that the runs, merges and gates of the tests append to: the session's own,
+    not the user's (``CUMATRIX_HISTORY``, inherited by every child)."""
+    path = tmp_path_factory.mktemp("history") / "history.sqlite"
+    os.environ["CUMATRIX_HISTORY"] = str(path)
+    return path
+
+
 @pytest.fixture(scope="session")
 def wheel_cache() -> Path:
     """Pin ``XDG_CACHE_HOME`` for the whole session so runtime wheels are fetched once.

@@ -177,6 +177,18 @@ def test_reports_put_static_findings_first(clean_run: tuple[subprocess.Completed
     assert (out / "index.html").is_file() and (out / "static.json").is_file()
 
 
+def test_the_gate_run_is_recorded_in_the_history(clean_run: tuple[subprocess.CompletedProcess[str], Path],
+                                                 history_file: Path) -> None:
+    from cumatrix.results.history import History
+
+    _, out = clean_run
+    run_id = json.loads((out / "results.json").read_text())["run"]["run_id"]
+    with History.open(history_file, create=False) as h:
+        stored = h.run(run_id)
+    assert (stored.kind, stored.failed, stored.digest) == (
+        "gate", 0, json.loads((out / "results.json").read_text())["run"]["matrix_sha256"])
+
+
 def test_libcuda_wheel_fails_without_a_driver(wheels: dict[str, Path], matrices: dict[str, Path],
                                               cli: Cli, wheel_cache: Path, tmp_path: Path) -> None:
     out = tmp_path / "out"
