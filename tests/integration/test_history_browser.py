@@ -47,7 +47,8 @@ def test_since_section_and_trend_plots_in_chromium(browser: str, tmp_path: Path)
         _wait_ready(page)
         assert page.js("document.querySelector('#since h2').textContent") == "Since the last run"
         assert "cu12.9/host/c0" in page.js("document.querySelector('#since ul.changes').textContent")
-        sizes = page.js("[...document.querySelectorAll('#since svg.spark')].map(s => { const r = s.getBoundingClientRect();"
+        sizes = page.js("[...document.querySelectorAll('#since svg.spark')].map(s => {"
+                        " const r = s.getBoundingClientRect();"
                         " return [r.width, r.height, s.querySelectorAll('polyline').length,"
                         " s.querySelector('polyline').getAttribute('points').split(' ').length]; })")
         assert sizes == [[160, 36, 1, 6]] * len(SWAPS)

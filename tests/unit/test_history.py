@@ -52,6 +52,26 @@ def test_a_new_history_is_created_private_in_wal_mode_at_the_latest_schema(tmp_p
     conn.close()
 
 
+def test_a_history_of_an_older_schema_is_upgraded_step_by_step(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from cumatrix.results import history
+
+    path = tmp_path / "h.sqlite"
+    with History.open(path) as h:
+        h.append(night_run(tmp_path, 0, _states()), kind="run", commit=None)
+    step = "CREATE TABLE notes(run INTEGER NOT NULL, text TEXT NOT NULL)"
+    monkeypatch.setattr(history, "MIGRATIONS", (*MIGRATIONS, step))
+    monkeypatch.setattr(history, "SCHEMA_VERSION", len(MIGRATIONS) + 1)
+    with History.open(path) as h:  # the next cumatrix opens it: one more step, the runs kept
+        assert [r.run_uid for r in h.runs()] == ["night00abcd"]
+        assert h.conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) + 1
+        assert h.conn.execute("SELECT count(*) FROM notes").fetchone()[0] == 0
+    monkeypatch.undo()
+    with pytest.raises(HistoryError, match="newer cumatrix"):  # and this one no longer reads it
+        with History.open(path):
+            pass
+
+
 def test_append_keeps_a_short_row_per_cell_and_full_records_only_where_news(tmp_path: Path) -> None:
     path = tmp_path / "h.sqlite"
     first = night_run(tmp_path, 0, _states())

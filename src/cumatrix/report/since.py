@@ -24,8 +24,6 @@ TITLES = {"new_failures": "New failures", "fixed": "Fixed", "changed": "Changed 
           "newly_skipped": "Newly skipped", "newly_not_run": "Newly not run"}
 #: Entries listed per kind of change in summary.md and index.html; all are in results.json.
 MAX_LISTED = 100
-#: Trend plots drawn in index.html (cells whose speed moved first).
-MAX_TRENDS = 300
 _W, _H, _PAD = 160, 36, 3
 
 
@@ -119,7 +117,8 @@ def sparkline(points: Sequence[tuple[int, float]], title: str) -> Markup:
 
 def html_data(d: Diff) -> dict[str, object]:
     """What the page's "since the last run" section shows (the template escapes every text)."""
-    lists = [{"title": title, "n": len(changes), "more": max(0, len(changes) - MAX_LISTED), "attention": name == "new_failures",
+    lists = [{"title": title, "n": len(changes), "more": max(0, len(changes) - MAX_LISTED),
+              "attention": name == "new_failures",
               "entries": [(clean(str(c.cell)), clean(_label(c, True)), clean(_label(c, False)))
                         for c in changes[:MAX_LISTED]]}
              for name, title, changes in _lists(d)]
@@ -127,10 +126,10 @@ def html_data(d: Diff) -> dict[str, object]:
               f"{s.after / s.median - 1:+.1%}" if s.median else "") for s in d.speed[:MAX_LISTED]]
     flaky = [(clean(str(f.cell)), f.flips, " → ".join(clean(o) for o in f.outcomes)) for f in d.flaky[:MAX_LISTED]]
     moved = {s.cell for s in d.speed}
-    trends = sorted((d.trends or {}).items(), key=lambda kv: (kv[0] not in moved, kv[0].name, kv[0].host))
+    # the diff chose the cells (moved first) and the runs; drawn in that order
     plots = [{"cell": clean(str(k)), "svg": sparkline(pts, clean(str(k))), "last": f"{pts[-1][1]:.3g}",
               "range": f"{min(v for _, v in pts):.3g}–{max(v for _, v in pts):.3g}", "n": len(pts),
               "moved": k in moved}
-             for k, pts in trends[:MAX_TRENDS] if len(pts) >= 2]
+             for k, pts in (d.trends or {}).items() if len(pts) >= 2]
     return {"headline": headline(d), "lists": lists, "speed": speed, "flaky": flaky, "window": d.window,
-            "trends": plots, "trends_more": max(0, len(trends) - MAX_TRENDS)}
+            "trends": plots, "trends_more": d.trends_left_out}

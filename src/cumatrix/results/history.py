@@ -29,12 +29,12 @@ import os
 import sqlite3
 import subprocess
 import zlib
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cumatrix.core.errors import UsageError
 from cumatrix.core.record import CellRecord
@@ -168,6 +168,11 @@ class CellKeys(Mapping[int, CellKey]):
     def __iter__(self) -> Iterator[int]:
         return iter(self._names)
 
+    def numbers(self, keys: Iterable[CellKey]) -> set[int]:
+        """The numbers of these cells (those stored)."""
+        wanted = {(k.name, k.host) for k in keys}
+        return {cid for cid, nh in self._names.items() if nh in wanted} if wanted else set()
+
     def __len__(self) -> int:
         return len(self._names)
 
@@ -186,14 +191,13 @@ _RUN_COLUMNS = ("id, run_uid, kind, recorded, started, finished, matrix, digest,
                 "harness_version, git_commit, verdict, n_pass, n_fail, n_skip, n_not_run")
 
 
-def _stored_run(row: Sequence[object]) -> StoredRun:
+def _stored_run(row: tuple[Any, ...]) -> StoredRun:
     (rid, uid, kind, recorded, started, finished, matrix, digest, host, fp, version, commit, verdict,
      n_pass, n_fail, n_skip, n_not_run) = row
-    return StoredRun(id=int(rid), run_uid=str(uid), kind=str(kind), recorded=str(recorded),  # type: ignore[call-overload]
-                     started=started, finished=finished, matrix=str(matrix), digest=str(digest),  # type: ignore[arg-type]
-                     host=str(host), fingerprint=json.loads(str(fp)), harness_version=version,  # type: ignore[arg-type]
-                     git_commit=commit, verdict=str(verdict), passed=int(n_pass), failed=int(n_fail),  # type: ignore[arg-type, call-overload]
-                     skipped=int(n_skip), not_run=int(n_not_run))  # type: ignore[call-overload]
+    return StoredRun(id=int(rid), run_uid=str(uid), kind=str(kind), recorded=str(recorded), started=started,
+                     finished=finished, matrix=str(matrix), digest=str(digest), host=str(host),
+                     fingerprint=json.loads(str(fp)), harness_version=version, git_commit=commit, verdict=str(verdict),
+                     passed=int(n_pass), failed=int(n_fail), skipped=int(n_skip), not_run=int(n_not_run))
 
 
 class History:
@@ -370,7 +374,8 @@ class History:
         if upto is not None:
             where.append("id <= ?")
             params.append(upto)
-        sql = f"SELECT {_RUN_COLUMNS} FROM runs" + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY id DESC"
+        sql = (f"SELECT {_RUN_COLUMNS} FROM runs" + (" WHERE " + " AND ".join(where) if where else "")
+               + " ORDER BY id DESC")
         if limit is not None:
             sql += f" LIMIT {int(limit)}"
         return [_stored_run(r) for r in reversed(self.conn.execute(sql, params).fetchall())]
@@ -430,7 +435,8 @@ class History:
         out: dict[CellKey, CellRecord] = {}
         shared: dict[object, object] = {}
         for name, host, body in self.conn.execute(
-                "SELECT c.name, c.host, r.body FROM records r JOIN cells c ON c.id = r.cell WHERE r.run = ?", (run_id,)):
+                "SELECT c.name, c.host, r.body FROM records r JOIN cells c ON c.id = r.cell WHERE r.run = ?",
+                (run_id,)):
             rec = json.loads(zlib.decompress(body))
             out[CellKey(name=name, host=host)] = CellRecord.from_json(rec, source=f"{self.path}#run{run_id}",
                                                                       shared=shared)

@@ -30,7 +30,17 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from cumatrix.results.history import NOT_RUN, STATUS_CODES, STATUS_NAMES, CellKey, History, HistoryError, Result, StoredRun
+from cumatrix.results.history import (
+    NOT_RUN,
+    STATUS_CODES,
+    STATUS_NAMES,
+    CellKey,
+    CellKeys,
+    History,
+    HistoryError,
+    Result,
+    StoredRun,
+)
 
 #: Runs looked back over for noise and flips (``--window``).
 DEFAULT_WINDOW = 10
@@ -42,6 +52,9 @@ NOISE_K = 4.0
 NOISE_FLOOR = 0.02
 #: 1.4826 x MAD estimates the standard deviation of normally distributed values.
 MAD_SCALE = 1.4826
+#: Runs the reports' GB/s plots reach back over, and how many cells they draw.
+TREND_RUNS = 30
+TREND_CELLS = 300
 #: Earlier values a cell needs before its speed is judged.
 MIN_SAMPLES = 3
 
@@ -117,6 +130,8 @@ class Diff:
     flaky: tuple[Flaky, ...] = ()
     #: per swap cell, (history id, GB/s) over the window up to B: the reports' trend plots.
     trends: Mapping[CellKey, tuple[tuple[int, float], ...]] | None = None
+    #: swap cells of B with a GB/s that ``trends`` leaves out (beyond :data:`TREND_CELLS`)
+    trends_left_out: int = 0
 
     @property
     def empty(self) -> bool:
@@ -197,7 +212,12 @@ def resolve(hist: History, a_ref: str | None, b_ref: str | None) -> tuple[Stored
 
 
 def diff(hist: History, a: StoredRun, b: StoredRun, *, window: int = DEFAULT_WINDOW, trends: bool = False) -> Diff:
-    """Compare stored runs ``a`` and ``b`` (see the module's text for every list)."""
+    """Compare stored runs ``a`` and ``b`` (see the module's text for every list).
+
+    With ``trends``, also the GB/s of B's swap cells over the last :data:`TREND_RUNS` runs of
+    the matrix (at most :data:`TREND_CELLS` cells: those whose speed moved first): the
+    reports' plots.
+    """
     if window < 2:
         raise HistoryError(f"--window {window}: must be at least 2")
     # The window: runs of B's matrix up to B (flips), and up to A (the noise).  Rows stay
@@ -206,7 +226,7 @@ def diff(hist: History, a: StoredRun, b: StoredRun, *, window: int = DEFAULT_WIN
     span = [r.id for r in hist.runs(digest=b.digest, upto=b.id, limit=window)]
     before_a = [r.id for r in hist.runs(digest=b.digest, upto=a.id, limit=window)] if a.digest == b.digest else [a.id]
     ra, rb = hist.rows(a.id), hist.rows(b.id)
-    keys = hist.cell_keys()
+    keys: CellKeys = hist.cell_keys()
     labels = hist.outcome_labels()
 
     def result(row: tuple[int, int, int, float | None, float | None] | None) -> Result | None:
@@ -239,12 +259,20 @@ def diff(hist: History, a: StoredRun, b: StoredRun, *, window: int = DEFAULT_WIN
         if n >= FLAKY_FLIPS:
             flaky.append(Flaky(cell=keys[cid], flips=n, outcomes=tuple(seq)))
     flaky.sort(key=lambda f: (-f.flips, f.cell.name, f.cell.host))
-    trend = _trends(hist, span, rb, keys) if trends else None
+    trend, left_out = None, 0
+    if trends:
+        moved = keys.numbers(s.cell for s in speed)
+        trend, left_out = _trends(hist, [r.id for r in hist.runs(digest=b.digest, upto=b.id,
+                                                                   limit=max(window, TREND_RUNS))],
+                                  rb, keys, first=[cid for cid in rb if cid in moved])
     return Diff(a=a, b=b, window=window, **{k: tuple(v) for k, v in lists.items()}, speed=tuple(speed),
-                flaky=tuple(flaky), trends=trend)
+                flaky=tuple(flaky), trends=trend, trends_left_out=left_out)
 
 
-def _speed(hist: History, runs: Sequence[int], ra: Mapping[int, tuple], rb: Mapping[int, tuple],  # type: ignore[type-arg]
+Row = tuple[int, int, int, float | None, float | None]
+
+
+def _speed(hist: History, runs: Sequence[int], ra: Mapping[int, Row], rb: Mapping[int, Row],
            keys: Mapping[int, CellKey]) -> list[SpeedMove]:
     """Cells of B (passed) whose GB/s or speedup lies beyond the noise of their earlier values."""
     passed = STATUS_CODES["pass"]
@@ -280,16 +308,22 @@ def _speed(hist: History, runs: Sequence[int], ra: Mapping[int, tuple], rb: Mapp
     return out
 
 
-def _trends(hist: History, span: Sequence[int], rb: Mapping[int, tuple],  # type: ignore[type-arg]
-            keys: Mapping[int, CellKey]) -> dict[CellKey, tuple[tuple[int, float], ...]]:
-    """GB/s of each swap cell of B over the runs of the window, oldest first."""
-    points: dict[int, list[tuple[int, float]]] = {}
-    marks = ",".join("?" * len(span))
-    for rid, cid, g in hist.conn.execute(
-            f"SELECT r.run, r.cell, r.gbps FROM results r JOIN cells c ON c.id = r.cell WHERE r.run IN ({marks}) "
-            "AND c.kind = 'swap' AND r.gbps IS NOT NULL ORDER BY r.run", list(span)):
-        points.setdefault(cid, []).append((rid, g))
-    return {keys[cid]: tuple(pts) for cid, pts in points.items() if cid in rb}
+def _trends(hist: History, span: Sequence[int], rb: Mapping[int, Row],
+            keys: Mapping[int, CellKey], *,
+            first: Sequence[int]) -> tuple[dict[CellKey, tuple[tuple[int, float], ...]], int]:
+    """GB/s over the runs of ``span`` (oldest first) of up to :data:`TREND_CELLS` swap cells
+    of B (``first``, then the others in B's order), and how many more there are."""
+    swap = {cid for (cid,) in hist.conn.execute("SELECT id FROM cells WHERE kind = 'swap'")}
+    chosen = list(dict.fromkeys([*first, *(cid for cid in rb if cid in swap and rb[cid][3] is not None)]))
+    left_out = max(0, len(chosen) - TREND_CELLS)
+    chosen = chosen[:TREND_CELLS]
+    points: dict[int, list[tuple[int, float]]] = {cid: [] for cid in chosen}
+    wanted = set(chosen)
+    for rid in span:
+        for cid, g in hist.conn.execute("SELECT cell, gbps FROM results WHERE run = ? AND gbps IS NOT NULL", (rid,)):
+            if cid in wanted:
+                points[cid].append((rid, g))
+    return {keys[cid]: tuple(pts) for cid, pts in points.items() if pts}, left_out
 
 
 def to_text(d: Diff) -> str:
