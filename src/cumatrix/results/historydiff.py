@@ -318,10 +318,11 @@ def _trends(hist: History, span: Sequence[int], rb: Mapping[int, Row],
     left_out = max(0, len(chosen) - TREND_CELLS)
     chosen = chosen[:TREND_CELLS]
     points: dict[int, list[tuple[int, float]]] = {cid: [] for cid in chosen}
-    wanted = set(chosen)
-    for rid in span:
-        for cid, g in hist.conn.execute("SELECT cell, gbps FROM results WHERE run = ? AND gbps IS NOT NULL", (rid,)):
-            if cid in wanted:
+    if chosen:  # looked up by key (run, cell): a run of 10,000 cells is not read for 300
+        marks = ",".join("?" * len(chosen))
+        for rid in span:
+            for cid, g in hist.conn.execute(f"SELECT cell, gbps FROM results WHERE run = ? AND cell IN ({marks}) "
+                                            "AND gbps IS NOT NULL", (rid, *chosen)):
                 points[cid].append((rid, g))
     return {keys[cid]: tuple(pts) for cid, pts in points.items() if pts}, left_out
 
