@@ -97,7 +97,7 @@ def since_for(args: argparse.Namespace, run: RunData) -> RunData:
         return run
     try:
         with History.open(path, create=False) as hist:
-            uid = run.runs[-1].run_id
+            uid = run.header.run_id  # as append stores it: a resumed run keeps its first id
             row = hist.conn.execute("SELECT max(id) FROM runs WHERE run_uid = ?", (uid,)).fetchone()[0]
             if row is None:
                 return run
