@@ -243,3 +243,21 @@ def test_every_report_gains_a_since_the_last_run_section(tmp_path: Path) -> None
     write_all(run, tmp_path / "plain")
     assert "Since the last run" not in (tmp_path / "plain" / "summary.md").read_text()
     assert "since_last_run" not in json.loads((tmp_path / "plain" / "results.json").read_text())
+
+
+def test_a_merge_is_stored_per_cell_and_host_and_a_host_that_skipped_a_cell_shows_in_diff(tmp_path: Path) -> None:
+    from history_nights import write_night
+
+    from cumatrix.report.merge import merge_runs
+
+    both = {"cu12.9/host/c0": OK, "cu12.9/host/c1": OK}
+    with History.open(tmp_path / "h.sqlite") as h:
+        for night, second in ((0, both), (1, {**both, "cu12.9/host/c1": State("not-run")})):
+            dirs = [write_night(tmp_path / f"n{night}" / host, night, states)
+                    for host, states in (("h1", both), ("h2", second))]
+            rid = h.append(merge_runs(dirs, host_names=None), kind="merge", commit=None)
+        assert sorted(str(k) for k in h.results(rid)) == ["cu12.9/host/c0 on h1", "cu12.9/host/c0 on h2",
+                                                          "cu12.9/host/c1 on h1"]
+        assert h.run(str(rid)).host == "h1, h2"
+        d = diff(h, *resolve(h, None, None))
+    assert [(str(c.cell), c.to_json()["after"]) for c in d.newly_not_run] == [("cu12.9/host/c1 on h2", "not-run")]

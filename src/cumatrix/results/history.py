@@ -289,8 +289,8 @@ class History:
         for rec in run.cells:
             rows.append((CellKey(name=rec.id, host=(rec.host or "") if run.merged else ""), rec.axes.get("kind", ""),
                          rec))
-        for name in run.not_run:
-            rows.append((CellKey(name=name), _kind_of(name), None))
+        for name, where in run.not_run_where():  # in a merge, the host that should have run it
+            rows.append((CellKey(name=name, host=(where or "") if run.merged else ""), _kind_of(name), None))
         with self._write():
             cur = self.conn.execute(
                 "INSERT INTO runs(run_uid, kind, recorded, started, finished, matrix, digest, host, fingerprint, "
