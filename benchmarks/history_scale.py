@@ -37,7 +37,7 @@ from cumatrix.results.historydiff import diff, resolve
 from cumatrix.core.model import Observed
 from cumatrix.core.record import CellRecord
 from cumatrix.report import load_records
-from cumatrix.report.records import RunData, RunInfo
+from cumatrix.results.records import RunData, RunInfo
 
 REPO = Path(__file__).resolve().parents[1]
 GOALS = {"db_mb": 500.0, "diff_s": 1.0, "append_s": 2.0}

@@ -14,7 +14,7 @@ from pathlib import Path
 from cumatrix.core.model import Expected, Observed, Timings
 from cumatrix.core.record import CellRecord
 from cumatrix.report import load_records
-from cumatrix.report.records import RunData
+from cumatrix.results.records import RunData
 
 DIGEST = "ab" * 32
 FINGERPRINT = {"hostname": "nightly-host", "driver_string": "NVIDIA driver 580.159.04 (NVML)"}

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from cumatrix.core.errors import UsageError
 
 if TYPE_CHECKING:
-    from cumatrix.report.records import RunData
+    from cumatrix.results.records import RunData
 
 EPILOG_HISTORY = """\
 examples:

@@ -16,7 +16,7 @@ from cumatrix.report.junit import write_junit
 from cumatrix.report.markdown import verdict_line, write_markdown
 from cumatrix.report.merge import merge_runs
 from cumatrix.report.progress import progress_line
-from cumatrix.report.records import (
+from cumatrix.results.records import (
     SCHEMA_VERSION,
     CellResult,
     Counts,

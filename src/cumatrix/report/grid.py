@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from cumatrix.report.records import Category, CellResult, RunData, axes_from_id
+from cumatrix.results.records import Category, CellResult, RunData, axes_from_id
 
 #: Short symbol per category, used by Markdown and HTML alike.
 SYMBOLS: dict[Category, str] = {

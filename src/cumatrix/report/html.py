@@ -29,7 +29,7 @@ from markupsafe import Markup
 
 from cumatrix.report.grid import LEGEND, Entry, Grid, entries, grids, timed
 from cumatrix.report.markdown import headline
-from cumatrix.report.records import CATEGORIES, CellResult, RunData, Timings
+from cumatrix.results.records import CATEGORIES, CellResult, RunData, Timings
 from cumatrix.report.text import clean
 
 #: Glyphs the page uses per category (present in common fonts, no emoji font needed).

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TextIO
 
 from cumatrix import __version__
-from cumatrix.report.records import SCHEMA_VERSION, RunData, axes_from_id
+from cumatrix.results.records import SCHEMA_VERSION, RunData, axes_from_id
 
 
 def dumps(obj: object) -> str:

@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from cumatrix.report.markdown import headline
-from cumatrix.report.records import CellResult, RunData, axes_from_id
+from cumatrix.results.records import CellResult, RunData, axes_from_id
 from cumatrix.report.text import clean
 
 

@@ -12,7 +12,7 @@ import html
 from pathlib import Path
 
 from cumatrix.report.grid import LEGEND, SYMBOLS, Grid, grids, timed
-from cumatrix.report.records import CellResult, RunData
+from cumatrix.results.records import CellResult, RunData
 from cumatrix.report.text import clean, md_code, md_inline, shorten
 
 #: GitHub caps a step summary at 1 MiB; stay well under it.

@@ -6,7 +6,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from cumatrix.core.errors import ConfigError
-from cumatrix.report.records import CellResult, RunData, RunInfo, load_records
+from cumatrix.results.records import CellResult, RunData, RunInfo, load_records
 from cumatrix.core.planned import PlannedCells
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 
-from cumatrix.report.records import RunData
+from cumatrix.results.records import RunData
 
 
 def static_record(run: RunData) -> Mapping[str, object] | None:

@@ -40,7 +40,7 @@ from cumatrix.core.errors import UsageError
 from cumatrix.core.record import CellRecord
 
 if TYPE_CHECKING:  # the report package is not imported to append or diff
-    from cumatrix.report.records import RunData
+    from cumatrix.results.records import RunData
 
 ENV = "CUMATRIX_HISTORY"
 #: Seconds a writer waits for another's transaction before giving up.
