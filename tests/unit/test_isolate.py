@@ -244,20 +244,31 @@ def test_harness_children_keep_their_knobs_and_path_commands_do_not() -> None:
                                          base_env=HARNESS_ENV)
 
 
-def test_bwrap_binds_back_what_the_private_tmp_hides(tmp_path: Path) -> None:
+def test_bwrap_binds_only_what_the_cell_names_and_no_host_socket_directory(tmp_path: Path) -> None:
     lib = tmp_path / "lib"
     lib.mkdir()
+    log = tmp_path / "audit" / "log"
+    log.parent.mkdir()
+    log.touch()
     job = Job(cell_id="t", kind="swap", argv=(PY, "-m", "cumatrix.child.case"), lib_path=(str(lib),),
-              mounts=(str(tmp_path),))
-    argv = sandbox.bwrap_argv("bwrap", job, {"PYTHONPATH": "/opt/site"}, str(tmp_path))
+              mounts=(str(tmp_path),), writable=(str(log),))
+    argv = sandbox.bwrap_argv("bwrap", job, {"PYTHONPATH": "/usr/lib/site:/run/user/0/x"}, str(tmp_path))
     text = " ".join(argv)
-    assert "--unshare-all" in argv and "--die-with-parent" in argv and "--share-net" not in argv
-    assert "--ro-bind / /" in text and "--tmpfs /tmp" in text
-    if str(tmp_path).startswith("/tmp/"):
-        # The outermost directory is bound once; what lies inside it comes along.
-        assert f"--ro-bind {tmp_path} {tmp_path}" in text and f"--ro-bind {lib} {lib}" not in text
-    assert "--ro-bind /opt/site" not in text  # visible through the read-only root already
-    assert argv[argv.index("--") + 1:] == list(job.argv)
+    assert "--unshare-net" in argv and "--die-with-parent" in argv and "--share-net" not in argv
+    assert "--unshare-cgroup" in argv or "--unshare-cgroup-try" in argv
+    assert "--ro-bind / /" not in text and " /run" not in text  # no host sockets (docker.sock, D-Bus)
+    assert "--ro-bind /proc/sys /proc/sys" in text and "--remount-ro /dev" in text
+    assert f"--size {sandbox.default_policy().write_limit} --tmpfs /tmp" in text
+    # The outermost directory is bound once, read-only; what lies inside it comes along.
+    assert f"--ro-bind {tmp_path} {tmp_path}" in text and f"--ro-bind {lib} {lib}" not in text
+    assert f"--bind {log} {log}" in text and f"--bind {log.parent} " not in text  # the file, not its directory
+    tail = argv[argv.index("--") + 1:]
+    if os.geteuid() == 0:  # a root harness's cell becomes an unprivileged uid, capabilities gone
+        assert tail[0].endswith("setpriv") and f"--reuid={sandbox.NOBODY}" in tail and "--no-new-privs" in tail
+        tail = tail[tail.index("--") + 1:]
+    else:
+        assert "--unshare-user" in argv and "--disable-userns" in argv
+    assert tail == list(job.argv)
 
 
 def test_gpu_device_nodes_are_found_as_the_driver_makes_them(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@
  *
  * PARENT_PID    die with this process (PR_SET_PDEATHSIG, SIGKILL); 0: no death signal.
  * CGROUP_PROCS  a cgroup v2 ``cgroup.procs`` file: the program starts in that cgroup; "-": none.
- * LIMITS        "name=soft:hard,..." resource limits (core, cpu, nofile, nproc), or "-".
+ * LIMITS        "name=soft:hard,..." resource limits (core, cpu, nofile, nproc, fsize), or "-".
  *
  * Joining a cgroup by writing to ``cgroup.procs`` takes the kernel's cgroup threadgroup
  * lock for writing, which waits for an RCU grace period: 10 to 20 ms a cell on a quiet
@@ -63,6 +63,7 @@ static int limit_resource(const char *name) {
     if (!strcmp(name, "cpu")) return RLIMIT_CPU;
     if (!strcmp(name, "nofile")) return RLIMIT_NOFILE;
     if (!strcmp(name, "nproc")) return RLIMIT_NPROC;
+    if (!strcmp(name, "fsize")) return RLIMIT_FSIZE;
     return -1;
 }
 

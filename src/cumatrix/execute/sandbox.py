@@ -96,6 +96,37 @@ class Policy:
     sandbox: str = field(default_factory=lambda: _env_sandbox(os.environ.get("CUMATRIX_SANDBOX")))
     pass_env: tuple[str, ...] = ()
     limits: bool = True
+    #: Bytes a sandboxed cell may write: the size of each of its tmpfs (``/tmp``, ``/dev/shm``)
+    #: and the largest file it may write on the host (``RLIMIT_FSIZE``; the audit log).
+    write_limit: int = field(default_factory=lambda: _env_size("CUMATRIX_SANDBOX_WRITE_LIMIT", WRITE_LIMIT))
+    #: The host uid and gid a sandboxed cell runs as when the harness runs as root.
+    uid: int = field(default_factory=lambda: _env_size("CUMATRIX_SANDBOX_UID", NOBODY, high=2**32 - 2))
+
+
+#: What a sandboxed cell may write by default (``--sandbox-write-limit``).
+WRITE_LIMIT = 1 << 30
+#: The range ``--sandbox-write-limit`` accepts: a page to a tebibyte.
+WRITE_LIMIT_RANGE = (4096, 1 << 40)
+#: The host id a root harness's sandboxed cells run as (``nobody``; ``$CUMATRIX_SANDBOX_UID``).
+NOBODY = 65534
+
+
+def _env_size(name: str, default: int, *, high: int = WRITE_LIMIT_RANGE[1]) -> int:
+    """An integer knob from the environment; a value that is not one in range is ignored."""
+    raw = os.environ.get(name, "").strip()
+    try:
+        value = parse_size(raw) if raw else default
+    except ValueError:
+        return default
+    return value if 0 < value <= high else default
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``1073741824``, ``512M``, ``1G``, ``1GiB`` (binary units); ValueError otherwise."""
+    m = re.fullmatch(r"\s*(\d{1,16})\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    if not m:
+        raise ValueError(f"not a size: {text!r} (bytes, or a number with K, M, G or T)")
+    return int(m.group(1)) << (10 * " KMGT".index(m.group(2).upper() or " "))
 
 
 def _env_sandbox(value: str | None) -> str:
@@ -324,7 +355,7 @@ def _preexec(parent: int, procs: str | None, lims: list[tuple[str, int, int]]) -
 
     prctl = _prctl()  # looked up before fork, not in the child
     codes = {"core": resource.RLIMIT_CORE, "nofile": resource.RLIMIT_NOFILE,
-             "nproc": resource.RLIMIT_NPROC, "cpu": resource.RLIMIT_CPU}
+             "nproc": resource.RLIMIT_NPROC, "cpu": resource.RLIMIT_CPU, "fsize": resource.RLIMIT_FSIZE}
 
     def preexec() -> None:
         if prctl is not None:
@@ -358,9 +389,13 @@ def _find_bwrap() -> tuple[str | None, str]:
     path = shutil.which("bwrap")
     if path is None:
         return None, "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        return None, "the harness runs as root and setpriv (util-linux) is missing to drop the cell's uid"
+    # The boundary itself, checked once: kernel settings and the host's sockets out of reach.
+    probe = ["sh", "-c", "test ! -w /proc/sys/vm/swappiness && test ! -e /run/."]
     try:
-        proc = subprocess.run([path, *_BWRAP_BASE, "--", "true"], capture_output=True, text=True,
-                              timeout=30, stdin=subprocess.DEVNULL, check=False)
+        proc = subprocess.run(bwrap_command(path, probe, cwd="/", policy=Policy(sandbox="on")),
+                              capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
         return None, f"{path} did not run: {e}"
     if proc.returncode != 0:
@@ -369,8 +404,12 @@ def _find_bwrap() -> tuple[str | None, str]:
     return path, ""
 
 
-_BWRAP_BASE = ("--die-with-parent", "--unshare-all", "--cap-drop", "ALL", "--ro-bind", "/", "/",
-               "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp")
+#: Host directories every sandboxed cell reads (programs, their libraries, configuration, the
+#: GPU's sysfs): bound read-only, a symbolic link (``/bin`` -> ``usr/bin``) recreated as one.
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/sys")
+#: Never visible in the sandbox, even under a directory a job names: the host's sockets
+#: (``docker.sock``, D-Bus, systemd) and container runtimes' state.
+HIDDEN_ALWAYS = ("/run", "/var/run", "/var/lock", "/var/lib/docker", "/var/lib/containerd", "/proc", "/dev")
 
 
 def gpu_nodes(dev: Path = Path("/dev")) -> list[str]:
@@ -384,20 +423,29 @@ def gpu_nodes(dev: Path = Path("/dev")) -> list[str]:
     return out
 
 
-def _hidden(path: str) -> bool:
-    """True for a host path the sandbox's own /tmp or /dev would hide."""
-    return any(path == top or path.startswith(top + "/") for top in ("/tmp", "/dev", "/proc"))
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
 
 
 def _bind_points(paths: Iterable[str]) -> list[str]:
-    """Directories to bind so that every path is visible: a file's directory (bubblewrap cannot
-    create a file's mount point under an empty /tmp), each only once, outermost first."""
-    tops = ("/tmp", "/dev", "/proc")
-    dirs = sorted({d if d not in tops else os.path.normpath(p)
-                   for p in paths for d in [os.path.normpath(p if os.path.isdir(p) else os.path.dirname(p))]})
+    """Directories to bind so that every path is visible (a file: its directory), each once,
+    outermost first; none under what the system directories already show, none that is or
+    holds a host socket directory, never ``/``."""
+    dirs = set()
+    for p in paths:
+        if not p or not p.startswith("/") or not os.path.exists(p):
+            continue
+        d = os.path.normpath(p if os.path.isdir(p) else os.path.dirname(p))
+        if d == "/" or any(_under(d, h) for h in HIDDEN_ALWAYS if h not in ("/dev",)):
+            continue
+        if d.startswith("/dev/") and not d.startswith("/dev/nvidia"):
+            continue
+        if any(_under(d, s) for s in SYSTEM_DIRS if os.path.lexists(s)):
+            continue  # shown already (a path under /bin, a link to usr/bin, too)
+        dirs.add(d)
     out: list[str] = []
-    for d in dirs:
-        if not any(d == o or d.startswith(o.rstrip("/") + "/") for o in out):
+    for d in sorted(dirs):
+        if not any(_under(d, o) for o in out):
             out.append(d)
     return out
 
@@ -412,29 +460,94 @@ def _environments(paths: Iterable[str]) -> list[str]:
         for root in (Path(p).parent, Path(p).parent.parent):
             if (root / "pyvenv.cfg").is_file():
                 out.append(str(root))
+                out += _venv_base(str(root / "pyvenv.cfg"))
     return out
 
 
-def bwrap_argv(bwrap: str, job: Job, env: dict[str, str], cwd: str) -> list[str]:
-    """The bubblewrap command line that runs ``job.argv`` with no network, a read-only
-    root, a private /tmp and the GPU's device nodes."""
-    argv = [bwrap, *_BWRAP_BASE]
-    for node in gpu_nodes():
-        argv += ["--dev-bind", node, node]
-    # Host paths the cell reads that the private /tmp (or /dev) would hide: bound back, read-only.
+@functools.lru_cache(maxsize=64)
+def _venv_base(cfg: str) -> tuple[str, ...]:
+    """The installation a venv's interpreter comes from (``home`` in ``pyvenv.cfg``, one level
+    up: its ``lib/pythonX.Y`` too), which the sandbox must show when it lies outside ``/usr``."""
+    try:
+        lines = Path(cfg).read_text(errors="replace").splitlines()
+    except OSError:
+        return ()
+    for line in lines:
+        key, _, value = line.partition("=")
+        if key.strip() == "home" and value.strip().startswith("/"):
+            return (os.path.dirname(os.path.realpath(value.strip())),)
+    return ()
+
+
+def bwrap_argv(bwrap: str, job: Job, env: dict[str, str], cwd: str, policy: Policy | None = None) -> list[str]:
+    """The bubblewrap command line that runs ``job.argv`` confined (see :func:`bwrap_command`),
+    with what the job names bound read-only and its audit log (a file) writable."""
     wanted = [*job.mounts, *job.lib_path, cwd, *(a for a in job.argv if a.startswith("/"))]
     for var in ("PYTHONPATH", "LD_LIBRARY_PATH", "PATH"):
         wanted += env.get(var, "").split(os.pathsep)
     wanted += _environments(wanted)
-    writable = _bind_points(p for p in job.writable if os.path.exists(p))
-    hidden = (p for p in wanted if p and _hidden(p) and not p.startswith("/dev/nvidia") and os.path.exists(p))
-    for p in _bind_points(hidden):
-        if not any(p == w or p.startswith(w + "/") for w in writable):
-            argv += ["--ro-bind", p, p]
-    for p in writable:  # what the harness reads back (the audit log): bound writable
-        argv += ["--bind", p, p]
-    argv += ["--chdir", cwd, "--"]
-    return [*argv, *job.argv]
+    # What links lead to (a venv's python -> a pyenv or conda install under a private home).
+    wanted += [r for r in (os.path.realpath(p) for p in wanted if p.startswith("/")) if r not in wanted]
+    writable = [os.path.normpath(p) for p in job.writable if os.path.isfile(p)]
+    return bwrap_command(bwrap, list(job.argv), cwd=cwd, policy=policy, read=wanted, write=writable)
+
+
+def bwrap_command(bwrap: str, argv: list[str], *, cwd: str, policy: Policy | None = None,
+                  read: Iterable[str] = (), write: Iterable[str] = ()) -> list[str]:
+    """A bubblewrap command line: no network, no host IPC, its own pid, UTS and cgroup
+    namespaces; the system directories, the GPU's device nodes and ``read`` read-only
+    (``/proc/sys`` and ``/sys`` too); no ``/run``, ``/var/run`` or other host socket; a
+    private ``/tmp`` and ``/dev/shm`` of ``policy.write_limit`` bytes each; the files in
+    ``write`` (which must exist) the only writable host paths.
+
+    The cell's root is never the host's: a root harness runs bubblewrap with every capability
+    dropped but the two ``setpriv`` needs to become ``policy.uid`` (``nobody``) with none left
+    and no way to gain one (``no_new_privs``); anyone else's bubblewrap creates a user namespace
+    that maps the cell to its own unprivileged uid and forbids further ones.
+    """
+    policy = policy or default_policy()
+    size = str(policy.write_limit)
+    root = os.geteuid() == 0
+    out = [bwrap, "--die-with-parent", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
+    if root:
+        # No user namespace: in one made by root, the cell's uid 0 would still be the host's.
+        out += ["--unshare-cgroup", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        out += ["--unshare-user", "--disable-userns", "--unshare-cgroup-try", "--cap-drop", "ALL"]
+    for d in SYSTEM_DIRS:
+        if os.path.islink(d):
+            out += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            out += ["--ro-bind", d, d]
+    out += ["--dev", "/dev"]
+    for node in gpu_nodes():
+        out += ["--dev-bind", node, node]
+    out += ["--perms", "1777", "--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
+            "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys",
+            "--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
+    points = _bind_points(read)
+    made = {"/tmp"}
+    for p in points:
+        # The directories above a bind point: made searchable (bubblewrap makes them 0700,
+        # which an unprivileged cell could not pass), and nothing of the host's in them.
+        parts = p.strip("/").split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            above = "/" + "/".join(parts[:i])
+            if above not in made and not any(_under(above, q) for q in points if q != p):
+                out += ["--perms", "0755", "--dir", above]
+                made.add(above)
+        out += ["--ro-bind", p, p]
+    for hide in HIDDEN_ALWAYS[:-2]:  # a real directory (not a link to /run) under a bound one
+        if any(_under(hide, p) for p in points) and os.path.isdir(hide) and not os.path.islink(hide):
+            out += ["--perms", "0555", "--size", "4096", "--tmpfs", hide, "--remount-ro", hide]
+    for f in write:  # the file alone, never its directory
+        out += ["--bind", f, f]
+    out += ["--chdir", cwd, "--"]
+    if root:
+        setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
+        out += [setpriv, f"--reuid={policy.uid}", f"--regid={policy.uid}", "--clear-groups",
+                "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+    return [*out, *argv]
 
 
 # --------------------------------------------------------------------------- the cell's tree
@@ -823,7 +936,8 @@ def prepare(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | N
         bwrap, why = bubblewrap()
         if bwrap is not None:
             env["TMPDIR"] = "/tmp"
-            argv = tuple(bwrap_argv(bwrap, job, env, cwd or os.getcwd()))
+            env["HOME"] = "/tmp"  # the host's home is not there: a writable one of the cell's own
+            argv = tuple(bwrap_argv(bwrap, job, env, cwd or os.getcwd(), policy))
             extra["sandbox"] = "bubblewrap"
             signal_in_exit = True
         elif policy.sandbox == "on":
@@ -832,6 +946,8 @@ def prepare(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | N
         else:
             extra["sandbox"] = f"none: {why}"
     lims = limits(job) if policy.limits else []
+    if extra.get("sandbox") == "bubblewrap":
+        lims.append(("fsize", policy.write_limit, policy.write_limit))
     procs = str(scope.cgroup / "cgroup.procs") if scope.cgroup is not None else None
     shim = spawn_shim()
     if shim is not None:
