@@ -148,6 +148,7 @@ def _build_audit_library(*, cache: Path | None, cc: str) -> Path:
         if proc.returncode != 0:
             raise AuditError(f"compiling the rtld-audit library failed ({' '.join(cmd)}):\n"
                              + proc.stderr.strip()[-2000:])
+        tmp.chmod(0o755)  # a root harness's sandboxed cell (an unprivileged uid) loads it
         try:
             tmp.rename(target.parent)
         except OSError:  # another worker built the same one first; theirs is identical

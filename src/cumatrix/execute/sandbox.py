@@ -527,20 +527,25 @@ def bwrap_command(bwrap: str, argv: list[str], *, cwd: str, policy: Policy | Non
             "--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
     points = _bind_points(read)
     made = {"/tmp"}
-    for p in points:
+
+    def above(p: str) -> None:
         # The directories above a bind point: made searchable (bubblewrap makes them 0700,
         # which an unprivileged cell could not pass), and nothing of the host's in them.
         parts = p.strip("/").split("/")[:-1]
         for i in range(1, len(parts) + 1):
-            above = "/" + "/".join(parts[:i])
-            if above not in made and not any(_under(above, q) for q in points if q != p):
-                out += ["--perms", "0755", "--dir", above]
-                made.add(above)
+            d = "/" + "/".join(parts[:i])
+            if d not in made and not any(_under(d, q) for q in points if q != p):
+                out.extend(["--perms", "0755", "--dir", d])
+                made.add(d)
+
+    for p in points:
+        above(p)
         out += ["--ro-bind", p, p]
     for hide in HIDDEN_ALWAYS[:-2]:  # a real directory (not a link to /run) under a bound one
         if any(_under(hide, p) for p in points) and os.path.isdir(hide) and not os.path.islink(hide):
             out += ["--perms", "0555", "--size", "4096", "--tmpfs", hide, "--remount-ro", hide]
     for f in write:  # the file alone, never its directory
+        above(f)
         out += ["--bind", f, f]
     out += ["--chdir", cwd, "--"]
     if root:

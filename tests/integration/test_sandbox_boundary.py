@@ -1,0 +1,168 @@
+"""The sandbox is a boundary: each attack that once got through a bubblewrap cell, run again.
+
+Real bubblewrap, the real Docker daemon's socket where one runs, real sysctl files and cgroups.
+Skipped where bubblewrap cannot run (unless ``CUMATRIX_REQUIRE_BWRAP=1``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from cumatrix import sandbox
+from cumatrix.isolate import Job, run_local
+from cumatrix.sandbox import Policy
+
+PY = sys.executable
+REQUIRE_BWRAP = os.environ.get("CUMATRIX_REQUIRE_BWRAP") == "1"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def bwrap() -> str:
+    path, why = sandbox.bubblewrap()
+    if path is None:
+        if REQUIRE_BWRAP:
+            pytest.fail(f"CUMATRIX_REQUIRE_BWRAP=1 but {why}")
+        pytest.skip(why)
+    return path
+
+
+def boxed(code: str, *args: str, policy: Policy | None = None, **job: object) -> tuple[int | None, str, str]:
+    res = run_local(Job(cell_id="t", kind="command", timeout=60, argv=(PY, "-c", code, *args), **job),
+                    policy=policy or Policy(sandbox="on"))
+    assert res.extra.get("sandbox") == "bubblewrap", res.extra
+    return res.returncode, res.stdout_tail, res.stderr_tail
+
+
+CONNECT = """
+import socket, sys
+for path in sys.argv[1:]:
+    s = socket.socket(socket.AF_UNIX)
+    try:
+        s.connect(path)
+        s.sendall(b"GET /_ping HTTP/1.0\\r\\n\\r\\n")
+        print("connected", path, s.recv(64))
+    except OSError as e:
+        print("refused", path, e.errno)
+"""
+
+
+def test_no_host_socket_is_reachable_docker_daemon_included(tmp_path: Path) -> None:
+    # A socket of our own under /run (where daemons keep theirs), and the Docker daemon's
+    # where one runs: both reachable from the host, neither from a cell.
+    ours = Path("/run") / f"cumatrix-test-{os.getpid()}.sock"
+    server = socket.socket(socket.AF_UNIX)
+    try:
+        server.bind(str(ours))
+    except OSError as e:
+        pytest.skip(f"cannot make a socket under /run: {e}")
+    server.listen()
+    try:
+        paths = [str(ours), *(p for p in ("/var/run/docker.sock", "/run/docker.sock") if os.path.exists(p))]
+        client = socket.socket(socket.AF_UNIX)
+        client.connect(str(ours))  # the host can
+        client.close()
+        rc, out, err = boxed(CONNECT, *paths)
+    finally:
+        server.close()
+        ours.unlink()
+    assert rc == 0, err
+    assert "connected" not in out
+    assert out.count("refused") == len(paths)
+
+
+SYSCTL = """
+import os
+print("uid", os.getuid(), os.geteuid())
+for path in ("/proc/sys/vm/swappiness", "/proc/sys/kernel/core_pattern"):
+    try:
+        open(path, "w").close()
+        print("opened", path)
+    except OSError as e:
+        print("refused", path, e.errno)
+for path in ("/sys/fs/cgroup/cgroup.procs", "/sys/fs/cgroup/unified/cgroup.procs"):
+    if os.path.exists(path):
+        try:
+            with open(path, "w") as f:
+                f.write(str(os.getpid()))
+            print("joined", path)
+        except OSError as e:
+            print("refused", path, e.errno)
+print("cgroup", open("/proc/self/cgroup").read().strip().splitlines()[-1])
+print("capeff", [ln.split()[1] for ln in open("/proc/self/status") if ln.startswith("CapEff")][0])
+"""
+
+
+def test_a_cell_cannot_change_kernel_settings_nor_leave_its_cgroup() -> None:
+    before = Path("/proc/sys/vm/swappiness").read_text()
+    rc, out, err = boxed(SYSCTL)
+    assert rc == 0, err
+    assert "opened" not in out and "joined" not in out
+    assert out.count("refused /proc/sys") == 2
+    assert "capeff 0000000000000000" in out  # no capability at all
+    if os.geteuid() == 0:  # a root harness's cell is not root on the host
+        assert f"uid {sandbox.NOBODY} {sandbox.NOBODY}" in out
+    assert "cgroup 0::/" in out  # its own cgroup namespace: the host's tree is not named
+    assert Path("/proc/sys/vm/swappiness").read_text() == before
+
+
+FILL = """
+import os, sys
+log, limit = sys.argv[1], int(sys.argv[2])
+try:
+    open(os.path.join(os.path.dirname(log), "planted"), "w").write("x")
+    print("planted")
+except OSError as e:
+    print("refused dir", e.errno)
+for target in ("/tmp/fill", "/dev/shm/fill"):
+    try:
+        with open(target, "wb") as f:
+            for _ in range(limit // 65536 + 4):
+                f.write(b"\\0" * 65536)
+        print("filled", target)
+    except OSError as e:
+        print("full", target, e.errno)
+import signal
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past RLIMIT_FSIZE: EFBIG instead of death
+try:
+    with open(log, "ab") as f:
+        for _ in range(limit // 65536 + 4):
+            f.write(b"\\0" * 65536)
+    print("filled log")
+except OSError as e:
+    print("full log", e.errno)
+st = os.statvfs("/tmp")
+print("tmp size", st.f_blocks * st.f_frsize)
+"""
+
+
+def test_what_a_cell_writes_is_bounded_and_only_its_log_is_a_host_path(tmp_path: Path) -> None:
+    limit = 4 << 20
+    audit = tmp_path / "audit"
+    audit.mkdir()
+    log = audit / "cell.log"
+    log.touch()
+    log.chmod(0o666)
+    tmp_path.chmod(0o755)
+    audit.chmod(0o777)  # even a directory anyone may write is not the cell's to write
+    rc, out, err = boxed(FILL, str(log), str(limit), policy=Policy(sandbox="on", write_limit=limit),
+                         writable=(str(log),))
+    assert rc == 0, err
+    assert "planted" not in out and not (audit / "planted").exists()
+    assert "filled" not in out  # ENOSPC at the tmpfs' size, or EFBIG at RLIMIT_FSIZE, first
+    assert "full /tmp/fill" in out and "full /dev/shm/fill" in out
+    assert "full log 27" in out  # EFBIG: RLIMIT_FSIZE
+    assert f"tmp size {limit}" in out
+    assert log.stat().st_size <= limit
+    assert sorted(p.name for p in audit.iterdir()) == ["cell.log"]
+
+
+def test_the_write_limit_is_an_option_with_a_range() -> None:
+    assert sandbox.parse_size("1G") == 1 << 30 and sandbox.parse_size("512MiB") == 512 << 20
+    with pytest.raises(ValueError):
+        sandbox.parse_size("1e308")
+    assert Policy().write_limit == sandbox.WRITE_LIMIT or "CUMATRIX_SANDBOX_WRITE_LIMIT" in os.environ
