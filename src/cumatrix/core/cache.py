@@ -12,8 +12,8 @@ from cumatrix.core.errors import UsageError
 WHEEL_DIR_ENV = "CUMATRIX_WHEEL_DIR"
 
 
-def cache_root() -> Path:
-    """``$CUMATRIX_CACHE``, else ``$XDG_CACHE_HOME/cumatrix``, else ``~/.cache/cumatrix``."""
+def cache_location() -> Path:
+    """``$CUMATRIX_CACHE``, else ``$XDG_CACHE_HOME/cumatrix``, else ``~/.cache/cumatrix`` (unchecked)."""
     explicit = os.environ.get("CUMATRIX_CACHE")
     if explicit:
         return Path(explicit)
@@ -22,8 +22,22 @@ def cache_root() -> Path:
     return base / "cumatrix"
 
 
+def cache_root() -> Path:
+    """The cache directory (:func:`cache_location`), created 0700 and checked to be this user's
+    alone (:class:`cumatrix.core.private.SharedDirectory`, exit 3, where another user owns or may
+    write it)."""
+    from cumatrix.core.private import private_dir
+
+    return private_dir(cache_location())
+
+
 def cache_dir(*parts: str) -> Path:
-    path = cache_root().joinpath(*parts)
+    """A directory in the cache, created; the process holds the cache (``clean`` waits)."""
+    from cumatrix.core.private import hold_cache
+
+    root = cache_root()
+    hold_cache(root)
+    path = root.joinpath(*parts)
     path.mkdir(parents=True, exist_ok=True)
     return path
 

@@ -202,11 +202,12 @@ def audit_plan(log: Path, *, library: Path | None = None,
             raise ValueError(f"not a SONAME: {soname!r}")
         if not path.startswith("/") or ":" in path:
             raise ValueError(f"the enforced {soname} must be an absolute path without ':', not {path!r}")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW  # never through a planted link
     try:
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        fd = os.open(log, flags, 0o666)
     except FileNotFoundError:
         log.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        fd = os.open(log, flags, 0o666)
     try:
         os.fchmod(fd, 0o666)  # whatever the umask: a container's user appends to it
     finally:

@@ -297,12 +297,13 @@ def _build_shim() -> Path | None:
     except OSError:
         return None
     from cumatrix.core.cache import cache_dir
+    from cumatrix.core.errors import EnvironmentProblem
 
     tag = hashlib.sha256(source + os.uname().machine.encode() + b" static").hexdigest()[:16]
     try:
         target = cache_dir("bin") / f"cumatrix-spawn-{tag}"
-    except OSError:
-        return None
+    except (OSError, EnvironmentProblem):
+        return None  # a cache that is not this user's alone: nothing in it is executed
     if os.access(target, os.X_OK):
         return target
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")

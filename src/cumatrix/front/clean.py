@@ -95,11 +95,14 @@ def clean_cache(*, dry_run: bool = False) -> Cleaned:
     """Remove the cache directory."""
     from cumatrix.core.cache import cache_root
 
+    from cumatrix.core.private import cache_exclusive
+
     done = Cleaned()
     root = cache_root()
     if root.exists():
         if not dry_run:
-            shutil.rmtree(root)
+            with cache_exclusive(root):  # refused while a run holds the cache
+                shutil.rmtree(root)
         done.cache.append(str(root))
     return done
 

@@ -204,8 +204,10 @@ def _preflight(args: argparse.Namespace, m: Any, mpath: Path) -> None:
     """What must hold before any cell runs: --out is free and writable (exit 2 / 3), the daemon
     answers, every runtime resolves (a requirement that does not resolve is bad input, exit 2,
     found once rather than per cell)."""
+    from cumatrix.core.cache import cache_root
     from cumatrix.results.store import Store
 
+    cache_root()  # this user's alone, or exit 3 before anything from it runs
     with Store.open(Path(args.out), fresh=False):
         pass
     _check_compiler(m)

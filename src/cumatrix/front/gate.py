@@ -698,6 +698,9 @@ def _gate(args: argparse.Namespace) -> int:
     from cumatrix.execute import sandbox
 
     sandbox.set_default(sandbox.policy(getattr(args, "sandbox", None), getattr(args, "pass_env", None)))
+    from cumatrix.core.cache import cache_root
+
+    cache_root()  # this user's alone, or exit 3 before anything from it runs
     wheels: list[Path] = [Path(w) for w in args.wheels]
     for w in wheels:
         _check_wheel(w)

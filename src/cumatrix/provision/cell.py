@@ -11,10 +11,12 @@ What it provisions is cached on disk by content, so pytest-xdist workers share i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import uuid
@@ -27,6 +29,7 @@ from cumatrix.execute import observe, provenance
 from cumatrix.provision import runtimes as _runtimes
 from cumatrix.core.errors import CumatrixError
 from cumatrix.core.jobs import Job
+from cumatrix.core.private import replace_new
 from cumatrix.core.model import NO_RUNTIME, Cell, Expected, Matrix, Observed
 
 if TYPE_CHECKING:
@@ -257,12 +260,20 @@ class Provisioner:
         """The audit library where a container's non-root user can reach it: the cache is often
         under ``/root``, whose 0700 mode in the image hides everything mounted below it."""
         built = observe.build_audit_library()
-        shared = Path(tempfile.gettempdir()) / f"cumatrix-audit-lib-{built.parent.name}"
+        shared = Path(tempfile.gettempdir()) / f"cumatrix-audit-lib-{os.geteuid()}-{built.parent.name}"
+        with contextlib.suppress(FileExistsError):
+            shared.mkdir(mode=0o755)
+        st = os.lstat(shared)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+            # Another user made that name first (in a shared /tmp): a library of theirs would be
+            # loaded into every container.  One of our own, under a name no one can guess.
+            shared = Path(tempfile.mkdtemp(prefix="cumatrix-audit-lib-"))
+            shared.chmod(0o755)
         target = shared / built.name
         if not target.is_file():
-            shared.mkdir(mode=0o755, exist_ok=True)
             tmp = shared / f".{built.name}.{os.getpid()}"
-            shutil.copy2(built, tmp)
+            with open(replace_new(tmp, 0o755), "wb") as dst, open(built, "rb") as src:
+                shutil.copyfileobj(src, dst)
             tmp.chmod(0o755)
             tmp.replace(target)
         return target

@@ -8,8 +8,10 @@ All four are rebuilt from ``results.jsonl`` alone, so a killed run can still be 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
+from cumatrix.core.private import replace_new
 from cumatrix.report.html import write_html
 from cumatrix.report.jsonout import write_json
 from cumatrix.report.junit import write_junit
@@ -61,6 +63,7 @@ def write_all(run: RunData, out_dir: Path) -> list[Path]:
     for name, writer in zip(REPORT_FILES, writers, strict=True):
         final = out_dir / name
         tmp = out_dir / f".{name}.tmp"
+        os.close(replace_new(tmp))  # a new file of ours: the writer never follows a planted link
         writer(run, tmp)
         tmp.replace(final)
         written.append(final)
@@ -71,6 +74,7 @@ def write_all(run: RunData, out_dir: Path) -> list[Path]:
     if static is not None:  # a gate's static audit, as it recorded it
         final = out_dir / "static.json"
         tmp = out_dir / ".static.json.tmp"
+        os.close(replace_new(tmp))
         tmp.write_text(dumps(dict(static)), encoding="utf-8")
         tmp.replace(final)
         written.append(final)

@@ -164,6 +164,8 @@ def _environment(path: Path, e: OSError, doing: str) -> EnvironmentProblem:
         why = "the filesystem is full (or over quota)"
     elif e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         why = "permission denied (or a read-only filesystem)"
+    elif e.errno == errno.ELOOP:
+        why = "it is a symbolic link, which cumatrix never writes through"
     elif isinstance(e, FileExistsError | NotADirectoryError):
         why = "it (or a parent) is a file, not a directory"
     else:
@@ -365,7 +367,8 @@ class Store:
     def _lock(self, holder: str) -> None:
         path = self.dir / LOCK
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            # Never through a link: a planted `.cumatrix.lock -> ~/file` would be truncated.
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         except OSError as e:
             raise _environment(path, e, "create the lock file") from None
         try:
@@ -385,7 +388,7 @@ class Store:
             raise _environment(path, e, "write the lock file") from None
 
     def _open_file(self) -> None:
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         size = os.fstat(fd).st_size
         if size:
             with open(self.path, "rb") as f:
@@ -439,7 +442,9 @@ class Store:
     def _replace(self, text: bytes, *, keep_previous: bool) -> None:
         tmp = self.dir / f".{JSONL}.{os.getpid()}.tmp"
         try:
-            with open(tmp, "wb") as f:
+            from cumatrix.core.private import replace_new
+
+            with open(replace_new(tmp), "wb") as f:
                 f.write(text)
                 f.flush()
                 os.fsync(f.fileno())

@@ -1,0 +1,59 @@
+"""Per-cell cost of the bubblewrap sandbox: the same cell through ``isolate.run_local`` without
+and with it, interleaved (off, on, off, ...) so that drift in the machine's load hits both alike.
+
+Cells: ``true`` (the smallest: the worst case in relative terms), ``python3 -c pass`` and
+``python3 -c 'import json, ctypes'``.  Prints the medians, the difference and the ratio, and
+a JSON line with the same figures.
+
+Usage: python benchmarks/sandbox_overhead.py [-N 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+from cumatrix.core.jobs import Job
+from cumatrix.execute import sandbox
+from cumatrix.execute.local import run_local
+
+CELLS = {
+    "true": ("true",),
+    "python3 -c pass": (sys.executable, "-c", "pass"),
+    "python3 import json, ctypes": (sys.executable, "-c", "import json, ctypes"),
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-N", type=int, default=40)
+    args = ap.parse_args()
+    path, why = sandbox.bubblewrap()
+    if path is None:
+        sys.exit(f"no sandbox here: {why}")
+    off, on = sandbox.Policy(sandbox="off"), sandbox.Policy(sandbox="on")
+    rows = {}
+    for name, argv in CELLS.items():
+        job = Job(cell_id="bench", kind="command", argv=argv, timeout=60)
+        times: dict[str, list[float]] = {"off": [], "on": []}
+        for i in range(args.N + 2):
+            for mode, pol in (("off", off), ("on", on)):
+                t0 = time.perf_counter()
+                res = run_local(job, policy=pol)
+                dt = time.perf_counter() - t0
+                if res.returncode != 0:
+                    sys.exit(f"{name} ({mode}) failed: {res.stderr_tail}")
+                if i >= 2:  # the first two warm caches up
+                    times[mode].append(dt)
+        a, b = statistics.median(times["off"]), statistics.median(times["on"])
+        rows[name] = {"off_ms": round(a * 1e3, 2), "on_ms": round(b * 1e3, 2),
+                      "extra_ms": round((b - a) * 1e3, 2), "ratio": round(b / a, 3)}
+        print(f"{name:32s} off {a * 1e3:7.2f} ms  on {b * 1e3:7.2f} ms  +{(b - a) * 1e3:6.2f} ms  x{b / a:.2f}")
+    print(json.dumps({"N": args.N, "bwrap": path, "cells": rows}))
+
+
+if __name__ == "__main__":
+    main()
