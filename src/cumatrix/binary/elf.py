@@ -325,6 +325,7 @@ def iter_wheel_elves(
                 stream.seek(0)
                 try:
                     elf = ELFFile(stream)
+                    check_bounds(elf, info.file_size)
                 except Exception as e:
                     # AssertionError, struct.error, ValueError, IndexError, ... (not only ELFError)
                     if on_error is None:
@@ -334,6 +335,26 @@ def iter_wheel_elves(
                 yield info.filename, elf
             finally:
                 stream.close()
+
+
+#: The most section headers (and program headers) an ELF file may declare to be read: 65535,
+#: the most the 16-bit ``e_shnum`` holds without the extended-numbering escape.  A crafted file
+#: declaring 400,000 in a 25 KB wheel took the static audit 26 s.
+MAX_HEADERS = 65535
+
+
+def check_bounds(elf: ELFFile, file_size: int) -> None:
+    """ELFError unless ``elf``'s header tables are within :data:`MAX_HEADERS` entries and inside
+    the file (``file_size`` bytes); read before any section is."""
+    h = elf.header
+    shnum, phnum = elf.num_sections(), elf.num_segments()
+    if shnum > MAX_HEADERS or phnum > MAX_HEADERS:
+        raise ELFError(f"declares {shnum} section and {phnum} program headers (at most {MAX_HEADERS} are read)")
+    for what, off, num, size in (("section", h["e_shoff"], shnum, h["e_shentsize"]),
+                                 ("program", h["e_phoff"], phnum, h["e_phentsize"])):
+        if num and off + num * size > file_size:
+            raise ELFError(f"its {what} header table ({num} x {size} bytes at {off}) lies beyond the file's "
+                           f"{file_size} bytes")
 
 
 def _dynamic(elf: ELFFile) -> DynamicSection | None:

@@ -658,6 +658,11 @@ def _check_wheel(path: Path) -> None:
         raise UsageError(f"{path}: not a file")
     if not zipfile.is_zipfile(path):
         raise UsageError(f"{path}: not a wheel (not a zip archive)")
+    from .zipnames import bad_utf8_name, describe
+
+    bad = bad_utf8_name(path)
+    if bad is not None:
+        raise UsageError(describe(path, bad))
     try:
         with zipfile.ZipFile(path) as zf:
             names = zf.namelist()

@@ -101,14 +101,22 @@ class _Ctx:
 # The CLI's own options go through these too, so `--timeout nan` fails like `timeout: .nan`.
 
 
+#: The longest timeout a cell may have (seconds: a week); the schema says the same.
+TIMEOUT_MAX = 604800
+#: The largest block of a workload (bytes): 64 GiB, beyond any GPU's memory today.
+BLOCK_BYTES_MAX = 64 << 30
+#: The most cells one matrix may make (before ``exclude``), checked before expanding it.
+MAX_CELLS = 1_000_000
+
+
 def check_timeout(value: object, what: str = "--timeout") -> float:
-    """Seconds > 0 and finite, from a number or its text; :class:`ConfigError` (exit 2) otherwise."""
+    """Seconds in (0, :data:`TIMEOUT_MAX`], from a number or its text; :class:`ConfigError` (exit 2) otherwise."""
     try:
         seconds = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         seconds = math.nan
-    if isinstance(value, bool) or not math.isfinite(seconds) or seconds <= 0:
-        raise ConfigError(f"{what}: expected seconds > 0 (a finite number), got {value!r}")
+    if isinstance(value, bool) or not math.isfinite(seconds) or not 0 < seconds <= TIMEOUT_MAX:
+        raise ConfigError(f"{what}: expected seconds > 0 and at most {TIMEOUT_MAX} (a week), got {value!r}")
     return seconds
 
 
@@ -243,12 +251,13 @@ def _variants_section(ctx: _Ctx, data: list[str]) -> tuple[str, ...]:
 
 def _size(ctx: _Ctx, path: yamldoc.Path, raw: float | str) -> int | None:
     if not isinstance(raw, str):
-        return int(raw)  # JSON's integers include 16384.0
-    m = _SIZE_RE.fullmatch(raw.strip())
-    assert m is not None  # the schema's pattern
-    value = int(m.group(1)) * _SIZE_MULT[m.group(2)]
-    if value < 16:
-        ctx.err(path, f"workloads: block_bytes must be at least 16, got {value}")
+        value = int(raw)  # JSON's integers include 16384.0
+    else:
+        m = _SIZE_RE.fullmatch(raw.strip())
+        assert m is not None  # the schema's pattern
+        value = int(m.group(1)) * _SIZE_MULT[m.group(2)]
+    if not 16 <= value <= BLOCK_BYTES_MAX:
+        ctx.err(path, f"workloads: block_bytes must be from 16 to {BLOCK_BYTES_MAX} (64 GiB), got {value}")
         return None
     return value
 
@@ -485,6 +494,9 @@ def loads(text: str, filename: str = "<matrix>", *, sha256: str | None = None) -
         raise ConfigError(ctx.problems)
     m = Matrix(path=filename, sha256=sha256 or hashlib.sha256(text.encode()).hexdigest(), version=1,
                probe=data.get("probe", True), **built)
+    _check_size(ctx, m)  # before anything expands the cells
+    if ctx.problems:
+        raise ConfigError(ctx.problems)
     _check_selectors(ctx, m)
     if ctx.problems:
         raise ConfigError(ctx.problems)
@@ -499,6 +511,28 @@ def known_builds(runtimes: tuple[Runtime, ...]) -> list[str]:
             _, version = _runtimes.parse_requirement(rt.requirement)
             known.add(".".join(version.split(".")[:2]))
     return sorted(known, key=lambda v: tuple(int(p) if p.isdigit() else 0 for p in v.split(".")))
+
+
+def cell_bound(m: Matrix) -> int:
+    """How many cells the matrix makes before ``exclude``: worked out, not expanded."""
+    per_runtime = int(m.probe) + len(m.cases)
+    swaps = len(m.builds) * len(m.workloads)
+    runtime_v = sum(1 for v in m.variants if "runtime" in VARIANT_FAMILIES[v])
+    driver_v = sum(1 for v in m.variants if "driver" in VARIANT_FAMILIES[v])
+    return len(m.drivers) * (len(m.runtimes) * (per_runtime + runtime_v * swaps) + driver_v * swaps)
+
+
+def _check_size(ctx: _Ctx, m: Matrix) -> None:
+    """A matrix of more than :data:`MAX_CELLS` cells is refused before it is expanded (a few
+    megabytes of YAML can name 10^8 cells, which would exhaust memory)."""
+    n = cell_bound(m)
+    if n <= MAX_CELLS:
+        return
+    sizes = {"drivers": len(m.drivers), "runtimes": len(m.runtimes), "cases": len(m.cases),
+             "builds": len(m.builds), "workloads": len(m.workloads), "variants": len(m.variants)}
+    biggest = max(sizes, key=lambda k: sizes[k])
+    ctx.err((biggest,), f"the matrix makes {n:,} cells (" + " x ".join(f"{v} {k}" for k, v in sizes.items() if v)
+            + f"); at most {MAX_CELLS:,} are run in one matrix: split it, or narrow it", key=True)
 
 
 def _check_builds(ctx: _Ctx, built: Mapping[str, Any]) -> None:

@@ -189,10 +189,15 @@ def check_members(wheel: Path) -> None:
 
 @contextlib.contextmanager
 def _open_zip(wheel: Path) -> Iterator[zipfile.ZipFile]:
+    from .zipnames import bad_utf8_name, describe
+
+    bad = bad_utf8_name(wheel)
+    if bad is not None:
+        raise RuntimeNotFound(describe(wheel, bad))
     try:
         with zipfile.ZipFile(wheel) as zf:
             yield zf
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError) as e:
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, UnicodeDecodeError) as e:
         raise RuntimeNotFound(f"{wheel.name}: not a readable wheel ({type(e).__name__}: {e})") from e
 
 
