@@ -20,7 +20,7 @@ BAD = [
      r"unknown key 'agrv' \(did you mean 'argv'\?\)"),
     ("wrong-type-list", RT + "drivers: host\n", 3, 10, r"drivers: expected a list, got str 'host'"),
     ("wrong-type-timeout", RT + "drivers: [host]\ncases:\n  - {name: a, argv: [true], timeout: soon}\n", 5, 38,
-     r"cases\[0\]\.timeout: expected seconds > 0 \(a finite number\), got str 'soon'"),
+     r"cases\[0\]\.timeout: expected seconds > 0 and at most 604800 \(a week\), got str 'soon'"),
     ("bad-version", RT + "drivers: [host]\nbuilds: ['12.x']\nvariants: [loop]\n"
      "workloads: [{name: w, direction: d2h, block_bytes: 4096, blocks: 4}]\n", 4, 10,
      r"builds\[0\]: expected a CUDA version MAJOR\.MINOR .*got str '12\.x'"),
@@ -167,7 +167,7 @@ def _at(text: str, needle: str) -> tuple[int, int]:
 # (name, matrix text, text at the reported place, message regex)
 HOSTILE = [
     ("timeout-nan", CASE + "{name: a, argv: [true], timeout: .nan}\n", ".nan",
-     r"cases\[0\]\.timeout: expected seconds > 0 \(a finite number\), got float \.nan"),
+     r"cases\[0\]\.timeout: expected seconds > 0 and at most 604800 \(a week\), got float \.nan"),
     ("timeout-inf", CASE + "{name: a, argv: [true], timeout: .inf}\n", ".inf", r"got float \.inf"),
     ("timeout-negative", CASE + "{name: a, argv: [true], timeout: -5}\n", "-5", r"got int -5"),
     ("timeout-zero", CASE + "{name: a, argv: [true], timeout: 0}\n", "0}", r"got int 0"),
