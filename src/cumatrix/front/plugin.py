@@ -191,8 +191,10 @@ class CellItem(pytest.Item):
         if record.status == "fail":
             raise CellMismatch(record)
         if record.status == "skip":
+            from cumatrix.report.text import clean
+
             first = obs.detail.splitlines()[0][:200] if obs.detail else ""
-            pytest.skip(f"{obs.outcome}: {first}")
+            pytest.skip(clean(f"{obs.outcome}: {first}"))
 
     def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
         if isinstance(excinfo.value, CellMismatch):
@@ -204,6 +206,15 @@ class CellItem(pytest.Item):
 
 
 def format_failure(rec: CellRecord) -> str:
+    """A failed cell's section in pytest's report.  What the cell wrote (its stderr, the detail
+    made from it) reaches the terminal without escape sequences or control characters: a
+    child's OSC title or clipboard write, or a screen clear, is shown as text."""
+    from cumatrix.report.text import clean
+
+    return clean(_format_failure(rec))
+
+
+def _format_failure(rec: CellRecord) -> str:
     obs, exp = rec.observed, rec.expected
     want = " | ".join(sorted(exp.outcomes))
     shown = obs.outcome + (f" (path {obs.path})" if obs.path and obs.outcome == "ok" else "")

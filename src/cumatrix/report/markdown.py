@@ -13,7 +13,7 @@ from pathlib import Path
 
 from cumatrix.report.grid import LEGEND, SYMBOLS, Grid, grids, timed
 from cumatrix.results.records import CellResult, RunData
-from cumatrix.report.text import clean, md_code, md_inline, shorten
+from cumatrix.report.text import clean, md_code, md_fenced, md_inline, shorten
 
 #: GitHub caps a step summary at 1 MiB; stay well under it.
 _MAX_MISMATCHES_LISTED = 100
@@ -140,7 +140,11 @@ def _mismatches(run: RunData) -> list[str]:
             out.append(f"  <br>prediction: {md_inline(cell.expected.reason)}")
         if cell.stderr_tail.strip() and n < _MAX_STDERR_EXCERPTS:
             excerpt = shorten(clean(cell.stderr_tail).strip(), _STDERR_EXCERPT_CHARS)
-            out.append(f"  <details><summary>stderr</summary><pre>{html.escape(excerpt)}</pre></details>")
+            # A fenced block no output can close, indented into the list item: the child's
+            # blank lines, links, images and headings stay text (an HTML <pre> ends at a
+            # blank line and lets Markdown render what follows).
+            out += ["", "  <details><summary>stderr</summary>", "", *md_fenced(excerpt, "  "), "",
+                    "  </details>", ""]
     if len(failed) > _MAX_MISMATCHES_LISTED:
         out.append(f"- … and {len(failed) - _MAX_MISMATCHES_LISTED} more: see results.json")
     out.append("")

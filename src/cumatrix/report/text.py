@@ -10,8 +10,10 @@ import re
 
 # CSI (``ESC [ ... final``), OSC (``ESC ] ... BEL|ST``) and two-byte escapes.
 _ANSI_RE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-Z\\-_]|\x9b[0-?]*[ -/]*[@-~]")
-# XML 1.0 allows only tab, newline, carriage return below 0x20, and no U+FFFE/U+FFFF.
-_XML_BAD_RE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ufffe\uffff\ud800-\udfff]")
+# XML 1.0 allows only tab, newline, carriage return below 0x20, and no U+FFFE/U+FFFF; the C1
+# controls (U+0080-U+009F: CSI, OSC, DCS in 8-bit form, which some terminals obey) go too.
+_XML_BAD_RE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ufffe\uffff\ud800-\udfff]")
+_BACKTICKS_RE = re.compile("`+")
 # Markdown metacharacters that act mid-line (text is never put at the start of a line).
 _MD_META_RE = re.compile(r"([\\`*_\[\]|~])")
 
@@ -38,6 +40,17 @@ def md_inline(text: str) -> str:
     text = clean(text).replace("\n", " ").replace("\t", " ")
     text = html.escape(text, quote=False)  # & < > first: the escapes below add no & or <
     return _MD_META_RE.sub(r"\\\1", text)
+
+
+def md_fenced(text: str, indent: str = "") -> list[str]:
+    """Lines of a fenced code block holding ``text`` that no line of it can close: the fence is
+    one backtick longer than the longest run of backticks in it (at least three).  Everything
+    inside is shown as it is: links, images, headings and HTML are not rendered there.
+    ``indent`` goes before every line (a block inside a list item)."""
+    body = clean(text)
+    longest = max((len(m) for m in _BACKTICKS_RE.findall(body)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [f"{indent}{fence}text", *(f"{indent}{line}" for line in body.split("\n")), f"{indent}{fence}"]
 
 
 def md_code(text: str) -> str:
