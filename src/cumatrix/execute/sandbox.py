@@ -212,6 +212,18 @@ def harness_paths() -> set[str]:
     return out
 
 
+@functools.lru_cache(maxsize=64)
+def _without_harness_bin(path: str) -> str:
+    """``PATH`` without the harness's own virtual environment's ``bin`` (where an activated venv
+    put it first): a command cell's ``python3`` is then the system's, which lacks what only the
+    harness installed.  A case that wants the harness's interpreter names it, or sets ``PATH``."""
+    if sys.prefix == sys.base_prefix:
+        return path  # not in a venv: its interpreter is the system's anyway
+    own = os.path.realpath(os.path.join(sys.prefix, "bin"))
+    kept = [p for p in path.split(os.pathsep) if p and os.path.realpath(p) != own]
+    return os.pathsep.join(kept)
+
+
 def child_env(job: Job, *, base_env: Mapping[str, str] | None = None,
               policy: Policy | None = None) -> dict[str, str]:
     """The environment of a job's child: the allowlist of ``base_env``, then the job's own.
@@ -226,7 +238,9 @@ def child_env(job: Job, *, base_env: Mapping[str, str] | None = None,
         env = dict(_allowed_environ(harness, passed))
     else:
         env = _filtered(base_env, harness, passed)
-    env.update(job.env)
+    if not harness and "PATH" in env:
+        env["PATH"] = _without_harness_bin(env["PATH"])
+    env.update(job.env)  # a case that sets PATH itself gets exactly that
     if not harness and "PYTHONPATH" in env:
         own = harness_paths()
         keep = [p for p in env["PYTHONPATH"].split(os.pathsep)
@@ -337,6 +351,38 @@ def _prctl() -> Callable[..., int] | None:
     except (OSError, AttributeError):
         return None
     return fn
+
+
+_PR_SET_DUMPABLE = 4
+
+
+def harden(pass_env: Iterable[str] = ()) -> list[str]:
+    """Make this harness process a poor target for the cells it runs (``cumatrix run`` and
+    ``gate`` call it first; their pytest-xdist workers too).
+
+    - Not dumpable (``PR_SET_DUMPABLE`` 0): its ``/proc/PID/environ``, ``mem`` and ``maps`` are
+      unreadable to a cell running as the same user, and no cell of that user may ptrace it.
+    - No secret it does not need: variables whose names look like one (``*TOKEN*``,
+      ``*SECRET*``, ``*KEY*``, ...) leave ``os.environ``, unless ``--pass-env`` names them
+      for the cells.  Cells never got them (the allowlist); now neither do ancestors hold them.
+
+    Returns the names it dropped.
+    """
+    prctl = _prctl()
+    if prctl is not None:
+        prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    wanted = _pattern(tuple(pass_env))
+    dropped = [k for k in list(os.environ) if _SECRET_RE.search(k) and not wanted.match(k)]
+    for k in dropped:
+        del os.environ[k]
+    _ENVIRON_SEEN.clear()
+    return dropped
+
+
+def dumpable() -> bool | None:
+    """Whether this process is dumpable (None where prctl is not to be had)."""
+    prctl = _prctl()
+    return None if prctl is None else bool(prctl(3, 0, 0, 0, 0))  # PR_GET_DUMPABLE
 
 
 def die_with_parent() -> None:
@@ -634,7 +680,11 @@ class Containment:
         # posix_spawn with a pipe of our own, not a Popen: the watcher outlives this process
         # on purpose, and only the write end, held here and inherited by no one (O_CLOEXEC),
         # keeps it waiting.
-        env = dict(os.environ)
+        # The watcher lives as long as the harness and as the same user: it gets no more of the
+        # environment than it needs to find Python and the Docker daemon (no secrets to read).
+        keep = _pattern(("DOCKER_*", "CUMATRIX_*", "PYTHON*", "XDG_*"))
+        env = {k: v for k, v in os.environ.items()
+               if (k in ENV_ALLOW or keep.match(k)) and not _SECRET_RE.search(k)}
         root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join([root, *([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])])
         r, w = os.pipe()

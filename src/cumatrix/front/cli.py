@@ -133,7 +133,10 @@ def _run_plugin_args(*, xdist: bool) -> list[str]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from cumatrix.execute import sandbox
     from cumatrix.load import matrix as _matrix
+
+    sandbox.harden(args.pass_env)  # before any cell: nothing of this process for them to read
 
     mpath = _matrix_arg(args.matrix)
     if args.timeout is not None:  # --timeout nan, -5 and 0 are bad input, as in the matrix

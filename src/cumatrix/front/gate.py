@@ -703,6 +703,7 @@ def _gate(args: argparse.Namespace) -> int:
     from cumatrix.execute import sandbox
 
     sandbox.set_default(sandbox.policy(getattr(args, "sandbox", None), getattr(args, "pass_env", None)))
+    sandbox.harden(getattr(args, "pass_env", None) or ())
     from cumatrix.core.cache import cache_root
 
     cache_root()  # this user's alone, or exit 3 before anything from it runs

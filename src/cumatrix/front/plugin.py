@@ -580,6 +580,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if _is_worker(config):
         sandbox.die_with_parent()  # a killed controller must not leave a worker running a cell
         if config.getoption("cumatrix_reports_after"):  # a worker of cumatrix run (see gcpause)
+            sandbox.harden(config.getoption("cumatrix_pass_env"))  # as its controller is
             gcpause.hold()
 
 
