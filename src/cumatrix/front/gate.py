@@ -230,13 +230,41 @@ def gate_cells(matrix: Matrix, wheels: Sequence[GateWheel], *, smoke: str | None
     return cells, plan
 
 
-def _pip_install(wheel: Path, target: Path, constraints: Path | None) -> tuple[int, str]:
+def direct_references(wheel: Path) -> list[str]:
+    """The ``Requires-Dist`` entries of ``wheel``'s metadata that are direct references
+    (``name @ file:///dir``, ``name @ https://...``): pip would fetch or build those from
+    wherever they point, outside any index and any constraint."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            meta = next((n for n in zf.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)), None)
+            text = zf.read(meta).decode("utf-8", "replace") if meta else ""
+    except (zipfile.BadZipFile, OSError, KeyError):
+        return []
+    out = []
+    for line in text.splitlines():
+        if not line.strip():
+            break  # the headers end at the first blank line; the description follows
+        key, _, value = line.partition(":")
+        if key.strip().lower() == "requires-dist" and "@" in value.split(";", 1)[0]:
+            out.append(value.strip())
+    return out
+
+
+def _pip_install(wheel: Path, target: Path, constraints: Path | None,
+                 wheel_dir: Path | None = None) -> tuple[int, str]:
     argv = [sys.executable, "-m", "pip", "install", "--target", str(target), "--no-compile",
             "--disable-pip-version-check", "--no-input", "--no-warn-script-location", "-q"]
     if constraints is None:
         argv += ["--no-deps", "--no-index"]  # the wheel alone: nothing fetched
     else:
-        argv += ["--constraint", str(constraints)]
+        refs = direct_references(wheel)
+        if refs:
+            return 2, (f"{wheel.name} asks for dependencies by direct reference ({'; '.join(refs)}): the gate "
+                       "installs wheels only, from an index or --wheel-dir, never a build from a path or URL")
+        # Wheels only: no dependency is built, so no build backend of anyone's runs here.
+        argv += ["--constraint", str(constraints), "--only-binary", ":all:"]
+        if wheel_dir is not None:
+            argv += ["--no-index", "--find-links", str(wheel_dir)]  # nothing reaches the network
     argv.append(str(wheel))
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800,
@@ -440,7 +468,8 @@ def _install_wheels(args: argparse.Namespace, gws: Sequence[GateWheel], sites: P
         staged = sites / ".staged" / w.path.name[: -len(".whl")]
         how = f"with constraints {args.constraints}" if args.constraints else "without dependencies"
         print(f"installing {w.path.name} {how}", flush=True)
-        rc, log = _pip_install(w.path, staged, args.constraints)
+        rc, log = _pip_install(w.path, staged, args.constraints,
+                               Path(args.wheel_dir) if getattr(args, "wheel_dir", None) else None)
         if rc != 0 and "is not a supported wheel on this platform" in log:
             # dist/*.whl often holds one wheel per Python version; each is run by a
             # matching interpreter, and the static audit above still covered this one.
