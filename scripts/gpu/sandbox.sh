@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # A sandboxed probe and swap cell must still reach the GPU: run them under bubblewrap (no
-# network, read-only root, private /tmp, the GPU's device nodes bound in) on a GPU host.
+# network, only system directories and what the cell names bound read-only, no host sockets,
+# private size-limited /tmp, the GPU's device nodes bound in; as root, the cell runs as
+# nobody) on a GPU host.
 # Runtime wheels come from ./.wheels, extra Python packages from ./.whl (as gpu-evidence.sh);
 # bubblewrap from the host, else from a Debian .deb in ./.bwrap (`apt-get download bubblewrap`).
-# Output: ${OUT:-gpu-out}/sandbox/ (sandbox.log, cells.json, bwrap-check.txt, run/ reports).
+# Output: ${OUT:-gpu-out}/sandbox/ (sandbox.log, cells.json, bwrap-check.txt, bwrap-argv.txt, run/ reports).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-gpu-out}
@@ -15,7 +17,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   export PYTHONPATH=/tmp/cumatrix-site:${PYTHONPATH:-}
 fi
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-} XDG_CACHE_HOME=${XDG_CACHE_HOME:-/var/cache} PYTHONUNBUFFERED=1
-mkdir -p "$XDG_CACHE_HOME/cumatrix/wheels" && cp -n .wheels/*.whl "$XDG_CACHE_HOME/cumatrix/wheels/" 2>/dev/null
+install -d -m 700 "$XDG_CACHE_HOME/cumatrix" && mkdir -p "$XDG_CACHE_HOME/cumatrix/wheels" && cp -n .wheels/*.whl "$XDG_CACHE_HOME/cumatrix/wheels/" 2>/dev/null
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader || echo "nvidia-smi failed"
 ls -l /dev/nvidia* /dev/dri 2>&1 | head -20
 
@@ -29,14 +31,28 @@ if ! command -v bwrap >/dev/null; then
   fi
 fi
 echo "bwrap: $(command -v bwrap) $(bwrap --version 2>&1)"
-# The sandbox exactly as cells get it, once by hand: what fails here is what the host refuses.
-bwrap --die-with-parent --unshare-all --cap-drop ALL --ro-bind / / --dev /dev --proc /proc --tmpfs /tmp \
-  $(for n in /dev/nvidia* /dev/nvidia-caps /dev/dri; do [ -e "$n" ] && printf -- '--dev-bind %s %s ' "$n" "$n"; done) \
-  -- sh -c 'echo "inside: uid $(id -u), $(ls /dev | grep -c nvidia) nvidia nodes, tmp: $(ls -A /tmp | wc -l) entries"; nvidia-smi -L' \
-  >"$S/bwrap-check.txt" 2>&1
+# The sandbox exactly as cells get it (the harness builds the command line), once by hand:
+# what fails here is what the host refuses.  It also shows the boundary: the cell's uid (not
+# root), no /run (no host sockets), a read-only /proc/sys, a size-limited /tmp.
+python3 - "$S/bwrap-argv.txt" <<'PY' >"$S/bwrap-check.txt" 2>&1
+import os, shlex, subprocess, sys
+from cumatrix import sandbox
+from cumatrix.isolate import Job
+bw, why = sandbox.bubblewrap()
+if bw is None:
+    sys.exit(f"no sandbox: {why}")
+check = ('echo "inside: uid $(id -u), $(ls /dev | grep -c nvidia) nvidia nodes, tmp: $(ls -A /tmp | wc -l) entries, '
+         '/run: $(test -e /run && echo present || echo absent), /proc/sys: $(test -w /proc/sys/vm/swappiness '
+         '&& echo writable || echo read-only), tmp size: $(df -k /tmp | tail -1 | tr -s " " | cut -d" " -f2) KiB"; '
+         'nvidia-smi -L')
+job = Job(cell_id="check", kind="command", argv=("sh", "-c", check))
+argv = sandbox.bwrap_argv(bw, job, sandbox.child_env(job), "/")
+open(sys.argv[1], "w").write(shlex.join(argv) + "\n")
+sys.exit(subprocess.run(argv, stdin=subprocess.DEVNULL).returncode)
+PY
 rc=$?
 cat "$S/bwrap-check.txt"
-if [ $rc -ne 0 ]; then echo "FAILED: bubblewrap cannot create the sandbox on this host (exit $rc; see above)"; exit 1; fi
+if [ $rc -ne 0 ]; then echo "FAILED: bubblewrap cannot create the sandbox on this host (exit $rc; see above and $S/bwrap-argv.txt)"; exit 1; fi
 
 # A probe and swap cells of the reference matrix, built and run through the harness with
 # --sandbox semantics (CUMATRIX_SANDBOX=on: a cell without a sandbox is a harness error).

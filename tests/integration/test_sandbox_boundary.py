@@ -10,6 +10,7 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -161,8 +162,13 @@ def test_what_a_cell_writes_is_bounded_and_only_its_log_is_a_host_path(tmp_path:
     assert sorted(p.name for p in audit.iterdir()) == ["cell.log"]
 
 
-def test_the_write_limit_is_an_option_with_a_range() -> None:
+def test_the_write_limit_is_an_option_with_a_range(tmp_path: Path, cli: Any) -> None:
     assert sandbox.parse_size("1G") == 1 << 30 and sandbox.parse_size("512MiB") == 512 << 20
     with pytest.raises(ValueError):
         sandbox.parse_size("1e308")
-    assert Policy().write_limit == sandbox.WRITE_LIMIT or "CUMATRIX_SANDBOX_WRITE_LIMIT" in os.environ
+    m = tmp_path / "m.yaml"
+    m.write_text("runtimes: {cu12.9: {wheel: nvidia-cuda-runtime-cu12==12.9.79}}\ndrivers: [host]\n")
+    for bad in ("1e308", "2T", "1K", "-5"):
+        proc = cli("run", m, "--out", tmp_path / "o", f"--sandbox-write-limit={bad}", cwd=tmp_path)
+        assert proc.returncode == 2 and "--sandbox-write-limit" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr

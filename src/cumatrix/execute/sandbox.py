@@ -1131,6 +1131,21 @@ def add_cli_options(parser: argparse.ArgumentParser, *, default: str | None) -> 
     parser.add_argument("--pass-env", action="append", default=[], metavar="NAME",
                         help="also give cells this variable of the harness's environment (repeatable; "
                              "a glob such as 'MYAPP_*' works)")
+    parser.add_argument("--sandbox-write-limit", type=_size_arg, default=None, metavar="SIZE",
+                        help="what a sandboxed cell may write: the size of its /tmp and /dev/shm each and "
+                             "of any file (default 1G; 4K to 1T; $CUMATRIX_SANDBOX_WRITE_LIMIT)")
+
+
+def _size_arg(text: str) -> int:
+    """``--sandbox-write-limit``: a size within :data:`WRITE_LIMIT_RANGE` (argparse: exit 2)."""
+    try:
+        value = parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    low, high = WRITE_LIMIT_RANGE
+    if not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"{text}: expected from 4K to 1T, got {value} bytes")
+    return value
 
 
 def add_pytest_options(group: Any) -> None:
@@ -1140,12 +1155,18 @@ def add_pytest_options(group: Any) -> None:
                          "on (required)")
     group.addoption("--cumatrix-pass-env", action="append", default=[], metavar="NAME",
                     help="also give cells this variable of the harness's environment (repeatable)")
+    group.addoption("--cumatrix-sandbox-write-limit", type=_size_arg, default=None, metavar="SIZE",
+                    help="what a sandboxed cell may write (default 1G; 4K to 1T)")
 
 
-def policy(sandbox: str | None = None, pass_env: Iterable[str] | None = ()) -> Policy:
-    """A :class:`Policy` from option values (``args.sandbox``, ``args.pass_env``); None: the default."""
+def policy(sandbox: str | None = None, pass_env: Iterable[str] | None = (), write_limit: int | None = None) -> Policy:
+    """A :class:`Policy` from option values (``args.sandbox``, ``args.pass_env``,
+    ``args.sandbox_write_limit``); None: the default."""
+    extra: dict[str, Any] = {"pass_env": tuple(pass_env or ())}
+    if write_limit is not None:
+        extra["write_limit"] = write_limit
     if sandbox is None:
-        return Policy(pass_env=tuple(pass_env or ()))
+        return Policy(**extra)
     if sandbox not in ("off", "auto", "on"):
         raise ValueError(f"sandbox must be off, auto or on, not {sandbox!r}")
-    return Policy(sandbox=sandbox, pass_env=tuple(pass_env or ()))
+    return Policy(sandbox=sandbox, **extra)

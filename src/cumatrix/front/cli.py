@@ -273,6 +273,8 @@ def _pytest_args(args: argparse.Namespace, mpath: Path, out: Path) -> list[str]:
         pargs.append("--cumatrix-require-gpu")
     pargs += ["--cumatrix-sandbox", args.sandbox] if args.sandbox else []
     pargs += [f"--cumatrix-pass-env={n}" for n in args.pass_env]
+    if args.sandbox_write_limit is not None:
+        pargs.append(f"--cumatrix-sandbox-write-limit={args.sandbox_write_limit}")
     return pargs
 
 

@@ -731,7 +731,8 @@ def gate_main(args: argparse.Namespace) -> int:
 def _gate(args: argparse.Namespace) -> int:
     from cumatrix.execute import sandbox
 
-    sandbox.set_default(sandbox.policy(getattr(args, "sandbox", None), getattr(args, "pass_env", None)))
+    sandbox.set_default(sandbox.policy(getattr(args, "sandbox", None), getattr(args, "pass_env", None),
+                                       getattr(args, "sandbox_write_limit", None)))
     sandbox.harden(getattr(args, "pass_env", None) or ())
     from cumatrix.core.cache import cache_root
 

@@ -576,7 +576,8 @@ def pytest_configure(config: pytest.Config) -> None:
             _matrix.check_timeout(timeout, "--cumatrix-timeout")
         except ConfigError as e:
             raise pytest.UsageError(str(e)) from None
-    sandbox.set_default(sandbox.policy(config.getoption("cumatrix_sandbox"), config.getoption("cumatrix_pass_env")))
+    sandbox.set_default(sandbox.policy(config.getoption("cumatrix_sandbox"), config.getoption("cumatrix_pass_env"),
+                                       config.getoption("cumatrix_sandbox_write_limit")))
     if _is_worker(config):
         sandbox.die_with_parent()  # a killed controller must not leave a worker running a cell
         if config.getoption("cumatrix_reports_after"):  # a worker of cumatrix run (see gcpause)
