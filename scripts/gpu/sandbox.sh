@@ -36,8 +36,8 @@ echo "bwrap: $(command -v bwrap) $(bwrap --version 2>&1)"
 # root), no /run (no host sockets), a read-only /proc/sys, a size-limited /tmp.
 python3 - "$S/bwrap-argv.txt" <<'PY' >"$S/bwrap-check.txt" 2>&1
 import os, shlex, subprocess, sys
-from cumatrix import sandbox
-from cumatrix.isolate import Job
+from cumatrix.execute import sandbox
+from cumatrix.core.jobs import Job
 bw, why = sandbox.bubblewrap()
 if bw is None:
     sys.exit(f"no sandbox: {why}")

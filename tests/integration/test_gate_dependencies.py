@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from cumatrix.gate import direct_references
+from cumatrix.front.gate import direct_references
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 MATRIX = "version: 1\nruntimes:\n  cu12.9: {wheel: nvidia-cuda-runtime-cu12==12.9.79}\ndrivers: [host]\n"

@@ -14,9 +14,10 @@ from typing import Any
 
 import pytest
 
-from cumatrix import sandbox
-from cumatrix.isolate import Job, run_local
-from cumatrix.sandbox import Policy
+from cumatrix.core.jobs import Job
+from cumatrix.execute import sandbox
+from cumatrix.execute.local import run_local
+from cumatrix.execute.sandbox import Policy
 
 PY = sys.executable
 REQUIRE_BWRAP = os.environ.get("CUMATRIX_REQUIRE_BWRAP") == "1"

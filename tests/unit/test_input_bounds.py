@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cumatrix import matrix as M
-from cumatrix.errors import ConfigError, RuntimeNotFound
-from cumatrix.zipnames import bad_utf8_name
+from cumatrix.load import matrix as M
+from cumatrix.core.errors import ConfigError, RuntimeNotFound
+from cumatrix.binary.zipnames import bad_utf8_name
 
 RT = "runtimes: {cu12.9: {wheel: nvidia-cuda-runtime-cu12==12.9.79}}\n"
 
@@ -61,7 +61,7 @@ def test_a_name_that_is_not_utf8_is_found_and_named(tmp_path: Path, raw: bytes) 
     with pytest.raises(UnicodeDecodeError):  # what zipfile itself does with it
         zipfile.ZipFile(wheel)
     assert bad_utf8_name(wheel) == PREFIX + raw
-    from cumatrix.runtimes import unpack_wheel
+    from cumatrix.provision.runtimes import unpack_wheel
 
     with pytest.raises(RuntimeNotFound, match="not valid UTF-8"):  # a runtime wheel: exit 2
         unpack_wheel(wheel, tmp_path / "out")
@@ -174,8 +174,8 @@ def extended_shnum(elf: bytes, count: int) -> bytes:
 
 
 def _audit_codes(wheel: Path) -> list[str]:
-    from cumatrix.audit import AuditData, AuditSettings, audit_wheel
-    from cumatrix.model import CudaVersion
+    from cumatrix.audit.static import AuditData, AuditSettings, audit_wheel
+    from cumatrix.core.model import CudaVersion
 
     s = AuditSettings(min_driver=CudaVersion(12, 0))
     data = AuditData(introductions={}, abi_changes={}, sources=())

@@ -687,7 +687,7 @@ def _check_wheel(path: Path) -> None:
         raise UsageError(f"{path}: not a file")
     if not zipfile.is_zipfile(path):
         raise UsageError(f"{path}: not a wheel (not a zip archive)")
-    from .zipnames import bad_utf8_name, describe
+    from cumatrix.binary.zipnames import bad_utf8_name, describe
 
     bad = bad_utf8_name(path)
     if bad is not None:

@@ -189,7 +189,7 @@ def check_members(wheel: Path) -> None:
 
 @contextlib.contextmanager
 def _open_zip(wheel: Path) -> Iterator[zipfile.ZipFile]:
-    from .zipnames import bad_utf8_name, describe
+    from cumatrix.binary.zipnames import bad_utf8_name, describe
 
     bad = bad_utf8_name(wheel)
     if bad is not None:
