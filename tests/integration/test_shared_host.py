@@ -148,3 +148,23 @@ def test_clean_refuses_while_a_run_holds_the_cache(tmp_path: Path, write_matrix:
     assert cache.is_dir()
     after = cli("clean", "--cache", env={"CUMATRIX_CACHE": str(cache)})
     assert after.returncode == 0 and not cache.exists(), after.stderr
+
+
+def test_a_launcher_gone_under_a_run_is_a_harness_error_not_the_cells(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from cumatrix.core.jobs import Job
+    from cumatrix.execute.local import run_local
+    from cumatrix.judge.classify import classify
+
+    real = sandbox.spawn_shim()
+    if real is None:
+        pytest.skip("no C compiler built the spawn helper here")
+    copy = tmp_path / real.name
+    shutil.copy2(real, copy)
+    monkeypatch.setitem(sandbox._SHIM, "shim", copy)  # the helper a run found in its cache
+    job = Job(cell_id="t", kind="command", argv=("sleep", "0"), timeout=30)
+    assert run_local(job).returncode == 0
+    copy.unlink()  # the cache is removed under the run
+    obs = classify(run_local(job), kind="command")
+    assert obs.outcome == "harness-error" and "launcher" in obs.detail and "sleep" not in obs.detail
+    assert run_local(job).returncode == 0  # the next cell finds (or builds) a helper again

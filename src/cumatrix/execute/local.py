@@ -97,9 +97,19 @@ def start_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str
         scope.end()
         if chan:
             chan.close()
+        why = e.strerror if isinstance(e, OSError) else str(e)
+        if isinstance(e, OSError) and plan.argv[0] != job.argv[0] and not os.path.exists(plan.argv[0]):
+            # The harness's own launcher (the spawn helper in the cache, or bubblewrap) is gone,
+            # not the cell's program: the cell never ran, and the harness says so.
+            sandbox.forget_shim()
+            detail = (f"cannot start the cell: the harness's launcher {plan.argv[0]} is gone ({why}); "
+                      "was the cache removed during the run?")
+            return LocalChild(job, plan, scope, start, done=ChildResult(
+                returncode=None, signal=None, timed_out=False, stdout_tail="", stderr_tail=detail,
+                verdict=Verdict(outcome="harness-error", detail=detail), verdict_error=None,
+                duration_s=time.monotonic() - start, extra=plan.extra))
         # A command that cannot even start is what a shell reports as 126/127.
         code = 127 if isinstance(e, FileNotFoundError) else 126
-        why = e.strerror if isinstance(e, OSError) else str(e)
         return LocalChild(job, plan, scope, start, done=ChildResult(
             returncode=code, signal=None, timed_out=False, stdout_tail="",
             stderr_tail=f"cannot start {job.argv[0]!r}: {why}", verdict=None, verdict_error=None,

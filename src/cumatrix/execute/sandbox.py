@@ -303,6 +303,12 @@ def spawn_shim() -> Path | None:
         return _SHIM["shim"]
 
 
+def forget_shim() -> None:
+    """Look for (or build) the spawn helper again at the next cell: the one found is gone."""
+    with _LOCK:
+        _SHIM.pop("shim", None)
+
+
 def _build_shim() -> Path | None:
     if os.environ.get("CUMATRIX_NO_SPAWN_SHIM"):
         return None
