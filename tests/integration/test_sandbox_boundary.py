@@ -173,3 +173,22 @@ def test_the_write_limit_is_an_option_with_a_range(tmp_path: Path, cli: Any) -> 
         proc = cli("run", m, "--out", tmp_path / "o", f"--sandbox-write-limit={bad}", cwd=tmp_path)
         assert proc.returncode == 2 and "--sandbox-write-limit" in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
+
+
+def test_what_the_harness_built_in_its_cache_is_readable_by_the_cell(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # Builds are renamed into place from 0700 temporary directories; a root harness's cell
+    # (an unprivileged uid) must still load them, while the cache stays 0700 to everyone else.
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("CUMATRIX_CACHE", str(cache))
+    built = cache / "builds" / "abc"
+    built.mkdir(parents=True)
+    cache.chmod(0o700)
+    built.chmod(0o700)
+    (built / "lib.txt").write_text("built")
+    tmp_path.chmod(0o755)
+    rc, out, err = boxed("import sys; print(open(sys.argv[1]).read())", str(built / "lib.txt"),
+                         mounts=(str(built / "lib.txt"),))
+    assert rc == 0 and "built" in out, err
+    assert cache.stat().st_mode & 0o777 == 0o700
+

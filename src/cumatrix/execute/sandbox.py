@@ -503,6 +503,24 @@ def _bind_points(paths: Iterable[str]) -> list[str]:
     return out
 
 
+def _searchable(points: Iterable[str]) -> None:
+    """Bind points inside the harness's own cache made readable and searchable by the cell's
+    unprivileged uid: builds land there from 0700 temporary directories.  The cache itself
+    stays 0700, so no one else reaches them; the sandbox binds them past it."""
+    from cumatrix.core.cache import cache_location
+
+    cache = str(cache_location())
+    for p in points:
+        if not _under(p, cache) or p == cache:
+            continue
+        try:
+            st = os.stat(p)
+            if st.st_uid == os.geteuid() and st.st_mode & 0o005 != 0o005:
+                os.chmod(p, st.st_mode | 0o055)
+        except OSError:
+            continue
+
+
 def _environments(paths: Iterable[str]) -> list[str]:
     """The Python environments (a ``pyvenv.cfg`` beside ``bin/``) that paths' programs live in:
     a venv's interpreter needs its whole tree, not only the file named."""
@@ -579,6 +597,8 @@ def bwrap_command(bwrap: str, argv: list[str], *, cwd: str, policy: Policy | Non
             "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys",
             "--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
     points = _bind_points(read)
+    if root:
+        _searchable(points)
     made = {"/tmp"}
 
     def above(p: str) -> None:
