@@ -102,7 +102,19 @@ def test_a_command_cells_python_is_not_the_harness_venvs() -> None:
                     policy=Policy(sandbox="off"))
     assert res.returncode == 0, res.stderr_tail
     assert res.stdout_tail.strip() != sys.prefix  # not the harness's interpreter
-    # A case that asks for the harness's interpreter names it (or sets PATH itself) and gets it.
+    # A case that asks for the harness's interpreter (`python: harness`) gets it first on PATH.
     own = run_local(Job(cell_id="t", kind="command", argv=("python3", "-c", code), timeout=60,
-                        env=(("PATH", base["PATH"]),)), base_env=base, policy=Policy(sandbox="off"))
+                        harness_python=True), base_env=base, policy=Policy(sandbox="off"))
     assert own.stdout_tail.strip() == sys.prefix
+
+
+def test_python_harness_is_a_case_option() -> None:
+    from cumatrix.core.errors import ConfigError
+    from cumatrix.load import matrix as M
+
+    head = "runtimes: {cu12.9: {wheel: nvidia-cuda-runtime-cu12==12.9.79}}\ndrivers: [host]\ncases:\n"
+    m = M.loads(head + "  - {name: a, argv: [python3, -V], python: harness}\n  - {name: b, argv: [python3, -V]}\n",
+                "m.yaml")
+    assert [c.harness_python for c in m.cases] == [True, False]
+    with pytest.raises(ConfigError, match=r"m.yaml:4:.*python"):
+        M.loads(head + "  - {name: a, argv: [python3, -V], python: venv}\n", "m.yaml")

@@ -39,6 +39,8 @@ class Job:
     image: str | None = None
     #: A harness-owned child (probe, swap): it alone gets the private verdict channel.
     reports_verdict: bool = False
+    #: A command cell that asked for the harness's interpreter (``python: harness``).
+    harness_python: bool = False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

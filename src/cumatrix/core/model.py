@@ -143,6 +143,9 @@ class Case:
     #: ``allow_runtime``: host runtimes (absolute paths or globs) the command uses on purpose;
     #: any other runtime from outside its own distribution and the cell is ``runtime-leak:PATH``.
     allow_runtime: tuple[str, ...] = ()
+    #: ``python: harness``: the harness's own interpreter first on the command's PATH (else
+    #: never: a plain ``python3`` must not find what only the harness has installed).
+    harness_python: bool = False
 
 
 #: Axis names a selector (``exclude``/``expect``) may use.

@@ -216,7 +216,7 @@ def harness_paths() -> set[str]:
 def _without_harness_bin(path: str) -> str:
     """``PATH`` without the harness's own virtual environment's ``bin`` (where an activated venv
     put it first): a command cell's ``python3`` is then the system's, which lacks what only the
-    harness installed.  A case that wants the harness's interpreter names it, or sets ``PATH``."""
+    harness installed.  A case that wants the harness's interpreter says ``python: harness``."""
     if sys.prefix == sys.base_prefix:
         return path  # not in a venv: its interpreter is the system's anyway
     own = os.path.realpath(os.path.join(sys.prefix, "bin"))
@@ -240,6 +240,8 @@ def child_env(job: Job, *, base_env: Mapping[str, str] | None = None,
         env = _filtered(base_env, harness, passed)
     if not harness and "PATH" in env:
         env["PATH"] = _without_harness_bin(env["PATH"])
+        if job.harness_python:  # `python: harness`: asked for by the case, so first
+            env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env["PATH"]])
     env.update(job.env)  # a case that sets PATH itself gets exactly that
     if not harness and "PYTHONPATH" in env:
         own = harness_paths()

@@ -323,7 +323,8 @@ def _cases_section(ctx: _Ctx, data: list[Mapping[str, Any]]) -> tuple[Case, ...]
         timeout = c.get("timeout")
         allow = _allow_runtime(ctx, (*path, "allow_runtime"), c.get("allow_runtime") or ())
         out.append(Case(name=c["name"], argv=argv, timeout=float(timeout) if timeout is not None else None, env=env,
-                        offered=c.get("runtime") == "offered", allow_runtime=allow))
+                        offered=c.get("runtime") == "offered", allow_runtime=allow,
+                        harness_python=c.get("python") == "harness"))
     ctx.unique(names, "case")
     return tuple(out)
 
