@@ -108,3 +108,21 @@ def test_with_a_wheel_dir_nothing_reaches_an_index(tmp_path: Path, cli: Cli, whe
             env={"PIP_INDEX_URL": index[0], "PIP_EXTRA_INDEX_URL": index[0]}, timeout=300)
     assert index[1:] == [], f"pip asked the index for {index[1:]}"
     assert r.returncode == 1 and "somedep" in r.stdout, r.stdout + r.stderr  # not in the wheel dir: not installed
+
+
+def test_pip_runs_in_the_sandbox_when_nothing_needs_the_network(tmp_path: Path, cli: Cli, wheel_cache: Path) -> None:
+    import os
+
+    from cumatrix.execute import sandbox
+    from cumatrix.front.gate import SITES_DIR
+
+    if os.geteuid() != 0:
+        pytest.skip("the sandbox's own uid shows on the installed files only under a root harness")
+    if sandbox.bubblewrap()[0] is None:
+        pytest.skip(sandbox.bubblewrap()[1])
+    wheel = _wheel(tmp_path, "demo_boxed", [])
+    (tmp_path / "m.yaml").write_text(MATRIX)
+    r = cli("gate", wheel, "--matrix", tmp_path / "m.yaml", "--out", tmp_path / "out", timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    installed = tmp_path / "out" / SITES_DIR / ".staged" / "demo_boxed-1.0-py3-none-any" / "demo_boxed" / "__init__.py"
+    assert installed.stat().st_uid == sandbox.NOBODY  # pip ran as the cells do, not as root

@@ -552,9 +552,11 @@ def _venv_base(cfg: str) -> tuple[str, ...]:
     return ()
 
 
-def bwrap_argv(bwrap: str, job: Job, env: dict[str, str], cwd: str, policy: Policy | None = None) -> list[str]:
+def bwrap_argv(bwrap: str, job: Job, env: dict[str, str], cwd: str, policy: Policy | None = None,
+               write_dirs: Iterable[str] = ()) -> list[str]:
     """The bubblewrap command line that runs ``job.argv`` confined (see :func:`bwrap_command`),
-    with what the job names bound read-only and its audit log (a file) writable."""
+    with what the job names bound read-only and its audit log (a file) writable; ``write_dirs``
+    (the gate's install target, never a cell's) writable too."""
     wanted = [*job.mounts, *job.lib_path, cwd, *(a for a in job.argv if a.startswith("/"))]
     for var in ("PYTHONPATH", "LD_LIBRARY_PATH", "PATH"):
         wanted += env.get(var, "").split(os.pathsep)
@@ -562,6 +564,7 @@ def bwrap_argv(bwrap: str, job: Job, env: dict[str, str], cwd: str, policy: Poli
     # What links lead to (a venv's python -> a pyenv or conda install under a private home).
     wanted += [r for r in (os.path.realpath(p) for p in wanted if p.startswith("/")) if r not in wanted]
     writable = [os.path.normpath(p) for p in job.writable if os.path.isfile(p)]
+    writable += [os.path.normpath(d) for d in write_dirs if os.path.isdir(d)]
     return bwrap_command(bwrap, list(job.argv), cwd=cwd, policy=policy, read=wanted, write=writable)
 
 
@@ -619,7 +622,7 @@ def bwrap_command(bwrap: str, argv: list[str], *, cwd: str, policy: Policy | Non
     for hide in HIDDEN_ALWAYS[:-2]:  # a real directory (not a link to /run) under a bound one
         if any(_under(hide, p) for p in points) and os.path.isdir(hide) and not os.path.islink(hide):
             out += ["--perms", "0555", "--size", "4096", "--tmpfs", hide, "--remount-ro", hide]
-    for f in write:  # the file alone, never its directory
+    for f in write:  # the file alone, never its directory (a directory only where named)
         above(f)
         out += ["--bind", f, f]
     out += ["--chdir", cwd, "--"]
