@@ -110,7 +110,7 @@ def test_a_planted_lock_link_in_out_truncates_nothing(tmp_path: Path, write_matr
 
 def test_planted_report_temporaries_are_replaced_not_followed(tmp_path: Path, write_matrix: Any, cli: Any) -> None:
     from cumatrix.report import REPORT_FILES, write_all
-    from cumatrix.report.records import load_records
+    from cumatrix.results.records import load_records
 
     out = tmp_path / "o"
     proc = cli("run", write_matrix(MATRIX), "--out", out, "-q", "--wheel-dir", WHEELS, cwd=tmp_path)
