@@ -997,9 +997,17 @@ def _kill_and_reap(victims: set[int], table: Mapping[int, tuple[int, int, int, i
 _DEFAULT: dict[str, Policy] = {}
 
 
-def set_default(policy: Policy) -> None:
-    """The policy of every job run without one (set once per process from the options)."""
-    _DEFAULT["policy"] = policy
+def set_default(policy: Policy | None) -> Policy | None:
+    """Make ``policy`` the policy of every job run without one (None: the plain default).
+
+    Returns the policy it replaces, so that a command run inside another process (a gate or a
+    pytest session started in-process, as the tests do) puts it back when it ends instead of
+    leaving its own to whatever runs next.
+    """
+    previous = _DEFAULT.pop("policy", None)
+    if policy is not None:
+        _DEFAULT["policy"] = policy
+    return previous
 
 
 def default_policy() -> Policy:

@@ -764,11 +764,16 @@ def _write_outputs(out: Path, audits: Sequence[WheelAudit], record: dict[str, ob
 
 def gate_main(args: argparse.Namespace) -> int:
     """Run ``cumatrix gate``; returns the exit status (0 pass, 1 error finding, 2 bad input)."""
+    from cumatrix.execute import sandbox
+
+    previous = sandbox.set_default(None)
     try:
         return _gate(args)
     except CumatrixError as e:
         print(f"cumatrix gate: error: {e}", file=sys.stderr)
         return e.exit_code
+    finally:
+        sandbox.set_default(previous)  # the gate's policy ends with the gate
 
 
 def _gate(args: argparse.Namespace) -> int:

@@ -568,6 +568,10 @@ def progress_text(prog: dict[str, Any], stored: Mapping[str, Any]) -> str:
 _CONFIG: dict[str, pytest.Config] = {}
 
 
+#: The sandbox policy this session replaced (None: the plain default).
+_PREVIOUS_POLICY = pytest.StashKey["sandbox.Policy | None"]()
+
+
 def pytest_configure(config: pytest.Config) -> None:
     _CONFIG["config"] = config
     timeout = config.getoption("cumatrix_timeout")
@@ -576,8 +580,9 @@ def pytest_configure(config: pytest.Config) -> None:
             _matrix.check_timeout(timeout, "--cumatrix-timeout")
         except ConfigError as e:
             raise pytest.UsageError(str(e)) from None
-    sandbox.set_default(sandbox.policy(config.getoption("cumatrix_sandbox"), config.getoption("cumatrix_pass_env"),
-                                       config.getoption("cumatrix_sandbox_write_limit")))
+    config.stash[_PREVIOUS_POLICY] = sandbox.set_default(sandbox.policy(
+        config.getoption("cumatrix_sandbox"), config.getoption("cumatrix_pass_env"),
+        config.getoption("cumatrix_sandbox_write_limit")))
     if _is_worker(config):
         sandbox.die_with_parent()  # a killed controller must not leave a worker running a cell
         if config.getoption("cumatrix_reports_after"):  # a worker of cumatrix run (see gcpause)
@@ -595,6 +600,8 @@ def pytest_runtestloop(session: pytest.Session) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     _CONFIG.pop("config", None)
+    if _PREVIOUS_POLICY in config.stash:  # a session run in-process leaves the policy as it found it
+        sandbox.set_default(config.stash[_PREVIOUS_POLICY])
     for orch in config.stash.get(_ORCHESTRATORS, {}).values():
         orch.close()
 
