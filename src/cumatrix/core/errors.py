@@ -11,7 +11,13 @@ Exit codes of every ``cumatrix`` command:
   that another run holds (:class:`ConfigError`, :class:`UsageError`, :class:`OutDirBusy`);
 * **3**: the run cannot happen here: an environment problem found before any cell
   (``--out`` unwritable, a file, or on a full filesystem; a missing compiler or base
-  image: :class:`EnvironmentProblem`) or a failure of cumatrix itself (:class:`HarnessError`).
+  image: :class:`EnvironmentProblem`) or a failure of cumatrix itself (:class:`HarnessError`);
+* **5**: nothing ran: ``cumatrix run`` selected no cell (``-k`` matched none) or every selected
+  cell was skipped (no GPU, ...), so nothing was tested; pytest's code for "no tests collected".
+  ``--allow-empty`` turns it into 0.
+
+``cumatrix repro --bug`` exits 3 when this host cannot run the entry (no GPU, an older driver):
+it writes the report's skeleton and the command to run on a host that can.
 """
 
 from __future__ import annotations
@@ -19,6 +25,10 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+
+#: Exit code of a run in which nothing ran: no cell selected, or every cell skipped.
+EXIT_NOTHING_RAN = 5
 
 
 class CumatrixError(Exception):

@@ -1,7 +1,8 @@
 """The ``cumatrix`` command.
 
 Exit codes: 0 every cell met its expectation; 1 some cell did not; 2 bad usage or bad
-input (a message naming file:line:col where there is one, never a traceback).
+input (a message naming file:line:col where there is one, never a traceback); 3 the run cannot
+happen here; 5 nothing ran (no cell selected, every cell skipped; ``--allow-empty``: 0).
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ examples:
   cumatrix run -k 'cu12.9 and probe'        # select cells by id, as pytest -k
   cumatrix run --resume --out out           # finish a run that was interrupted
   cumatrix run --wheel-dir wheels/          # offline: runtime wheels from a directory
+  cumatrix run --lf                         # only the cells that failed last time in --out
+  cumatrix run --json > results.json        # the results document on stdout
+
+exit: 0 every cell met its expectation; 1 some did not; 2 bad input; 3 cannot run here;
+5 no cell ran (none selected, or all skipped: nothing was tested); --allow-empty makes 5 a 0.
 
 outcome words: ok (path batch|fallback|kernel|n/a), cuda-error:N, undefined-symbol:SYM,
 build-error, crash:SIGNAME, exit:N, timeout, cannot-emulate, refused, skipped:REASON,
@@ -147,6 +153,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         from cumatrix.load.keyword import KeywordExpression
 
         KeywordExpression.compile(args.keyword)  # a malformed -k is bad input (exit 2) before anything runs
+    if args.last_failed and args.failed_first:
+        raise UsageError("--lf and --ff exclude each other: --lf runs only the cells that failed last time, "
+                         "--ff runs them first and then the rest")
     m = _matrix.load(mpath)
     if args.host is not None and m.hosts:
         from cumatrix.front.plan import planned_cells
@@ -160,34 +169,91 @@ def cmd_run(args: argparse.Namespace) -> int:
     from cumatrix.front.history_cli import check_history
 
     check_history(args)  # a bad --history is exit 2 before anything is written
+    out = Path(args.out)
+    failed_before = _previously_failed(out, args) if (args.last_failed or args.failed_first) else None
     _preflight(args, m, mpath)
+    import contextlib
+    import tempfile
+
     import pytest
 
-    out = Path(args.out)
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # xdist's workers inherit it
-    code = int(pytest.main(_pytest_args(args, mpath, out)))
+    with contextlib.ExitStack() as stack:
+        extra: list[str] = []
+        if failed_before:
+            # The ids travel to the plugin (and xdist's workers) in a file removed when the run ends.
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cumatrix-lf-")))
+            (tmp / "ids").write_text("".join(f"{cid}\n" for cid in sorted(failed_before)), encoding="utf-8")
+            extra = ["--cumatrix-only" if args.last_failed else "--cumatrix-first", str(tmp / "ids")]
+        if args.json:  # stdout carries the JSON document alone: pytest's lines go to stderr
+            stack.enter_context(contextlib.redirect_stdout(sys.stderr))
+        code = int(pytest.main([*_pytest_args(args, mpath, out), *extra]))
     from cumatrix.load import gcpause
 
     gcpause.end()  # the run's items (frozen as its loop started) are garbage now, for _write_reports
-    if code == 5 and not args.resume:  # no cell selected: a usage error (exit 2), no reports of nothing
+    run = None
+    if code == 5 and not args.resume:  # no cell selected: no reports of nothing
         from cumatrix.front.plugin import PENDING_REPORTS
 
         PENDING_REPORTS.pop("out", None)
     else:
-        _write_reports(args)
-    return _exit_status(code, args, mpath, out)
+        run = _write_reports(args)
+    status = _exit_status(code, args, mpath, out, run)
+    if args.json:
+        _print_run_json(out, run)
+    return status
 
 
-def _write_reports(args: argparse.Namespace) -> None:
+def _previously_failed(out: Path, args: argparse.Namespace) -> set[str] | None:
+    """The cells the previous run in ``out`` failed (``--lf``/``--ff``); ``None`` (run every
+    cell, as pytest's ``--lf`` does) when there is no previous run or none failed."""
+    from cumatrix.report import load_records
+
+    flag = "--lf" if args.last_failed else "--ff"
+    if not (out / "results.jsonl").is_file():
+        print(f"cumatrix: {flag}: no previous run in {out}/; running every selected cell", file=sys.stderr)
+        return None
+    try:
+        prev = load_records(out / "results.jsonl")
+    except CumatrixError as e:
+        raise UsageError(f"{flag}: the previous results in {out}/ cannot be read ({e}); run without {flag}") from e
+    failed = {c.id for c in prev.cells if c.status == "fail"}
+    if not failed:
+        print(f"cumatrix: {flag}: no cell failed in the previous run in {out}/; running every selected cell",
+              file=sys.stderr)
+        return None
+    print(f"cumatrix: {flag}: {len(failed)} cell(s) failed in the previous run"
+          + (", running only those" if args.last_failed else ", running them first"), file=sys.stderr)
+    return failed
+
+
+def _print_run_json(out: Path, run: Any) -> None:
+    """``run --json``: results.json as written (the same document), or, when no cell was
+    selected and no report written, the document of an empty run (docs/json-output.md)."""
+    doc = out / "results.json"
+    if run is not None and doc.is_file():
+        sys.stdout.write(doc.read_text(encoding="utf-8"))
+    else:
+        from cumatrix.report.jsonout import dumps
+        from cumatrix.report.records import SCHEMA_VERSION
+
+        sys.stdout.write(dumps({"schema": SCHEMA_VERSION, "generator": f"cumatrix {__version__}", "verdict": "EMPTY",
+                                "counts": {"total": 0, "pass": 0, "fail": 0, "skip": 0, "not_run": 0},
+                                "cells": []}))
+    sys.stdout.flush()
+
+
+def _write_reports(args: argparse.Namespace) -> Any:
     """The reports, written once pytest has returned: its items and reports (a few KB a
-    cell) are freed first, so a run's memory peaks at the larger of the two, not their sum."""
+    cell) are freed first, so a run's memory peaks at the larger of the two, not their sum.
+    Returns the run read back (``None`` when there was nothing to report)."""
     import gc
 
     from cumatrix.front.plugin import PENDING_REPORTS
 
     out = PENDING_REPORTS.pop("out", None)
     if out is None:
-        return
+        return None
     gc.collect()
     from cumatrix.report import load_records, write_all
     from cumatrix.report.markdown import headline
@@ -199,8 +265,9 @@ def _write_reports(args: argparse.Namespace) -> None:
         write_all(record(args, run, kind="run"), out)
     except CumatrixError as e:
         print(f"cumatrix: reports not written: {e}", file=sys.stderr)
-        return
-    print(headline(run), flush=True)
+        return None
+    print(headline(run), file=sys.stderr if args.json else sys.stdout, flush=True)
+    return run
 
 
 def _preflight(args: argparse.Namespace, m: Any, mpath: Path) -> None:
@@ -223,7 +290,11 @@ def _preflight(args: argparse.Namespace, m: Any, mpath: Path) -> None:
         return
     from cumatrix.orchestrate import Orchestrator
 
-    orch = Orchestrator(matrix=m, wheel_dir=Path(args.wheel_dir) if args.wheel_dir else None)
+    with Orchestrator(matrix=m, wheel_dir=Path(args.wheel_dir) if args.wheel_dir else None) as orch:
+        _preflight_local(args, m, mpath, orch)
+
+
+def _preflight_local(args: argparse.Namespace, m: Any, mpath: Path, orch: Any) -> None:
     real = orch.host().driver_version
     for d in m.drivers:
         if d.emulated is not None and real is not None and int(d.emulated) > real:
@@ -278,7 +349,10 @@ def _pytest_args(args: argparse.Namespace, mpath: Path, out: Path) -> list[str]:
     return pargs
 
 
-def _exit_status(code: int, args: argparse.Namespace, mpath: Path, out: Path) -> int:
+def _exit_status(code: int, args: argparse.Namespace, mpath: Path, out: Path, run: Any = None) -> int:
+    from cumatrix.core.errors import EXIT_NOTHING_RAN
+
+    empty_hint = "exit 5: nothing was tested; --allow-empty makes it 0"
     if code == 5:  # no tests ran
         if args.resume:
             from cumatrix.report import load_records
@@ -287,9 +361,17 @@ def _exit_status(code: int, args: argparse.Namespace, mpath: Path, out: Path) ->
             print("cumatrix: every selected cell already has a result; nothing left to run"
                   + (f" ({failed} of them did not meet expectations)" if failed else ""), file=sys.stderr)
             return 1 if failed else 0
-        raise UsageError(f"no cell of {mpath} matches -k {args.keyword!r}" if args.keyword else f"{mpath}: no cells to run")
+        what = (f"no cell of {mpath} matches -k {args.keyword!r}" if args.keyword else f"{mpath}: no cells to run")
+        print(f"cumatrix: EMPTY — {what}; nothing ran" + ("" if args.allow_empty else f"; {empty_hint}"),
+              file=sys.stderr)
+        return 0 if args.allow_empty else EXIT_NOTHING_RAN
     if code in (0, 1):
         print(f"cumatrix: results in {out}/ (results.json, junit.xml, summary.md, index.html)", file=sys.stderr)
+        if code == 0 and run is not None and run.verdict == "SKIPPED" and not args.allow_empty:
+            # Every cell skipped (a GPU runner whose driver vanished): nothing was tested, which
+            # CI must be able to tell from a pass.
+            print(f"cumatrix: no cell ran, every one was skipped: {empty_hint}", file=sys.stderr)
+            return EXIT_NOTHING_RAN
         return code
     if code == 2:
         print(f"cumatrix: interrupted; finished cells are kept in {out}/results.jsonl (resume with --resume)", file=sys.stderr)
@@ -320,6 +402,14 @@ def add_run(sub: Any) -> None:
     p.add_argument("--require-gpu", action="store_true",
                    help="a cell skipped for want of a GPU fails (nightly jobs on GPU runners; also "
                         "CUMATRIX_REQUIRE_GPU=1)")
+    p.add_argument("--lf", "--last-failed", dest="last_failed", action="store_true",
+                   help="run only the cells that failed in the previous run in --out (all when none did)")
+    p.add_argument("--ff", "--failed-first", dest="failed_first", action="store_true",
+                   help="run the cells that failed in the previous run in --out first, then the rest")
+    p.add_argument("--allow-empty", action="store_true",
+                   help="exit 0, not 5, when no cell ran (none selected, or every one skipped)")
+    p.add_argument("--json", action="store_true",
+                   help="print results.json on stdout (pytest's lines go to stderr); see docs/json-output.md")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per cell from pytest too")
     p.add_argument("-q", "--quiet", action="store_true", help="only failures and the final line")
     from cumatrix.front.history_cli import add_history_options
