@@ -88,9 +88,10 @@ examples:
 """,
     "clean": """\
 examples:
-  cumatrix clean                     # images, build stages and the cache
-  cumatrix clean --images            # only cumatrix's images and stopped containers
-  cumatrix clean --cache --dry-run   # say what would go
+  cumatrix clean                     # the cache and dead runs' temporary directories
+  cumatrix clean --images            # cumatrix's images no container uses (asks first)
+  cumatrix clean --images --yes      # the same without asking (CI)
+  cumatrix clean --dry-run           # say what would go
 """,
 }
 
@@ -182,7 +183,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         extra: list[str] = []
         if failed_before:
             # The ids travel to the plugin (and xdist's workers) in a file removed when the run ends.
-            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cumatrix-lf-")))
+            from cumatrix.core.cache import temp_prefix
+
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=temp_prefix("lf"))))
             (tmp / "ids").write_text("".join(f"{cid}\n" for cid in sorted(failed_before)), encoding="utf-8")
             extra = ["--cumatrix-only" if args.last_failed else "--cumatrix-first", str(tmp / "ids")]
         if args.json:  # stdout carries the JSON document alone: pytest's lines go to stderr
@@ -575,7 +578,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_clean(args: argparse.Namespace) -> int:
     from cumatrix.front.clean import cmd_clean as clean
 
-    return clean(images=args.images, cache=args.cache, dry_run=args.dry_run)
+    return clean(images=args.images, cache=args.cache, dry_run=args.dry_run, yes=args.yes)
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -649,13 +652,16 @@ def add_misc(sub: Any) -> None:
     p.add_argument("--wheel-dir", metavar="DIR", help="runtime wheels are taken from DIR (default $CUMATRIX_WHEEL_DIR)")
     p.set_defaults(func=cmd_doctor)
 
-    p = sub.add_parser("clean", help="remove cumatrix's images, build stages, stopped containers and caches",
-                       description="Remove what cumatrix made: with --images, containers left by dead runs, runtime "
-                                   "and base images and their untagged build stages (found by their labels); with "
-                                   "--cache, the cache directory. Neither flag: both.",
+    p = sub.add_parser("clean", help="remove cumatrix's cache (and, with --images, its images)",
+                       description="Remove what cumatrix made: the cache directory and the temporary directories of "
+                                   "runs that are gone (default); with --images, runtime and base images and their "
+                                   "untagged build stages (found by their labels), never one a container uses, listed "
+                                   "first and removed after a yes (--yes, or an answer on a terminal; without either, "
+                                   "exit 2). --images --cache: both.",
                        epilog=EPILOGS["clean"], formatter_class=raw)
-    p.add_argument("--images", action="store_true", help="images and containers labelled cumatrix")
-    p.add_argument("--cache", action="store_true", help="the cache (wheels, unpacked runtimes, builds)")
+    p.add_argument("--images", action="store_true", help="images labelled cumatrix that no container uses")
+    p.add_argument("--cache", action="store_true", help="the cache (wheels, unpacked runtimes, builds); the default")
+    p.add_argument("-y", "--yes", action="store_true", help="remove the listed images without asking")
     p.add_argument("--dry-run", action="store_true", help="list what would go; remove nothing")
     p.set_defaults(func=cmd_clean)
 

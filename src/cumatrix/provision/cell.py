@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cumatrix.core.cache import default_table
+from cumatrix.core.cache import default_table, temp_prefix
 from cumatrix.execute import observe, provenance
 from cumatrix.provision import runtimes as _runtimes
 from cumatrix.core.errors import CumatrixError
@@ -236,7 +236,7 @@ class Provisioner:
         mode = self.runtime_mode(cell)
         if self._audit_dir is None:
             # Removed by close(); `cumatrix clean` removes one a killed run left behind.
-            self._audit_dir = tempfile.mkdtemp(prefix="cumatrix-audit-")
+            self._audit_dir = tempfile.mkdtemp(prefix=temp_prefix("audit"))
         try:
             library = self._container_audit_library() if self.settings.backend == "docker" else None
             plan = observe.audit_plan(Path(self._audit_dir) / f"{uuid.uuid4().hex}.log", library=library,
@@ -267,7 +267,7 @@ class Provisioner:
         under ``/root``, whose 0700 mode in the image hides everything mounted below it."""
         built = observe.build_audit_library()
         if self._audit_dir is None:
-            self._audit_dir = tempfile.mkdtemp(prefix="cumatrix-audit-")
+            self._audit_dir = tempfile.mkdtemp(prefix=temp_prefix("audit"))
         # The run's own temporary directory (removed by close()), opened for traversal only: made
         # by mkdtemp, its name is unguessable and it is ours, so no other user of a shared /tmp
         # can have put a library of theirs where every container would load it.
