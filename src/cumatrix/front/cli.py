@@ -50,6 +50,8 @@ EPILOGS = {
 examples:
   cumatrix validate matrix.yaml          # every problem as file:line:col, exit 2
   cumatrix validate matrix.yaml --list   # and every cell id, for -k
+  cumatrix validate matrix.yaml --check-wheels   # and every runtime wheel exists on the index
+  cumatrix validate matrix.yaml --json   # one JSON document: ok, cells, problems
 """,
     "plan": """\
 examples:
@@ -430,17 +432,52 @@ def add_run(sub: Any) -> None:
 def cmd_validate(args: argparse.Namespace) -> int:
     from cumatrix.load import matrix as _matrix
 
-    m = _matrix.load(_matrix_arg(args.matrix))
+    path = _matrix_arg(args.matrix)
+    wheel_dir = Path(args.wheel_dir) if args.wheel_dir else None
+    if wheel_dir is not None and not wheel_dir.is_dir():
+        raise UsageError(f"--wheel-dir {args.wheel_dir}: no such directory")
+    try:
+        m = _matrix.load(path)
+        if args.check_wheels:
+            from cumatrix.front.checkwheels import check_wheels
+
+            problems = check_wheels(m, wheel_dir=wheel_dir)
+            if problems:
+                raise ConfigError(problems)
+    except ConfigError as e:
+        if not args.json:
+            raise
+        problems = [{"file": p.file, "line": p.line, "col": p.col, "message": p.message} for p in e.problems] \
+            or [{"file": str(path), "line": None, "col": None, "message": str(e)}]
+        _print_json({"schema": "cumatrix-validate/1", "file": str(path), "ok": False, "problems": problems})
+        return 2
     cells = _matrix.cells(m)
     kinds: dict[str, int] = {}
     for c in cells:
         kinds[c.kind] = kinds.get(c.kind, 0) + 1
+    if args.json:
+        doc: dict[str, object] = {"schema": "cumatrix-validate/1", "file": m.path, "ok": True, "problems": [],
+                                  "cells": len(cells), "kinds": kinds, "runtimes": [r.name for r in m.runtimes],
+                                  "drivers": [d.name for d in m.drivers], "wheels_checked": bool(args.check_wheels)}
+        if args.list:
+            doc["cell_ids"] = [c.id for c in cells]
+        _print_json(doc)
+        return 0
     parts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
-    print(f"{m.path}: ok: {len(cells)} cells ({parts}) from {len(m.runtimes)} runtimes x {len(m.drivers)} drivers")
+    checked = "; every wheel requirement resolves" if args.check_wheels else ""
+    print(f"{m.path}: ok: {len(cells)} cells ({parts}) from {len(m.runtimes)} runtimes x {len(m.drivers)} drivers"
+          f"{checked}")
     if args.list:
         for c in cells:
             print(c.id)
     return 0
+
+
+def _print_json(doc: dict[str, object]) -> None:
+    from cumatrix.report.jsonout import dumps
+
+    sys.stdout.write(dumps(doc))
+    sys.stdout.flush()
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -594,6 +631,11 @@ def add_misc(sub: Any) -> None:
                        formatter_class=raw)
     p.add_argument("matrix", help="matrix file")
     p.add_argument("--list", action="store_true", help="print every cell id")
+    p.add_argument("--check-wheels", action="store_true",
+                   help="resolve every wheel requirement against the package index (or --wheel-dir): a version "
+                        "that does not exist is a problem at its place in the file")
+    p.add_argument("--wheel-dir", metavar="DIR", help="--check-wheels: look in DIR only (offline)")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout (docs/json-output.md)")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("plan", help="spread a matrix over the hosts it names (CI strategy matrix)",
