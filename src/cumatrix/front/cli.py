@@ -717,6 +717,10 @@ def add_misc(sub: Any) -> None:
     p.add_argument("--wheel-dir", metavar="DIR", help="take the runtime wheel from DIR")
     p.set_defaults(func=cmd_build)
 
+    from .init import add_init_parser
+
+    add_init_parser(sub)
+
 
 def _slurm_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-arg", action="append", default=[], metavar="ARG",
