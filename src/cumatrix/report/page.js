@@ -91,6 +91,7 @@
     table.appendChild(tbody);
     box.textContent = "";
     box.style.minHeight = "";
+    box.classList.toggle("tall", !!G.t);  // cases down the page: the page scrolls, not the block
     box.appendChild(table);
     var nf = (G.fr || []).length + (G.fc || []).length, note = block.querySelector(".lines-note");
     note.textContent = "";
