@@ -109,12 +109,13 @@ def planned_images(client: Any) -> tuple[list[Any], list[str]]:
     return go, kept
 
 
-def clean_images(client: Any, images: list[Any], *, dry_run: bool = False) -> Cleaned:
-    """Remove ``images`` (from :func:`planned_images`) and the dangling build stages."""
+def clean_images(client: Any, images: list[Any], *, dry_run: bool = False, stages: bool = True) -> Cleaned:
+    """Remove ``images`` (from :func:`planned_images`) and, with ``stages``, the dangling build stages."""
     done = Cleaned()
     for img in images:
         _remove_image(client, img, done, dry_run)
-    done.images += remove_build_stages(client, dry_run=dry_run)
+    if stages:
+        done.images += remove_build_stages(client, dry_run=dry_run)
     return done
 
 
