@@ -1,6 +1,8 @@
 """``cumatrix clean --images`` against a real Docker daemon.
 
-Two throwaway images labelled ``cumatrix=1`` (built FROM scratch here), one of them used by a
+Two throwaway images labelled as base images (``cumatrix.base``: a tagged one is only ever
+removed by ``clean --images``, whereas other test sessions sweep the ``cumatrix=1`` runtime
+images they did not find at their start), built FROM scratch here, one of them used by a
 container that never started.  The daemon is shared: the CLI is only run in modes that remove
 nothing (a dry run, a refused confirmation, a "no" typed on a terminal); the removal itself is
 exercised on this test's own image through the function the CLI calls.
@@ -46,7 +48,7 @@ def images(client: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
     made: dict[str, Any] = {}
     try:
         for name in ("free", "used"):
-            (tmp_path / "Dockerfile").write_text(f'FROM scratch\nCOPY f /f\nLABEL cumatrix=1 cumatrix.test=1\nCMD ["/f-{name}"]\n')
+            (tmp_path / "Dockerfile").write_text(f'FROM scratch\nCOPY f /f\nLABEL cumatrix.base=clean-test\nCMD ["/f-{name}"]\n')
             img, _ = client.images.build(path=str(tmp_path), tag=f"cumatrix-clean-test-{name}:{tag}", rm=True)
             made[name] = img
         made["container"] = client.containers.create(made["used"].id, name=f"cumatrix-clean-test-{tag}")
