@@ -447,9 +447,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     except ConfigError as e:
         if not args.json:
             raise
-        problems = [{"file": p.file, "line": p.line, "col": p.col, "message": p.message} for p in e.problems] \
-            or [{"file": str(path), "line": None, "col": None, "message": str(e)}]
-        _print_json({"schema": "cumatrix-validate/1", "file": str(path), "ok": False, "problems": problems})
+        found: list[dict[str, object]] = [{"file": p.file, "line": p.line, "col": p.col, "message": p.message}
+                                          for p in e.problems]
+        if not found:  # an error without a place (a whole-file problem)
+            found = [{"file": str(path), "line": None, "col": None, "message": str(e)}]
+        _print_json({"schema": "cumatrix-validate/1", "file": str(path), "ok": False, "problems": found})
         return 2
     cells = _matrix.cells(m)
     kinds: dict[str, int] = {}

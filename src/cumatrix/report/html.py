@@ -207,8 +207,8 @@ def _page_data(run: RunData, items: list[Entry], gs: list[Grid]) -> tuple[dict[s
         rows = {r: n for n, r in enumerate(lay.rows)}
         cols = {c: n for n, c in enumerate(lay.cols)}
         for (row, col), e in g.cells.items():
-            r, c = (col, row) if lay.transposed else (row, col)
-            where[e.index] = (gi, rows[r], cols[c])
+            line, across = (col, row) if lay.transposed else (row, col)
+            where[e.index] = (gi, rows[line], cols[across])
         grid_json.append({"title": g.title, "driver": g.driver, "rows": list(lay.rows), "cols": list(lay.cols),
                           "t": lay.transposed, "fr": list(lay.folded_rows), "fc": list(lay.folded_cols),
                           "co": list(lay.col_order), "skip": g.all_skipped,
