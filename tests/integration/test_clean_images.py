@@ -117,7 +117,7 @@ def test_a_no_typed_on_a_terminal_removes_nothing(images: dict[str, Any], client
 def test_removal_takes_the_free_image_and_never_one_a_container_uses(images: dict[str, Any], client: Any) -> None:
     import docker.errors
 
-    from cumatrix.clean import clean_images, planned_images
+    from cumatrix.front.clean import clean_images, planned_images
 
     go, kept = planned_images(client)
     ids = {i.id for i in go}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cumatrix.fingerprint import host_fingerprint
+from cumatrix.host.fingerprint import host_fingerprint
 
 RUNTIME = "nvidia-cuda-runtime-cu12==12.9.79"
 HAS_GPU = host_fingerprint().get("driver_version") is not None

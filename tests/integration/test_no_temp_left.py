@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from cumatrix.fingerprint import host_fingerprint
+from cumatrix.host.fingerprint import host_fingerprint
 
 pytestmark = pytest.mark.network  # runtime wheels (cached after the first fetch)
 

@@ -719,7 +719,7 @@ def add_misc(sub: Any) -> None:
     p.add_argument("--wheel-dir", metavar="DIR", help="take the runtime wheel from DIR")
     p.set_defaults(func=cmd_build)
 
-    from .init import add_init_parser
+    from cumatrix.front.init import add_init_parser
 
     add_init_parser(sub)
 

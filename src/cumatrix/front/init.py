@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import UsageError
+from cumatrix.core.errors import UsageError
 
 MATRIX_FILE = "matrix.yaml"
 WORKFLOW_FILE = ".github/workflows/cumatrix-nightly.yml"
@@ -92,7 +92,7 @@ def find_project(d: Path) -> Project:
 
 def matrix_text(project: Project) -> str:
     """The starting matrix: the package imported under a few CUDA runtimes and the host's driver."""
-    from .runtimes import KNOWN_WHEELS
+    from cumatrix.load.requirements import KNOWN_WHEELS
 
     runtimes = "\n".join(f"  cu{v}: {{wheel: {KNOWN_WHEELS[v]}}}" for v in _START_RUNTIMES)
     return f"""\
