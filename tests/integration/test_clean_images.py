@@ -49,8 +49,7 @@ def images(client: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
     try:
         for name in ("free", "used"):
             (tmp_path / "Dockerfile").write_text(f'FROM scratch\nCOPY f /f\nLABEL cumatrix.base=clean-test\nCMD ["/f-{name}"]\n')
-            img, _ = client.images.build(path=str(tmp_path), tag=f"cumatrix-clean-test-{name}:{tag}", rm=True)
-            made[name] = img
+            made[name] = _build(client, tmp_path, f"cumatrix-clean-test-{name}:{tag}")
         made["container"] = client.containers.create(made["used"].id, name=f"cumatrix-clean-test-{tag}")
         yield made
     finally:
@@ -62,6 +61,18 @@ def images(client: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
                     client.images.remove(made[name].id, force=True)
                 except Exception:  # removed by the test itself
                     pass
+
+
+def _build(client: Any, context: Path, tag: str) -> Any:
+    """Build the image; once more if the shared daemon's concurrent prune took a layer mid-build."""
+    import docker.errors
+
+    try:
+        return client.images.build(path=str(context), tag=tag, rm=True)[0]
+    except docker.errors.BuildError as e:
+        if "no such file or directory" not in str(e):
+            raise
+        return client.images.build(path=str(context), tag=tag, rm=True)[0]
 
 
 def _names(img: Any) -> str:
