@@ -48,7 +48,7 @@ def images(client: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
     made: dict[str, Any] = {}
     try:
         for name in ("free", "used"):
-            (tmp_path / "Dockerfile").write_text(f'FROM scratch\nCOPY f /f\nLABEL cumatrix.base=clean-test\nCMD ["/f-{name}"]\n')
+            (tmp_path / "Dockerfile").write_text(f'FROM scratch\nCOPY f /f\nCMD ["/f-{name}"]\nLABEL cumatrix.base=clean-test\n')
             made[name] = _build(client, tmp_path, f"cumatrix-clean-test-{name}:{tag}")
         made["container"] = client.containers.create(made["used"].id, name=f"cumatrix-clean-test-{tag}")
         yield made
@@ -64,15 +64,17 @@ def images(client: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
 
 
 def _build(client: Any, context: Path, tag: str) -> Any:
-    """Build the image; once more if the shared daemon's concurrent prune took a layer mid-build."""
+    """Build the image, up to three times: other test sessions on the shared daemon prune dangling
+    base-labelled images, and the labelled step is dangling for a moment before it is tagged."""
     import docker.errors
 
-    try:
-        return client.images.build(path=str(context), tag=tag, rm=True)[0]
-    except docker.errors.BuildError as e:
-        if "no such file or directory" not in str(e):
-            raise
-        return client.images.build(path=str(context), tag=tag, rm=True)[0]
+    for attempt in range(3):
+        try:
+            return client.images.build(path=str(context), tag=tag, rm=True)[0]
+        except (docker.errors.BuildError, docker.errors.ImageNotFound) as e:
+            if attempt == 2 or "no such" not in str(e).lower():
+                raise
+    raise AssertionError("unreachable")
 
 
 def _names(img: Any) -> str:
