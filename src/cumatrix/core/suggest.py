@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 BARE_OUTCOMES = ("ok", "ok:batch", "ok:fallback", "ok:kernel", "ok:n/a", "build-error", "timeout",
                  "cannot-emulate", "refused", "harness-error")
 #: Outcome words of the form ``WORD:ARG``; the argument is the user's.
-ARG_OUTCOMES = ("cuda-error", "undefined-symbol", "crash", "exit", "skipped")
+ARG_OUTCOMES = ("cuda-error", "undefined-symbol", "crash", "exit", "skipped", "runtime-leak")
 
 
 def edit_distance(a: str, b: str) -> int:
