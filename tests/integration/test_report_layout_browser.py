@@ -133,6 +133,12 @@ def test_cells_that_matter_are_in_view_and_whole_at_1400px(browser: str, run_dir
             assert c["boxTop"] - 1 <= c["top"] and c["bottom"] <= c["boxBottom"] + 1, c  # nor cut off below
             assert not c["cut"], c  # the whole label shows
         assert any(c["text"] == "undefined-symbol:shim_new_symbol_of_a_long_name" for c in cells)
+        page.js("window.scrollTo(0, 0)")  # the page as it opens, folded grids and all
+        ARTIFACTS.mkdir(exist_ok=True)
+        shot = page.call("Page.captureScreenshot", format="png", captureBeyondViewport=True,
+                         clip={"x": 0, "y": 0, "width": WIDTH,
+                               "height": min(4000, page.js("document.documentElement.scrollHeight")), "scale": 1})
+        (ARTIFACTS / "report-layout-1400.png").write_bytes(base64.b64decode(shot["data"]))
         # The grids where every cell skipped are folded, and open on request.
         folded = page.js("document.querySelectorAll('.grid-block.folded').length")
         if run.header.host_fingerprint.get("driver_version") is None:
@@ -144,12 +150,12 @@ def test_cells_that_matter_are_in_view_and_whole_at_1400px(browser: str, run_dir
                            " && g.querySelector('button.cell.c-skip') && !g.querySelector('button.cell.c-ok'))")
             # The host grid's probe line (skipped on every runtime) is folded, with a button to show it.
             assert "where every cell skipped folded" in page.js("document.querySelector('.lines-note').textContent")
-        page.js("window.scrollTo(0, 0)")
-        ARTIFACTS.mkdir(exist_ok=True)
-        shot = page.call("Page.captureScreenshot", format="png", captureBeyondViewport=True,
-                         clip={"x": 0, "y": 0, "width": WIDTH,
-                               "height": min(4000, page.js("document.documentElement.scrollHeight")), "scale": 1})
-        (ARTIFACTS / "report-layout-1400.png").write_bytes(base64.b64decode(shot["data"]))
+            # A filter that asks for skipped cells shows them, folded or not.
+            page.js("(() => { const s = document.getElementById('f-cat'); s.value = 'skip';"
+                    " s.dispatchEvent(new Event('change')); })()")
+            shown = page.js("[...document.querySelectorAll('button.cell.c-skip')]"
+                            ".filter(b => b.checkVisibility({visibilityProperty: true})).length")
+            assert shown == run.counts.skipped, (shown, run.counts.skipped)
         errors = [ev for ev in page.events if ev.get("method") == "Runtime.exceptionThrown"]
         assert not errors, errors
     finally:

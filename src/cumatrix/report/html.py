@@ -116,8 +116,9 @@ def _detail(cell: CellResult, s: _Strings) -> dict[str, object]:
 #: page's margins, the block's padding and a scroll bar take the rest).
 GRID_BUDGET_PX = 1240
 #: What the page's monospace label costs a character at 11.5 px, and a cell's glyph, gaps,
-#: padding and border spacing around it (measured in headless Chromium, see
-#: tests/integration/test_report_browser.py, which checks the layout at 1400 px).
+#: padding and border spacing around it: estimates on the generous side (the layout only
+#: chooses an orientation and an order with them); tests/integration/test_report_layout_browser.py
+#: checks the result in headless Chromium at 1400 px.
 _CHAR_PX = 7.2
 _CELL_PAD_PX = 40
 _MIN_CELL_PX = 84

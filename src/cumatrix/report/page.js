@@ -266,14 +266,33 @@
     var want = {};
     keys.forEach(function (k) { var s = document.getElementById("f-" + k); want[k] = s ? s.value : ""; });
     var text = document.getElementById("f-text").value.trim().toLowerCase();
-    var n = 0, gridOn = grids.map(function () { return false; });
+    var n = 0, gridOn = grids.map(function () { return false; }), lineOn = grids.map(function () { return false; });
+    var filtering = !!text || keys.some(function (k) { return !!want[k]; });
     cells.forEach(function (c, i) {
       var ok = keys.every(function (k) { return !want[k] || field(c, k) === want[k]; });
       if (ok && text) ok = c[0].toLowerCase().indexOf(text) >= 0;
       shown[i] = ok ? 1 : 0;
-      if (ok) { n++; gridOn[c[3]] = true; }
+      if (ok) {
+        n++;
+        gridOn[c[3]] = true;
+        var G = grids[c[3]];
+        if ((G.fr || []).indexOf(c[4]) >= 0 || (G.fc || []).indexOf(c[5]) >= 0) lineOn[c[3]] = true;
+      }
     });
-    blocks.forEach(function (b) { b.classList.toggle("off", !gridOn[Number(b.getAttribute("data-grid"))]); });
+    blocks.forEach(function (b) {
+      var g = Number(b.getAttribute("data-grid"));
+      b.classList.toggle("off", !gridOn[g]);
+      // A filter that picks cells of a folded grid or line (status "skipped", a driver, an id)
+      // shows them: folding hides what nobody asked for, never what a reader looks for.
+      if (!filtering || !gridOn[g]) return;
+      if (b.classList.contains("folded")) {
+        b.classList.remove("folded");
+        var u = b.querySelector("[data-unfold]");
+        if (u) u.remove();
+        drawGrid(g);
+      }
+      if (lineOn[g] && !unfolded[g]) { unfolded[g] = true; redraw(g); }
+    });
     Object.keys(drawn).forEach(paintGrid);
     Array.prototype.forEach.call(document.querySelectorAll("figure .row"), function (r) {
       r.classList.toggle("off", !shown[Number(r.getAttribute("data-idx"))]);
