@@ -7,7 +7,10 @@ Every command is the real ``cumatrix`` in a subprocess over real runtime wheels.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -226,6 +229,11 @@ def test_init_writes_a_matrix_and_a_workflow_and_refuses_to_overwrite(cli: Cli, 
     wf = yaml.safe_load((tmp_path / ".github" / "workflows" / "cumatrix-nightly.yml").read_text())
     steps = " ".join(str(s.get("run", "")) for s in wf["jobs"]["run"]["steps"])
     assert "cumatrix run matrix.yaml" in steps and "cumatrix gate dist/*.whl" in steps
+    lint = shutil.which("actionlint", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
+    if lint is not None:  # the test extras install it
+        checked = subprocess.run([lint, ".github/workflows/cumatrix-nightly.yml"], cwd=tmp_path, capture_output=True,
+                                 text=True, timeout=120)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
     before = (tmp_path / "matrix.yaml").stat().st_mtime_ns
     again = cli("init", cwd=tmp_path)
     assert again.returncode == 2 and "--force" in again.stderr

@@ -122,8 +122,9 @@ def workflow_text(project: Project) -> str:
 """
     return f"""\
 # Nightly CUDA compatibility of {project.name} (written by `cumatrix init`).
-# The run job needs a self-hosted runner with an NVIDIA GPU (label: gpu); without one every GPU
-# cell is skipped and `cumatrix run` exits 5 (nothing tested) instead of passing.
+# The run job needs a self-hosted Linux runner with an NVIDIA GPU: add your GPU runners' own
+# label to `runs-on`. Without a GPU every GPU cell is skipped, and `--require-gpu` fails them
+# (`cumatrix run` alone would exit 5, nothing tested) instead of passing.
 name: cumatrix-nightly
 
 on:
@@ -136,7 +137,7 @@ permissions:
 
 jobs:
   run:
-    runs-on: [self-hosted, gpu]
+    runs-on: [self-hosted, linux, x64]
     timeout-minutes: 120
     steps:
       - uses: actions/checkout@v4
@@ -151,7 +152,7 @@ jobs:
         run: cumatrix run {MATRIX_FILE} --require-gpu --out out
       - name: summary
         if: always()
-        run: test -f out/summary.md && cat out/summary.md >> "$GITHUB_STEP_SUMMARY" || true
+        run: if [ -f out/summary.md ]; then cat out/summary.md >> "$GITHUB_STEP_SUMMARY"; fi
 {gate}      - name: upload
         if: always()
         uses: actions/upload-artifact@v4
