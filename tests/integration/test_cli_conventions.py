@@ -192,6 +192,23 @@ def test_check_wheels_fails_a_version_that_does_not_exist(cli: Cli, write_matrix
     assert r.returncode == 2 and r.stderr.startswith(f"{m}:3:") and str(empty) in r.stderr
 
 
+@pytest.mark.network
+def test_check_wheels_looks_up_an_environments_pins_on_the_index(cli: Cli, write_matrix: Callable[..., Path]) -> None:
+    m = write_matrix(f"""
+        runtimes:
+          env: {{requirements: ["{RUNTIME}"]}}
+          env-bad: {{requirements: ["nvidia-cuda-runtime-cu12==12.9.998"]}}
+        drivers: [host]
+        cases: [{{name: a, argv: [true]}}]
+    """)
+    r = cli("validate", m, "--check-wheels", timeout=300)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{m}:3:"), lines
+    assert "no version 12.9.998 of nvidia-cuda-runtime-cu12 on the package index" in lines[0]
+    assert "12.9.79" in lines[0]  # the versions that do exist, newest first
+
+
 # --------------------------------------------------------------------------- gate -q, init
 
 
