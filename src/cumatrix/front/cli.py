@@ -240,7 +240,7 @@ def _print_run_json(out: Path, run: Any) -> None:
         sys.stdout.write(doc.read_text(encoding="utf-8"))
     else:
         from cumatrix.report.jsonout import dumps
-        from cumatrix.report.records import SCHEMA_VERSION
+        from cumatrix.results.records import SCHEMA_VERSION
 
         sys.stdout.write(dumps({"schema": SCHEMA_VERSION, "generator": f"cumatrix {__version__}", "verdict": "EMPTY",
                                 "counts": {"total": 0, "pass": 0, "fail": 0, "skip": 0, "not_run": 0},
