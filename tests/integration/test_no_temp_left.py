@@ -1,7 +1,8 @@
 """No temporary directory of cumatrix's outlives a command.
 
-Every subcommand runs for real (cheap invocations, not --help) with ``TMPDIR`` set to a fresh,
-empty directory, which must be empty again when the command returns: a run's audit logs, a
+Every subcommand runs for real (cheap invocations, not --help; ``submit`` alone is left out: it
+needs a Slurm controller) with ``TMPDIR`` set to a fresh, empty directory, which must be empty
+again when the command returns: a run's audit logs, a
 container's verdict directory, a gate's build context, the ids of --lf are all removed by the
 command that made them.  ``cumatrix clean`` removes what a killed run left (its process gone).
 """
@@ -79,7 +80,7 @@ expect:
     wheel = _wheel(work)
     scratch_cache = tmp_path / "scratch-cache"  # `clean` removes this one, not the shared wheel cache
     scratch_cache.mkdir()
-    env = cli_env({"TMPDIR": str(tmp)})
+    env = cli_env({"TMPDIR": str(tmp), "CUMATRIX_HISTORY": str(work / "history.sqlite")})
 
     def cumatrix(*args: str | Path, want: set[int], cwd: Path = work, extra: dict[str, str] | None = None) -> str:
         proc = subprocess.run([py, "-m", "cumatrix", *map(str, args)], cwd=cwd, env={**env, **(extra or {})},
@@ -95,6 +96,10 @@ expect:
     cumatrix("run", m, "--out", "out", "--host", "h1", "--lf", "-q", want={1})
     cumatrix("run", m, "--out", "outb", "--host", "h2", "-k", "fine", "-q", want={0, 5})
     cumatrix("run", m, "--out", "out2", "-k", "nothing-matches", "-q", want={5})
+    cumatrix("history", "--json", want={0})
+    cumatrix("diff", "1", "2", want={0, 1})
+    cumatrix("fetch", m, "--dest", "fetched", want={0})
+    cumatrix("calibrate", "--out", "calibration.txt", want={0} if HAS_GPU else {2, 3})
     cumatrix("report", "out", want={0})
     cumatrix("merge", "out", "outb", "--out", "merged", want={0, 1})
     cumatrix("repro", "cu12.9/host/segv", "--matrix", m, "--out", "repro-cell", want={0})
