@@ -1,7 +1,7 @@
 """``cumatrix clean --images`` against a real Docker daemon.
 
 Two throwaway images labelled as base images (``cumatrix.base``: a tagged one is only ever
-removed by ``clean --images``, whereas other test sessions sweep the ``cumatrix=1`` runtime
+removed by ``clean --images``, whereas other test runs on the same daemon sweep the ``cumatrix=1`` runtime
 images they did not find at their start), built FROM scratch here, one of them used by a
 container that never started.  The daemon is shared: the CLI is only run in modes that remove
 nothing (a dry run, a refused confirmation, a "no" typed on a terminal); the removal itself is
@@ -64,7 +64,7 @@ def images(client: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
 
 
 def _build(client: Any, context: Path, tag: str) -> Any:
-    """Build the image, up to three times: other test sessions on the shared daemon prune dangling
+    """Build the image, up to three times: other test runs on the same daemon prune dangling
     base-labelled images, and the labelled step is dangling for a moment before it is tagged."""
     import docker.errors
 
