@@ -1,9 +1,9 @@
 """``cumatrix clean --images`` against a real Docker daemon.
 
 Two throwaway images labelled as base images (``cumatrix.base``: a tagged one is only ever
-removed by ``clean --images``, whereas other test runs on the same daemon sweep the ``cumatrix=1`` runtime
-images they did not find at their start), built FROM scratch here, one of them used by a
-container that never started.  The daemon is shared: the CLI is only run in modes that remove
+removed by ``clean --images``, whereas other test runs on the same daemon sweep the
+``cumatrix=1`` runtime images they did not find at their start), built FROM scratch here, one
+of them used by a container that never started.  The daemon is shared: the CLI is only run in modes that remove
 nothing (a dry run, a refused confirmation, a "no" typed on a terminal); the removal itself is
 exercised on this test's own image through the function the CLI calls.
 """
