@@ -127,11 +127,20 @@ class Orchestrator:
         return self._provisioner
 
     def close(self) -> None:
-        """Undo a cell started ahead; release the docker client, if one was opened."""
+        """Undo a cell started ahead; remove the run's temporary files; release the docker
+        client, if one was opened."""
         self.cancel_ahead()
+        if self._provisioner is not None:
+            self._provisioner.close()
         if self._docker is not None:
             self._docker.close()
             self._docker = None
+
+    def __enter__(self) -> Orchestrator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     # ----------------------------------------------------------------- stages
 

@@ -74,11 +74,11 @@ def test_passing_cell_has_nothing_to_reproduce(cli: Cli, matrix_file: Path, tmp_
 
 
 @pytest.mark.skipif(HAS_GPU, reason="this host has an NVIDIA driver: the entry runs instead")
-def test_gpu_entry_without_gpu_exits_2(cli: Cli, tmp_path: Path) -> None:
+def test_gpu_entry_without_gpu_exits_3_with_a_skeleton_report(cli: Cli, tmp_path: Path) -> None:
     r = cli("repro", "--bug", "sglang-driver-dispatch", "--out", tmp_path)
-    assert r.returncode == 2
+    assert r.returncode == 3
     assert "needs an NVIDIA GPU and driver; this host has none" in r.stderr
-    assert not list(tmp_path.iterdir())
+    assert [p.name for p in tmp_path.iterdir()] == ["sglang-driver-dispatch.md"]
 
 
 @pytest.mark.network

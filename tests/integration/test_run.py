@@ -202,14 +202,14 @@ def test_resume_with_nothing_left(tmp_path: Path, wheel_cache: Path, write_matri
     assert proc.returncode == 0 and "nothing left to run" in proc.stderr
 
 
-def test_no_cell_matches_k_exits_2(tmp_path: Path, wheel_cache: Path, write_matrix: Any, cli: Any) -> None:
+def test_no_cell_matches_k_exits_5(tmp_path: Path, wheel_cache: Path, write_matrix: Any, cli: Any) -> None:
     m = write_matrix(f"""
         runtimes: {{cu12.9: {{wheel: {RUNTIME}}}}}
         drivers: [host]
         cases: [{{name: a, argv: [true]}}]
     """)
     proc = cli("run", m, "--out", tmp_path / "o", "-k", "nosuchcell", "-q", cwd=tmp_path)
-    assert proc.returncode == 2 and "nosuchcell" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 5 and "nosuchcell" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_require_gpu_fails_cells_skipped_for_want_of_a_gpu(tmp_path: Path, wheel_cache: Path, write_matrix: Any,

@@ -63,3 +63,7 @@ def wheel_dir(explicit: Path | str | None = None) -> Path | None:
 def default_table() -> Path:
     """The calibration table: where ``cumatrix calibrate`` writes by default, and where ``cumatrix run`` looks."""
     return cache_dir("calibration") / "kvswap-calibration.txt"
+def temp_prefix(what: str) -> str:
+    """The ``mkdtemp`` prefix of a cumatrix temporary directory: it names this process, so
+    ``cumatrix clean`` can tell a dead run's leftover from a live run's directory."""
+    return f"cumatrix-{what}-{os.getpid()}-"

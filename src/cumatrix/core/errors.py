@@ -11,14 +11,23 @@ Exit codes of every ``cumatrix`` command:
   that another run holds (:class:`ConfigError`, :class:`UsageError`, :class:`OutDirBusy`);
 * **3**: the run cannot happen here: an environment problem found before any cell
   (``--out`` unwritable, a file, or on a full filesystem; a missing compiler or base
-  image: :class:`EnvironmentProblem`) or a failure of cumatrix itself (:class:`HarnessError`).
+  image: :class:`EnvironmentProblem`) or a failure of cumatrix itself (:class:`HarnessError`);
+* **5**: nothing ran: ``cumatrix run`` selected no cell (``-k`` matched none) or every selected
+  cell was skipped (no GPU, ...), so nothing was tested; pytest's code for "no tests collected".
+  ``--allow-empty`` turns it into 0.
+
+``cumatrix repro --bug`` exits 3 when this host cannot run the entry (no GPU, an older driver):
+it writes the report's skeleton and the command to run on a host that can.
 """
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+
+#: Exit code of a run in which nothing ran: no cell selected, or every cell skipped.
+EXIT_NOTHING_RAN = 5
 
 
 class CumatrixError(Exception):
@@ -51,7 +60,8 @@ class ConfigError(CumatrixError):
             self.problems: tuple[Problem, ...] = ()
             text = problems
         else:
-            self.problems = tuple(problems)
+            # In the order a reader goes through the file (and files in name order).
+            self.problems = tuple(sorted(problems, key=lambda p: (p.file, p.line, p.col)))
             text = "\n".join(str(p) for p in self.problems)
         super().__init__(text)
 
@@ -87,9 +97,11 @@ class EnvironmentProblem(HarnessError):
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """Return ``" (did you mean 'x'?)"`` for the closest choice, or ``""``."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    """Return ``" (did you mean 'x'?)"`` for the closest choice by edit distance over the
+    whole word (ties: each of them), or ``""`` when none is within a typo's reach."""
+    from cumatrix.core.suggest import did_you_mean as nearest
+
+    return nearest(word, choices)
 
 
 class UnsafeArchive(CumatrixError):

@@ -46,6 +46,7 @@ import requests.exceptions
 
 import cumatrix
 
+from cumatrix.core.cache import temp_prefix
 from cumatrix.execute import sandbox
 from cumatrix.core.errors import CumatrixError, DaemonUnavailable, HarnessError
 from cumatrix.core.jobs import ChildResult, Job
@@ -409,7 +410,7 @@ class DockerBackend:
                              source=f"wheel {runtime.requirement} on {self.base_image}",
                              cudart=existing.env.get("CUMATRIX_CUDART"))
         _, version = parse_requirement(runtime.requirement)
-        with tempfile.TemporaryDirectory(prefix="cumatrix-build-") as ctx:
+        with tempfile.TemporaryDirectory(prefix=temp_prefix("build")) as ctx:
             shutil.copyfile(runtime_dockerfile(), Path(ctx, "Dockerfile"))
             shutil.copyfile(wheel, Path(ctx, wheel.name))
             try:
@@ -488,7 +489,7 @@ class DockerBackend:
         if not re.fullmatch(r"3\.\d+", pyver):
             raise ImageBuildError(f"base image {self.base_image}: no working python3 ({res.stderr_tail.strip()[-200:]})")
         dockerfile = _dockerfile("env-runtime.Dockerfile")
-        with tempfile.TemporaryDirectory(prefix="cumatrix-build-") as ctx:
+        with tempfile.TemporaryDirectory(prefix=temp_prefix("build")) as ctx:
             wheels = Path(ctx, "wheels")
             wheels.mkdir()
             wd = default_wheel_dir(wheel_dir)

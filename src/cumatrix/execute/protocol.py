@@ -121,7 +121,9 @@ class FileChannel:
     container_dir = "/run/cumatrix-verdict"
 
     def __init__(self) -> None:
-        self.mount_dir = Path(tempfile.mkdtemp(prefix="cumatrix-verdict-"))
+        from cumatrix.core.cache import temp_prefix
+
+        self.mount_dir = Path(tempfile.mkdtemp(prefix=temp_prefix("verdict")))
         os.chmod(self.mount_dir, 0o777)  # the container's user is not the harness's
 
     def env(self) -> tuple[tuple[str, str], ...]:

@@ -1,21 +1,31 @@
 """``cumatrix clean``: remove what cumatrix made, and nothing else.
 
-- ``--images``: containers labelled ``cumatrix`` whose run is gone, runtime images
-  (label ``cumatrix``), base images from ``containers/build-base.sh`` (label
-  ``cumatrix.base``) and the untagged build stages both leave behind (they inherit the base
-  image's label, which is how they are found);
-- ``--cache``: the cache directory (runtime wheels, unpacked runtimes, built libraries).
+- by default (and with ``--cache``): the cache directory (runtime wheels, unpacked runtimes,
+  built libraries) and the temporary directories of cumatrix runs that are gone
+  (``cumatrix-*`` in ``$TMPDIR`` whose process is dead, see :func:`stale_temp_dirs`);
+- ``--images``: runtime images (label ``cumatrix``), base images from
+  ``containers/build-base.sh`` (label ``cumatrix.base``) and the untagged build stages both
+  leave behind; never an image a container uses, running or stopped (it is listed as kept).
+  The images are listed first and removed only after a yes (``--yes``, or an answer on a
+  terminal); without a terminal and without ``--yes`` the list is printed and nothing goes
+  (exit 2).
 
-With neither flag, both.  ``--dry-run`` lists what would go.
+``--dry-run`` lists what would go.
 """
 
 from __future__ import annotations
 
+import os
+import re
 import shutil
+import sys
+import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cumatrix.core.errors import UsageError
 from cumatrix.execute.docker import BASE_LABEL, RUNTIME_LABEL
 
 
@@ -41,8 +51,10 @@ def _remove_image(client: Any, img: Any, done: Cleaned, dry_run: bool) -> None:
         done.images.append(name)
         return
     try:
-        # By id with force: one image tagged twice goes at once; a container using it keeps it.
-        client.images.remove(img.id, force=True, noprune=False)
+        # Tag by tag, never forced: a forced removal would untag an image a container (even a
+        # stopped one, created since the listing) uses; the last tag removed takes the image.
+        for ref in img.tags or [img.id]:
+            client.images.remove(ref, force=False, noprune=False)
         done.images.append(name)
     except docker.errors.NotFound:
         pass  # gone with a child removed before it
@@ -65,29 +77,45 @@ def remove_build_stages(client: Any, *, label: str = BASE_LABEL, dry_run: bool =
         removed += [str(g).removeprefix("sha256:")[:12] for g in gone]
 
 
-def clean_images(client: Any, *, dry_run: bool = False) -> Cleaned:
-    """Remove cumatrix's stopped containers, runtime images, base images and build stages."""
-    import docker.errors
+def images_in_use(client: Any) -> dict[str, str]:
+    """Image id -> the first container (any state) that uses it: such an image is never removed."""
+    used: dict[str, str] = {}
+    for c in client.containers.list(all=True, sparse=True):
+        a = c.attrs
+        image_id = str(a.get("ImageID") or "")
+        names = a.get("Names") or [c.id[:12]]
+        if image_id:
+            used.setdefault(image_id, f"{str(names[0]).lstrip('/')} ({a.get('State') or 'unknown'})")
+    return used
 
-    done = Cleaned()
-    from cumatrix.execute.docker import listed
 
-    for c, _, name, state in listed(client, f"{RUNTIME_LABEL}=1"):
-        if state == "running":
-            done.kept.append(f"container {name}: running (a live run's; stop it first)")
-            continue
-        if not dry_run:
-            try:
-                c.remove(force=True)
-            except docker.errors.NotFound:
-                continue
-        done.containers.append(name)
+def planned_images(client: Any) -> tuple[list[Any], list[str]]:
+    """cumatrix's images that may go, and ``"name: why"`` of those kept (a container uses them)."""
     runtime = client.images.list(filters={"label": f"{RUNTIME_LABEL}=1"})
     base = [i for i in client.images.list(filters={"label": BASE_LABEL})
             if i.tags and RUNTIME_LABEL not in (i.labels or {})]
+    used = images_in_use(client)
+    go: list[Any] = []
+    kept: list[str] = []
+    seen: set[str] = set()
     for img in [*runtime, *base]:
+        if img.id in seen:
+            continue
+        seen.add(img.id)
+        if img.id in used:
+            kept.append(f"image {_image_name(img)}: used by container {used[img.id]}")
+        else:
+            go.append(img)
+    return go, kept
+
+
+def clean_images(client: Any, images: list[Any], *, dry_run: bool = False, stages: bool = True) -> Cleaned:
+    """Remove ``images`` (from :func:`planned_images`) and, with ``stages``, the dangling build stages."""
+    done = Cleaned()
+    for img in images:
         _remove_image(client, img, done, dry_run)
-    done.images += remove_build_stages(client, dry_run=dry_run)
+    if stages:
+        done.images += remove_build_stages(client, dry_run=dry_run)
     return done
 
 
@@ -107,24 +135,85 @@ def clean_cache(*, dry_run: bool = False) -> Cleaned:
     return done
 
 
+#: Names of cumatrix's temporary directories: the pid of the process that made them comes first.
+TEMP_RE = re.compile(r"^cumatrix-[a-z]+(?:-[a-z]+)*-(\d+)-[A-Za-z0-9_]+$")
+#: A temporary directory of cumatrix's without a pid in its name (an older cumatrix's) is
+#: stale once it is this old (seconds).
+LEGACY_AGE = 24 * 3600
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
+def stale_temp_dirs(tmp: Path | None = None) -> list[Path]:
+    """cumatrix's temporary directories in ``tmp`` (default: the temporary directory) whose
+    process is gone: a run killed before it could remove its own."""
+    root = Path(tmp or tempfile.gettempdir())
+    stale = []
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return []
+    now = time.time()
+    for p in entries:
+        if not p.name.startswith("cumatrix-") or not p.is_dir() or p.is_symlink():
+            continue
+        m = TEMP_RE.match(p.name)
+        try:
+            if m is not None:
+                if not _alive(int(m.group(1))):
+                    stale.append(p)
+            elif now - p.stat().st_mtime > LEGACY_AGE:
+                stale.append(p)
+        except OSError:
+            continue
+    return sorted(stale)
+
+
 def _du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
 
 
-def cmd_clean(*, images: bool, cache: bool, dry_run: bool) -> int:
-    """``cumatrix clean``: exit 0, or 1 when something could not be removed."""
+def _confirm(count: int, yes: bool) -> bool:
+    """Whether to remove ``count`` listed images: ``--yes``, or a yes typed on a terminal."""
+    if yes:
+        return True
+    if not sys.stdin.isatty():
+        raise UsageError(f"not removing {count} image{'s' if count != 1 else ''} without --yes (stdin is not a "
+                         "terminal to ask on): re-run with --yes to remove the images listed above")
+    answer = input(f"remove these {count} image{'s' if count != 1 else ''}? [y/N] ")
+    return answer.strip().lower() in ("y", "yes")
+
+
+def cmd_clean(*, images: bool, cache: bool, dry_run: bool, yes: bool = False) -> int:
+    """``cumatrix clean``: exit 0; 1 when something could not be removed; 2 when images were
+    listed but not confirmed on a non-interactive stdin."""
     from cumatrix.core.cache import cache_root
     from cumatrix.core.errors import DaemonUnavailable
 
-    if not images and not cache:
-        images = cache = True
+    if not images:
+        cache = True  # the default; images only when asked for
     verb = "would remove" if dry_run else "removed"
     kept: list[str] = []
+    for d in stale_temp_dirs():
+        if not dry_run:
+            shutil.rmtree(d, ignore_errors=True)
+        print(f"cumatrix: {verb} the temporary directory {d} (its run is gone)")
     if cache:
         root = cache_root()
         size = _du(root) if root.is_dir() else 0
-        for p in clean_cache(dry_run=dry_run).cache:
+        gone = clean_cache(dry_run=dry_run).cache
+        for p in gone:
             print(f"cumatrix: {verb} the cache {p} ({size / 2**20:.0f} MiB)")
+        if not gone:
+            print(f"cumatrix: no cache at {root}")
     if images:
         import docker
 
@@ -132,18 +221,35 @@ def cmd_clean(*, images: bool, cache: bool, dry_run: bool) -> int:
             client = docker.from_env(timeout=60)
             client.ping()
         except Exception as e:  # no daemon: nothing of ours can be there to remove
-            raise DaemonUnavailable(f"--images: no Docker daemon answers ({e}); start one, or run `cumatrix clean --cache`") from e
+            raise DaemonUnavailable(f"--images: no Docker daemon answers ({e}); start one, or run "
+                                    "`cumatrix clean` for the cache alone") from e
         try:
-            done = clean_images(client, dry_run=dry_run)
+            go, kept = planned_images(client)
+            stages = remove_build_stages(client, dry_run=True)
+            for k in kept:
+                print(f"cumatrix: keeping {k}")
+            if not go and not stages:
+                print("cumatrix: no cumatrix images to remove")
+            else:
+                for img in go:
+                    print(f"  image {_image_name(img)}")
+                if stages:
+                    print(f"  {len(stages)} untagged build stage{'s' if len(stages) != 1 else ''}")
+                if dry_run:
+                    for img in go:
+                        print(f"cumatrix: would remove image {_image_name(img)}")
+                elif _confirm(len(go) + len(stages), yes):
+                    done = clean_images(client, go)
+                    for i in done.images:
+                        print(f"cumatrix: removed image {i}")
+                    kept = done.kept
+                else:
+                    print("cumatrix: nothing removed")
+                    kept = []
         finally:
             client.close()
-        for c in done.containers:
-            print(f"cumatrix: {verb} container {c}")
-        for i in done.images:
-            print(f"cumatrix: {verb} image {i}")
-        if not done.containers and not done.images:
-            print("cumatrix: no cumatrix images or containers")
-        kept = done.kept
-    for k in kept:
-        print(f"cumatrix: kept {k}")
+        for k in kept:
+            if not k.startswith("image ") or ": used by container" not in k:
+                print(f"cumatrix: kept {k}")
+        kept = [k for k in kept if ": used by container" not in k]
     return 1 if kept else 0

@@ -1,7 +1,8 @@
 """The ``cumatrix`` command.
 
 Exit codes: 0 every cell met its expectation; 1 some cell did not; 2 bad usage or bad
-input (a message naming file:line:col where there is one, never a traceback).
+input (a message naming file:line:col where there is one, never a traceback); 3 the run cannot
+happen here; 5 nothing ran (no cell selected, every cell skipped; ``--allow-empty``: 0).
 """
 
 from __future__ import annotations
@@ -27,6 +28,11 @@ examples:
   cumatrix run -k 'cu12.9 and probe'        # select cells by id, as pytest -k
   cumatrix run --resume --out out           # finish a run that was interrupted
   cumatrix run --wheel-dir wheels/          # offline: runtime wheels from a directory
+  cumatrix run --lf                         # only the cells that failed last time in --out
+  cumatrix run --json > results.json        # the results document on stdout
+
+exit: 0 every cell met its expectation; 1 some did not; 2 bad input; 3 cannot run here;
+5 no cell ran (none selected, or all skipped: nothing was tested); --allow-empty makes 5 a 0.
 
 outcome words: ok (path batch|fallback|kernel|n/a), cuda-error:N, undefined-symbol:SYM,
 build-error, crash:SIGNAME, exit:N, timeout, cannot-emulate, refused, skipped:REASON,
@@ -44,6 +50,8 @@ EPILOGS = {
 examples:
   cumatrix validate matrix.yaml          # every problem as file:line:col, exit 2
   cumatrix validate matrix.yaml --list   # and every cell id, for -k
+  cumatrix validate matrix.yaml --check-wheels   # and every runtime wheel exists on the index
+  cumatrix validate matrix.yaml --json   # one JSON document: ok, cells, problems
 """,
     "plan": """\
 examples:
@@ -82,9 +90,10 @@ examples:
 """,
     "clean": """\
 examples:
-  cumatrix clean                     # images, build stages and the cache
-  cumatrix clean --images            # only cumatrix's images and stopped containers
-  cumatrix clean --cache --dry-run   # say what would go
+  cumatrix clean                     # the cache and dead runs' temporary directories
+  cumatrix clean --images            # cumatrix's images no container uses (asks first)
+  cumatrix clean --images --yes      # the same without asking (CI)
+  cumatrix clean --dry-run           # say what would go
 """,
 }
 
@@ -147,6 +156,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         from cumatrix.load.keyword import KeywordExpression
 
         KeywordExpression.compile(args.keyword)  # a malformed -k is bad input (exit 2) before anything runs
+    if args.last_failed and args.failed_first:
+        raise UsageError("--lf and --ff exclude each other: --lf runs only the cells that failed last time, "
+                         "--ff runs them first and then the rest")
     m = _matrix.load(mpath)
     if args.host is not None and m.hosts:
         from cumatrix.front.plan import planned_cells
@@ -160,34 +172,93 @@ def cmd_run(args: argparse.Namespace) -> int:
     from cumatrix.front.history_cli import check_history
 
     check_history(args)  # a bad --history is exit 2 before anything is written
+    out = Path(args.out)
+    failed_before = _previously_failed(out, args) if (args.last_failed or args.failed_first) else None
     _preflight(args, m, mpath)
+    import contextlib
+    import tempfile
+
     import pytest
 
-    out = Path(args.out)
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # xdist's workers inherit it
-    code = int(pytest.main(_pytest_args(args, mpath, out)))
+    with contextlib.ExitStack() as stack:
+        extra: list[str] = []
+        if failed_before:
+            # The ids travel to the plugin (and xdist's workers) in a file removed when the run ends.
+            from cumatrix.core.cache import temp_prefix
+
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=temp_prefix("lf"))))
+            (tmp / "ids").write_text("".join(f"{cid}\n" for cid in sorted(failed_before)), encoding="utf-8")
+            extra = ["--cumatrix-only" if args.last_failed else "--cumatrix-first", str(tmp / "ids")]
+        if args.json:  # stdout carries the JSON document alone: pytest's lines go to stderr
+            stack.enter_context(contextlib.redirect_stdout(sys.stderr))
+        code = int(pytest.main([*_pytest_args(args, mpath, out), *extra]))
     from cumatrix.load import gcpause
 
     gcpause.end()  # the run's items (frozen as its loop started) are garbage now, for _write_reports
-    if code == 5 and not args.resume:  # no cell selected: a usage error (exit 2), no reports of nothing
+    run = None
+    if code == 5 and not args.resume:  # no cell selected: no reports of nothing
         from cumatrix.front.plugin import PENDING_REPORTS
 
         PENDING_REPORTS.pop("out", None)
     else:
-        _write_reports(args)
-    return _exit_status(code, args, mpath, out)
+        run = _write_reports(args)
+    status = _exit_status(code, args, mpath, out, run)
+    if args.json:
+        _print_run_json(out, run)
+    return status
 
 
-def _write_reports(args: argparse.Namespace) -> None:
+def _previously_failed(out: Path, args: argparse.Namespace) -> set[str] | None:
+    """The cells the previous run in ``out`` failed (``--lf``/``--ff``); ``None`` (run every
+    cell, as pytest's ``--lf`` does) when there is no previous run or none failed."""
+    from cumatrix.report import load_records
+
+    flag = "--lf" if args.last_failed else "--ff"
+    if not (out / "results.jsonl").is_file():
+        print(f"cumatrix: {flag}: no previous run in {out}/; running every selected cell", file=sys.stderr)
+        return None
+    try:
+        prev = load_records(out / "results.jsonl")
+    except CumatrixError as e:
+        raise UsageError(f"{flag}: the previous results in {out}/ cannot be read ({e}); run without {flag}") from e
+    failed = {c.id for c in prev.cells if c.status == "fail"}
+    if not failed:
+        print(f"cumatrix: {flag}: no cell failed in the previous run in {out}/; running every selected cell",
+              file=sys.stderr)
+        return None
+    print(f"cumatrix: {flag}: {len(failed)} cell(s) failed in the previous run"
+          + (", running only those" if args.last_failed else ", running them first"), file=sys.stderr)
+    return failed
+
+
+def _print_run_json(out: Path, run: Any) -> None:
+    """``run --json``: results.json as written (the same document), or, when no cell was
+    selected and no report written, the document of an empty run (docs/json-output.md)."""
+    doc = out / "results.json"
+    if run is not None and doc.is_file():
+        sys.stdout.write(doc.read_text(encoding="utf-8"))
+    else:
+        from cumatrix.report.jsonout import dumps
+        from cumatrix.results.records import SCHEMA_VERSION
+
+        sys.stdout.write(dumps({"schema": SCHEMA_VERSION, "generator": f"cumatrix {__version__}", "verdict": "EMPTY",
+                                "counts": {"total": 0, "pass": 0, "fail": 0, "skip": 0, "not_run": 0},
+                                "cells": []}))
+    sys.stdout.flush()
+
+
+def _write_reports(args: argparse.Namespace) -> Any:
     """The reports, written once pytest has returned: its items and reports (a few KB a
-    cell) are freed first, so a run's memory peaks at the larger of the two, not their sum."""
+    cell) are freed first, so a run's memory peaks at the larger of the two, not their sum.
+    Returns the run read back (``None`` when there was nothing to report)."""
     import gc
 
     from cumatrix.front.plugin import PENDING_REPORTS
 
     out = PENDING_REPORTS.pop("out", None)
     if out is None:
-        return
+        return None
     gc.collect()
     from cumatrix.report import load_records, write_all
     from cumatrix.report.markdown import headline
@@ -199,8 +270,9 @@ def _write_reports(args: argparse.Namespace) -> None:
         write_all(record(args, run, kind="run"), out)
     except CumatrixError as e:
         print(f"cumatrix: reports not written: {e}", file=sys.stderr)
-        return
-    print(headline(run), flush=True)
+        return None
+    print(headline(run), file=sys.stderr if args.json else sys.stdout, flush=True)
+    return run
 
 
 def _preflight(args: argparse.Namespace, m: Any, mpath: Path) -> None:
@@ -223,7 +295,11 @@ def _preflight(args: argparse.Namespace, m: Any, mpath: Path) -> None:
         return
     from cumatrix.orchestrate import Orchestrator
 
-    orch = Orchestrator(matrix=m, wheel_dir=Path(args.wheel_dir) if args.wheel_dir else None)
+    with Orchestrator(matrix=m, wheel_dir=Path(args.wheel_dir) if args.wheel_dir else None) as orch:
+        _preflight_local(args, m, mpath, orch)
+
+
+def _preflight_local(args: argparse.Namespace, m: Any, mpath: Path, orch: Any) -> None:
     real = orch.host().driver_version
     for d in m.drivers:
         if d.emulated is not None and real is not None and int(d.emulated) > real:
@@ -278,7 +354,10 @@ def _pytest_args(args: argparse.Namespace, mpath: Path, out: Path) -> list[str]:
     return pargs
 
 
-def _exit_status(code: int, args: argparse.Namespace, mpath: Path, out: Path) -> int:
+def _exit_status(code: int, args: argparse.Namespace, mpath: Path, out: Path, run: Any = None) -> int:
+    from cumatrix.core.errors import EXIT_NOTHING_RAN
+
+    empty_hint = "exit 5: nothing was tested; --allow-empty makes it 0"
     if code == 5:  # no tests ran
         if args.resume:
             from cumatrix.report import load_records
@@ -287,9 +366,17 @@ def _exit_status(code: int, args: argparse.Namespace, mpath: Path, out: Path) ->
             print("cumatrix: every selected cell already has a result; nothing left to run"
                   + (f" ({failed} of them did not meet expectations)" if failed else ""), file=sys.stderr)
             return 1 if failed else 0
-        raise UsageError(f"no cell of {mpath} matches -k {args.keyword!r}" if args.keyword else f"{mpath}: no cells to run")
+        what = (f"no cell of {mpath} matches -k {args.keyword!r}" if args.keyword else f"{mpath}: no cells to run")
+        print(f"cumatrix: EMPTY — {what}; nothing ran" + ("" if args.allow_empty else f"; {empty_hint}"),
+              file=sys.stderr)
+        return 0 if args.allow_empty else EXIT_NOTHING_RAN
     if code in (0, 1):
         print(f"cumatrix: results in {out}/ (results.json, junit.xml, summary.md, index.html)", file=sys.stderr)
+        if code == 0 and run is not None and run.verdict == "SKIPPED" and not args.allow_empty:
+            # Every cell skipped (a GPU runner whose driver vanished): nothing was tested, which
+            # CI must be able to tell from a pass.
+            print(f"cumatrix: no cell ran, every one was skipped: {empty_hint}", file=sys.stderr)
+            return EXIT_NOTHING_RAN
         return code
     if code == 2:
         print(f"cumatrix: interrupted; finished cells are kept in {out}/results.jsonl (resume with --resume)", file=sys.stderr)
@@ -320,6 +407,14 @@ def add_run(sub: Any) -> None:
     p.add_argument("--require-gpu", action="store_true",
                    help="a cell skipped for want of a GPU fails (nightly jobs on GPU runners; also "
                         "CUMATRIX_REQUIRE_GPU=1)")
+    p.add_argument("--lf", "--last-failed", dest="last_failed", action="store_true",
+                   help="run only the cells that failed in the previous run in --out (all when none did)")
+    p.add_argument("--ff", "--failed-first", dest="failed_first", action="store_true",
+                   help="run the cells that failed in the previous run in --out first, then the rest")
+    p.add_argument("--allow-empty", action="store_true",
+                   help="exit 0, not 5, when no cell ran (none selected, or every one skipped)")
+    p.add_argument("--json", action="store_true",
+                   help="print results.json on stdout (pytest's lines go to stderr); see docs/json-output.md")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per cell from pytest too")
     p.add_argument("-q", "--quiet", action="store_true", help="only failures and the final line")
     from cumatrix.front.history_cli import add_history_options
@@ -337,17 +432,54 @@ def add_run(sub: Any) -> None:
 def cmd_validate(args: argparse.Namespace) -> int:
     from cumatrix.load import matrix as _matrix
 
-    m = _matrix.load(_matrix_arg(args.matrix))
+    path = _matrix_arg(args.matrix)
+    wheel_dir = Path(args.wheel_dir) if args.wheel_dir else None
+    if wheel_dir is not None and not wheel_dir.is_dir():
+        raise UsageError(f"--wheel-dir {args.wheel_dir}: no such directory")
+    try:
+        m = _matrix.load(path)
+        if args.check_wheels:
+            from cumatrix.front.checkwheels import check_wheels
+
+            problems = check_wheels(m, wheel_dir=wheel_dir)
+            if problems:
+                raise ConfigError(problems)
+    except ConfigError as e:
+        if not args.json:
+            raise
+        found: list[dict[str, object]] = [{"file": p.file, "line": p.line, "col": p.col, "message": p.message}
+                                          for p in e.problems]
+        if not found:  # an error without a place (a whole-file problem)
+            found = [{"file": str(path), "line": None, "col": None, "message": str(e)}]
+        _print_json({"schema": "cumatrix-validate/1", "file": str(path), "ok": False, "problems": found})
+        return 2
     cells = _matrix.cells(m)
     kinds: dict[str, int] = {}
     for c in cells:
         kinds[c.kind] = kinds.get(c.kind, 0) + 1
+    if args.json:
+        doc: dict[str, object] = {"schema": "cumatrix-validate/1", "file": m.path, "ok": True, "problems": [],
+                                  "cells": len(cells), "kinds": kinds, "runtimes": [r.name for r in m.runtimes],
+                                  "drivers": [d.name for d in m.drivers], "wheels_checked": bool(args.check_wheels)}
+        if args.list:
+            doc["cell_ids"] = [c.id for c in cells]
+        _print_json(doc)
+        return 0
     parts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
-    print(f"{m.path}: ok: {len(cells)} cells ({parts}) from {len(m.runtimes)} runtimes x {len(m.drivers)} drivers")
+    checked = "; every wheel requirement resolves" if args.check_wheels else ""
+    print(f"{m.path}: ok: {len(cells)} cells ({parts}) from {len(m.runtimes)} runtimes x {len(m.drivers)} drivers"
+          f"{checked}")
     if args.list:
         for c in cells:
             print(c.id)
     return 0
+
+
+def _print_json(doc: dict[str, object]) -> None:
+    from cumatrix.report.jsonout import dumps
+
+    sys.stdout.write(dumps(doc))
+    sys.stdout.flush()
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -485,7 +617,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 def cmd_clean(args: argparse.Namespace) -> int:
     from cumatrix.front.clean import cmd_clean as clean
 
-    return clean(images=args.images, cache=args.cache, dry_run=args.dry_run)
+    return clean(images=args.images, cache=args.cache, dry_run=args.dry_run, yes=args.yes)
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -501,6 +633,11 @@ def add_misc(sub: Any) -> None:
                        formatter_class=raw)
     p.add_argument("matrix", help="matrix file")
     p.add_argument("--list", action="store_true", help="print every cell id")
+    p.add_argument("--check-wheels", action="store_true",
+                   help="resolve every wheel requirement against the package index (or --wheel-dir): a version "
+                        "that does not exist is a problem at its place in the file")
+    p.add_argument("--wheel-dir", metavar="DIR", help="--check-wheels: look in DIR only (offline)")
+    p.add_argument("--json", action="store_true", help="one JSON document on stdout (docs/json-output.md)")
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("plan", help="spread a matrix over the hosts it names (CI strategy matrix)",
@@ -559,13 +696,16 @@ def add_misc(sub: Any) -> None:
     p.add_argument("--wheel-dir", metavar="DIR", help="runtime wheels are taken from DIR (default $CUMATRIX_WHEEL_DIR)")
     p.set_defaults(func=cmd_doctor)
 
-    p = sub.add_parser("clean", help="remove cumatrix's images, build stages, stopped containers and caches",
-                       description="Remove what cumatrix made: with --images, containers left by dead runs, runtime "
-                                   "and base images and their untagged build stages (found by their labels); with "
-                                   "--cache, the cache directory. Neither flag: both.",
+    p = sub.add_parser("clean", help="remove cumatrix's cache (and, with --images, its images)",
+                       description="Remove what cumatrix made: the cache directory and the temporary directories of "
+                                   "runs that are gone (default); with --images, runtime and base images and their "
+                                   "untagged build stages (found by their labels), never one a container uses, listed "
+                                   "first and removed after a yes (--yes, or an answer on a terminal; without either, "
+                                   "exit 2). --images --cache: both.",
                        epilog=EPILOGS["clean"], formatter_class=raw)
-    p.add_argument("--images", action="store_true", help="images and containers labelled cumatrix")
-    p.add_argument("--cache", action="store_true", help="the cache (wheels, unpacked runtimes, builds)")
+    p.add_argument("--images", action="store_true", help="images labelled cumatrix that no container uses")
+    p.add_argument("--cache", action="store_true", help="the cache (wheels, unpacked runtimes, builds); the default")
+    p.add_argument("-y", "--yes", action="store_true", help="remove the listed images without asking")
     p.add_argument("--dry-run", action="store_true", help="list what would go; remove nothing")
     p.set_defaults(func=cmd_clean)
 
@@ -578,6 +718,10 @@ def add_misc(sub: Any) -> None:
     p.add_argument("--family", choices=("driver", "runtime"), help="for loop: which API family (default runtime)")
     p.add_argument("--wheel-dir", metavar="DIR", help="take the runtime wheel from DIR")
     p.set_defaults(func=cmd_build)
+
+    from cumatrix.front.init import add_init_parser
+
+    add_init_parser(sub)
 
 
 def _slurm_options(p: argparse.ArgumentParser) -> None:

@@ -15,6 +15,7 @@ import csv
 import hashlib
 import importlib.util
 import io
+import json
 import os
 import re
 import shutil
@@ -470,8 +471,8 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path], static: 
                              timeout=args.timeout)
     if not cells:
         raise UsageError(f"{matrix.path}: no runtime x driver pairing to run the wheels on")
-    orch = Orchestrator(matrix=matrix, backend=backend, wheel_dir=wheel_dir,
-                        timeout=args.timeout or DEFAULT_TIMEOUT, base_image=args.base_image)
+    orch = first = Orchestrator(matrix=matrix, backend=backend, wheel_dir=wheel_dir,
+                                timeout=args.timeout or DEFAULT_TIMEOUT, base_image=args.base_image)
     try:
         # The daemon must answer before any cell runs (its facts join the host fingerprint).
         fingerprint = orch.host_fingerprint()
@@ -494,9 +495,13 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path], static: 
             store.close()
     finally:
         orch.close()
+        if first is not orch:  # the copy with hooks has its own provisioner; both hold temporary files
+            first.close()
     from cumatrix.front.history_cli import record
 
     write_all(record(args, load_records(out / JSONL), kind="gate"), out)
+    if isinstance(getattr(args, "gate_json", None), dict):
+        args.gate_json["dynamic_out"] = out
     for rec in failed:
         print(f"FAIL {rec.id}: {rec.mismatch}")
     print(f"dynamic stage: {'FAIL' if failed else 'pass'}: {len(failed)} of {len(cells)} cells "
@@ -714,6 +719,11 @@ def add_gate_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
                          "stage results.jsonl, results.json and index.html"))
     p.add_argument("--wheel-dir", type=Path, default=None, metavar="DIR",
                    help="directory of already-downloaded CUDA runtime wheels")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="print only the verdict lines, error findings and failed cells")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON document on stdout (static findings and the dynamic stage's "
+                        "results.json; docs/json-output.md); the usual lines go to stderr")
     from cumatrix.execute import sandbox
     from cumatrix.front.history_cli import add_history_options
 
@@ -763,17 +773,50 @@ def _write_outputs(out: Path, audits: Sequence[WheelAudit], record: dict[str, ob
 
 
 def gate_main(args: argparse.Namespace) -> int:
-    """Run ``cumatrix gate``; returns the exit status (0 pass, 1 error finding, 2 bad input)."""
+    """Run ``cumatrix gate``; returns the exit status (0 pass, 1 error finding, 2 bad input).
+
+    ``-q``: only the verdict lines and failures; ``--json``: one JSON document on stdout
+    (docs/json-output.md), every other line on stderr."""
+    import contextlib
+    import io
+
+    quiet = bool(getattr(args, "quiet", False))
+    as_json = bool(getattr(args, "json", False))
+    collected: dict[str, object] = {}
+    args.gate_json = collected
+    buf = io.StringIO()
+    status: int
     from cumatrix.execute import sandbox
 
     previous = sandbox.set_default(None)
-    try:
-        return _gate(args)
-    except CumatrixError as e:
-        print(f"cumatrix gate: error: {e}", file=sys.stderr)
-        return e.exit_code
-    finally:
-        sandbox.set_default(previous)  # the gate's policy ends with the gate
+    with contextlib.ExitStack() as stack:
+        stack.callback(sandbox.set_default, previous)  # the gate's policy ends with the gate
+        if as_json:
+            stack.enter_context(contextlib.redirect_stdout(sys.stderr))
+        elif quiet:
+            stack.enter_context(contextlib.redirect_stdout(buf))
+        try:
+            status = _gate(args)
+        except CumatrixError as e:
+            print(f"cumatrix gate: error: {e}", file=sys.stderr)
+            status = e.exit_code
+    if quiet and not as_json:
+        # The lines a reader of a quiet gate needs: findings that fail, FAIL cells, the verdicts.
+        keep = ("static audit:", "ERROR", "FAIL", "dynamic stage: pass", "dynamic stage: FAIL")
+        for line in buf.getvalue().splitlines():
+            if line.lstrip().startswith(keep):
+                print(line)
+    if as_json:
+        from cumatrix.report.jsonout import dumps
+
+        doc: dict[str, object] = {"schema": "cumatrix-gate/1", "exit_code": status,
+                                  "verdict": {0: "PASS", 1: "FAIL"}.get(status, "ERROR"),
+                                  "static": collected.get("static"), "dynamic": None}
+        out = collected.get("dynamic_out")
+        if isinstance(out, Path) and (out / "results.json").is_file():
+            doc["dynamic"] = json.loads((out / "results.json").read_text(encoding="utf-8"))
+        sys.stdout.write(dumps(doc))
+    return status
 
 
 def _gate(args: argparse.Namespace) -> int:
@@ -816,6 +859,8 @@ def _gate(args: argparse.Namespace) -> int:
     print(format_findings(audits, verbose=getattr(args, "verbose", False)), end="")
     status = 1 if any(a.errors for a in audits) else 0
     record = findings_record(audits, settings=settings, sources=data.sources)
+    if isinstance(getattr(args, "gate_json", None), dict):
+        args.gate_json["static"] = record
     if args.static_only:
         if args.out is not None:
             _write_outputs(args.out, audits, record, getattr(args, "verbose", False))

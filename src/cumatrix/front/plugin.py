@@ -75,6 +75,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--cumatrix-keyword", metavar="EXPR", default=None,
                 help="only cells whose id matches EXPR (-k's syntax, matched by this plugin alone: "
                      "pytest's -k builds every item's keywords, a second per 10,000 cells)")
+    g.addoption("--cumatrix-only", metavar="FILE", default=None,
+                help="only the cells whose ids FILE lists, one a line (cumatrix run --lf)")
+    g.addoption("--cumatrix-first", metavar="FILE", default=None,
+                help="run the cells whose ids FILE lists first, then the rest (cumatrix run --ff)")
     g.addoption("--cumatrix-reports-after", action="store_true", default=False,
                 help="leave the reports to the caller (cumatrix run writes them once pytest has "
                      "freed the run's memory; see plugin.PENDING_REPORTS)")
@@ -342,9 +346,28 @@ def _host_share(config: pytest.Config, path: Path) -> frozenset[str] | None:
     return frozenset(ids) if ids is not None else None
 
 
+def _id_file(config: pytest.Config, option: str) -> frozenset[str] | None:
+    """The cell ids listed in the file an option names (``--cumatrix-only``/``--cumatrix-first``)."""
+    name = config.getoption(option)
+    if not name:
+        return None
+    return frozenset(ln.strip() for ln in Path(name).read_text(encoding="utf-8").splitlines() if ln.strip())
+
+
 def _select_cells(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """-k of cumatrix run (--cumatrix-keyword), --host of a plan, and --resume: the cells this
-    process runs."""
+    """-k of cumatrix run (--cumatrix-keyword), --host of a plan, --lf/--ff and --resume: the
+    cells this process runs, in the order it runs them."""
+    only = _id_file(config, "cumatrix_only")
+    if only is not None:
+        chosen = [it for it in items if not isinstance(it, CellItem) or it.cell.id in only]
+        if len(chosen) < len(items):
+            kept = {id(it) for it in chosen}
+            config.hook.pytest_deselected(items=[it for it in items if id(it) not in kept])
+            items[:] = chosen
+    first = _id_file(config, "cumatrix_first")
+    if first:
+        # A stable sort: the previously failed cells keep their matrix order, ahead of the rest.
+        items.sort(key=lambda it: not (isinstance(it, CellItem) and it.cell.id in first))
     expr = _keyword(config) if config.getoption("cumatrix_keyword") else None
     shares = {p: _host_share(config, p) for p in {it.path for it in items if isinstance(it, CellItem)}} \
         if config.getoption("cumatrix_host") else {}
@@ -391,6 +414,7 @@ def _selected(config: pytest.Config) -> list[tuple[Matrix, list[Cell]]]:
     out = []
     selected: list[tuple[str, str]] = []
     expr = _keyword(config)
+    only = _id_file(config, "cumatrix_only")
     for p in _matrix_args(config):
         try:
             m = _matrix.load(p)
@@ -404,7 +428,8 @@ def _selected(config: pytest.Config) -> list[tuple[Matrix, list[Cell]]]:
             plans[str(p)] = plans[m.path] = None
         share = _host_share(config, p)
         cells = [c for c in every if (expr is None or expr.matches(c.id, p.name))
-                 and (share is None or c.id in share)]
+                 and (share is None or c.id in share)
+                 and (only is None or c.id in only)]
         selected += [(c.id, _schedule.provision_key(c)) for c in cells]
         out.append((m, cells))
     config.stash[_SELECTED] = selected

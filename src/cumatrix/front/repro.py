@@ -26,6 +26,7 @@ from cumatrix.load.catalog import Bug, Catalog, load_catalog
 from cumatrix.core.errors import UsageError, did_you_mean
 from cumatrix.core.jobs import Job
 from cumatrix.core.model import NO_RUNTIME, Cell, CudaVersion, Matrix, is_neutral
+from cumatrix.execute.observe import ENFORCE_ENV, LOG_ENV
 from cumatrix.orchestrate import Orchestrator
 from cumatrix.provision.cell import PACKAGE_PARENT
 from cumatrix.core.record import CellRecord
@@ -39,8 +40,22 @@ GDB_TIMEOUT_EXTRA = 120.0
 
 
 def standalone_command(runner: Orchestrator, job: Job) -> str:
-    """One shell command that runs ``job`` as the harness does, without pytest."""
+    """One shell command that runs ``job`` as the harness does, without pytest.
+
+    It outlives the run, so it names none of the run's temporary files: the audit's log (in
+    the run's temporary directory, removed when the command ends) becomes ``/dev/null``, which
+    keeps the audit's enforcement of the cell's runtime; a container's audit goes entirely
+    (its library was copied into that directory)."""
     env = dict(job.env)
+    log = env.get(LOG_ENV)
+    mounts = [m for m in job.mounts if m != log]
+    if runner.backend == "docker":
+        audit_lib = env.pop("LD_AUDIT", None)
+        env.pop(LOG_ENV, None)
+        env.pop(ENFORCE_ENV, None)
+        mounts = [m for m in mounts if m != audit_lib]
+    elif log is not None:
+        env[LOG_ENV] = os.devnull
     if runner.backend == "docker":
         own = list(job.lib_path)
         if own:
@@ -50,7 +65,7 @@ def standalone_command(runner: Orchestrator, job: Job) -> str:
         parts = ["docker", "run", "--rm", "--init", "--network", "none"]
         if runner.host().driver_version is not None:
             parts += ["--gpus", "all"]
-        for m in dict.fromkeys([PACKAGE_PARENT, *job.mounts]):
+        for m in dict.fromkeys([PACKAGE_PARENT, *mounts]):
             parts += ["-v", f"{m}:{m}:ro"]
         for k, v in env.items():
             parts += ["-e", f"{k}={v}"]
@@ -384,12 +399,18 @@ def _write(out: Path, name: str, text: str) -> Path:
     return p
 
 
+#: The orchestrators this command opened, closed (their temporary files removed) when it ends.
+_OPENED: list[Orchestrator] = []
+
+
 def _runner(args: argparse.Namespace, m: Matrix) -> Orchestrator:
     """The orchestrator of a repro: its swap children list the libraries they mapped."""
     wd = Path(args.wheel_dir) if args.wheel_dir else None
     if wd is not None and not wd.is_dir():
         raise UsageError(f"--wheel-dir {args.wheel_dir}: no such directory")
-    return Orchestrator(matrix=m, backend=args.backend, wheel_dir=wd, child_env=((MAPS_ENV, "1"),))
+    orch = Orchestrator(matrix=m, backend=args.backend, wheel_dir=wd, child_env=((MAPS_ENV, "1"),))
+    _OPENED.append(orch)
+    return orch
 
 
 def repro_cell(args: argparse.Namespace) -> int:
@@ -446,7 +467,8 @@ def _build_only(runner: Orchestrator, bug: Bug) -> tuple[bool, str, dict[str, st
 
 
 def repro_bug(args: argparse.Namespace, bug: Bug) -> int:
-    """Run one catalog entry; write ``<out>/<id>.md``; 0 reproduced, 1 not, 2 cannot run here."""
+    """Run one catalog entry; write ``<out>/<id>.md``; 0 reproduced, 1 not, 3 cannot run here
+    (the report is then a skeleton holding the command to run on a host that can)."""
     m = bug.matrix()
     runner = _runner(args, m)
     host = runner.host()
@@ -460,12 +482,10 @@ def repro_bug(args: argparse.Namespace, bug: Bug) -> int:
             p = _write(out, _report_name(bug.id), bug_report(runner, bug, None, None, verdict, why, note, logs))
             print(f"{bug.id}: {verdict} ({why}; build step only: no GPU here)\nreport: {p}")
             return 0 if ok else 1
-        print(f"cumatrix: {bug.id} {NO_GPU}", file=sys.stderr)
-        return 2
+        return _cannot_run_here(args, runner, bug, NO_GPU)
     if bug.needs.driver_min is not None and host.driver_version < int(bug.needs.driver_min):
-        print(f"cumatrix: {bug.id} needs a driver for CUDA {bug.needs.driver_min} or newer; this host's driver is "
-              f"CUDA {CudaVersion.from_int(host.driver_version)}", file=sys.stderr)
-        return 2
+        return _cannot_run_here(args, runner, bug, f"needs a driver for CUDA {bug.needs.driver_min} or newer; this "
+                                f"host's driver is CUDA {CudaVersion.from_int(host.driver_version)}")
     bad = run_one(runner, bug.bad.cell())
     good = run_one(runner, bug.good.cell())
     bad_ok = bug.bad.shows(bad.outcome, bad.path, bad.detail)
@@ -476,6 +496,42 @@ def repro_bug(args: argparse.Namespace, bug: Bug) -> int:
     p = _write(out, _report_name(bug.id), bug_report(runner, bug, bad, good, verdict, why))
     print(f"{bug.id}: {verdict}: {why}\nreport: {p}")
     return 0 if bad_ok and good_ok else 1
+
+
+#: Exit code of ``repro --bug`` on a host that cannot run the entry (as ``run``'s 3: the run
+#: cannot happen here, said before anything ran).
+EXIT_CANNOT_RUN_HERE = 3
+
+
+def portable_command(args: argparse.Namespace, bug: Bug) -> str:
+    """The ``cumatrix repro`` command that runs ``bug`` on another host: only what travels
+    (a relative --out; an absolute one, a wheel directory or a temporary path would not)."""
+    parts = ["cumatrix", "repro", "--bug", bug.id]
+    if args.backend != "local":
+        parts += ["--backend", args.backend]
+    out = str(args.out)
+    parts += ["--out", out if not os.path.isabs(out) else DEFAULT_OUT]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def _cannot_run_here(args: argparse.Namespace, runner: Orchestrator, bug: Bug, why: str) -> int:
+    """Write the report's skeleton (what the entry needs, its cells, the command to run where it
+    can) and say so; exit :data:`EXIT_CANNOT_RUN_HERE`."""
+    command = portable_command(args, bug)
+    lines = [f"# {bug.id}: not run here", "", bug.title + ".", "",
+             f"**Not run on this host:** it {why}. Run the command below on a host that meets "
+             f"its needs ({bug.needs_text()}); it writes the full report in place of this one.", "",
+             "## Command to run on a host that can", "", *_fence(command, "sh"), "",
+             "## Upstream reference", "", *[f"- [{ref}]({ref.url})" for ref in bug.refs], "",
+             "## Cells", "", "| | cell | must show |", "|---|---|---|",
+             f"| bad | `{bug.bad.cell().id}` | {bug.bad.outcome}"
+             + (f" with '{bug.bad.detail_contains}'" if bug.bad.detail_contains else "") + " |",
+             f"| good | `{bug.good.cell().id}` | {bug.good.outcome} |", "",
+             "## Environment of this host", "", *_env_table(runner, []), ""]
+    p = _write(Path(args.out), _report_name(bug.id), "\n".join(lines))
+    print(f"cumatrix: {bug.id} {why}: not run here (exit {EXIT_CANNOT_RUN_HERE})", file=sys.stderr)
+    print(f"{bug.id}: not run here; on a host that can: {command}\nreport: {p}")
+    return EXIT_CANNOT_RUN_HERE
 
 
 def list_bugs(catalog: Catalog) -> int:
@@ -492,6 +548,14 @@ def list_bugs(catalog: Catalog) -> int:
 
 def cmd_repro(args: argparse.Namespace) -> int:
     """Handler of ``cumatrix repro``."""
+    try:
+        return _repro(args)
+    finally:
+        while _OPENED:
+            _OPENED.pop().close()
+
+
+def _repro(args: argparse.Namespace) -> int:
     modes = [bool(args.cell_id), bool(args.bug), args.list, args.all]
     if sum(modes) != 1:
         raise UsageError("give one of: a CELL_ID, --bug ID, --list, --all")
@@ -503,12 +567,17 @@ def cmd_repro(args: argparse.Namespace) -> int:
     if args.bug:
         return repro_bug(args, catalog.get(args.bug))
     codes = {b.id: repro_bug(args, b) for b in catalog.bugs}
-    ran = [c for c in codes.values() if c != 2]
-    summary = ", ".join(f"{k}: {('reproduced', 'not reproduced', 'not run here')[v]}" for k, v in codes.items())
-    print(f"catalog: {summary}")
-    if any(c == 1 for c in ran):
+    words = {0: "reproduced", 1: "not reproduced", EXIT_CANNOT_RUN_HERE: "not run here"}
+    print(f"catalog: {', '.join(f'{k}: {words[v]}' for k, v in codes.items())}")
+    missing = [k for k, v in codes.items() if v == EXIT_CANNOT_RUN_HERE]
+    if any(v == 1 for v in codes.values()):
         return 1
-    return 0 if ran else 2
+    if missing and not args.allow_missing:
+        # A nightly job that reproduced nothing because its GPU vanished must not read as a pass.
+        print(f"cumatrix: {len(missing)} of {len(codes)} entries could not run here ({', '.join(missing)}): exit 1; "
+              "--allow-missing accepts that", file=sys.stderr)
+        return 1
+    return 0
 
 
 def add_repro_parser(sub: Any) -> None:
@@ -521,13 +590,17 @@ def add_repro_parser(sub: Any) -> None:
         epilog="examples:\n  cumatrix repro cu12.9/host/driver-dispatch/h12.8/kv-16k-d2h\n"
                "  cumatrix repro --list\n  cumatrix repro --bug vllm-cuda13-build --out reports/repro\n"
                "  cumatrix repro --all --out reports/repro\n\n"
-               "exit: 0 reproduced / as predicted; 1 not reproduced / not as predicted; 2 bad input or cannot run here",
+               "exit: 0 reproduced / as predicted; 1 not reproduced / not as predicted (--all: or an entry could not\n"
+               "run here, unless --allow-missing); 2 bad input, or a cell that did not run here; 3 --bug: this host\n"
+               "cannot run the entry (the report is a skeleton with the command to run on a host that can)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("cell_id", nargs="?", metavar="CELL_ID", help="a cell id of the matrix")
     p.add_argument("--matrix", default="matrix.yaml", metavar="M", help="matrix file (default: matrix.yaml)")
     p.add_argument("--bug", metavar="ID", help="run a catalog entry (see --list)")
     p.add_argument("--list", action="store_true", help="print the catalog of known bugs")
     p.add_argument("--all", action="store_true", help="run every catalog entry, one report each")
+    p.add_argument("--allow-missing", action="store_true",
+                   help="--all: exit 0 even when some entries could not run on this host")
     p.add_argument("--backend", choices=("local", "docker"), default="local")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"reports go here (default: {DEFAULT_OUT}/)")
     p.add_argument("--wheel-dir", metavar="DIR", help="take runtime wheels from DIR; no network")

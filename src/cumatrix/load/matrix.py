@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from cumatrix.load import gcpause
 from cumatrix.load import requirements as _runtimes
 from cumatrix.core.errors import ConfigError, Problem, did_you_mean
+from cumatrix.core.suggest import outcome_hint, version_hint
 from cumatrix.core.model import (
     NO_RUNTIME,
     OUTCOME_RE,
@@ -214,7 +215,13 @@ def parse_driver(text: str) -> Driver:
         if v.major < 12:
             raise ValueError(f"{text}: emulation reads symbol versions from CUDA 12+ headers; use 12.0 or newer")
         return Driver(name=f"emulated-{v}", emulated=v)
-    raise ValueError(f"unknown driver {text!r}{did_you_mean(text, ['host', 'emulated-12.4'])}: want host or emulated-X.Y")
+    from cumatrix.core.suggest import driver_hint
+
+    versions = list(_runtimes.KNOWN_WHEELS)
+    tail = text.rpartition("-")[2]
+    if tail.replace(".", "", 1).isdigit() and "." in tail:
+        versions.insert(0, tail)  # a misspelt prefix keeps the version written (emulatd-12.7 -> emulated-12.7)
+    raise ValueError(f"unknown driver {text!r}{driver_hint(text, versions)}: want host or emulated-X.Y")
 
 
 def _drivers_section(ctx: _Ctx, data: list[str]) -> tuple[Driver, ...]:
@@ -365,8 +372,8 @@ def _expect_section(ctx: _Ctx, data: list[Mapping[str, Any]]) -> tuple[ExpectOve
         words = item["outcome"] if isinstance(item["outcome"], list) else [item["outcome"]]
         bad = [w for w in words if not OUTCOME_RE.match(w)]
         for w in bad:
-            ctx.err((*path, "outcome"), f"expect[{i}].outcome: {w!r} is not an outcome (ok, ok:batch, cuda-error:N, "
-                                        "crash:SIGSEGV, undefined-symbol:NAME, exit:N, timeout, ...)")
+            ctx.err((*path, "outcome"), f"expect[{i}].outcome: {w!r} is not an outcome{outcome_hint(w)} (ok, ok:batch, "
+                                        "cuda-error:N, crash:SIGSEGV, undefined-symbol:NAME, exit:N, timeout, ...)")
         if not bad:
             out.append(ExpectOverride(selector=sel, outcomes=frozenset(words),
                                       reason=item.get("reason") or f"matrix override {_sel_text(sel)}"))
@@ -486,8 +493,9 @@ def loads(text: str, filename: str = "<matrix>", *, sha256: str | None = None) -
     # run of `cumatrix validate` lists every problem of the file.
     broken = {p[0] for p in bad if p}
     built = {key: fn(ctx, data[key]) for key, fn in _SECTIONS if key in data and key not in broken}
+    if "runtimes" not in broken and not any(p.message.startswith("runtimes") for p in ctx.problems):
+        _check_builds(ctx, built)  # beside other sections' problems: one validate lists them all
     if not ctx.problems:
-        _check_builds(ctx, built)
         if built.get("variants") and not (built.get("builds") and built.get("workloads")):
             ctx.err(("variants",), "variants need `builds` (header versions) and `workloads` to make swap cells",
                     key=True)
@@ -542,7 +550,7 @@ def _check_builds(ctx: _Ctx, built: Mapping[str, Any]) -> None:
     for i, v in enumerate(built.get("builds", ())):
         if str(v) not in known:
             ctx.err(("builds", i), f"builds: no CUDA {v} headers: they come from a runtime wheel of that version; "
-                                   f"known: {', '.join(known)}{did_you_mean(str(v), known)} "
+                                   f"known: {', '.join(known)}{version_hint(str(v), known)} "
                                    "(or add a runtime wheel of that version to `runtimes`)")
 
 

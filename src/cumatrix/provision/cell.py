@@ -11,12 +11,10 @@ What it provisions is cached on disk by content, so pytest-xdist workers share i
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
 import shutil
-import stat
 import sys
 import tempfile
 import uuid
@@ -24,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cumatrix.core.cache import default_table
+from cumatrix.core.cache import default_table, temp_prefix
 from cumatrix.execute import observe, provenance
 from cumatrix.provision import runtimes as _runtimes
 from cumatrix.core.errors import CumatrixError
@@ -82,6 +80,12 @@ class Provisioner:
     _resolved: dict[str, _runtimes.ResolvedRuntime | CumatrixError] = field(default_factory=dict)
     _interposers: dict[str, str] = field(default_factory=dict)
     _audit_dir: str | None = None
+
+    def close(self) -> None:
+        """Remove the run's temporary directory (audit logs, the containers' audit library)."""
+        if self._audit_dir is not None:
+            shutil.rmtree(self._audit_dir, ignore_errors=True)
+            self._audit_dir = None
 
     # ----------------------------------------------------------------- runtimes
 
@@ -231,7 +235,8 @@ class Provisioner:
         cell_rt = self._cell_runtime(cell)
         mode = self.runtime_mode(cell)
         if self._audit_dir is None:
-            self._audit_dir = tempfile.mkdtemp(prefix="cumatrix-audit-")
+            # Removed by close(); `cumatrix clean` removes one a killed run left behind.
+            self._audit_dir = tempfile.mkdtemp(prefix=temp_prefix("audit"))
         try:
             library = self._container_audit_library() if self.settings.backend == "docker" else None
             plan = observe.audit_plan(Path(self._audit_dir) / f"{uuid.uuid4().hex}.log", library=library,
@@ -261,17 +266,17 @@ class Provisioner:
         """The audit library where a container's non-root user can reach it: the cache is often
         under ``/root``, whose 0700 mode in the image hides everything mounted below it."""
         built = observe.build_audit_library()
-        shared = Path(tempfile.gettempdir()) / f"cumatrix-audit-lib-{os.geteuid()}-{built.parent.name}"
-        with contextlib.suppress(FileExistsError):
-            shared.mkdir(mode=0o755)
-        st = os.lstat(shared)
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
-            # Another user made that name first (in a shared /tmp): a library of theirs would be
-            # loaded into every container.  One of our own, under a name no one can guess.
-            shared = Path(tempfile.mkdtemp(prefix="cumatrix-audit-lib-"))
-            shared.chmod(0o755)
+        if self._audit_dir is None:
+            self._audit_dir = tempfile.mkdtemp(prefix=temp_prefix("audit"))
+        # The run's own temporary directory (removed by close()), opened for traversal only: made
+        # by mkdtemp, its name is unguessable and it is ours, so no other user of a shared /tmp
+        # can have put a library of theirs where every container would load it.
+        os.chmod(self._audit_dir, 0o711)
+        shared = Path(self._audit_dir) / f"lib-{built.parent.name}"
         target = shared / built.name
         if not target.is_file():
+            shared.mkdir(mode=0o755, exist_ok=True)
+            shared.chmod(0o755)  # whatever the umask
             tmp = shared / f".{built.name}.{os.getpid()}"
             with open(replace_new(tmp, 0o755), "wb") as dst, open(built, "rb") as src:
                 shutil.copyfileobj(src, dst)

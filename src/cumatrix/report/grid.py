@@ -29,6 +29,42 @@ LEGEND: dict[Category, str] = {
 }
 NO_HOST = "(no host)"
 
+#: What each outcome word means, for the reader of a report (shown for the words a run used).
+#: A cell's word is its observed outcome; ``ok`` of a swap cell names the copy path it took.
+GLOSSARY: dict[str, tuple[str, str]] = {
+    "ok": ("ok", "ran and succeeded (a command exited 0; the probe loaded the runtime)"),
+    "ok:batch": ("ok:batch", "the swap ran, using the runtime's batch copy (cudaMemcpyBatchAsync)"),
+    "ok:fallback": ("ok:fallback", "the swap ran, falling back to one copy per block"),
+    "ok:kernel": ("ok:kernel", "the swap ran, using a copy kernel"),
+    "exit": ("exit:N", "the command exited with status N"),
+    "crash": ("crash:SIG", "the process was killed by signal SIG"),
+    "cuda-error": ("cuda-error:N", "a CUDA call returned error N"),
+    "undefined-symbol": ("undefined-symbol:SYM", "the loader could not resolve SYM"),
+    "build-error": ("build-error", "the variant did not compile against these headers"),
+    "timeout": ("timeout", "killed after its time limit"),
+    "cannot-emulate": ("cannot-emulate", "this host's driver cannot stand in for the emulated one"),
+    "refused": ("refused", "the container toolkit refused the image"),
+    "skipped": ("skipped:REASON", "not run here, for REASON (no-cuda-driver: this host has no NVIDIA driver)"),
+    "runtime-leak": ("runtime-leak:PATH", "the process used the CUDA runtime at PATH, from outside both the program "
+                                          "and the cell"),
+    "harness-error": ("harness-error", "cumatrix itself failed on this cell"),
+    "not run": ("not run", "in the matrix, but no result was recorded"),
+}
+
+
+def readable(label: str) -> str:
+    """The word a report shows for an outcome label: ``ok`` for a cell whose path does not
+    apply (``ok:n/a``: commands and probes); every other label as recorded."""
+    return "ok" if label == "ok:n/a" else label
+
+
+def glossary(labels: list[str]) -> list[tuple[str, str]]:
+    """``(word, meaning)`` for each outcome word among ``labels``, in the glossary's order."""
+    used = set()
+    for label in labels:
+        used.add(label if label in GLOSSARY else label.split(":", 1)[0])
+    return [shown for w, shown in GLOSSARY.items() if w in used]
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Entry:
@@ -74,6 +110,19 @@ class Grid:
     def all_as_expected(self) -> bool:
         return all(e.category in ("ok", "expected") for e in self.cells.values())
 
+    @property
+    def all_skipped(self) -> bool:
+        """Every cell a neutral skip: nothing in it was tested (folded in the reports)."""
+        return bool(self.cells) and all(e.category == "skip" for e in self.cells.values())
+
+    def skip_reasons(self) -> str:
+        """``"12 skipped:no-cuda-driver"``: the skips' words with their counts."""
+        n: dict[str, int] = {}
+        for e in self.cells.values():
+            if e.category == "skip":
+                n[e.label] = n.get(e.label, 0) + 1
+        return ", ".join(f"{k} {w}" for w, k in sorted(n.items(), key=lambda kv: (-kv[1], kv[0])))
+
 
 def entries(run: RunData) -> list[Entry]:
     """Every cell of the run, recorded ones first, then those not run."""
@@ -86,7 +135,7 @@ def entries(run: RunData) -> list[Entry]:
                 host=cell.host if run.merged else None,
                 axes=cell.axes,
                 category=cell.category,
-                label=cell.outcome_label,
+                label=readable(cell.outcome_label),
                 cell=cell,
             )
         )

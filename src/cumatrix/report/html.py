@@ -20,6 +20,7 @@ import base64
 import hashlib
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -27,7 +28,7 @@ from pathlib import Path
 import jinja2
 from markupsafe import Markup
 
-from cumatrix.report.grid import LEGEND, Entry, Grid, entries, grids, timed
+from cumatrix.report.grid import LEGEND, Entry, Grid, entries, glossary, grids, timed
 from cumatrix.report.markdown import headline
 from cumatrix.results.records import CATEGORIES, CellResult, RunData, Timings
 from cumatrix.report.text import clean
@@ -111,17 +112,107 @@ def _detail(cell: CellResult, s: _Strings) -> dict[str, object]:
     return out
 
 
+#: The width (CSS px) a grid's table may take and still show whole at a 1400 px window (the
+#: page's margins, the block's padding and a scroll bar take the rest).
+GRID_BUDGET_PX = 1240
+#: What the page's monospace label costs a character at 11.5 px, and a cell's glyph, gaps,
+#: padding and border spacing around it: estimates on the generous side (the layout only
+#: chooses an orientation and an order with them); tests/integration/test_report_layout_browser.py
+#: checks the result in headless Chromium at 1400 px.
+_CHAR_PX = 7.2
+_CELL_PAD_PX = 40
+_MIN_CELL_PX = 84
+
+
+def _head_px(text: str) -> float:
+    name, _, build = text.partition(" h")
+    return max(len(name), len(build) + 8) * 7.0 + 16
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Layout:
+    """How the page draws one grid: which way round, which lines are folded, in what order.
+
+    ``transposed``: the grid's columns (cases, variants) run down the page and the runtimes
+    across, chosen when that is narrower (a matrix of 50 cases and 3 runtimes).  ``folded_*``:
+    the lines of the drawn grid whose every cell is a neutral skip, hidden until asked for.
+    ``col_order``: the drawn columns, those holding a mismatch or a predicted failure first when
+    the grid is still wider than :data:`GRID_BUDGET_PX`, so the cells that matter are in view.
+    """
+
+    rows: tuple[str, ...]
+    cols: tuple[str, ...]
+    transposed: bool
+    folded_rows: tuple[int, ...]
+    folded_cols: tuple[int, ...]
+    col_order: tuple[int, ...]
+
+
+def layout(g: Grid) -> Layout:
+    """The :class:`Layout` of grid ``g`` (see there)."""
+    def lines(transposed: bool) -> tuple[tuple[str, ...], tuple[str, ...], dict[tuple[int, int], Entry]]:
+        rows, cols = (g.cols, g.rows) if transposed else (g.rows, g.cols)
+        ri = {r: n for n, r in enumerate(rows)}
+        ci = {c: n for n, c in enumerate(cols)}
+        at = {}
+        for (row, col), e in g.cells.items():
+            r, c = (col, row) if transposed else (row, col)
+            at[(ri[r], ci[c])] = e
+        return rows, cols, at
+
+    def folded(n: int, other: int, at: dict[tuple[int, int], Entry], by_row: bool) -> tuple[int, ...]:
+        if g.all_skipped:
+            return ()  # the whole grid is folded instead
+        out = []
+        for k in range(n):
+            es = [at[(k, j) if by_row else (j, k)] for j in range(other) if ((k, j) if by_row else (j, k)) in at]
+            if es and all(e.category == "skip" for e in es):
+                out.append(k)
+        return tuple(out)
+
+    def width(rows: tuple[str, ...], cols: tuple[str, ...], at: dict[tuple[int, int], Entry],
+              hidden: tuple[int, ...]) -> float:
+        total = max((_head_px(r) for r in rows), default=60.0)
+        for k, col in enumerate(cols):
+            if k in hidden:
+                continue
+            labels = [at[(r, k)].label for r in range(len(rows)) if (r, k) in at]
+            total += max([_head_px(col), _MIN_CELL_PX, *(len(lb) * _CHAR_PX + _CELL_PAD_PX for lb in labels)]) + 3
+        return total
+
+    best: tuple[float, Layout] | None = None
+    for transposed in (False, True):
+        rows, cols, at = lines(transposed)
+        fr = folded(len(rows), len(cols), at, by_row=True)
+        fc = folded(len(cols), len(rows), at, by_row=False)
+        w = width(rows, cols, at, fc)
+        order = tuple(range(len(cols)))
+        if w > GRID_BUDGET_PX:
+            def matters(k: int) -> bool:
+                return any(at[(r, k)].category in ("fail", "expected") for r in range(len(rows)) if (r, k) in at)
+            order = tuple(sorted(order, key=lambda k: not matters(k)))  # stable: matrix order otherwise
+        lay = Layout(rows=rows, cols=cols, transposed=transposed, folded_rows=fr, folded_cols=fc, col_order=order)
+        if best is None or w < best[0] - 1e-6:
+            best = (w, lay)
+    assert best is not None
+    return best[1]
+
+
 def _page_data(run: RunData, items: list[Entry], gs: list[Grid]) -> tuple[dict[str, object], list[object]]:
     """(the index every grid is drawn from, the per-cell details) as JSON-ready values."""
     s = _Strings()
     where: dict[int, tuple[int, int, int]] = {}
     grid_json = []
     for gi, g in enumerate(gs):
-        rows = {r: n for n, r in enumerate(g.rows)}
-        cols = {c: n for n, c in enumerate(g.cols)}
+        lay = layout(g)
+        rows = {r: n for n, r in enumerate(lay.rows)}
+        cols = {c: n for n, c in enumerate(lay.cols)}
         for (row, col), e in g.cells.items():
-            where[e.index] = (gi, rows[row], cols[col])
-        grid_json.append({"title": g.title, "driver": g.driver, "rows": list(g.rows), "cols": list(g.cols),
+            line, across = (col, row) if lay.transposed else (row, col)
+            where[e.index] = (gi, rows[line], cols[across])
+        grid_json.append({"title": g.title, "driver": g.driver, "rows": list(lay.rows), "cols": list(lay.cols),
+                          "t": lay.transposed, "fr": list(lay.folded_rows), "fc": list(lay.folded_cols),
+                          "co": list(lay.col_order), "skip": g.all_skipped,
                           "n": {cat: g.count(cat) for cat in CATEGORIES if g.count(cat)}})
     cells: list[list[object]] = []
     details: list[object] = []
@@ -221,7 +312,9 @@ def to_html(run: RunData) -> str:
         stats=[(cat, per_cat[cat], NAMES[cat]) for cat in CATEGORIES if per_cat[cat] or cat in ("ok", "fail")],
         meta=_meta(run), warnings=list(run.warnings), failed=_failed(items), filters=_filters(run, items),
         legend=[(cat, GLYPHS[cat], LEGEND[cat]) for cat in CATEGORIES],
-        grids=[{"index": n, "title": g.title, "attention": g.count("fail") > 0,
+        words=glossary([e.label for e in items]),
+        grids=[{"index": n, "title": g.title, "attention": g.count("fail") > 0, "folded": g.all_skipped,
+                "skips": g.skip_reasons() if g.all_skipped else "",
                 "counts": [(cat, GLYPHS[cat], g.count(cat)) for cat in CATEGORIES if g.count(cat)],
                 "rows": len(g.rows)} for n, g in enumerate(gs)],
         charts=[str(ch["workload"]) for ch in data["charts"]],  # type: ignore[attr-defined]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from cumatrix.report.grid import readable
 from cumatrix.report.markdown import headline
 from cumatrix.results.records import CellResult, RunData, axes_from_id
 from cumatrix.report.text import clean
@@ -59,11 +60,11 @@ def _case(cell: CellResult) -> ET.Element:
         f = ET.SubElement(
             tc,
             "failure",
-            message=clean(cell.mismatch or f"observed {cell.outcome_label}"),
+            message=clean(cell.mismatch or f"observed {readable(cell.outcome_label)}"),
             type=clean(cell.observed.outcome),
         )
         body = [f"expected: {' | '.join(sorted(cell.expected.outcomes))} ({cell.expected.reason})"]
-        body.append(f"observed: {cell.outcome_label}" + (f" ({cell.observed.detail})" if cell.observed.detail else ""))
+        body.append(f"observed: {readable(cell.outcome_label)}" + (f" ({cell.observed.detail})" if cell.observed.detail else ""))
         if cell.stderr_tail:
             body += ["", "--- stderr (tail) ---", cell.stderr_tail]
         f.text = clean("\n".join(body))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from cumatrix.report.grid import LEGEND, SYMBOLS, Grid, grids, timed
+from cumatrix.report.grid import LEGEND, SYMBOLS, Grid, glossary, grids, readable, timed
 from cumatrix.results.records import CellResult, RunData
 from cumatrix.report.text import clean, md_code, md_fenced, md_inline, shorten
 
@@ -133,7 +133,7 @@ def _mismatches(run: RunData) -> list[str]:
     for n, cell in enumerate(failed[:_MAX_MISMATCHES_LISTED]):
         where = f" on {md_inline(cell.host)}" if run.merged and cell.host else ""
         out.append(
-            f"- {md_code(cell.id)}{where}: observed **{md_inline(cell.outcome_label)}**, "
+            f"- {md_code(cell.id)}{where}: observed **{md_inline(readable(cell.outcome_label))}**, "
             f"expected {_expected(cell)} — {md_inline(cell.mismatch or 'no reason recorded')}"
         )
         if cell.expected.reason:
@@ -175,10 +175,19 @@ def _grids(run: RunData) -> list[str]:
     out = ["### Outcomes by driver", ""]
     out.append("Legend: " + " · ".join(f"{SYMBOLS[k]} {v}" for k, v in LEGEND.items()) + ".")
     out.append("Rows are runtimes (`none`: driver-API cells that load no runtime); columns are variants with the headers they were built against, or cases.")
+    words = glossary([e.label for g in gs for e in g.cells.values()])
+    if words:
+        out.append("Outcome words: " + " · ".join(f"`{w}`: {md_inline(m)}" for w, m in words) + ".")
     out.append("")
     for g in gs:
         n = len(g.cells)
-        if g.all_as_expected:
+        if g.all_skipped:  # nothing in it was tested: folded, as the gate's summary folds its passes
+            out.append(f"<details><summary>{html.escape(g.title)}: {n} cells, all skipped "
+                       f"({html.escape(g.skip_reasons())})</summary>")
+            out.append("")
+            out += _grid_table(g)
+            out += ["", "</details>", ""]
+        elif g.all_as_expected:
             out.append(
                 f"<details><summary>{html.escape(g.title)}: {n} cells, all as expected ({_grid_counts(g)})</summary>"
             )

@@ -25,16 +25,24 @@
     if (k === "cat") return CATS[c[1]];
     if (k === "outcome") return S[c[2]];
     if (k === "driver") return grids[c[3]].driver;
-    if (k === "runtime") return grids[c[3]].rows[c[4]];
+    if (k === "runtime") return grids[c[3]].t ? grids[c[3]].cols[c[5]] : grids[c[3]].rows[c[4]];
     if (k === "host") return str(c[6]) || "";
     return "";
   }
 
   // ------------------------------------------------------------------ grids, drawn when seen
-  function colHead(th, col) {
-    var m = /^(.*) h(\d.*)$/.exec(col);
+  // A grid's layout comes with it: t (transposed: runtimes across, cases or variants down),
+  // fr/fc (rows/columns whose every cell is a neutral skip: folded until asked for), co (the
+  // order of the columns: those that matter first when the grid is wide).
+  var unfolded = {};  // grid index -> its folded rows and columns are shown
+  function lineHead(th, name, runtime) {
+    if (runtime) {
+      if (name === "none") { th.textContent = "none"; th.appendChild(el("small", "driver API")); } else th.textContent = name;
+      return;
+    }
+    var m = /^(.*) h(\d.*)$/.exec(name);
     if (m) { th.appendChild(document.createTextNode(m[1])); th.appendChild(el("small", "headers " + m[2])); }
-    else th.textContent = col;
+    else th.textContent = name;
   }
   function cellButton(i) {
     var c = cells[i], cat = CATS[c[1]], label = S[c[2]];
@@ -47,50 +55,71 @@
     b.appendChild(el("span", label, "l"));
     return b;
   }
+  function blockOf(g) { return document.querySelector('.grid-block[data-grid="' + g + '"]'); }
   function drawGrid(g) {
     if (drawn[g]) return;
-    var G = grids[g], box = document.querySelector('.grid-block[data-grid="' + g + '"] .scroll');
+    var block = blockOf(g);
+    if (block.classList.contains("folded")) return;  // every cell skipped: drawn when unfolded
+    var G = grids[g], box = block.querySelector(".scroll"), all = !!unfolded[g];
     var at = {};
     perGrid[g].forEach(function (i) { at[cells[i][4] + "," + cells[i][5]] = i; });
+    var fr = {}, fc = {};
+    (G.fr || []).forEach(function (r) { fr[r] = true; });
+    (G.fc || []).forEach(function (k) { fc[k] = true; });
+    var order = (G.co || G.cols.map(function (_, k) { return k; })).filter(function (k) { return all || !fc[k]; });
     var table = el("table", null, "grid"), thead = el("thead"), hr = el("tr");
-    hr.appendChild(el("th", "runtime", "corner"));
-    G.cols.forEach(function (col) { var th = el("th"); th.scope = "col"; colHead(th, col); hr.appendChild(th); });
+    hr.appendChild(el("th", G.t ? "case / variant" : "runtime", "corner"));
+    order.forEach(function (k) { var th = el("th"); th.scope = "col"; lineHead(th, G.cols[k], G.t); hr.appendChild(th); });
     thead.appendChild(hr);
     table.appendChild(thead);
-    var tbody = el("tbody"), buttons = {}, rows = [];
+    var tbody = el("tbody"), buttons = {}, rows = {};
     G.rows.forEach(function (row, r) {
+      if (!all && fr[r]) return;
       var tr = el("tr"), th = el("th");
       th.scope = "row";
-      if (row === "none") { th.textContent = "none"; th.appendChild(el("small", "driver API")); } else th.textContent = row;
+      lineHead(th, row, !G.t);
       tr.appendChild(th);
-      G.cols.forEach(function (col, k) {
+      order.forEach(function (k) {
         var i = at[r + "," + k], td = el("td");
         if (i === undefined) td.className = "empty";
         else { buttons[i] = cellButton(i); td.appendChild(buttons[i]); }
         tr.appendChild(td);
       });
       tbody.appendChild(tr);
-      rows.push(tr);
+      rows[r] = tr;
     });
     table.appendChild(tbody);
     box.textContent = "";
     box.style.minHeight = "";
+    box.classList.toggle("tall", !!G.t);  // cases down the page: the page scrolls, not the block
     box.appendChild(table);
+    var nf = (G.fr || []).length + (G.fc || []).length, note = block.querySelector(".lines-note");
+    note.textContent = "";
+    if (nf) {
+      var what = (G.fc || []).length ? "column" : "row";
+      note.appendChild(document.createTextNode(" " + nf + " " + what + (nf === 1 ? "" : "s") + " where every cell skipped " + (all ? "shown " : "folded ")));
+      var b = el("button", all ? "fold" : "show", "link unfold");
+      b.type = "button";
+      b.setAttribute("data-lines", g);
+      note.appendChild(b);
+    }
     drawn[g] = {buttons: buttons, rows: rows};
     paintGrid(g);
   }
   function paintGrid(g) {
     var d = drawn[g];
     if (!d) return;
-    var rowOn = d.rows.map(function () { return false; });
+    var rowOn = {};
     perGrid[g].forEach(function (i) {
       var b = d.buttons[i];
+      if (!b) return;
       b.classList.toggle("off", !shown[i]);
       b.classList.toggle("sel", i === selected);
       if (shown[i]) rowOn[cells[i][4]] = true;
     });
-    d.rows.forEach(function (tr, r) { tr.classList.toggle("off", !rowOn[r]); });
+    Object.keys(d.rows).forEach(function (r) { d.rows[r].classList.toggle("off", !rowOn[r]); });
   }
+  function redraw(g) { drawn[g] = null; drawGrid(g); }
 
   // ------------------------------------------------------------------ charts, drawn when seen
   function svg(tag, attrs, text) {
@@ -140,10 +169,18 @@
   var blocks = Array.prototype.slice.call(document.querySelectorAll(".grid-block"));
   var figures = Array.prototype.slice.call(document.querySelectorAll("figure[data-chart]"));
   blocks.forEach(function (b) {  // reserve the grid's height so the scrollbar does not jump
-    b.querySelector(".scroll").style.minHeight = (34 + 31 * Number(b.getAttribute("data-rows"))) + "px";
+    var G = grids[Number(b.getAttribute("data-grid"))], n = G.rows.length - (G.fr || []).length;
+    if (!b.classList.contains("folded")) b.querySelector(".scroll").style.minHeight = (34 + 31 * n) + "px";
   });
-  function drawAll() {
-    blocks.forEach(function (b) { drawGrid(Number(b.getAttribute("data-grid"))); });
+  function drawAll() {  // printing: every grid, folded lines and all
+    blocks.forEach(function (b) {
+      var g = Number(b.getAttribute("data-grid")), u = b.querySelector("[data-unfold]");
+      b.classList.remove("folded");
+      if (u) u.remove();
+      unfolded[g] = true;
+      drawn[g] = null;
+      drawGrid(g);
+    });
     figures.forEach(function (f) { drawChart(Number(f.getAttribute("data-chart"))); });
   }
   var seen = window.IntersectionObserver ? new IntersectionObserver(function (es) {
@@ -229,14 +266,33 @@
     var want = {};
     keys.forEach(function (k) { var s = document.getElementById("f-" + k); want[k] = s ? s.value : ""; });
     var text = document.getElementById("f-text").value.trim().toLowerCase();
-    var n = 0, gridOn = grids.map(function () { return false; });
+    var n = 0, gridOn = grids.map(function () { return false; }), lineOn = grids.map(function () { return false; });
+    var filtering = !!text || keys.some(function (k) { return !!want[k]; });
     cells.forEach(function (c, i) {
       var ok = keys.every(function (k) { return !want[k] || field(c, k) === want[k]; });
       if (ok && text) ok = c[0].toLowerCase().indexOf(text) >= 0;
       shown[i] = ok ? 1 : 0;
-      if (ok) { n++; gridOn[c[3]] = true; }
+      if (ok) {
+        n++;
+        gridOn[c[3]] = true;
+        var G = grids[c[3]];
+        if ((G.fr || []).indexOf(c[4]) >= 0 || (G.fc || []).indexOf(c[5]) >= 0) lineOn[c[3]] = true;
+      }
     });
-    blocks.forEach(function (b) { b.classList.toggle("off", !gridOn[Number(b.getAttribute("data-grid"))]); });
+    blocks.forEach(function (b) {
+      var g = Number(b.getAttribute("data-grid"));
+      b.classList.toggle("off", !gridOn[g]);
+      // A filter that picks cells of a folded grid or line (status "skipped", a driver, an id)
+      // shows them: folding hides what nobody asked for, never what a reader looks for.
+      if (!filtering || !gridOn[g]) return;
+      if (b.classList.contains("folded")) {
+        b.classList.remove("folded");
+        var u = b.querySelector("[data-unfold]");
+        if (u) u.remove();
+        drawGrid(g);
+      }
+      if (lineOn[g] && !unfolded[g]) { unfolded[g] = true; redraw(g); }
+    });
     Object.keys(drawn).forEach(paintGrid);
     Array.prototype.forEach.call(document.querySelectorAll("figure .row"), function (r) {
       r.classList.toggle("off", !shown[Number(r.getAttribute("data-idx"))]);
@@ -249,6 +305,20 @@
 
   document.addEventListener("click", function (ev) {
     var t = ev.target;
+    var unfold = t.closest ? t.closest("[data-unfold],[data-lines]") : null;
+    if (unfold) {
+      if (unfold.hasAttribute("data-unfold")) {
+        var gb = Number(unfold.getAttribute("data-unfold"));
+        blockOf(gb).classList.remove("folded");
+        unfold.remove();
+        drawGrid(gb);
+      } else {
+        var gl = Number(unfold.getAttribute("data-lines"));
+        unfolded[gl] = !unfolded[gl];
+        redraw(gl);
+      }
+      return;
+    }
     var hit = t.closest ? t.closest("[data-idx]") : null;
     if (hit) { show(Number(hit.getAttribute("data-idx"))); return; }
     var stat = t.closest ? t.closest(".stat") : null;
@@ -278,7 +348,15 @@
   if (m) {
     var id = decodeURIComponent(m[1]), host = m[2] ? decodeURIComponent(m[2]) : null;
     cells.forEach(function (c, i) {
-      if (c[0] === id && (host === null || str(c[6]) === host)) { drawGrid(c[3]); show(i); }
+      if (c[0] === id && (host === null || str(c[6]) === host)) {
+        blockOf(c[3]).classList.remove("folded");  // a linked cell is shown, folded or not
+        var ub = blockOf(c[3]).querySelector("[data-unfold]");
+        if (ub) ub.remove();
+        var G = grids[c[3]];
+        if ((G.fr || []).indexOf(c[4]) >= 0 || (G.fc || []).indexOf(c[5]) >= 0) unfolded[c[3]] = true;
+        redraw(c[3]);
+        show(i);
+      }
     });
   }
   if (window.performance && performance.mark) performance.mark("cumatrix-ready");

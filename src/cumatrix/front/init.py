@@ -1,0 +1,197 @@
+"""``cumatrix init``: a starting ``matrix.yaml`` and a nightly GitHub workflow for the project
+in the current directory.
+
+The package's name comes from ``pyproject.toml`` (``[project] name``), else ``setup.cfg``
+(``[metadata] name``), else ``setup.py`` (a literal ``name=`` argument); a built wheel in
+``dist/`` is gated by the workflow.  Existing files are never overwritten without ``--force``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import configparser
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cumatrix.core.errors import UsageError
+
+MATRIX_FILE = "matrix.yaml"
+WORKFLOW_FILE = ".github/workflows/cumatrix-nightly.yml"
+
+#: The runtimes a new matrix starts with: the oldest and newest of each major cumatrix knows.
+_START_RUNTIMES = ("12.4", "12.9", "13.0")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Project:
+    """What ``init`` found about the project in a directory."""
+
+    name: str  # the distribution name as declared
+    module: str  # the import name guessed from it
+    found_in: str  # pyproject.toml, setup.cfg or setup.py
+    wheels: tuple[str, ...]  # dist/*.whl, relative
+
+
+def _from_pyproject(d: Path) -> str | None:
+    p = d / "pyproject.toml"
+    if not p.is_file():
+        return None
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{p}: not valid TOML ({e})") from e
+    name = data.get("project", {}).get("name") or data.get("tool", {}).get("poetry", {}).get("name")
+    return str(name) if name else None
+
+
+def _from_setup_cfg(d: Path) -> str | None:
+    p = d / "setup.cfg"
+    if not p.is_file():
+        return None
+    cp = configparser.ConfigParser(interpolation=None)
+    try:
+        cp.read(p, encoding="utf-8")
+    except configparser.Error as e:
+        raise UsageError(f"{p}: not a valid setup.cfg ({e})") from e
+    return cp.get("metadata", "name", fallback=None) or None
+
+
+def _from_setup_py(d: Path) -> str | None:
+    p = d / "setup.py"
+    if not p.is_file():
+        return None
+    try:
+        tree = ast.parse(p.read_text(encoding="utf-8"), str(p))
+    except (SyntaxError, UnicodeDecodeError):
+        return None
+    # Read, never run: only a literal name= argument of a call counts.
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            for kw in node.keywords:
+                if kw.arg == "name" and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str):
+                    return kw.value.value
+    return None
+
+
+def find_project(d: Path) -> Project:
+    """The project in ``d``; :class:`UsageError` when no packaging file names it."""
+    for where, fn in (("pyproject.toml", _from_pyproject), ("setup.cfg", _from_setup_cfg), ("setup.py", _from_setup_py)):
+        name = fn(d)
+        if name:
+            wheels = tuple(sorted(str(p.relative_to(d)) for p in (d / "dist").glob("*.whl"))) \
+                if (d / "dist").is_dir() else ()
+            module = re.sub(r"[-.]+", "_", name).lower()
+            return Project(name=name, module=module, found_in=where, wheels=wheels)
+    raise UsageError(f"{d}: no package name found (looked for [project] name in pyproject.toml, [metadata] name in "
+                     "setup.cfg, name= in setup.py); run `cumatrix init` in the project's root directory")
+
+
+def matrix_text(project: Project) -> str:
+    """The starting matrix: the package imported under a few CUDA runtimes and the host's driver."""
+    from cumatrix.load.requirements import KNOWN_WHEELS
+
+    runtimes = "\n".join(f"  cu{v}: {{wheel: {KNOWN_WHEELS[v]}}}" for v in _START_RUNTIMES)
+    return f"""\
+# cumatrix matrix for {project.name} (written by `cumatrix init`; edit freely).
+# Each case runs once per runtime x driver pairing, in its own process, with that CUDA
+# runtime as the libcudart it loads.  `cumatrix validate {MATRIX_FILE}` checks this file;
+# `cumatrix run` runs it.  Install {project.name} into the Python that runs cumatrix first.
+version: 1
+runtimes:
+{runtimes}
+drivers: [host, emulated-12.4]
+cases:
+  - {{name: import-{project.module.replace('_', '-')}, argv: [python3, -c, "import {project.module}"], timeout: 120}}
+"""
+
+
+def workflow_text(project: Project) -> str:
+    """A nightly workflow: install, doctor, run the matrix on a GPU runner, gate the wheel."""
+    gate = ""
+    if project.wheels:
+        gate = """
+      - name: gate the wheel
+        run: |
+          python -m pip install build
+          python -m build --wheel --outdir dist .
+          cumatrix gate dist/*.whl --out gate-out
+"""
+    return f"""\
+# Nightly CUDA compatibility of {project.name} (written by `cumatrix init`).
+# The run job needs a self-hosted Linux runner with an NVIDIA GPU: add your GPU runners' own
+# label to `runs-on`. Without a GPU every GPU cell is skipped, and `--require-gpu` fails them
+# (`cumatrix run` alone would exit 5, nothing tested) instead of passing.
+name: cumatrix-nightly
+
+on:
+  schedule:
+    - cron: "23 3 * * *"
+  workflow_dispatch:
+
+permissions:
+  contents: read
+
+jobs:
+  run:
+    runs-on: [self-hosted, linux, x64]
+    timeout-minutes: 120
+    steps:
+      - uses: actions/checkout@v4
+      - name: install
+        run: |
+          python3 -m venv .venv
+          .venv/bin/python -m pip install . cumatrix
+          echo "$PWD/.venv/bin" >> "$GITHUB_PATH"
+      - run: cumatrix doctor
+      - run: cumatrix validate {MATRIX_FILE} --check-wheels
+      - name: run
+        run: cumatrix run {MATRIX_FILE} --require-gpu --out out
+      - name: summary
+        if: always()
+        run: if [ -f out/summary.md ]; then cat out/summary.md >> "$GITHUB_STEP_SUMMARY"; fi
+{gate}      - name: upload
+        if: always()
+        uses: actions/upload-artifact@v4
+        with:
+          name: cumatrix-results
+          path: out
+          if-no-files-found: warn
+"""
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    """Write the two files; exit 2 (writing neither) when one exists and --force is not given."""
+    d = Path(args.dir)
+    project = find_project(d)
+    targets = {d / MATRIX_FILE: matrix_text(project), d / WORKFLOW_FILE: workflow_text(project)}
+    existing = [str(p) for p in targets if p.exists()]
+    if existing and not args.force:
+        raise UsageError(f"{', '.join(existing)} exist{'s' if len(existing) == 1 else ''}: not overwriting "
+                         "(--force replaces them)")
+    for p, text in targets.items():
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text, encoding="utf-8")
+        print(f"cumatrix: wrote {p}")
+    wheels = f"; wheels in dist/: {', '.join(project.wheels)}" if project.wheels else ""
+    print(f"cumatrix: package {project.name} (from {project.found_in}, imported as {project.module}){wheels}")
+    print(f"next: cumatrix validate {d / MATRIX_FILE} && cumatrix run {d / MATRIX_FILE}")
+    return 0
+
+
+def add_init_parser(sub: Any) -> None:
+    """Register ``cumatrix init``."""
+    p = sub.add_parser("init", help="write a starting matrix.yaml and a nightly GitHub workflow for this project",
+                       description="Write matrix.yaml (the package imported under a few CUDA runtimes) and "
+                                   f"{WORKFLOW_FILE} for the Python project in the current directory. The package "
+                                   "name comes from pyproject.toml, setup.cfg or setup.py; a wheel in dist/ adds a "
+                                   "gate step. Existing files are kept unless --force.",
+                       epilog="examples:\n  cumatrix init           # in the project's root\n"
+                              "  cumatrix init --force   # replace both files",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dir", default=".", metavar="DIR", help="the project's root (default: .)")
+    p.add_argument("--force", action="store_true", help="overwrite matrix.yaml and the workflow if they exist")
+    p.set_defaults(func=cmd_init)

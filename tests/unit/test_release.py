@@ -1,0 +1,86 @@
+"""Release readiness: PyPI metadata, one version source, the release workflow's shape.
+
+The build and ``twine check`` themselves run in .ci/package (and the last test here, which
+builds the sdist and the wheel for real).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import cumatrix
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def project() -> dict[str, Any]:
+    data: dict[str, Any] = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return data
+
+
+def test_classifiers_are_all_known_to_pypi(project: dict[str, Any]) -> None:
+    from trove_classifiers import classifiers
+
+    listed = project["project"]["classifiers"]
+    assert listed and [c for c in listed if c not in classifiers] == []
+    assert "Framework :: Pytest" in listed and any(c.startswith("Environment :: GPU :: NVIDIA CUDA") for c in listed)
+
+
+def test_urls_keywords_and_readme(project: dict[str, Any]) -> None:
+    p = project["project"]
+    assert {"Homepage", "Repository", "Issues"} <= set(p["urls"])
+    assert all(u.startswith("https://") for u in p["urls"].values())
+    assert "cuda" in p["keywords"] and p["readme"] == "README.md"
+
+
+def test_the_version_is_written_in_one_place(project: dict[str, Any]) -> None:
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "cumatrix.__version__"}
+    assignments = [p for p in (ROOT / "src").rglob("*.py") if re.search(r"^__version__\s*=", p.read_text(), re.M)]
+    assert assignments == [ROOT / "src" / "cumatrix" / "__init__.py"]
+    assert re.fullmatch(r"\d+\.\d+\.\d+(?:(?:a|b|rc)\d+)?", cumatrix.__version__)
+
+
+def test_release_workflow_builds_checks_and_publishes_on_tags() -> None:
+    wf = yaml.safe_load((ROOT / ".github" / "workflows" / "release.yml").read_text())
+    on = wf.get("on", wf.get(True))
+    assert on["push"]["tags"] == ["v*"]
+    build, publish = wf["jobs"]["build"], wf["jobs"]["publish"]
+    runs = " ".join(str(s.get("run", "")) for s in build["steps"])
+    assert "python -m build" in runs and "twine check --strict" in runs
+    assert publish["needs"] == "build" and "refs/tags/v" in publish["if"]
+    assert publish["permissions"] == {"id-token": "write"}  # trusted publishing, no token
+    uses = [str(s.get("uses", "")) for s in publish["steps"]]
+    assert any(u.startswith("pypa/gh-action-pypi-publish@") for u in uses)
+    assert not any("password" in str(s.get("with", {})) for s in publish["steps"])
+
+
+def test_ci_package_runs_twine_check() -> None:
+    text = (ROOT / ".ci" / "package").read_text()
+    assert "twine check --strict" in text
+
+
+@pytest.mark.network  # the isolated build environment installs setuptools from the index
+def test_sdist_and_wheel_pass_twine_check(tmp_path: Path) -> None:
+    build = subprocess.run([sys.executable, "-m", "build", "--outdir", str(tmp_path), str(ROOT)],
+                           capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    dists = sorted(tmp_path.iterdir(), key=lambda p: p.suffix)  # the sdist (.gz), then the wheel
+    assert [p.suffix for p in dists] == [".gz", ".whl"]
+    check = subprocess.run([sys.executable, "-m", "twine", "check", "--strict", *map(str, dists)],
+                           capture_output=True, text=True, timeout=120)
+    assert check.returncode == 0, check.stdout + check.stderr
+    with zipfile.ZipFile(dists[1]) as zf:
+        meta = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
+    assert f"\nVersion: {cumatrix.__version__}\n" in meta
+    assert "\nClassifier: Framework :: Pytest\n" in meta and "\nProject-URL: Repository, " in meta
