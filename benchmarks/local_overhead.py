@@ -13,14 +13,20 @@ One run measures, on the same machine:
       includes creating the cell's log and reading the mapped list back.  Two commands:
       ``python3 -c pass`` (the smallest cell: the worst case in relative terms) and a
       ``python3`` that loads the runtime with ctypes.  Goal: at most 5% per cell.
+  (f) the cost of the kernel's evidence (the spawn helper tracing the cell's tree with ptrace
+      and reading /proc/PID/maps at each exit and exec, ``cumatrix.core.witness``): the same audited
+      cell untraced (``$CUMATRIX_NO_TRACE=1``) and traced, interleaved, each including what
+      the harness does with the result (``observe.conclude``: the audit log alone, or the
+      kernel's record with the log checked against it).  Same two commands; goal at most 5%.
 
-Usage: python benchmarks/local_overhead.py [-N 50] [--wheel-dir DIR] [--audit-only]
+Usage: python benchmarks/local_overhead.py [-N 50] [--wheel-dir DIR] [--audit-only] [--trace-only]
 The runtime wheel of the matrices is fetched into the cache once (or taken from --wheel-dir).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import resource
 import statistics
@@ -37,6 +43,7 @@ from cumatrix.execute.local import run_local
 
 RUNTIME = "nvidia-cuda-runtime-cu12==12.9.79"
 PYTHON = sys.executable  # the interpreter itself: a launcher shim would inflate (a)
+_LOG_IDS = itertools.count()  # every cell's log is a new file (audit_plan creates it exclusively)
 
 
 def bare(n: int) -> list[float]:
@@ -83,7 +90,7 @@ def audited_vs_plain(n: int, argv: tuple[str, ...], lib_path: tuple[str, ...], w
         plain_cpu.append(_children_cpu() - c0)
         assert res.returncode == 0, res.stderr_tail
         c0, t0 = _children_cpu(), time.perf_counter()
-        plan = observe.audit_plan(work / f"audit-{i}.log", library=library, enforce=enforce)
+        plan = observe.audit_plan(work / f"audit-{next(_LOG_IDS)}.log", library=library, enforce=enforce)
         res = run_local(Job(cell_id="bench", kind="command", argv=argv, env=plan.env, lib_path=lib_path, timeout=60))
         seen = len(observe.cuda_libraries(observe.read_mapped(plan.log)))
         audited.append(time.perf_counter() - t0)
@@ -116,6 +123,61 @@ def report_audit(n: int, wheel_dir: str | None) -> bool:
     return ok
 
 
+def traced_vs_untraced(n: int, argv: tuple[str, ...], lib_path: tuple[str, ...], work: Path,
+                       cell: observe.CellRuntime) -> tuple[list[float], list[float], list[float], list[float], int]:
+    """Interleaved (untraced, traced) pairs of the same audited cell, each concluded as the
+    orchestrator does: wall times, children's CPU times, and how many objects the kernel saw."""
+    from cumatrix.core import witness
+
+    library = observe.build_audit_library()
+    enforce = observe.enforce_rules(cell)
+    times: dict[bool, list[float]] = {False: [], True: []}
+    cpu: dict[bool, list[float]] = {False: [], True: []}
+    seen = 0
+    for i in range(n):
+        for traced in (False, True):
+            if traced:
+                os.environ.pop(witness.NO_TRACE_ENV, None)
+            else:
+                os.environ[witness.NO_TRACE_ENV] = "1"
+            c0, t0 = _children_cpu(), time.perf_counter()
+            plan = observe.audit_plan(work / f"trace-{next(_LOG_IDS)}.log", library=library, enforce=enforce)
+            res = run_local(Job(cell_id="bench", kind="command", argv=argv, env=plan.env, lib_path=lib_path,
+                                timeout=60))
+            obs = observe.conclude(plan, cell, trace=res.trace)
+            times[traced].append(time.perf_counter() - t0)
+            cpu[traced].append(_children_cpu() - c0)
+            assert res.returncode == 0, res.stderr_tail
+            if traced:
+                assert res.trace is not None and res.trace.traced and obs.source == "kernel", res.trace
+                seen = len(res.trace.objects)
+    os.environ.pop(witness.NO_TRACE_ENV, None)
+    return times[False], times[True], cpu[False], cpu[True], seen
+
+
+def report_trace(n: int, wheel_dir: str | None) -> bool:
+    from cumatrix.provision import runtimes
+
+    rt = runtimes.from_wheel("cu12.9", RUNTIME, wheel_dir=Path(wheel_dir) if wheel_dir else None)
+    cell = observe.cell_runtime(rt.libcudart, rt.version)
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="cumatrix-trace-bench-") as tmp:
+        for label, argv in (("python3 -c pass", (PYTHON, "-c", "pass")),
+                            ("python3 loading libcudart", (PYTHON, "-c", "import ctypes; ctypes.CDLL('libcudart.so.12')"))):
+            traced_vs_untraced(3, argv, (str(rt.lib_dir),), Path(tmp), cell)  # warm up (the detector's caches too)
+            plain, traced, pcpu, tcpu, seen = traced_vs_untraced(n, argv, (str(rt.lib_dir),), Path(tmp), cell)
+            p, t = statistics.median(plain), statistics.median(traced)
+            pairs = sorted(y / x for x, y in zip(plain, traced))
+            cost = t / p - 1
+            cpu_cost = statistics.mean(tcpu) / statistics.mean(pcpu) - 1
+            ok = ok and cost <= 0.05
+            print(f"(f) {label}: untraced median {p * 1e3:.2f} ms, traced {t * 1e3:.2f} ms: {cost * 100:+.1f}% "
+                  f"(pairwise median {(statistics.median(pairs) - 1) * 100:+.1f}%); children's CPU "
+                  f"{statistics.mean(pcpu) * 1e3:.2f} vs {statistics.mean(tcpu) * 1e3:.2f} ms: {cpu_cost * 100:+.1f}%; "
+                  f"N={n} interleaved; objects the kernel saw: {seen}; goal <= +5%")
+    return ok
+
+
 def matrix_text(n_cases: int, argv: str) -> str:
     cases = "\n".join(f"  - {{name: c{i:03d}, argv: {argv}}}" for i in range(n_cases))
     return f"runtimes:\n  cu12.9: {{wheel: {RUNTIME}}}\ndrivers: [host]\nprobe: false\ncases:\n{cases}\n"
@@ -144,7 +206,11 @@ def main() -> int:
     ap.add_argument("--cells", type=int, default=50, help="cells of the matrix for (c) (default 50)")
     ap.add_argument("--wheel-dir", help="take the runtime wheel from here (offline)")
     ap.add_argument("--audit-only", action="store_true", help="measure only (e), the cost of the rtld-audit")
+    ap.add_argument("--trace-only", action="store_true", help="measure only (f), the cost of the kernel's evidence")
     a = ap.parse_args()
+    if a.trace_only:
+        print(f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}, cumatrix {cumatrix.__version__}")
+        return 0 if report_trace(a.N, a.wheel_dir) else 1
     if a.audit_only:
         print(f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}, cumatrix {cumatrix.__version__}")
         return 0 if report_audit(a.N, a.wheel_dir) else 1
@@ -165,7 +231,8 @@ def main() -> int:
     print(f"(d) `cumatrix run -n 2`, 500 `true` cells      {500 / wall_d:7.1f} cells/s  (wall {wall_d:.2f} s)")
     print(f"b/a = {tb / ta:.2f}x (target <= 1.5x)   c/a = {tc / ta:.2f}x")
     audit_ok = report_audit(a.N, a.wheel_dir)
-    return 0 if tb / ta <= 1.5 and audit_ok else 1
+    trace_ok = report_trace(a.N, a.wheel_dir)
+    return 0 if tb / ta <= 1.5 and audit_ok and trace_ok else 1
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from cumatrix import __version__
+from cumatrix.audit.static import runtime_introductions
 from cumatrix.execute import observe
 from cumatrix.predict import oracle
 from cumatrix.judge.classify import classify, with_audit
@@ -220,11 +221,15 @@ class Orchestrator:
         try:
             if observed is None:
                 assert child is not None  # a turn with a job and no outcome yet has run its child
-                seen = turn.audit.conclude() if turn.audit is not None else None
+                seen = (turn.audit.conclude(child.trace, intros=runtime_introductions)
+                        if turn.audit is not None else None)
                 observed = with_audit(classify(child, kind=cell.kind), seen)
                 expected = self._program_expectation(cell, expected, seen)
         except CumatrixError as e:
             observed = Observed(outcome="harness-error", detail=str(e))
+        finally:
+            if turn.audit is not None:
+                turn.audit.discard()  # the cell's private directory goes with it, whatever happened
         record = judge(cell, expected, observed, child, self._facts(cell, seen), started=turn.started,
                        duration_s=time.monotonic() - turn.t0)
         return CellRun(record=record, job=turn.job)
@@ -266,14 +271,14 @@ class Orchestrator:
         if turn.child is not None:
             turn.child.cancel()
         if turn.audit is not None:
-            turn.audit.plan.log.unlink(missing_ok=True)
+            turn.audit.discard()
 
     def _program_expectation(self, cell: Cell, expected: Expected, seen: observe.Observation | None) -> Expected:
         """A command cell, re-predicted from the runtime its processes really used."""
         if seen is None or cell.kind != "command":
             return expected
         return oracle.expect_program(cell, self.host(), expected, runtime_version=seen.runtime.version,
-                                     evidence=seen.runtime.evidence)
+                                     evidence=seen.runtime.evidence, driver_used=seen.driver_mapped)
 
     def _facts(self, cell: Cell, seen: observe.Observation | None) -> Facts:
         res = self.provisioner.resolved(cell.runtime)

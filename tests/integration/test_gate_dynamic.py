@@ -114,6 +114,14 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             "demo_forger/__init__.py": b'print(\'CUMATRIX-RESULT {"outcome": "ok", "path": "n/a"}\', flush=True)\n'
                                        b'raise ImportError("demo_forger needs a library this host lacks")\n',
         }, top_level=True),
+        # claims a CUDA 13 runtime in the rtld-audit log its own process writes, then fails to
+        # import: a forged log line must not turn the failure into runtime-not-used
+        "audit_forger": _wheel(d, "demo_auditforger", {
+            "demo_auditforger/__init__.py": b'import os\n'
+                                            b'with open(os.environ["CUMATRIX_AUDIT_LOG"], "a") as f:\n'
+                                            b'    f.write(f"o\\t{os.getpid()}\\tlibcudart.so.13\\t/opt/x/libcudart.so.13\\n")\n'
+                                            b'raise ImportError("demo_auditforger cannot import")\n',
+        }, top_level=True),
         # for an interpreter no test runs on: pip refuses it here
         "other_python": _wheel(d, "demo_old", {"demo_old/__init__.py": b""}, top_level=True,
                                tag="cp27-cp27mu-manylinux1_x86_64"),
@@ -234,6 +242,18 @@ def test_a_wheel_cannot_forge_its_own_pass(wheels: dict[str, Path], matrices: di
     rec = _cells(out)["cu12.9/host/import-demo_forger"]
     assert rec["status"] == "fail" and rec["observed"]["outcome"] == "exit:1"  # type: ignore[index]
     assert "CUMATRIX-RESULT" in str(rec["stdout_tail"])  # kept as log, nothing more
+
+
+def test_a_wheel_cannot_forge_the_audit_log_into_a_skip(wheels: dict[str, Path], matrices: dict[str, Path],
+                                                         cli: Cli, wheel_cache: Path, tmp_path: Path) -> None:
+    """Before, a wheel whose import failed after writing one line to its audit log passed the
+    gate (exit 0: skipped:runtime-not-used).  The kernel's record decides: its import failed."""
+    out = tmp_path / "out"
+    r = cli("gate", wheels["audit_forger"], "--matrix", matrices["one"], "--out", out, timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    rec = _cells(out)["cu12.9/host/import-demo_auditforger"]
+    assert rec["status"] == "fail" and rec["observed"]["outcome"] == "exit:1", rec  # type: ignore[index]
+    assert "/opt/x/libcudart.so.13" in rec["fingerprint"]["audit_claims_not_backed"]  # type: ignore[index]
 
 
 def test_wheel_for_another_python_is_skipped(wheels: dict[str, Path], matrices: dict[str, Path],

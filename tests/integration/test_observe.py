@@ -364,6 +364,13 @@ def test_programs_cuda13_runtime_under_a_12x_driver_is_expected_to_exit_1() -> N
     assert oracle.expect_program(cell, oracle.HostFacts(driver_version=None), prior, runtime_version=13000) is prior
     override = Expected(outcomes=frozenset({"ok"}), reason="mine", rule="matrix-override")
     assert oracle.expect_program(_command("emulated-12.4"), host, override, runtime_version=13000) is override
+    # A rule about the driver needs a process tree that mapped it.
+    cell = _command("emulated-12.4")
+    prior = oracle.expect(cell, host, runtime_version=None)
+    assert oracle.expect_program(cell, host, prior, runtime_version=13000, driver_used=False) is prior
+    assert oracle.expect_program(cell, host, prior, runtime_version=12090, driver_used=False) is prior
+    assert oracle.expect_program(cell, host, prior, runtime_version=13000,
+                                 driver_used=True).rule == "program-major-newer-than-driver"
 
 
 # ------------------------------------------------------------------ through `cumatrix run`
@@ -493,3 +500,63 @@ def test_run_with_the_docker_backend_records_the_images_runtime(
     # The cu13.0 image has no libcudart.so.12: the command fails on its own, and nothing was mapped.
     bad = recs["cu13.0/host/load12"]
     assert (bad["observed"]["outcome"], bad["fingerprint"]["libraries"]) == ("exit:1", [])
+
+
+@pytest.mark.docker
+def test_a_library_another_user_planted_is_not_loaded_into_docker_cells(
+        tmp_path: Path, docker_backend: object, write_matrix: object, cli: object) -> None:
+    """Attack: another local user plants a library at the place where the container copy of the
+    audit library goes (``$TMPDIR/cumatrix-audit-lib-<uid>-<digest>/libcumatrix_audit.so``, a
+    name anyone can work out).  The harness uses that directory only when it is its own and no
+    one else may write it: the planted library never runs."""
+    import json
+    import os
+    import pwd
+    import shutil
+    import tempfile
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to act as a second local user")
+    if shutil.which("useradd") is None:
+        pytest.skip("useradd is not available: no second local user to plant the library as")
+    user = "cumatrixpeer"
+    try:
+        pwd.getpwnam(user)
+    except KeyError:
+        made = subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", user],
+                              capture_output=True, text=True)
+        if made.returncode not in (0, 9):
+            pytest.skip(f"useradd failed: {made.stderr.strip()}")
+    pw = pwd.getpwnam(user)
+    built = O.build_audit_library()
+    # A temporary directory of the run's own (the harness's $TMPDIR), shared as /tmp is.
+    shared_tmp = Path(tempfile.mkdtemp(prefix="cumatrix-shared-tmp-"))
+    shared_tmp.chmod(0o1777)
+    old_place = shared_tmp / f"cumatrix-audit-lib-{os.geteuid()}-{built.parent.name}"
+    src = tmp_path / "planted.c"
+    src.write_text('#include <unistd.h>\nunsigned int la_version(unsigned int v) '
+                   '{ (void)!write(2, "PLANTED-AUDIT-RAN\\n", 18); return v; }\n')
+    planted = tmp_path / "planted.so"
+    subprocess.run([_gcc(), "-shared", "-fPIC", "-o", str(planted), str(src)], check=True)
+    subprocess.run(["install", "-d", "-m", "0755", "-o", user, str(old_place)], check=True)
+    try:
+        data = planted.read_bytes()
+        subprocess.run(["tee", str(old_place / built.name)], input=data, stdout=subprocess.DEVNULL, check=True,
+                       user=pw.pw_uid, group=pw.pw_gid)  # written by the other user
+        os.chmod(old_place / built.name, 0o755)  # as its owner would: readable and runnable by all
+        m = write_matrix(f"""
+            runtimes: {{cu12.9: {{wheel: {CU129}}}}}
+            drivers: [host]
+            probe: false
+            cases:
+              - {{name: plain, argv: ["true"]}}
+        """)
+        proc = cli("run", m, "--backend", "docker", "--base-image", docker_backend.base_image,  # type: ignore[attr-defined,operator]
+                   "--out", tmp_path / "out", env={"TMPDIR": str(shared_tmp)})
+        recs = {r["id"]: r for r in map(json.loads, (tmp_path / "out" / "results.jsonl").read_text().splitlines())
+                if r.get("type") == "cell"}
+        rec = recs["cu12.9/host/plain"]
+        assert rec["observed"]["outcome"] == "ok", proc.stdout  # type: ignore[attr-defined]
+        assert "PLANTED-AUDIT-RAN" not in rec["stderr_tail"]
+    finally:
+        shutil.rmtree(shared_tmp, ignore_errors=True)

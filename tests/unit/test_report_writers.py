@@ -39,7 +39,9 @@ def test_results_json_validates_against_shipped_schema(tmp_path: Path) -> None:
     _validate(doc)
     assert doc["schema"] == 1
     assert doc["verdict"] == "FAIL"
-    assert doc["counts"] == {"total": 126, "pass": 90, "fail": 2, "skip": 34, "not_run": 0}
+    # the 34 skipped cells (cannot-emulate) ran their process before they were skipped
+    assert doc["counts"] == {"total": 126, "pass": 90, "fail": 2, "skip": 34, "not_run": 0, "ran": 126,
+                             "skipped_after_running": 34}
     assert doc["run"]["matrix_sha256"] == "a" * 64
     assert doc["run"]["finished"] == "2026-12-02T13:04:40Z"
     assert doc["run"]["host_fingerprint"]["driver_string"] == "580.159.04"
@@ -189,13 +191,15 @@ def test_headline_says_how_many_ran_and_why_the_others_did_not(tmp_path: Path) -
     d = _run_dir(tmp_path, "run", recs)
     run = load_records(d / "results.jsonl")
     c = run.counts
-    assert run.verdict == "PASS" and c.ran == c.passed == len(run.cells) - c.skipped
-    assert dict(c.skip_reasons)["skipped:no-cuda-driver"] == 3
+    # The sample's cannot-emulate cells ran (their runtime detected the interposer) and were
+    # then skipped: they count as cells that ran; the three skipped by hand (no process) do not.
+    assert run.verdict == "PASS" and c.ran == c.passed + c.partial == len(run.cells) - 3
+    assert dict(c.skip_reasons) == {"skipped:no-cuda-driver": 3}
     from cumatrix.report.markdown import headline
 
     assert headline(run) == (
-        f"cumatrix: PASS — {c.ran} of {c.total} cells ran, all met expectations; {c.skipped} did not run: "
-        f"{dict(c.skip_reasons)['cannot-emulate']} cannot-emulate, 3 skipped:no-cuda-driver"
+        f"cumatrix: PASS — {c.ran} of {c.total} cells ran: {c.passed} met expectations, {c.partial} were then "
+        f"skipped ({c.partial} cannot-emulate); 3 did not run: 3 skipped:no-cuda-driver"
     )
 
 
@@ -236,8 +240,8 @@ def test_summary_verdict_mismatches_grid_and_speed(tmp_path: Path) -> None:
     md = (d / "summary.md").read_text()
     lines = md.splitlines()
     assert lines[0] == (
-        "**cumatrix: FAIL** — 2 of the 92 cells that ran did not meet expectations (126 in the matrix); "
-        "34 did not run: 34 cannot-emulate"
+        "**cumatrix: FAIL** — 2 of the 126 cells that ran did not meet expectations (126 in the matrix); "
+        "34 ran and were then skipped: 34 cannot-emulate"
     )
     assert md.index("Mismatches (2)") < md.index("Outcomes by driver") < md.index("Bandwidth")
     assert "9-param call into a 13.x runtime" in md

@@ -39,6 +39,7 @@ from elftools.elf.elffile import ELFFile
 from cumatrix.audit import runtime_evidence
 from cumatrix.provision import headers
 from cumatrix.provision import runtimes
+from cumatrix.binary import staticcudart
 from cumatrix.binary.elf import (
     ELF_MAGIC,
     check_bounds,
@@ -67,10 +68,11 @@ _RUNTIME_BASE_RE = re.compile(r"^(cuda\w+?)(?:_v\d+)?(?:_pt(?:ds|sz))?$")
 # (in .symtab, gone once stripped), its error-name table (`cudaErrorCudartUnloading`, the
 # one error only the runtime itself reports) and the names of its ~300 functions (its
 # cudaGetDriverEntryPoint/profiler tables): the last two survive stripping.
-_STATIC_CUDART_MARK = "libcudart_static_"
-_STATIC_CUDART_ERROR = "cudaErrorCudartUnloading"
-_STATIC_CUDART_NAMES = 100
-_MAJOR_EVIDENCE = 3  # names of one major that date a static runtime to it
+# The detector is one, shared with what a cell's processes mapped (binary/staticcudart.py).
+_STATIC_CUDART_MARK = staticcudart.MARK
+_STATIC_CUDART_ERROR = staticcudart.ERROR_NAME
+_STATIC_CUDART_NAMES = staticcudart.MIN_NAMES
+_MAJOR_EVIDENCE = staticcudart.MAJOR_EVIDENCE
 # Version queries a file can make before choosing a major-dependent ABI.
 _DRIVER_VERSION_QUERIES = ("cudaDriverGetVersion", "cuDriverGetVersion")
 _RUNTIME_VERSION_QUERIES = ("cudaRuntimeGetVersion",)
@@ -326,21 +328,10 @@ def _runtime_intro(sym: str, intros: Mapping[str, int]) -> int | None:
 
 
 def _static_runtime_major(strings: set[str], intros: Mapping[str, int]) -> int | None:
-    """The CUDA major of a statically linked runtime, from its own table of function names:
-    the newest major that at least ``_MAJOR_EVIDENCE`` of the names it carries were first
-    exported in (one name is not enough: a stray name of a newer runtime does not make one).
+    """The CUDA major of a statically linked runtime (:func:`cumatrix.binary.staticcudart.runtime_major`).
     ``intros`` are the export dates of :mod:`cumatrix.audit.runtime_evidence`, CUDA 11.7 on, so a
-    CUDA 11 runtime, which carries no name first exported by 12.0 or later, is dated 11.
-    ``None`` when no name is known."""
-    per_major: dict[int, int] = {}
-    for s in strings:
-        v = _runtime_intro(s, intros)
-        if v is not None:
-            per_major[v // 1000] = per_major.get(v // 1000, 0) + 1
-    if not per_major:
-        return None
-    strong = [m for m, n in per_major.items() if n >= _MAJOR_EVIDENCE]
-    return max(strong) if strong else min(per_major)
+    CUDA 11 runtime, which carries no name first exported by 12.0 or later, is dated 11."""
+    return staticcudart.runtime_major(strings, intros)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -636,20 +627,8 @@ def _gather(name: str, elf: ELFFile, data: AuditData) -> _Facts:
 
 
 def _is_static_runtime(names: set[str], cuda: set[str], data: AuditData) -> bool:
-    """Whether the file carries a copy of libcudart, judged by its own content.
-
-    Its objects' names (``libcudart_static_<sha1>``, gone once stripped), else the runtime's
-    error-name table and function-name table together with what only the runtime's code
-    holds: the name of the hidden driver interface it resolves (``cuGetExportTable``).  A
-    Python wrapper of the runtime API (cuda-bindings' ``runtime`` module, whose docstrings
-    name every function and error) has the tables but not the code; its sibling that links
-    the runtime (``_bindings/cyruntime``) has both.  (``libcuda.so.1`` is no mark: libnvjpeg
-    12.4 packs it behind a fixed-size message array, with no NUL before it.)
-    """
-    if any(t.startswith(_STATIC_CUDART_MARK) for t in names):
-        return True
-    return (_STATIC_CUDART_ERROR in cuda and "cuGetExportTable" in names
-            and sum(t in data.runtime_introductions for t in cuda) >= _STATIC_CUDART_NAMES)
+    """Whether the file carries a copy of libcudart (:func:`cumatrix.binary.staticcudart.is_static_runtime`)."""
+    return staticcudart.is_static_runtime(names, cuda, data.runtime_introductions)
 
 
 def elf_device_code(elf: ELFFile) -> tuple[DeviceCode, ...]:
@@ -985,6 +964,12 @@ def optional_import_notes(wheel: Path, findings: Sequence[Finding]) -> list[Find
 
 
 # ------------------------------------------------------------------------ header facts
+
+
+def runtime_introductions() -> Mapping[str, int]:
+    """Runtime function name -> the CUDA version whose libcudart first exported it (packaged
+    data): what dates a static runtime, in a wheel's files or in what a cell mapped."""
+    return runtime_evidence.export_table().first
 
 
 def load_audit_data(*, wheel_dir: Path | None = None) -> AuditData:

@@ -143,7 +143,21 @@ def _probe_line(d: dict[str, Any]) -> str:
 # --------------------------------------------------------------------- entry point
 
 
+_PR_SET_DUMPABLE = 4
+
+
+def make_private() -> None:
+    """Make this process non-dumpable: other processes of the same user (a command cell of
+    another worker) can then neither open its ``/proc/PID/fd`` (the verdict pipe) nor read its
+    ``/proc/PID/environ`` or memory, nor attach to it."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
 def main(argv: list[str]) -> int:
+    make_private()  # before anything else: the verdict pipe is open from the start
     faulthandler.enable()
     channel = protocol.take_channel()
     if len(argv) != 1:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from cumatrix.core.witness import KernelTrace
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Verdict:
@@ -55,3 +57,6 @@ class ChildResult:
     duration_s: float
     oom_killed: bool = False
     extra: dict[str, object] = field(default_factory=dict)
+    #: What the kernel reports the cell's processes did (the tracer's record); None where the
+    #: backend cannot trace (docker) or the cell was decided without a child.
+    trace: KernelTrace | None = None

@@ -61,6 +61,14 @@ class CellRecord:
         return "ok" if self.observed.outcome == "ok" else "expected"
 
     @property
+    def ran_process(self) -> bool:
+        """Whether a process of the cell ran (a probe that loaded its runtime and then skipped
+        its GPU part did; a cell skipped before it started did not)."""
+        fp = self.fingerprint
+        return (self.observed.exit_status is not None or bool(fp.get("trace")) or bool(fp.get("containment"))
+                or bool(fp.get("image")))
+
+    @property
     def outcome_label(self) -> str:
         """``ok:batch`` for ok with a path, else the outcome word."""
         o = self.observed

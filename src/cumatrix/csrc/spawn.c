@@ -22,6 +22,28 @@
  *
  * A PROGRAM that cannot be executed exits 127 (not found) or 126, as a shell does.
  *
+ *   cumatrix-spawn --trace FD PARENT_PID CGROUP_PROCS LIMITS -- PROGRAM [ARGS...]
+ *
+ * The same, and this process traces the program's whole tree (ptrace, PTRACE_SEIZE with
+ * fork, vfork, clone, exec and exit events): at each process's exit (a signal's included),
+ * before each execve (a seccomp filter that asks the tracer, inherited by every process and
+ * impossible to remove) and, for those still running, when the first process ends, it reads
+ * /proc/PID/maps and writes every mapped file (device, inode, path) to FD, which no process
+ * of the tree inherits.  What a cell's
+ * processes mapped then comes from the kernel, read by a process the cell cannot write to:
+ * this one is not dumpable (its /proc files are root's), a traced process cannot be traced
+ * again, and the dynamic loader's environment (LD_AUDIT, LD_PRELOAD) plays no part.  Lines:
+ *
+ *   t <tracer pid>                     tracing started
+ *   n <reason>                         not traced (ptrace refused): the program runs untraced
+ *   e <pid> <exe>                      the process's image after an execve
+ *   m <pid> <dev> <inode> <path>       a file the process mapped (each (pid, dev, inode) once)
+ *   x <pid> <wait status> <exe>        the process ended (its status as waitpid reports it)
+ *   z <leader's wait status>           the end: every line before it is complete
+ *
+ * Fields are separated by tabs; paths end at the newline (a path holding one is escaped
+ * by the kernel as \012).
+ *
  *   cumatrix-spawn --watch PROGRAM [ARGS...]
  *
  * The harness's watcher, as it waits: what it is told on stdin is kept in memory (a memfd)
@@ -29,13 +51,20 @@
  * A Python interpreter would hold 10 MB for the whole run only to wait.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
 #include <linux/sched.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <sys/ptrace.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -130,11 +159,7 @@ static pid_t start_in_cgroup(const char *procs, pid_t parent_death) {
 }
 
 /* Wait for the program and end as it ended. */
-static int mirror(pid_t pid) {
-    int status;
-    while (waitpid(pid, &status, 0) < 0) {
-        if (errno != EINTR) return fail("waitpid", "program");
-    }
+static int end_as(int status) {
     if (WIFEXITED(status)) return WEXITSTATUS(status);
     int sig = WTERMSIG(status);
     struct rlimit none = {0, 0};
@@ -147,6 +172,275 @@ static int mirror(pid_t pid) {
     sigprocmask(SIG_UNBLOCK, &one, NULL);
     raise(sig);
     return 128 + sig;  /* a signal whose default is not to terminate */
+}
+
+static int mirror(pid_t pid) {
+    int status;
+    while (waitpid(pid, &status, 0) < 0) {
+        if (errno != EINTR) return fail("waitpid", "program");
+    }
+    return end_as(status);
+}
+
+
+/* ------------------------------------------------------------------ the tracer (--trace) */
+
+static int trace_fd = -1;
+static char out_buf[1 << 16];
+static size_t out_len;
+
+static void out_flush(void) {
+    size_t off = 0;
+    while (off < out_len) {
+        ssize_t w = write(trace_fd, out_buf + off, out_len - off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            break;  /* the harness is gone: nothing to tell */
+        }
+        off += (size_t)w;
+    }
+    out_len = 0;
+}
+
+static void out_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void out_line(const char *fmt, ...) {
+    char line[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n >= sizeof line) { n = sizeof line - 1; line[n - 1] = '\n'; }
+    if (out_len + (size_t)n > sizeof out_buf) out_flush();
+    memcpy(out_buf + out_len, line, (size_t)n);
+    out_len += (size_t)n;
+}
+
+/* (pid, dev, inode) already written: a process's objects are listed once, however often
+ * its maps are read.  Open addressing; a full table only means repeated lines. */
+#define SEEN_SLOTS 65536
+static struct seen { int pid; unsigned long long dev, ino; unsigned long hash; } seen[SEEN_SLOTS];
+
+static int seen_before(int pid, unsigned long long dev, unsigned long long ino, const char *path) {
+    unsigned long h = 1469598103934665603UL;
+    for (const char *c = path; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211UL;
+    unsigned long k = (h ^ (unsigned long)pid * 2654435761UL ^ ino * 40503UL ^ dev) % SEEN_SLOTS;
+    for (int probes = 0; probes < 64; probes++, k = (k + 1) % SEEN_SLOTS) {
+        if (seen[k].pid == 0) {
+            seen[k].pid = pid; seen[k].dev = dev; seen[k].ino = ino; seen[k].hash = h;
+            return 0;
+        }
+        if (seen[k].pid == pid && seen[k].dev == dev && seen[k].ino == ino && seen[k].hash == h) return 1;
+    }
+    return 0;
+}
+
+/* Every file-backed mapping of PID (anonymous memory, [heap], [stack], the vDSO left out). */
+static void snapshot(pid_t pid) {
+    char name[64];
+    snprintf(name, sizeof name, "/proc/%d/maps", (int)pid);
+    FILE *f = fopen(name, "re");
+    if (!f) return;
+    char line[8192];
+    while (fgets(line, sizeof line, f)) {
+        /* start-end perms offset MAJ:MIN inode   path */
+        unsigned int major, minor;
+        unsigned long long ino;
+        int at = 0;
+        if (sscanf(line, "%*s %*s %*s %x:%x %llu %n", &major, &minor, &ino, &at) < 3 || at == 0) continue;
+        char *path = line + at;
+        while (*path == ' ') path++;
+        size_t n = strlen(path);
+        if (n && path[n - 1] == '\n') path[--n] = 0;
+        if (!n || path[0] == '[' || (ino == 0 && path[0] != '/')) continue;
+        unsigned long long dev = ((unsigned long long)major << 20) | minor;  /* the kernel's MKDEV */
+        if (seen_before((int)pid, dev, ino, path)) continue;
+        out_line("m\t%d\t%02x:%02x\t%llu\t%s\n", (int)pid, major, minor, ino, path);
+    }
+    fclose(f);
+}
+
+static void exe_of(pid_t pid, char *buf, size_t size) {
+    char name[64];
+    snprintf(name, sizeof name, "/proc/%d/exe", (int)pid);
+    ssize_t n = readlink(name, buf, size - 1);
+    if (n < 0) n = 0;
+    buf[n] = 0;
+    for (char *c = buf; *c; c++) if (*c == '\n' || *c == '\t') *c = '?';
+}
+
+/* The filter every traced process carries: execve and execveat stop in the tracer first
+ * (SECCOMP_RET_TRACE), while the old image is still mapped.  Another ABI's system calls
+ * (a 32-bit program on a 64-bit kernel) all ask the tracer: its numbers differ. */
+static int install_exec_filter(void) {
+#if defined(__x86_64__)
+    const unsigned int arch = AUDIT_ARCH_X86_64;
+#elif defined(__aarch64__)
+    const unsigned int arch = AUDIT_ARCH_AARCH64;
+#else
+    const unsigned int arch = 0;
+#endif
+    if (arch == 0) { errno = ENOSYS; return -1; }
+    struct sock_filter prog[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, arch, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRACE),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+#if defined(__x86_64__)
+        BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000, 0, 1),  /* x32 */
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRACE),
+#endif
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_execve, 1, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_execveat, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRACE),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog fprog = {(unsigned short)(sizeof prog / sizeof prog[0]), prog};
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return -1;
+    return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &fprog);
+}
+
+/* The traced program's side before its exec: wait until the tracer has seized it (one byte,
+ * or EOF: tracing was refused), then put the exec filter in place where it is traced. */
+static void traced_child_setup(int go_fd) {
+    char c = 0;
+    ssize_t n;
+    do n = read(go_fd, &c, 1); while (n < 0 && errno == EINTR);
+    close(go_fd);
+    if (n == 1 && c == 'T' && install_exec_filter() != 0)
+        out_line("n\texec filter refused (%s): images before an execve are read at exit only\n", strerror(errno));
+    out_flush();
+}
+
+static int options = PTRACE_O_TRACEFORK | PTRACE_O_TRACEVFORK | PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXEC |
+                     PTRACE_O_TRACEEXIT | PTRACE_O_TRACESECCOMP;
+
+/* The traced processes alive (some slots 0): read once more when the leader ends. */
+#define MAX_LIVE 4096
+static pid_t live[MAX_LIVE];
+static int n_live;
+
+static void live_add(pid_t pid) {
+    for (int i = 0; i < n_live; i++) if (live[i] == pid) return;
+    for (int i = 0; i < n_live; i++) if (live[i] == 0) { live[i] = pid; return; }
+    if (n_live < MAX_LIVE) live[n_live++] = pid;
+}
+
+static void live_drop(pid_t pid) {
+    for (int i = 0; i < n_live; i++) if (live[i] == pid) live[i] = 0;
+}
+
+/* Trace the tree rooted at LEADER until the leader ends; its wait status. */
+static int trace_tree(pid_t leader) {
+    int leader_status = -1, leader_execd = 0;
+    char exe[4096];
+    for (;;) {
+        int st;
+        pid_t pid = waitpid(-1, &st, __WALL);
+        if (pid < 0) {
+            if (errno == EINTR) continue;
+            break;  /* ECHILD: nothing left (only the leader is our child) */
+        }
+        if (WIFEXITED(st) || WIFSIGNALED(st)) {
+            live_drop(pid);
+            if (pid == leader) { leader_status = st; break; }
+            continue;
+        }
+        live_add(pid);
+        if (!WIFSTOPPED(st)) continue;
+        int sig = WSTOPSIG(st), event = (unsigned)st >> 16, deliver = 0;
+        if (event == PTRACE_EVENT_EXIT) {
+            unsigned long how = 0;
+            ptrace(PTRACE_GETEVENTMSG, pid, 0, &how);
+            snapshot(pid);
+            exe_of(pid, exe, sizeof exe);
+            out_line("x\t%d\t%lu\t%s\n", (int)pid, how, exe);
+        } else if (event == PTRACE_EVENT_SECCOMP) {
+            /* An execve's entry: the old image's last moment (the leader's first is this
+             * program's own code, nothing of the cell's). */
+            if (pid != leader || leader_execd) snapshot(pid);
+        } else if (event == PTRACE_EVENT_EXEC) {
+            /* The new image is read when the process ends or execs again (an exit stop comes
+             * even after SIGKILL). */
+            exe_of(pid, exe, sizeof exe);
+            out_line("e\t%d\t%s\n", (int)pid, exe);
+            if (pid == leader) leader_execd = 1;
+        } else if (event == PTRACE_EVENT_STOP) {
+            if (sig == SIGSTOP || sig == SIGTSTP || sig == SIGTTIN || sig == SIGTTOU) {
+                ptrace(PTRACE_LISTEN, pid, 0, 0);  /* a group stop: stay stopped until SIGCONT */
+                continue;
+            }
+        } else if (event == 0) {
+            deliver = sig;  /* a signal on its way to the process: let it through */
+        }
+        ptrace(PTRACE_CONT, pid, 0, deliver);
+        if (out_len > sizeof out_buf / 2) out_flush();
+    }
+    /* The leader is gone.  Processes it left are killed with the cell; what they map from
+     * here on cannot change its outcome, but what they have mapped is read now. */
+    for (int i = 0; i < n_live; i++)
+        if (live[i] > 0) snapshot(live[i]);
+    out_line("z\t%d\n", leader_status);
+    out_flush();
+    return leader_status;
+}
+
+static int traced_main(int fd, int argc, char **argv) {
+    (void)argc;
+    trace_fd = fd;
+    /* Not dumpable: processes of the same user (the cell's) cannot open /proc/PID/fd of this
+     * one, read its memory or attach to it. */
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    if (fcntl(fd, F_SETFD, FD_CLOEXEC) != 0) return fail("trace fd", argv[0]);
+    pid_t parent = (pid_t)atol(argv[0]);
+    if (parent > 0) {
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) return fail("prctl", "PR_SET_PDEATHSIG");
+        if (getppid() != parent) return 128 + SIGKILL;
+    }
+    int go[2];
+    if (pipe2(go, O_CLOEXEC) != 0) return fail("pipe", "");
+    pid_t pid = -1;
+    if (strcmp(argv[1], "-") != 0) pid = start_in_cgroup(argv[1], getpid());
+    if (pid < 0) {
+        int joined = 1;
+        if (strcmp(argv[1], "-") != 0) {  /* no clone3: this process joins the cgroup, its child with it */
+            int cfd = open(argv[1], O_WRONLY | O_CLOEXEC);
+            joined = cfd >= 0 && write(cfd, "0\n", 2) == 2;
+            if (cfd >= 0) close(cfd);
+            if (!joined) return fail("join cgroup", argv[1]);
+        }
+        struct sigaction ign;
+        memset(&ign, 0, sizeof ign);
+        ign.sa_handler = SIG_IGN;
+        for (size_t i = 0; i < N_PASSED; i++) sigaction(passed_on[i], &ign, &inherited[i]);
+        pid = fork();
+        if (pid == 0) {
+            for (size_t i = 0; i < N_PASSED; i++) sigaction(passed_on[i], &inherited[i], NULL);
+            if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) _exit(128 + SIGKILL);
+        } else if (pid < 0) {
+            return fail("fork", "program");
+        }
+    }
+    if (pid == 0) {
+        close(go[1]);
+        traced_child_setup(go[0]);
+        return run_program(argv[2], &argv[4]);
+    }
+    close(go[0]);
+    char word = 'T';
+    if (ptrace(PTRACE_SEIZE, pid, 0, (void *)(long)options) != 0) {
+        out_line("n\tptrace refused (%s): the program runs untraced\n", strerror(errno));
+        word = 'U';
+    } else {
+        out_line("t\t%d\n", (int)getpid());
+    }
+    out_flush();
+    while (write(go[1], &word, 1) < 0 && errno == EINTR) {}
+    close(go[1]);
+    if (word == 'U') return mirror(pid);
+    int st = trace_tree(pid);
+    if (st < 0) return fail("waitpid", "program");
+    return end_as(st);
 }
 
 static int watch(char **argv) {
@@ -180,10 +474,15 @@ static int watch(char **argv) {
 
 int main(int argc, char **argv) {
     if (argc >= 3 && strcmp(argv[1], "--watch") == 0) return watch(&argv[2]);
+    if (argc >= 8 && strcmp(argv[1], "--trace") == 0 && strcmp(argv[6], "--") == 0)
+        return traced_main(atoi(argv[2]), argc - 3, &argv[3]);
     if (argc < 6 || strcmp(argv[4], "--") != 0) {
         fprintf(stderr, "usage: cumatrix-spawn PARENT_PID CGROUP_PROCS LIMITS -- PROGRAM [ARGS...]\n");
         return 126;
     }
+    /* Not dumpable, first: a harness child's verdict pipe passes through this process, whose
+     * /proc/PID/fd other processes of the same user could otherwise open. */
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     pid_t parent = (pid_t)atol(argv[1]);
     if (parent > 0) {
         if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) return fail("prctl", "PR_SET_PDEATHSIG");

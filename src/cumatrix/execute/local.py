@@ -15,8 +15,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from cumatrix.execute import sandbox
 from cumatrix.core.jobs import ChildResult, Job, Verdict
+from cumatrix.core.witness import UNTRACED, KernelTrace, TraceChannel
+from cumatrix.execute import sandbox
 from cumatrix.execute.protocol import PipeChannel, parse
 
 __all__ = ["ChildResult", "Job", "run_local", "start_local"]
@@ -97,6 +98,8 @@ def start_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str
         scope.end()
         if chan:
             chan.close()
+        if plan.trace:
+            plan.trace.close()
         why = e.strerror if isinstance(e, OSError) else str(e)
         if isinstance(e, OSError) and plan.argv[0] != job.argv[0] and not os.path.exists(plan.argv[0]):
             # The harness's own launcher (the spawn helper in the cache, or bubblewrap) is gone,
@@ -117,6 +120,8 @@ def start_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str
     scope.started(proc.pid)
     if chan:
         chan.after_spawn()
+    if plan.trace:
+        plan.trace.after_spawn()
     return LocalChild(job, plan, scope, start, proc=proc, chan=chan)
 
 
@@ -128,6 +133,7 @@ class LocalChild:
                  done: ChildResult | None = None) -> None:
         self.job, self.plan, self.scope, self.start = job, plan, scope, start
         self.proc, self.chan, self.done = proc, chan, done
+        self._trace: KernelTrace = UNTRACED
 
     def wait(self) -> ChildResult:
         """Read the child's streams until it ends (or its timeout kills it); its result."""
@@ -141,6 +147,8 @@ class LocalChild:
         sel.register(proc.stderr, selectors.EVENT_READ, err)
         if chan:
             sel.register(chan.read_fd, selectors.EVENT_READ, chan)
+        if self.plan.trace:
+            sel.register(self.plan.trace.read_fd, selectors.EVENT_READ, self.plan.trace)
         timed_out = False
         try:
             timed_out = _pump(sel, proc, scope, self.start + self.job.timeout)
@@ -148,8 +156,9 @@ class LocalChild:
             sel.close()
             self._end(kill=timed_out or proc.poll() is None)
         verdict, verr = parse(chan.raw()) if chan else (None, None)
+        trace = self._trace
         self.done = _result(proc.wait(), self.plan, scope, timed_out=timed_out, out=out, err=err, verdict=verdict,
-                            verr=verr, start=self.start)
+                            verr=verr, start=self.start, trace=trace)
         return self.done
 
     def cancel(self) -> None:
@@ -176,10 +185,32 @@ class LocalChild:
             proc.stderr.close()
             if self.chan:
                 self.chan.close()
+            if self.plan.trace:
+                self._trace = _drain_trace(self.plan.trace)
+
+
+def _drain_trace(chan: TraceChannel) -> KernelTrace:
+    """What the tracer wrote that is still in its pipe (it is gone: the pipe ends), then its record."""
+    try:
+        os.set_blocking(chan.read_fd, False)
+        while True:
+            try:
+                chunk = os.read(chan.read_fd, 65536)
+            except BlockingIOError:
+                break  # a process the cell left holds no copy; only a live tracer would: not waited for
+            if not chunk:
+                break
+            chan.feed(chunk)
+    except OSError:
+        pass
+    finally:
+        got = chan.result()
+        chan.close()
+    return got
 
 
 def _result(rc: int, plan: sandbox.Plan, scope: sandbox.Scope, *, timed_out: bool, out: _Capture, err: _Capture,
-            verdict: Verdict | None, verr: str | None, start: float) -> ChildResult:
+            verdict: Verdict | None, verr: str | None, start: float, trace: KernelTrace | None = None) -> ChildResult:
     extra = dict(plan.extra)
     if scope.killed:
         extra["killed_after"] = scope.killed  # processes the cell left running, killed with it
@@ -189,7 +220,8 @@ def _result(rc: int, plan: sandbox.Plan, scope: sandbox.Scope, *, timed_out: boo
         sig = rc - 128
     return ChildResult(returncode=None if sig is not None else rc, signal=sig,
                        timed_out=timed_out, stdout_tail=out.text(), stderr_tail=err.text(),
-                       verdict=verdict, verdict_error=verr, duration_s=time.monotonic() - start, extra=extra)
+                       verdict=verdict, verdict_error=verr, duration_s=time.monotonic() - start, extra=extra,
+                       trace=trace if plan.trace is not None else None)
 
 
 def _with_channel(job: Job, plan: sandbox.Plan) -> tuple[dict[str, str], sandbox.Plan, PipeChannel | None]:

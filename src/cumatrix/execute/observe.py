@@ -7,8 +7,13 @@ interface, every object each process of the cell opens (``csrc/audit.c``, loaded
 ``LD_AUDIT``, which every child inherits), and by default enforces the cell's runtime over a
 bundled copy with the same SONAME.  Nothing of an observed library is run: its SONAME is
 read from its dynamic section, its version from its file name or its wheel's metadata.
-A statically linked executable (no dynamic loader) and a set-uid one (the loader ignores
-``LD_AUDIT`` there) are not observed: their cells list nothing.
+
+The audit log is written inside the processes it observes, so they can write it too.  Where
+the spawn helper traced the tree (:mod:`cumatrix.core.witness`: the kernel's ``/proc/PID/maps`` of
+every process, read from outside), that record is the evidence and the log only adds detail
+to objects the kernel saw (:func:`conclude`); a statically linked or set-uid program, or a
+child started without ``LD_AUDIT``, is seen all the same.  Where it did not (docker cells,
+ptrace refused), the log is all there is, and the record says so.
 
 The pieces a backend needs:
 
@@ -30,16 +35,18 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Literal
 
+from cumatrix.binary.staticcudart import StaticRuntime, static_runtime_in
 from cumatrix.core.cache import cache_dir
 from cumatrix.core.errors import CumatrixError
 from cumatrix.core.model import CudaVersion
+from cumatrix.core.witness import KernelTrace, back_claims, read_cell_file
 from cumatrix.execute import provenance as _provenance
 
 #: The environment variables the audit library reads (csrc/audit.c).
@@ -190,7 +197,8 @@ class AuditPlan:
 
 def audit_plan(log: Path, *, library: Path | None = None,
                enforce: Iterable[tuple[str, str]] = ()) -> AuditPlan:
-    """The audit of one job writing to ``log`` (created empty, writable by a container's user).
+    """The audit of one job writing to ``log`` (created new and empty, writable by a
+    container's or the sandbox's user).
 
     ``enforce`` pairs a SONAME with the absolute path that answers every request for it
     (``("libcudart.so.12", "/…/libcudart.so.12")``); empty: observe only (``runtime: offered``).
@@ -202,14 +210,17 @@ def audit_plan(log: Path, *, library: Path | None = None,
             raise ValueError(f"not a SONAME: {soname!r}")
         if not path.startswith("/") or ":" in path:
             raise ValueError(f"the enforced {soname} must be an absolute path without ':', not {path!r}")
-    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW  # never through a planted link
+    # The cell's user may not be the harness's (a container's, or the sandbox's unprivileged
+    # uid under a root harness): the file is 0666; its directory is the cell's own (mkdtemp).
+    mode = 0o666
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC  # never through a planted link
     try:
-        fd = os.open(log, flags, 0o666)
+        fd = os.open(log, flags, mode)
     except FileNotFoundError:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(log, flags, 0o666)
+        log.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(log, flags, mode)
     try:
-        os.fchmod(fd, 0o666)  # whatever the umask: a container's user appends to it
+        os.fchmod(fd, mode)  # whatever the umask
     finally:
         os.close(fd)
     return AuditPlan(library=library or build_audit_library(), log=log, enforce=rules)
@@ -241,6 +252,7 @@ class MappedLibrary:
 class AuditLog:
     opened: tuple[tuple[int, str, str], ...]  # (pid, soname from memory, path)
     redirected: tuple[tuple[int, str, str], ...]  # (pid, requested, given)
+    problem: str | None = None  # why it could not be read (a FIFO, a link)
 
 
 def read_log(path: Path) -> AuditLog:
@@ -248,9 +260,13 @@ def read_log(path: Path) -> AuditLog:
     opened: list[tuple[int, str, str]] = []
     redirected: list[tuple[int, str, str]] = []
     try:
-        text = path.read_bytes().decode(errors="replace")
+        # The cell's processes can write (or replace) their log: never block on a FIFO, never
+        # follow a link, read a regular file only.
+        text = read_cell_file(path).decode(errors="replace")
     except FileNotFoundError:
         return AuditLog(opened=(), redirected=())
+    except OSError as e:
+        return AuditLog(opened=(), redirected=(), problem=f"audit log not read: {e}")
     for line in text.split("\n")[:-1]:  # every line ends in \n; what follows the last is torn
         parts = line.split("\t", 3)
         if len(parts) != 4 or not parts[1].isdigit():
@@ -345,6 +361,25 @@ def _host_path(path: str, roots: Mapping[str, Path]) -> Path:
     return Path(path)
 
 
+def _may_name_cuda(path: Path) -> bool:
+    """Whether a file could carry a CUDA library's SONAME (its name says so, or its bytes hold
+    ``libcud``): the ELF reader is started only for those (once per file version)."""
+    if is_cuda_library(path.name):
+        return True
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return _holds_cuda_name(str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=16384)
+def _holds_cuda_name(path: str, dev: int, ino: int, size: int, mtime_ns: int) -> bool:
+    from cumatrix.binary.staticcudart import has_bytes
+
+    return has_bytes(path, (b"libcud",))
+
+
 def _soname_from_file(path: Path) -> str | None:
     """The file's DT_SONAME; read once per file version (every cell of a runtime asks)."""
     try:
@@ -392,7 +427,8 @@ def describe(path: str, logged_soname: str, *, roots: Mapping[str, Path] = {}, p
 
 
 def read_mapped(log: Path, *, roots: Mapping[str, Path] = {}, cuda_only: bool = False) -> tuple[MappedLibrary, ...]:
-    """Every distinct object the cell's processes mapped, in first-mapped order.
+    """Every distinct object the cell's processes mapped, in first-mapped order, as the audit
+    log says (written inside those processes: see :func:`conclude` for the kernel's record).
 
     ``roots`` maps path prefixes inside a container to where the same files are on this
     host (an image's unpacked runtime wheel), for the version and the SONAME of files that
@@ -400,9 +436,15 @@ def read_mapped(log: Path, *, roots: Mapping[str, Path] = {}, cuda_only: bool = 
     (walking a large site-packages for every extension module would cost more than the cell);
     for the others, the version is the file name's numeric suffix as mapped, if any.
     """
+    return _described(((pid, soname, path) for pid, soname, path in read_log(log).opened), roots=roots,
+                      cuda_only=cuda_only)
+
+
+def _described(rows: Iterable[tuple[int, str, str]], *, roots: Mapping[str, Path], cuda_only: bool,
+               soname_from_file: bool = False) -> tuple[MappedLibrary, ...]:
     pids: dict[str, list[int]] = {}
     sonames: dict[str, str] = {}
-    for pid, soname, path in read_log(log).opened:
+    for pid, soname, path in rows:
         if "/" not in path:  # the vDSO
             continue
         seen = pids.setdefault(path, [])
@@ -413,6 +455,10 @@ def read_mapped(log: Path, *, roots: Mapping[str, Path] = {}, cuda_only: bool = 
     out = []
     for path, who in pids.items():
         so = sonames.get(path, "")
+        if not so and soname_from_file and _may_name_cuda(_host_path(path, roots)):
+            # The kernel names files, not SONAMEs: read it (once per file version), so that a
+            # runtime renamed on disk is still known by its SONAME.
+            so = _soname_from_file(_host_path(path, roots)) or ""
         if cuda_only and not (is_cuda_library(so) or is_cuda_library(path)):
             continue
         out.append(describe(path, so, roots=roots, pids=who,
@@ -469,9 +515,10 @@ def _soname_major(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def observed_runtime(mapped: Sequence[MappedLibrary]) -> ObservedRuntime:
-    """The runtime the mappings show: the (first) libcudart, else the CUDA major of a toolkit
-    library that tracks it (a statically linked runtime), else nothing."""
+def observed_runtime(mapped: Sequence[MappedLibrary], statics: Sequence[StaticRuntime] = ()) -> ObservedRuntime:
+    """The runtime the mappings show: the (first) libcudart, else a statically linked runtime
+    found in a mapped object (its version from its own contents), else the CUDA major of a
+    toolkit library that tracks it, else nothing."""
     runtimes = [m for m in mapped if is_runtime(m)]
     if runtimes:
         rt = runtimes[0]
@@ -482,6 +529,13 @@ def observed_runtime(mapped: Sequence[MappedLibrary]) -> ObservedRuntime:
         more = f" (and {len(runtimes) - 1} more)" if len(runtimes) > 1 else ""
         return ObservedRuntime(file=rt.path, soname=rt.soname, version=version,
                                evidence=f"mapped {rt.name} {rt.version or ''} from {rt.path}{more}".replace("  ", " "))
+    for st in statics:
+        if st.major is None:
+            continue
+        version = st.version if st.version is not None else st.major * 1000
+        return ObservedRuntime(file=st.file, soname=None, version=version,
+                               evidence=f"no libcudart mapped; {st.file} holds {st.evidence}: CUDA {st.major}"
+                                        + (f" (names as new as {CudaVersion.from_int(st.version)})" if st.version else ""))
     for lib in mapped:
         if lib.name.startswith(_TRACKS_CUDA_MAJOR):
             major = _soname_major(lib.name)
@@ -526,7 +580,7 @@ def _same_file(a: str, b: str) -> bool:
 
 
 def runtime_not_used(cell: CellRuntime, mapped: Sequence[MappedLibrary], *,
-                     mode: RuntimeMode = "enforced") -> str | None:
+                     mode: RuntimeMode = "enforced", statics: Sequence[StaticRuntime] = ()) -> str | None:
     """Why the cell's runtime was not what the process used (the reason of
     ``skipped:runtime-not-used``), or ``None`` when nothing says so.
 
@@ -552,7 +606,7 @@ def runtime_not_used(cell: CellRuntime, mapped: Sequence[MappedLibrary], *,
             return (f"the process mapped {rt.name} ({rt.version or 'version unknown'}) from {rt.path} "
                     f"past the enforced {cell.path}")
     if not runtimes:
-        seen = observed_runtime(mapped)
+        seen = observed_runtime(mapped, statics)
         if seen.version is not None and seen.version // 1000 != cell.version // 1000:
             return f"{seen.evidence}, not the cell's {cell.soname} ({CudaVersion.from_int(cell.version)})"
     return None
@@ -568,7 +622,7 @@ def libraries_record(mapped: Sequence[MappedLibrary]) -> list[dict[str, object]]
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Observation:
-    """What one cell's audit showed, ready for its record."""
+    """What one cell's processes were seen to map, ready for its record."""
 
     libraries: tuple[MappedLibrary, ...]  # the CUDA libraries mapped
     runtime: ObservedRuntime
@@ -578,32 +632,86 @@ class Observation:
     #: A runtime from outside both the program and the cell: the cell fails with runtime-leak:PATH.
     leak: _provenance.Provenance | None = None
     leak_detail: str | None = None
+    #: Where the mappings come from: ``kernel`` (the tracer read /proc/PID/maps) or
+    #: ``rtld-audit`` (the log written inside the cell's processes: they could have written it).
+    source: str = "rtld-audit"
+    source_note: str | None = None  # why not the kernel, or what the tracer could not do
+    #: Whether any process mapped the driver (libcuda.so*, or the interposer standing for it);
+    #: None where nothing observed the cell.
+    driver_mapped: bool | None = None
+    #: Paths the audit log claims were mapped that the kernel never saw (ignored).
+    unbacked: tuple[str, ...] = ()
+    static_runtimes: tuple[StaticRuntime, ...] = ()
 
     def fingerprint(self) -> dict[str, object]:
         """The record's ``libraries`` (each with where it came from and how the loader found it),
-        ``runtime_file``, ``runtime_version`` (observed, not offered) and ``runtime_origin``."""
+        ``runtime_file``, ``runtime_version`` (observed, not offered), ``runtime_origin``, and
+        where the mappings come from (``mappings_from``: the kernel, or the audit log alone)."""
         where = {p.path: p for p in self.provenance}
         libs = [{**m.to_json(), **({k: v for k, v in where[m.path].to_json().items() if k != "path"}
                                    if m.path in where else {})} for m in self.libraries]
         origin = where.get(self.runtime.file) if self.runtime.file else None
-        return {"libraries": libs, "runtime_file": self.runtime.file,
-                "runtime_version": self.runtime.version, "runtime_evidence": self.runtime.evidence,
-                "runtime_origin": origin.to_json() if origin is not None else None}
+        out: dict[str, object] = {
+            "libraries": libs, "runtime_file": self.runtime.file,
+            "runtime_version": self.runtime.version, "runtime_evidence": self.runtime.evidence,
+            "runtime_origin": origin.to_json() if origin is not None else None,
+            "mappings_from": self.source, "driver_mapped": self.driver_mapped}
+        if self.source_note:
+            out["mappings_note"] = self.source_note
+        if self.unbacked:
+            out["audit_claims_not_backed"] = list(self.unbacked[:20])
+        if self.static_runtimes:
+            out["static_runtimes"] = [r.to_json() for r in self.static_runtimes]
+        return out
+
+
+#: What the rtld-audit log is, where it is all there is.
+AUDIT_ONLY = "the rtld-audit log, written inside the cell's processes (not backed by the kernel)"
 
 
 def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "enforced",
-             roots: Mapping[str, Path] = {}, setting: _provenance.Setting | None = None) -> Observation:
-    """Read a finished job's audit log.  The cell's own file, when it is the runtime mapped,
-    carries the version measured at provisioning (``cudaRuntimeGetVersion``).  With the cell's
-    ``setting``, each library's provenance is traced, and a runtime from outside both the
-    program and the cell is the observation's ``leak``."""
-    mapped = read_mapped(plan.log, roots=roots, cuda_only=True)
+             roots: Mapping[str, Path] = {}, setting: _provenance.Setting | None = None,
+             trace: KernelTrace | None = None,
+             intros: Callable[[], Mapping[str, int]] | None = None) -> Observation:
+    """What a finished cell's processes mapped, and the runtime they used.
+
+    With a ``trace`` of the tree (the kernel's ``/proc/PID/maps``, read by the tracer), that
+    is the evidence: the audit log only adds detail to objects the kernel saw, and paths it
+    claims that the kernel never saw are ignored and named (``unbacked``).  Without one (docker
+    cells, ptrace refused), the audit log is read, and the record says where it came from.
+    The cell's own file, when it is the runtime mapped, carries the version measured at
+    provisioning (``cudaRuntimeGetVersion``).  With the cell's ``setting``, each library's
+    provenance is traced, and a runtime from outside both the program and the cell is the
+    observation's ``leak``.  ``intros`` (the runtime functions' first-export versions, asked
+    only when a mapped file carries a static runtime's marks) dates a static runtime.
+    """
+    log = read_log(plan.log)
+    unbacked: tuple[str, ...] = ()
+    note = log.problem
+    if trace is not None and trace.traced:
+        source = "kernel"
+        rows = [(pid, "", o.path.removesuffix(" (deleted)")) for o in trace.objects for pid in o.pids]
+        every = _described(rows, roots=roots, cuda_only=False, soname_from_file=True)
+        unbacked = back_claims((path for _, _, path in log.opened), trace).unbacked
+        extra = "; ".join(trace.notes)
+        if not trace.complete:
+            extra = "; ".join(x for x in ("the tracer's record is incomplete (it was killed)", extra) if x)
+        note = "; ".join(x for x in (note, extra) if x) or None
+    else:
+        source = "rtld-audit"
+        why = (trace.note if trace is not None else None) or "no tracer for this backend"
+        note = "; ".join(x for x in (f"{AUDIT_ONLY}: {why}", note) if x)
+        every = _described(log.opened, roots=roots, cuda_only=False)
+    mapped = cuda_libraries(every)
+    statics = (_static_runtimes(every, roots, intros)
+               if intros is not None and not any(is_runtime(m) for m in mapped) else ())
+    driver = any(m.name.startswith("libcuda.so") for m in mapped)
     if cell is not None and cell.path:
         # The cell's file inside an image is not readable here; its version is known anyway.
         own = str(CudaVersion.from_int(cell.version))
         mapped = tuple(dataclasses.replace(m, version=own, version_from="the cell's runtime (cudaRuntimeGetVersion)")
                        if m.version is None and _same_file(m.path, cell.path) else m for m in mapped)
-    seen = observed_runtime(mapped)
+    seen = observed_runtime(mapped, statics)
     if cell is not None and cell.path and seen.file and _same_file(seen.file, cell.path):
         seen = ObservedRuntime(file=seen.file, soname=seen.soname, version=cell.version, evidence=seen.evidence)
     provs: tuple[_provenance.Provenance, ...] = ()
@@ -615,5 +723,20 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
         if leak is not None:
             detail = _provenance.leak_detail(leak, next((m.version for m in mapped if m.path == leak.path), None))
     return Observation(libraries=mapped, runtime=seen,
-                       not_used=runtime_not_used(cell, mapped, mode=mode) if cell is not None else None,
-                       provenance=provs, leak=leak, leak_detail=detail)
+                       not_used=runtime_not_used(cell, mapped, mode=mode, statics=statics) if cell is not None else None,
+                       provenance=provs, leak=leak, leak_detail=detail,
+                       source=source, source_note=note, driver_mapped=driver, unbacked=unbacked,
+                       static_runtimes=statics)
+
+
+def _static_runtimes(mapped: Sequence[MappedLibrary], roots: Mapping[str, Path],
+                     intros: Callable[[], Mapping[str, int]]) -> tuple[StaticRuntime, ...]:
+    """The statically linked runtimes among the mapped objects (the executable included), read
+    with the gate's detector; each file decided once per content."""
+    out = []
+    for m in mapped:
+        host = _host_path(m.path, roots)
+        found = static_runtime_in(str(host), intros)
+        if found is not None:
+            out.append(dataclasses.replace(found, file=m.path))
+    return tuple(out)

@@ -106,9 +106,13 @@ def _found(path: str, request: tuple[str, str, list[tuple[str, str]]] | None, re
 
 def read_searches(log: Path) -> dict[str, Found]:
     """:func:`parse_searches` of an audit log file; a torn last line is dropped."""
+    from cumatrix.core.witness import read_cell_file
+
     try:
-        text = log.read_bytes().decode(errors="replace")
-    except FileNotFoundError:
+        # The cell's processes write this log (and can replace it): never block on a FIFO,
+        # never follow a link, read a regular file only.
+        text = read_cell_file(log).decode(errors="replace")
+    except OSError:
         return {}
     return parse_searches(text.split("\n")[:-1])
 

@@ -7,7 +7,9 @@ Three layers, each used where the host offers it:
   (``PR_SET_PDEATHSIG``), joining the cell's cgroup, resource limits.  subprocess then
   spawns with ``vfork`` instead of a full ``fork`` running Python in the child, whose cost
   grows with the harness's memory.  Without a C compiler the same steps run in a
-  ``preexec_fn`` (slower, same effect).
+  ``preexec_fn`` (slower, same effect).  The same program traces the cell's process tree
+  (``--trace``, ptrace) and reports, on a pipe only the harness reads, what each process
+  mapped (:mod:`cumatrix.core.witness`); ``CUMATRIX_NO_TRACE=1`` spawns untraced.
 - **The tree.** A cell is every process it starts, ``setsid`` double-forked daemons
   included.  Where the harness may create cgroups in a cgroup v2 hierarchy, each cell gets
   one and ends with ``cgroup.kill`` (``containment: cgroup-v2``).  Elsewhere the harness is
@@ -50,6 +52,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from cumatrix.core.witness import TraceChannel, tracing_enabled
 
 if TYPE_CHECKING:
     from cumatrix.core.jobs import Job
@@ -152,6 +156,9 @@ class Plan:
     #: bubblewrap reports a child killed by signal N as exit 128+N.
     signal_in_exit: bool = False
     problem: str | None = None  # the cell cannot run as asked (a harness error)
+    #: The kernel's record of the cell's processes (the spawn helper traces the tree); None:
+    #: spawned untraced (no helper, or ``$CUMATRIX_NO_TRACE``).
+    trace: TraceChannel | None = None
 
 
 def _pattern(pats: Iterable[str]) -> re.Pattern[str]:
@@ -1047,6 +1054,11 @@ def prepare(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | N
     shim = spawn_shim()
     if shim is not None:
         spec = ",".join(f"{n}={s}:{h}" for n, s, h in lims) or "-"
+        if tracing_enabled() and problem is None:
+            chan = TraceChannel()
+            return Plan(argv=(str(shim), "--trace", str(chan.write_fd), str(os.getpid()), procs or "-", spec, "--",
+                              *argv), env=env, pass_fds=(chan.write_fd,), extra=extra, signal_in_exit=signal_in_exit,
+                        problem=problem, trace=chan), scope
         return Plan(argv=(str(shim), str(os.getpid()), procs or "-", spec, "--", *argv), env=env,
                     extra=extra, signal_in_exit=signal_in_exit, problem=problem), scope
     extra["spawn"] = "preexec"

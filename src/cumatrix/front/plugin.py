@@ -114,6 +114,9 @@ def orchestrator_for(config: pytest.Config, m: Matrix) -> Orchestrator:
     found = config.stash.setdefault(_ORCHESTRATORS, {})
     if m.path not in found:
         wd = config.getoption("cumatrix_wheel_dir") or os.environ.get("CUMATRIX_WHEEL_DIR")
+        if wd:
+            # Where the wheels come from is where a cell's digest hashes them (results.wheel_sha256).
+            os.environ["CUMATRIX_WHEEL_DIR"] = str(wd)
         found[m.path] = Orchestrator(matrix=m, backend=config.getoption("cumatrix_backend"),
                                      wheel_dir=Path(wd) if wd else None,
                                      timeout=config.getoption("cumatrix_timeout") or 300.0,

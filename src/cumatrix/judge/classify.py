@@ -1,10 +1,11 @@
 """Stage four: turn a finished child (:class:`~cumatrix.execute.local.ChildResult`) into an
 :class:`~cumatrix.core.model.Observed` outcome, in the outcome words the README lists.
 
-A harness child's verdict is taken as it reported it; every other child (a command, a
-gate cell) is judged from what the operating system says: timeout, signal, the dynamic
-loader's ``undefined symbol`` message, exit status.  Nothing a program prints can make it
-pass.  The child's raw payload stops here: what follows sees typed timings and facts.
+A harness child's verdict is taken as it reported it, unless a signal ended it; every other
+child (a command, a gate cell) is judged from what the operating system says: timeout,
+signal, exit status, and an ``undefined symbol`` only where the loader made it (the tracer
+saw a process end as the loader ends one, :func:`cumatrix.core.witness.loader_undefined_symbol`).
+Nothing a program prints can make it pass.  The child's raw payload stops here: what follows sees typed timings and facts.
 """
 
 from __future__ import annotations
@@ -14,12 +15,11 @@ import signal
 from collections.abc import Mapping
 from dataclasses import replace
 
-from cumatrix.execute import observe, provenance
-from cumatrix.core.jobs import ChildResult
+from cumatrix.core.jobs import ChildResult, Verdict
 from cumatrix.core.model import ChildFacts, Observed, Timings
-from cumatrix.core.jobs import Verdict
+from cumatrix.core.witness import loader_undefined_symbol
+from cumatrix.execute import observe, provenance
 
-_UNDEFINED_RE = re.compile(r"undefined symbol: ([A-Za-z_][A-Za-z0-9_]*)")
 #: Facts a child's fingerprint may carry, read into :class:`ChildFacts`.
 _FACT_KEYS = ("runtime_version", "runtime_file", "driver_version", "libcuda_file", "gpu_name",
               "compute_capability", "forward_compat")
@@ -41,15 +41,20 @@ def classify(res: ChildResult, *, kind: str) -> Observed:
         return Observed(outcome="refused", detail=refused)
     if res.timed_out:
         return Observed(outcome="timeout", detail=f"no result after {res.duration_s:.1f} s; process group killed")
+    if res.signal is not None:
+        # No verdict from a child a signal ended: whoever can kill it may have written one for it.
+        detail = "OOM-killed (memory limit reached)" if res.oom_killed else tail
+        if res.verdict is not None:
+            detail = f"killed by {signal_name(res.signal)}; its verdict ({res.verdict.outcome}) is not taken. {detail}"
+        return Observed(outcome=f"crash:{signal_name(res.signal)}", detail=detail.strip(), exit_status=-res.signal)
     if res.verdict is not None:
         return _from_verdict(res, res.verdict)
-    if res.signal is not None:
-        detail = "OOM-killed (memory limit reached)" if res.oom_killed else tail
-        return Observed(outcome=f"crash:{signal_name(res.signal)}", detail=detail, exit_status=-res.signal)
-    m = _UNDEFINED_RE.search(res.stderr_tail)
-    if m and res.returncode != 0:
-        return Observed(outcome=f"undefined-symbol:{m.group(1)}", detail=_line_with(res.stderr_tail, m.group(0)),
-                        exit_status=res.returncode)
+    if res.returncode not in (None, 0):
+        loader = loader_undefined_symbol(res.stderr_tail, res.trace, returncode=res.returncode)
+        if loader is not None:
+            sym, why = loader
+            line = _line_with(res.stderr_tail, f"undefined symbol: {sym}")
+            return Observed(outcome=f"undefined-symbol:{sym}", detail=f"{line} ({why})", exit_status=res.returncode)
     if res.verdict_error:
         return Observed(outcome="harness-error", detail=f"malformed verdict: {res.verdict_error}",
                         exit_status=res.returncode)
@@ -81,12 +86,10 @@ def with_audit(observed: Observed, seen: observe.Observation | None) -> Observed
 
 def _from_verdict(res: ChildResult, v: Verdict) -> Observed:
     detail = v.detail
-    if res.signal is not None:  # a verdict, then a crash on the way out: say so
-        detail = f"{detail}; then killed by {signal_name(res.signal)} on exit".strip("; ")
     data = dict(v.data)
     fp = data.pop("fingerprint", None)
     return Observed(outcome=v.outcome, path=v.path, error_name=v.error_name, detail=detail,
-                    exit_status=res.returncode if res.signal is None else -res.signal, data=data,
+                    exit_status=res.returncode, data=data,
                     timings=Timings.from_json(v.timings), facts=child_facts(fp, data))
 
 

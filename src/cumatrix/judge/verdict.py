@@ -144,12 +144,13 @@ def fingerprint(observed: Observed, child: ChildResult | None, facts: Facts) -> 
         facts.provisioned_runtime if runtime_file == facts.provisioned_runtime_file else None)
     audit: dict[str, object] = {}
     if facts.observed:  # observed: what the process tree mapped, not what was offered
-        audit = {"libraries": facts.observed.get("libraries"), "runtime_evidence": facts.observed.get("runtime_evidence"),
-                 "runtime_origin": facts.observed.get("runtime_origin")}
+        audit = {k: v for k, v in facts.observed.items() if k not in ("runtime_file", "runtime_version")}
         runtime_file = _opt_str(facts.observed.get("runtime_file"))
         seen_version = facts.observed.get("runtime_version")
         runtime_version = cf.runtime_version if cf.runtime_version is not None else (
             seen_version if isinstance(seen_version, int) else None)
+    if child is not None and child.trace is not None:
+        audit["trace"] = child.trace.to_json()
     return {**audit,
         "backend": facts.backend,
         "driver_version": pick(cf.driver_version, hfp.get("driver_version")),

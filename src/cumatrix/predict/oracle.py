@@ -295,7 +295,7 @@ PROGRAM_REFUSED = frozenset({"exit:1"})
 
 
 def expect_program(cell: Cell, host: HostFacts, prior: Expected, *, runtime_version: int | None,
-                   evidence: str = "") -> Expected:
+                   evidence: str = "", driver_used: bool | None = None) -> Expected:
     """The expectation of a command cell once the runtime its processes used is observed.
 
     ``runtime_version`` is the observed runtime (CUDA encoding; MAJOR*1000 where only the
@@ -303,8 +303,15 @@ def expect_program(cell: Cell, host: HostFacts, prior: Expected, *, runtime_vers
     a driver of its major predicts the failure of, say, torch cu130 under a 12.x driver (real
     or emulated).  A matrix override, a runtime that is not known, or any other pairing keep
     ``prior``: a failure no rule explains stays a mismatch.
+
+    A rule about the driver holds only for a process tree that used the driver:
+    ``driver_used`` False (no process mapped ``libcuda.so.1`` or the interposer standing for
+    it, as the kernel reports) keeps ``prior``; such a program is judged by its exit status
+    (loading a CUDA 13 runtime without initialising it runs fine on a 12.x driver).
     """
     if cell.kind != "command" or prior.rule == "matrix-override" or runtime_version is None:
+        return prior
+    if driver_used is False:
         return prior
     d = effective_driver(cell, host)
     if d is None:

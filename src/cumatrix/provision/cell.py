@@ -17,18 +17,19 @@ import os
 import shutil
 import sys
 import tempfile
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from cumatrix.core.cache import default_table, temp_prefix
-from cumatrix.execute import observe, provenance
-from cumatrix.provision import runtimes as _runtimes
 from cumatrix.core.errors import CumatrixError
 from cumatrix.core.jobs import Job
 from cumatrix.core.private import replace_new
 from cumatrix.core.model import NO_RUNTIME, Cell, Expected, Matrix, Observed
+from cumatrix.core.witness import KernelTrace
+from cumatrix.execute import observe, provenance
+from cumatrix.provision import runtimes as _runtimes
 
 if TYPE_CHECKING:
     from cumatrix.execute.docker import DockerBackend
@@ -49,12 +50,21 @@ class Audit:
     #: runtimes): where each mapped library came from is judged against it.
     setting: provenance.Setting | None = None
 
-    def conclude(self) -> observe.Observation:
-        """What the audit log shows (read once the job is done); the log is removed."""
+    def conclude(self, trace: KernelTrace | None = None, *,
+                 intros: Callable[[], Mapping[str, int]] | None = None) -> observe.Observation:
+        """What the cell's processes mapped: the kernel's record (``trace``) where the tree was
+        traced, the audit log adding detail only to what the kernel saw; the audit log alone
+        (named as such) where it was not.  ``intros`` dates a static runtime found in a mapped
+        file.  The cell's private directory is removed."""
         try:
-            return observe.conclude(self.plan, self.cell, mode=self.mode, setting=self.setting)
+            return observe.conclude(self.plan, self.cell, mode=self.mode, setting=self.setting, trace=trace,
+                                    intros=intros)
         finally:
-            self.plan.log.unlink(missing_ok=True)
+            self.discard()
+
+    def discard(self) -> None:
+        """Remove the cell's private audit directory (and its log)."""
+        shutil.rmtree(self.plan.log.parent, ignore_errors=True)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -79,7 +89,7 @@ class Provisioner:
     docker: DockerBackend | None = None
     _resolved: dict[str, _runtimes.ResolvedRuntime | CumatrixError] = field(default_factory=dict)
     _interposers: dict[str, str] = field(default_factory=dict)
-    _audit_dir: str | None = None
+    _container_lib: Path | None = None
 
     def close(self) -> None:
         """Remove the run's temporary directory (audit logs, the containers' audit library)."""
@@ -237,9 +247,13 @@ class Provisioner:
         if self._audit_dir is None:
             # Removed by close(); `cumatrix clean` removes one a killed run left behind.
             self._audit_dir = tempfile.mkdtemp(prefix=temp_prefix("audit"))
+        docker = self.settings.backend == "docker"
         try:
-            library = self._container_audit_library() if self.settings.backend == "docker" else None
-            plan = observe.audit_plan(Path(self._audit_dir) / f"{uuid.uuid4().hex}.log", library=library,
+            library = self._container_audit_library() if docker else None
+            # A directory of its own per cell (mkdtemp: 0700, a name no other process can
+            # predict) in the run's, removed after it: no cell prepares or reads another's log.
+            cell_dir = Path(tempfile.mkdtemp(prefix="cell-", dir=self._audit_dir))
+            plan = observe.audit_plan(cell_dir / "audit.log", library=library,
                                       enforce=observe.enforce_rules(cell_rt, mode) if cell_rt else ())
         except observe.AuditError:
             return job, None  # no compiler: the cell runs unobserved
@@ -264,7 +278,12 @@ class Provisioner:
 
     def _container_audit_library(self) -> Path:
         """The audit library where a container's non-root user can reach it: the cache is often
-        under ``/root``, whose 0700 mode in the image hides everything mounted below it."""
+        under ``/root``, whose 0700 mode in the image hides everything mounted below it.  The
+        copy is in a directory of this user's that no one else may write (made anew under a name
+        no one can guess where another user took the usual one), so no other local user can put
+        a library of theirs where the containers will load it; looked up once per provisioner."""
+        if self._container_lib is not None and self._container_lib.is_file():
+            return self._container_lib
         built = observe.build_audit_library()
         if self._audit_dir is None:
             self._audit_dir = tempfile.mkdtemp(prefix=temp_prefix("audit"))
@@ -282,6 +301,7 @@ class Provisioner:
                 shutil.copyfileobj(src, dst)
             tmp.chmod(0o755)
             tmp.replace(target)
+        self._container_lib = target
         return target
 
     def _cell_runtime(self, cell: Cell) -> observe.CellRuntime | None:

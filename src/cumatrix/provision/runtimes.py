@@ -579,11 +579,31 @@ def _uv_env() -> dict[str, str]:
     return env
 
 
-def environment_hash(requirements: Sequence[str], extra_wheels: Sequence[Path] = (), python: str | None = None) -> str:
-    """Content hash of an environment: its requirements, extra wheels' bytes, the interpreter and platform."""
+def candidate_wheels(requirements: Sequence[str], wheel_dir: Path | None) -> list[Path]:
+    """The wheels of ``wheel_dir`` an offline install of ``requirements`` resolves from: those of
+    the projects the requirements name (their dependencies come from the same directory, and
+    are named in the requirements a matrix pins)."""
+    if wheel_dir is None or not wheel_dir.is_dir():
+        return []
+    names = set()
+    for r in requirements:
+        m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", r)
+        if m:
+            names.add(_normalise(m.group(1)).lower())
+    return sorted(w for w in wheel_dir.glob("*.whl") if _normalise(w.name.split("-", 1)[0]).lower() in names)
+
+
+def environment_hash(requirements: Sequence[str], extra_wheels: Sequence[Path] = (), python: str | None = None,
+                     *, wheel_dir: Path | None = None) -> str:
+    """Content hash of an environment: its requirements, the bytes of the wheels it is built
+    from (the extra wheels, and with a wheel directory the wheels there that the requirements
+    resolve to), the interpreter and platform.  A wheel replaced under its name and version
+    makes another environment."""
     py = python or sys.executable
+    resolved = candidate_wheels(requirements, wheel_dir)
     key = {"requirements": sorted(r.strip() for r in requirements),
            "wheels": sorted(sha256_file(w) for w in extra_wheels),
+           "resolved_wheels": sorted(sha256_file(w) for w in resolved),
            "python": os.path.realpath(py), "python_version": sys.version.split()[0] if python is None else "",
            "platform": sysconfig.get_platform(), "layout": 1}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -623,7 +643,7 @@ def build_environment(requirements: Sequence[str], *, wheel_dir: Path | None = N
     reqs = [check_env_requirement(r) for r in requirements]
     wheel_dir = default_wheel_dir(wheel_dir)
     py = python or sys.executable
-    digest = environment_hash(reqs, extra_wheels, python)
+    digest = environment_hash(reqs, extra_wheels, python, wheel_dir=wheel_dir)
     root = cache_dir("envs")
     env_dir = root / digest
     with _locked(root / f"{digest}.lock"):

@@ -53,6 +53,8 @@ def _head(run: RunData) -> dict[str, object]:
             "fail": c.failed,
             "skip": c.skipped,
             "not_run": c.not_run,
+            "ran": c.ran,  # pass + fail + the skipped cells a process of which ran
+            "skipped_after_running": c.partial,
         },
         "run": {
             "run_id": head.run_id,

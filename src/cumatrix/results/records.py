@@ -87,19 +87,26 @@ class Counts:
     total: int
     passed: int
     failed: int
-    skipped: int
+    skipped: int  #: every skipped cell, whether a process of it ran or not
     not_run: int
-    #: (outcome word, cells) of the skipped cells, most frequent first: why they did not run.
+    #: (outcome word, cells) of the skipped cells that did not run, most frequent first: why.
     skip_reasons: tuple[tuple[str, int], ...] = ()
+    #: Skipped cells whose process ran (a probe that loaded its runtime, then found no driver).
+    partial: int = 0
+    partial_reasons: tuple[tuple[str, int], ...] = ()
 
     @property
     def ran(self) -> int:
-        """Cells that ran and were judged (pass or fail); skipped and not-run cells did not."""
+        """Cells a process of which ran: judged (pass or fail), or skipped after running."""
+        return self.passed + self.failed + self.partial
+
+    @property
+    def judged(self) -> int:
         return self.passed + self.failed
 
     @property
     def did_not_run(self) -> int:
-        return self.skipped + self.not_run
+        return self.skipped - self.partial + self.not_run
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -157,16 +164,20 @@ class RunData:
         passed = sum(1 for c in self.cells if c.status == "pass")
         failed = sum(1 for c in self.cells if c.status == "fail")
         reasons: dict[str, int] = {}
+        partial: dict[str, int] = {}
         for c in self.cells:
             if c.status == "skip":
-                reasons[c.observed.outcome] = reasons.get(c.observed.outcome, 0) + 1
+                into = partial if c.ran_process else reasons
+                into[c.observed.outcome] = into.get(c.observed.outcome, 0) + 1
         return Counts(
             total=len(self.cells) + len(self.not_run),
             passed=passed,
             failed=failed,
-            skipped=sum(reasons.values()),
+            skipped=sum(reasons.values()) + sum(partial.values()),
             not_run=len(self.not_run),
             skip_reasons=tuple(sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))),
+            partial=sum(partial.values()),
+            partial_reasons=tuple(sorted(partial.items(), key=lambda kv: (-kv[1], kv[0]))),
         )
 
     @property

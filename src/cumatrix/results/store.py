@@ -35,6 +35,7 @@ import json
 import os
 import shlex
 import shutil
+import stat
 import sys
 import threading
 import time
@@ -43,8 +44,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
 
-from cumatrix.core.errors import EnvironmentProblem, OutDirBusy
+from cumatrix.core.errors import ConfigError, CumatrixError, EnvironmentProblem, OutDirBusy
 from cumatrix.core.model import NO_RUNTIME, Cell, Matrix
+from cumatrix.results import recordkey
 
 JSONL = "results.jsonl"
 PREVIOUS = "results.jsonl.prev"
@@ -95,7 +97,15 @@ def _digest(matrix: Matrix, cell: Cell, harness_version: str, shared: dict[tuple
     rkey, dkey = ("runtime", cell.runtime), ("driver", cell.driver)
     if rkey not in shared:
         runtime = None if cell.runtime == NO_RUNTIME else matrix.runtime(cell.runtime)
-        shared[rkey] = dumps(_plain(dataclasses.replace(runtime, where="")) if runtime is not None else None)
+        entry = _plain(dataclasses.replace(runtime, where="")) if runtime is not None else None
+        if runtime is not None and runtime.requirement:
+            # The wheel's bytes, not only its name and version: a wheel rebuilt or replaced
+            # under the same name is another input.
+            entry = {"entry": entry, "wheel_sha256": wheel_sha256(runtime.requirement)}
+        elif runtime is not None and runtime.requirements:
+            # An environment runtime: keyed by the bytes of the wheels it resolves to.
+            entry = {"entry": entry, "environment": _environment_key(runtime.requirements)}
+        shared[rkey] = dumps(entry)
     if dkey not in shared:
         shared[dkey] = dumps(_plain(matrix.driver(cell.driver)))
     expect = [{"select": list(ov.selector.values), "outcomes": sorted(ov.outcomes), "reason": ov.reason}
@@ -130,6 +140,38 @@ def _field_names(cls: type) -> tuple[str, ...] | None:
 
 
 _FIELDS: dict[type, tuple[str, ...] | None] = {}
+
+
+def wheel_sha256(requirement: str) -> str | None:
+    """The sha256 of the local wheel ``requirement`` resolves to (the wheel directory of
+    ``$CUMATRIX_WHEEL_DIR``, then the cache; nothing is fetched); None where there is none yet."""
+    from cumatrix.core.cache import cache_dir
+    from cumatrix.core.cache import wheel_dir as default_wheel_dir
+    from cumatrix.core.witness import file_sha256
+    from cumatrix.provision.runtimes import find_wheel, parse_requirement
+
+    try:
+        name, version = parse_requirement(requirement)
+    except CumatrixError:
+        return None
+    for d in [x for x in (default_wheel_dir(None), cache_dir("wheels")) if x]:
+        found = find_wheel(Path(d), name, version)
+        if found is not None:
+            try:
+                return file_sha256(found)
+            except OSError:
+                return None
+    return None
+
+
+def _environment_key(requirements: tuple[str, ...]) -> str | None:
+    from cumatrix.core.cache import wheel_dir as default_wheel_dir
+    from cumatrix.provision.runtimes import environment_hash
+
+    try:
+        return environment_hash(requirements, wheel_dir=default_wheel_dir(None))
+    except (OSError, CumatrixError):
+        return None
 
 
 def cell_digests(matrix: Matrix, cells: Iterable[Cell], harness_version: str) -> dict[str, str]:
@@ -231,6 +273,7 @@ class _Reader:
         self.latest: dict[str, tuple[int, dict[str, Any]]] = {}
         self.foreign: list[int] = []
         self.cut: list[int] = []
+        self.unsigned: list[str] = []  # records of unchanged inputs without a valid signature
 
     def read(self, raw: bytes) -> None:
         numbered = [(i + 1, ln) for i, ln in enumerate(raw.split(b"\n")) if ln.strip()]
@@ -258,7 +301,10 @@ class _Reader:
             self.foreign.append(lineno)
 
     def reusable(self) -> set[str]:
-        return {cid for cid, (_, rec) in self.latest.items() if rec.get("digest") == self.digests[cid]}
+        """Records whose inputs are unchanged and that this harness wrote (signed with the user's key)."""
+        same = {cid for cid, (_, rec) in self.latest.items() if rec.get("digest") == self.digests[cid]}
+        self.unsigned = sorted(cid for cid in same if not recordkey.signed(self.latest[cid][1]))
+        return same - set(self.unsigned)
 
     def compacted(self, reuse: set[str]) -> list[dict[str, Any]]:
         for cid, (g, rec) in self.latest.items():
@@ -284,13 +330,28 @@ def reusable_ids(out_dir: Path, digests: Mapping[str, str]) -> frozenset[str]:
     """
     path = Path(out_dir) / JSONL
     reader = _Reader(digests)
-    try:
-        reader.read(path.read_bytes())
-    except FileNotFoundError:
+    raw = read_results_bytes(path)
+    if raw is None:
         return frozenset()
-    except OSError as e:
-        raise _environment(path, e, "read the results file") from None
+    reader.read(raw)
     return frozenset(reader.reusable())
+
+
+def read_results_bytes(path: Path) -> bytes | None:
+    """The bytes of a results file, or None where there is none; a FIFO, a device or a link
+    there is refused (exit 2) instead of blocking or following it."""
+    from cumatrix.core.witness import UnsafeFile, read_cell_file
+
+    try:
+        return read_cell_file(path, limit=1 << 40)
+    except FileNotFoundError:
+        return None
+    except UnsafeFile as e:
+        raise ConfigError(f"{path}: not a regular file: refusing to read it as results ({e})") from None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise ConfigError(f"{path}: a symbolic link: refusing to read it as results") from None
+        raise _environment(path, e, "read the results file") from None
 
 
 def _record(line: bytes) -> dict[str, Any] | None:
@@ -388,8 +449,20 @@ class Store:
             raise _environment(path, e, "write the lock file") from None
 
     def _open_file(self) -> None:
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
-        size = os.fstat(fd).st_size
+        # Never blocking on a FIFO nor writing through a link someone put there.
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+                         | os.O_NONBLOCK, 0o644)
+        except OSError as e:
+            if e.errno in (errno.ENXIO, errno.ELOOP):  # a FIFO without a reader; a link
+                raise ConfigError(f"{self.path}: not a regular file: refusing to write results to it") from None
+            raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            raise ConfigError(f"{self.path}: not a regular file: refusing to write results to it")
+        os.set_blocking(fd, True)
+        size = st.st_size
         if size:
             with open(self.path, "rb") as f:
                 f.seek(size - 1)
@@ -407,11 +480,11 @@ class Store:
         line is dropped.  Call it on a store from :meth:`open` (``fresh=False``), before
         appending the new run's header.
         """
-        raw = self.path.read_bytes() if self.path.exists() else b""
+        raw = read_results_bytes(self.path) or b""
         reader = _Reader(digests)
         reader.read(raw)
         reuse = reader.reusable()
-        changed = tuple(cid for cid in reader.latest if cid not in reuse)
+        changed = tuple(cid for cid in reader.latest if cid not in reuse and cid not in reader.unsigned)
         kept = reader.compacted(reuse)
         text = "".join(dumps(r) + "\n" for r in kept).encode()
         warnings = []
@@ -424,6 +497,11 @@ class Store:
             shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
             warnings.append(f"{len(changed)} finished cell(s) changed since they ran (definition, runtime, driver, "
                             f"headers, expectations or harness version); running them again: {shown}")
+        if reader.unsigned:
+            u = reader.unsigned
+            shown = ", ".join(u[:5]) + (f" and {len(u) - 5} more" if len(u) > 5 else "")
+            warnings.append(f"{len(u)} finished cell record(s) carry no valid signature of this harness (edited by "
+                            f"hand, or written by another user or machine); running them again: {shown}")
         rewritten = text != raw
         if rewritten:
             self._replace(text, keep_previous=bool(reader.foreign or changed))
@@ -469,7 +547,7 @@ class Store:
         Raises :class:`EnvironmentProblem` when the filesystem refuses the write.
         """
         if digest is not None:
-            record = {**record, "digest": digest}
+            record = recordkey.sign({**record, "digest": digest})
         line = (dumps(record) + "\n").encode()
         with self._mutex:
             if self._lock_fd is None:  # not the run's writer: open, write, close

@@ -1,0 +1,342 @@
+"""What a cell's processes did, as the kernel saw it: the tracer's record, read by the harness.
+
+The spawn helper (``csrc/spawn.c``, ``--trace FD``) traces a cell's whole process tree with
+ptrace and, at each process's exit (a signal's included), at each ``execve`` (before and
+after) and when the cell's first process ends, reads ``/proc/PID/maps`` and writes every
+mapped file to a pipe that no process of the cell holds.  This module reads that record.
+
+Why the kernel and not the process: anything written inside the process tree (an rtld-audit
+log, a verdict file, a message on stderr) can be written by the program under test.  The
+tracer's pipe cannot: its write end is close-on-exec in the helper, the helper is not
+dumpable (the cell's processes, though of the same user, cannot open its ``/proc/PID/fd``),
+and a traced process can neither be traced by another nor detach itself.  Unsetting
+``LD_AUDIT``, linking statically or exec'ing a set-uid binary (which runs without its
+privilege under ptrace) changes nothing the kernel reports.
+
+Where ptrace is refused (a container without ``CAP_SYS_PTRACE`` and an old seccomp profile,
+Yama's ``ptrace_scope`` 3) the record says so (``traced: False``, the reason) and the cell
+falls back to what the rtld-audit log claims, named as such in its record.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+
+#: The most a tracer may write for one cell; past it the record is marked incomplete.
+MAX_TRACE_BYTES = 16 << 20
+
+#: ``$CUMATRIX_NO_TRACE=1``: spawn cells untraced (to measure what tracing costs).
+NO_TRACE_ENV = "CUMATRIX_NO_TRACE"
+
+_LIBCUDA_RE = re.compile(r"^libcuda\.so(?:\.\d+)*$")
+_LOADER_RE = re.compile(r"^ld-linux[-\w.]*\.so(?:\.\d+)*$|^ld\.so(?:\.\d+)*$|^ld64\.so(?:\.\d+)*$")
+_PYTHON_RE = re.compile(r"^python\d*(?:\.\d+)*[a-z]*$")
+
+
+def tracing_enabled() -> bool:
+    """Whether cells are spawned under the tracer (the default; ``$CUMATRIX_NO_TRACE=1`` turns it off)."""
+    return os.environ.get(NO_TRACE_ENV, "").strip().lower() in ("", "0", "no", "off", "false")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TracedProcess:
+    """One process of the cell: the images it exec'd, and how it ended."""
+
+    pid: int
+    images: tuple[str, ...] = ()  # every image it exec'd, in order (its last is what ran at the end)
+    status: int | None = None  # its wait status (``os.waitstatus_to_exitcode`` reads it); None: not seen end
+    exe: str | None = None  # its image when it ended
+
+    @property
+    def exit_code(self) -> int | None:
+        """The code it exited with; None where a signal ended it or its end was not seen."""
+        if self.status is None or not os.WIFEXITED(self.status):
+            return None
+        return os.WEXITSTATUS(self.status)
+
+    @property
+    def signal(self) -> int | None:
+        if self.status is None or not os.WIFSIGNALED(self.status):
+            return None
+        return os.WTERMSIG(self.status)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TracedObject:
+    """A file some process of the cell mapped, as ``/proc/PID/maps`` named it."""
+
+    path: str  # the kernel's name for it (`` (deleted)`` kept: a runtime loaded and removed)
+    device: str  # MAJOR:MINOR, hex, as the kernel prints it
+    inode: int
+    pids: tuple[int, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path.removesuffix(" (deleted)"))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class KernelTrace:
+    """The tracer's record of one cell."""
+
+    traced: bool  # the tree was traced; False: ptrace was refused (``note`` says why) or no tracer ran
+    complete: bool  # the tracer wrote its last line (it was not killed, nothing was cut)
+    note: str | None = None
+    processes: tuple[TracedProcess, ...] = ()
+    objects: tuple[TracedObject, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def mapped_by(self, pid: int) -> tuple[TracedObject, ...]:
+        return tuple(o for o in self.objects if pid in o.pids)
+
+    @property
+    def driver_objects(self) -> tuple[TracedObject, ...]:
+        """The ``libcuda.so*`` files mapped (the real driver, or an interposer standing for it)."""
+        return tuple(o for o in self.objects if _LIBCUDA_RE.match(o.name))
+
+    def to_json(self) -> dict[str, object]:
+        """The record's ``trace``: whether the kernel was asked, and how many processes it saw."""
+        out: dict[str, object] = {"traced": self.traced, "complete": self.complete,
+                                  "processes": len(self.processes), "objects": len(self.objects)}
+        if self.note:
+            out["note"] = self.note
+        if self.notes:
+            out["notes"] = list(self.notes)
+        return out
+
+
+UNTRACED = KernelTrace(traced=False, complete=False, note="no tracer (the spawn helper could not be built)")
+
+
+def parse_trace(raw: bytes, *, overflow: bool = False) -> KernelTrace:
+    """Read the tracer's lines (see ``csrc/spawn.c``); a torn last line is dropped."""
+    lines = raw.decode(errors="replace").split("\n")[:-1]
+    traced = False
+    complete = False
+    note: str | None = None
+    notes: list[str] = []
+    procs: dict[int, dict[str, object]] = {}
+    objects: dict[tuple[str, str, int], list[int]] = {}
+
+    def proc(pid: int) -> dict[str, object]:
+        return procs.setdefault(pid, {"images": [], "status": None, "exe": None})
+
+    for line in lines:
+        parts = line.split("\t")
+        tag = parts[0]
+        try:
+            if tag == "t":
+                traced = True
+            elif tag == "n" and len(parts) >= 2:
+                if traced:
+                    notes.append(parts[1])
+                else:
+                    note = parts[1]
+            elif tag == "e" and len(parts) >= 3:
+                images = proc(int(parts[1]))["images"]
+                assert isinstance(images, list)
+                images.append(parts[2])
+            elif tag == "m" and len(parts) >= 5:
+                key = (parts[4], parts[2], int(parts[3]))
+                pids = objects.setdefault(key, [])
+                if int(parts[1]) not in pids:
+                    pids.append(int(parts[1]))
+            elif tag == "x" and len(parts) >= 4:
+                p = proc(int(parts[1]))
+                p["status"], p["exe"] = int(parts[2]), parts[3] or None
+            elif tag == "z":
+                complete = True
+        except ValueError:
+            continue  # a line the tracer did not write this way: ignored
+    processes = tuple(TracedProcess(pid=pid, images=tuple(v["images"]), status=v["status"],  # type: ignore[arg-type]
+                                    exe=v["exe"]) for pid, v in procs.items())  # type: ignore[arg-type]
+    objs = tuple(TracedObject(path=p, device=d, inode=i, pids=tuple(pids)) for (p, d, i), pids in objects.items())
+    if overflow:
+        notes.append(f"the tracer's record passed {MAX_TRACE_BYTES} bytes; the rest was not read")
+    return KernelTrace(traced=traced, complete=complete and not overflow, note=note, processes=processes,
+                       objects=objs, notes=tuple(notes))
+
+
+class TraceChannel:
+    """The pipe the tracer writes to: its write end goes to the spawn helper alone."""
+
+    def __init__(self) -> None:
+        self.read_fd, self.write_fd = os.pipe2(os.O_CLOEXEC)
+        self.buffer = bytearray()
+        self.overflow = False
+
+    def after_spawn(self) -> None:
+        """Close the harness's copy of the write end (the helper holds its own)."""
+        if self.write_fd >= 0:
+            os.close(self.write_fd)
+            self.write_fd = -1
+
+    def feed(self, chunk: bytes) -> None:
+        if len(self.buffer) + len(chunk) > MAX_TRACE_BYTES:
+            self.overflow = True
+            return
+        self.buffer += chunk
+
+    def result(self) -> KernelTrace:
+        return parse_trace(bytes(self.buffer), overflow=self.overflow)
+
+    def close(self) -> None:
+        self.after_spawn()
+        if self.read_fd >= 0:
+            os.close(self.read_fd)
+            self.read_fd = -1
+
+
+# --------------------------------------------------------------------------- loader outcomes
+
+_SYMBOL_LOOKUP_RE = re.compile(r"symbol lookup error: (.+?): undefined symbol: ([A-Za-z_][A-Za-z0-9_]*)")
+_IMPORT_ERROR_RE = re.compile(r"^(?:ImportError|OSError): .*undefined symbol: ([A-Za-z_][A-Za-z0-9_]*)", re.M)
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def loader_undefined_symbol(stderr: str, trace: KernelTrace | None, *, returncode: int | None) -> tuple[str, str] | None:
+    """``(symbol, why it is the loader's)`` where the dynamic loader (or Python's import of an
+    extension) really reported an undefined symbol; None where only some text says so.
+
+    Two shapes are the loader's:
+
+    - ld.so failing a process at start or at a lazy binding: it exits 127 after printing
+      ``PROG: symbol lookup error: OBJ: undefined symbol: SYM``.  With a trace, a process of
+      the cell must have exited 127 with ``OBJ`` mapped (the loader leaves it mapped); without
+      one, the cell's exit status must be 127.
+    - Python's import (or ``ctypes``) refusing an extension: a traceback ending in
+      ``ImportError``/``OSError: ... undefined symbol: SYM``, and (with a trace) a process whose
+      image is a Python interpreter exited non-zero.
+
+    A shell that prints such a line and exits 3 is ``exit:3``.
+    """
+    if trace is not None and trace.traced:
+        for m in _SYMBOL_LOOKUP_RE.finditer(stderr):
+            obj, sym = m.group(1), m.group(2)
+            for p in trace.processes:
+                if p.exit_code == 127 and _maps(trace, p.pid, obj):
+                    return sym, f"the dynamic loader ended process {p.pid} ({p.exe}) with 127, {obj} mapped"
+        m2 = _IMPORT_ERROR_RE.search(stderr)
+        if m2 and _TRACEBACK in stderr:
+            for p in trace.processes:
+                code = p.exit_code
+                if code not in (None, 0) and p.exe and _PYTHON_RE.match(os.path.basename(p.exe)):
+                    return m2.group(1), f"Python ({p.exe}, process {p.pid}) failed an import and exited {code}"
+        return None
+    lookup = _SYMBOL_LOOKUP_RE.search(stderr)
+    if lookup and returncode == 127:
+        return lookup.group(2), "exit status 127 with the dynamic loader's message (untraced)"
+    imported = _IMPORT_ERROR_RE.search(stderr)
+    if imported and _TRACEBACK in stderr and returncode not in (None, 0):
+        return imported.group(1), "a Python traceback ending in an import error (untraced)"
+    return None
+
+
+def _maps(trace: KernelTrace, pid: int, obj: str) -> bool:
+    base = os.path.basename(obj)
+    for o in trace.mapped_by(pid):
+        if o.path == obj or (not obj.startswith("/") and o.name == base):
+            return True
+        if obj.startswith("/") and o.path.removesuffix(" (deleted)") == os.path.normpath(obj):
+            return True
+        if "/" in obj and o.name == base and _same(o, obj):
+            return True
+    return False
+
+
+def _same(o: TracedObject, path: str) -> bool:
+    return _file_key(path) == (o.device, o.inode)
+
+
+def is_loader(path: str) -> bool:
+    """Whether ``path`` is a dynamic loader (``ld-linux-x86-64.so.2``...)."""
+    return bool(_LOADER_RE.match(os.path.basename(path)))
+
+
+# --------------------------------------------------------------------------- reading a cell's files
+
+
+class UnsafeFile(OSError):
+    """A file on a cell's side that is not a plain file of ours (a FIFO, a link, a device)."""
+
+
+def read_cell_file(path: Path, *, limit: int = 64 << 20) -> bytes:
+    """Read a file a cell could have replaced: never following a link, never blocking on a
+    FIFO, refusing anything but a regular file; at most ``limit`` bytes.
+
+    ``FileNotFoundError`` where it does not exist; :class:`UnsafeFile` where it is not a
+    regular file.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeFile(f"{path} is not a regular file (mode {stat.filemode(st.st_mode)})")
+        chunks = []
+        left = limit
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- content keys
+
+
+@lru_cache(maxsize=8192)
+def _sha256_by_identity(path: str, dev: int, ino: int, size: int, mtime_ns: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """The sha256 of a file's bytes, hashed once per file version (device, inode, size, mtime)."""
+    st = os.stat(path)
+    return _sha256_by_identity(os.fspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Seen:
+    """What the kernel backs of an in-process claim list: the paths kept, and those refused."""
+
+    kept: tuple[str, ...] = ()
+    unbacked: tuple[str, ...] = field(default_factory=tuple)
+
+
+def back_claims(claimed: Iterable[str], trace: KernelTrace) -> Seen:
+    """Split paths an in-process log claims were mapped into those the kernel saw (the same
+    path, or the same file: device and inode) and the rest."""
+    seen_paths = {o.path.removesuffix(" (deleted)") for o in trace.objects}
+    seen_files = {(o.device, o.inode) for o in trace.objects}
+    kept: list[str] = []
+    unbacked: list[str] = []
+    for path in dict.fromkeys(claimed):
+        if "/" not in path:
+            continue  # the vDSO
+        ok = os.path.normpath(path) in seen_paths or _file_key(path) in seen_files
+        (kept if ok else unbacked).append(path)
+    return Seen(kept=tuple(kept), unbacked=tuple(unbacked))
+
+
+def _file_key(path: str) -> tuple[str, int] | None:
+    """(MAJOR:MINOR in the kernel's hex, inode) of the file ``path`` names, links followed."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}", st.st_ino
