@@ -252,7 +252,7 @@ def test_a_harness_child_is_not_dumpable(tmp_path: Path) -> None:
     subprocess.run(["chmod", "-R", "a+rX", str(shared)], check=True)
     env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(shared), "PYTHONDONTWRITEBYTECODE": "1"}
     # The probe's own start (make_private first), then a wait with the verdict pipe open.
-    script = "import time, cumatrix.case as c; c.make_private(); r, w = __import__('os').pipe(); time.sleep(30)"
+    script = "import time, cumatrix.child.case as c; c.make_private(); r, w = __import__('os').pipe(); time.sleep(30)"
     probe = subprocess.Popen([py, "-c", script], env=env, user=pw.pw_uid, group=pw.pw_gid,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
