@@ -315,6 +315,29 @@ static void traced_child_setup(int go_fd) {
 static int options = PTRACE_O_TRACEFORK | PTRACE_O_TRACEVFORK | PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXEC |
                      PTRACE_O_TRACEEXIT | PTRACE_O_TRACESECCOMP;
 
+/* Whether PID is a thread (not the first) of a process whose first thread still runs. */
+static int sibling_of_live_leader(pid_t pid) {
+    char name[64], line[256];
+    snprintf(name, sizeof name, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(name, "re");
+    if (!f) return 0;
+    long tgid = -1;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "Tgid:", 5)) { tgid = atol(line + 5); break; }
+    fclose(f);
+    if (tgid <= 0 || tgid == pid) return 0;
+    snprintf(name, sizeof name, "/proc/%ld/stat", tgid);
+    f = fopen(name, "re");
+    if (!f) return 0;
+    char state = 'X';
+    if (fgets(line, sizeof line, f)) {
+        char *close = strrchr(line, ')');
+        if (close && close[1] == ' ') state = close[2];
+    }
+    fclose(f);
+    return state != 'Z' && state != 'X';  /* a zombie leader's threads carry the address space on */
+}
+
 /* The traced processes alive (some slots 0): read once more when the leader ends. */
 #define MAX_LIVE 4096
 static pid_t live[MAX_LIVE];
@@ -352,7 +375,10 @@ static int trace_tree(pid_t leader) {
         if (event == PTRACE_EVENT_EXIT) {
             unsigned long how = 0;
             ptrace(PTRACE_GETEVENTMSG, pid, 0, &how);
-            snapshot(pid);
+            /* A thread shares its process's address space: read it only where no other thread
+             * of the process will (the group leader is gone), not at each of a CUDA program's
+             * threads' exits. */
+            if (!sibling_of_live_leader(pid)) snapshot(pid);
             exe_of(pid, exe, sizeof exe);
             out_line("x\t%d\t%lu\t%s\n", (int)pid, how, exe);
         } else if (event == PTRACE_EVENT_SECCOMP) {
