@@ -633,3 +633,27 @@ def test_a_cell_that_kills_its_tracer_is_a_crash(tmp_path: Path) -> None:
                         argv=("sh", "-c", "kill -9 $PPID; sleep 0.2; exit 0")))
     assert res.trace is not None and res.trace.traced and not res.trace.complete, res.trace
     assert classify(res, kind="command").outcome == "crash:SIGKILL"
+
+
+def test_a_containers_verdict_file_cannot_be_found_by_another_user(tmp_path: Path) -> None:
+    """The directory a container writes its verdict into is shared with the container's user,
+    so other local users may create files there too: they cannot list it, and the verdict's
+    name is random, known only to that child's environment."""
+    from cumatrix.execute.protocol import FileChannel
+
+    chan = FileChannel()
+    try:
+        assert chan.mount_dir.stat().st_mode & 0o7777 == 0o1733
+        (name,) = [v.rsplit("/", 1)[1] for k, v in chan.env()]
+        other = FileChannel()
+        other.close()
+        assert name.startswith("verdict-") and len(name) > 30 and name != other.name
+        if os.geteuid() == 0 and shutil.which("useradd") is not None:
+            import pwd
+
+            pw = pwd.getpwnam(_second_user())
+            peer = subprocess.run(["ls", str(chan.mount_dir)], user=pw.pw_uid, group=pw.pw_gid,
+                                  capture_output=True, text=True)
+            assert peer.returncode != 0 and "Permission denied" in peer.stderr
+    finally:
+        chan.close()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import selectors
 import shutil
 import subprocess
@@ -125,17 +126,21 @@ class FileChannel:
         from cumatrix.core.cache import temp_prefix
 
         self.mount_dir = Path(tempfile.mkdtemp(prefix=temp_prefix("verdict")))
-        os.chmod(self.mount_dir, 0o777)  # the container's user is not the harness's
+        # The container's user is not the harness's: it may create files here and pass through,
+        # but not list the directory (0733, sticky), and the verdict's name is a secret of this
+        # child's environment, so no other local user can find the file to write it first.
+        os.chmod(self.mount_dir, 0o1733)
+        self.name = f"verdict-{secrets.token_hex(16)}"
 
     def env(self) -> tuple[tuple[str, str], ...]:
-        return ((ENV_FILE, f"{self.container_dir}/verdict"),)
+        return ((ENV_FILE, f"{self.container_dir}/{self.name}"),)
 
     def raw(self) -> bytes:
         from cumatrix.core.witness import read_cell_file
 
         try:
             # The container can replace it (a FIFO, a link): read a regular file only, unblocked.
-            got = read_cell_file(self.mount_dir / "verdict", limit=MAX_BYTES + 1)
+            got = read_cell_file(self.mount_dir / self.name, limit=MAX_BYTES + 1)
         except OSError:
             return b""
         return b"x" * (MAX_BYTES + 1) if len(got) > MAX_BYTES else got
