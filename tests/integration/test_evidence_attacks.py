@@ -657,3 +657,27 @@ def test_a_containers_verdict_file_cannot_be_found_by_another_user(tmp_path: Pat
             assert peer.returncode != 0 and "Permission denied" in peer.stderr
     finally:
         chan.close()
+
+
+def test_a_link_named_like_a_runtime_does_not_rename_what_was_mapped(tmp_path: Path, cli: Any,
+                                                                     wheel_cache: Path) -> None:
+    """Attack: make a link named libcudart.so.13 to the C library, log it as opened (with a
+    SONAME to match) and exit 1.  The kernel saw the C library under its own name: the log's
+    spelling and SONAME are not taken, and the cell is exit:1, not skipped."""
+    _gcc()
+    libc = next(p for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6",
+                            "/lib64/libc.so.6", "/usr/lib64/libc.so.6") if os.path.exists(p))
+    link = tmp_path / "fake" / "libcudart.so.13"
+    link.parent.mkdir()
+    link.symlink_to(libc)
+    forge = rf'printf "o\t$$\tlibcudart.so.13\t{link}\n" >> "$CUMATRIX_AUDIT_LOG"; exit 1'
+    proc, got = _run(cli, tmp_path, f"""
+        runtimes: {{cu12.9: {{wheel: {CU129}}}}}
+        drivers: [host]
+        probe: false
+        cases:
+          - {{name: rename, argv: [sh, -c, '{forge}']}}
+        """)
+    rec = got["rename"]
+    assert rec["observed"]["outcome"] == "exit:1", rec["observed"]
+    assert rec["fingerprint"]["runtime_file"] is None and rec["fingerprint"]["libraries"] == []

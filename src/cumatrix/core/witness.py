@@ -252,7 +252,7 @@ def _maps(trace: KernelTrace, pid: int, obj: str) -> bool:
 
 
 def _same(o: TracedObject, path: str) -> bool:
-    return _file_key(path) == (o.device, o.inode)
+    return file_key(path) == (o.device, o.inode)
 
 
 def is_loader(path: str) -> bool:
@@ -328,12 +328,12 @@ def back_claims(claimed: Iterable[str], trace: KernelTrace) -> Seen:
     for path in dict.fromkeys(claimed):
         if "/" not in path:
             continue  # the vDSO
-        ok = os.path.normpath(path) in seen_paths or _file_key(path) in seen_files
+        ok = os.path.normpath(path) in seen_paths or file_key(path) in seen_files
         (kept if ok else unbacked).append(path)
     return Seen(kept=tuple(kept), unbacked=tuple(unbacked))
 
 
-def _file_key(path: str) -> tuple[str, int] | None:
+def file_key(path: str) -> tuple[str, int] | None:
     """(MAJOR:MINOR in the kernel's hex, inode) of the file ``path`` names, links followed."""
     try:
         st = os.stat(path)

@@ -46,7 +46,7 @@ from cumatrix.binary.staticcudart import StaticRuntime, static_runtime_in
 from cumatrix.core.cache import cache_dir
 from cumatrix.core.errors import CumatrixError
 from cumatrix.core.model import CudaVersion
-from cumatrix.core.witness import KernelTrace, back_claims, read_cell_file
+from cumatrix.core.witness import KernelTrace, back_claims, file_key, read_cell_file
 from cumatrix.execute import provenance as _provenance
 
 #: The environment variables the audit library reads (csrc/audit.c).
@@ -690,7 +690,23 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
     note = log.problem
     if trace is not None and trace.traced:
         source = "kernel"
-        rows = [(pid, "", o.path.removesuffix(" (deleted)")) for o in trace.objects for pid in o.pids]
+        # The audit log adds detail to what the kernel saw: the path as the loader opened it
+        # (through $ORIGIN, not normalised: where it came from is read from it), taken only
+        # where it is the same file under its own name (or a versioned link's: libcudart.so.12
+        # for libcudart.so.12.9.79), so that no link a process made can rename what it mapped.
+        # SONAMEs are read from the files, not from the log.
+        logged: dict[tuple[str, int], str] = {}
+        for _, _, path in log.opened:
+            key = file_key(path) if "/" in path else None
+            if key is not None:
+                logged.setdefault(key, path)
+        rows = []
+        for o in trace.objects:
+            real = o.path.removesuffix(" (deleted)")
+            path = logged.get((o.device, o.inode), real)
+            if not os.path.basename(real).startswith(os.path.basename(path)):
+                path = real
+            rows += [(pid, "", path) for pid in o.pids]
         every = _described(rows, roots=roots, cuda_only=False, soname_from_file=True)
         unbacked = back_claims((path for _, _, path in log.opened), trace).unbacked
         extra = "; ".join(trace.notes)
