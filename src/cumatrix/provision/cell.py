@@ -89,6 +89,7 @@ class Provisioner:
     docker: DockerBackend | None = None
     _resolved: dict[str, _runtimes.ResolvedRuntime | CumatrixError] = field(default_factory=dict)
     _interposers: dict[str, str] = field(default_factory=dict)
+    _audit_dir: str | None = None
     _container_lib: Path | None = None
 
     def close(self) -> None:
@@ -96,6 +97,7 @@ class Provisioner:
         if self._audit_dir is not None:
             shutil.rmtree(self._audit_dir, ignore_errors=True)
             self._audit_dir = None
+            self._container_lib = None
 
     # ----------------------------------------------------------------- runtimes
 
