@@ -94,3 +94,6 @@ PY
 # The same through the CLI, every probe and one swap family of two runtimes.
 CUMATRIX_SANDBOX=on python3 -m cumatrix run examples/h200-reference.yaml --wheel-dir .wheels --out "$S/run" -q \
   -k "(cu12.9 or cu13.0) and (probe or kv-16k-d2h)" 2>&1 | tail -20
+# The host's own CUDA programs (torch, CuPy, JAX, cuda-bindings) under the sandbox, real driver.
+CUMATRIX_SANDBOX=on python3 -m cumatrix run examples/h200-clients.yaml --wheel-dir .wheels --out "$S/clients" -q \
+  -k "host" 2>&1 | tail -20

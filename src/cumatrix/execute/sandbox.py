@@ -584,7 +584,7 @@ def bwrap_command(bwrap: str, argv: list[str], *, cwd: str, policy: Policy | Non
     ``write`` (which must exist) the only writable host paths.
 
     The cell's root is never the host's: a root harness runs bubblewrap with every capability
-    dropped but the two ``setpriv`` needs to become ``policy.uid`` (``nobody``) with none left
+    dropped but the three ``setpriv`` needs to become ``policy.uid`` (``nobody``) with none left
     and no way to gain one (``no_new_privs``); anyone else's bubblewrap creates a user namespace
     that maps the cell to its own unprivileged uid and forbids further ones.
     """
@@ -594,7 +594,10 @@ def bwrap_command(bwrap: str, argv: list[str], *, cwd: str, policy: Policy | Non
     out = [bwrap, "--die-with-parent", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
     if root:
         # No user namespace: in one made by root, the cell's uid 0 would still be the host's.
-        out += ["--unshare-cgroup", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        # CAP_SETPCAP lets setpriv empty the bounding set (util-linux 2.39 drops every entry and
+        # fails without it, as on Ubuntu 24.04); the change of uid then clears what is left.
+        out += ["--unshare-cgroup", "--cap-drop", "ALL", "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID",
+                "--cap-add", "CAP_SETPCAP"]
     else:
         out += ["--unshare-user", "--disable-userns", "--unshare-cgroup-try", "--cap-drop", "ALL"]
     for d in SYSTEM_DIRS:
