@@ -99,13 +99,16 @@ def matrix_text(project: Project) -> str:
 # cumatrix matrix for {project.name} (written by `cumatrix init`; edit freely).
 # Each case runs once per runtime x driver pairing, in its own process, with that CUDA
 # runtime as the libcudart it loads.  `cumatrix validate {MATRIX_FILE}` checks this file;
-# `cumatrix run` runs it.  Install {project.name} into the Python that runs cumatrix first.
+# `cumatrix run` runs it.  Install {project.name} into the Python that runs cumatrix first:
+# `python: harness` puts that interpreter first on the case's PATH (without it, a case's
+# `python3` is whatever the PATH outside the harness's environment finds).
 version: 1
 runtimes:
 {runtimes}
 drivers: [host, emulated-12.4]
 cases:
-  - {{name: import-{project.module.replace('_', '-')}, argv: [python3, -c, "import {project.module}"], timeout: 120}}
+  - {{name: import-{project.module.replace('_', '-')}, argv: [python3, -c, "import {project.module}"], timeout: 120,
+     python: harness}}
 """
 
 
