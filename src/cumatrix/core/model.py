@@ -307,12 +307,28 @@ PATHS = ("batch", "fallback", "kernel", "n/a")
 
 
 def outcome_kind(outcome: str) -> Kind:
+    """The kind of an outcome word: ``crash:SIGSEGV`` -> :attr:`Kind.CRASH`.
+
+    The one place that takes an outcome word apart; every other module asks this (or the
+    predicates below) instead of testing string prefixes.
+    """
     return Kind(outcome.split(":", 1)[0])
+
+
+def outcome_argument(outcome: str) -> str | None:
+    """What follows the kind: ``exit:3`` -> ``"3"``, ``ok:batch`` -> ``"batch"``, ``timeout`` -> None."""
+    _, sep, arg = outcome.partition(":")
+    return arg if sep else None
+
+
+def is_ok(outcome: str) -> bool:
+    """``ok`` on any path."""
+    return outcome_kind(outcome) is Kind.OK
 
 
 def is_neutral(outcome: str) -> bool:
     """Outcomes that neither pass nor fail a cell (reported as skipped)."""
-    return outcome.startswith("skipped:") or outcome == "cannot-emulate"
+    return outcome_kind(outcome) in (Kind.SKIPPED, Kind.CANNOT_EMULATE)
 
 
 def outcome_matches(expected: str, outcome: str, path: str | None) -> bool:
@@ -320,8 +336,8 @@ def outcome_matches(expected: str, outcome: str, path: str | None) -> bool:
 
     ``ok`` matches ``ok`` on any path; ``ok:batch`` only on the batch path.
     """
-    if expected.startswith("ok:"):
-        return outcome == "ok" and path == expected[3:]
+    if outcome_kind(expected) is Kind.OK and outcome_argument(expected) is not None:
+        return outcome == "ok" and path == outcome_argument(expected)
     return expected == outcome
 
 

@@ -25,7 +25,7 @@ from cumatrix import __version__
 from cumatrix.load.catalog import Bug, Catalog, load_catalog
 from cumatrix.core.errors import UsageError, did_you_mean
 from cumatrix.core.jobs import Job
-from cumatrix.core.model import NO_RUNTIME, Cell, CudaVersion, Matrix, is_neutral
+from cumatrix.core.model import NO_RUNTIME, Cell, CudaVersion, Kind, Matrix, is_neutral, is_ok, outcome_kind
 from cumatrix.execute.observe import ENFORCE_ENV, LOG_ENV
 from cumatrix.orchestrate import Orchestrator
 from cumatrix.provision.cell import PACKAGE_PARENT
@@ -202,7 +202,7 @@ def run_one(runner: Orchestrator, cell: Cell) -> CellRun:
 
         headers = _runtimes.headers_for(cell.build, wheel_dir=runner.wheel_dir, runtimes=runner.matrix.runtimes)
         build_log = _build.build_variant(cell.variant, cell.family, headers).log  # cached: no recompile
-    if record.observed.outcome.startswith("crash:"):
+    if outcome_kind(record.observed.outcome) is Kind.CRASH:
         if runner.backend == "docker":
             native = NativeTrace(tool=None, backtrace="", libraries="", maps=(),
                                  note="docker backend: the image carries no gdb; fallback to the faulthandler stack only")
@@ -263,7 +263,7 @@ def _cell_section(r: CellRun, title: str, want: str | None = None) -> list[str]:
     lines += ["", f"**The oracle's reason** ({rec.expected.rule or 'no rule'}): {rec.expected.reason}", ""]
     if rec.mismatch:
         lines += [f"**Mismatch:** {rec.mismatch}", ""]
-    crashed = r.outcome.startswith("crash:")
+    crashed = outcome_kind(r.outcome) is Kind.CRASH
     if r.detail and not crashed:  # a crash's detail is the stderr tail shown below
         lines += ["Detail:", "", *_fence(r.detail), ""]
     if crashed:
@@ -426,8 +426,8 @@ def repro_cell(args: argparse.Namespace) -> int:
     r = run_one(runner, cell)
     rec = r.record
     expected = sorted(rec.expected.outcomes)
-    signature = any(not e.startswith("ok") and not is_neutral(e) for e in expected)
-    if r.outcome.startswith("skipped:"):
+    signature = any(not is_ok(e) and not is_neutral(e) for e in expected)
+    if outcome_kind(r.outcome) is Kind.SKIPPED:
         print(f"cumatrix: cell {cell.id} did not run here ({r.outcome}: {r.detail}); nothing reproduced", file=sys.stderr)
         return 2
     if rec.status in ("pass", "skip") and not signature:

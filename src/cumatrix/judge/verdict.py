@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 
 from cumatrix.predict import oracle
 from cumatrix.core.jobs import ChildResult
-from cumatrix.core.model import Cell, Expected, Observed, is_neutral
+from cumatrix.core.model import Cell, Expected, Kind, Observed, is_neutral, outcome_kind
 from cumatrix.core.record import CellRecord, Status
 
 #: Bytes of each child stream kept in a record.
@@ -87,7 +87,7 @@ def decide(cell: Cell, expected: Expected, observed: Observed, facts: Facts) -> 
 def shell_signal(observed: Observed) -> Observed:
     """A shell reports a child killed by signal N as exit 128+N (dash does not exec ``-c``)."""
     code = observed.exit_status
-    if not observed.outcome.startswith("exit:") or code is None or not 128 < code < 128 + 65:
+    if outcome_kind(observed.outcome) is not Kind.EXIT or code is None or not 128 < code < 128 + 65:
         return observed
     try:
         name = signal.Signals(code - 128).name
@@ -102,8 +102,8 @@ def shell_signal(observed: Observed) -> Observed:
 def reconcile(cell: Cell, observed: Observed, host: oracle.HostFacts, expected: Expected) -> Observed:
     """Map observations that mean "this pairing cannot be emulated" to ``cannot-emulate``."""
     # A leaked runtime is the program's fault on any driver: emulation does not excuse it.
-    if expected.outcomes == {"cannot-emulate"} and not observed.outcome.startswith(
-            ("skipped:", "harness-error", "runtime-leak:")):
+    if expected.outcomes == {"cannot-emulate"} and outcome_kind(observed.outcome) not in (
+            Kind.SKIPPED, Kind.HARNESS_ERROR, Kind.RUNTIME_LEAK):
         shown = f"observed {observed.outcome}" + (f" (path {observed.path})" if observed.path else "")
         return replace(observed, outcome="cannot-emulate", detail=f"{shown}; {expected.reason}")
     d = oracle.effective_driver(cell, host)

@@ -29,6 +29,7 @@ from cumatrix.core.model import (
     Runtime,
     Workload,
     is_neutral,
+    is_ok,
     outcome_matches,
 )
 
@@ -203,10 +204,10 @@ def _bug(ctx: _Ctx, i: int, raw: Mapping[str, Any], workloads: Mapping[str, Work
     path: yamldoc.Path = ("bugs", i)
     bad = _cell(ctx, (*path, "bad"), raw["bad"], workloads)
     good = _cell(ctx, (*path, "good"), raw["good"], workloads)
-    if bad is not None and any(is_neutral(o) or o.startswith("ok") for o in bad.outcomes):
+    if bad is not None and any(is_neutral(o) or is_ok(o) for o in bad.outcomes):
         ctx.err((*path, "bad", "outcome"), f"{bad.outcome!r} is not a failure signature")
         bad = None
-    if good is not None and not all(o.startswith("ok") for o in good.outcomes):
+    if good is not None and not all(is_ok(o) for o in good.outcomes):
         ctx.err((*path, "good", "outcome"), f"the good cell must pass (ok...), not {good.outcome!r}")
         good = None
     needs = raw["needs"]
