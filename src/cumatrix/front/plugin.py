@@ -407,7 +407,6 @@ def _select_cells(config: pytest.Config, items: list[pytest.Item]) -> None:
 
 # --------------------------------------------------------------------------- controller side
 
-_STORE = pytest.StashKey[Store]()
 _DIGESTS = pytest.StashKey[LazyDigests]()
 _REUSE = pytest.StashKey[frozenset[str]]()
 
