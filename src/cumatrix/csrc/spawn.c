@@ -44,6 +44,20 @@
  * Fields are separated by tabs; paths end at the newline (a path holding one is escaped
  * by the kernel as \012).
  *
+ *   cumatrix-spawn --trace-record NONCE_FILE PARENT_PID CGROUP_PROCS LIMITS -- PROGRAM [ARGS...]
+ *
+ * The same tracing where no descriptor can come from the harness (a container's entry).  The
+ * record is kept in memory; NONCE_FILE (a secret of the harness's) is read and removed before
+ * the program starts.  When the program ends, what it left is read and killed, and only once
+ * no process of the tree is left (waitpid reports none) is the record written to stderr
+ * between two lines holding the secret:
+ *
+ *   \036cumatrix-trace <secret> begin ... \036cumatrix-trace <secret> end
+ *
+ * No traced process knows the secret (the file was gone before the first one ran, and this
+ * process is not dumpable) and none is alive when the record is written, so nothing of the
+ * cell can write a record the harness would take, before or after this one.
+ *
  *   cumatrix-spawn --watch PROGRAM [ARGS...]
  *
  * The harness's watcher, as it waits: what it is told on stdin is kept in memory (a memfd)
@@ -189,7 +203,40 @@ static int trace_fd = -1;
 static char out_buf[1 << 16];
 static size_t out_len;
 
+/* --trace-record: the record, in memory until the tree is gone. */
+#define RECORD_MAX (16u << 20)
+static int record_mode;
+static char *record;
+static size_t record_len, record_cap;
+static char secret[128];
+
+static void write_all(int fd, const char *buf, size_t len) {
+    size_t off = 0;
+    while (off < len) {
+        ssize_t w = write(fd, buf + off, len - off);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return;
+        }
+        off += (size_t)w;
+    }
+}
+
 static void out_flush(void) {
+    if (record_mode) {
+        if (record_len + out_len > record_cap && record_len + out_len <= RECORD_MAX) {
+            size_t cap = record_cap ? record_cap : (1u << 20);
+            while (cap < record_len + out_len) cap *= 2;
+            char *grown = realloc(record, cap);
+            if (grown) { record = grown; record_cap = cap; }
+        }
+        if (record_len + out_len <= record_cap) {  /* past the cap the rest is dropped: no "z" line */
+            memcpy(record + record_len, out_buf, out_len);
+            record_len += out_len;
+        }
+        out_len = 0;
+        return;
+    }
     size_t off = 0;
     while (off < out_len) {
         ssize_t w = write(trace_fd, out_buf + off, out_len - off);
@@ -353,6 +400,25 @@ static void live_drop(pid_t pid) {
     for (int i = 0; i < n_live; i++) if (live[i] == pid) live[i] = 0;
 }
 
+/* --trace-record: kill what the leader left and wait until no traced process is left, so that
+ * none is alive when the record is written (a child forked meanwhile is attached, and killed). */
+static void drain_tree(void) {
+    for (int i = 0; i < n_live; i++)
+        if (live[i] > 0) kill(live[i], SIGKILL);
+    for (;;) {
+        int st;
+        pid_t pid = waitpid(-1, &st, __WALL);
+        if (pid < 0) {
+            if (errno == EINTR) continue;
+            break;  /* ECHILD: not one traced process is left */
+        }
+        if (WIFSTOPPED(st)) {
+            if (((unsigned)st >> 16) != PTRACE_EVENT_EXIT) kill(pid, SIGKILL);
+            ptrace(PTRACE_CONT, pid, 0, 0);
+        }
+    }
+}
+
 /* Trace the tree rooted at LEADER until the leader ends; its wait status. */
 static int trace_tree(pid_t leader) {
     int leader_status = -1, leader_execd = 0;
@@ -406,9 +472,30 @@ static int trace_tree(pid_t leader) {
      * here on cannot change its outcome, but what they have mapped is read now. */
     for (int i = 0; i < n_live; i++)
         if (live[i] > 0) snapshot(live[i]);
+    if (record_mode) drain_tree();
     out_line("z\t%d\n", leader_status);
     out_flush();
     return leader_status;
+}
+
+/* --trace-record: the record, between the secret's lines, on stderr (nothing traced is alive). */
+static void emit_record(void) {
+    if (!record_mode) return;
+    out_flush();
+    char line[256];
+    int k = snprintf(line, sizeof line, "\n\036cumatrix-trace %s begin\n", secret);
+    write_all(2, line, (size_t)k);
+    if (record_len) write_all(2, record, record_len);
+    k = snprintf(line, sizeof line, "\036cumatrix-trace %s end\n", secret);
+    write_all(2, line, (size_t)k);
+}
+
+/* The program's wait status (untraced: ptrace was refused); -1 on failure. */
+static int mirror_status(pid_t pid) {
+    int status;
+    while (waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR) return -1;
+    return status;
 }
 
 static int traced_main(int fd, int argc, char **argv) {
@@ -417,7 +504,7 @@ static int traced_main(int fd, int argc, char **argv) {
     /* Not dumpable: processes of the same user (the cell's) cannot open /proc/PID/fd of this
      * one, read its memory or attach to it. */
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
-    if (fcntl(fd, F_SETFD, FD_CLOEXEC) != 0) return fail("trace fd", argv[0]);
+    if (!record_mode && fcntl(fd, F_SETFD, FD_CLOEXEC) != 0) return fail("trace fd", argv[0]);
     pid_t parent = (pid_t)atol(argv[0]);
     if (parent > 0) {
         if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) return fail("prctl", "PR_SET_PDEATHSIG");
@@ -425,6 +512,8 @@ static int traced_main(int fd, int argc, char **argv) {
     }
     int go[2];
     if (pipe2(go, O_CLOEXEC) != 0) return fail("pipe", "");
+    int ready[2] = {-1, -1};
+    if (record_mode && pipe2(ready, O_CLOEXEC) != 0) return fail("pipe", "");
     pid_t pid = -1;
     if (strcmp(argv[1], "-") != 0) pid = start_in_cgroup(argv[1], getpid());
     if (pid < 0) {
@@ -449,10 +538,26 @@ static int traced_main(int fd, int argc, char **argv) {
     }
     if (pid == 0) {
         close(go[1]);
+        if (record_mode) {
+            /* A process of this non-dumpable one is not dumpable either, and a tracer without
+             * CAP_SYS_PTRACE (a container's user) may not seize it: the program's process says
+             * it may be traced (it forgets the secret first; nothing of the cell runs yet). */
+            memset(secret, 0, sizeof secret);
+            prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
+            close(ready[0]);
+            while (write(ready[1], "r", 1) < 0 && errno == EINTR) {}
+            close(ready[1]);
+        }
         traced_child_setup(go[0]);
         return run_program(argv[2], &argv[4]);
     }
     close(go[0]);
+    if (record_mode) {
+        char r;
+        close(ready[1]);
+        while (read(ready[0], &r, 1) < 0 && errno == EINTR) {}
+        close(ready[0]);
+    }
     char word = 'T';
     if (ptrace(PTRACE_SEIZE, pid, 0, (void *)(long)options) != 0) {
         out_line("n\tptrace refused (%s): the program runs untraced\n", strerror(errno));
@@ -463,10 +568,34 @@ static int traced_main(int fd, int argc, char **argv) {
     out_flush();
     while (write(go[1], &word, 1) < 0 && errno == EINTR) {}
     close(go[1]);
-    if (word == 'U') return mirror(pid);
+    if (word == 'U') {
+        int rc = mirror_status(pid);
+        if (rc < 0) return fail("waitpid", "program");
+        out_line("z\t%d\n", rc);
+        emit_record();
+        return end_as(rc);
+    }
     int st = trace_tree(pid);
     if (st < 0) return fail("waitpid", "program");
+    emit_record();
     return end_as(st);
+}
+
+/* --trace-record: read the secret and remove its file, before any process of the cell exists. */
+static int record_main(char **argv, int argc) {
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);  /* first: the secret is about to be in this memory */
+    int fd = open(argv[0], O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) return fail("open", argv[0]);
+    ssize_t n = read(fd, secret, sizeof secret - 1);
+    close(fd);
+    if (unlink(argv[0]) != 0) return fail("unlink", argv[0]);
+    while (n > 0 && (secret[n - 1] == '\n' || secret[n - 1] == ' ')) n--;
+    if (n < 16) { errno = EINVAL; return fail("secret too short in", argv[0]); }
+    secret[n] = 0;
+    for (ssize_t i = 0; i < n; i++)
+        if (secret[i] < '0' || secret[i] > 'z') { errno = EINVAL; return fail("bad secret in", argv[0]); }
+    record_mode = 1;
+    return traced_main(-1, argc - 1, &argv[1]);
 }
 
 static int watch(char **argv) {
@@ -502,6 +631,8 @@ int main(int argc, char **argv) {
     if (argc >= 3 && strcmp(argv[1], "--watch") == 0) return watch(&argv[2]);
     if (argc >= 8 && strcmp(argv[1], "--trace") == 0 && strcmp(argv[6], "--") == 0)
         return traced_main(atoi(argv[2]), argc - 3, &argv[3]);
+    if (argc >= 8 && strcmp(argv[1], "--trace-record") == 0 && strcmp(argv[6], "--") == 0)
+        return record_main(&argv[2], argc - 2);
     if (argc < 6 || strcmp(argv[4], "--") != 0) {
         fprintf(stderr, "usage: cumatrix-spawn PARENT_PID CGROUP_PROCS LIMITS -- PROGRAM [ARGS...]\n");
         return 126;

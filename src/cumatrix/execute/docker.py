@@ -24,6 +24,7 @@ rebuild.  ``image:`` runtimes are used as they are.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -54,6 +55,8 @@ from cumatrix.execute.local import _Capture
 from cumatrix.core.model import Runtime
 from cumatrix.core.jobs import Verdict
 from cumatrix.execute.protocol import FileChannel, parse
+from cumatrix.execute import docker_trace
+from cumatrix.core.witness import KernelTrace, tracing_enabled
 from cumatrix.provision.runtimes import (
     check_runtime_wheel,
     fetch_wheel,
@@ -619,11 +622,17 @@ class DockerBackend:
     def _run(self, job: Job, ref: str, facts: _ImageFacts, *, with_gpu: bool) -> ChildResult:
         # Only a harness child gets the verdict channel: a directory mounted for it alone.
         chan = FileChannel() if job.reports_verdict else None
+        rec, why = _record_channel(self.user)
         try:
-            return self._run_in(job, ref, facts, with_gpu=with_gpu, chan=chan)
+            result = self._run_in(job, ref, facts, with_gpu=with_gpu, chan=chan, rec=rec)
+            if rec is None and why is not None and result.trace is None:
+                result = dataclasses.replace(result, trace=why)
+            return result
         finally:
             if chan is not None:
                 chan.close()
+            if rec is not None:
+                rec.close()
 
     def _gpu_kwargs(self, with_gpu: bool) -> dict[str, Any]:
         if with_gpu and self.gpu.mode == "nvidia-runtime":
@@ -633,7 +642,7 @@ class DockerBackend:
         return {}
 
     def _run_in(self, job: Job, ref: str, facts: _ImageFacts, *, with_gpu: bool,
-                chan: FileChannel | None) -> ChildResult:
+                chan: FileChannel | None, rec: docker_trace.RecordChannel | None = None) -> ChildResult:
         extra: dict[str, object] = {"image": ref, "image_id": facts.image_id, "backend": "docker"}
         mounts = self._mounts(job, with_gpu)
         if isinstance(mounts, str):
@@ -645,6 +654,13 @@ class DockerBackend:
             mounts.append(docker.types.Mount(target=chan.container_dir, source=str(chan.mount_dir), type="bind",
                                              read_only=False))
             environment.update(chan.env())
+        command = list(job.argv)
+        if rec is not None:  # the spawn helper is the entry and traces the cell's tree
+            mounts.append(docker.types.Mount(target=docker_trace.SPAWN_IN_CONTAINER, source=str(rec.shim),
+                                             type="bind", read_only=True))
+            mounts.append(docker.types.Mount(target=docker_trace.SECRET_DIR_IN_CONTAINER, source=str(rec.dir),
+                                             type="bind", read_only=False))
+            command = rec.command(job.argv)
         kwargs = self._gpu_kwargs(with_gpu)
         slug = _NAME_RE.sub("-", job.cell_id).strip("-.")[:80]
         name = f"cumatrix-{slug}-{uuid.uuid4().hex[:8]}"
@@ -655,7 +671,7 @@ class DockerBackend:
         try:
             try:
                 container = self.client.containers.create(
-                    ref, command=list(job.argv), name=name, environment=environment,
+                    ref, command=command, name=name, environment=environment,
                     mounts=mounts, init=True, network_mode="none", mem_limit=self.mem_limit,
                     memswap_limit=self.mem_limit, pids_limit=self.pids_limit, labels=self._labels(job.cell_id),
                     nano_cpus=int(self.cpus * 1e9), user=self.user, cap_drop=["ALL"],
@@ -676,7 +692,7 @@ class DockerBackend:
                 return _harness_error(f"container for {job.cell_id} did not start: {msg}", **extra)
             status, timed_out = _wait(container, job.timeout)
             return _collect(container, status, timed_out=timed_out, duration=time.monotonic() - start,
-                            chan=chan, extra=extra)
+                            chan=chan, extra=extra, rec=rec)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
             return _harness_error(f"docker failed while running {job.cell_id}: {_short(e)}", **extra)
         finally:
@@ -711,16 +727,23 @@ def _wait(container: Any, timeout: float) -> tuple[dict[str, Any], bool]:
 
 
 def _collect(container: Any, status: dict[str, Any], *, timed_out: bool, duration: float,
-             chan: FileChannel | None, extra: dict[str, object]) -> ChildResult:
+             chan: FileChannel | None, extra: dict[str, object],
+             rec: docker_trace.RecordChannel | None = None) -> ChildResult:
     """A finished container as a ChildResult: its exit (a signal or an OOM kill), logs, verdict."""
     container.reload()
     state = container.attrs.get("State") or {}
     code = int(status.get("StatusCode", state.get("ExitCode", -1)))
     oom = bool(state.get("OOMKilled"))
     out, err = _Capture(), _Capture()
-    for cap, which in ((out, {"stdout": True, "stderr": False}), (err, {"stdout": False, "stderr": True})):
-        for chunk in _logs(container, **which):
-            cap.feed(chunk)
+    for chunk in _logs(container, stdout=True, stderr=False):
+        out.feed(chunk)
+    trace: KernelTrace | None = None
+    if rec is None:
+        for chunk in _logs(container, stdout=False, stderr=True):
+            err.feed(chunk)
+    else:  # the whole stream: the helper's record is its end, taken out of what the cell wrote
+        cell_err, trace = rec.split(b"".join(_logs(container, stdout=False, stderr=True)))
+        err.feed(cell_err)
     verdict, verr = parse(chan.raw()) if chan is not None else (None, None)
     sig: int | None = None
     rc: int | None = code
@@ -731,7 +754,22 @@ def _collect(container: Any, status: dict[str, Any], *, timed_out: bool, duratio
     extra.update(exit_code_raw=code, container=container.name, containment="container")
     return ChildResult(returncode=rc, signal=sig, timed_out=timed_out, stdout_tail=out.text(),
                        stderr_tail=err.text(), verdict=verdict, verdict_error=verr,
-                       duration_s=duration, oom_killed=oom, extra=extra)
+                       duration_s=duration, oom_killed=oom, extra=extra, trace=trace)
+
+
+def _record_channel(user: str) -> tuple[docker_trace.RecordChannel | None, KernelTrace | None]:
+    """The tracer's channel for one container, or why the cell runs untraced (None: tracing is off)."""
+    if not tracing_enabled():
+        return None, None
+    shim = sandbox.spawn_shim()
+    if shim is None:
+        return None, KernelTrace(traced=False, complete=False,
+                                 note="no tracer: the spawn helper could not be built")
+    if not docker_trace.is_static(shim):
+        return None, KernelTrace(traced=False, complete=False,
+                                 note="no tracer in containers: the spawn helper is not linked statically "
+                                      "(the C library's libc.a is missing), so it cannot run in every image")
+    return docker_trace.RecordChannel(shim, user), None
 
 
 def _check_unix_socket() -> None:
