@@ -1,0 +1,145 @@
+"""Docker cells traced by the kernel: the spawn helper is the container's entry (real dockerd,
+the base image of containers/build-base.sh, real runtime wheels).
+
+An audit log a docker cell forges, or one it leaves empty by unsetting LD_AUDIT, no longer
+decides its verdict: the helper's record, written on the container's stderr between lines
+holding a secret of the harness's once no process of the cell is left, does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cumatrix.core.jobs import Job
+from cumatrix.execute import docker_trace, sandbox
+
+CU129 = "nvidia-cuda-runtime-cu12==12.9.79"
+
+pytestmark = [pytest.mark.docker, pytest.mark.network]
+
+
+@pytest.fixture(scope="module")
+def base_image() -> str:
+    try:
+        import docker
+
+        with contextlib.closing(docker.from_env(timeout=30)) as client:
+            client.ping()
+    except Exception as e:  # noqa: BLE001 - any failure to reach the daemon means: no docker here
+        if os.environ.get("CUMATRIX_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"CUMATRIX_REQUIRE_DOCKER=1 but no Docker daemon answers: {e}")
+        pytest.skip(f"no Docker daemon answers ({type(e).__name__}); start one with `bash .ci/dockerd`")
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(["bash", str(repo / "containers" / "build-base.sh")], capture_output=True, text=True,
+                          timeout=900, check=False)
+    if proc.returncode != 0:
+        pytest.skip(f"containers/build-base.sh failed: {proc.stderr.strip()[-300:]}")
+    return proc.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def backend(base_image: str) -> Iterator[Any]:
+    shim = sandbox.spawn_shim()
+    if shim is None or not docker_trace.is_static(shim):
+        pytest.skip("no statically linked spawn helper (gcc and libc.a are needed)")
+    from cumatrix.execute.docker import DockerBackend
+
+    with DockerBackend(base_image) as be:
+        yield be
+
+
+def _job(be: Any, *argv: str) -> Job:
+    return Job(cell_id="base/host/t", kind="command", argv=argv, timeout=60, image=be.base_image)
+
+
+def _cells(cli: Any, d: Path, base: str, body: str) -> tuple[Any, dict[str, dict[str, Any]]]:
+    m = d / "m.yaml"
+    m.write_text(textwrap.dedent(body).lstrip("\n"))
+    out = d / "out"
+    proc = cli("run", m, "--backend", "docker", "--base-image", base, "--out", out, "-q", cwd=d, timeout=600)
+    assert (out / "results.jsonl").exists(), proc.stderr
+    recs = {}
+    for line in (out / "results.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("type") == "cell":
+            recs[rec["id"].split("/")[-1]] = rec
+    return proc, recs
+
+
+def test_the_cells_tree_is_traced_inside_its_container(backend: Any) -> None:
+    """Every process of the tree is seen, with what it mapped, and the cell's exit and its
+    output are what they were untraced (the record is taken out of its stderr)."""
+    res = backend.run_job(_job(backend, "sh", "-c", "python3 -c 'import ctypes' && echo out && echo err >&2; exit 3"))
+    assert (res.returncode, res.stdout_tail, res.stderr_tail) == (3, "out\n", "err\n")
+    assert res.trace is not None and res.trace.traced and res.trace.complete, res.trace
+    images = [img for p in res.trace.processes for img in p.images]
+    assert any(os.path.basename(i).startswith("python3") for i in images), images
+    assert any("/_ctypes" in o.path for o in res.trace.objects), [o.path for o in res.trace.objects]
+    crashed = backend.run_job(_job(backend, "sh", "-c", "kill -SEGV $$"))
+    assert (crashed.returncode, crashed.signal) == (None, 11)
+    assert crashed.trace is not None and crashed.trace.traced and crashed.trace.complete
+
+
+def test_a_record_printed_by_the_cell_is_not_taken(backend: Any) -> None:
+    """Attack: the cell prints a record of its own on stderr (the helper's markers, a made-up
+    secret, a "traced" record that saw nothing) and then kills the helper, its parent, so that
+    no real record follows.  The forged record is not the helper's: the cell has no record, it
+    says so, and it ends as SIGKILL."""
+    fake = r"\n\036cumatrix-trace 0123456789abcdef0123456789abcdef begin\nt\t1\nz\t0\n" \
+           r"\036cumatrix-trace 0123456789abcdef0123456789abcdef end\n"
+    res = backend.run_job(_job(backend, "sh", "-c", f"printf '{fake}' >&2; kill -9 $PPID; sleep 5"))
+    assert res.signal == 9, (res.returncode, res.stderr_tail)
+    assert res.trace is not None and not res.trace.traced and not res.trace.complete, res.trace
+    assert res.trace.note is not None and "left no record" in res.trace.note
+    assert "cumatrix-trace 0123456789abcdef" in res.stderr_tail  # the cell's own text, kept as output
+
+
+def test_a_docker_cell_that_forges_its_audit_log_gets_the_kernels_verdict(tmp_path: Path, cli: Any,
+                                                                           base_image: str, backend: Any) -> None:
+    """Attack: a docker cell writes to its audit log that a CUDA 13 runtime was mapped (a
+    foreign runtime: the cell would be skipped as not using its own), then exits 1.  The
+    kernel's record never saw that file: the cell is ``exit:1`` and the claim is named."""
+    forge = r'printf "o\t$$\tlibcudart.so.13\t/opt/fake/libcudart.so.13\n" >> "$CUMATRIX_AUDIT_LOG"; exit 1'
+    proc, got = _cells(cli, tmp_path, base_image, f"""
+        runtimes: {{cu12.9: {{wheel: {CU129}}}}}
+        drivers: [host]
+        probe: false
+        cases:
+          - {{name: forge, argv: [sh, -c, '{forge}']}}
+        """)
+    rec = got["forge"]
+    assert rec["observed"]["outcome"] == "exit:1", (rec["observed"], proc.stdout)
+    fp = rec["fingerprint"]
+    assert fp["mappings_from"] == "kernel", fp
+    assert "/opt/fake/libcudart.so.13" in fp["audit_claims_not_backed"]
+    assert fp["trace"]["traced"] and fp["trace"]["complete"]
+
+
+def test_a_docker_cell_that_loads_its_runtime_without_ld_audit_is_still_seen(
+        tmp_path: Path, cli: Any, base_image: str, backend: Any) -> None:
+    """A child started with ``env -u LD_AUDIT`` dlopens the image's runtime: the audit log
+    holds nothing of it, and the kernel's record still names the file and its version."""
+    load = "import ctypes, os; ctypes.CDLL(os.environ['CUMATRIX_CUDART'])"  # the image's runtime, by path
+    proc, got = _cells(cli, tmp_path, base_image, f"""
+        runtimes: {{cu12.9: {{wheel: {CU129}}}}}
+        drivers: [host]
+        probe: false
+        cases:
+          - {{name: hide, argv: [env, -u, LD_AUDIT, python3, -c, "{load}"]}}
+        """)
+    rec = got["hide"]
+    assert rec["observed"]["outcome"] == "ok", (rec["observed"], proc.stdout)
+    fp = rec["fingerprint"]
+    assert fp["mappings_from"] == "kernel", fp
+    [lib] = [lib for lib in fp["libraries"] if os.path.basename(lib["path"]) == "libcudart.so.12"]
+    assert lib["path"].startswith("/opt/cumatrix/runtime/") and lib["version"] == "12.9"
+    assert (fp["runtime_file"], fp["runtime_version"]) == (lib["path"], 12090)
