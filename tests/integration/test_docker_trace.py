@@ -143,3 +143,12 @@ def test_a_docker_cell_that_loads_its_runtime_without_ld_audit_is_still_seen(
     [lib] = [lib for lib in fp["libraries"] if os.path.basename(lib["path"]) == "libcudart.so.12"]
     assert lib["path"].startswith("/opt/cumatrix/runtime/") and lib["version"] == "12.9"
     assert (fp["runtime_file"], fp["runtime_version"]) == (lib["path"], 12090)
+
+
+
+def test_a_cell_that_floods_its_log_still_has_its_record(backend: Any) -> None:
+    """The cell writes more to stderr than the container's log keeps (it rotates): the record,
+    written last, is still read."""
+    res = backend.run_job(_job(backend, "sh", "-c", "head -c 80000000 /dev/zero | tr '\\0' a >&2; exit 0"))
+    assert res.returncode == 0 and res.verdict is None
+    assert res.trace is not None and res.trace.traced and res.trace.complete, res.trace

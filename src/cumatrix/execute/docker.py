@@ -752,6 +752,16 @@ def _collect(container: Any, status: dict[str, Any], *, timed_out: bool, duratio
     elif _SIGNAL_BASE < code < _SIGNAL_BASE + 65:
         sig, rc = code - _SIGNAL_BASE, None
     extra.update(exit_code_raw=code, container=container.name, containment="container")
+    if trace is docker_trace.NO_RECORD and not timed_out and not oom and sig is None:
+        # The helper ended the container itself and its record is not in the log: the cell
+        # flooded the log past its size limit (the record rotated away) or hid it some other
+        # way.  Its audit log is no evidence, and no outcome is read without the kernel's.
+        msg = ("the tracer's record of this container is missing from its log (the cell's output passed the "
+               "log's size limit?): no verdict without it")
+        return ChildResult(returncode=rc, signal=sig, timed_out=False, stdout_tail=out.text(),
+                           stderr_tail=err.text(), verdict=Verdict(outcome="harness-error", detail=msg),
+                           verdict_error=None, duration_s=duration, oom_killed=oom,
+                           extra={**extra, "harness_error": msg}, trace=trace)
     return ChildResult(returncode=rc, signal=sig, timed_out=timed_out, stdout_tail=out.text(),
                        stderr_tail=err.text(), verdict=verdict, verdict_error=verr,
                        duration_s=duration, oom_killed=oom, extra=extra, trace=trace)

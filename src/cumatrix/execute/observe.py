@@ -440,6 +440,9 @@ def read_mapped(log: Path, *, roots: Mapping[str, Path] = {}, cuda_only: bool = 
                       cuda_only=cuda_only)
 
 
+_SONAME_BY_NAME_RE = re.compile(r"^(lib[\w+.-]*?\.so\.\d+)(?:\.\d+)*$")
+
+
 def _described(rows: Iterable[tuple[int, str, str]], *, roots: Mapping[str, Path], cuda_only: bool,
                soname_from_file: bool = False) -> tuple[MappedLibrary, ...]:
     pids: dict[str, list[int]] = {}
@@ -459,6 +462,11 @@ def _described(rows: Iterable[tuple[int, str, str]], *, roots: Mapping[str, Path
             # The kernel names files, not SONAMEs: read it (once per file version), so that a
             # runtime renamed on disk is still known by its SONAME.
             so = _soname_from_file(_host_path(path, roots)) or ""
+        if not so and soname_from_file and not _host_path(path, roots).exists():
+            # A file inside a container's image, not readable here: the SONAME its name gives
+            # (libcudart.so.12.9.79 -> libcudart.so.12), never the one the cell's log claims.
+            m = _SONAME_BY_NAME_RE.match(os.path.basename(path))
+            so = m.group(1) if m and is_cuda_library(m.group(1)) else ""
         if cuda_only and not (is_cuda_library(so) or is_cuda_library(path)):
             continue
         out.append(describe(path, so, roots=roots, pids=who,
