@@ -57,6 +57,6 @@ class ChildResult:
     duration_s: float
     oom_killed: bool = False
     extra: dict[str, object] = field(default_factory=dict)
-    #: What the kernel reports the cell's processes did (the tracer's record); None where the
-    #: backend cannot trace (docker) or the cell was decided without a child.
+    #: What the kernel reports the cell's processes did (the tracer's record); None where no
+    #: tracer ran (tracing turned off) or the cell was decided without a child.
     trace: KernelTrace | None = None

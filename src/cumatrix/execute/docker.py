@@ -14,6 +14,7 @@ names, removed in ``finally``, an env var to keep them, the daemon checked up fr
   ``PYTHONPATH``) bind-mounted read-only at the same path;
 - the label ``cumatrix=1`` and the owning process, so that :meth:`DockerBackend.cleanup_stale`
   removes what a killed run left behind without touching a live run's containers;
+- the spawn helper as the entry, tracing the cell's tree (:mod:`cumatrix.execute.docker_trace`);
 - the GPU, when the host has one: ``--gpus all`` through the NVIDIA container runtime, or
   else the device nodes and the driver's user-mode libraries passed explicitly.
 

@@ -685,8 +685,8 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
 
     With a ``trace`` of the tree (the kernel's ``/proc/PID/maps``, read by the tracer), that
     is the evidence: the audit log only adds detail to objects the kernel saw, and paths it
-    claims that the kernel never saw are ignored and named (``unbacked``).  Without one (docker
-    cells, ptrace refused), the audit log is read, and the record says where it came from.
+    claims that the kernel never saw are ignored and named (``unbacked``).  Without one (ptrace
+    refused, no static helper for a container), the audit log is read, and the record says where it came from.
     The cell's own file, when it is the runtime mapped, carries the version measured at
     provisioning (``cudaRuntimeGetVersion``).  With the cell's ``setting``, each library's
     provenance is traced, and a runtime from outside both the program and the cell is the
