@@ -26,7 +26,7 @@ import textwrap
 import time
 import xml.etree.ElementTree as ET
 import zipfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -51,6 +51,7 @@ from cumatrix.binary.elf import (
     open_member,
 )
 from cumatrix.binary.fatbin import DeviceCode, Variant, covering, ptx_isa_cuda, read_fatbin
+from cumatrix.binary.fastelf import FastELFFile
 from cumatrix.core.model import CudaVersion
 
 Severity = Literal["error", "warning", "note"]
@@ -78,6 +79,7 @@ _DRIVER_VERSION_QUERIES = ("cudaDriverGetVersion", "cuDriverGetVersion")
 _RUNTIME_VERSION_QUERIES = ("cudaRuntimeGetVersion",)
 # Below this much inflated ELF data a wheel is audited in-process (a pool costs more).
 _PARALLEL_BYTES = 64 << 20
+_SMALL_MEMBER = 1 << 20  # members up to this size are sent to workers in batches
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -725,7 +727,7 @@ def _audit_stream(member: str, stream: Any, size: int, s: AuditSettings, data: A
             if stream.read(len(ELF_MAGIC)) != ELF_MAGIC:
                 return _MemberResult(name=member, is_elf=False, findings=(), codes=())
             stream.seek(0)
-            elf = ELFFile(stream)
+            elf = ELF_READER(stream)
             check_bounds(elf, size)  # header counts bounded before any is read
             findings, codes = _audit_one(member, elf, s, data, abi_changed)
         finally:
@@ -734,6 +736,11 @@ def _audit_stream(member: str, stream: Any, size: int, s: AuditSettings, data: A
         return _MemberResult(name=member, is_elf=True, findings=(_unreadable(member, e),),
                              codes=())
     return _MemberResult(name=member, is_elf=True, findings=tuple(findings), codes=codes)
+
+
+#: The reader of a member's ELF file: :class:`FastELFFile` parses the section table once
+#: (same values as pyelftools' :class:`ELFFile`, which the equivalence test swaps in).
+ELF_READER: Callable[[Any], ELFFile] = FastELFFile
 
 
 #: The zip entries of the wheel being audited, by member name: read once by _candidates in
@@ -789,10 +796,17 @@ def _run_members(wheel: Path, members: list[tuple[str, int]], s: AuditSettings,
     try:
         # Largest first, so the long members start at once and the small ones fill in.
         order = [m for m, _ in sorted(members, key=lambda x: -x[1])]
+        big = [m for m, size in sorted(members, key=lambda x: -x[1]) if size > _SMALL_MEMBER]
+        small = order[len(big):]
+        # Small members go to the workers in batches: one round trip per cubin cost more
+        # than auditing it in a wheel of thousands.  Large ones one at a time, for balance.
+        batch = max(1, min(64, len(small) // (n * 8)))
         try:
             with ProcessPoolExecutor(max_workers=n,
                                      mp_context=multiprocessing.get_context("fork")) as pool:
-                return {r.name: r for r in pool.map(_worker, order)}
+                first = pool.map(_worker, big)
+                rest = pool.map(_worker, small, chunksize=batch)
+                return {r.name: r for r in itertools.chain(first, rest)}
         except BrokenProcessPool:
             # A worker died (out of memory, a crash in a native inflater on a hostile file):
             # audit in this process instead, where each member's failure is its own finding.
