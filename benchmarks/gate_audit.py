@@ -8,6 +8,16 @@ worker times the number of workers (goal: under 300 MB).
 
     python benchmarks/gate_audit.py [--spec vllm==0.19.1] [--rounds 3] [--wheel-dir DIR]
 
+``--kinds`` times three kinds of published wheel side by side instead (goal for each: at
+most 0.5 of ``unzip -p``'s time, peak resident memory under 200 MB), rounds interleaved
+(unzip, audit, for each kind in turn), medians of ``--rounds``:
+
+- cubin-heavy: flashinfer-cubin 0.4.0 (6,562 members, half of them small cubins);
+- one big member compressing poorly: nvidia-cufft-cu12 (one large ``libcufft.so``);
+- framework-like: CuPy 13.6.0 for CUDA 12 (hundreds of Python files, a few large ``.so``).
+
+    python benchmarks/gate_audit.py --kinds [--rounds 3] [--wheel-dir DIR]
+
 ``--synthetic`` runs the older benchmark instead (targets: under 10 s, under 500 MB):
 
 Builds a wheel of at least 300 MB from real gcc-built ELF files (two of them carrying
@@ -193,6 +203,8 @@ def _cached_wheel(spec: str) -> Path:
     name, _, version = spec.partition("==")
     stem = f"{name.replace('-', '_')}-{version}-"
     found = sorted(dest.glob(f"{stem}*.whl"))
+    if not found:  # the truth-set cache may hold it already
+        found = sorted((base / "cumatrix" / "truth").glob(f"{stem}*.whl"))
     if not found:
         subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps",
                         "--only-binary=:all:", "--disable-pip-version-check", "-q",
@@ -201,6 +213,61 @@ def _cached_wheel(spec: str) -> Path:
     if not found:
         raise SystemExit(f"pip downloaded no wheel named {stem}*.whl for {spec}")
     return found[0]
+
+
+#: (kind, pip requirement) of the --kinds benchmark.
+KINDS = (
+    ("cubin-heavy", "flashinfer-cubin==0.4.0"),
+    ("one big member", "nvidia-cufft-cu12==11.4.1.4"),
+    ("framework-like", "cupy-cuda12x==13.6.0"),
+)
+KIND_TARGET_MB = 200.0
+
+
+def kinds(args: argparse.Namespace) -> int:
+    """The three kinds side by side; exit 0 only when every goal is met."""
+    wheels = [(kind, _cached_wheel(spec)) for kind, spec in KINDS]
+    wd = str(args.wheel_dir or "")
+    _child("from cumatrix.audit.static import load_audit_data; import sys, pathlib; "
+           "load_audit_data(wheel_dir=pathlib.Path(sys.argv[1]) if sys.argv[1] else None); "
+           "print('{}')", wd)  # warm the header cache outside the timed runs
+    unzip_s: dict[str, list[float]] = {k: [] for k, _ in wheels}
+    audits: dict[str, list[dict[str, object]]] = {k: [] for k, _ in wheels}
+    for _ in range(args.rounds):
+        for kind, wheel in wheels:
+            unzip_s[kind].append(_unzip_seconds(wheel))
+            audits[kind].append(_child(REAL_CHILD, str(wheel), wd))
+    ok = True
+    print(f"cores usable: {len(os.sched_getaffinity(0))}, load average before the last round: "
+          f"{os.getloadavg()[0]:.2f}")
+    for kind, wheel in wheels:
+        with zipfile.ZipFile(wheel) as zf:
+            infos = zf.infolist()
+        size = sum(i.file_size for i in infos)
+        print(f"\n[{kind}] {wheel.name}: {wheel.stat().st_size / 1e6:.0f} MB, "
+              f"{len(infos)} members, {size / 1e6:.0f} MB uncompressed")
+        runs = audits[kind]
+        last = runs[-1]
+        same = all(r["codes"] == last["codes"] for r in runs)
+        workers = int(last["workers"])  # type: ignore[call-overload]
+        u = statistics.median(unzip_s[kind])
+        a = statistics.median(float(r["audit_s"]) for r in runs)  # type: ignore[arg-type]
+        peak_mb = max(int(r["self_kb"]) + workers * int(r["child_kb"])  # type: ignore[call-overload]
+                      for r in runs) / 1024
+        print(f"  audit: {last['elves']} ELF files, {last['errors']} errors, "
+              f"{last['warnings']} warnings, {len(last['codes'])} distinct findings "  # type: ignore[arg-type]
+              f"({'the same' if same else 'DIFFERENT'} in every round), {workers} worker(s)")
+        print(f"  unzip -p: {' '.join(f'{x:.2f}' for x in unzip_s[kind])} s (median {u:.2f} s)")
+        times = " ".join(f"{float(r['audit_s']):.2f}" for r in runs)  # type: ignore[arg-type]
+        print(f"  audit:    {times} s (median {a:.2f} s)")
+        ratio = a / u
+        good = ratio <= 0.5 and peak_mb < KIND_TARGET_MB and same
+        ok = ok and good
+        print(f"  ratio audit / unzip -p: {ratio:.2f}   goal <= 0.5   "
+              f"{'ok' if ratio <= 0.5 else 'MISSED'}")
+        print(f"  peak RSS (process + {workers} x largest worker): {peak_mb:.0f} MB   "
+              f"goal < {KIND_TARGET_MB:.0f} MB   {'ok' if peak_mb < KIND_TARGET_MB else 'MISSED'}")
+    return 0 if ok else 1
 
 
 def _unzip_seconds(wheel: Path) -> float:
@@ -245,6 +312,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--synthetic", action="store_true",
                     help="the synthetic 315 MB wheel instead of a real one")
+    ap.add_argument("--kinds", action="store_true",
+                    help="three kinds of wheel side by side (cubin-heavy, one big member, "
+                         "framework-like)")
     ap.add_argument("--spec", default="vllm==0.19.1", help="the real wheel (pip requirement)")
     ap.add_argument("--rounds", type=int, default=3, help="alternating unzip/audit rounds")
     ap.add_argument("--pad-mb", type=int, default=120, help="MB of padding per big ELF file")
@@ -254,6 +324,8 @@ def main() -> int:
     ap.add_argument("--compare-zipfile", action="store_true",
                     help="also time pyelftools over plain ZipFile.open streams (capped at 120 s)")
     args = ap.parse_args()
+    if args.kinds:
+        return kinds(args)
     if not args.synthetic:
         return real(args)
     with tempfile.TemporaryDirectory(dir=args.work) as tmp:

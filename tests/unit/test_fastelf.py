@@ -106,3 +106,19 @@ def test_wheel_findings_identical(elves: dict[str, bytes], tmp_path: Path,
     assert ("demo/m.so", "driver-symbol-too-new") in codes
     assert ("demo/m.so", "abi-lookup") in codes
     assert ("demo/cut-table.so", "unreadable-elf") in codes
+
+
+def test_string_scan_per_prefix_matches_alternation(elves: dict[str, bytes]) -> None:
+    """elf_strings searches one literal prefix at a time; an alternation (forced here by a
+    prefix that is not an identifier, and never occurs) must find the very same names."""
+    from cumatrix.binary.elf import elf_strings
+    from cumatrix.binary.staticcudart import MARK
+
+    for name in ("m.so", "m.o"):
+        for tables in (False, True):
+            elf = FastELFFile(io.BytesIO(elves[name]))
+            fast = elf_strings(elf, ("cu", "dl", MARK), string_tables=tables)
+            slow = elf_strings(elf, ("cu", "dl", MARK, "\x01\x02"), string_tables=tables)
+            assert fast == slow, (name, tables)
+    so = elf_strings(FastELFFile(io.BytesIO(elves["m.so"])), ("cu", "dl"), string_tables=True)
+    assert {"cudaMemcpyBatchAsync", "cuInit", "dlsym"} <= so

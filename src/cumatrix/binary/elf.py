@@ -476,7 +476,14 @@ def elf_strings(elf: ELFFile, prefix: str | tuple[str, ...], *,
     # No look-behind: a pattern that starts with literals lets the regex engine skip ahead
     # fast; the character before a match is checked below (a look-behind made the scan of
     # NCCL's 215 MB of relocatable device code take 39 s).
-    pattern = re.compile(rb"(?:" + alt + rb")[A-Za-z0-9_]{0,%d}\x00" % _MAX_NAME)
+    patterns = [re.compile(rb"(?:" + alt + rb")[A-Za-z0-9_]{0,%d}\x00" % _MAX_NAME)]
+    if all(re.fullmatch(r"[A-Za-z0-9_]+", p) for p in prefixes):
+        # One pattern per prefix: a pattern that starts with one literal is searched for
+        # fast, an alternation is tried at every byte (8x slower over cuFFT's .rodata).
+        # The same names are found: a match spans identifier characters up to its NUL, so
+        # any match it could hide starts after an identifier character and is dropped.
+        patterns = [re.compile(re.escape(p.encode()) + rb"[A-Za-z0-9_]{0,%d}\x00" % _MAX_NAME)
+                    for p in prefixes]
     longest = max(len(p) for p in prefixes)
     found: set[str] = set()
     stream = elf.stream
@@ -496,9 +503,10 @@ def elf_strings(elf: ELFFile, prefix: str | tuple[str, ...], *,
             pos += len(chunk)
             buf = carry + chunk
             # Position 0 is the previous round's context, never the start of a match.
-            for m in pattern.finditer(buf, 1):
-                if not _IDENT[buf[m.start() - 1]]:
-                    found.add(m.group()[:-1].decode("ascii"))
+            for pattern in patterns:
+                for m in pattern.finditer(buf, 1):
+                    if not _IDENT[buf[m.start() - 1]]:
+                        found.add(m.group()[:-1].decode("ascii"))
             # The next round rescans the end of this one, so a name cut by the chunk
             # boundary is seen whole there; names seen twice collapse in the set.
             carry = buf[-keep:]
