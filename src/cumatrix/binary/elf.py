@@ -16,6 +16,7 @@ cache of decoded blocks instead: bounded memory and no temporary file, but re-in
 from __future__ import annotations
 
 import io
+import os
 import re
 import shutil
 import struct
@@ -64,6 +65,7 @@ _CACHED_BLOCKS = 16  # decoded blocks kept (16 MiB)
 _INPUT_CHUNK = 1 << 16  # compressed bytes fed to zlib at a time
 _SCAN_CHUNK = 4 << 20  # bytes of a section scanned at a time by elf_strings
 _IN_MEMORY = 8 << 20  # deflated members up to this size are inflated into memory
+_MEMFD_MAX = 1 << 30  # larger ones are spooled to a file on disk, not to memory
 _SPOOL_MAX = 4 << 30  # larger ones are read on demand: no zip bomb fills the disk
 _SPOOL_CHUNK = 1 << 20  # compressed bytes inflated at a time when spooling
 _MAX_NAME = 512  # longest name elf_strings reports; also the overlap between chunks
@@ -244,6 +246,19 @@ def _inflate_all(raw: IO[bytes], data_start: int, compressed: int, size: int,
     out.seek(0)
 
 
+def _spool_file(size: int) -> IO[bytes]:
+    """An anonymous file for an inflated member: a memfd (tmpfs) up to ``_MEMFD_MAX`` where
+    the system has one (writing cuFFT's 278 MiB took 0.15 s there, 0.4-0.9 s on a disk's
+    file system), else a temporary file; neither is mapped, so neither counts as the
+    process's resident memory."""
+    if size <= _MEMFD_MAX and hasattr(os, "memfd_create"):
+        try:
+            return open(os.memfd_create("cumatrix-member", os.MFD_CLOEXEC), "w+b")  # noqa: SIM115
+        except OSError:  # no memfd in this kernel or sandbox
+            pass
+    return tempfile.TemporaryFile()  # noqa: SIM115 - the caller closes it
+
+
 def open_member(zf: zipfile.ZipFile, raw: IO[bytes], info: zipfile.ZipInfo, *,
                 spool: bool = True) -> IO[bytes]:
     """A seekable, read-only stream over one member of ``zf``.
@@ -267,7 +282,7 @@ def open_member(zf: zipfile.ZipFile, raw: IO[bytes], info: zipfile.ZipInfo, *,
             return cast(IO[bytes], _InflatedMember(raw, start, info.compress_size,
                                                    info.file_size))
         out: IO[bytes] = (io.BytesIO() if info.file_size <= _IN_MEMORY
-                          else tempfile.TemporaryFile())  # noqa: SIM115 - the caller closes it
+                          else _spool_file(info.file_size))
         try:
             _inflate_all(raw, start, info.compress_size, info.file_size, out)
         except BaseException:
