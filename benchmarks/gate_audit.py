@@ -16,7 +16,10 @@ most 0.5 of ``unzip -p``'s time, peak resident memory under 200 MB), rounds inte
 - one big member compressing poorly: nvidia-cufft-cu12 (one large ``libcufft.so``);
 - framework-like: CuPy 13.6.0 for CUDA 12 (hundreds of Python files, a few large ``.so``).
 
-    python benchmarks/gate_audit.py --kinds [--rounds 3] [--wheel-dir DIR]
+    python benchmarks/gate_audit.py --kinds [--rounds 3] [--wheel-dir DIR] [--same-as REF]
+
+``--same-as REF`` also audits each wheel once with the code of git commit ``REF`` and
+requires the very same findings (file, code, subject).
 
 ``--synthetic`` runs the older benchmark instead (targets: under 10 s, under 500 MB):
 
@@ -161,8 +164,9 @@ def build_wheel(work: Path, pad_mb: int) -> Path:
     return wheel
 
 
-def _child(code: str, *argv: str, timeout: float | None = None) -> dict[str, object]:
-    src = str(Path(__file__).resolve().parent.parent / "src")
+def _child(code: str, *argv: str, timeout: float | None = None,
+           src: str | None = None) -> dict[str, object]:
+    src = src or str(Path(__file__).resolve().parent.parent / "src")
     env = dict(os.environ, PYTHONPATH=src + os.pathsep + os.environ.get("PYTHONPATH", ""))
     p = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True,
                        env=env, timeout=timeout, check=True)
@@ -238,6 +242,20 @@ def kinds(args: argparse.Namespace) -> int:
             unzip_s[kind].append(_unzip_seconds(wheel))
             audits[kind].append(_child(REAL_CHILD, str(wheel), wd))
     ok = True
+    if args.same_as:
+        # The same wheels audited by the code of another commit: the findings must not move.
+        repo = Path(__file__).resolve().parent.parent
+        with tempfile.TemporaryDirectory() as base:
+            archive = subprocess.run(["git", "-C", str(repo), "archive", args.same_as, "src"],
+                                     check=True, capture_output=True).stdout
+            subprocess.run(["tar", "-x", "-C", base], input=archive, check=True)
+            for kind, wheel in wheels:
+                ref = _child(REAL_CHILD, str(wheel), wd, src=str(Path(base) / "src"))
+                same = ref["codes"] == audits[kind][-1]["codes"]
+                ok = ok and same
+                print(f"findings of {kind} against {args.same_as}: "
+                      f"{'identical' if same else 'DIFFERENT'} ({len(ref['codes'])} "  # type: ignore[arg-type]
+                      f"distinct), {float(ref['audit_s']):.2f} s there")  # type: ignore[arg-type]
     print(f"cores usable: {len(os.sched_getaffinity(0))}, load average before the last round: "
           f"{os.getloadavg()[0]:.2f}")
     for kind, wheel in wheels:
@@ -315,6 +333,9 @@ def main() -> int:
     ap.add_argument("--kinds", action="store_true",
                     help="three kinds of wheel side by side (cubin-heavy, one big member, "
                          "framework-like)")
+    ap.add_argument("--same-as", metavar="REF", default=None,
+                    help="with --kinds: also audit each wheel once with the code of git REF "
+                         "and require identical findings")
     ap.add_argument("--spec", default="vllm==0.19.1", help="the real wheel (pip requirement)")
     ap.add_argument("--rounds", type=int, default=3, help="alternating unzip/audit rounds")
     ap.add_argument("--pad-mb", type=int, default=120, help="MB of padding per big ELF file")
