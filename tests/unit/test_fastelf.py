@@ -73,6 +73,9 @@ def test_same_sections_as_pyelftools(elves: dict[str, bytes]) -> None:
         data = elves[name]
         fast, slow = FastELFFile(io.BytesIO(data)), ELFFile(io.BytesIO(data))
         assert _headers(fast) == _headers(slow), name
+        fresh = FastELFFile(io.BytesIO(data))  # before any Section object is made
+        assert fresh.named_headers() == [(s.name, s.header) for s in slow.iter_sections()]
+        assert fresh._section_name_map == slow._section_name_map
         assert fast.get_section_by_name(".dynsym") is not None or name != "m.so"
         for sec in (".dynsym", ".dynstr", ".rodata", ".nosuch"):
             a, b = fast.get_section_by_name(sec), slow.get_section_by_name(sec)

@@ -136,11 +136,13 @@ def elf_sonames(elf: ELFFile) -> frozenset[str]:
 
     found: set[str] = set()
     stream = elf.stream
-    for section in elf.iter_sections():
-        if (not _is_data_section(section, False) or section["sh_type"] == "SHT_NOBITS"
-                or section.name in _DEVICE_SECTIONS):
+    named = getattr(elf, "named_headers", None)  # FastELFFile: no Section object per header
+    pairs = named() if named else [(s.name, s.header) for s in elf.iter_sections()]
+    for name, header in pairs:
+        if (not _is_data_section(header, False) or header["sh_type"] == "SHT_NOBITS"
+                or name in _DEVICE_SECTIONS):
             continue
-        start, size = section["sh_offset"], section["sh_size"]
+        start, size = header["sh_offset"], header["sh_size"]
         carry = b"\x00"
         pos = 0
         while pos < size:

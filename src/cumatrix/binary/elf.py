@@ -456,8 +456,7 @@ def elf_defined_symbols(elf: ELFFile) -> Iterator[str]:
             yield name
 
 
-def _is_data_section(section: object, string_tables: bool) -> bool:
-    header = section.header  # type: ignore[attr-defined]
+def _is_data_section(header: Any, string_tables: bool) -> bool:
     kind = header["sh_type"]
     if kind == "SHT_STRTAB":
         # .dynstr holds the names of imported symbols; .strtab/.shstrtab are not loaded.
@@ -502,11 +501,14 @@ def elf_strings(elf: ELFFile, prefix: str | tuple[str, ...], *,
     longest = max(len(p) for p in prefixes)
     found: set[str] = set()
     stream = elf.stream
-    for section in elf.iter_sections():
-        if (not _is_data_section(section, string_tables) or section["sh_type"] == "SHT_NOBITS"
-                or section.name in _DEVICE_SECTIONS):
+    # FastELFFile lists the headers without making a Section object for each.
+    named = getattr(elf, "named_headers", None)
+    pairs = named() if named else [(s.name, s.header) for s in elf.iter_sections()]
+    for name, header in pairs:
+        if (not _is_data_section(header, string_tables) or header["sh_type"] == "SHT_NOBITS"
+                or name in _DEVICE_SECTIONS):
             continue
-        start, size = section["sh_offset"], section["sh_size"]
+        start, size = header["sh_offset"], header["sh_size"]
         carry = b"\x00"  # the section start counts as a string boundary
         keep = _MAX_NAME + longest + 2
         pos = 0

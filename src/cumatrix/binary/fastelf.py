@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import struct
+from functools import cached_property
 from collections.abc import Iterator
 from typing import IO, Any
 
@@ -122,6 +123,20 @@ class FastELFFile(ELFFile):
             return super()._get_section_name(section_header)
         s = self._names[off:end]
         return s.decode("utf-8", errors="replace") if s else ""
+
+    @cached_property
+    def _section_name_map(self) -> dict[str, int]:
+        # As ELFFile's (later sections win a shared name), without making every Section.
+        if not self._table():
+            return super()._section_name_map
+        return {self._get_section_name(h): i for i, h in enumerate(self._table())}
+
+    def named_headers(self) -> list[tuple[str, Container]]:
+        """``(name, header)`` of every section, in order (no :class:`Section` made)."""
+        table = self._table()
+        if not table:
+            return [(s.name, s.header) for s in self.iter_sections()]
+        return [(self._get_section_name(h), h) for h in table]
 
     def iter_sections(self, type: str | None = None) -> Iterator[Section]:  # noqa: A002
         """As :meth:`ELFFile.iter_sections`, from the kept sections."""
