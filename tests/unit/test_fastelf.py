@@ -61,6 +61,13 @@ def elves(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
     names = bytearray(so)
     struct.pack_into("<H", names, 0x3A, 60)  # a non-standard e_shentsize: pyelftools' path
     out["odd-entsize.so"] = bytes(names)
+    # .symtab linked to section 0 (not a string table): pyelftools raises on making it.
+    elf = ELFFile(io.BytesIO(so))
+    index = elf.get_section_index(".symtab")
+    assert index is not None, "gcc left no .symtab"
+    bad = bytearray(so)
+    struct.pack_into("<I", bad, shoff + 64 * index + 40, 0)  # sh_link
+    out["bad-symtab-link.so"] = bytes(bad)
     return out
 
 
@@ -109,6 +116,7 @@ def test_wheel_findings_identical(elves: dict[str, bytes], tmp_path: Path,
     assert ("demo/m.so", "driver-symbol-too-new") in codes
     assert ("demo/m.so", "abi-lookup") in codes
     assert ("demo/cut-table.so", "unreadable-elf") in codes
+    assert ("demo/bad-symtab-link.so", "unreadable-elf") in codes
 
 
 def test_string_scan_per_prefix_matches_alternation(elves: dict[str, bytes]) -> None:

@@ -75,6 +75,7 @@ class FastELFFile(ELFFile):
         self._headers: list[Container] | None = None
         self._sections: dict[int, Section] = {}
         self._names: bytes | None = None  # the section name table, read once
+        self._all_made = False
 
     def _table(self) -> list[Container]:
         """Every section header, or an empty list where pyelftools must parse them."""
@@ -124,18 +125,29 @@ class FastELFFile(ELFFile):
         s = self._names[off:end]
         return s.decode("utf-8", errors="replace") if s else ""
 
+    def _make_all(self) -> None:
+        # pyelftools makes every Section (in order) on the first walk of the table, and a
+        # damaged one (a symbol table linked to a section that is not a string table) raises
+        # there: made once here, so a damaged file fails as, and where, it did with ELFFile.
+        if not self._all_made:
+            for i in range(self.num_sections()):
+                self.get_section(i)
+            self._all_made = True
+
     @cached_property
     def _section_name_map(self) -> dict[str, int]:
-        # As ELFFile's (later sections win a shared name), without making every Section.
+        # As ELFFile's (later sections win a shared name).
         if not self._table():
             return super()._section_name_map
+        self._make_all()
         return {self._get_section_name(h): i for i, h in enumerate(self._table())}
 
     def named_headers(self) -> list[tuple[str, Container]]:
-        """``(name, header)`` of every section, in order (no :class:`Section` made)."""
+        """``(name, header)`` of every section, in order, as ``iter_sections`` gives them."""
         table = self._table()
         if not table:
             return [(s.name, s.header) for s in self.iter_sections()]
+        self._make_all()
         return [(self._get_section_name(h), h) for h in table]
 
     def iter_sections(self, type: str | None = None) -> Iterator[Section]:  # noqa: A002
