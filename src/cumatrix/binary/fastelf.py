@@ -76,6 +76,7 @@ class FastELFFile(ELFFile):
         self._sections: dict[int, Section] = {}
         self._names: bytes | None = None  # the section name table, read once
         self._all_made = False
+        self._named: list[tuple[str, Container]] | None = None
 
     def _table(self) -> list[Container]:
         """Every section header, or an empty list where pyelftools must parse them."""
@@ -139,16 +140,17 @@ class FastELFFile(ELFFile):
         # As ELFFile's (later sections win a shared name).
         if not self._table():
             return super()._section_name_map
-        self._make_all()
-        return {self._get_section_name(h): i for i, h in enumerate(self._table())}
+        return {name: i for i, (name, _) in enumerate(self.named_headers())}
 
     def named_headers(self) -> list[tuple[str, Container]]:
         """``(name, header)`` of every section, in order, as ``iter_sections`` gives them."""
         table = self._table()
         if not table:
             return [(s.name, s.header) for s in self.iter_sections()]
-        self._make_all()
-        return [(self._get_section_name(h), h) for h in table]
+        if self._named is None:
+            self._make_all()
+            self._named = [(self._sections[i].name, h) for i, h in enumerate(table)]
+        return self._named
 
     def iter_sections(self, type: str | None = None) -> Iterator[Section]:  # noqa: A002
         """As :meth:`ELFFile.iter_sections`, from the kept sections."""
