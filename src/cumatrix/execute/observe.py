@@ -578,15 +578,6 @@ def enforce_rules(cell: CellRuntime, mode: RuntimeMode = "enforced") -> tuple[tu
     return ((cell.soname, cell.path),)
 
 
-def _same_file(a: str, b: str) -> bool:
-    if os.path.normpath(a) == os.path.normpath(b):
-        return True
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
 def runtime_not_used(cell: CellRuntime, mapped: Sequence[MappedLibrary], *,
                      mode: RuntimeMode = "enforced", statics: Sequence[StaticRuntime] = ()) -> str | None:
     """Why the cell's runtime was not what the process used (the reason of
@@ -610,7 +601,7 @@ def runtime_not_used(cell: CellRuntime, mapped: Sequence[MappedLibrary], *,
         if rt.name != cell.soname:
             return (f"the process used {rt.name} ({rt.version or 'version unknown'}) from {rt.path}, "
                     f"not the cell's {cell.soname} ({CudaVersion.from_int(cell.version)})")
-        if cell.path is not None and not _same_file(rt.path, cell.path):
+        if cell.path is not None and not _provenance.same_file(rt.path, cell.path):
             return (f"the process mapped {rt.name} ({rt.version or 'version unknown'}) from {rt.path} "
                     f"past the enforced {cell.path}")
     if not runtimes:
@@ -734,9 +725,9 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
         # The cell's file inside an image is not readable here; its version is known anyway.
         own = str(CudaVersion.from_int(cell.version))
         mapped = tuple(dataclasses.replace(m, version=own, version_from="the cell's runtime (cudaRuntimeGetVersion)")
-                       if m.version is None and _same_file(m.path, cell.path) else m for m in mapped)
+                       if m.version is None and _provenance.same_file(m.path, cell.path) else m for m in mapped)
     seen = observed_runtime(mapped, statics)
-    if cell is not None and cell.path and seen.file and _same_file(seen.file, cell.path):
+    if cell is not None and cell.path and seen.file and _provenance.same_file(seen.file, cell.path):
         seen = ObservedRuntime(file=seen.file, soname=seen.soname, version=cell.version, evidence=seen.evidence)
     provs: tuple[_provenance.Provenance, ...] = ()
     leak = detail = None

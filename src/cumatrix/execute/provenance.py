@@ -201,7 +201,8 @@ def _real(path: str) -> str:
         return path
 
 
-def _same(a: str, b: str) -> bool:
+def same_file(a: str, b: str) -> bool:
+    """The same path, or two names of one file (links, bind mounts)."""
     if os.path.normpath(a) == os.path.normpath(b):
         return True
     try:
@@ -254,7 +255,7 @@ def _rpath_entry(found: Found) -> tuple[str, str] | None:
     directory = os.path.normpath(os.path.dirname(found.path))
     if found.requester:
         for tag, entry, d in _search_paths(found.requester):
-            if d == directory or _same(d, directory):
+            if d == directory or same_file(d, directory):
                 return tag, entry
     return None
 
@@ -284,7 +285,7 @@ def _origin(path: str, f: Found, s: Setting) -> tuple[Origin, str]:
     """The rules, in order: the cell's file; what the case allows; what the harness put first;
     a Python package tree (whose environment it is decides); the host's directories and the
     search steps that only reach them; what the program's own RPATH or its own paths name."""
-    if s.cell_file and _same(path, s.cell_file):
+    if s.cell_file and same_file(path, s.cell_file):
         return "cell", "the cell's runtime"
     hit = allowed_by(path, s.allow)
     if hit is not None:
@@ -301,7 +302,7 @@ def _origin(path: str, f: Found, s: Setting) -> tuple[Origin, str]:
     inherited = f.step == "ld_library_path" and _under(os.path.dirname(path), s.case_dirs) is None
     tree = package_tree(path)
     if tree is not None:
-        own = _under(tree, s.package_dirs) or next((d for d in s.package_dirs if _same(d, tree)), None)
+        own = _under(tree, s.package_dirs) or next((d for d in s.package_dirs if same_file(d, tree)), None)
         if own is not None:
             return "bundled", f"inside the program's own environment ({tree})"
         if f.step in ("rpath", "path") and f.requester and package_tree(f.requester) == tree:
