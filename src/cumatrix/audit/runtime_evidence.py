@@ -34,7 +34,6 @@ from cumatrix.core.model import CudaVersion
 EXPORTS_FILE = "data/cudart_exports.json"
 _EXPORTS_SCHEMA = 1
 
-_SCAN_CHUNK = 4 << 20
 # A soname as a C string: libcudart.so, libcudart.so.12, libcudart.so.11.0, libcuda.so.1.
 _SONAME_RE = re.compile(rb"lib(cudart|cuda)\.so(?:\.[0-9]{1,3}){0,3}\x00")
 _LIBCUDART_SONAME_RE = re.compile(r"^libcudart\.so(?:\.(\d+))?")
@@ -132,32 +131,15 @@ def min_driver_text(cuda: CudaVersion) -> str:
 def elf_sonames(elf: ELFFile) -> frozenset[str]:
     """CUDA sonames (``libcudart.so.N``, ``libcuda.so.1``) named as C strings in the loaded,
     non-executable data of ``elf`` (``.rodata`` and the like: what ``dlopen`` is passed)."""
-    from cumatrix.binary.elf import _DEVICE_SECTIONS, _is_data_section
+    from cumatrix.binary.elf import data_chunks
 
     found: set[str] = set()
-    stream = elf.stream
-    named = getattr(elf, "named_headers", None)  # FastELFFile: no Section object per header
-    pairs = named() if named else [(s.name, s.header) for s in elf.iter_sections()]
-    for name, header in pairs:
-        if (not _is_data_section(header, False) or header["sh_type"] == "SHT_NOBITS"
-                or name in _DEVICE_SECTIONS):
-            continue
-        start, size = header["sh_offset"], header["sh_size"]
-        carry = b"\x00"
-        pos = 0
-        while pos < size:
-            stream.seek(start + pos)
-            chunk = stream.read(min(_SCAN_CHUNK, size - pos))
-            if not chunk:
-                break
-            pos += len(chunk)
-            buf = carry + chunk
-            for m in _SONAME_RE.finditer(buf, 1):
-                prev = buf[m.start() - 1]
-                # "libcudart.so.12" alone or at the end of a path ("/usr/lib/libcudart.so.12").
-                if prev == 0 or prev == ord("/"):
-                    found.add(m.group()[:-1].decode("ascii"))
-            carry = buf[-40:]
+    for buf in data_chunks(elf, keep=40):
+        for m in _SONAME_RE.finditer(buf, 1):
+            prev = buf[m.start() - 1]
+            # "libcudart.so.12" alone or at the end of a path ("/usr/lib/libcudart.so.12").
+            if prev == 0 or prev == ord("/"):
+                found.add(m.group()[:-1].decode("ascii"))
     return frozenset(found)
 
 

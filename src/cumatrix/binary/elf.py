@@ -474,6 +474,35 @@ _DEVICE_SECTIONS = frozenset({".nv_fatbin", ".nvFatBinSegment", "__nv_relfatbin"
 _IDENT = [bool(re.fullmatch(rb"[A-Za-z0-9_]", bytes([b]))) for b in range(256)]
 
 
+def data_chunks(elf: ELFFile, *, string_tables: bool = False, keep: int) -> Iterator[bytes]:
+    """The loaded, non-executable sections of ``elf`` (device code left out), read in chunks.
+
+    Each chunk comes after the last ``keep`` bytes of the one before it in the same section (a
+    NUL before a section's first chunk: its start is a string boundary), so a string cut by a
+    chunk boundary is seen whole in the next; position 0 is context, never a match's start.
+    """
+    stream = elf.stream
+    # FastELFFile lists the headers without making a Section object for each.
+    named = getattr(elf, "named_headers", None)
+    pairs = named() if named else [(s.name, s.header) for s in elf.iter_sections()]
+    for name, header in pairs:
+        if (not _is_data_section(header, string_tables) or header["sh_type"] == "SHT_NOBITS"
+                or name in _DEVICE_SECTIONS):
+            continue
+        start, size = header["sh_offset"], header["sh_size"]
+        carry = b"\x00"
+        pos = 0
+        while pos < size:
+            stream.seek(start + pos)
+            chunk = stream.read(min(_SCAN_CHUNK, size - pos))
+            if not chunk:
+                break
+            pos += len(chunk)
+            buf = carry + chunk
+            yield buf
+            carry = buf[-keep:]
+
+
 def elf_strings(elf: ELFFile, prefix: str | tuple[str, ...], *,
                 string_tables: bool = False) -> set[str]:
     """Identifiers starting with ``prefix`` that appear as NUL-terminated strings in data.
@@ -500,31 +529,10 @@ def elf_strings(elf: ELFFile, prefix: str | tuple[str, ...], *,
                     for p in prefixes]
     longest = max(len(p) for p in prefixes)
     found: set[str] = set()
-    stream = elf.stream
-    # FastELFFile lists the headers without making a Section object for each.
-    named = getattr(elf, "named_headers", None)
-    pairs = named() if named else [(s.name, s.header) for s in elf.iter_sections()]
-    for name, header in pairs:
-        if (not _is_data_section(header, string_tables) or header["sh_type"] == "SHT_NOBITS"
-                or name in _DEVICE_SECTIONS):
-            continue
-        start, size = header["sh_offset"], header["sh_size"]
-        carry = b"\x00"  # the section start counts as a string boundary
-        keep = _MAX_NAME + longest + 2
-        pos = 0
-        while pos < size:
-            stream.seek(start + pos)
-            chunk = stream.read(min(_SCAN_CHUNK, size - pos))
-            if not chunk:
-                break
-            pos += len(chunk)
-            buf = carry + chunk
-            # Position 0 is the previous round's context, never the start of a match.
-            for pattern in patterns:
-                for m in pattern.finditer(buf, 1):
-                    if not _IDENT[buf[m.start() - 1]]:
-                        found.add(m.group()[:-1].decode("ascii"))
-            # The next round rescans the end of this one, so a name cut by the chunk
-            # boundary is seen whole there; names seen twice collapse in the set.
-            carry = buf[-keep:]
+    # Names seen twice (in a chunk and again in the next one's context) collapse in the set.
+    for buf in data_chunks(elf, string_tables=string_tables, keep=_MAX_NAME + longest + 2):
+        for pattern in patterns:
+            for m in pattern.finditer(buf, 1):
+                if not _IDENT[buf[m.start() - 1]]:
+                    found.add(m.group()[:-1].decode("ascii"))
     return found
