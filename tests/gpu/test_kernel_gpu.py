@@ -46,7 +46,8 @@ def library() -> str:
             pytest.fail(f"CUMATRIX_REQUIRE_GPU=1 but {reason}")
         pytest.skip(reason)
     built = build_variant("proc-address", "driver", headers_for("13.0"))
-    assert built.ok and built.library, built.log
+    assert built.ok, built.log
+    assert built.library, built.log
     return str(built.library)
 
 
@@ -349,7 +350,9 @@ def test_pageable_host_memory_stays_on_copy_engines(library: str) -> None:
     # must not touch it, even when forced.
     sizes, offsets = uniform(16384, 64)
     r = run_child(library, direction="d2h", policy="kernel", sizes=sizes, offsets=offsets, pageable_host=True)
-    assert r["rc"] == 0 and r["path"] in ("batch", "fallback") and r["nbad"] == 0, r
+    assert r["rc"] == 0, r
+    assert r["path"] in ("batch", "fallback"), r
+    assert r["nbad"] == 0, r
 
 
 def test_fastest_builtin_takes_the_kernel_for_small_blocks(library: str) -> None:

@@ -95,8 +95,11 @@ def test_images_are_listed_and_kept_without_yes(images: dict[str, Any], client: 
     refused = subprocess.run([sys.executable, "-m", "cumatrix", "clean", "--images"], env=env,
                              capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert refused.returncode == 2, refused.stdout + refused.stderr
-    assert f"image {free}" in refused.stdout and "--yes" in refused.stderr and "Traceback" not in refused.stderr
-    assert client.images.get(images["free"].id) and client.images.get(images["used"].id)
+    assert f"image {free}" in refused.stdout
+    assert "--yes" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert client.images.get(images["free"].id)
+    assert client.images.get(images["used"].id)
 
 
 def test_a_no_typed_on_a_terminal_removes_nothing(images: dict[str, Any], client: Any,
@@ -134,11 +137,13 @@ def test_removal_takes_the_free_image_and_never_one_a_container_uses(images: dic
 
     go, kept = planned_images(client)
     ids = {i.id for i in go}
-    assert images["free"].id in ids and images["used"].id not in ids
+    assert images["free"].id in ids
+    assert images["used"].id not in ids
     assert any(_names(images["used"]) in k for k in kept)
     # Ours alone, and no pruning of build stages: the daemon is shared.
     done = clean_images(client, [i for i in go if i.id == images["free"].id], stages=False)
-    assert _names(images["free"]) in done.images and not done.kept
+    assert _names(images["free"]) in done.images
+    assert not done.kept
     with pytest.raises(docker.errors.ImageNotFound):
         client.images.get(images["free"].id)
     assert client.images.get(images["used"].id)

@@ -49,7 +49,9 @@ def _ids(out: Path) -> list[str]:
 def test_no_cell_selected_exits_5_unless_allow_empty(cli: Cli, matrix: Path, tmp_path: Path) -> None:
     r = cli("run", matrix, "--out", tmp_path / "o", "-k", "nosuchcell", "-q", cwd=tmp_path)
     assert r.returncode == 5, r.stdout + r.stderr
-    assert "EMPTY" in r.stderr and "nosuchcell" in r.stderr and "--allow-empty" in r.stderr
+    assert "EMPTY" in r.stderr
+    assert "nosuchcell" in r.stderr
+    assert "--allow-empty" in r.stderr
     assert "Traceback" not in r.stderr
     r = cli("run", matrix, "--out", tmp_path / "o", "-k", "nosuchcell", "-q", "--allow-empty", cwd=tmp_path)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -75,10 +77,12 @@ def test_repro_bug_on_a_host_that_cannot_run_it_writes_a_skeleton(cli: Cli, tmp_
     assert text.startswith("# sglang-driver-dispatch: not run here")
     command = text.split("## Command to run on a host that can", 1)[1].split("```sh\n", 1)[1].split("\n```", 1)[0]
     assert command == "cumatrix repro --bug sglang-driver-dispatch --out reports"
-    assert "SGLang PR 23172" in text and "cu12.9/host/driver-dispatch/h12.8/kv-16k-d2h" in text
+    assert "SGLang PR 23172" in text
+    assert "cu12.9/host/driver-dispatch/h12.8/kv-16k-d2h" in text
     # An absolute --out does not travel to another host: the command uses the default.
     r = cli("repro", "--bug", "sglang-driver-dispatch", "--out", tmp_path / "abs", cwd=tmp_path)
-    assert r.returncode == 3 and "--out repro\n" in r.stdout + "\n"
+    assert r.returncode == 3
+    assert "--out repro\n" in r.stdout + "\n"
 
 
 @pytest.mark.network
@@ -87,7 +91,8 @@ def test_repro_all_exits_1_when_an_entry_could_not_run_unless_allow_missing(cli:
                                                                             tmp_path: Path) -> None:
     r = cli("repro", "--all", "--out", tmp_path / "a", cwd=tmp_path, timeout=900)
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "not run here" in r.stdout and "--allow-missing" in r.stderr
+    assert "not run here" in r.stdout
+    assert "--allow-missing" in r.stderr
     r = cli("repro", "--all", "--allow-missing", "--out", tmp_path / "b", cwd=tmp_path, timeout=900)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "vllm-cuda13-build: reproduced" in r.stdout  # the build-only entry did run
@@ -103,10 +108,12 @@ def test_run_json_prints_results_json_alone_on_stdout(cli: Cli, matrix: Path, tm
     assert r.returncode == 1, r.stderr
     doc = json.loads(r.stdout)  # one document, nothing else
     assert doc == json.loads((out / "results.json").read_text())
-    assert doc["verdict"] == "FAIL" and doc["counts"]["fail"] == 1
+    assert doc["verdict"] == "FAIL"
+    assert doc["counts"]["fail"] == 1
     assert "FAIL — 1 of the" in r.stderr  # the headline went to stderr
     empty = cli("run", matrix, "--out", tmp_path / "e", "--json", "-k", "nosuchcell", cwd=tmp_path)
-    assert empty.returncode == 5 and json.loads(empty.stdout)["verdict"] == "EMPTY"
+    assert empty.returncode == 5
+    assert json.loads(empty.stdout)["verdict"] == "EMPTY"
 
 
 @pytest.mark.network
@@ -116,14 +123,17 @@ def test_last_failed_and_failed_first(cli: Cli, matrix: Path, tmp_path: Path) ->
     assert first.returncode == 1
     every = _ids(out)
     lf = cli("run", matrix, "--out", out, "--lf", "-q", cwd=tmp_path)
-    assert lf.returncode == 1 and "1 cell(s) failed in the previous run, running only those" in lf.stderr
+    assert lf.returncode == 1
+    assert "1 cell(s) failed in the previous run, running only those" in lf.stderr
     assert _ids(out) == ["cu12.9/host/fails"]
     ff = cli("run", matrix, "--out", out, "--ff", "-q", cwd=tmp_path)
     assert ff.returncode == 1
     ran = _ids(out)
-    assert ran[0] == "cu12.9/host/fails" and sorted(ran) == sorted(every)
+    assert ran[0] == "cu12.9/host/fails"
+    assert sorted(ran) == sorted(every)
     both = cli("run", matrix, "--out", out, "--lf", "--ff", cwd=tmp_path)
-    assert both.returncode == 2 and "exclude each other" in both.stderr
+    assert both.returncode == 2
+    assert "exclude each other" in both.stderr
 
 
 def test_doctor_and_validate_json_are_one_document(cli: Cli, write_matrix: Callable[..., Path]) -> None:
@@ -133,12 +143,16 @@ def test_doctor_and_validate_json_are_one_document(cli: Cli, write_matrix: Calla
     r = cli("validate", good, "--json", "--list")
     assert r.returncode == 0
     v = json.loads(r.stdout)
-    assert v["ok"] is True and v["cells"] == len(v["cell_ids"]) == 8 and v["problems"] == []
+    assert v["ok"] is True
+    assert v["cells"] == len(v["cell_ids"]) == 8
+    assert v["problems"] == []
     bad = write_matrix(MATRIX.replace("[host, emulated-12.4]", "[host, emulatd-12.4]"), name="bad.yaml")
     r = cli("validate", bad, "--json")
     assert r.returncode == 2
     v = json.loads(r.stdout)
-    assert v["ok"] is False and v["problems"][0]["line"] == 2 and "emulated-12.4" in v["problems"][0]["message"]
+    assert v["ok"] is False
+    assert v["problems"][0]["line"] == 2
+    assert "emulated-12.4" in v["problems"][0]["message"]
 
 
 # --------------------------------------------------------------------------- validate
@@ -162,11 +176,15 @@ expect:
 def test_validate_suggests_from_each_axis_and_sorts_by_place(cli: Cli, write_matrix: Callable[..., Path]) -> None:
     m = write_matrix(BAD)
     r = cli("validate", m)
-    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()
-    assert lines[0].startswith(f"{m}:3:") and "did you mean 'emulated-12.8'?" in lines[0]
-    assert lines[1].startswith(f"{m}:4:") and "did you mean '12.8'?" in lines[1]
-    assert lines[2].startswith(f"{m}:11:") and "did you mean 'exit:1'?" in lines[2]
+    assert lines[0].startswith(f"{m}:3:")
+    assert "did you mean 'emulated-12.8'?" in lines[0]
+    assert lines[1].startswith(f"{m}:4:")
+    assert "did you mean '12.8'?" in lines[1]
+    assert lines[2].startswith(f"{m}:11:")
+    assert "did you mean 'exit:1'?" in lines[2]
     places = [tuple(int(x) for x in ln.split(":")[1:3]) for ln in lines]
     assert places == sorted(places)
 
@@ -184,12 +202,15 @@ def test_check_wheels_fails_a_version_that_does_not_exist(cli: Cli, write_matrix
     assert cli("validate", m).returncode == 0  # the shape is fine
     r = cli("validate", m, "--check-wheels", timeout=300)
     assert r.returncode == 2, r.stdout + r.stderr
-    assert r.stderr.startswith(f"{m}:3:") and "12.9.999" in r.stderr
+    assert r.stderr.startswith(f"{m}:3:")
+    assert "12.9.999" in r.stderr
     # Offline: the wheel directory (then the cache, as a run looks) holds no 12.9.999 either.
     empty = tmp_path / "wheels"
     empty.mkdir()
     r = cli("validate", m, "--check-wheels", "--wheel-dir", empty)
-    assert r.returncode == 2 and r.stderr.startswith(f"{m}:3:") and str(empty) in r.stderr
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"{m}:3:")
+    assert str(empty) in r.stderr
 
 
 @pytest.mark.network
@@ -204,7 +225,8 @@ def test_check_wheels_looks_up_an_environments_pins_on_the_index(cli: Cli, write
     r = cli("validate", m, "--check-wheels", timeout=300)
     assert r.returncode == 2, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"{m}:3:"), lines
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(f"{m}:3:"), lines
     assert "no version 12.9.998 of nvidia-cuda-runtime-cu12 on the package index" in lines[0]
     assert "12.9.79" in lines[0]  # the versions that do exist, newest first
 
@@ -224,10 +246,13 @@ def test_gate_quiet_and_json(cli: Cli, tmp_path: Path) -> None:
     loud = cli("gate", w, "--static-only")
     quiet = cli("gate", w, "--static-only", "-q")
     assert loud.returncode == quiet.returncode == 0, loud.stderr + quiet.stderr
-    assert quiet.stdout.startswith("static audit:") and len(quiet.stdout) < len(loud.stdout)
+    assert quiet.stdout.startswith("static audit:")
+    assert len(quiet.stdout) < len(loud.stdout)
     j = cli("gate", w, "--static-only", "--json")
     doc = json.loads(j.stdout)
-    assert j.returncode == 0 and doc["verdict"] == "PASS" and doc["static"]["type"] == "static"
+    assert j.returncode == 0
+    assert doc["verdict"] == "PASS"
+    assert doc["static"]["type"] == "static"
     assert "static audit:" in j.stderr
 
 
@@ -245,7 +270,8 @@ def test_init_writes_a_matrix_and_a_workflow_and_refuses_to_overwrite(cli: Cli, 
     assert cli("validate", tmp_path / "matrix.yaml").returncode == 0
     wf = yaml.safe_load((tmp_path / ".github" / "workflows" / "cumatrix-nightly.yml").read_text())
     steps = " ".join(str(s.get("run", "")) for s in wf["jobs"]["run"]["steps"])
-    assert "cumatrix run matrix.yaml" in steps and "cumatrix gate dist/*.whl" in steps
+    assert "cumatrix run matrix.yaml" in steps
+    assert "cumatrix gate dist/*.whl" in steps
     lint = shutil.which("actionlint", path=os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]))
     if lint is not None:  # the test extras install it
         checked = subprocess.run([lint, ".github/workflows/cumatrix-nightly.yml"], cwd=tmp_path, capture_output=True,
@@ -253,16 +279,20 @@ def test_init_writes_a_matrix_and_a_workflow_and_refuses_to_overwrite(cli: Cli, 
         assert checked.returncode == 0, checked.stdout + checked.stderr
     before = (tmp_path / "matrix.yaml").stat().st_mtime_ns
     again = cli("init", cwd=tmp_path)
-    assert again.returncode == 2 and "--force" in again.stderr
+    assert again.returncode == 2
+    assert "--force" in again.stderr
     assert (tmp_path / "matrix.yaml").stat().st_mtime_ns == before
     assert cli("init", "--force", cwd=tmp_path).returncode == 0
     bare = tmp_path / "bare"
     bare.mkdir()
     r = cli("init", cwd=bare)
-    assert r.returncode == 2 and "no package name found" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2
+    assert "no package name found" in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_init_reads_setup_py_without_running_it(cli: Cli, tmp_path: Path) -> None:
     (tmp_path / "setup.py").write_text("raise SystemExit('setup.py was run')\nsetup(name='from-setup-py')\n")
     r = cli("init", cwd=tmp_path)
-    assert r.returncode == 0 and "package from-setup-py (from setup.py" in r.stdout, r.stderr
+    assert r.returncode == 0, r.stderr
+    assert "package from-setup-py (from setup.py" in r.stdout, r.stderr

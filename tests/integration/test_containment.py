@@ -21,11 +21,11 @@ from typing import Any
 
 import pytest
 
-from cumatrix.execute import sandbox
-from cumatrix.judge.classify import classify
 from cumatrix.core.jobs import Job
+from cumatrix.execute import sandbox
 from cumatrix.execute.local import run_local
 from cumatrix.execute.sandbox import Policy
+from cumatrix.judge.classify import classify
 
 REPO = Path(__file__).resolve().parents[2]
 RUNTIME = "nvidia-cuda-runtime-cu12==12.9.79"
@@ -145,7 +145,8 @@ def test_setsid_double_fork_daemon_ends_with_the_cell(mode: str, tmp_path: Path,
     got = json.loads(proc.stdout)
     assert got["rc"] == 0, got["err"]
     # The cell ends when its process does, though the daemon holds its stdout open.
-    assert not got["timed_out"] and got["wall"] < 10
+    assert not got["timed_out"]
+    assert got["wall"] < 10
     assert got["extra"]["containment"] == mode
     daemon = int(pidfile.read_text())
     try:
@@ -179,7 +180,8 @@ def test_spawn_without_a_compiler_still_contains(tmp_path: Path, monkeypatch: py
     assert sandbox.spawn_shim() is None
     pidfile = tmp_path / "daemon.pid"
     res = run_local(Job(cell_id="t", kind="command", argv=(PY, "-c", DAEMON, str(pidfile)), timeout=30))
-    assert res.returncode == 0 and not res.timed_out, res.stderr_tail
+    assert res.returncode == 0, res.stderr_tail
+    assert not res.timed_out, res.stderr_tail
     assert res.extra["spawn"] == "preexec"
     daemon = int(pidfile.read_text())
     try:
@@ -192,9 +194,11 @@ def test_spawn_shim_is_used_where_a_compiler_exists() -> None:
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler on PATH")
     res = run_local(Job(cell_id="t", kind="command", argv=("true",), timeout=30))
-    assert res.returncode == 0 and "spawn" not in res.extra
+    assert res.returncode == 0
+    assert "spawn" not in res.extra
     missing = run_local(Job(cell_id="t", kind="command", argv=("no-such-program-cumatrix",), timeout=30))
-    assert missing.returncode == 127 and "cannot start 'no-such-program-cumatrix'" in missing.stderr_tail
+    assert missing.returncode == 127
+    assert "cannot start 'no-such-program-cumatrix'" in missing.stderr_tail
 
 
 @pytest.mark.parametrize(("script", "code", "sig"), [
@@ -219,7 +223,8 @@ def test_the_program_starts_in_its_cells_cgroup() -> None:
     res = run_local(Job(cell_id="t", kind="command", argv=("cat", "/proc/self/cgroup"), timeout=30))
     assert res.returncode == 0, res.stderr_tail
     line = next(ln for ln in res.stdout_tail.splitlines() if ln.startswith("0::"))
-    assert line.split("/")[-2] == box.group.name and line.split("/")[-1].startswith("c"), line
+    assert line.split("/")[-2] == box.group.name, line
+    assert line.split("/")[-1].startswith("c"), line
 
 
 # ------------------------------------------------------------------------ SIGKILL of the harness
@@ -332,12 +337,15 @@ def test_command_cell_sees_no_secret_and_no_harness_package(tmp_path: Path, cli_
     seen = json.loads(cells["env"]["stdout_tail"])
     for name in ("AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN", "NVIDIA_API_KEY", "CI_JOB_TOKEN", "CUMATRIX_TEST_ASKED"):
         assert name not in seen, f"{name} reached a command cell"
-    assert "PYTHONPATH" not in seen and "PATH" in seen and seen["CUMATRIX_CELL"] == "cu12.9/host/env"
+    assert "PYTHONPATH" not in seen
+    assert "PATH" in seen
+    assert seen["CUMATRIX_CELL"] == "cu12.9/host/env"
     got = json.loads(cells["imports"]["stdout_tail"])
     outside = subprocess.run([system_py, "-c", IMPORTS.replace("\\n", "\n")], capture_output=True, text=True,
                              env={"PATH": os.environ["PATH"]}, timeout=60)
     assert got == json.loads(outside.stdout)  # exactly what the plain interpreter has outside
-    assert got["cumatrix"] is False and got["harness_only_mod"] is False
+    assert got["cumatrix"] is False
+    assert got["harness_only_mod"] is False
     # --pass-env hands one variable on, by name
     assert sandbox.child_env(Job(cell_id="t", kind="command", argv=("true",)), base_env=secrets,
                              policy=Policy(pass_env=("CUMATRIX_TEST_ASKED",)))["CUMATRIX_TEST_ASKED"] == "passed-on"
@@ -354,7 +362,8 @@ def test_limits_bound_cores_and_cpu_but_not_address_space() -> None:
     assert got["CORE"] == [0, 0]
     assert 0 < got["CPU"][1] <= 10 * (os.cpu_count() or 1) + sandbox.CPU_SLACK_S
     assert got["NOFILE"][1] <= sandbox.NOFILE_MAX
-    assert got["AS"] == [inf, inf] and got["DATA"] == [inf, inf]  # CUDA reserves huge virtual ranges
+    assert got["AS"] == [inf, inf]
+    assert got["DATA"] == [inf, inf]
 
 
 # ------------------------------------------------------------------------ bubblewrap
@@ -407,8 +416,10 @@ def test_sandbox_has_no_network_read_only_root_private_tmp(bwrap: str, tmp_path:
     out = res.stdout_tail
     assert res.returncode == 0, res.stderr_tail
     assert res.extra["sandbox"] == "bubblewrap"
-    assert "connect 0" not in out and "connect " in out  # the host's loopback is out of reach
-    assert "wrote" not in out and out.count("refused 30") == 2  # EROFS everywhere but /tmp
+    assert "connect 0" not in out
+    assert "connect " in out
+    assert "wrote" not in out
+    assert out.count("refused 30") == 2
     assert "home /tmp\n" in out  # the host's home is not there; the cell's own is its private /tmp
     assert marker.name not in out  # the host's /tmp is not the cell's
     assert "read given" in out
@@ -426,9 +437,11 @@ def test_sandbox_on_without_bubblewrap_is_a_clear_harness_error(monkeypatch: pyt
     monkeypatch.setattr(sandbox, "_BWRAP", {"bwrap": (None, "bubblewrap is not installed")})
     res = run_local(Job(cell_id="t", kind="command", argv=("true",), timeout=10), policy=Policy(sandbox="on"))
     obs = classify(res, kind="command")
-    assert obs.outcome == "harness-error" and "bubblewrap is not installed" in obs.detail
+    assert obs.outcome == "harness-error"
+    assert "bubblewrap is not installed" in obs.detail
     auto = run_local(Job(cell_id="t", kind="command", argv=("true",), timeout=10), policy=Policy(sandbox="auto"))
-    assert auto.returncode == 0 and auto.extra["sandbox"] == "none: bubblewrap is not installed"
+    assert auto.returncode == 0
+    assert auto.extra["sandbox"] == "none: bubblewrap is not installed"
 
 
 def test_a_venv_under_tmp_runs_in_the_sandbox(bwrap: str, tmp_path: Path) -> None:

@@ -23,12 +23,12 @@ import docker
 import docker.errors
 import pytest
 
-from cumatrix.provision import runtimes
-from cumatrix.judge.classify import classify
 from cumatrix.core.errors import DaemonUnavailable
 from cumatrix.core.jobs import Job
-from cumatrix.execute.local import run_local
 from cumatrix.core.model import Runtime
+from cumatrix.execute.local import run_local
+from cumatrix.judge.classify import classify
+from cumatrix.provision import runtimes
 
 pytestmark = pytest.mark.docker
 
@@ -96,7 +96,7 @@ def scratch_image(client: docker.DockerClient) -> Iterator[str]:
         ti.size = len(data)
         tf.addfile(ti, io.BytesIO(data))
     tag = f"cumatrix-test-nopython:{uuid.uuid4().hex[:8]}"
-    client.api.import_image_from_data(buf.getvalue(), repository=tag.split(":")[0], tag=tag.split(":")[1],
+    client.api.import_image_from_data(buf.getvalue(), repository=tag.split(":", maxsplit=1)[0], tag=tag.split(":")[1],
                                       changes=["LABEL cumatrix.test=1"])  # its build stages go at session end
     yield tag
     client.images.remove(tag, force=True)
@@ -147,7 +147,8 @@ def test_probe_in_container_matches_local(backend: object, rt_image: object) -> 
     obs = classify(res, kind="probe")
     assert res.verdict is not None, res.stderr_tail
     assert res.verdict.data["runtime_version"] == 12090
-    assert res.extra["image"] == rt_image.tag and res.extra["image_id"] == rt_image.image_id  # type: ignore[attr-defined]
+    assert res.extra["image"] == rt_image.tag
+    assert res.extra["image_id"] == rt_image.image_id
     # The same cell run locally against the same wheel classifies the same way.
     local_rt = runtimes.from_wheel("cu12.9", WHEEL_REQ, wheel_dir=None)
     local = run_local(_job("probe", sys.executable, "-m", "cumatrix.child.case",
@@ -181,7 +182,8 @@ def test_command_outcomes_match_local(backend: object, rt_image: object, cell: s
 def test_hang_times_out_and_container_is_gone(backend: object, rt_image: object, client: docker.DockerClient) -> None:
     t0 = time.monotonic()
     res = backend.run_job(_job("hang", "python3", "-c", "import time; time.sleep(300)", timeout=2))  # type: ignore[attr-defined]
-    assert res.timed_out and classify(res, kind="command").outcome == "timeout"
+    assert res.timed_out
+    assert classify(res, kind="command").outcome == "timeout"
     assert time.monotonic() - t0 < 30
     assert _ours(client, "cu12.9/host/hang") == []
 
@@ -193,7 +195,8 @@ def test_oom_killed_is_sigkill_with_oom_noted(base_image: str) -> None:
         res = small.run_job(_job("oom", "python3", "-c", "b = b'x' * (512 << 20)", image=base_image))
     obs = classify(res, kind="command")
     assert res.oom_killed
-    assert obs.outcome == "crash:SIGKILL" and "OOM" in obs.detail
+    assert obs.outcome == "crash:SIGKILL"
+    assert "OOM" in obs.detail
 
 
 def test_mounts_are_read_only_and_network_is_off(backend: object, rt_image: object, tmp_path: Path) -> None:
@@ -224,21 +227,25 @@ def test_daemon_not_running_says_how_to_start_it(monkeypatch: pytest.MonkeyPatch
     with pytest.raises(DaemonUnavailable) as exc:
         DockerBackend(None)
     assert exc.value.exit_code == 2
-    assert "dockerd" in str(exc.value) and "no-daemon.sock" in str(exc.value)
+    assert "dockerd" in str(exc.value)
+    assert "no-daemon.sock" in str(exc.value)
 
 
 def test_missing_image_is_a_per_cell_harness_error(backend: object) -> None:
     ref = f"cumatrix-test-absent:{uuid.uuid4().hex[:8]}"
     info = backend.prepare_runtime(Runtime(name="ghost", image=ref))  # type: ignore[attr-defined]
-    assert not info.ok and f"image {ref} not found locally; build or pull it" in info.problem
+    assert not info.ok
+    assert f"image {ref} not found locally; build or pull it" in info.problem
     res = backend.run_job(Job(cell_id="ghost/host/probe", kind="probe", argv=("python3",), runtime_name="ghost"))  # type: ignore[attr-defined]
     obs = classify(res, kind="probe")
-    assert obs.outcome == "harness-error" and "not found locally" in obs.detail
+    assert obs.outcome == "harness-error"
+    assert "not found locally" in obs.detail
 
 
 def test_image_without_python3_is_a_per_cell_error(backend: object, scratch_image: str) -> None:
     info = backend.prepare_runtime(Runtime(name="nopy", image=scratch_image))  # type: ignore[attr-defined]
-    assert not info.ok and "has no working python3" in info.problem
+    assert not info.ok
+    assert "has no working python3" in info.problem
     res = backend.run_job(Job(cell_id="nopy/host/probe", kind="probe", argv=("python3",), runtime_name="nopy"))  # type: ignore[attr-defined]
     assert classify(res, kind="probe").outcome == "harness-error"
 
@@ -254,10 +261,13 @@ def test_failing_dockerfile_build_is_a_clear_error(base_image: str, tmp_path: Pa
         with pytest.raises(ImageBuildError) as exc:
             be.build_runtime_image(Runtime(name="bad", requirement=WHEEL_REQ), bad)
         msg = str(exc.value)
-        assert "building the image of runtime 'bad'" in msg and "invalid ELF header" in msg
+        assert "building the image of runtime 'bad'" in msg
+        assert "invalid ELF header" in msg
         # Through prepare_runtime the same failure is a per-cell problem, not a crash of the run.
         info = be.prepare_runtime(Runtime(name="bad", requirement=WHEEL_REQ), tmp_path)
-        assert not info.ok and info.problem and bad.name in info.problem  # refused before any build
+        assert not info.ok
+        assert info.problem
+        assert bad.name in info.problem
     # A base image that is not there, and one without a shell, fail as clearly.
     with DockerBackend("cumatrix-test-absent:1") as be, \
             pytest.raises(ImageBuildError, match="base image cumatrix-test-absent:1 not found locally"):
@@ -284,7 +294,8 @@ def test_killed_harness_leaves_no_container(base_image: str, client: docker.Dock
     try:
         deadline = time.monotonic() + 60
         while not client.containers.list(filters={"label": f"cumatrix.cell={cell}", "status": "running"}):
-            assert proc.poll() is None and time.monotonic() < deadline, "the container never started"
+            assert proc.poll() is None, "the container never started"
+            assert time.monotonic() < deadline, "the container never started"
             time.sleep(0.2)
     finally:
         proc.kill()
@@ -346,19 +357,23 @@ def test_container_is_hardened(backend: object, rt_image: object, client: docker
     res = backend.run_job(_job("hardening", "python3", "-c", _HARDENING))  # type: ignore[attr-defined]
     assert res.returncode == 0, res.stderr_tail
     out = res.stdout_tail
-    assert "uid 0" not in out and "gid 0 " not in out, out
+    assert "uid 0" not in out, out
+    assert "gid 0 " not in out, out
     assert "capeff 0000000000000000 capbnd 0000000000000000 nnp 1" in out
-    assert "wrote" not in out and out.count(" 30\n") == 3  # EROFS, not EACCES: the filesystem is read-only
+    assert "wrote" not in out
+    assert out.count(" 30\n") == 3
     assert "tmp ok" in out
     assert res.extra["containment"] == "container"
-    assert backend.cpus >= 1 and backend.user != "0:0"  # type: ignore[attr-defined]
+    assert backend.cpus >= 1
+    assert backend.user != "0:0"
 
 
 def test_command_cell_in_docker_gets_no_harness_pythonpath(backend: object, rt_image: object) -> None:
     code = "import os; print('pp', os.environ.get('PYTHONPATH'))\ntry:\n import cumatrix\nexcept ImportError:\n print('no-harness')"
     res = backend.run_job(_job("pp", "python3", "-c", code, env=(("PYTHONPATH", str(SRC)),)))  # type: ignore[attr-defined]
     assert res.returncode == 0, res.stderr_tail
-    assert "pp None" in res.stdout_tail and "no-harness" in res.stdout_tail
+    assert "pp None" in res.stdout_tail
+    assert "no-harness" in res.stdout_tail
 
 
 def test_driver_libraries_reach_the_container_without_a_toolkit(base_image: str, tmp_path: Path) -> None:

@@ -80,13 +80,17 @@ def test_the_cells_tree_is_traced_inside_its_container(backend: Any) -> None:
     output are what they were untraced (the record is taken out of its stderr)."""
     res = backend.run_job(_job(backend, "sh", "-c", "python3 -c 'import ctypes' && echo out && echo err >&2; exit 3"))
     assert (res.returncode, res.stdout_tail, res.stderr_tail) == (3, "out\n", "err\n")
-    assert res.trace is not None and res.trace.traced and res.trace.complete, res.trace
+    assert res.trace is not None, res.trace
+    assert res.trace.traced, res.trace
+    assert res.trace.complete, res.trace
     images = [img for p in res.trace.processes for img in p.images]
     assert any(os.path.basename(i).startswith("python3") for i in images), images
     assert any("/_ctypes" in o.path for o in res.trace.objects), [o.path for o in res.trace.objects]
     crashed = backend.run_job(_job(backend, "sh", "-c", "kill -SEGV $$"))
     assert (crashed.returncode, crashed.signal) == (None, 11)
-    assert crashed.trace is not None and crashed.trace.traced and crashed.trace.complete
+    assert crashed.trace is not None
+    assert crashed.trace.traced
+    assert crashed.trace.complete
 
 
 def test_a_record_printed_by_the_cell_is_not_taken(backend: Any) -> None:
@@ -98,8 +102,11 @@ def test_a_record_printed_by_the_cell_is_not_taken(backend: Any) -> None:
            r"\036cumatrix-trace 0123456789abcdef0123456789abcdef end\n"
     res = backend.run_job(_job(backend, "sh", "-c", f"printf '{fake}' >&2; kill -9 $PPID; sleep 5"))
     assert res.signal == 9, (res.returncode, res.stderr_tail)
-    assert res.trace is not None and not res.trace.traced and not res.trace.complete, res.trace
-    assert res.trace.note is not None and "left no record" in res.trace.note
+    assert res.trace is not None, res.trace
+    assert not res.trace.traced, res.trace
+    assert not res.trace.complete, res.trace
+    assert res.trace.note is not None
+    assert "left no record" in res.trace.note
     assert "cumatrix-trace 0123456789abcdef" in res.stderr_tail  # the cell's own text, kept as output
 
 
@@ -121,7 +128,8 @@ def test_a_docker_cell_that_forges_its_audit_log_gets_the_kernels_verdict(tmp_pa
     fp = rec["fingerprint"]
     assert fp["mappings_from"] == "kernel", fp
     assert "/opt/fake/libcudart.so.13" in fp["audit_claims_not_backed"]
-    assert fp["trace"]["traced"] and fp["trace"]["complete"]
+    assert fp["trace"]["traced"]
+    assert fp["trace"]["complete"]
 
 
 def test_a_docker_cell_that_loads_its_runtime_without_ld_audit_is_still_seen(
@@ -141,7 +149,8 @@ def test_a_docker_cell_that_loads_its_runtime_without_ld_audit_is_still_seen(
     fp = rec["fingerprint"]
     assert fp["mappings_from"] == "kernel", fp
     [lib] = [lib for lib in fp["libraries"] if os.path.basename(lib["path"]) == "libcudart.so.12"]
-    assert lib["path"].startswith("/opt/cumatrix/runtime/") and lib["version"] == "12.9"
+    assert lib["path"].startswith("/opt/cumatrix/runtime/")
+    assert lib["version"] == "12.9"
     assert (fp["runtime_file"], fp["runtime_version"]) == (lib["path"], 12090)
 
 
@@ -150,5 +159,8 @@ def test_a_cell_that_floods_its_log_still_has_its_record(backend: Any) -> None:
     """The cell writes more to stderr than the container's log keeps (it rotates): the record,
     written last, is still read."""
     res = backend.run_job(_job(backend, "sh", "-c", "head -c 80000000 /dev/zero | tr '\\0' a >&2; exit 0"))
-    assert res.returncode == 0 and res.verdict is None
-    assert res.trace is not None and res.trace.traced and res.trace.complete, res.trace
+    assert res.returncode == 0
+    assert res.verdict is None
+    assert res.trace is not None, res.trace
+    assert res.trace.traced, res.trace
+    assert res.trace.complete, res.trace

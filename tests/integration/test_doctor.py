@@ -29,7 +29,8 @@ def test_doctor_json_lists_every_check_and_its_exit_status_follows_them(
     doc = json.loads(r.stdout)
     assert [c["name"] for c in doc["checks"]] == CHECKS
     required_missing = [c["name"] for c in doc["checks"] if c["required"] and c["status"] != "ok"]
-    assert doc["ok"] is (not required_missing) and r.returncode == (1 if required_missing else 0)
+    assert doc["ok"] is (not required_missing)
+    assert r.returncode == (1 if required_missing else 0)
     assert all(c["fix"] for c in doc["checks"] if c["status"] != "ok")  # every miss says how to fix it
     # The host facts of the old --json stay.
     assert {"hostname", "driver_version", "gpus", "docker", "cached_runtimes"} <= set(doc)
@@ -45,15 +46,19 @@ def test_doctor_names_a_missing_compiler_with_its_fix(cli: Callable[..., subproc
     empty.mkdir()
     r = cli("doctor", cwd=tmp_path, env={"PATH": str(empty)})
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "[MISS] gcc" in r.stdout and "apt-get install gcc" in r.stdout
-    assert "[MISS] chromium" in r.stdout and "apt-get install chromium" in r.stdout
+    assert "[MISS] gcc" in r.stdout
+    assert "apt-get install gcc" in r.stdout
+    assert "[MISS] chromium" in r.stdout
+    assert "apt-get install chromium" in r.stdout
     assert "required check(s) failed: gcc" in r.stdout
     assert "Traceback" not in r.stderr
 
 
 def test_doctor_refuses_an_unknown_feature(cli: Callable[..., subprocess.CompletedProcess[str]]) -> None:
     r = cli("doctor", "--require", "gpu,warp-drive")
-    assert r.returncode == 2 and "unknown feature warp-drive" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2
+    assert "unknown feature warp-drive" in r.stderr
+    assert "Traceback" not in r.stderr
 
 
 def test_clean_cache_removes_the_cache_and_dry_run_keeps_it(
@@ -62,20 +67,27 @@ def test_clean_cache_removes_the_cache_and_dry_run_keeps_it(
     (cache / "wheels").mkdir(parents=True)
     (cache / "wheels" / "x.whl").write_bytes(b"0" * 4096)
     r = cli("clean", "--cache", "--dry-run", env={"CUMATRIX_CACHE": str(cache)})
-    assert r.returncode == 0 and f"would remove the cache {cache}" in r.stdout and cache.is_dir()
+    assert r.returncode == 0
+    assert f"would remove the cache {cache}" in r.stdout
+    assert cache.is_dir()
     r = cli("clean", "--cache", env={"CUMATRIX_CACHE": str(cache)})
-    assert r.returncode == 0 and f"removed the cache {cache}" in r.stdout and not cache.exists()
+    assert r.returncode == 0
+    assert f"removed the cache {cache}" in r.stdout
+    assert not cache.exists()
 
 
 def test_every_subcommand_help_has_an_example(cli: Callable[..., subprocess.CompletedProcess[str]]) -> None:
     for sub in ("run", "validate", "plan", "report", "merge", "doctor", "build", "clean", "gate", "repro", "calibrate"):
         r = cli(sub, "--help")
-        assert r.returncode == 0 and "examples:" in r.stdout and f"cumatrix {sub}" in r.stdout.split("examples:")[1], sub
+        assert r.returncode == 0, sub
+        assert "examples:" in r.stdout, sub
+        assert f"cumatrix {sub}" in r.stdout.split("examples:")[1], sub
 
 
 def test_report_defaults_to_out(cli: Callable[..., subprocess.CompletedProcess[str]], tmp_path: Path) -> None:
     r = cli("report", cwd=tmp_path)
-    assert r.returncode == 2 and "out: no results.jsonl here" in r.stderr
+    assert r.returncode == 2
+    assert "out: no results.jsonl here" in r.stderr
 
 
 # --------------------------------------------------------------------------- docker
@@ -98,8 +110,7 @@ def client() -> Iterator[object]:
 
 @pytest.mark.docker
 def test_the_docker_backend_finds_the_base_image_by_its_label(client: object) -> None:
-    from cumatrix.execute.docker import DockerBackend
-    from cumatrix.execute.docker import find_base_image
+    from cumatrix.execute.docker import DockerBackend, find_base_image
 
     proc = subprocess.run(["bash", str(ROOT / "containers" / "build-base.sh")], capture_output=True, text=True,
                           timeout=900, check=False)
@@ -108,7 +119,8 @@ def test_the_docker_backend_finds_the_base_image_by_its_label(client: object) ->
     found = find_base_image(client)
     assert found is not None
     labels = client.images.get(found).labels  # type: ignore[attr-defined]
-    assert "cumatrix.base" in labels and "cumatrix" not in labels  # the base, not a runtime image on it
+    assert "cumatrix.base" in labels
+    assert "cumatrix" not in labels
     assert found == built or client.images.get(found).attrs["Created"] >= client.images.get(built).attrs["Created"]  # type: ignore[attr-defined]
     with DockerBackend() as be:
         assert be.base_image == found
@@ -126,7 +138,7 @@ def test_clean_removes_untagged_build_stages(client: object, tmp_path: Path) -> 
         ti.size = len(data)
         tf.addfile(ti, io.BytesIO(data))
     tag = f"cumatrix-test-stage:{label.rsplit('.', 1)[1]}"
-    client.api.import_image_from_data(buf.getvalue(), repository=tag.split(":")[0], tag=tag.split(":")[1],  # type: ignore[attr-defined]
+    client.api.import_image_from_data(buf.getvalue(), repository=tag.split(":", maxsplit=1)[0], tag=tag.split(":")[1],  # type: ignore[attr-defined]
                                       changes=[f"LABEL {label}=1"])
     (tmp_path / "Dockerfile").write_text(f"FROM {tag} AS stage\nCOPY Dockerfile /x\nFROM {tag}\nCOPY --from=stage /x /y\n")
     final, _ = client.images.build(path=str(tmp_path), tag=f"{tag}-final", rm=True, pull=False)  # type: ignore[attr-defined]
@@ -136,7 +148,8 @@ def test_clean_removes_untagged_build_stages(client: object, tmp_path: Path) -> 
         assert remove_build_stages(client, label=label, dry_run=True)
         assert client.images.list(filters={"dangling": True, "label": label})  # type: ignore[attr-defined]
         removed = remove_build_stages(client, label=label)
-        assert removed and client.images.list(filters={"dangling": True, "label": label}) == []  # type: ignore[attr-defined]
+        assert removed
+        assert client.images.list(filters={"dangling": True, "label": label}) == []
     finally:
         client.images.remove(final.id, force=True)  # type: ignore[attr-defined]
         client.images.remove(tag, force=True)  # type: ignore[attr-defined]

@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from cumatrix.provision import drivers as D
-from cumatrix.provision import headers as H
 from cumatrix.core.errors import ConfigError
+from cumatrix.core.model import CudaVersion
 from cumatrix.host.fingerprint import (
     SearchLog,
     compiler_identity,
@@ -27,7 +26,8 @@ from cumatrix.host.fingerprint import (
     headers_cuda_version,
     search_real_libcuda,
 )
-from cumatrix.core.model import CudaVersion
+from cumatrix.provision import drivers as D
+from cumatrix.provision import headers as H
 from cumatrix.provision.runtimes import headers_for
 
 STAND_INS = Path(__file__).resolve().parents[1] / "stand_ins"
@@ -95,8 +95,10 @@ def test_exports_follow_the_emulated_version(interposers: dict[str, D.Interposer
         assert _soname(ip.library) == "libcuda.so.1"
         assert {"cuInit", "cuDriverGetVersion", "cuGetProcAddress", "cuGetProcAddress_v2",
                 "cuMemcpyAsync", "cuGetErrorName", "cuStandInUntyped"} <= syms[v], v
-    assert "cuMemcpyBatchAsync" not in syms["12.4"] and "cuMemcpyBatchAsync_v2" not in syms["12.4"]
-    assert "cuMemcpyBatchAsync" in syms["12.8"] and "cuMemcpyBatchAsync_v2" not in syms["12.8"]
+    assert "cuMemcpyBatchAsync" not in syms["12.4"]
+    assert "cuMemcpyBatchAsync_v2" not in syms["12.4"]
+    assert "cuMemcpyBatchAsync" in syms["12.8"]
+    assert "cuMemcpyBatchAsync_v2" not in syms["12.8"]
     assert {"cuMemcpyBatchAsync", "cuMemcpyBatchAsync_v2"} <= syms["13.0"]
     assert interposers["12.4"].hidden == ("cuMemcpyBatchAsync", "cuMemcpyBatchAsync_v2")
     assert interposers["12.8"].hidden == ("cuMemcpyBatchAsync_v2",)
@@ -190,8 +192,10 @@ def test_second_build_is_a_cache_hit(stand_in: Path, intro: tuple[dict[str, int]
     first = interposers["12.4"]
     again = D.build_interposer(CudaVersion(12, 4), real_libcuda=stand_in, introductions=intro[0],
                                base_introductions=intro[1], cache=first.lib_dir.parent)
-    assert again.cache_hit and not first.cache_hit
-    assert again.lib_dir == first.lib_dir and again.hidden == first.hidden
+    assert again.cache_hit
+    assert not first.cache_hit
+    assert again.lib_dir == first.lib_dir
+    assert again.hidden == first.hidden
 
 
 def test_no_gcc_is_an_interposer_error(stand_in: Path, intro: tuple[dict[str, int], dict[str, int]],
@@ -237,15 +241,18 @@ def test_search_steps_record_where() -> None:
     if hit is None:
         assert find_real_libcuda() is None  # this host has no driver: nothing invented
         message = log.not_found("libcuda.so.1")
-        assert "/usr/lib/x86_64-linux-gnu/libcuda.so.1" in message and "/usr/local/nvidia/lib64/libcuda.so.1" in message
+        assert "/usr/lib/x86_64-linux-gnu/libcuda.so.1" in message
+        assert "/usr/local/nvidia/lib64/libcuda.so.1" in message
     else:
-        assert hit.path.is_absolute() and hit.found_by
+        assert hit.path.is_absolute()
+        assert hit.found_by
         assert find_real_libcuda() == hit.path
 
 
 def test_host_facts_compiler_and_headers() -> None:
     ident = compiler_identity("gcc")
-    assert ident is not None and "gcc" in ident.lower()
+    assert ident is not None
+    assert "gcc" in ident.lower()
     assert compiler_identity("cumatrix-no-such-compiler") is None
     assert headers_cuda_version(headers_for("12.9")) == 12090
 

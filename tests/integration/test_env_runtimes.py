@@ -19,9 +19,9 @@ from typing import Any
 
 import pytest
 
-from cumatrix.provision import runtimes as R
 from cumatrix.core.errors import RuntimeNotFound
 from cumatrix.core.model import Runtime
+from cumatrix.provision import runtimes as R
 
 pytestmark = pytest.mark.network
 
@@ -34,8 +34,11 @@ def test_an_environment_runtime_is_built_once_and_its_libcudart_is_the_runtime(w
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("UV_CACHE_DIR", raising=False)
     rt = R.from_environment("env12.9", REQS)
-    assert rt.version == 12090 and rt.wheel_version == "12.9.79" and rt.batch_exported
-    assert rt.env_dir is not None and rt.libcudart.is_relative_to(rt.env_dir)
+    assert rt.version == 12090
+    assert rt.wheel_version == "12.9.79"
+    assert rt.batch_exported
+    assert rt.env_dir is not None
+    assert rt.libcudart.is_relative_to(rt.env_dir)
     assert any(i.startswith("cuda-bindings==12.9.") for i in rt.installed)
     assert "nvidia-cuda-runtime-cu12==12.9.79" in rt.installed
     # the environment's own interpreter imports what its requirements brought (and nothing of ours)
@@ -44,15 +47,18 @@ def test_an_environment_runtime_is_built_once_and_its_libcudart_is_the_runtime(w
                           capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin"}, check=False)
     assert proc.returncode == 0, proc.stderr
     version, isolated = proc.stdout.split()
-    assert version.startswith("12.9.") and isolated == "True"
+    assert version.startswith("12.9.")
+    assert isolated == "True"
     # hard-linked from uv's cache, not copied
     assert rt.libcudart.stat().st_nlink >= 2
     # once per content hash: the same requirements reuse it, another set gets its own
     stamp = (rt.env_dir / ".complete").stat().st_mtime_ns
     again = R.from_environment("other-name", tuple(reversed(REQS)))
-    assert again.env_dir == rt.env_dir and (rt.env_dir / ".complete").stat().st_mtime_ns == stamp
+    assert again.env_dir == rt.env_dir
+    assert (rt.env_dir / ".complete").stat().st_mtime_ns == stamp
     other = R.from_environment("env13", ("nvidia-cuda-runtime==13.0.96",))
-    assert other.env_dir != rt.env_dir and other.version == 13000
+    assert other.env_dir != rt.env_dir
+    assert other.version == 13000
     assert dict(rt.cell_env(path="/usr/bin"))["PATH"] == f"{rt.env_dir}/bin:/usr/bin"
 
 
@@ -85,7 +91,8 @@ def test_the_gate_installs_a_wheel_with_its_dependencies_into_an_environment(tmp
     rt = Runtime(name="env12.9", requirements=REQS)
     base = R.resolve(rt)
     inst = R.install_into_environment(rt, [wheel])
-    assert inst.env_dir != base.env_dir and "userpkg==0.1" in inst.installed
+    assert inst.env_dir != base.env_dir
+    assert "userpkg==0.1" in inst.installed
     assert "userpkg==0.1" not in base.installed  # the matrix's environment stays as built
     assert inst.version == 12090
     proc = subprocess.run([str(inst.python), "-c", "import userpkg; print(userpkg.VERSION)"],
@@ -143,9 +150,11 @@ def test_fetch_for_another_python(tmp_path: Path, wheel_cache: Path, write_matri
     proc = cli("fetch", m, "--dest", tmp_path / "w", "--python-version", other, cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     names = [p.name for p in (tmp_path / "w").glob("cuda_bindings-*.whl")]
-    assert names and all(f"-cp{other.replace('.', '')}-" in n for n in names), names
+    assert names, names
+    assert all(f"-cp{other.replace('.', '')}-" in n for n in names), names
     proc = cli("fetch", m, "--dest", tmp_path / "w", "--python-version", "three", cwd=tmp_path)
-    assert proc.returncode == 2 and "--python-version three" in proc.stderr
+    assert proc.returncode == 2
+    assert "--python-version three" in proc.stderr
 
 
 def test_nothing_of_a_package_runs_on_the_host_while_building(tmp_path: Path, wheel_cache: Path,
@@ -161,7 +170,8 @@ def test_nothing_of_a_package_runs_on_the_host_while_building(tmp_path: Path, wh
     with zipfile.ZipFile(evil, "a") as zf:
         zf.writestr("zz_pthpkg.pth", f"import pathlib; pathlib.Path({str(marker)!r}).write_text('ran')\n")
     rt = R.from_environment("env", ("nvidia-cuda-runtime-cu12==12.9.79",), wheel_dir=wheels, extra_wheels=[evil])
-    assert "pthpkg==1.0" in rt.installed and rt.version == 12090
+    assert "pthpkg==1.0" in rt.installed
+    assert rt.version == 12090
     assert not marker.exists(), "the environment's interpreter was started on the host"
     subprocess.run([str(rt.python), "-c", "pass"], check=True, timeout=60)  # the .pth is live: the test can fail
     assert marker.read_text() == "ran"

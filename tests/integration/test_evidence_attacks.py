@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from cumatrix.provision import runtimes as R
 from cumatrix.core import witness
+from cumatrix.provision import runtimes as R
 
 CU129 = "nvidia-cuda-runtime-cu12==12.9.79"
 CU130 = "nvidia-cuda-runtime==13.0.96"
@@ -80,7 +80,8 @@ def test_a_forged_audit_line_does_not_skip_a_failing_cell(tmp_path: Path, cli: A
     fp = rec["fingerprint"]
     assert fp["mappings_from"] == "kernel"
     assert "/opt/fake/libcudart.so.13" in fp["audit_claims_not_backed"]
-    assert fp["trace"]["traced"] and fp["trace"]["complete"]
+    assert fp["trace"]["traced"]
+    assert fp["trace"]["complete"]
 
 
 def test_a_child_without_ld_audit_is_still_seen(tmp_path: Path, cli: Any, cu13: Path) -> None:
@@ -116,7 +117,9 @@ def test_a_static_program_and_a_setuid_one_cannot_hide_their_mappings(tmp_path: 
     from cumatrix.execute.local import Job, run_local
 
     res = run_local(Job(cell_id="t", kind="command", argv=(str(exe),), timeout=30))
-    assert res.returncode == 0 and res.trace is not None and res.trace.traced, res
+    assert res.returncode == 0, res
+    assert res.trace is not None, res
+    assert res.trace.traced, res
     assert any(o.path == str(exe) for o in res.trace.objects), res.trace.objects
 
 
@@ -135,7 +138,8 @@ def test_a_fifo_for_a_log_does_not_block_the_harness(tmp_path: Path, cli: Any, w
         """, timeout=120)
     assert time.monotonic() - t0 < 100
     rec = got["fifo"]
-    assert rec["observed"]["outcome"] == "ok" and proc.returncode == 0, proc.stderr
+    assert rec["observed"]["outcome"] == "ok", proc.stderr
+    assert proc.returncode == 0, proc.stderr
     assert "not a regular file" in rec["fingerprint"]["mappings_note"]
 
 
@@ -202,15 +206,16 @@ def test_a_shell_printing_a_loader_line_is_its_exit_status(tmp_path: Path, cli: 
     assert got["liar"]["observed"]["outcome"] == "exit:3"
     # exit 127 too: no process of the cell had ./app mapped when it ended
     assert got["liar127"]["observed"]["outcome"] == "exit:127"
-    assert {r["status"] for r in got.values()} == {"fail"} and proc.returncode == 1
+    assert {r["status"] for r in got.values()} == {"fail"}
+    assert proc.returncode == 1
 
 
 def test_the_loaders_own_failures_still_count(tmp_path: Path) -> None:
     """ld.so at start (exit 127, the object mapped) and Python's ctypes/import refusing a
     library with an undefined symbol (the interpreter's traceback) are the loader's outcomes."""
     cc = _gcc()
-    from cumatrix.judge.classify import classify
     from cumatrix.execute.local import Job, run_local
+    from cumatrix.judge.classify import classify
 
     (tmp_path / "lib.c").write_text("int missing_fn(void);\nint f(void) { return missing_fn(); }\n")
     (tmp_path / "main.c").write_text("int f(void);\nint main(void) { return f(); }\n")
@@ -260,10 +265,12 @@ def test_a_harness_child_is_not_dumpable(tmp_path: Path) -> None:
         assert probe.poll() is None, probe.stderr.read() if probe.stderr else ""
         peer = subprocess.run([py, "-c", f"import os; os.listdir('/proc/{probe.pid}/fd')"], env=env,
                               user=pw.pw_uid, group=pw.pw_gid, capture_output=True, text=True, timeout=30)
-        assert peer.returncode != 0 and "PermissionError" in peer.stderr, peer.stderr
+        assert peer.returncode != 0, peer.stderr
+        assert "PermissionError" in peer.stderr, peer.stderr
         peer = subprocess.run([py, "-c", f"open('/proc/{probe.pid}/environ').read()"], env=env,
                               user=pw.pw_uid, group=pw.pw_gid, capture_output=True, text=True, timeout=30)
-        assert peer.returncode != 0 and "PermissionError" in peer.stderr, peer.stderr
+        assert peer.returncode != 0, peer.stderr
+        assert "PermissionError" in peer.stderr, peer.stderr
         # the same peer reads a process of its user that did not make itself private
         plain = subprocess.Popen([py, "-c", "import time; time.sleep(30)"], env=env, user=pw.pw_uid, group=pw.pw_gid)
         try:
@@ -332,7 +339,8 @@ def test_a_library_planted_by_another_user_is_not_loaded(tmp_path: Path, wheel_c
         lib = prov._container_audit_library()
         assert lib.parent != planted_dir
         st = lib.parent.stat()
-        assert st.st_uid == os.geteuid() and not st.st_mode & 0o022
+        assert st.st_uid == os.geteuid()
+        assert not st.st_mode & 0o022
         assert lib.read_bytes() == built.read_bytes()
         assert (planted_dir / built.name).read_bytes() == b"planted"  # left alone, never used
     finally:
@@ -376,12 +384,15 @@ def test_a_driver_rule_holds_only_where_the_driver_was_mapped(tmp_path: Path, wh
     finally:
         orch.close()
     only = got["runtime-only"]
-    assert only.observed.outcome == "ok" and only.status == "pass", only.expected
+    assert only.observed.outcome == "ok", only.expected
+    assert only.status == "pass", only.expected
     assert only.expected.rule == "command-default"
-    assert only.fingerprint["driver_mapped"] is False and only.fingerprint["runtime_version"] == 13000
+    assert only.fingerprint["driver_mapped"] is False
+    assert only.fingerprint["runtime_version"] == 13000
     used = got["with-driver"]
     assert used.fingerprint["driver_mapped"] is True
-    assert used.expected.rule == "program-major-newer-than-driver" and used.expected.outcomes == {"exit:1"}
+    assert used.expected.rule == "program-major-newer-than-driver"
+    assert used.expected.outcomes == {"exit:1"}
     assert used.status == "fail"  # it exited 0 where the rule predicts exit 1: the stand-in is no real driver
 
 
@@ -421,7 +432,8 @@ def test_a_static_runtime_in_a_mapped_object_is_the_runtime_recorded(tmp_path: P
     assert fp["runtime_file"] == str(lib), fp
     want = max(intros[n] for n in thirteen)
     assert fp["runtime_version"] == want
-    assert fp["static_runtimes"][0]["major"] == 13 and "libcudart_static_" in fp["runtime_evidence"]
+    assert fp["static_runtimes"][0]["major"] == 13
+    assert "libcudart_static_" in fp["runtime_evidence"]
     assert got["bindings"]["observed"]["outcome"] == "ok"
 
 
@@ -441,7 +453,8 @@ def test_resume_reruns_a_record_edited_by_hand(tmp_path: Path, cli: Any, wheel_c
           - {{name: good, argv: ["true"]}}
         """
     proc, got = _run(cli, tmp_path, body)
-    assert got["bad"]["status"] == "fail" and proc.returncode == 1
+    assert got["bad"]["status"] == "fail"
+    assert proc.returncode == 1
     jsonl = tmp_path / "out" / "results.jsonl"
     lines = []
     for line in jsonl.read_text().splitlines():
@@ -453,9 +466,11 @@ def test_resume_reruns_a_record_edited_by_hand(tmp_path: Path, cli: Any, wheel_c
     proc = cli("run", tmp_path / "m.yaml", "--out", tmp_path / "out", "--resume", "-q", cwd=tmp_path, timeout=180)
     assert proc.returncode == 1, proc.stderr
     said = proc.stdout + proc.stderr
-    assert "no valid signature" in said and "cu12.9/host/bad" in said, said
+    assert "no valid signature" in said, said
+    assert "cu12.9/host/bad" in said, said
     got = _cells(tmp_path / "out")
-    assert got["bad"]["status"] == "fail" and got["bad"]["observed"]["outcome"] == "exit:4"
+    assert got["bad"]["status"] == "fail"
+    assert got["bad"]["observed"]["outcome"] == "exit:4"
     assert got["good"]["status"] == "pass"
 
 
@@ -469,7 +484,8 @@ def test_resume_refuses_a_fifo_for_results(tmp_path: Path, cli: Any, wheel_cache
     t0 = time.monotonic()
     proc = cli("run", m, "--out", tmp_path / "out", "--resume", "-q", cwd=tmp_path, timeout=120)
     assert proc.returncode == 2, proc.stderr
-    assert "not a regular file" in proc.stderr and "Traceback" not in proc.stderr
+    assert "not a regular file" in proc.stderr
+    assert "Traceback" not in proc.stderr
     assert time.monotonic() - t0 < 60
 
 
@@ -481,7 +497,8 @@ def test_the_signing_key_is_private_and_refused_otherwise(tmp_path: Path, monkey
     rec = recordkey.sign({"type": "cell", "id": "x", "status": "fail"})
     key = tmp_path / "state" / "cumatrix" / "key"
     assert key.stat().st_mode & 0o777 == 0o600
-    assert recordkey.signed(rec) and not recordkey.signed({**rec, "status": "pass"})
+    assert recordkey.signed(rec)
+    assert not recordkey.signed({**rec, "status": "pass"})
     recordkey._KEYS.clear()
     key.chmod(0o644)
     with pytest.raises(recordkey.KeyProblem, match="mode 0600"):
@@ -509,7 +526,8 @@ def test_resume_reruns_a_cell_whose_runtime_wheel_changed_under_its_name(tmp_pat
           - {{name: a, argv: ["true"]}}
         """
     proc, got = _run(cli, tmp_path, body, "--wheel-dir", str(wheels))
-    assert proc.returncode == 0 and got["a"]["status"] == "pass", proc.stderr
+    assert proc.returncode == 0, proc.stderr
+    assert got["a"]["status"] == "pass", proc.stderr
     before = got["a"]["started"]
     again = cli("run", tmp_path / "m.yaml", "--out", tmp_path / "out", "--resume", "-q", "--wheel-dir", str(wheels),
                 cwd=tmp_path, timeout=180)
@@ -542,7 +560,8 @@ def test_the_headline_counts_a_probe_that_ran_and_then_skipped(tmp_path: Path, c
     said = proc.stdout + proc.stderr
     doc = json.loads((tmp_path / "out" / "results.json").read_text())
     counts = doc["counts"]
-    assert counts["ran"] == 2 and counts["total"] == 2
+    assert counts["ran"] == 2
+    assert counts["total"] == 2
     if probe["status"] == "skip":
         assert counts["skipped_after_running"] == 1
         assert "2 of 2 cells ran: 1 met expectations, 1 were then skipped (1 skipped:no-cuda-driver)" in said, said
@@ -612,13 +631,17 @@ def test_where_ptrace_is_refused_the_cell_runs_untraced_and_says_so(tmp_path: Pa
         client.close()
     assert b"rc=5" in logs, logs
     trace = witness.parse_trace((out / "trace").read_bytes())
-    assert not trace.traced and trace.note is not None and "ptrace refused" in trace.note, trace
+    assert not trace.traced, trace
+    assert trace.note is not None, trace
+    assert "ptrace refused" in trace.note, trace
     # What the harness makes of such a record: the audit log, named as the only evidence.
     from cumatrix.execute import observe
 
     plan = observe.audit_plan(tmp_path / "cell" / "audit.log")
     seen = observe.conclude(plan, None, trace=trace)
-    assert seen.source == "rtld-audit" and seen.source_note is not None and "ptrace refused" in seen.source_note
+    assert seen.source == "rtld-audit"
+    assert seen.source_note is not None
+    assert "ptrace refused" in seen.source_note
 
 
 def test_a_cell_that_kills_its_tracer_is_a_crash(tmp_path: Path) -> None:
@@ -626,12 +649,14 @@ def test_a_cell_that_kills_its_tracer_is_a_crash(tmp_path: Path) -> None:
     what it wants untraced.  The helper is the process the harness waits for: the cell is a
     crash, and its record says the trace is incomplete."""
     _gcc()
-    from cumatrix.judge.classify import classify
     from cumatrix.execute.local import Job, run_local
+    from cumatrix.judge.classify import classify
 
     res = run_local(Job(cell_id="t", kind="command", timeout=30,
                         argv=("sh", "-c", "kill -9 $PPID; sleep 0.2; exit 0")))
-    assert res.trace is not None and res.trace.traced and not res.trace.complete, res.trace
+    assert res.trace is not None, res.trace
+    assert res.trace.traced, res.trace
+    assert not res.trace.complete, res.trace
     assert classify(res, kind="command").outcome == "crash:SIGKILL"
 
 
@@ -647,14 +672,17 @@ def test_a_containers_verdict_file_cannot_be_found_by_another_user(tmp_path: Pat
         (name,) = [v.rsplit("/", 1)[1] for k, v in chan.env()]
         other = FileChannel()
         other.close()
-        assert name.startswith("verdict-") and len(name) > 30 and name != other.name
+        assert name.startswith("verdict-")
+        assert len(name) > 30
+        assert name != other.name
         if os.geteuid() == 0 and shutil.which("useradd") is not None:
             import pwd
 
             pw = pwd.getpwnam(_second_user())
             peer = subprocess.run(["ls", str(chan.mount_dir)], user=pw.pw_uid, group=pw.pw_gid,
                                   capture_output=True, text=True)
-            assert peer.returncode != 0 and "Permission denied" in peer.stderr
+            assert peer.returncode != 0
+            assert "Permission denied" in peer.stderr
     finally:
         chan.close()
 
@@ -680,4 +708,5 @@ def test_a_link_named_like_a_runtime_does_not_rename_what_was_mapped(tmp_path: P
         """)
     rec = got["rename"]
     assert rec["observed"]["outcome"] == "exit:1", rec["observed"]
-    assert rec["fingerprint"]["runtime_file"] is None and rec["fingerprint"]["libraries"] == []
+    assert rec["fingerprint"]["runtime_file"] is None
+    assert rec["fingerprint"]["libraries"] == []

@@ -169,7 +169,8 @@ def test_direct_link_fails_below_12_8(wheels: dict[str, Path],
                                       capsys: pytest.CaptureFixture[str]) -> None:
     r = gate(wheels["direct"], "--static-only", "--min-driver", "12.4", capsys=capsys)
     assert r.rc == 1, r.out + r.err
-    assert "driver-symbol-too-new" in r.out and "cuMemcpyBatchAsync" in r.out
+    assert "driver-symbol-too-new" in r.out
+    assert "cuMemcpyBatchAsync" in r.out
     assert "introduced in CUDA 12.8" in r.out
     assert "undefined symbol: cuMemcpyBatchAsync" in r.out
     assert "demo_direct/_direct.so" in r.out
@@ -180,11 +181,13 @@ def test_direct_link_passes_at_12_8_but_needs_libcuda(
     r = gate(wheels["direct"], "--static-only", "--min-driver", "12.8", capsys=capsys)
     assert r.rc == 0, r.out + r.err
     assert "driver-symbol-too-new" not in r.out
-    assert "WARNING  needs-libcuda" in r.out and "libcuda.so.1" in r.out
+    assert "WARNING  needs-libcuda" in r.out
+    assert "libcuda.so.1" in r.out
     assert "cuGetProcAddress" in r.out  # the fix hint
     strict = gate(wheels["direct"], "--static-only", "--min-driver", "12.8", "--strict",
                   capsys=capsys)
-    assert strict.rc == 1 and "ERROR    needs-libcuda" in strict.out
+    assert strict.rc == 1
+    assert "ERROR    needs-libcuda" in strict.out
 
 
 def test_proc_address_is_clean(wheels: dict[str, Path],
@@ -200,14 +203,18 @@ def test_runtime_lookup_warns_about_abi(wheels: dict[str, Path],
                                         capsys: pytest.CaptureFixture[str]) -> None:
     r = gate(wheels["lookup"], "--static-only", capsys=capsys)
     assert r.rc == 0, r.out + r.err
-    assert "WARNING  abi-lookup" in r.out and '"cudaMemcpyBatchAsync"' in r.out
-    assert "cudaRuntimeGetVersion" in r.out and "SGLang PR 23183" in r.out
+    assert "WARNING  abi-lookup" in r.out
+    assert '"cudaMemcpyBatchAsync"' in r.out
+    assert "cudaRuntimeGetVersion" in r.out
+    assert "SGLang PR 23183" in r.out
 
 
 def test_runtime_major_outside_declared(wheels: dict[str, Path],
                                         capsys: pytest.CaptureFixture[str]) -> None:
     bad = gate(wheels["cudart"], "--static-only", "--runtimes", "13", capsys=capsys)
-    assert bad.rc == 1 and "runtime-major" in bad.out and "libcudart.so.12" in bad.out
+    assert bad.rc == 1
+    assert "runtime-major" in bad.out
+    assert "libcudart.so.12" in bad.out
     for declared in ("12", "12,13"):
         good = gate(wheels["cudart"], "--static-only", "--runtimes", declared, capsys=capsys)
         assert good.rc == 0, good.out
@@ -229,7 +236,8 @@ def test_out_dir_and_two_wheels(wheels: dict[str, Path], tmp_path: Path,
              "--out", tmp_path / "out", capsys=capsys)
     assert r.rc == 1
     record = json.loads((tmp_path / "out" / "static.json").read_text())
-    assert record["schema"] == 1 and record["type"] == "static"
+    assert record["schema"] == 1
+    assert record["type"] == "static"
     codes = {(f["wheel"], f["code"], f["subject"]) for f in record["findings"]}
     assert (wheels["direct"].name, "driver-symbol-too-new", "cuMemcpyBatchAsync") in codes
     assert [w["elves"] for w in record["wheels"]] == [["demo_direct/_direct.so"],
@@ -238,7 +246,8 @@ def test_out_dir_and_two_wheels(wheels: dict[str, Path], tmp_path: Path,
     assert summary.startswith("## Static audit: FAIL")
     assert "| `demo_direct/_direct.so` | error | driver-symbol-too-new |" in summary
     junit = (tmp_path / "out" / "junit.xml").read_text()
-    assert junit.count("<testcase") == 2 and junit.count("<failure") == 1
+    assert junit.count("<testcase") == 2
+    assert junit.count("<failure") == 1
 
 
 @pytest.mark.parametrize("case", ["missing", "not-zip", "zip-not-wheel", "bad-min-driver",

@@ -133,8 +133,10 @@ def test_underlinked_driver_symbols(host: dict[str, Path],
                                     capsys: pytest.CaptureFixture[str]) -> None:
     r = gate(host["underlinked"], "--static-only", capsys=capsys)
     assert r.rc == 1, r.out + r.err
-    assert "ERROR    underlinked-libcuda" in r.out and "cuMemAlloc_v2" in r.out
-    assert "cuGetProcAddress" in r.out and "Mooncake issue 724" in r.out
+    assert "ERROR    underlinked-libcuda" in r.out
+    assert "cuMemAlloc_v2" in r.out
+    assert "cuGetProcAddress" in r.out
+    assert "Mooncake issue 724" in r.out
     # It is imported only under try/except ImportError: said so, with the option to use.
     assert "NOTE     optional-import" in r.out
     assert "--optional 'demo_underlinked/_underlinked.so'" in r.out
@@ -148,7 +150,8 @@ def test_dispatch_from_driver_version_is_an_error(host: dict[str, Path],
     r = gate(host["by_driver"], "--static-only", capsys=capsys)
     assert r.rc == 1, r.out + r.err
     assert "ERROR    abi-lookup-driver-version" in r.out
-    assert "cudaDriverGetVersion" in r.out and "SGLang PR 23172" in r.out
+    assert "cudaDriverGetVersion" in r.out
+    assert "SGLang PR 23172" in r.out
 
 
 def test_dispatch_from_runtime_version_is_a_note(host: dict[str, Path],
@@ -156,31 +159,37 @@ def test_dispatch_from_runtime_version_is_a_note(host: dict[str, Path],
     r = gate(host["by_runtime"], "--static-only", capsys=capsys)
     assert r.rc == 0, r.out + r.err
     assert "NOTE     abi-lookup-runtime-version" in r.out
-    assert "ERROR" not in r.out and "WARNING  abi-lookup" not in r.out
+    assert "ERROR" not in r.out
+    assert "WARNING  abi-lookup" not in r.out
 
 
 def test_runtime_floor(host: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     old = gate(host["floor"], "--static-only", "--min-runtime", "12.4", capsys=capsys)
     assert old.rc == 1, old.out + old.err
-    assert "runtime-symbol-too-new" in old.out and "cudaGetDriverEntryPointByVersion" in old.out
+    assert "runtime-symbol-too-new" in old.out
+    assert "cudaGetDriverEntryPointByVersion" in old.out
     new = gate(host["floor"], "--static-only", "--min-runtime", "12.8", capsys=capsys)
     assert new.rc == 0, new.out + new.err
     # The default floor is X.0 of the lowest --runtimes major.
     default = gate(host["floor"], "--static-only", "--runtimes", "12", capsys=capsys)
-    assert default.rc == 1 and "runtime-symbol-too-new" in default.out
+    assert default.rc == 1
+    assert "runtime-symbol-too-new" in default.out
 
 
 def test_runtime_major_needs_driver(host: dict[str, Path],
                                     capsys: pytest.CaptureFixture[str]) -> None:
     r = gate(host["cudart13"], "--static-only", "--min-driver", "12.8", capsys=capsys)
     assert r.rc == 1, r.out + r.err
-    assert "runtime-needs-newer-driver" in r.out and "580.65.06" in r.out
+    assert "runtime-needs-newer-driver" in r.out
+    assert "580.65.06" in r.out
     fc = gate(host["cudart13"], "--static-only", "--min-driver", "12.8", "--forward-compat",
               capsys=capsys)
     assert fc.rc == 0, fc.out + fc.err
-    assert "NOTE     runtime-needs-newer-driver" in fc.out and "cuda-compat" in fc.out
+    assert "NOTE     runtime-needs-newer-driver" in fc.out
+    assert "cuda-compat" in fc.out
     at13 = gate(host["cudart13"], "--static-only", "--min-driver", "13.0", capsys=capsys)
-    assert at13.rc == 0 and "runtime-needs-newer-driver" not in at13.out
+    assert at13.rc == 0
+    assert "runtime-needs-newer-driver" not in at13.out
 
 
 def test_findings_round_trip(host: dict[str, Path], tmp_path: Path,
@@ -191,7 +200,8 @@ def test_findings_round_trip(host: dict[str, Path], tmp_path: Path,
     record = json.loads((tmp_path / "static.json").read_text())
     audit = StaticAudit.from_json(record)
     assert audit.to_json() == record
-    assert audit.errors == 2 and [w.wheel.name for w in audit.wheels] == [
+    assert audit.errors == 2
+    assert [w.wheel.name for w in audit.wheels] == [
         host["by_driver"].name, host["underlinked"].name]
 
 
@@ -200,7 +210,8 @@ def test_static_cudart_is_seen_and_not_lookups(device: dict[str, Path],
                                                capsys: pytest.CaptureFixture[str]) -> None:
     r = gate(device["sass_only"], "--static-only", "--min-driver", "12.8", capsys=capsys)
     assert r.rc == 1, r.out + r.err
-    assert "static libcudart 13" in r.out and "runtime-needs-newer-driver" in r.out
+    assert "static libcudart 13" in r.out
+    assert "runtime-needs-newer-driver" in r.out
     # The static runtime's own tables name cudaMemcpyBatchAsync & co: not lookups.
     assert "abi-lookup" not in r.out
     ok = gate(device["sass_only"], "--static-only", "--min-driver", "13.0", capsys=capsys)
@@ -213,9 +224,11 @@ def test_sass_only_coverage(device: dict[str, Path], capsys: pytest.CaptureFixtu
     r = gate(device["sass_only"], "--static-only", "--min-driver", "13.0",
              "--arch-list", "8.0 8.6 9.0", capsys=capsys)
     assert r.rc == 1, r.out + r.err
-    assert "no-device-code" in r.out and "sm_90" in r.out
+    assert "no-device-code" in r.out
+    assert "sm_90" in r.out
     assert "no kernel image is available for execution on the device" in r.out
-    assert "sm_86" not in r.out and "sm_80 " not in r.out.split("[SASS")[0]
+    assert "sm_86" not in r.out
+    assert "sm_80 " not in r.out.split("[SASS")[0]
 
 
 @needs_nvcc
@@ -225,14 +238,17 @@ def test_ptx_only_needs_a_driver_for_its_isa(device: dict[str, Path],
     old = gate(device["ptx_only"], "--static-only", "--min-driver", "12.8", "--forward-compat",
                "--arch-list", "9.0;10.0", capsys=capsys)
     assert old.rc == 1, old.out + old.err
-    assert "ptx-too-new" in old.out and "PTX ISA 9.0" in old.out and "(222)" in old.out
+    assert "ptx-too-new" in old.out
+    assert "PTX ISA 9.0" in old.out
+    assert "(222)" in old.out
     new = gate(device["ptx_only"], "--static-only", "--min-driver", "13.0",
                "--arch-list", "9.0 10.0 12.0", capsys=capsys)
     assert new.rc == 0, new.out + new.err
     # PTX compiles forward only: 8.0 is older than compute_90.
     below = gate(device["ptx_only"], "--static-only", "--min-driver", "13.0",
                  "--arch-list", "8.0", capsys=capsys)
-    assert below.rc == 1 and "no-device-code" in below.out
+    assert below.rc == 1
+    assert "no-device-code" in below.out
 
 
 @needs_nvcc
@@ -270,12 +286,14 @@ def test_arch_specific_sass_runs_only_on_its_arch(tmp_path: Path,
     assert ok.rc == 0, ok.out
     bad = gate(wheel, "--static-only", "--min-driver", "13.0", "--arch-list", "9.0 10.0",
                capsys=capsys)
-    assert bad.rc == 1 and "sm_100" in bad.out
+    assert bad.rc == 1
+    assert "sm_100" in bad.out
 
 
 def test_bad_arch_list_exits_2(host: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     r = gate(host["floor"], "--static-only", "--arch-list", "nine", capsys=capsys)
-    assert r.rc == 2 and "not a GPU architecture" in r.err
+    assert r.rc == 2
+    assert "not a GPU architecture" in r.err
 
 
 def test_optional_import_only_when_every_import_is_guarded(
@@ -288,5 +306,6 @@ def test_optional_import_only_when_every_import_is_guarded(
         "demo_plain/_x.so": so,
     })
     r = gate(wheel, "--static-only", capsys=capsys)
-    assert r.rc == 1 and "underlinked-libcuda" in r.out
+    assert r.rc == 1
+    assert "underlinked-libcuda" in r.out
     assert "optional-import" not in r.out

@@ -57,7 +57,7 @@ def index() -> Iterator[list[str]]:
     seen: list[str] = []
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - the http.server name
+        def do_GET(self) -> None:
             seen.append(self.path)
             self.send_response(404)
             self.end_headers()
@@ -107,7 +107,9 @@ def test_with_a_wheel_dir_nothing_reaches_an_index(tmp_path: Path, cli: Cli, whe
             "--wheel-dir", wd, "--out", tmp_path / "out",
             env={"PIP_INDEX_URL": index[0], "PIP_EXTRA_INDEX_URL": index[0]}, timeout=300)
     assert index[1:] == [], f"pip asked the index for {index[1:]}"
-    assert r.returncode == 1 and "somedep" in r.stdout, r.stdout + r.stderr  # not in the wheel dir: not installed
+    # not in the wheel dir: not installed
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "somedep" in r.stdout, r.stdout + r.stderr
 
 
 def test_pip_runs_in_the_sandbox_when_nothing_needs_the_network(tmp_path: Path, cli: Cli, wheel_cache: Path) -> None:

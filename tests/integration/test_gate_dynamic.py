@@ -27,10 +27,10 @@ from test_gate import (  # the static stage's gcc-built ELF files
     _gcc,
 )
 
-from cumatrix.provision import runtimes
-from cumatrix.front.gate import unsupported_pairing, wheel_packages
 from cumatrix.core.model import Case, Cell
+from cumatrix.front.gate import unsupported_pairing, wheel_packages
 from cumatrix.predict.oracle import HostFacts
+from cumatrix.provision import runtimes
 
 pytestmark = pytest.mark.network  # runtime wheels, fetched once into the cache
 
@@ -158,7 +158,8 @@ def test_clean_wheel_imports_on_every_runtime(clean_run: tuple[subprocess.Comple
     cells = _cells(out)
     assert sorted(cells) == ["cu12.9/host/import-demo_clean", "cu13.0/host/import-demo_clean"]
     for rec in cells.values():
-        assert rec["status"] == "pass" and rec["observed"]["outcome"] == "ok"  # type: ignore[index]
+        assert rec["status"] == "pass"
+        assert rec["observed"]["outcome"] == "ok"
         # the package came from the cell's own install target, not from anywhere else
         assert "imported demo_clean from " in str(rec["stdout_tail"])
         assert f"{os.sep}gate-sites{os.sep}" in str(rec["stdout_tail"])
@@ -177,12 +178,15 @@ def test_reports_put_static_findings_first(clean_run: tuple[subprocess.Completed
     schema = json.loads(resources.files("cumatrix").joinpath("report/schema.json").read_text())
     jsonschema.validate(results, schema)
     static = [e for e in results["extra"] if e.get("type") == "static"]
-    assert len(static) == 1 and static[0]["wheels"][0]["elves"] == ["demo_clean/_proc.so"]
+    assert len(static) == 1
+    assert static[0]["wheels"][0]["elves"] == ["demo_clean/_proc.so"]
     junit = (out / "junit.xml").read_text()
     assert 'name="static demo_clean-1.0-' in junit
-    assert "demo_clean-1.0-" in junit and "::demo_clean/_proc.so" in junit
+    assert "demo_clean-1.0-" in junit
+    assert "::demo_clean/_proc.so" in junit
     assert junit.count("<testcase") == 3  # two cells + one ELF file
-    assert (out / "index.html").is_file() and (out / "static.json").is_file()
+    assert (out / "index.html").is_file()
+    assert (out / "static.json").is_file()
 
 
 def test_the_gate_run_is_recorded_in_the_history(clean_run: tuple[subprocess.CompletedProcess[str], Path],
@@ -205,12 +209,14 @@ def test_libcuda_wheel_fails_without_a_driver(wheels: dict[str, Path], matrices:
     assert r.returncode == 1, r.stdout + r.stderr
     assert "WARNING  needs-libcuda" in r.stdout  # the static stage only warns ...
     rec = _cells(out)["cu12.9/host/import-demo_needs"]  # ... the import proves it
-    assert rec["status"] == "fail" and rec["observed"]["outcome"] == "exit:1"  # type: ignore[index]
+    assert rec["status"] == "fail"
+    assert rec["observed"]["outcome"] == "exit:1"
     assert "libcuda.so.1: cannot open shared object file" in str(rec["stderr_tail"])
     assert "libcuda.so.1: cannot open shared object file" in str(rec["mismatch"])
     summary = (out / "summary.md").read_text()
     assert summary.startswith("## Static audit: pass (0 errors, 1 warning)")
-    assert "needs-libcuda" in summary and "**cumatrix: FAIL**" in summary
+    assert "needs-libcuda" in summary
+    assert "**cumatrix: FAIL**" in summary
     assert "cannot import demo_needs: OSError: libcuda.so.1: cannot open shared object file" in summary
     assert "FAIL cu12.9/host/import-demo_needs" in r.stdout
 
@@ -240,7 +246,8 @@ def test_a_wheel_cannot_forge_its_own_pass(wheels: dict[str, Path], matrices: di
     r = cli("gate", wheels["forger"], "--matrix", matrices["one"], "--out", out, timeout=300)
     assert r.returncode == 1, r.stdout + r.stderr
     rec = _cells(out)["cu12.9/host/import-demo_forger"]
-    assert rec["status"] == "fail" and rec["observed"]["outcome"] == "exit:1"  # type: ignore[index]
+    assert rec["status"] == "fail"
+    assert rec["observed"]["outcome"] == "exit:1"
     assert "CUMATRIX-RESULT" in str(rec["stdout_tail"])  # kept as log, nothing more
 
 
@@ -252,7 +259,8 @@ def test_a_wheel_cannot_forge_the_audit_log_into_a_skip(wheels: dict[str, Path],
     r = cli("gate", wheels["audit_forger"], "--matrix", matrices["one"], "--out", out, timeout=300)
     assert r.returncode == 1, r.stdout + r.stderr
     rec = _cells(out)["cu12.9/host/import-demo_auditforger"]
-    assert rec["status"] == "fail" and rec["observed"]["outcome"] == "exit:1", rec  # type: ignore[index]
+    assert rec["status"] == "fail", rec
+    assert rec["observed"]["outcome"] == "exit:1", rec  # type: ignore[index]
     assert "/opt/x/libcudart.so.13" in rec["fingerprint"]["audit_claims_not_backed"]  # type: ignore[index]
 
 
@@ -280,7 +288,8 @@ def test_bad_dynamic_input_exits_2(wheels: dict[str, Path], cli: Cli, tmp_path: 
     ):
         r = cli("gate", wheels["clean"], *argv, "--out", tmp_path / "out", timeout=120)
         assert r.returncode == 2, r.stdout + r.stderr
-        assert expect in r.stderr and "Traceback" not in r.stderr
+        assert expect in r.stderr
+        assert "Traceback" not in r.stderr
         assert not (tmp_path / "out").exists()
 
 
@@ -302,7 +311,8 @@ def test_unsupported_pairing(runtime: int, driver: str, host: int | None, skippe
     why = unsupported_pairing(cell, HostFacts(driver_version=host), runtime)
     assert (why is not None) == skipped
     if why:
-        assert "cudaErrorInsufficientDriver" in why and "not run" in why
+        assert "cudaErrorInsufficientDriver" in why
+        assert "not run" in why
 
 
 # --------------------------------------------------------------------------- docker
@@ -342,7 +352,8 @@ def test_docker_backend_gates_the_clean_wheel(wheels: dict[str, Path], matrices:
     for rec in cells.values():
         assert rec["status"] == "pass", rec
         fp = rec["fingerprint"]
-        assert fp["backend"] == "docker" and str(fp["image"]).startswith("cumatrix-rt")  # type: ignore[index]
+        assert fp["backend"] == "docker"
+        assert str(fp["image"]).startswith("cumatrix-rt")
     assert f"{os.sep}gate-sites{os.sep}" in str(cells["cu12.9/host/import-demo_clean"]["stdout_tail"])
 
 

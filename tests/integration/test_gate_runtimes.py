@@ -23,9 +23,9 @@ import pytest
 from elftools.elf.elffile import ELFFile
 from test_gate import _gcc, gate, make_wheel
 
-from cumatrix.provision import runtimes
 from cumatrix.audit.static import load_audit_data
 from cumatrix.binary.elf import elf_defined_symbols
+from cumatrix.provision import runtimes
 
 pytestmark = pytest.mark.network  # runtime wheels, fetched once into the cache
 
@@ -103,14 +103,16 @@ def test_static_cuda11_runtime_is_dated_11(built: dict[str, Path],
                                            capsys: pytest.CaptureFixture[str]) -> None:
     ok = gate(built["static11"], "--static-only", "--min-driver", "11.2", capsys=capsys)
     assert ok.rc == 0, ok.out + ok.err
-    assert "static libcudart 12" not in ok.out and "runtime-needs-newer-driver" not in ok.out
+    assert "static libcudart 12" not in ok.out
+    assert "runtime-needs-newer-driver" not in ok.out
     bad = gate(built["static11"], "--static-only", "--min-driver", "11.2", "--runtimes", "12",
                capsys=capsys)
     assert bad.rc == 1, bad.out + bad.err
     assert "ERROR    runtime-major          static libcudart 11" in bad.out
     # The CUDA 12 control: the same build from the 12.9 runtime's names needs a 12.0 driver.
     c12 = gate(built["static12"], "--static-only", "--min-driver", "11.2", capsys=capsys)
-    assert c12.rc == 1 and "runtime-needs-newer-driver static libcudart 12" in c12.out, c12.out
+    assert c12.rc == 1, c12.out
+    assert "runtime-needs-newer-driver static libcudart 12" in c12.out, c12.out
 
 
 def test_static_runtime_is_attributed_to_the_file_that_carries_it(
@@ -130,7 +132,8 @@ def test_dlopen_of_a_literal_soname_is_a_warning(built: dict[str, Path],
     assert "loads libcudart.so.11.0 at run time" in r.out
     quiet = gate(built["dlopen11"], "--static-only", "--runtimes", "11,12", "--min-driver",
                  "11.8", capsys=capsys)
-    assert quiet.rc == 0 and "dlopen libcudart" not in quiet.out, quiet.out
+    assert quiet.rc == 0, quiet.out
+    assert "dlopen libcudart" not in quiet.out, quiet.out
 
 
 def test_cudart_stub_with_agreeing_path_and_dependency_is_an_error(
@@ -139,13 +142,16 @@ def test_cudart_stub_with_agreeing_path_and_dependency_is_an_error(
         r = gate(built["stub13"], "--static-only", "--min-driver", floor, capsys=capsys)
         assert r.rc == 1, r.out + r.err
         assert "ERROR    runtime-needs-newer-driver dlopen libcudart (CUDA 13)" in r.out, r.out
-        assert "cudart_stub-style table" in r.out and "nvidia/cu13/lib" in r.out
+        assert "cudart_stub-style table" in r.out
+        assert "nvidia/cu13/lib" in r.out
         assert "Requires-Dist nvidia-cuda-runtime>=13.0.48" in r.out
     ok = gate(built["stub13"], "--static-only", "--min-driver", "13.0", capsys=capsys)
-    assert ok.rc == 0 and "runtime-needs-newer-driver" not in ok.out, ok.out
+    assert ok.rc == 0, ok.out
+    assert "runtime-needs-newer-driver" not in ok.out, ok.out
     major = gate(built["stub13"], "--static-only", "--min-driver", "13.0", "--runtimes", "12",
                  capsys=capsys)
-    assert major.rc == 1 and "ERROR    runtime-major" in major.out, major.out
+    assert major.rc == 1, major.out
+    assert "ERROR    runtime-major" in major.out, major.out
     # Without the wheel's dependency only the search path says 13: a warning.
     weak = gate(built["stub13_nodep"], "--static-only", "--min-driver", "12.8", capsys=capsys)
     assert weak.rc == 0, weak.out + weak.err
@@ -194,7 +200,8 @@ def _ptx_module(d: Path, name: str, arch: int, isa: str) -> Path:
     """A shared object whose ``.nv_fatbin`` holds PTX for ``compute_<arch>`` of ISA ``isa``:
     nvcc writes the PTX (ISA 9.0), its ``.version`` line is set to ``isa`` as an older
     toolkit would have written it, NVIDIA's ``fatbinary`` packs it, objcopy adds the section."""
-    assert NVCC is not None and FATBINARY is not None
+    assert NVCC is not None
+    assert FATBINARY is not None
     (d / "k.cu").write_text("__global__ void fill(int *p) { p[threadIdx.x] = threadIdx.x; }\n")
     subprocess.run([NVCC, "-ptx", f"-arch=compute_{arch}", "k.cu", "-o", f"{name}.ptx"],
                    cwd=d, check=True, capture_output=True)
@@ -222,14 +229,18 @@ def test_ptx_floor_is_raised_by_the_gpu_generation(tmp_path: Path,
     # PTX ISA 8.5 (CUDA 12.5) for 12.0: a CC 12.0 GPU needs a 12.8 driver, which JITs it.
     ok = gate(wheel("sm120_85", 120, "8.5"), "--static-only", "--min-driver", "12.0",
               "--arch-list", "12.0", capsys=capsys)
-    assert ok.rc == 0 and "ptx-too-new" not in ok.out, ok.out
+    assert ok.rc == 0, ok.out
+    assert "ptx-too-new" not in ok.out, ok.out
     # PTX ISA 8.8 (CUDA 12.9) is still too new for the 12.8 floor; the message says why.
     new = gate(wheel("sm120_88", 120, "8.8"), "--static-only", "--min-driver", "12.0",
                "--arch-list", "12.0", capsys=capsys)
     assert new.rc == 1, new.out
-    assert "ptx-too-new" in new.out and "needs CUDA 12.8 (driver >= 570.26) anyway" in " ".join(
-        new.out.split()), new.out
+    assert "ptx-too-new" in new.out, new.out
+    assert ("needs CUDA 12.8 (driver >= 570.26) anyway" in " ".join(
+        new.out.split())), new.out
     # PTX ISA 8.7 (CUDA 12.8) for sm_90 under a 12.0 driver: a real failure, still caught.
     h = gate(wheel("sm90_87", 90, "8.7"), "--static-only", "--min-driver", "12.0",
              "--arch-list", "9.0", capsys=capsys)
-    assert h.rc == 1 and "ptx-too-new" in h.out and "anyway" not in h.out, h.out
+    assert h.rc == 1, h.out
+    assert "ptx-too-new" in h.out, h.out
+    assert "anyway" not in h.out, h.out

@@ -55,7 +55,8 @@ def test_cells_run_with_the_collector_on(tmp_path: Path, wheel_cache: Path, cli_
     notes_ = [json.loads(line) for line in notes.read_text().splitlines()]
     seen = [n for n in notes_ if n[0] != "report"]
     reported = [n for n in notes_ if n[0] == "report"]
-    assert len(seen) == 6 and len(reported) == 6
+    assert len(seen) == 6
+    assert len(reported) == 6
     assert all(enabled for _, enabled, _ in notes_), notes_  # cells run, and reports arrive, with it on
     assert all(frozen > 0 for _, _, frozen in seen), seen  # start-up's objects, never walked again
     assert all(bool(worker) == bool(workers) for worker, _, _ in seen), seen  # where the cells ran

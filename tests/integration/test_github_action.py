@@ -50,22 +50,27 @@ def test_run_as_a_host_then_merge_names_the_host_that_never_ran(tmp_path: Path, 
     (tmp_path / "matrix.yaml").write_text(MATRIX)
     code, out, summary = _step(tmp_path, cli_env, host="drv580", out="runs/drv580", require_gpu_input="false",
                                args="--timeout '60'")
-    assert code == 0 and out["exit-code"] == "0", summary
+    assert code == 0, summary
+    assert out["exit-code"] == "0", summary
     assert out["headline"].startswith("cumatrix: PASS — ")
     assert out["reports-dir"] == str(tmp_path / "runs" / "drv580")
     assert out["headline"].removeprefix("cumatrix: ") in summary.replace("**", "")  # summary.md went to the job summary
     header = json.loads((tmp_path / "runs" / "drv580" / "results.jsonl").read_text().splitlines()[0])
-    assert header["host"] == "drv580" and header["cells"] == ["cu12.9/host/a", "cu12.9/host/b"]
+    assert header["host"] == "drv580"
+    assert header["cells"] == ["cu12.9/host/a", "cu12.9/host/b"]
     argv = header["argv"]
-    assert argv[argv.index("--cumatrix-timeout") + 1] == "60.0" and "--cumatrix-require-gpu" not in argv
+    assert argv[argv.index("--cumatrix-timeout") + 1] == "60.0"
+    assert "--cumatrix-require-gpu" not in argv
 
     # The merge of the hosts that uploaded: drv550 never ran, so the merge is not a pass; with
     # fail=false the step itself succeeds and hands the exit code on.  A history file is set:
     # where this cumatrix has no `diff`, the summary simply has no such section.
     code, out, summary = _step(tmp_path, cli_env, merge_from="runs/*", out="merged", fail="false",
                                history_file=str(tmp_path / "hist" / "h.sqlite"))
-    assert code == 0 and out["exit-code"] == "1", summary
-    assert out["headline"].startswith("cumatrix: INCOMPLETE — ") and "drv550" in out["headline"]
+    assert code == 0, summary
+    assert out["exit-code"] == "1", summary
+    assert out["headline"].startswith("cumatrix: INCOMPLETE — ")
+    assert "drv550" in out["headline"]
     doc = json.loads((tmp_path / "merged" / "results.json").read_text())
     assert doc["missing_hosts"] == ["drv550"]
     assert {(e["id"], e["host"]) for e in doc["not_run"]} == {
@@ -75,17 +80,21 @@ def test_run_as_a_host_then_merge_names_the_host_that_never_ran(tmp_path: Path, 
 
     # fail=true (the default): the step fails with cumatrix's code.
     code, out, _ = _step(tmp_path, cli_env, merge_from="runs/*", out="merged")
-    assert code == 1 and out["exit-code"] == "1"
+    assert code == 1
+    assert out["exit-code"] == "1"
 
 
 def test_merge_of_nothing_fails_and_says_no_host_ran(tmp_path: Path, cli_env: Callable[..., dict[str, str]]) -> None:
     (tmp_path / "matrix.yaml").write_text(MATRIX)
     code, out, summary = _step(tmp_path, cli_env, merge_from="runs/*", out="merged")
-    assert code == 1 and out["exit-code"] == "1"
-    assert "no host ran" in out["headline"] and "no host ran" in summary
+    assert code == 1
+    assert out["exit-code"] == "1"
+    assert "no host ran" in out["headline"]
+    assert "no host ran" in summary
 
 
 def test_args_that_do_not_split_are_exit_2(tmp_path: Path, cli_env: Callable[..., dict[str, str]]) -> None:
     (tmp_path / "matrix.yaml").write_text(MATRIX)
     code, _, text = _step(tmp_path, cli_env, args="--timeout 'unclosed")
-    assert code == 2 and "cannot split" in text
+    assert code == 2
+    assert "cannot split" in text

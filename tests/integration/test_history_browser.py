@@ -8,12 +8,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from history_nights import State, night_run
 from test_report_browser import ARTIFACTS, Page, _wait_ready, browser  # noqa: F401 - browser is a fixture
 
+from cumatrix.report import write_all
 from cumatrix.results.history import History
 from cumatrix.results.historydiff import diff, resolve
-from cumatrix.report import write_all
+from history_nights import State, night_run
 
 pytestmark = pytest.mark.browser
 
@@ -55,7 +55,9 @@ def test_since_section_and_trend_plots_in_chromium(browser: str, tmp_path: Path)
         # the cell whose speed moved is drawn first, in the attention colour
         first = page.js("(() => { const f = document.querySelector('#since figure.trend');"
                         " return [f.classList.contains('moved'), f.textContent, getComputedStyle(f).color]; })()")
-        assert first[0] and SWAPS[1] in first[1] and first[2] == "rgb(176, 0, 32)", first
+        assert first[0], first
+        assert SWAPS[1] in first[1], first
+        assert first[2] == "rgb(176, 0, 32)", first
         page.js("document.getElementById('since').scrollIntoView()")
         shot = page.call("Page.captureScreenshot", format="png", captureBeyondViewport=False)
         ARTIFACTS.mkdir(exist_ok=True)

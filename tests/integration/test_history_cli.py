@@ -15,6 +15,7 @@ from subprocess import CompletedProcess
 from typing import Any
 
 import pytest
+
 from history_nights import State, write_night
 
 RUNTIME = "nvidia-cuda-runtime-cu12==12.9.79"
@@ -50,14 +51,16 @@ def test_run_appends_to_the_default_history_and_reports_since_the_last_run(
     p = cli("run", nightly, "--out", tmp_path / "o1", "-q", cwd=tmp_path, env=env)
     assert p.returncode == 0, p.stderr
     default = tmp_path / "xdg" / "cumatrix" / "history.sqlite"
-    assert default.is_file() and (default.parent.stat().st_mode & 0o777) == 0o700
+    assert default.is_file()
+    assert (default.parent.stat().st_mode & 0o777) == 0o700
     assert "Since the last run" not in (tmp_path / "o1" / "summary.md").read_text()  # nothing to compare yet
 
     (tmp_path / "state-a").write_text("3\n")
     p = cli("run", nightly, "--out", tmp_path / "o2", "-q", cwd=tmp_path, env=env)
     assert p.returncode == 1, p.stderr
     md = (tmp_path / "o2" / "summary.md").read_text()
-    assert "### Since the last run" in md and "<code>cu12.9/host/a</code>: ok:n/a → **exit:3**" in md
+    assert "### Since the last run" in md
+    assert "<code>cu12.9/host/a</code>: ok:n/a → **exit:3**" in md
     doc = json.loads((tmp_path / "o2" / "results.json").read_text())
     assert [c["cell"] for c in doc["since_last_run"]["new_failures"]] == ["cu12.9/host/a"]
 
@@ -66,21 +69,26 @@ def test_run_appends_to_the_default_history_and_reports_since_the_last_run(
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
     assert [(r["kind"], r["counts"]["pass"], r["counts"]["fail"], r["git_commit"]) for r in runs] == [
         ("run", 2, 0, head), ("run", 1, 1, head)]
-    assert runs[1]["run_id"] == doc["run"]["run_id"] and runs[0]["matrix_sha256"] == doc["run"]["matrix_sha256"]
+    assert runs[1]["run_id"] == doc["run"]["run_id"]
+    assert runs[0]["matrix_sha256"] == doc["run"]["matrix_sha256"]
 
     # --no-history records nothing; CUMATRIX_HISTORY and --history name other files
     p = cli("run", nightly, "--out", tmp_path / "o3", "-q", "--no-history", cwd=tmp_path, env=env)
-    assert p.returncode == 1 and len(json.loads(cli("history", "--json", cwd=tmp_path, env=env).stdout)["runs"]) == 2
+    assert p.returncode == 1
+    assert len(json.loads(cli("history", "--json", cwd=tmp_path, env=env).stdout)["runs"]) == 2
     other = tmp_path / "elsewhere.sqlite"
     p = cli("run", nightly, "--out", tmp_path / "o4", "-q", cwd=tmp_path, env={**env, "CUMATRIX_HISTORY": str(other)})
-    assert p.returncode == 1 and other.is_file()
+    assert p.returncode == 1
+    assert other.is_file()
     p = cli("diff", "--history", other, cwd=tmp_path, env=env)
-    assert p.returncode == 2 and "first run of its matrix" in p.stderr
+    assert p.returncode == 2
+    assert "first run of its matrix" in p.stderr
 
     # `cumatrix report` rebuilds the section from the history, read-only
     (tmp_path / "o2" / "summary.md").unlink()
     p = cli("report", tmp_path / "o2", cwd=tmp_path, env=env)
-    assert p.returncode == 0 and "### Since the last run" in (tmp_path / "o2" / "summary.md").read_text()
+    assert p.returncode == 0
+    assert "### Since the last run" in (tmp_path / "o2" / "summary.md").read_text()
 
 
 @pytest.mark.network
@@ -90,10 +98,13 @@ def test_a_bad_history_stops_the_run_before_any_cell(nightly: Path, tmp_path: Pa
     junk.write_text("this is no database " * 100)
     for bad, words in ((junk, "not a cumatrix history"), (tmp_path, "is a directory")):
         p = cli("run", nightly, "--out", tmp_path / "never", "--history", bad, "-q", cwd=tmp_path)
-        assert p.returncode == 2 and words in p.stderr and "Traceback" not in p.stderr, p.stderr
+        assert p.returncode == 2, p.stderr
+        assert words in p.stderr, p.stderr
+        assert "Traceback" not in p.stderr, p.stderr
         assert not (tmp_path / "never" / "results.jsonl").exists()
     p = cli("run", nightly, "--history", junk, "--no-history", cwd=tmp_path)
-    assert p.returncode == 2 and "not allowed with" in p.stderr
+    assert p.returncode == 2
+    assert "not allowed with" in p.stderr
 
 
 def test_history_command_bad_input(tmp_path: Path, cli: Callable[..., CompletedProcess[str]]) -> None:
@@ -103,7 +114,9 @@ def test_history_command_bad_input(tmp_path: Path, cli: Callable[..., CompletedP
                         (("history", "--prune", "--keep", "0"), "at least 1"),
                         (("diff", "--window", "1"), "at least 2"), (("diff",), "no history here yet")):
         p = cli(*argv, "--history", h, cwd=tmp_path)
-        assert p.returncode == 2 and words in p.stderr and "Traceback" not in p.stderr, (argv, p.stderr)
+        assert p.returncode == 2, (argv, p.stderr)
+        assert words in p.stderr, (argv, p.stderr)
+        assert "Traceback" not in p.stderr, (argv, p.stderr)
 
 
 APPENDER = """
@@ -140,5 +153,6 @@ def test_concurrent_writers_each_get_their_own_transaction(tmp_path: Path, cli_e
     per_run = conn.execute("SELECT run_uid, count(*) FROM runs GROUP BY run_uid ORDER BY run_uid").fetchall()
     assert per_run == [(f"night{i:02d}abcd", 5) for i in range(4)] + [(f"night{i:02d}abcd", 1) for i in (4, 5)]
     sizes = {n for (n,) in conn.execute("SELECT count(*) FROM results GROUP BY run")}
-    assert sizes == {300} and conn.execute("SELECT count(*) FROM cells").fetchone()[0] == 300
+    assert sizes == {300}
+    assert conn.execute("SELECT count(*) FROM cells").fetchone()[0] == 300
     conn.close()

@@ -18,7 +18,7 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
 import cumatrix
-from cumatrix.provision.build import build_variant, reference_dir
+from cumatrix.binary.elf import elf_defined_symbols, elf_needed
 from cumatrix.front.calibrate import (
     CalibrationRow,
     Measurement,
@@ -27,7 +27,7 @@ from cumatrix.front.calibrate import (
     best_rows,
     table_text,
 )
-from cumatrix.binary.elf import elf_defined_symbols, elf_needed
+from cumatrix.provision.build import build_variant, reference_dir
 from cumatrix.provision.runtimes import headers_for
 
 SRC_ROOT = str(Path(cumatrix.__file__).resolve().parents[1])
@@ -43,7 +43,8 @@ DIR = {"d2h": 1, "h2d": 2, "d2d": 3}
 def proc_address(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     built = build_variant("proc-address", "driver", headers_for(request.param),
                           cache=tmp_path_factory.mktemp("builds"))
-    assert built.ok and built.library is not None, built.log
+    assert built.ok, built.log
+    assert built.library is not None, built.log
     return built.library
 
 
@@ -175,7 +176,8 @@ def test_calibration_records_streams_and_the_sm_budget(proc_address: Path, tmp_p
 
 def test_missing_calibration_file_falls_back_to_built_in(proc_address: Path, tmp_path: Path) -> None:
     r = _ask(proc_address, [[DIR["d2d"], 16384, 32768]], KVSWAP_CALIBRATION=str(tmp_path / "absent.txt"))
-    assert r["source"] == "built-in" and r["picks"] == [PATH["kernel"]]
+    assert r["source"] == "built-in"
+    assert r["picks"] == [PATH["kernel"]]
 
 
 def _has_gpu() -> bool:
@@ -195,7 +197,8 @@ def test_calibrate_without_gpu_exits_2(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-c", code, "calibrate", "--out", str(out), "--sizes", "4k", "2MiB"],
                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=SRC_ROOT), timeout=60)
     assert proc.returncode == 2
-    assert "calibrate measures on a GPU" in proc.stderr and "Traceback" not in proc.stderr
+    assert "calibrate measures on a GPU" in proc.stderr
+    assert "Traceback" not in proc.stderr
     assert not out.exists()
 
 
@@ -203,7 +206,8 @@ def test_calibrate_parser_rejects_bad_sizes() -> None:
     p = argparse.ArgumentParser(prog="cumatrix")
     add_calibrate_parser(p.add_subparsers())
     args = p.parse_args(["calibrate", "--sizes", "4k", "16KiB", "2m", "--directions", "d2h"])
-    assert args.sizes == [4096, 16384, 2 << 20] and args.directions == ["d2h"]
+    assert args.sizes == [4096, 16384, 2 << 20]
+    assert args.directions == ["d2h"]
     with pytest.raises(SystemExit) as e:
         p.parse_args(["calibrate", "--sizes", "lots"])
     assert e.value.code == 2

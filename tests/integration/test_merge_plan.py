@@ -55,7 +55,8 @@ def test_run_as_a_host_takes_the_plans_share_and_records_the_plan(planned: Path,
         proc = cli("run", planned, "--host", host, "--out", tmp_path / host, "-q", cwd=tmp_path)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         header = json.loads((tmp_path / host / "results.jsonl").read_text().splitlines()[0])
-        assert header["host"] == host and sorted(header["cells"]) == sorted(share)
+        assert header["host"] == host
+        assert sorted(header["cells"]) == sorted(share)
         plan = {e["host"]: e["cells"] for e in header["plan"]["hosts"]}
         assert header["plan"]["matrix_sha256"] == header["matrix_sha256"]
         assert plan == {"drv580": HOST_CELLS, "drv550": HOST_CELLS + EMULATED_CELLS}
@@ -63,13 +64,17 @@ def test_run_as_a_host_takes_the_plans_share_and_records_the_plan(planned: Path,
     proc = cli("merge", tmp_path / "drv580", tmp_path / "drv550", "--out", tmp_path / "merged", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     doc = _doc(tmp_path / "merged")
-    assert doc["not_run"] == [] and doc["missing_hosts"] == [] and doc["verdict"] in ("PASS", "SKIPPED")
+    assert doc["not_run"] == []
+    assert doc["missing_hosts"] == []
+    assert doc["verdict"] in ("PASS", "SKIPPED")
     assert len(doc["cells"]) == 9  # host cells on both hosts, emulated cells on drv550
 
 
 def test_run_as_a_host_the_plan_does_not_name_is_exit_2(planned: Path, tmp_path: Path, cli: Callable[..., Any]) -> None:
     proc = cli("run", planned, "--host", "drv999", "--out", tmp_path / "o", cwd=tmp_path)
-    assert proc.returncode == 2 and "drv550, drv580" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2
+    assert "drv550, drv580" in proc.stderr
+    assert "Traceback" not in proc.stderr
     assert not (tmp_path / "o").exists()
 
 
@@ -85,7 +90,8 @@ def test_merge_with_a_host_missing_and_a_host_incomplete_fails_naming_both(
     assert "host drv550 never ran its 6 planned cells" in proc.stderr
     assert "host drv580 did not run 2 of its 3 planned cells" in proc.stderr
     doc = _doc(tmp_path / "merged")
-    assert doc["verdict"] == "INCOMPLETE" and doc["missing_hosts"] == ["drv550"]
+    assert doc["verdict"] == "INCOMPLETE"
+    assert doc["missing_hosts"] == ["drv550"]
     expected = ({("cu12.9/host/second", "drv580"), ("cu12.9/host/third", "drv580")}
                 | {(cid, "drv550") for cid in HOST_CELLS + EMULATED_CELLS})
     assert {(e["id"], e["host"]) for e in doc["not_run"]} == expected
@@ -96,10 +102,13 @@ def test_merge_with_a_host_missing_and_a_host_incomplete_fails_naming_both(
                if (s := tc.find("skipped")) is not None and "did not run it" in (s.get("message") or "")]
     assert {(tc.get("name"), tc.get("classname", "").split(".")[1]) for tc in skipped} == expected
     md = (tmp_path / "merged" / "summary.md").read_text()
-    assert "**cumatrix: INCOMPLETE**" in md and "no run from drv550" in md
+    assert "**cumatrix: INCOMPLETE**" in md
+    assert "no run from drv550" in md
     assert md.count("should have run it") == 8
     html = (tmp_path / "merged" / "index.html").read_text()
-    assert "no run from" in html and "drv550" in html and "cu12.9/emulated-12.4/third" in html
+    assert "no run from" in html
+    assert "drv550" in html
+    assert "cu12.9/emulated-12.4/third" in html
 
 
 def test_merge_matrix_completes_runs_that_recorded_no_plan(planned: Path, tmp_path: Path, wheel_cache: Path,
@@ -129,7 +138,7 @@ def test_merge_matrix_completes_runs_that_recorded_no_plan(planned: Path, tmp_pa
 def test_merge_matrix_without_hosts_expects_every_cell_from_any_host(tmp_path: Path, wheel_cache: Path,
                                                                      cli: Callable[..., Any]) -> None:
     m = tmp_path / "plain.yaml"
-    m.write_text(PLANNED.split("hosts:")[0])
+    m.write_text(PLANNED.split("hosts:", maxsplit=1)[0])
     for host, k in (("one", "host and first"), ("two", "host and second")):
         proc = cli("run", m, "--host", host, "-k", k, "--out", tmp_path / host, "-q", cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr
@@ -148,7 +157,8 @@ def test_merge_matrix_of_another_matrix_is_exit_2(planned: Path, tmp_path: Path,
     other = tmp_path / "other.yaml"
     other.write_text(PLANNED.replace("name: third", "name: fourth"))
     proc = cli("merge", tmp_path / "drv580", "--out", tmp_path / "merged", "--matrix", other, cwd=tmp_path)
-    assert proc.returncode == 2 and "name the matrix file these runs ran" in proc.stderr
+    assert proc.returncode == 2
+    assert "name the matrix file these runs ran" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
@@ -156,14 +166,17 @@ def test_host_partition_and_constraint_are_checked(tmp_path: Path, cli: Callable
     m = tmp_path / "bad.yaml"
     m.write_text(PLANNED.replace('drv550: {driver: "550.163"}', 'drv550: {driver: "550.163", partition: "gpu a"}'))
     proc = cli("validate", m)
-    assert proc.returncode == 2 and f"{m}:9:" in proc.stderr and "partition" in proc.stderr
+    assert proc.returncode == 2
+    assert f"{m}:9:" in proc.stderr
+    assert "partition" in proc.stderr
     good = tmp_path / "good.yaml"
     good.write_text(PLANNED.replace('drv550: {driver: "550.163"}',
                                     'drv550: {driver: "550.163", partition: gpu-old, constraint: "a100&nvlink"}'))
     proc = cli("plan", good, "--format", "json")
     assert proc.returncode == 0, proc.stderr
     by = {e["host"]: e for e in json.loads(proc.stdout)["hosts"]}
-    assert by["drv550"]["partition"] == "gpu-old" and by["drv550"]["constraint"] == "a100&nvlink"
+    assert by["drv550"]["partition"] == "gpu-old"
+    assert by["drv550"]["constraint"] == "a100&nvlink"
     assert "partition" not in by["drv580"]
 
 
@@ -191,7 +204,9 @@ def test_a_host_stopped_before_its_run_began_counts_as_not_run(planned: Path, tm
     (tmp_path / "drv550" / "results.jsonl").write_text("")
     proc = cli("merge", tmp_path / "drv580", tmp_path / "drv550", "--out", tmp_path / "merged", cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
-    assert "drv550/results.jsonl is empty" in proc.stderr and "host drv550 never ran its 6 planned cells" in proc.stderr
+    assert "drv550/results.jsonl is empty" in proc.stderr
+    assert "host drv550 never ran its 6 planned cells" in proc.stderr
     assert _doc(tmp_path / "merged")["missing_hosts"] == ["drv550"]
     proc = cli("merge", tmp_path / "drv550", "--out", tmp_path / "none", cwd=tmp_path)
-    assert proc.returncode == 1 and "every results.jsonl given is empty" in proc.stderr
+    assert proc.returncode == 1
+    assert "every results.jsonl given is empty" in proc.stderr

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from cumatrix.load import matrix as _matrix
 from cumatrix.front.cli import _plugin_args
+from cumatrix.load import matrix as _matrix
 from cumatrix.orchestrate import Orchestrator
 
 pytestmark = pytest.mark.network  # the matrix's runtime comes from a real wheel (cached)
@@ -105,11 +105,15 @@ def test_the_cell_started_ahead_runs_in_its_turn(tmp_path: Path, wheel_cache: Pa
     finally:
         orch.close()
     assert (first.status, second.status) == ("pass", "pass")
-    assert second.observed.outcome == "ok" and "second-out" in second.stdout_tail
+    assert second.observed.outcome == "ok"
+    assert "second-out" in second.stdout_tail
     # Its clock starts when its child does, not while the first cell was still running.
-    assert second.duration_s is not None and first.duration_s is not None
+    assert second.duration_s is not None
+    assert first.duration_s is not None
     assert second.duration_s < 0.25 < first.duration_s
-    assert second.started is not None and first.started is not None and second.started >= first.started
+    assert second.started is not None
+    assert first.started is not None
+    assert second.started >= first.started
 
 
 @pytest.mark.parametrize("how", ["cancel", "another-cell", "close"])
@@ -124,19 +128,22 @@ def test_a_cell_started_ahead_and_not_run_is_ended(tmp_path: Path, wheel_cache: 
         orch.run(cells["first"], then=cells["never"])
         pid = int(_wait_for(tmp_path / "never.pid"))
         assert _alive(pid)
-        assert orch._ahead is not None and orch._ahead.audit is not None
+        assert orch._ahead is not None
+        assert orch._ahead.audit is not None
         audit_dir = orch._ahead.audit.plan.log.parent  # the cell's own private directory
         if how == "cancel":
             orch.cancel_ahead()
         elif how == "another-cell":
             other = orch.run(cells["other"]).record
-            assert other.status == "pass" and other.id.endswith("/other")
+            assert other.status == "pass"
+            assert other.id.endswith("/other")
         else:
             orch.close()
     finally:
         orch.close()
     assert not _alive(pid), f"the cell started ahead still runs after {how}"
-    assert audit_dir is not None and not Path(audit_dir).exists(), "its audit directory was left behind"
+    assert audit_dir is not None, "its audit directory was left behind"
+    assert not Path(audit_dir).exists(), "its audit directory was left behind"
 
 
 def test_pytest_x_ends_the_cell_started_ahead(pytester: pytest.Pytester, wheel_cache: Path,
@@ -195,4 +202,5 @@ def test_a_run_reports_every_cell_once_with_or_without_pytest_junit(tmp_path: Pa
     assert sorted(r["id"] for r in lines if r["type"] == "cell") == [f"cu12.9/host/{n}" for n in ("bad", "ok1", "ok2")]
     if junit:
         text = xml.read_text()
-        assert text.count("<testcase ") == 3 and text.count("<failure ") == 1, text
+        assert text.count("<testcase ") == 3, text
+        assert text.count("<failure ") == 1, text

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from cumatrix.execute import observe as O
-from cumatrix.provision import runtimes as R
 from cumatrix.core.jobs import Job
-from cumatrix.execute.local import run_local
 from cumatrix.core.model import Cell
+from cumatrix.execute import observe as O
+from cumatrix.execute.local import run_local
+from cumatrix.provision import runtimes as R
 
 pytestmark = pytest.mark.network
 
@@ -119,7 +119,8 @@ def test_library_is_built_once_per_source(tmp_path: Path) -> None:
     first = O.build_audit_library(cache=tmp_path)
     stamp = first.stat().st_mtime_ns
     again = O.build_audit_library(cache=tmp_path)
-    assert again == first and again.stat().st_mtime_ns == stamp
+    assert again == first
+    assert again.stat().st_mtime_ns == stamp
     # Only plain libc entry points present in any glibc, so it loads in older containers.
     from elftools.elf.elffile import ELFFile
 
@@ -132,7 +133,8 @@ def test_library_is_built_once_per_source(tmp_path: Path) -> None:
 
 
 def test_the_audit_source_ships_as_package_data() -> None:
-    assert "la_objopen" in O.audit_source() and "la_objsearch" in O.audit_source()
+    assert "la_objopen" in O.audit_source()
+    assert "la_objsearch" in O.audit_source()
 
 
 # ------------------------------------------------------------------ observe
@@ -167,10 +169,12 @@ def test_the_whole_process_tree_is_observed_and_a_crash_leaves_the_list(
     log = O.read_log(plan.log)
     order = list(dict.fromkeys(pid for pid, _, _ in log.opened))
     [runtime_pid] = {pid for pid, _, path in log.opened if path == str(other.libcudart)}
-    assert len(order) >= 2 and runtime_pid != order[0]  # mapped by the shell's child, and seen
+    assert len(order) >= 2
+    assert runtime_pid != order[0]
     mapped = O.read_mapped(plan.log)
     [rt] = _runtimes(mapped)
-    assert rt.soname == "libcudart.so.13" and rt.version == "13.0.96"
+    assert rt.soname == "libcudart.so.13"
+    assert rt.version == "13.0.96"
 
 
 CLOSE_ALL_C = """
@@ -253,7 +257,9 @@ def test_runpath_program_of_another_major_is_not_the_cells_runtime(
     assert out == "0 13000"  # enforcement cannot help: libcudart.so.13 is another SONAME
     why = O.runtime_not_used(_cell(cell), mapped)
     assert why is not None
-    assert "libcudart.so.13 (13.0.96)" in why and str(bundled.libcudart) in why and "libcudart.so.12 (12.9)" in why
+    assert "libcudart.so.13 (13.0.96)" in why
+    assert str(bundled.libcudart) in why
+    assert "libcudart.so.12 (12.9)" in why
     assert O.observed_runtime(mapped).version == 13000
 
 
@@ -301,7 +307,9 @@ def test_cuda_filter_and_versions() -> None:
     assert not any(O.is_cuda_library(n) for n in ["libc.so.6", "libcudart_static.a", "libcudaxyz.so", "libpython3.so"])
     assert O.version_from_name("/usr/local/cuda/lib64/libcudart.so.12.9.79") == "12.9.79"
     assert O.version_from_name("/x/libcudart.so.12") is None
-    assert O.cuda_int("12.9.79") == 12090 and O.cuda_int("13.0.96") == 13000 and O.cuda_int("12") is None
+    assert O.cuda_int("12.9.79") == 12090
+    assert O.cuda_int("13.0.96") == 13000
+    assert O.cuda_int("12") is None
 
 
 def test_a_torn_last_line_is_dropped(tmp_path: Path) -> None:
@@ -327,7 +335,8 @@ def test_plan_rejects_what_the_library_cannot_carry(tmp_path: Path) -> None:
         O.audit_plan(tmp_path / "log", library=tmp_path / "lib.so", enforce=[("libcudart.so.12", "rel/path")])
     plan = O.audit_plan(tmp_path / "log", library=tmp_path / "lib.so", enforce=[("libcudart.so.12", "/a/b")])
     assert dict(plan.env)["CUMATRIX_AUDIT_ENFORCE"] == "libcudart.so.12=/a/b"
-    assert plan.writable == (str(tmp_path / "log"),) and plan.mounts == (str(tmp_path / "lib.so"),)
+    assert plan.writable == (str(tmp_path / "log"),)
+    assert plan.mounts == (str(tmp_path / "lib.so"),)
 
 
 # ------------------------------------------------------------------ the oracle for programs
@@ -340,8 +349,8 @@ def _command(driver: str) -> Cell:
 
 
 def test_programs_cuda13_runtime_under_a_12x_driver_is_expected_to_exit_1() -> None:
-    from cumatrix.predict import oracle
     from cumatrix.core.model import Expected
+    from cumatrix.predict import oracle
 
     host = oracle.HostFacts(driver_version=13000)
     for driver in ("emulated-12.4", "emulated-12.8"):
@@ -349,8 +358,10 @@ def test_programs_cuda13_runtime_under_a_12x_driver_is_expected_to_exit_1() -> N
         prior = oracle.expect(cell, host, runtime_version=None)
         assert prior.rule == "command-default"
         e = oracle.expect_program(cell, host, prior, runtime_version=13000, evidence="mapped libcudart.so.13")
-        assert e.outcomes == {"exit:1"} and e.rule == "program-major-newer-than-driver"
-        assert "needs a CUDA 13 driver (>= 580.65.06)" in e.reason and driver[-4:] in e.reason
+        assert e.outcomes == {"exit:1"}
+        assert e.rule == "program-major-newer-than-driver"
+        assert "needs a CUDA 13 driver (>= 580.65.06)" in e.reason
+        assert driver[-4:] in e.reason
         # A CUDA 12 runtime under an emulated driver other than the real one: the interposer shows.
         assert oracle.expect_program(cell, host, prior, runtime_version=12090).outcomes == {"cannot-emulate"}
     # The same program on a real 12.8 host: the same rule.
@@ -494,7 +505,8 @@ def test_run_with_the_docker_backend_records_the_images_runtime(
     ok = recs["cu12.9/host/load12"]
     assert ok["observed"]["outcome"] == "ok", proc.stdout  # type: ignore[attr-defined]
     [lib] = ok["fingerprint"]["libraries"]
-    assert lib["path"].startswith("/opt/cumatrix/runtime/") and lib["path"].endswith("/libcudart.so.12")
+    assert lib["path"].startswith("/opt/cumatrix/runtime/")
+    assert lib["path"].endswith("/libcudart.so.12")
     assert (lib["soname"], lib["version"]) == ("libcudart.so.12", "12.9")
     assert (ok["fingerprint"]["runtime_file"], ok["fingerprint"]["runtime_version"]) == (lib["path"], 12090)
     # The cu13.0 image has no libcudart.so.12: the command fails on its own, and nothing was mapped.

@@ -65,7 +65,8 @@ def test_xdist_every_record_once(run, pytester: pytest.Pytester) -> None:
     assert sorted(ids) == sorted(f"cu12.9/host/{n}" for n in ("one", "two", "three", "broken"))
     assert len(ids) == len(set(ids))
     header = json.loads((out / "results.jsonl").read_text().splitlines()[0])
-    assert header["type"] == "run" and header["cells_total"] == 4
+    assert header["type"] == "run"
+    assert header["cells_total"] == 4
 
 
 def test_failure_text_and_junit(run, pytester: pytest.Pytester) -> None:
@@ -74,9 +75,11 @@ def test_failure_text_and_junit(run, pytester: pytest.Pytester) -> None:
     assert res.ret == 1
     text = res.stdout.str()
     assert "cu12.9/host/broken: expected ok, observed exit:4" in text
-    assert "expected  ok" in text and "observed  exit:4" in text
+    assert "expected  ok" in text
+    assert "observed  exit:4" in text
     assert "reason    a command passes when it exits 0" in text
-    assert "----- child stderr (tail) -----" in text and "the-stderr-line" in text
+    assert "----- child stderr (tail) -----" in text
+    assert "the-stderr-line" in text
     assert "Traceback" not in text
     cases = {tc.get("name"): tc for tc in ET.parse(junit).getroot().iter("testcase")}
     props = {n: {p.get("name"): p.get("value") for p in tc.iter("property")} for n, tc in cases.items()}
@@ -111,7 +114,8 @@ def test_reports_default_to_out_and_skips_point_at_the_matrix(run, pytester: pyt
     # No GPU here: the probe is skipped, and the skip names the runtime's line of the matrix file.
     if "skipped:no-cuda-driver" in res.stdout.str():
         res.stdout.fnmatch_lines(["SKIPPED [[]1[]] skip.yaml:3: skipped:no-cuda-driver*"])
-    assert (pytester.path / "out" / "results.jsonl").is_file() and (pytester.path / "out" / "index.html").is_file()
+    assert (pytester.path / "out" / "results.jsonl").is_file()
+    assert (pytester.path / "out" / "index.html").is_file()
 
 
 def test_a_run_without_a_matrix_writes_no_reports(pytester: pytest.Pytester) -> None:

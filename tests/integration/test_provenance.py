@@ -150,8 +150,9 @@ def _reports_name(out: Path, path: str, how: str) -> None:
         text = html.unescape(text.replace("\\_", "_")) if name != "results.json" else text
         assert f"runtime-leak:{path}" in text, name
         assert how in text, (name, how)
-    import jsonschema
     from importlib import resources
+
+    import jsonschema
 
     schema = json.loads(resources.files("cumatrix.report").joinpath("schema.json").read_text())
     jsonschema.Draft202012Validator(schema).validate(json.loads((out / "results.json").read_text()))
@@ -199,7 +200,8 @@ def test_bundled_cell_and_inherited_runtimes(tmp_path: Path, rts: dict[str, R.Re
     lib = _runtime_lib(s)
     assert (lib["origin"], lib["found_by"]) == ("outside", "ld_library_path")
     how = f"found through LD_LIBRARY_PATH entry {stray} (inherited: set by neither the harness nor the case)"
-    assert s["observed"]["detail"].startswith(how) and "the process's own outcome: ok" in s["observed"]["detail"]
+    assert s["observed"]["detail"].startswith(how)
+    assert "the process's own outcome: ok" in s["observed"]["detail"]
     assert lib["how"] == f"{how} (requested as libcudart.so.13 by {by_name})"
     _reports_name(out, str(stray_file), how)
 
@@ -358,7 +360,8 @@ def test_a_host_toolkit_on_the_cases_own_search_path_is_a_leak_unless_allowed(
     lib = _runtime_lib(r)
     assert (lib["origin"], lib["found_by"]) == ("outside", "ld_library_path")
     how = f"found through LD_LIBRARY_PATH entry {toolkit_dir} (set by the case)"
-    assert how in lib["how"] and "host toolkit" in lib["why"]
+    assert how in lib["how"]
+    assert "host toolkit" in lib["why"]
     _reports_name(out, str(leaked), how)
     # Allowed by the case: the host runtime is used on purpose; of another SONAME than the
     # cell's, so the cell still did not test it under its name.
@@ -416,9 +419,11 @@ def test_search_lines_say_which_step_found_each_object() -> None:
 
 def test_locations() -> None:
     assert P.host_location("/usr/local/cuda-13.0/lib64/libcudart.so.13")
-    assert P.host_location("/usr/local/cuda/lib64/libcudart.so.12") and P.host_location("/usr/lib/x86_64-linux-gnu/x.so")
+    assert P.host_location("/usr/local/cuda/lib64/libcudart.so.12")
+    assert P.host_location("/usr/lib/x86_64-linux-gnu/x.so")
     assert not P.host_location("/usr/local/lib/python3.12/dist-packages/nvidia/cu13/lib/libcudart.so.13")
-    assert not P.host_location("/home/u/proj/lib/libcudart.so.13") and not P.host_location("/library/x.so")
+    assert not P.host_location("/home/u/proj/lib/libcudart.so.13")
+    assert not P.host_location("/library/x.so")
     assert P.package_tree("/e/lib/python3.11/site-packages/nvidia/cu13/lib/libcudart.so.13") == \
         "/e/lib/python3.11/site-packages"
     assert P.allowed_by("/usr/local/cuda-13.0/lib64/libcudart.so.13", ["/usr/local/cuda-*/lib64/libcudart.so.*"])

@@ -50,20 +50,23 @@ def test_builds_without_cuda_dt_needed(headers: tuple[str, Path], variant: str, 
     _, include = headers
     result = build_variant(variant, family, include, cache=tmp_path)
     assert result.ok, result.log
-    assert result.library is not None and result.library.is_file()
+    assert result.library is not None
+    assert result.library.is_file()
     libs = needed(result.library)
     assert not [n for n in libs if n.startswith(("libcuda", "libcudart"))], libs
     # What the translation units of a library share (kernel_path.c, kvswap_common.c, driver_api.h)
     # stays hidden: a library exports kvswap.h's functions and nothing else; proc-address all of them.
     api = public_api()
-    assert len(api) >= 17 and "kvswap_swap_blocks" in api, sorted(api)
+    assert len(api) >= 17, sorted(api)
+    assert "kvswap_swap_blocks" in api, sorted(api)
     ours = exported(result.library)
     assert ours <= api, sorted(ours - api)
     assert {"kvswap_swap_blocks", "kvswap_set_chunk_limit", "kvswap_variant_name", "kvswap_family"} <= ours
     if variant == "proc-address":
         assert ours == api, sorted(api - ours)
     again = build_variant(variant, family, include, cache=tmp_path)
-    assert again.cache_hit and again.library == result.library
+    assert again.cache_hit
+    assert again.library == result.library
 
 
 def test_direct_link_links_libcuda_with_12_8_headers(tmp_path: Path) -> None:
@@ -76,10 +79,13 @@ def test_direct_link_links_libcuda_with_12_8_headers(tmp_path: Path) -> None:
 def test_direct_link_is_a_build_error_with_13_0_headers(tmp_path: Path) -> None:
     # vLLM's CUDA 13 break: cuda.h #defines cuMemcpyBatchAsync to the 8-parameter _v2.
     result = build_variant("direct-link", "driver", headers_for("13.0"), cache=tmp_path)
-    assert not result.ok and result.library is None
+    assert not result.ok
+    assert result.library is None
     assert "too many arguments" in result.log
     again = build_variant("direct-link", "driver", headers_for("13.0"), cache=tmp_path)
-    assert again.cache_hit and not again.ok and again.log == result.log
+    assert again.cache_hit
+    assert not again.ok
+    assert again.log == result.log
 
 
 def test_unknown_variant_suggests(tmp_path: Path) -> None:

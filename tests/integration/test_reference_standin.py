@@ -176,7 +176,8 @@ def test_bad_arguments_are_errors_not_crashes(standin: Path, libs: dict[str, str
     for name in ("proc-address/h12.8", "loop/h12.8", "direct-link/h12.8"):
         r = child({"kind": "swap", "library": libs[name], "size": 64, "stream": DEDICATED, **job}, standin)
         assert (r["rc"], r["code"], r["failed_index"], r["path"]) == (-1, -1, index, 0), name
-        assert words in str(r["message"]) and r["error_name"] == "KVSWAP_E_INVALID_ARGUMENT"
+        assert words in str(r["message"])
+        assert r["error_name"] == "KVSWAP_E_INVALID_ARGUMENT"
         assert (r["batch_calls"], r["memcpy_calls"]) == (0, 0)
 
 
@@ -219,10 +220,15 @@ def test_swap_cell_verdicts(standin: Path, libs: dict[str, str], direction: str,
     if outcome == "ok":
         assert v["data"]["verified_bytes"] == 4096 * 32 * 2  # type: ignore[index]
         t = v["timings"]
-        assert isinstance(t, dict) and t["repetitions"] == 20 and t["bytes"] == 4096 * 64
-        assert t["gbps"] > 0 and t["loop_gbps"] > 0 and set(t["spread"]["variant_ms"]) >= {"min", "p10", "p90", "max"}
+        assert isinstance(t, dict)
+        assert t["repetitions"] == 20
+        assert t["bytes"] == 4096 * 64
+        assert t["gbps"] > 0
+        assert t["loop_gbps"] > 0
+        assert set(t["spread"]["variant_ms"]) >= {"min", "p10", "p90", "max"}
     else:
-        assert v["error_name"] == "CUDA_ERROR_INVALID_VALUE" and "block 0" in str(v["detail"])
+        assert v["error_name"] == "CUDA_ERROR_INVALID_VALUE"
+        assert "block 0" in str(v["detail"])
 
 
 def test_swap_cell_without_a_driver(tmp_path: Path) -> None:
@@ -271,7 +277,8 @@ def test_a_new_context_at_the_same_address_gets_new_streams(standin: Path, libs:
     # for a destroyed context are not reused by the next one the driver puts at the same address.
     r = child({"kind": "swap", "library": libs["proc-address/h12.8"], "n": 8, "size": 256, "stream": DEDICATED,
                "policy": POLICY["copy-engine-only"], "streams": 2, "recreate": True}, standin)
-    assert r["rc"] == 0 and r["equal"], r
+    assert r["rc"] == 0, r
+    assert r["equal"], r
     assert (r["streams_made_first"], r["streams_made_same"], r["streams_made_after"]) == (9, 9, 18), r
 
 
@@ -290,7 +297,8 @@ def test_runtime_batch_refused_part_way_copies_the_rest_once(cudart_standin: Pat
     # kv_rt_loop takes (first, count) as kv_drv_loop does: the first chunk of 7 goes batched, the
     # runtime then says cudaErrorNotSupported, and the other 43 blocks go one copy each, once.
     built = build_variant("runtime-dispatch", "runtime", headers_for("13.0"), cache=tmp_path_factory.mktemp("b"))
-    assert built.ok and built.library is not None, built.log
+    assert built.ok, built.log
+    assert built.library is not None, built.log
     r = child({"kind": "swap", "runtime": True, "library": str(built.library), "n": 50, "size": 300,
                "stream": DEDICATED, "chunk": 7}, cudart_standin, STANDIN_BATCH_OK="1")
     assert (r["rc"], r["path"], r["equal"]) == (0, 2, True), r

@@ -190,7 +190,8 @@ def test_concurrent_swaps_are_race_free(tsan_build: dict[str, Path], headers: st
                                         tmp_path_factory: pytest.TempPathFactory) -> None:
     built = build_variant("proc-address", "driver", headers_for(headers), cache=tmp_path_factory.mktemp("builds"),
                           extra_cflags=TSAN)
-    assert built.ok and built.library is not None, built.log
+    assert built.ok, built.log
+    assert built.library is not None, built.log
     # The compile takes 50 ms, so that every thread reaches the kernel path's lazy initialisation
     # while it runs, even on a loaded machine with few cores.
     stdout = _run(tsan_build, built.library, "libcuda.so.1", STANDIN_KERNEL="1", KVSWAP_NVRTC=str(tsan_build["nvrtc"]),
@@ -221,9 +222,11 @@ def test_concurrent_swaps_other_families(tsan_build: dict[str, Path], tmp_path_f
                                          want: dict[str, int]) -> None:
     built = build_variant(variant, family, headers_for("13.0"), cache=tmp_path_factory.mktemp("builds"),
                           extra_cflags=TSAN)
-    assert built.ok and built.library is not None, built.log
+    assert built.ok, built.log
+    assert built.library is not None, built.log
     stdout = _run(tsan_build, built.library, cuda, **env)
     counts = {k: int(v) for k, v in (kv.split("=") for kv in stdout.split() if "=" in kv)}
     calls = THREADS * ROUNDS
-    assert counts["kernel"] == 0 and counts["batch"] + counts["fallback"] == calls, stdout
+    assert counts["kernel"] == 0, stdout
+    assert counts["batch"] + counts["fallback"] == calls, stdout
     assert {k: counts[k] for k in want} == want, stdout

@@ -55,7 +55,8 @@ def _sample_module() -> Any:
     # test folders are not packages.
     path = ROOT / "tests" / "unit" / "test_report_sample.py"
     spec = importlib.util.spec_from_file_location("report_sample", path)
-    assert spec and spec.loader
+    assert spec
+    assert spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -215,7 +216,8 @@ def test_index_html_in_chromium(browser: str, tmp_path: Path) -> None:
         assert page.js("[...document.querySelectorAll('button.cell .l')].some(l => l.textContent === 'undefined-symbol:cuMemcpyBatchAsync')")
         # Neutral outcomes draw no alarm: only grids holding a mismatch are marked for attention.
         marked = page.js("[...document.querySelectorAll('.grid-block')].filter(g => getComputedStyle(g).borderLeftColor === 'rgb(180, 35, 24)').map(g => g.querySelector('h3').textContent)")
-        assert marked and all("✗" in title for title in marked), marked
+        assert marked, marked
+        assert all("✗" in title for title in marked), marked
         skip_only = page.js("[...document.querySelectorAll('.grid-block')].filter(g => g.querySelector('.n.c-skip') && !g.querySelector('.n.c-fail')).length")
         assert skip_only > 0
 
@@ -229,7 +231,8 @@ def test_index_html_in_chromium(browser: str, tmp_path: Path) -> None:
         assert "predicted by rule abi-header-version" in panel  # the prediction's reason
         stderr = page.js("document.querySelector('#detail pre.stderr').textContent")
         assert "<script>window.__pwned = 1</script>" in stderr
-        assert "\x1b" not in stderr and "[31m" not in stderr
+        assert "\x1b" not in stderr
+        assert "[31m" not in stderr
         assert page.js("document.querySelectorAll('#detail script, #detail img').length") == 0
         assert page.js("typeof window.__pwned") == "undefined"
         # Fingerprint table made it into the panel.
@@ -270,7 +273,8 @@ def test_index_html_in_chromium(browser: str, tmp_path: Path) -> None:
             " s.scrollLeft = 400; const th = b.querySelector('tbody th');"
             " return [s.scrollLeft, th.getBoundingClientRect().left - s.getBoundingClientRect().left]; })()"
         )
-        assert sticky[0] > 0 and abs(sticky[1]) < 2, sticky  # scrolled, yet the row header did not move
+        assert sticky[0] > 0, sticky  # scrolled,
+        assert abs(sticky[1]) < 2, sticky  # yet the row header did not move
         narrow = page.call("Page.captureScreenshot", format="png", captureBeyondViewport=False)
         (ARTIFACTS / "report-index-narrow.png").write_bytes(base64.b64decode(narrow["data"]))
 

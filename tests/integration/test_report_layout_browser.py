@@ -31,7 +31,8 @@ WIDTH = 1400
 
 def _load(name: str) -> Any:
     spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    assert spec and spec.loader
+    assert spec
+    assert spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -128,9 +129,15 @@ def test_cells_that_matter_are_in_view_and_whole_at_1400px(browser: str, run_dir
         cells = json.loads(found)
         assert sorted(c["id"] for c in cells) == matter  # every one drawn: none folded away
         for c in cells:
-            assert 0 <= c["left"] and c["right"] <= WIDTH, c  # within the window's width
-            assert c["boxLeft"] - 1 <= c["left"] and c["right"] <= c["boxRight"] + 1, c  # not scrolled out of its grid
-            assert c["boxTop"] - 1 <= c["top"] and c["bottom"] <= c["boxBottom"] + 1, c  # nor cut off below
+            # within the window's width
+            assert c["left"] >= 0, c
+            assert c["right"] <= WIDTH, c
+            # not scrolled out of its grid
+            assert c["boxLeft"] - 1 <= c["left"], c
+            assert c["right"] <= c["boxRight"] + 1, c
+            # nor cut off below
+            assert c["boxTop"] - 1 <= c["top"], c
+            assert c["bottom"] <= c["boxBottom"] + 1, c
             assert not c["cut"], c  # the whole label shows
         assert any(c["text"] == "undefined-symbol:shim_new_symbol_of_a_long_name" for c in cells)
         page.js("window.scrollTo(0, 0)")  # the page as it opens, folded grids and all

@@ -57,7 +57,8 @@ def test_unknown_bug_id_exits_2_with_a_suggestion(cli: Cli) -> None:
 def test_unknown_cell_id_exits_2_with_a_suggestion(cli: Cli, matrix_file: Path) -> None:
     r = cli("repro", "cu12.9/hots/fine", "--matrix", matrix_file)
     assert r.returncode == 2
-    assert "unknown cell id 'cu12.9/hots/fine'" in r.stderr and "did you mean 'cu12.9/host/fine'?" in r.stderr
+    assert "unknown cell id 'cu12.9/hots/fine'" in r.stderr
+    assert "did you mean 'cu12.9/host/fine'?" in r.stderr
 
 
 def test_cell_of_another_matrix_exits_2(cli: Cli, matrix_file: Path) -> None:
@@ -106,8 +107,10 @@ def test_crashing_cell_report_backtrace_and_standalone_command(cli: Cli, matrix_
     assert f"report: {report}" in r.stdout
     text = report.read_text()
     assert "observed **crash:SIGSEGV** (oracle verdict: pass)" in text
-    assert "### Python stack (faulthandler)" in text and "Fatal Python error: Segmentation fault" in text
-    assert "| driver |" in text and "| python |" in text  # the host fingerprint
+    assert "### Python stack (faulthandler)" in text
+    assert "Fatal Python error: Segmentation fault" in text
+    assert "| driver |" in text
+    assert "| python |" in text
     assert "### Native backtrace of the crashing thread" in text
     if shutil.which("gdb") is None:
         if os.environ.get("CUMATRIX_REQUIRE_GDB") == "1":
@@ -116,9 +119,12 @@ def test_crashing_cell_report_backtrace_and_standalone_command(cli: Cli, matrix_
     else:
         assert "Program received signal SIGSEGV" in text
         assert "\n#0  " in text
-        assert "info sharedlibrary" in text and "libc.so.6" in text
+        assert "info sharedlibrary" in text
+        assert "libc.so.6" in text
     command = text.split("### Standalone command", 1)[1].split("```sh\n", 1)[1].split("\n```", 1)[0]
-    assert command.startswith("env ") and "LD_LIBRARY_PATH=" in command and "string_at(0)" in command
+    assert command.startswith("env ")
+    assert "LD_LIBRARY_PATH=" in command
+    assert "string_at(0)" in command
     # The standalone command, run by a shell with none of the harness around it, segfaults again.
     again = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120,
                            env={"PATH": os.environ["PATH"]})

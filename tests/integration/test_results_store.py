@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from cumatrix.load import matrix as M
 from cumatrix.core.errors import EnvironmentProblem, OutDirBusy
+from cumatrix.load import matrix as M
 from cumatrix.report import load_records
 from cumatrix.results.store import (
     JSONL,
@@ -69,17 +69,21 @@ def test_two_runs_race_for_one_out_and_exactly_one_wins(tmp_path: Path) -> None:
     assert codes == [0, 2], [(p.returncode, e) for p, _, e in results]
     winner = next(p for p, _, _ in results if p.returncode == 0)
     loser_err = next(e for p, _, e in results if p.returncode == 2)
-    assert f"pid {winner.pid}:" in loser_err and "-c" in loser_err, loser_err
-    assert "another cumatrix run is writing here" in loser_err and "Traceback" not in loser_err
+    assert f"pid {winner.pid}:" in loser_err, loser_err
+    assert "-c" in loser_err, loser_err
+    assert "another cumatrix run is writing here" in loser_err
+    assert "Traceback" not in loser_err
     # The lock went with the winner: the next run takes the directory.
     after = _holder(out, 0.0)
-    assert after.communicate(timeout=60)[0].startswith("locked") and after.returncode == 0
+    assert after.communicate(timeout=60)[0].startswith("locked")
+    assert after.returncode == 0
 
 
 def test_a_killed_holder_leaves_no_stale_lock(tmp_path: Path) -> None:
     out = tmp_path / "out"
     p = _holder(out, 60.0)
-    assert p.stdout is not None and p.stdout.readline().strip() == "locked"
+    assert p.stdout is not None
+    assert p.stdout.readline().strip() == "locked"
     with pytest.raises(OutDirBusy, match=f"pid {p.pid}:"):
         Store.open(out, fresh=False)
     p.send_signal(signal.SIGKILL)
@@ -95,16 +99,19 @@ def test_one_process_opening_twice_shares_its_writer(tmp_path: Path) -> None:
     second.append({"schema": 1, "type": "cell", "id": "c0"})
     second.close()
     p = _holder(out, 0.0)  # still held: the first user has not closed
-    assert p.communicate(timeout=60)[1] and p.returncode == 2
+    assert p.communicate(timeout=60)[1]
+    assert p.returncode == 2
     first.close()
     p = _holder(out, 0.0)
-    assert p.communicate(timeout=60)[0].startswith("locked") and p.returncode == 0
+    assert p.communicate(timeout=60)[0].startswith("locked")
+    assert p.returncode == 0
 
 
 def test_sigkill_mid_run_loses_no_finished_record(tmp_path: Path) -> None:
     out = tmp_path / "out"
     p = _holder(out, 60.0, records=1000)
-    assert p.stdout is not None and p.stdout.readline().strip() == "locked"
+    assert p.stdout is not None
+    assert p.stdout.readline().strip() == "locked"
     acknowledged = []
     for line in p.stdout:
         acknowledged.append(line.split()[1])
@@ -150,7 +157,8 @@ def test_out_that_is_a_file_is_an_environment_problem(tmp_path: Path) -> None:
     for out in (f, f / "sub"):
         with pytest.raises(EnvironmentProblem) as e:
             Store.open(out, fresh=True)
-        assert e.value.exit_code == 3 and str(out) in str(e.value)
+        assert e.value.exit_code == 3
+        assert str(out) in str(e.value)
 
 
 def _in_private_mount(tmp_path: Path, script: str, size: str, *, ro: bool = False) -> subprocess.CompletedProcess[str]:
@@ -186,19 +194,23 @@ OPEN_AND_FILL = textwrap.dedent("""
 
 def test_full_filesystem_before_the_run_is_one_clear_error(tmp_path: Path) -> None:
     proc = _in_private_mount(tmp_path, OPEN_AND_FILL, "512k")
-    assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
-    assert "the filesystem is full (" in proc.stderr and "KiB free" in proc.stderr
+    assert proc.returncode == 3, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert "the filesystem is full (" in proc.stderr
+    assert "KiB free" in proc.stderr
 
 
 def test_filesystem_filling_mid_run_is_one_clear_error(tmp_path: Path) -> None:
     proc = _in_private_mount(tmp_path, OPEN_AND_FILL, "2m")
-    assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 3, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
     assert "cannot write results: the filesystem is full" in proc.stderr
 
 
 def test_read_only_out_is_one_clear_error(tmp_path: Path) -> None:
     proc = _in_private_mount(tmp_path, OPEN_AND_FILL, "1m", ro=True)
-    assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.returncode == 3, proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
     assert "read-only filesystem" in proc.stderr
 
 
@@ -244,13 +256,16 @@ def test_resume_reuses_only_unchanged_cells_and_drops_foreign_lines(tmp_path: Pa
         plan = store.resume(digests)
     assert before == plan.reuse == reusable_ids(out, digests)
     assert plan.reuse == {"cu12.9/host/a", "cu12.9/host/c"}
-    assert plan.rerun == ("cu12.9/host/b",) and plan.changed == ("cu12.9/host/b",)
-    assert plan.ignored_lines == (5, 6) and plan.reports_stale
+    assert plan.rerun == ("cu12.9/host/b",)
+    assert plan.changed == ("cu12.9/host/b",)
+    assert plan.ignored_lines == (5, 6)
+    assert plan.reports_stale
     assert any("lines 5, 6:" in w for w in plan.warnings), plan.warnings
     assert any("running them again: cu12.9/host/b" in w for w in plan.warnings), plan.warnings
     assert (out / PREVIOUS).read_text().count("\n") == 7  # the old file, kept aside
     run = load_records(out / JSONL)  # what the reports read: clean, only the reusable cells
-    assert [c.id for c in run.cells] == ["cu12.9/host/a", "cu12.9/host/c"] and not run.warnings
+    assert [c.id for c in run.cells] == ["cu12.9/host/a", "cu12.9/host/c"]
+    assert not run.warnings
     assert run.runs[0].cells == ("cu12.9/host/a", "cu12.9/host/c")
 
 
@@ -261,7 +276,8 @@ def test_resume_after_a_harness_upgrade_reruns_everything(tmp_path: Path) -> Non
     m = M.loads(MATRIX, "m.yaml")
     with Store.open(out, fresh=False) as store:
         plan = store.resume(cell_digests(m, M.cells(m), "1.1"))
-    assert not plan.reuse and len(plan.rerun) == 3
+    assert not plan.reuse
+    assert len(plan.rerun) == 3
 
 
 def test_resume_of_an_unchanged_finished_run_keeps_everything(tmp_path: Path) -> None:
@@ -274,8 +290,11 @@ def test_resume_of_an_unchanged_finished_run_keeps_everything(tmp_path: Path) ->
         (out / name).write_text("report")
     with Store.open(out, fresh=False) as store:
         plan = store.resume(digests)
-    assert plan.reuse == set(digests) and plan.rerun == () and not plan.warnings
-    assert not plan.reports_stale and (out / JSONL).read_bytes() == before
+    assert plan.reuse == set(digests)
+    assert plan.rerun == ()
+    assert not plan.warnings
+    assert not plan.reports_stale
+    assert (out / JSONL).read_bytes() == before
     # A record missing its report: stale.
     (out / "summary.md").unlink()
     with Store.open(out, fresh=False) as store:
@@ -290,7 +309,8 @@ def test_a_cut_last_line_is_not_a_foreign_line(tmp_path: Path) -> None:
         f.write('{"schema": 1, "type": "cell", "id": "cu12.9/host/b", "stat')  # killed mid-write
     with Store.open(out, fresh=False) as store:
         plan = store.resume(digests)
-    assert plan.ignored_lines == () and plan.reuse == {"cu12.9/host/a"}
+    assert plan.ignored_lines == ()
+    assert plan.reuse == {"cu12.9/host/a"}
 
 
 def test_fresh_run_removes_the_previous_runs_reports(tmp_path: Path) -> None:
@@ -299,7 +319,8 @@ def test_fresh_run_removes_the_previous_runs_reports(tmp_path: Path) -> None:
     for name in (JSONL, *REPORTS):
         (out / name).write_text("old")
     Store.open(out, fresh=True).close()
-    assert not any((out / n).exists() for n in REPORTS) and (out / JSONL).read_text() == ""
+    assert not any((out / n).exists() for n in REPORTS)
+    assert (out / JSONL).read_text() == ""
 
 
 def test_digest_follows_every_input_of_a_cell_and_ignores_layout() -> None:

@@ -109,7 +109,8 @@ def test_bad_cells_details(bad_run: dict[str, Any]) -> None:
     c = {i.split("/")[-1]: r for i, r in bad_run["cells"].items()}
     assert "failing" in c["exit3"]["stderr_tail"]
     assert "undefined symbol: shim_new" in c["undef"]["observed"]["detail"]
-    assert c["flood"]["timings"]["wall_s"] < 10 and len(c["flood"]["stdout_tail"]) <= 4096
+    assert c["flood"]["timings"]["wall_s"] < 10
+    assert len(c["flood"]["stdout_tail"]) <= 4096
     assert bad_run["wall"] < 60
     assert _gone(int((bad_run["dir"] / "grandchild").read_text())), "hang's grandchild sleep survived the timeout"
     final = json.loads((bad_run["out"] / "results.json").read_text())
@@ -161,7 +162,7 @@ def _resume_completes(tmp_path: Path, m: Path, out: Path, cli: Any) -> None:
     assert sorted(ran_now) == ["cu12.9/host/d", "cu12.9/host/e", "cu12.9/host/slow"]
     final = json.loads((out / "results.json").read_text())
     ids = [r["id"] for r in final["cells"]]
-    assert sorted(ids) == sorted(f"cu12.9/host/{n}" for n in "a b slow d e".split())
+    assert sorted(ids) == sorted(f"cu12.9/host/{n}" for n in ["a", "b", "slow", "d", "e"])
 
 
 def test_sigint_keeps_finished_cells_then_resume(tmp_path: Path, wheel_cache: Path, cli: Any, cli_env: Any) -> None:
@@ -177,8 +178,10 @@ def test_sigterm_finishes_like_sigint(tmp_path: Path, wheel_cache: Path, cli: An
     assert rc == 130
     assert [r["id"] for r in cells(out)] == ["cu12.9/host/a", "cu12.9/host/b"]
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line]
-    assert records[-1]["type"] == "end" and records[-1]["interrupted"] is True
-    assert (out / "results.json").is_file() and (out / "summary.md").is_file()  # reports written, no resume needed
+    assert records[-1]["type"] == "end"
+    assert records[-1]["interrupted"] is True
+    assert (out / "results.json").is_file()
+    assert (out / "summary.md").is_file()
     assert _gone(slow), "the terminated run's cell child is still running"
     _resume_completes(tmp_path, m, out, cli)
 
@@ -199,7 +202,8 @@ def test_resume_with_nothing_left(tmp_path: Path, wheel_cache: Path, write_matri
     """)
     assert cli("run", m, "--out", tmp_path / "o", "-q", cwd=tmp_path).returncode == 0
     proc = cli("run", m, "--out", tmp_path / "o", "--resume", "-q", cwd=tmp_path)
-    assert proc.returncode == 0 and "nothing left to run" in proc.stderr
+    assert proc.returncode == 0
+    assert "nothing left to run" in proc.stderr
 
 
 def test_no_cell_matches_k_exits_5(tmp_path: Path, wheel_cache: Path, write_matrix: Any, cli: Any) -> None:
@@ -209,7 +213,9 @@ def test_no_cell_matches_k_exits_5(tmp_path: Path, wheel_cache: Path, write_matr
         cases: [{{name: a, argv: [true]}}]
     """)
     proc = cli("run", m, "--out", tmp_path / "o", "-k", "nosuchcell", "-q", cwd=tmp_path)
-    assert proc.returncode == 5 and "nosuchcell" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 5
+    assert "nosuchcell" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_require_gpu_fails_cells_skipped_for_want_of_a_gpu(tmp_path: Path, wheel_cache: Path, write_matrix: Any,
@@ -226,7 +232,8 @@ def test_require_gpu_fails_cells_skipped_for_want_of_a_gpu(tmp_path: Path, wheel
     strict = cli("run", m, "--out", tmp_path / "strict", "--require-gpu", "-q", cwd=tmp_path)
     assert strict.returncode == 1, strict.stdout + strict.stderr
     probe = next(r for r in cells(tmp_path / "strict") if r["axes"]["kind"] == "probe")
-    assert probe["status"] == "fail" and "--require-gpu" in probe["mismatch"]
+    assert probe["status"] == "fail"
+    assert "--require-gpu" in probe["mismatch"]
     assert next(r for r in cells(tmp_path / "strict") if r["axes"]["kind"] == "command")["status"] == "pass"
     env = cli("run", m, "--out", tmp_path / "env", "-q", cwd=tmp_path, env={"CUMATRIX_REQUIRE_GPU": "1"})
     assert env.returncode == 1
@@ -242,9 +249,11 @@ def test_bundled_matrix_runs_without_a_gpu(tmp_path: Path, wheel_cache: Path, cl
     proc = cli("run", bundled, "--out", tmp_path / "out", "-n", "2", "-q", cwd=REPO, timeout=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     recs = cells(tmp_path / "out")
-    assert recs and all(r["status"] != "fail" for r in recs)
+    assert recs
+    assert all(r["status"] != "fail" for r in recs)
     probes = [r for r in recs if r["axes"]["kind"] == "probe"]
-    assert probes and all(r["observed"]["outcome"] == "skipped:no-cuda-driver" for r in probes)
+    assert probes
+    assert all(r["observed"]["outcome"] == "skipped:no-cuda-driver" for r in probes)
     # on the host driver the probe still loaded each runtime and read its version from the library
     for r in probes:
         name = r["axes"]["runtime"]
@@ -289,10 +298,13 @@ def test_plan_github_and_json(tmp_path: Path, cli: Any) -> None:
     assert proc.returncode == 0, proc.stderr
     inc = json.loads(proc.stdout)["include"]
     by = {e["host"]: e for e in inc}
-    assert by["a100-550"]["runner"] == "gpu-a100" and by["a100-550"]["k"] == "/host/ or /emulated-12.4/"
-    assert by["h200-580"]["runner"] == "gpu-h200" and by["h200-580"]["k"] == "/host/"
+    assert by["a100-550"]["runner"] == "gpu-a100"
+    assert by["a100-550"]["k"] == "/host/ or /emulated-12.4/"
+    assert by["h200-580"]["runner"] == "gpu-h200"
+    assert by["h200-580"]["k"] == "/host/"
     data = json.loads(cli("plan", f, "--format", "json").stdout)
-    assert data["cells_total"] == 4 and sum(h["cells"] for h in data["hosts"]) == 4 + 2  # host cells run on both
+    assert data["cells_total"] == 4
+    assert sum(h["cells"] for h in data["hosts"]) == 4 + 2
 
 
 def test_plan_idle_host_exits_2(tmp_path: Path, cli: Any) -> None:
@@ -300,15 +312,18 @@ def test_plan_idle_host_exits_2(tmp_path: Path, cli: Any) -> None:
     f.write_text(PLAN.replace("drivers: [host, emulated-12.4]", "drivers: [emulated-12.4]"))
     proc = cli("plan", f)
     assert proc.returncode == 2
-    assert "host 'h200-580' runs no cell" in proc.stderr and "Traceback" not in proc.stderr
+    assert "host 'h200-580' runs no cell" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 @pytest.mark.parametrize("value", ["nan", "inf", "-5", "0"])
 def test_bad_timeout_option_is_exit_2(tmp_path: Path, write_matrix: Any, cli: Any, value: str) -> None:
     m = write_matrix("runtimes: {}\ndrivers: [host]\nprobe: false\ncases: [{name: a, argv: [true]}]\n")
     proc = cli("run", m, "--out", tmp_path / "o", f"--timeout={value}", cwd=tmp_path)
-    assert proc.returncode == 2 and "--timeout: expected seconds > 0" in proc.stderr
-    assert "Traceback" not in proc.stderr and not (tmp_path / "o").exists()
+    assert proc.returncode == 2
+    assert "--timeout: expected seconds > 0" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def test_environment_problems_are_exit_3_before_any_cell(tmp_path: Path, write_matrix: Any, cli: Any) -> None:
@@ -321,12 +336,15 @@ def test_environment_problems_are_exit_3_before_any_cell(tmp_path: Path, write_m
     """)
     (tmp_path / "afile").write_text("")
     proc = cli("run", m, "--out", tmp_path / "afile", cwd=tmp_path)
-    assert proc.returncode == 3 and "is a file" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 3
+    assert "is a file" in proc.stderr
+    assert "Traceback" not in proc.stderr
     # No C compiler: the variants cannot be built; one message, no cell run.
     bare = tmp_path / "bin"
     bare.mkdir()
     proc = cli("run", m, "--out", tmp_path / "o", cwd=tmp_path, env={"PATH": str(bare)})
-    assert proc.returncode == 3 and "no gcc on PATH" in proc.stderr, proc.stderr
+    assert proc.returncode == 3, proc.stderr
+    assert "no gcc on PATH" in proc.stderr, proc.stderr
     assert not (tmp_path / "o" / "results.jsonl").exists() or "cell" not in (tmp_path / "o" / "results.jsonl").read_text()
 
 
@@ -340,4 +358,5 @@ def test_resume_with_nothing_left_keeps_a_failure(tmp_path: Path, wheel_cache: P
     """)
     assert cli("run", m, "--out", tmp_path / "o", "-q", cwd=tmp_path).returncode == 1
     proc = cli("run", m, "--out", tmp_path / "o", "--resume", "-q", cwd=tmp_path)
-    assert proc.returncode == 1 and "nothing left to run" in proc.stderr
+    assert proc.returncode == 1
+    assert "nothing left to run" in proc.stderr

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from cumatrix.provision import runtimes as R
 from cumatrix.core.errors import RuntimeNotFound, UnsafeArchive
+from cumatrix.provision import runtimes as R
 
 GCC = shutil.which("gcc")
 
@@ -80,9 +80,12 @@ def test_unsafe_members_are_refused_before_anything_is_written(tmp_path: Path, m
     with pytest.raises(UnsafeArchive) as e:
         R.unpack_wheel(wheel, target)
     name = getattr(member, "filename", member)
-    assert wheel.name in str(e.value) and repr(name) in str(e.value) and why in str(e.value)
+    assert wheel.name in str(e.value)
+    assert repr(name) in str(e.value)
+    assert why in str(e.value)
     assert not target.exists()  # refused before the first write
-    assert not (tmp_path / "deep" / "escaped.txt").exists() and not (tmp_path / "escaped.txt").exists()
+    assert not (tmp_path / "deep" / "escaped.txt").exists()
+    assert not (tmp_path / "escaped.txt").exists()
     assert not Path("/tmp/cumatrix-absolute-escape.txt").exists()
 
 
@@ -135,7 +138,8 @@ def test_version_is_read_as_data_and_the_library_never_loaded(tmp_path: Path, fa
     wheels = tmp_path / "wheels"
     _runtime_wheel(wheels, "nvidia-cuda-runtime-cu12", "12.9.79", fake_cudart(12090, marker))
     rt = R.from_wheel("cu12.9", "nvidia-cuda-runtime-cu12==12.9.79", wheel_dir=wheels)
-    assert rt.version == 12090 and rt.batch_exported
+    assert rt.version == 12090
+    assert rt.batch_exported
     assert rt.version_source == "METADATA 12.9.79; DT_SONAME libcudart.so.12; code constant 12090"
     assert not marker.exists(), "the runtime's constructor ran on the host"
 
@@ -152,7 +156,8 @@ def test_what_the_checks_found_is_noted_and_read_back_until_the_library_changes(
 
     monkeypatch.setattr(R, "library_facts", not_again)
     again = R.from_wheel("cu12.9", "nvidia-cuda-runtime-cu12==12.9.79", wheel_dir=wheels)
-    assert again == first and again.soname == "libcudart.so.12"
+    assert again == first
+    assert again.soname == "libcudart.so.12"
     # The requirement is held to the noted METADATA every time.
     note = first.libcudart.parents[3] / ".cumatrix-wheel-facts.json"
     saved = note.read_text()
@@ -203,7 +208,8 @@ def test_the_cli_names_the_matrix_entry_of_a_wheel_that_is_no_runtime(tmp_path: 
     proc = cli("run", m, "--out", tmp_path / "out", "--wheel-dir", wheels, cwd=tmp_path, env=env)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert f"{m}:2:19: runtimes.cu12.9: anything==1.0 is not a CUDA runtime wheel" in proc.stderr
-    assert "Traceback" not in proc.stderr and not (tmp_path / "PWNED").exists()
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "PWNED").exists()
 
 
 def test_the_cli_refuses_a_zip_slip_runtime_with_exit_2(tmp_path: Path, write_matrix: Any, cli: Any) -> None:
@@ -220,5 +226,6 @@ def test_the_cli_refuses_a_zip_slip_runtime_with_exit_2(tmp_path: Path, write_ma
                env={"CUMATRIX_CACHE": str(cache)})
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "refusing to unpack member '../../../slipped.txt'" in proc.stderr
-    assert "nvidia_cuda_runtime_cu12-12.9.79-py3-none-any.whl" in proc.stderr and "Traceback" not in proc.stderr
+    assert "nvidia_cuda_runtime_cu12-12.9.79-py3-none-any.whl" in proc.stderr
+    assert "Traceback" not in proc.stderr
     assert not list(tmp_path.rglob("slipped.txt"))

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 import cumatrix
-from cumatrix.provision import runtimes as R
 from cumatrix.core.errors import RuntimeNotFound, UsageError
 from cumatrix.core.model import Runtime
+from cumatrix.provision import runtimes as R
 
 PACKAGE_PARENT = str(Path(cumatrix.__file__).resolve().parent.parent)
 
@@ -34,8 +34,10 @@ def test_version_read_from_the_library(wheel_cache: Path, req: str, version: int
     rt = R.from_wheel("x", req)
     assert rt.version == version
     assert rt.wheel_version == req.split("==")[1]
-    assert rt.libcudart.name.startswith("libcudart.so.") and rt.libcudart.is_file()
-    assert rt.include_dir is not None and (rt.include_dir / "cuda_runtime_api.h").is_file()
+    assert rt.libcudart.name.startswith("libcudart.so.")
+    assert rt.libcudart.is_file()
+    assert rt.include_dir is not None
+    assert (rt.include_dir / "cuda_runtime_api.h").is_file()
     # the wheel's METADATA, agreeing with the library's own SONAME and the constant in its code
     assert rt.version_source == (f"METADATA {req.split('==')[1]}; DT_SONAME libcudart.so.{version // 1000}; "
                                  f"code constant {version}")
@@ -49,7 +51,8 @@ def test_every_known_runtime_reads_its_version_as_data(wheel_cache: Path, cuda: 
     from cumatrix.predict.oracle import batch_introduced
 
     rt = R.from_wheel(f"cu{cuda}", R.KNOWN_WHEELS[cuda])
-    assert rt.version == int(CudaVersion.parse(cuda)) and "code constant" in rt.version_source
+    assert rt.version == int(CudaVersion.parse(cuda))
+    assert "code constant" in rt.version_source
     assert rt.batch_exported == (rt.version >= batch_introduced())  # docs/facts.md section 1
 
 
@@ -87,7 +90,8 @@ def test_a_requirement_that_does_not_exist(tmp_path: Path, wheel_cache: Path, wr
     """)
     proc = cli("run", m, "--out", tmp_path / "out", cwd=tmp_path)
     assert proc.returncode == 2
-    assert "nvidia-cuda-runtime-cu12==12.99.1" in proc.stderr and "Traceback" not in proc.stderr
+    assert "nvidia-cuda-runtime-cu12==12.99.1" in proc.stderr
+    assert "Traceback" not in proc.stderr
     with pytest.raises(RuntimeNotFound, match=r"12\.99\.1.*--wheel-dir"):
         R.fetch_wheel("nvidia-cuda-runtime-cu12==12.99.1")
 
@@ -102,7 +106,8 @@ def test_wheel_dir_works_offline(tmp_path: Path, wheel_cache: Path, write_matrix
     offline = {**DEAD_INDEX, "XDG_CACHE_HOME": str(tmp_path / "empty-cache")}
     # without the wheel directory the dead index and the empty cache leave nothing: exit 2
     proc = cli("run", m, "--out", tmp_path / "o1", "-q", cwd=tmp_path, env=offline)
-    assert proc.returncode == 2 and CU129 in proc.stderr
+    assert proc.returncode == 2
+    assert CU129 in proc.stderr
     proc = cli("run", m, "--out", tmp_path / "o2", "-q", "--wheel-dir", wheels, cwd=tmp_path, env=offline)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     recs = [json.loads(ln) for ln in (tmp_path / "o2" / "results.jsonl").read_text().splitlines()]
@@ -110,7 +115,8 @@ def test_wheel_dir_works_offline(tmp_path: Path, wheel_cache: Path, write_matrix
     assert probe["observed"]["data"]["runtime_version"] == 12090
     assert str(tmp_path / "empty-cache") in probe["fingerprint"]["runtime_file"]
     proc = cli("run", m, "--out", tmp_path / "o3", "--wheel-dir", tmp_path / "nowhere", cwd=tmp_path, env=offline)
-    assert proc.returncode == 2 and "nowhere" in proc.stderr
+    assert proc.returncode == 2
+    assert "nowhere" in proc.stderr
 
 
 def test_site_runtime_in_this_environment(wheel_cache: Path) -> None:
@@ -120,7 +126,8 @@ def test_site_runtime_in_this_environment(wheel_cache: Path) -> None:
             raise AssertionError("CUMATRIX_REQUIRE_SITE_RUNTIME=1 but no runtime is installed here")
         pytest.skip("no nvidia-cuda-runtime installed in this environment")
     rt = R.from_site("site")
-    assert rt.found_by.startswith("site-packages") and rt.version >= 12000
+    assert rt.found_by.startswith("site-packages")
+    assert rt.version >= 12000
 
 
 def _fresh_venv(env_dir: Path) -> Path:

@@ -103,7 +103,8 @@ def test_a_cell_cannot_change_kernel_settings_nor_leave_its_cgroup() -> None:
     before = Path("/proc/sys/vm/swappiness").read_text()
     rc, out, err = boxed(SYSCTL)
     assert rc == 0, err
-    assert "opened" not in out and "joined" not in out
+    assert "opened" not in out
+    assert "joined" not in out
     assert out.count("refused /proc/sys") == 2
     assert "capeff 0000000000000000" in out  # no capability at all
     if os.geteuid() == 0:  # a root harness's cell is not root on the host
@@ -154,9 +155,11 @@ def test_what_a_cell_writes_is_bounded_and_only_its_log_is_a_host_path(tmp_path:
     rc, out, err = boxed(FILL, str(log), str(limit), policy=Policy(sandbox="on", write_limit=limit),
                          writable=(str(log),))
     assert rc == 0, err
-    assert "planted" not in out and not (audit / "planted").exists()
+    assert "planted" not in out
+    assert not (audit / "planted").exists()
     assert "filled" not in out  # ENOSPC at the tmpfs' size, or EFBIG at RLIMIT_FSIZE, first
-    assert "full /tmp/fill" in out and "full /dev/shm/fill" in out
+    assert "full /tmp/fill" in out
+    assert "full /dev/shm/fill" in out
     assert "full log 27" in out  # EFBIG: RLIMIT_FSIZE
     assert f"tmp size {limit}" in out
     assert log.stat().st_size <= limit
@@ -164,14 +167,16 @@ def test_what_a_cell_writes_is_bounded_and_only_its_log_is_a_host_path(tmp_path:
 
 
 def test_the_write_limit_is_an_option_with_a_range(tmp_path: Path, cli: Any) -> None:
-    assert sandbox.parse_size("1G") == 1 << 30 and sandbox.parse_size("512MiB") == 512 << 20
+    assert sandbox.parse_size("1G") == 1 << 30
+    assert sandbox.parse_size("512MiB") == 512 << 20
     with pytest.raises(ValueError):
         sandbox.parse_size("1e308")
     m = tmp_path / "m.yaml"
     m.write_text("runtimes: {cu12.9: {wheel: nvidia-cuda-runtime-cu12==12.9.79}}\ndrivers: [host]\n")
     for bad in ("1e308", "2T", "1K", "-5"):
         proc = cli("run", m, "--out", tmp_path / "o", f"--sandbox-write-limit={bad}", cwd=tmp_path)
-        assert proc.returncode == 2 and "--sandbox-write-limit" in proc.stderr, proc.stderr
+        assert proc.returncode == 2, proc.stderr
+        assert "--sandbox-write-limit" in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr
 
 
@@ -189,6 +194,7 @@ def test_what_the_harness_built_in_its_cache_is_readable_by_the_cell(tmp_path: P
     tmp_path.chmod(0o755)
     rc, out, err = boxed("import sys; print(open(sys.argv[1]).read())", str(built / "lib.txt"),
                          mounts=(str(built / "lib.txt"),))
-    assert rc == 0 and "built" in out, err
+    assert rc == 0, err
+    assert "built" in out, err
     assert cache.stat().st_mode & 0o777 == 0o700
 

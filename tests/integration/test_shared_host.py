@@ -74,7 +74,8 @@ def test_a_cache_another_user_made_first_is_refused_and_nothing_in_it_runs(
     m = write_matrix(MATRIX)
     proc = cli("run", m, "--out", tmp_path / "o", "-q", "--wheel-dir", WHEELS, cwd=tmp_path, env={"CUMATRIX_CACHE": str(shared)})
     assert proc.returncode == 3, proc.stderr
-    assert f"belongs to uid {other_user.pw_uid}" in proc.stderr and "Traceback" not in proc.stderr
+    assert f"belongs to uid {other_user.pw_uid}" in proc.stderr
+    assert "Traceback" not in proc.stderr
     assert not marker.exists()
 
 
@@ -84,7 +85,8 @@ def test_a_cache_others_may_write_is_refused(tmp_path: Path, write_matrix: Any, 
     shared.chmod(0o777)
     proc = cli("run", write_matrix(MATRIX), "--out", tmp_path / "o", "-q", "--wheel-dir", WHEELS, cwd=tmp_path,
                env={"CUMATRIX_CACHE": str(shared)})
-    assert proc.returncode == 3 and "writable by others (mode 0777)" in proc.stderr, proc.stderr
+    assert proc.returncode == 3, proc.stderr
+    assert "writable by others (mode 0777)" in proc.stderr, proc.stderr
 
 
 def test_a_new_cache_is_private(tmp_path: Path, write_matrix: Any, cli: Any) -> None:
@@ -93,7 +95,8 @@ def test_a_new_cache_is_private(tmp_path: Path, write_matrix: Any, cli: Any) -> 
     assert proc.returncode == 0, proc.stderr
     from cumatrix.core.private import private_dir
 
-    assert private_dir(cache) == cache and (cache.stat().st_mode & 0o777) == 0o700
+    assert private_dir(cache) == cache
+    assert (cache.stat().st_mode & 0o777) == 0o700
 
 
 def test_a_planted_lock_link_in_out_truncates_nothing(tmp_path: Path, write_matrix: Any, cli: Any) -> None:
@@ -104,7 +107,8 @@ def test_a_planted_lock_link_in_out_truncates_nothing(tmp_path: Path, write_matr
     (out / ".cumatrix.lock").symlink_to(victim)
     proc = cli("run", write_matrix(MATRIX), "--out", out, "-q", "--wheel-dir", WHEELS, cwd=tmp_path)
     assert proc.returncode == 3, proc.stderr
-    assert "symbolic link" in proc.stderr and "Traceback" not in proc.stderr
+    assert "symbolic link" in proc.stderr
+    assert "Traceback" not in proc.stderr
     assert victim.read_text() == "precious\n"
 
 
@@ -143,11 +147,13 @@ def test_clean_refuses_while_a_run_holds_the_cache(tmp_path: Path, write_matrix:
     finally:
         if run.poll() is None:
             run.kill()
-    assert clean.returncode == 3 and "a cumatrix run is using this cache" in clean.stderr, clean.stderr
+    assert clean.returncode == 3, clean.stderr
+    assert "a cumatrix run is using this cache" in clean.stderr, clean.stderr
     assert run.returncode == 0, err  # its cells were not broken under it
     assert cache.is_dir()
     after = cli("clean", "--cache", env={"CUMATRIX_CACHE": str(cache)})
-    assert after.returncode == 0 and not cache.exists(), after.stderr
+    assert after.returncode == 0, after.stderr
+    assert not cache.exists(), after.stderr
 
 
 def test_a_launcher_gone_under_a_run_is_a_harness_error_not_the_cells(tmp_path: Path,
@@ -166,5 +172,7 @@ def test_a_launcher_gone_under_a_run_is_a_harness_error_not_the_cells(tmp_path: 
     assert run_local(job).returncode == 0
     copy.unlink()  # the cache is removed under the run
     obs = classify(run_local(job), kind="command")
-    assert obs.outcome == "harness-error" and "launcher" in obs.detail and "sleep" not in obs.detail
+    assert obs.outcome == "harness-error"
+    assert "launcher" in obs.detail
+    assert "sleep" not in obs.detail
     assert run_local(job).returncode == 0  # the next cell finds (or builds) a helper again

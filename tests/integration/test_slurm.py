@@ -97,15 +97,18 @@ def test_plan_slurm_writes_an_array_and_a_dependent_merge(tmp_path: Path, cli: C
     assert proc.returncode == 0, proc.stderr
     d = tmp_path / "out" / "slurm"
     array = (d / "array.sbatch").read_text()
-    assert "#SBATCH --array=0-1" in array and "#SBATCH --time=30" in array
+    assert "#SBATCH --array=0-1" in array
+    assert "#SBATCH --time=30" in array
     assert "hosts=(drv550 drv580)" in array  # oldest driver first, as `plan --format json` orders them
     assert f"run {m} --host \"$host\" --out {tmp_path / 'out'}/\"$host\" --timeout 60" in array
     submit = (d / "submit.sh").read_text()
-    assert "sbatch --parsable --hold" in submit and "--dependency=afterany:$array" in submit
+    assert "sbatch --parsable --hold" in submit
+    assert "--dependency=afterany:$array" in submit
     assert 'JobId="${array}_1" Partition=drv580 Features=drv580' in submit
     assert 'JobId="${array}_0" Partition=drv550' in submit
     merge = (d / "merge.sbatch").read_text()
-    assert f"--matrix {m}" in merge and str(tmp_path / "out" / "merged") in merge
+    assert f"--matrix {m}" in merge
+    assert str(tmp_path / "out" / "merged") in merge
     for script in (d / "array.sbatch", d / "merge.sbatch", d / "submit.sh"):
         assert subprocess.run(["bash", "-n", str(script)], check=False).returncode == 0, script
 
@@ -118,7 +121,8 @@ def test_submit_merges_the_same_records_as_one_local_run(slurm: None, tmp_path: 
     t0 = time.monotonic()
     proc = cli("submit", "--slurm", m, "--out", tmp_path / "nightly", "--poll", "0.5", cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "2 of 2 hosts done" in proc.stderr and "COMPLETED" in proc.stderr
+    assert "2 of 2 hosts done" in proc.stderr
+    assert "COMPLETED" in proc.stderr
     merged = _records(tmp_path / "nightly" / "merged" / "results.json")
     single = _records(tmp_path / "local" / "results.json")
     # Every cell the local run recorded, with the same outcome and status, once per host the
@@ -127,19 +131,22 @@ def test_submit_merges_the_same_records_as_one_local_run(slurm: None, tmp_path: 
     hosts_of = {cid: {h for (c, h) in merged if c == cid} for cid, _ in single}
     assert all(hosts_of[cid] == ({"drv550", "drv580"} if "/host/" in cid else {"drv550"}) for cid in hosts_of)
     doc = json.loads((tmp_path / "nightly" / "merged" / "results.json").read_text())
-    assert doc["not_run"] == [] and doc["missing_hosts"] == [] and doc["verdict"] == "PASS"
+    assert doc["not_run"] == []
+    assert doc["missing_hosts"] == []
+    assert doc["verdict"] == "PASS"
     # Each host's run ran where the plan put it, and recorded the plan and the host it ran as.
     logs = [p.read_text() for p in (tmp_path / "nightly" / "slurm").glob("cumatrix-*_*.out")]
     for host in ("drv580", "drv550"):
         header = json.loads((tmp_path / "nightly" / host / "results.jsonl").read_text().splitlines()[0])
-        assert header["host"] == host and header["matrix_sha256"] == doc["run"]["matrix_sha256"]
+        assert header["host"] == host
+        assert header["matrix_sha256"] == doc["run"]["matrix_sha256"]
         assert {e["host"] for e in header["plan"]["hosts"]} == {"drv550", "drv580"}
         assert sum(f"runs as host {host}" in text for text in logs) == 1
     assert time.monotonic() - t0 < 300
 
 
 def _task_state(job: str) -> str:
-    out = subprocess.run(["squeue", "-h", "-r", "-j", job.split("_")[0], "-o", "%i %T"], capture_output=True,
+    out = subprocess.run(["squeue", "-h", "-r", "-j", job.split("_", maxsplit=1)[0], "-o", "%i %T"], capture_output=True,
                          text=True, timeout=20, check=False).stdout
     return dict(line.split() for line in out.splitlines() if len(line.split()) == 2).get(job, "")
 
@@ -174,7 +181,8 @@ def test_a_cancelled_host_task_leaves_its_cells_not_run_and_the_merge_fails_nami
             proc.kill()
             proc.communicate()
     assert proc.returncode == 1, stdout + stderr
-    assert "drv550" in stderr and "merge incomplete" in stderr
+    assert "drv550" in stderr
+    assert "merge incomplete" in stderr
     assert "drv550 CANCELLED" in stderr
     doc = json.loads((out / "merged" / "results.json").read_text())
     assert doc["verdict"] == "INCOMPLETE"
@@ -182,7 +190,8 @@ def test_a_cancelled_host_task_leaves_its_cells_not_run_and_the_merge_fails_nami
     planned550 = {"cu12.9/host/a", "cu12.9/host/b", "cu12.9/host/c",
                   "cu12.9/emulated-12.4/a", "cu12.9/emulated-12.4/b", "cu12.9/emulated-12.4/c"}
     not_run = {(e["id"], e["host"]) for e in doc["not_run"]}
-    assert not_run == {(cid, "drv550") for cid in planned550 - ran550} and not_run
+    assert not_run == {(cid, "drv550") for cid in planned550 - ran550}
+    assert not_run
     assert all(e["outcome"] == "not-run" for e in doc["not_run"])
     assert {c["id"] for c in doc["cells"] if c["host"] == "drv580"} == {"cu12.9/host/a", "cu12.9/host/b",
                                                                        "cu12.9/host/c"}
@@ -194,11 +203,16 @@ def test_submit_without_a_slurm_client_is_exit_3_and_a_matrix_without_hosts_exit
         tmp_path: Path, cli: Callable[..., Any]) -> None:
     m = _matrix(tmp_path)
     proc = cli("submit", "--slurm", m, "--out", tmp_path / "o", cwd=tmp_path, env={"PATH": str(tmp_path / "empty")})
-    assert proc.returncode == 3 and "sbatch is not on PATH" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 3
+    assert "sbatch is not on PATH" in proc.stderr
+    assert "Traceback" not in proc.stderr
     plain = tmp_path / "plain.yaml"
     plain.write_text(m.read_text().split("hosts:")[0])
     for argv in (("submit", "--slurm", plain), ("plan", plain, "--format", "slurm")):
         proc = cli(*argv, "--out", tmp_path / "o2", cwd=tmp_path)
-        assert proc.returncode == 2 and "needs a `hosts:` section" in proc.stderr and "Traceback" not in proc.stderr
+        assert proc.returncode == 2
+        assert "needs a `hosts:` section" in proc.stderr
+        assert "Traceback" not in proc.stderr
     proc = cli("submit", m, "--out", tmp_path / "o3", cwd=tmp_path)
-    assert proc.returncode == 2 and "--slurm" in proc.stderr
+    assert proc.returncode == 2
+    assert "--slurm" in proc.stderr

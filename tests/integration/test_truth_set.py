@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "truth"))
-import truth  # noqa: E402
-
-from cumatrix.audit.static import AuditData, load_audit_data  # noqa: E402
+import truth
+from cumatrix.audit.static import AuditData, load_audit_data
 
 pytestmark = pytest.mark.network
 

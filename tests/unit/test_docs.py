@@ -32,7 +32,8 @@ _FENCE_RE = re.compile(r"^\s*(```|~~~)")
 def gen_ref() -> ModuleType:
     """docs/gen_ref.py, the site's hook (it imports no MkDocs at module level)."""
     spec = importlib.util.spec_from_file_location("cumatrix_docs_gen_ref", DOCS / "gen_ref.py")
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -156,7 +157,8 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
                          cwd=ROOT, capture_output=True, text=True, timeout=300, env=env, check=False)
     assert out.returncode == 0, f"mkdocs build --strict failed:\n{out.stdout[-4000:]}\n{out.stderr[-8000:]}"
     cli = (site / "reference" / "cli" / "index.html").read_text(encoding="utf-8")
-    assert 'id="cumatrix-gate"' in cli and "--min-driver" in cli
+    assert 'id="cumatrix-gate"' in cli
+    assert "--min-driver" in cli
     matrix = (site / "reference" / "matrix" / "index.html").read_text(encoding="utf-8")
     schema = json.loads((ROOT / "src" / "cumatrix" / "data" / "matrix.schema.json").read_text())
     assert all(f"<code>{key}</code>" in matrix for key in schema["properties"])

@@ -42,7 +42,8 @@ def test_ptx_compiles_forward() -> None:
     ptx = DeviceCode(kind="ptx", arch=80, isa=(8, 8))
     assert [a for a in (75, 80, 90, 100, 120) if ptx.runs_on(a)] == [80, 90, 100, 120]
     sass, jit = covering((ptx, DeviceCode(kind="sass", arch=90)), 90)
-    assert [c.name for c in sass] == ["sm_90"] and [c.name for c in jit] == ["compute_80"]
+    assert [c.name for c in sass] == ["sm_90"]
+    assert [c.name for c in jit] == ["compute_80"]
 
 
 def test_ptx_isa_needs_its_toolkit_driver() -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cumatrix.provision import headers as H
 from cumatrix.core.errors import ConfigError
+from cumatrix.provision import headers as H
 from cumatrix.provision.runtimes import headers_for
 
 VERSIONS = ("12.4", "12.8", "12.9", "13.0", "13.5")
@@ -39,7 +39,8 @@ def test_batch_copy_introductions(include: dict[str, Path]) -> None:
     assert intro["cuMemcpyAsync"] == 4000
     # the per-thread flavour of the 3.2 ABI came in 7.0
     assert intro["cuMemcpyHtoD_v2_ptds"] == 7000
-    assert intro["cuCtxCreate"] == 2000 and intro["cuCtxCreate_v4"] == 12050
+    assert intro["cuCtxCreate"] == 2000
+    assert intro["cuCtxCreate_v4"] == 12050
 
 
 def test_older_headers_lack_the_batch_copy(include: dict[str, Path]) -> None:
@@ -122,7 +123,8 @@ def test_runtime_prototypes_ignore_names_and_comments() -> None:
 def test_runtime_abi_changes_12_9_to_13_0(include: dict[str, Path]) -> None:
     changes = H.runtime_abi_changes(include["12.9"], include["13.0"])
     old, new = changes["cudaMemcpyBatchAsync"]
-    assert old.count(",") == 8 and "size_t*, cudaStream_t)" in old  # 9 params, failIdx
+    assert old.count(",") == 8
+    assert "size_t*, cudaStream_t)" in old
     assert new.count(",") == 7  # 8 params
     # The other CUDA 13 breaks: edge data in graph APIs, cudaMemLocation in advise/prefetch,
     # no failIdx in the 3D batch copy.

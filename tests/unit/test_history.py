@@ -12,12 +12,12 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from history_nights import State, night_run
 
-from cumatrix.results.history import MIGRATIONS, SCHEMA_VERSION, CellKey, History, HistoryError, default_path
-from cumatrix.results.historydiff import classify, diff, flips_of, noise_of, resolve
 from cumatrix.report import write_all
 from cumatrix.report.jsonout import schema
+from cumatrix.results.history import MIGRATIONS, SCHEMA_VERSION, CellKey, History, HistoryError, default_path
+from cumatrix.results.historydiff import classify, diff, flips_of, noise_of, resolve
+from history_nights import State, night_run
 
 OK = State("pass")
 SWAP = "cu12.9/host/loop/h12.9/kv"
@@ -89,7 +89,8 @@ def test_append_keeps_a_short_row_per_cell_and_full_records_only_where_news(tmp_
     # night 0: every cell passes (nothing is news); night 1: c1 changed; night 2: c1 still fails (kept)
     assert kept == [[], ["cu12.9/host/c1"], ["cu12.9/host/c1"]]
     assert stored == next(c for c in second.cells if c.id == "cu12.9/host/c1")  # the one to_json/from_json
-    assert rows[CellKey(name=SWAP)].gbps == 100.0 and rows[CellKey(name=SWAP)].outcome == "ok:batch"
+    assert rows[CellKey(name=SWAP)].gbps == 100.0
+    assert rows[CellKey(name=SWAP)].outcome == "ok:batch"
     assert rows[CellKey(name="cu12.9/host/c1")].status == "fail"
     assert [(r.id, r.passed, r.failed, r.git_commit, r.digest, r.host) for r in runs] == [
         (ids[0], 5, 0, "abc123", first.header.matrix_sha256, "nightly-host"),
@@ -126,10 +127,13 @@ def test_classify_sorts_each_change_into_one_list(before: State | None, after: S
 def test_noise_is_the_scaled_mad_with_a_floor() -> None:
     assert noise_of([10.0, 10.0, 10.0]) == (10.0, pytest.approx(0.2))  # the 2% floor
     m, noise = noise_of([90.0, 100.0, 110.0, 100.0, 100.0])
-    assert m == 100.0 and noise == pytest.approx(2.0)  # MAD 0: floor
+    assert m == 100.0
+    assert noise == pytest.approx(2.0)
     m, noise = noise_of([80.0, 90.0, 100.0, 110.0, 120.0])
-    assert m == 100.0 and noise == pytest.approx(1.4826 * 10)
-    assert flips_of(["ok", "ok", "exit:1", "ok"]) == 2 and flips_of(["ok"]) == 0
+    assert m == 100.0
+    assert noise == pytest.approx(1.4826 * 10)
+    assert flips_of(["ok", "ok", "exit:1", "ok"]) == 2
+    assert flips_of(["ok"]) == 0
 
 
 def test_diff_defaults_to_the_last_two_runs_of_the_newest_runs_matrix(tmp_path: Path) -> None:
@@ -143,7 +147,9 @@ def test_diff_defaults_to_the_last_two_runs_of_the_newest_runs_matrix(tmp_path: 
         with pytest.raises(HistoryError, match="first run of its matrix"):
             resolve(h, str(other), None)
         d = diff(h, ra, rb)
-        assert [str(c.cell) for c in d.new_failures] == ["cu12.9/host/c0"] and not d.fixed and not d.flaky
+        assert [str(c.cell) for c in d.new_failures] == ["cu12.9/host/c0"]
+        assert not d.fixed
+        assert not d.flaky
         assert h.run(h.run(str(b)).run_uid[:8]).id == b  # a run id prefix names it too
         with pytest.raises(HistoryError, match="ambiguous"):
             h.run("night0")
@@ -200,9 +206,8 @@ def test_files_that_are_not_a_history_are_bad_input(tmp_path: Path) -> None:
     conn.close()
     for path, words in ((text, "not a cumatrix history"), (other, "not a cumatrix history"),
                         (newer, "newer cumatrix"), (tmp_path, "is a directory")):
-        with pytest.raises(HistoryError, match=words) as e:
-            with History.open(path):
-                pass
+        with pytest.raises(HistoryError, match=words) as e, History.open(path):
+            pass
         assert e.value.exit_code == 2
     with pytest.raises(HistoryError, match="no history here yet"):
         with History.open(tmp_path / "absent.sqlite", create=False):
@@ -232,11 +237,13 @@ def test_every_report_gains_a_since_the_last_run_section(tmp_path: Path) -> None
     suite = ET.parse(out / "junit.xml").getroot().find("testsuite")
     assert suite is not None
     props = {p.get("name"): p.get("value") for p in suite.iter("property") if p.get("name", "").startswith("since")}
-    assert props["since_last_run.new_failures"] == "1" and props["since_last_run.speed"] == "2"
+    assert props["since_last_run.new_failures"] == "1"
+    assert props["since_last_run.speed"] == "2"
     assert "cu12.9/host/c2: ok:n/a -> crash:SIGSEGV" in (suite.findtext("system-out") or "")
     page = (out / "index.html").read_text()
     assert "<h2>Since the last run</h2>" in page
-    assert page.count("<svg class=spark") == 1 and "<polyline points=" in page
+    assert page.count("<svg class=spark") == 1
+    assert "<polyline points=" in page
     assert "http" not in page.split("<svg class=spark", 1)[1].split("</svg>", 1)[0].replace(
         "http://www.w3.org", "")  # no fetch from the plot
     # without a previous run, no section anywhere
@@ -246,9 +253,8 @@ def test_every_report_gains_a_since_the_last_run_section(tmp_path: Path) -> None
 
 
 def test_a_merge_is_stored_per_cell_and_host_and_a_host_that_skipped_a_cell_shows_in_diff(tmp_path: Path) -> None:
-    from history_nights import write_night
-
     from cumatrix.report.merge import merge_runs
+    from history_nights import write_night
 
     both = {"cu12.9/host/c0": OK, "cu12.9/host/c1": OK}
     with History.open(tmp_path / "h.sqlite") as h:

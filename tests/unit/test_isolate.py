@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from cumatrix.execute import sandbox
-from cumatrix.judge.classify import classify
 from cumatrix.core.jobs import Job
+from cumatrix.execute import sandbox
 from cumatrix.execute.local import KEEP_HEAD, KEEP_TAIL, run_local
 from cumatrix.execute.protocol import parse
 from cumatrix.execute.sandbox import Policy, child_env
+from cumatrix.judge.classify import classify
 
 PY = sys.executable
 #: Child code that hands a verdict over the private channel, as the harness's own children do.
@@ -47,14 +47,17 @@ def _gone(pid: int, within: float = 5.0) -> bool:
 
 def test_verdict_over_the_channel_is_the_outcome() -> None:
     res, obs = _run("print('log')\n" + EMIT.format(verdict='{"outcome": "ok", "path": "batch", "data": {"x": 1}}'))
-    assert obs.outcome == "ok" and obs.path == "batch" and obs.data["x"] == 1
+    assert obs.outcome == "ok"
+    assert obs.path == "batch"
+    assert obs.data["x"] == 1
     assert res.verdict_error is None
 
 
 def test_a_verdict_line_on_stdout_is_only_log() -> None:
     # A harness child that prints the tag instead of using its channel reached no verdict.
     res, obs = _run(f"print({TAG_LINE!r})")
-    assert obs.outcome == "harness-error" and "without a verdict" in obs.detail
+    assert obs.outcome == "harness-error"
+    assert "without a verdict" in obs.detail
     assert TAG_LINE in res.stdout_tail
 
 
@@ -66,7 +69,8 @@ def test_forged_verdict_then_segfault_is_a_crash() -> None:
 
 def test_program_that_logs_a_verdict_line_and_exits_0_is_ok() -> None:
     _, obs = _run(f"print({TAG_LINE!r})", kind="command")
-    assert obs.outcome == "ok" and obs.path == "n/a"
+    assert obs.outcome == "ok"
+    assert obs.path == "n/a"
     _, obs = _run(f"import sys\nprint({TAG_LINE!r})\nsys.exit(3)", kind="command")
     assert obs.outcome == "exit:3"
 
@@ -75,7 +79,8 @@ def test_a_command_gets_no_channel_even_if_the_harness_had_one() -> None:
     env = (("CUMATRIX_VERDICT_FD", "1"), ("CUMATRIX_VERDICT_FILE", "/tmp/x"))
     res, obs = _run("import os\nprint(os.environ.get('CUMATRIX_VERDICT_FD'), os.environ.get('CUMATRIX_VERDICT_FILE'))",
                     kind="command", env=env)
-    assert res.stdout_tail.strip() == "None None" and obs.outcome == "ok"
+    assert res.stdout_tail.strip() == "None None"
+    assert obs.outcome == "ok"
 
 
 def test_malformed_verdict_is_harness_error() -> None:
@@ -105,7 +110,8 @@ def test_parse_rejects_non_objects() -> None:
 
 def test_no_verdict_from_harness_child_is_harness_error() -> None:
     _, obs = _run("print('nothing to say')")
-    assert obs.outcome == "harness-error" and "without a verdict" in obs.detail
+    assert obs.outcome == "harness-error"
+    assert "without a verdict" in obs.detail
 
 
 def test_uncaught_exception_in_case_child_keeps_traceback() -> None:
@@ -116,7 +122,8 @@ def test_uncaught_exception_in_case_child_keeps_traceback() -> None:
     obs = classify(res, kind="probe")
     assert obs.outcome == "harness-error"
     assert "Traceback (most recent call last)" in res.stderr_tail
-    assert "JSONDecodeError" in res.stderr_tail and "JSONDecodeError" in obs.detail
+    assert "JSONDecodeError" in res.stderr_tail
+    assert "JSONDecodeError" in obs.detail
 
 
 def test_exception_inside_the_probe_is_caught_with_traceback() -> None:
@@ -125,13 +132,15 @@ def test_exception_inside_the_probe_is_caught_with_traceback() -> None:
               env=(("PYTHONPATH", os.pathsep.join(sys.path)),), reports_verdict=True)
     res = run_local(job)
     obs = classify(res, kind="probe")
-    assert obs.outcome == "harness-error" and "TypeError" in obs.detail
+    assert obs.outcome == "harness-error"
+    assert "TypeError" in obs.detail
     assert "Traceback (most recent call last)" in res.stderr_tail
 
 
 def test_signals_are_crashes() -> None:
     _, obs = _run("import os, signal; os.kill(os.getpid(), signal.SIGSEGV)", kind="command")
-    assert obs.outcome == "crash:SIGSEGV" and obs.exit_status == -11
+    assert obs.outcome == "crash:SIGSEGV"
+    assert obs.exit_status == -11
     assert "Segmentation fault" in obs.detail  # faulthandler is on in the child
     _, obs = _run("import os; os.abort()", kind="command")
     assert obs.outcome == "crash:SIGABRT"
@@ -146,9 +155,11 @@ def test_a_verdict_from_a_child_a_signal_ended_is_not_taken() -> None:
 
 def test_exit_status_of_a_command() -> None:
     _, obs = _run("import sys; sys.stderr.write('bad thing\\n'); sys.exit(7)", kind="command")
-    assert obs.outcome == "exit:7" and "bad thing" in obs.detail
+    assert obs.outcome == "exit:7"
+    assert "bad thing" in obs.detail
     _, obs = _run("pass", kind="command")
-    assert obs.outcome == "ok" and obs.path == "n/a"
+    assert obs.outcome == "ok"
+    assert obs.path == "n/a"
 
 
 def test_command_that_cannot_start() -> None:
@@ -163,7 +174,8 @@ def test_timeout_kills_the_whole_group(tmp_path: Path) -> None:
     t0 = time.monotonic()
     res, obs = _run(code, kind="command", timeout=1.5)
     assert time.monotonic() - t0 < 10
-    assert obs.outcome == "timeout" and res.timed_out
+    assert obs.outcome == "timeout"
+    assert res.timed_out
     assert _gone(int(pidfile.read_text())), "the grandchild sleep outlived the timeout"
 
 
@@ -228,7 +240,8 @@ def test_command_env_is_an_allowlist() -> None:
 def test_pass_env_adds_a_name_or_a_pattern() -> None:
     job = Job(cell_id="t", kind="command", argv=("true",))
     env = child_env(job, base_env=HARNESS_ENV, policy=Policy(pass_env=("GITHUB_TOKEN", "MYAPP_*")))
-    assert env["GITHUB_TOKEN"] == "g" and env["MYAPP_MODE"] == "fast"
+    assert env["GITHUB_TOKEN"] == "g"
+    assert env["MYAPP_MODE"] == "fast"
     assert "AWS_SECRET_ACCESS_KEY" not in env
 
 
@@ -236,12 +249,15 @@ def test_harness_children_keep_their_knobs_and_path_commands_do_not() -> None:
     own = str(Path(sandbox.__file__).resolve().parents[2])
     for kind in ("probe", "swap"):
         env = child_env(Job(cell_id="t", kind=kind, argv=("x",), env=(("PYTHONPATH", own),)), base_env=HARNESS_ENV)
-        assert env["PYTHONPATH"] == own and env["KVSWAP_CALIBRATION"] == "/c.json"
-        assert "NVIDIA_API_KEY" not in env and "GITHUB_TOKEN" not in env
+        assert env["PYTHONPATH"] == own
+        assert env["KVSWAP_CALIBRATION"] == "/c.json"
+        assert "NVIDIA_API_KEY" not in env
+        assert "GITHUB_TOKEN" not in env
     # The session gives every job the harness's package dir; a command cell loses it, keeps its own.
     cmd = Job(cell_id="t", kind="command", argv=("x",), env=(("PYTHONPATH", f"{own}{os.pathsep}/cell/site"),))
     env = child_env(cmd, base_env=HARNESS_ENV)
-    assert env["PYTHONPATH"] == "/cell/site" and "KVSWAP_CALIBRATION" not in env
+    assert env["PYTHONPATH"] == "/cell/site"
+    assert "KVSWAP_CALIBRATION" not in env
     assert "PYTHONPATH" not in child_env(Job(cell_id="t", kind="command", argv=("x",), env=(("PYTHONPATH", own),)),
                                          base_env=HARNESS_ENV)
 
@@ -256,20 +272,29 @@ def test_bwrap_binds_only_what_the_cell_names_and_no_host_socket_directory(tmp_p
               mounts=(str(tmp_path),), writable=(str(log),))
     argv = sandbox.bwrap_argv("bwrap", job, {"PYTHONPATH": "/usr/lib/site:/run/user/0/x"}, str(tmp_path))
     text = " ".join(argv)
-    assert "--unshare-net" in argv and "--die-with-parent" in argv and "--share-net" not in argv
+    assert "--unshare-net" in argv
+    assert "--die-with-parent" in argv
+    assert "--share-net" not in argv
     assert "--unshare-cgroup" in argv or "--unshare-cgroup-try" in argv
-    assert "--ro-bind / /" not in text and " /run" not in text  # no host sockets (docker.sock, D-Bus)
-    assert "--ro-bind /proc/sys /proc/sys" in text and "--remount-ro /dev" in text
+    assert "--ro-bind / /" not in text
+    assert " /run" not in text
+    assert "--ro-bind /proc/sys /proc/sys" in text
+    assert "--remount-ro /dev" in text
     assert f"--size {sandbox.default_policy().write_limit} --tmpfs /tmp" in text
     # The outermost directory is bound once, read-only; what lies inside it comes along.
-    assert f"--ro-bind {tmp_path} {tmp_path}" in text and f"--ro-bind {lib} {lib}" not in text
-    assert f"--bind {log} {log}" in text and f"--bind {log.parent} " not in text  # the file, not its directory
+    assert f"--ro-bind {tmp_path} {tmp_path}" in text
+    assert f"--ro-bind {lib} {lib}" not in text
+    assert f"--bind {log} {log}" in text
+    assert f"--bind {log.parent} " not in text
     tail = argv[argv.index("--") + 1:]
     if os.geteuid() == 0:  # a root harness's cell becomes an unprivileged uid, capabilities gone
-        assert tail[0].endswith("setpriv") and f"--reuid={sandbox.NOBODY}" in tail and "--no-new-privs" in tail
+        assert tail[0].endswith("setpriv")
+        assert f"--reuid={sandbox.NOBODY}" in tail
+        assert "--no-new-privs" in tail
         tail = tail[tail.index("--") + 1:]
     else:
-        assert "--unshare-user" in argv and "--disable-userns" in argv
+        assert "--unshare-user" in argv
+        assert "--disable-userns" in argv
     assert tail == list(job.argv)
 
 

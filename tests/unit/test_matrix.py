@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from cumatrix.load import matrix as M
 from cumatrix.core.errors import ConfigError
+from cumatrix.load import matrix as M
 
 RT = "runtimes:\n  cu12.9: {wheel: nvidia-cuda-runtime-cu12==12.9.79}\n"
 
@@ -92,7 +92,8 @@ def test_every_problem_reported_at_once() -> None:
 def test_unreadable_file_exits_2(tmp_path: Path, cli) -> None:
     proc = cli("validate", tmp_path / "nope.yaml")
     assert proc.returncode == 2
-    assert "nope.yaml" in proc.stderr and "Traceback" not in proc.stderr
+    assert "nope.yaml" in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_minimal_matrix_is_valid(write_matrix, cli) -> None:
@@ -108,7 +109,8 @@ def test_minimal_matrix_is_valid(write_matrix, cli) -> None:
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[1:] == ["cu12.9/host/probe", "cu12.9/host/hello", "cu12.9/host/shell"]
     m = M.load(f)
-    assert m.cases[1].argv == ("sh", "-c", "exit 0") and m.cases[1].timeout == 5.0
+    assert m.cases[1].argv == ("sh", "-c", "exit 0")
+    assert m.cases[1].timeout == 5.0
 
 
 FULL = """
@@ -239,7 +241,8 @@ def test_load_parses_once_per_content(tmp_path: Path) -> None:
     assert M.load(f) is first  # same bytes: no second parse
     f.write_text(FULL.replace("blocks: 1024", "blocks: 512"))
     changed = M.load(f)
-    assert changed is not first and changed.workloads[0].blocks == 512
+    assert changed is not first
+    assert changed.workloads[0].blocks == 512
 
 
 def test_integral_floats_are_integers() -> None:
@@ -256,7 +259,8 @@ def test_values_keep_their_written_text() -> None:
                 "cases:\n  - {name: c, argv: [sleep, 1], env: {N: 4}}\n"
                 "exclude: [{build: 12.8, variant: loop, family: driver}]\n", "m.yaml")
     assert [str(b) for b in m.builds] == ["12.8"]
-    assert m.cases[0].argv == ("sleep", "1") and m.cases[0].env == (("N", "4"),)
+    assert m.cases[0].argv == ("sleep", "1")
+    assert m.cases[0].env == (("N", "4"),)
     assert m.workloads[0].block_bytes == 16384
     assert m.exclude[0].values == (("build", "12.8"), ("variant", "loop"), ("family", "driver"))
 
@@ -268,9 +272,11 @@ def test_values_keep_their_written_text() -> None:
 def test_option_validators_refuse_what_the_loader_refuses(fn, value: str) -> None:
     with pytest.raises(ConfigError) as e:
         fn(value, "--opt")
-    assert e.value.exit_code == 2 and str(e.value).startswith("--opt: ")
+    assert e.value.exit_code == 2
+    assert str(e.value).startswith("--opt: ")
 
 
 def test_option_validators_pass_good_values() -> None:
-    assert M.check_timeout("2.5") == 2.5 and M.check_name("cu12.9", "--host") == "cu12.9"
+    assert M.check_timeout("2.5") == 2.5
+    assert M.check_name("cu12.9", "--host") == "cu12.9"
     assert M.check_env_name("CUDA_VISIBLE_DEVICES") == "CUDA_VISIBLE_DEVICES"

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from cumatrix.load import matrix
 from cumatrix.core.errors import ConfigError
+from cumatrix.load import matrix
 
 HEAD = "runtimes:\n  cu12.9: {wheel: nvidia-cuda-runtime-cu12==12.9.79}\ndrivers: [host]\nprobe: false\ncases:\n"
 
@@ -36,7 +36,8 @@ def test_a_large_matrix_is_read_back_the_same(tmp_path: Path, cache: Path) -> No
     first = _fresh_load(m)
     assert len(list(cache.glob("*.pickle"))) == 1
     again = _fresh_load(m)
-    assert again == first and [c.id for c in matrix.cells(again)] == [c.id for c in matrix.cells(first)]
+    assert again == first
+    assert [c.id for c in matrix.cells(again)] == [c.id for c in matrix.cells(first)]
 
 
 def test_an_edited_matrix_is_parsed_again(tmp_path: Path, cache: Path) -> None:

@@ -11,10 +11,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cumatrix.load import matrix as M
-from cumatrix.load import yamldoc
 from cumatrix.core.errors import ConfigError
 from cumatrix.core.model import Matrix
+from cumatrix.load import matrix as M
+from cumatrix.load import yamldoc
 
 FUZZ = settings(max_examples=400, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -51,7 +51,9 @@ def _loads(text: str) -> Matrix | None:
         assert e.exit_code == 2
         assert e.problems, str(e)
         for p in e.problems:
-            assert p.file == "f.yaml" and p.line >= 1 and p.col >= 1, p
+            assert p.file == "f.yaml", p
+            assert p.line >= 1, p
+            assert p.col >= 1, p
             assert p.line <= text.count("\n") + 2, (p, text)
         return None
 
@@ -82,7 +84,8 @@ def test_arbitrary_bytes(raw: bytes) -> None:
     try:
         text = yamldoc.decode(raw, "f.yaml")
     except ConfigError as e:
-        assert e.problems and e.problems[0].line >= 1
+        assert e.problems
+        assert e.problems[0].line >= 1
         return
     _loads(text)
 

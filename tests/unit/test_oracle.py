@@ -12,9 +12,6 @@ from importlib import resources
 
 import pytest
 
-from cumatrix.load import matrix as _matrix
-from cumatrix.judge.verdict import Facts, decide
-from cumatrix.judge.verdict import reconcile as _reconcile
 from cumatrix.core.model import (
     NO_RUNTIME,
     OUTCOME_RE,
@@ -27,6 +24,9 @@ from cumatrix.core.model import (
     is_neutral,
     outcome_kind,
 )
+from cumatrix.judge.verdict import Facts, decide
+from cumatrix.judge.verdict import reconcile as _reconcile
+from cumatrix.load import matrix as _matrix
 from cumatrix.predict.oracle import HostFacts, cuda_for_driver, expect
 
 
@@ -75,7 +75,8 @@ def probe(runtime: str, driver: str = "host") -> Cell:
 def only(e: Expected) -> str:
     """The single outcome of an expectation, checking its reason on the way."""
     assert len(e.outcomes) == 1, e
-    assert e.reason and "\n" not in e.reason, e
+    assert e.reason, e
+    assert "\n" not in e.reason, e
     return next(iter(e.outcomes))
 
 
@@ -99,7 +100,7 @@ SECTION2: dict[tuple[str, str], dict[str, str]] = {
     # header-dispatch: 13.0 headers compile the 8-parameter call.
     ("header-dispatch", "13.0"): {"12.0": "ok:fallback", "12.4": "ok:fallback", "12.8": "crash:SIGSEGV",
                                   "12.9": "crash:SIGSEGV", "13.0": "ok:batch", "13.5": "ok:batch"},
-    ("loop", "12.8"): {r: "ok:fallback" for r in RUNTIMES},
+    ("loop", "12.8"): dict.fromkeys(RUNTIMES, "ok:fallback"),
 }
 
 
@@ -200,8 +201,10 @@ def test_a_leaked_runtime_fails_even_where_the_pairing_cannot_be_emulated() -> N
     assert reconcile(cell, leak, host, e) == leak
     assert reconcile(cell, Observed(outcome="ok", path="n/a"), host, e).outcome == "cannot-emulate"
     v = decide(cell, e, leak, Facts(host=host))
-    assert v.status == "fail" and "observed runtime-leak:/usr/local/cuda-13.0/lib64/libcudart.so.13" in str(v.mismatch)
-    assert outcome_kind(leak.outcome).value == "runtime-leak" and not is_neutral(leak.outcome)
+    assert v.status == "fail"
+    assert "observed runtime-leak:/usr/local/cuda-13.0/lib64/libcudart.so.13" in str(v.mismatch)
+    assert outcome_kind(leak.outcome).value == "runtime-leak"
+    assert not is_neutral(leak.outcome)
 
 
 def test_section4_error_103_at_the_real_drivers_version_stays_an_error() -> None:
@@ -430,8 +433,10 @@ def test_every_expectation_is_valid_with_a_one_line_reason(driver: str | None) -
         assert e.outcomes, cell.id
         for word in e.outcomes:
             assert OUTCOME_RE.match(word), (cell.id, word)
-        assert e.reason.strip() and "\n" not in e.reason, (cell.id, e.reason)
-        assert e.rule and e.rule != "none", (cell.id, e.rule)
+        assert e.reason.strip(), (cell.id, e.reason)
+        assert "\n" not in e.reason, (cell.id, e.reason)
+        assert e.rule, (cell.id, e.rule)
+        assert e.rule != "none", (cell.id, e.rule)
 
 
 OVERRIDES = ALL_MATRIX + """\
@@ -458,8 +463,10 @@ def test_matrix_expect_overrides_win_and_the_last_match_wins() -> None:
     assert e.reason == "measured on a driver that misbehaves"
 
     legacy = expect(swap("runtime-dispatch", runtime="12.9", workload=LEGACY), host, runtime_version=v("12.9"), matrix=m)
-    assert legacy.outcomes == {"crash:SIGSEGV"} and legacy.rule == "matrix-override"
-    assert legacy.reason.strip() and "\n" not in legacy.reason
+    assert legacy.outcomes == {"crash:SIGSEGV"}
+    assert legacy.rule == "matrix-override"
+    assert legacy.reason.strip()
+    assert "\n" not in legacy.reason
 
     untouched = expect(swap("runtime-dispatch", runtime="13.0"), host, runtime_version=v("13.0"), matrix=m)
     assert untouched.rule != "matrix-override"
@@ -472,10 +479,15 @@ def test_verdict_pass_fail_skip() -> None:
     e = Expected(outcomes=frozenset({"ok:batch"}), reason="the batch copy runs")
     assert verdict(e, Observed(outcome="ok", path="batch")) == ("pass", None)
     status, why = verdict(e, Observed(outcome="ok", path="fallback"))
-    assert status == "fail" and why is not None
-    assert "expected ok:batch because the batch copy runs" in why and "fallback" in why
+    assert status == "fail"
+    assert why is not None
+    assert "expected ok:batch because the batch copy runs" in why
+    assert "fallback" in why
     status, why = verdict(e, Observed(outcome="crash:SIGSEGV", detail="Segmentation fault\nmore"))
-    assert status == "fail" and why is not None and "\n" not in why and "Segmentation fault" in why
+    assert status == "fail"
+    assert why is not None
+    assert "\n" not in why
+    assert "Segmentation fault" in why
     assert verdict(e, Observed(outcome="skipped:no-cuda-driver")) == ("skip", None)
 
 
@@ -504,7 +516,8 @@ def test_kernel_path_rows(policy: str, image: str, driver: str, expected: set[st
     """Machine code avoids the JIT; PTX meets the driver's JIT, which the interposer cannot narrow."""
     e = expect(_kernel_cell(policy, image, driver), on("13.0"), runtime_version=None)
     assert set(e.outcomes) == expected
-    assert e.reason and "\n" not in e.reason
+    assert e.reason
+    assert "\n" not in e.reason
 
 
 def test_ptx_under_emulation_is_reconciled_to_cannot_emulate() -> None:

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 from _pytest.mark.expression import Expression
 
-from cumatrix.front import cli
-from cumatrix.load import matrix as _matrix
 from cumatrix.core.errors import ConfigError
 from cumatrix.core.model import CudaVersion
-from cumatrix.predict.oracle import cuda_for_driver
+from cumatrix.front import cli
 from cumatrix.front.plan import github_matrix, plan
+from cumatrix.load import matrix as _matrix
+from cumatrix.predict.oracle import cuda_for_driver
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hosts.yaml"
 HOSTS = {"h200-580": ("580.159", "gpu-h200"), "a100-550": ("550.163", "gpu-a100"), "l4-570": ("570.86", "gpu-l4")}
@@ -48,7 +48,8 @@ def test_github_format_has_one_entry_per_host_with_runner_and_k() -> None:
     for e in include:
         assert {"host", "runner", "k"} <= e.keys()
         assert e["runner"] == HOSTS[e["host"]][1]
-        assert isinstance(e["k"], str) and e["k"]
+        assert isinstance(e["k"], str)
+        assert e["k"]
         Expression.compile(e["k"])  # a valid -k expression
 
 
@@ -115,7 +116,8 @@ def test_no_hosts_section_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixt
         plan(path)
     assert cli.main(["plan", str(path), "--format", "github"]) == 2
     err = capsys.readouterr().err
-    assert f"{path}:1:1:" in err and "Traceback" not in err
+    assert f"{path}:1:1:" in err
+    assert "Traceback" not in err
 
 
 def test_no_host_able_to_emulate_is_an_error(tmp_path: Path) -> None:
@@ -141,10 +143,12 @@ def test_planned_cells_round_trip_through_a_run_header() -> None:
     p = PlannedCells(matrix_sha256="ab" * 32, hosts=(("drv550", ("x/host/a", "x/emulated-12.4/a")), ("drv580", ("x/host/a",))))
     back = planned_from_json(json.loads(json.dumps(p.to_json())))
     assert back == p
-    assert back.host_names == ("drv550", "drv580") and back.for_host("drv580") == ("x/host/a",)
+    assert back.host_names == ("drv550", "drv580")
+    assert back.for_host("drv580") == ("x/host/a",)
     assert back.for_host("nope") is None
     anyhost = PlannedCells(matrix_sha256="cd" * 32, hosts=((None, ("x/host/a",)),))
-    assert planned_from_json(anyhost.to_json()) == anyhost and anyhost.host_names == ()
+    assert planned_from_json(anyhost.to_json()) == anyhost
+    assert anyhost.host_names == ()
     # A header from another writer whose plan is not of this shape is read as having none.
     for bad in (None, [], {"hosts": []}, {"matrix_sha256": "x", "hosts": [{"host": 3, "cells": []}]},
                 {"matrix_sha256": "x", "hosts": [{"host": "a", "cells": [1]}]}):

@@ -37,7 +37,8 @@ def test_torch_and_jax_bring_their_own_runtime(program: str, package_dirs: tuple
     provs = _trace(program, package_dirs)
     [runtime] = [p for p in provs if p.is_runtime]
     assert (runtime.name, runtime.origin, runtime.step) == ("libcudart.so.13", "bundled", "rpath")
-    assert runtime.path.startswith(SITE) and runtime.path.endswith("/nvidia/cu13/lib/libcudart.so.13")
+    assert runtime.path.startswith(SITE)
+    assert runtime.path.endswith("/nvidia/cu13/lib/libcudart.so.13")
     assert P.leaked(provs) is None
     # Everything else they mapped is theirs too, but the host's driver (through the loader cache).
     assert {p.origin for p in provs} == {"bundled", "driver"}
@@ -46,5 +47,6 @@ def test_torch_and_jax_bring_their_own_runtime(program: str, package_dirs: tuple
 
 def test_cupy_maps_no_runtime_and_nothing_of_the_host_but_the_driver() -> None:
     provs = _trace("cupy", (SITE,))
-    assert not [p for p in provs if p.is_runtime] and P.leaked(provs) is None
+    assert not [p for p in provs if p.is_runtime]
+    assert P.leaked(provs) is None
     assert {p.origin for p in provs} == {"bundled", "driver"}

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from cumatrix.load import matrix
 from cumatrix.core.errors import ConfigError
+from cumatrix.load import matrix
 
 ROOT = Path(__file__).resolve().parents[2]
 READMES = [ROOT / "README.md", ROOT / "reference" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

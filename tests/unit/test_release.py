@@ -32,21 +32,25 @@ def test_classifiers_are_all_known_to_pypi(project: dict[str, Any]) -> None:
     from trove_classifiers import classifiers
 
     listed = project["project"]["classifiers"]
-    assert listed and [c for c in listed if c not in classifiers] == []
-    assert "Framework :: Pytest" in listed and any(c.startswith("Environment :: GPU :: NVIDIA CUDA") for c in listed)
+    assert listed
+    assert [c for c in listed if c not in classifiers] == []
+    assert "Framework :: Pytest" in listed
+    assert any(c.startswith("Environment :: GPU :: NVIDIA CUDA") for c in listed)
 
 
 def test_urls_keywords_and_readme(project: dict[str, Any]) -> None:
     p = project["project"]
     assert {"Homepage", "Repository", "Issues"} <= set(p["urls"])
     assert all(u.startswith("https://") for u in p["urls"].values())
-    assert "cuda" in p["keywords"] and p["readme"] == "README.md"
+    assert "cuda" in p["keywords"]
+    assert p["readme"] == "README.md"
 
 
 def test_the_version_is_written_in_one_place(project: dict[str, Any]) -> None:
-    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert "version" not in project["project"]
+    assert "version" in project["project"]["dynamic"]
     assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "cumatrix.__version__"}
-    assignments = [p for p in (ROOT / "src").rglob("*.py") if re.search(r"^__version__\s*=", p.read_text(), re.M)]
+    assignments = [p for p in (ROOT / "src").rglob("*.py") if re.search(r"^__version__\s*=", p.read_text(), re.MULTILINE)]
     assert assignments == [ROOT / "src" / "cumatrix" / "__init__.py"]
     assert re.fullmatch(r"\d+\.\d+\.\d+(?:(?:a|b|rc)\d+)?", cumatrix.__version__)
 
@@ -57,8 +61,10 @@ def test_release_workflow_builds_checks_and_publishes_on_tags() -> None:
     assert on["push"]["tags"] == ["v*"]
     build, publish = wf["jobs"]["build"], wf["jobs"]["publish"]
     runs = " ".join(str(s.get("run", "")) for s in build["steps"])
-    assert "python -m build" in runs and "twine check --strict" in runs
-    assert publish["needs"] == "build" and "refs/tags/v" in publish["if"]
+    assert "python -m build" in runs
+    assert "twine check --strict" in runs
+    assert publish["needs"] == "build"
+    assert "refs/tags/v" in publish["if"]
     assert publish["permissions"] == {"id-token": "write"}  # trusted publishing, no token
     uses = [str(s.get("uses", "")) for s in publish["steps"]]
     assert any(u.startswith("pypa/gh-action-pypi-publish@") for u in uses)
@@ -83,4 +89,5 @@ def test_sdist_and_wheel_pass_twine_check(tmp_path: Path) -> None:
     with zipfile.ZipFile(dists[1]) as zf:
         meta = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
     assert f"\nVersion: {cumatrix.__version__}\n" in meta
-    assert "\nClassifier: Framework :: Pytest\n" in meta and "\nProject-URL: Repository, " in meta
+    assert "\nClassifier: Framework :: Pytest\n" in meta
+    assert "\nProject-URL: Repository, " in meta

@@ -36,9 +36,12 @@ def _render(tmp_path: Path, stderr: str) -> tuple[str, str]:
 
 def test_a_cells_stderr_cannot_break_out_of_its_block(tmp_path: Path) -> None:
     md, page = _render(tmp_path, BREAKOUT)
-    assert "<img" not in page and 'href="http://attacker.invalid' not in page
-    assert "<h1>Owned heading</h1>" not in page and "<script>" not in page
-    assert "# Owned heading" in page and "![img](http://attacker.invalid/x.png)" in page  # shown, as text
+    assert "<img" not in page
+    assert 'href="http://attacker.invalid' not in page
+    assert "<h1>Owned heading</h1>" not in page
+    assert "<script>" not in page
+    assert "# Owned heading" in page
+    assert "![img](http://attacker.invalid/x.png)" in page
     assert "&lt;script&gt;" in page
 
 
@@ -57,8 +60,11 @@ def test_terminal_text_keeps_no_control_sequence() -> None:
     from cumatrix.report.text import clean
 
     nasty = "\x1b]0;owned title\x07\x1b]52;c;ZXZpbA==\x07\x1b[2J\x1b[Hcleared\x9b31mC1\x1bP+q\x1b\\done"
-    assert "\x1b" not in clean(nasty) and "\x07" not in clean(nasty) and "\x9b" not in clean(nasty)
-    assert "cleared" in clean(nasty) and "done" in clean(nasty)
+    assert "\x1b" not in clean(nasty)
+    assert "\x07" not in clean(nasty)
+    assert "\x9b" not in clean(nasty)
+    assert "cleared" in clean(nasty)
+    assert "done" in clean(nasty)
 
 
 def test_the_pytest_failure_section_is_clean(tmp_path: Path, cli_env: object) -> None:
@@ -79,4 +85,6 @@ def test_the_pytest_failure_section_is_clean(tmp_path: Path, cli_env: object) ->
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out.decode(errors="replace")
     assert b"after-clear" in out  # the failure section is shown...
-    assert b"\x1b]" not in out and b"\x07" not in out and b"\x1b[2J" not in out  # ...without its escapes
+    assert b"\x1b]" not in out
+    assert b"\x07" not in out
+    assert b"\x1b[2J" not in out

@@ -83,7 +83,8 @@ def test_truncated_last_line_is_ignored_with_a_warning(tmp_path: Path) -> None:
     assert len(run.not_run) == 126 - 10  # listed in the header, never dropped
     assert run.verdict == "FAIL"  # the timeout probe is among the first ten
     assert run.interrupted
-    assert len(run.warnings) == 1 and "cut mid-write" in run.warnings[0]
+    assert len(run.warnings) == 1
+    assert "cut mid-write" in run.warnings[0]
     write_all(run, d)
     doc = json.loads((d / "results.json").read_text())
     _validate(doc)
@@ -145,9 +146,11 @@ def test_empty_run_writes_all_four_files(tmp_path: Path) -> None:
     write_all(run, d)
     doc = json.loads((d / "results.json").read_text())
     _validate(doc)
-    assert doc["cells"] == [] and doc["counts"]["total"] == 0
+    assert doc["cells"] == []
+    assert doc["counts"]["total"] == 0
     root = ET.parse(d / "junit.xml").getroot()
-    assert root.get("tests") == "0" and root.findall(".//testcase") == []
+    assert root.get("tests") == "0"
+    assert root.findall(".//testcase") == []
     md = (d / "summary.md").read_text()
     assert md.splitlines()[0] == "**cumatrix: EMPTY** — the matrix selection has no cells; nothing ran"
     assert "no cells" in (d / "index.html").read_text()
@@ -167,7 +170,8 @@ def test_a_run_in_which_no_cell_ran_is_not_a_pass(tmp_path: Path) -> None:
     d = _run_dir(tmp_path, "run", cells)
     run = load_records(d / "results.jsonl")
     n = len(run.cells)
-    assert run.verdict == "SKIPPED" and run.counts.ran == 0
+    assert run.verdict == "SKIPPED"
+    assert run.counts.ran == 0
     write_all(run, d)
     line = f"no cell ran: all {n} skipped ({n} skipped:no-cuda-driver)"
     assert (d / "summary.md").read_text().splitlines()[0] == f"**cumatrix: SKIPPED** — {line}"
@@ -175,9 +179,12 @@ def test_a_run_in_which_no_cell_ran_is_not_a_pass(tmp_path: Path) -> None:
     _validate(doc)
     assert doc["verdict"] == "SKIPPED"
     props = {p.get("name"): p.get("value") for p in ET.parse(d / "junit.xml").getroot().find("testsuite").iter("property")}  # type: ignore[union-attr]
-    assert props["verdict"] == "SKIPPED" and line in (props["headline"] or "")
+    assert props["verdict"] == "SKIPPED"
+    assert line in (props["headline"] or "")
     page = (d / "index.html").read_text()
-    assert "SKIPPED" in page and line in page and "PASS" not in page.split("<body", 1)[1].split("</header>")[0]
+    assert "SKIPPED" in page
+    assert line in page
+    assert "PASS" not in page.split("<body", 1)[1].split("</header>")[0]
 
 
 def test_headline_says_how_many_ran_and_why_the_others_did_not(tmp_path: Path) -> None:
@@ -193,7 +200,8 @@ def test_headline_says_how_many_ran_and_why_the_others_did_not(tmp_path: Path) -
     c = run.counts
     # The sample's cannot-emulate cells ran (their runtime detected the interposer) and were
     # then skipped: they count as cells that ran; the three skipped by hand (no process) do not.
-    assert run.verdict == "PASS" and c.ran == c.passed + c.partial == len(run.cells) - 3
+    assert run.verdict == "PASS"
+    assert c.ran == c.passed + c.partial == len(run.cells) - 3
     assert dict(c.skip_reasons) == {"skipped:no-cuda-driver": 3}
     from cumatrix.report.markdown import headline
 
@@ -211,7 +219,8 @@ def test_junit_one_testcase_per_cell_with_failures_skips_and_properties(tmp_path
     write_all(load_records(d / "results.jsonl"), d)
     root = ET.parse(d / "junit.xml").getroot()
     cases = root.findall(".//testcase")
-    assert len(cases) == 126 and root.get("tests") == "126"
+    assert len(cases) == 126
+    assert root.get("tests") == "126"
     assert len({(c.get("classname"), c.get("name")) for c in cases}) == 126
     failures = root.findall(".//testcase/failure")
     assert root.get("failures") == str(len(failures)) == "2"
@@ -221,12 +230,16 @@ def test_junit_one_testcase_per_cell_with_failures_skips_and_properties(tmp_path
     bad = next(c for c in cases if c.get("name") == "cu13.0/host/header-dispatch/h12.8/kv-16k-d2h")
     assert bad.get("classname") == "cumatrix.cu13_0.host"
     f = bad.find("failure")
-    assert f is not None and "9-param call" in (f.get("message") or "")
+    assert f is not None
+    assert "9-param call" in (f.get("message") or "")
     assert "<script>window.__pwned = 1</script>" in (f.text or "")  # escaped by XML, read back as text
-    assert "\x1b" not in (f.text or "") and "\x07" not in (f.text or "")
+    assert "\x1b" not in (f.text or "")
+    assert "\x07" not in (f.text or "")
     ok = next(c for c in cases if c.get("name") == "cu12.9/host/runtime-dispatch/h12.8/kv-16k-d2h")
     props = {p.get("name"): p.get("value") for p in ok.iter("property")}
-    assert props["outcome"] == "ok" and props["path"] == "batch" and props["expected"] == "ok:batch"
+    assert props["outcome"] == "ok"
+    assert props["path"] == "batch"
+    assert props["expected"] == "ok:batch"
     assert float(props["speedup"] or 0) == pytest.approx(2.09)
     assert float(props["gbps"] or 0) == pytest.approx(15.7)
 
@@ -248,8 +261,11 @@ def test_summary_verdict_mismatches_grid_and_speed(tmp_path: Path) -> None:
     # The grid with the mismatch is open; a grid where all went as expected is folded.
     assert "#### driver host · workload kv-16k-d2h" in md
     assert "<details><summary>driver host · workload kv-4k-h2d: 30 cells, all as expected" in md
-    assert "| **cu12.9** |" in md and "proc-address h12.8" in md
-    assert "❌ crash:SIGSEGV" in md and "🎯 crash:SIGSEGV" in md and "✅ ok:batch" in md
+    assert "| **cu12.9** |" in md
+    assert "proc-address h12.8" in md
+    assert "❌ crash:SIGSEGV" in md
+    assert "🎯 crash:SIGSEGV" in md
+    assert "✅ ok:batch" in md
     assert "| runtime-dispatch | 12.8 | cu12.9 | host | 15.7 | 15.2–16.0 | 7.5 | 2.09× | 20 |" in md
     assert len(md.encode()) < 1024 * 1024
 
@@ -262,16 +278,23 @@ def test_markdown_escapes_metacharacters_and_ansi(tmp_path: Path) -> None:
     d = _run_dir(tmp_path, "run", recs)
     write_all(load_records(d / "results.jsonl"), d)
     md = (d / "summary.md").read_text()
-    assert "\x1b" not in md and "[31m" not in md and "\x07" not in md
+    assert "\x1b" not in md
+    assert "[31m" not in md
+    assert "\x07" not in md
     # Rendered as GitHub would (CommonMark with tables): the child's HTML stays text, in lines
     # and in the stderr excerpts' fenced blocks alike.
     from markdown_it import MarkdownIt
 
     page = MarkdownIt("commonmark").enable("table").render(md)
-    assert "<script>" not in page and "<img" not in page
-    assert "&lt;script&gt;" in md and "&lt;script&gt;" in page
+    assert "<script>" not in page
+    assert "<img" not in page
+    assert "&lt;script&gt;" in md
+    assert "&lt;script&gt;" in page
     line = next(ln for ln in md.splitlines() if "header-dispatch/h12.8/kv-16k-d2h</code>: observed" in ln)
-    assert r"\*bold\*" in line and r"\`tick\`" in line and r"\| pipe" in line and r"\_under\_" in line
+    assert r"\*bold\*" in line
+    assert r"\`tick\`" in line
+    assert r"\| pipe" in line
+    assert r"\_under\_" in line
     assert r"\[link\]" in line
 
 
@@ -301,7 +324,9 @@ def test_html_is_self_contained_and_escapes_cell_text(tmp_path: Path) -> None:
     # exactly the two data blocks and the page's own script; no <img>, no external anything
     assert parser.scripts == [{"type": "application/json", "id": "cumatrix-data"},
                               {"type": "application/json", "id": "cumatrix-details"}, {}]
-    assert "img" not in parser.tags and "link" not in parser.tags and "iframe" not in parser.tags
+    assert "img" not in parser.tags
+    assert "link" not in parser.tags
+    assert "iframe" not in parser.tags
     assert not {"src", "href", "srcset", "onerror", "onload", "action"} & set(parser.attrs)
     assert "<script>window.__pwned" not in page
     assert "\x1b" not in page
@@ -309,14 +334,16 @@ def test_html_is_self_contained_and_escapes_cell_text(tmp_path: Path) -> None:
     blocks = {}
     for name in ("cumatrix-data", "cumatrix-details"):
         text = page.split(f'<script type="application/json" id={name}>', 1)[1].split("</script>", 1)[0]
-        assert "</" not in text and "<" not in text
+        assert "</" not in text
+        assert "<" not in text
         blocks[name] = json.loads(text)
     ids = [c[0] for c in blocks["cumatrix-data"]["cells"]]
     bad = blocks["cumatrix-details"][ids.index("cu13.0/host/header-dispatch/h12.8/kv-16k-d2h")]
     assert "<script>window.__pwned = 1</script>" in bad["se"]
     assert "\x1b" not in bad["se"]
     # The mismatch list is markup from the template: escaped by autoescaping, not by hand.
-    assert "9-param call into a 13.x runtime" in page and "&lt;script&gt;" not in blocks["cumatrix-details"][0].get("se", "")
+    assert "9-param call into a 13.x runtime" in page
+    assert "&lt;script&gt;" not in blocks["cumatrix-details"][0].get("se", "")
 
 
 def test_html_page_stays_small_per_cell(tmp_path: Path) -> None:
@@ -340,8 +367,10 @@ def test_merge_refuses_two_matrices(tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:
         merge_runs([a, b], host_names=None)
     msg = str(e.value)
-    assert str(a / "results.jsonl") in msg and str(b / "results.jsonl") in msg
-    assert "a" * 64 in msg and "b" * 64 in msg
+    assert str(a / "results.jsonl") in msg
+    assert str(b / "results.jsonl") in msg
+    assert "a" * 64 in msg
+    assert "b" * 64 in msg
     assert e.value.exit_code == 2
 
 
@@ -359,7 +388,8 @@ def test_merge_tags_hosts_and_shows_cells_no_host_ran(tmp_path: Path) -> None:
     assert {c.host for c in run.cells} == {"h200-580", "a100-550"}
     first = ids[0]
     assert sorted(c.host or "" for c in run.cells if c.id == first) == ["a100-550", "h200-580"]
-    assert set(run.not_run) == set(ids) - host_ids and run.not_run  # emulated-driver cells
+    assert set(run.not_run) == set(ids) - host_ids
+    assert run.not_run
     assert all("/emulated-12.4/" in cid for cid in run.not_run)
     write_all(run, tmp_path / "merged")
     doc = json.loads((tmp_path / "merged" / "results.json").read_text())
@@ -370,7 +400,8 @@ def test_merge_tags_hosts_and_shows_cells_no_host_ran(tmp_path: Path) -> None:
     names = [(c.get("classname"), c.get("name")) for c in root.iter("testcase")]
     assert len(names) == len(set(names)) == len(run.cells) + len(run.not_run)
     md = (tmp_path / "merged" / "summary.md").read_text()
-    assert "host a100-550 · driver host" in md and "(no host)" in md
+    assert "host a100-550 · driver host" in md
+    assert "(no host)" in md
     renamed = merge_runs([a, b], host_names=["x", "y"])
     assert renamed.hosts == ("x", "y")
 

@@ -10,13 +10,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cumatrix.load import catalog
-from cumatrix.front import repro
-from cumatrix.provision import runtimes
 from cumatrix.core.errors import ConfigError, UsageError
 from cumatrix.core.jobs import Job
 from cumatrix.core.model import OUTCOME_RE, VARIANT_FAMILIES
+from cumatrix.front import repro
+from cumatrix.load import catalog
 from cumatrix.orchestrate import Orchestrator
+from cumatrix.provision import runtimes
 
 IDS = ("vllm-undefined-symbol", "vllm-cuda13-build", "sglang-driver-dispatch", "sglang-header-dispatch",
        "legacy-stream", "v12-abi-on-cu13")
@@ -47,7 +47,9 @@ def test_entry_matrix_holds_its_two_cells(bug_id: str) -> None:
         if c.runtime is not None:
             assert m.runtime(cell.runtime).requirement == runtimes.KNOWN_WHEELS[str(c.runtime)]
         assert m.driver(cell.driver).name == cell.driver
-        assert c.workload in m.workloads and c.build in m.builds and c.variant in m.variants
+        assert c.workload in m.workloads
+        assert c.build in m.builds
+        assert c.variant in m.variants
 
 
 def test_signatures_match_the_facts() -> None:
@@ -63,7 +65,8 @@ def test_signatures_match_the_facts() -> None:
     assert cat.get("legacy-stream").good.shows("ok", "fallback", "")
     assert not cat.get("legacy-stream").good.shows("ok", "batch", "")
     build = cat.get("vllm-cuda13-build")
-    assert not build.needs.gpu and build.needs.build_only_without_gpu
+    assert not build.needs.gpu
+    assert build.needs.build_only_without_gpu
     assert build.bad.shows("build-error", None, "error: too many arguments to function")
     assert not build.bad.shows("build-error", None, "some other compiler error")
 
@@ -112,7 +115,8 @@ def test_standalone_command_round_trips_through_the_shell() -> None:
     runner._host_fp = {"driver_version": None}  # a fingerprint without a driver: no --gpus for docker
     words = shlex.split(repro.standalone_command(runner, job))
     assert words[0] == "env"
-    assert "LD_LIBRARY_PATH=/l1:/l 2" in words and "PYTHONPATH=/p q" in words
+    assert "LD_LIBRARY_PATH=/l1:/l 2" in words
+    assert "PYTHONPATH=/p q" in words
     assert words[-4:] == ["python3", "-m", "cumatrix.child.case", spec]
 
 
@@ -183,7 +187,8 @@ def test_fuzzed_catalog_is_a_catalog_or_a_located_error(data: st.DataObject) -> 
     try:
         catalog.load_catalog(text, source="bugs.json")
     except ConfigError as e:
-        assert e.problems and all(p.line >= 1 and p.col >= 1 and p.file == "bugs.json" for p in e.problems), str(e)
+        assert e.problems, str(e)
+        assert all(p.line >= 1 and p.col >= 1 and p.file == "bugs.json" for p in e.problems), str(e)
 
 
 HOSTILE_SCALARS = [None, True, 0, -1, 7, 12, 13.0, 100.5, 1e308, "", "\0", "a\n", "12", "99.0", [], {}, ["ok"]]
@@ -203,4 +208,5 @@ def test_every_value_replaced_by_every_hostile_scalar() -> None:
             try:
                 catalog.load_catalog(json.dumps(raw), source="bugs.json")
             except ConfigError as e:
-                assert e.problems and all(p.line >= 1 for p in e.problems), (path, value, str(e))
+                assert e.problems, (path, value, str(e))
+                assert all(p.line >= 1 for p in e.problems), (path, value, str(e))

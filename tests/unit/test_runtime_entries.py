@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from cumatrix.load import matrix as M
-from cumatrix.provision import runtimes as R
 from cumatrix.core.errors import ConfigError
 from cumatrix.front.fetch import needs, platform_tags
+from cumatrix.load import matrix as M
+from cumatrix.provision import runtimes as R
 
 ENV = "runtimes:\n  env: {requirements: [cuda-bindings==12.9.*, nvidia-cuda-runtime-cu12==12.9.79]}\ndrivers: [host]\n"
 
@@ -20,7 +20,9 @@ def test_an_environment_runtime_is_parsed_with_its_place(tmp_path: Path) -> None
     f.write_text(ENV)
     rt = M.load(f).runtime("env")
     assert rt.requirements == ("cuda-bindings==12.9.*", "nvidia-cuda-runtime-cu12==12.9.79")
-    assert rt.requirement is None and not rt.site and rt.where == f"{f}:2:23"
+    assert rt.requirement is None
+    assert not rt.site
+    assert rt.where == f"{f}:2:23"
     assert rt.label == f"{f}:2:23: runtimes.env"
 
 
@@ -39,7 +41,8 @@ def test_bad_environment_requirements_point_at_their_place(tmp_path: Path, value
     with pytest.raises(ConfigError, match=rf"m\.yaml:2:{col}: runtimes\.env\.requirements(\[0\])?: {message}"):
         M.load(f)
     proc = cli("validate", f)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
 
 
 def test_release_to_cuda_encoding() -> None:
@@ -62,13 +65,15 @@ def test_fetch_lists_runtime_header_and_environment_wheels(tmp_path: Path) -> No
     assert n.environments == ((("cuda-bindings==12.9.*",), "environment runtime env"),)
     assert set(dict(needs(None, gate=True).pinned)) == set(R.KNOWN_WHEELS.values())
     (own, why), = needs(None, harness=True).environments
-    assert why == "cumatrix's own dependencies" and any(r.startswith("uv") for r in own)
+    assert why == "cumatrix's own dependencies"
+    assert any(r.startswith("uv") for r in own)
     assert not any("extra ==" in r for r in own)
 
 
 def test_platform_tags_include_older_manylinux() -> None:
     tags = platform_tags("manylinux_2_28_x86_64")
-    assert tags[0] == "manylinux_2_28_x86_64" and "manylinux_2_17_x86_64" in tags
+    assert tags[0] == "manylinux_2_28_x86_64"
+    assert "manylinux_2_17_x86_64" in tags
     assert {"manylinux2014_x86_64", "manylinux1_x86_64"} <= set(tags)
     assert platform_tags("manylinux_2_34_aarch64")[-1] == "manylinux1_aarch64"
     assert platform_tags("win_amd64") == ["win_amd64"]

@@ -29,7 +29,8 @@ def test_export_dates() -> None:
     # Texture references went in 12.0, the cudaThread* aliases in 13.0.
     assert t.last["cudaBindTexture"] == 11080
     assert t.last["cudaThreadSynchronize"] == 12090
-    assert t.versions[0] == 11070 and t.label().startswith("libcudart 11.7-")
+    assert t.versions[0] == 11070
+    assert t.label().startswith("libcudart 11.7-")
     # Every CUDA 12 minor with a wheel was read, so "first exported by 12.5" is exact.
     assert {12000, 12040, 12050, 12080} <= set(t.versions)
 

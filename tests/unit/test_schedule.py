@@ -7,8 +7,8 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from cumatrix.load import matrix as _matrix
 from cumatrix.front.schedule import GROUPS_PER_WORKER, plan, provision_key
+from cumatrix.load import matrix as _matrix
 
 
 def _cells(groups: dict[str, int]) -> list[tuple[str, str]]:

@@ -55,7 +55,8 @@ def test_triggers_nightly_and_by_hand(wf: dict[Any, Any]) -> None:
     on = wf.get("on", wf.get(True))  # YAML 1.1 reads a bare `on` key as True
     assert isinstance(on, dict)
     crons = [s["cron"] for s in on["schedule"]]
-    assert crons and all(len(c.split()) == 5 for c in crons)
+    assert crons
+    assert all(len(c.split()) == 5 for c in crons)
     assert "workflow_dispatch" in on
 
 
@@ -68,8 +69,10 @@ def test_plan_job_puts_the_github_matrix_into_an_output(wf: dict[Any, Any]) -> N
     assert plan_argv(wf) == ["plan", "matrix.yaml", "--format", "github"]
     (step,) = steps_running(job, "cumatrix plan")
     ref = re.fullmatch(r"\$\{\{\s*steps\.([\w-]+)\.outputs\.(\w+)\s*\}\}", job["outputs"]["matrix"])
-    assert ref and step.get("id") == ref.group(1)
-    assert f"{ref.group(2)}=" in step["run"] and "$GITHUB_OUTPUT" in step["run"]
+    assert ref
+    assert step.get("id") == ref.group(1)
+    assert f"{ref.group(2)}=" in step["run"]
+    assert "$GITHUB_OUTPUT" in step["run"]
 
 
 def test_run_job_fans_out_over_the_plan(wf: dict[Any, Any]) -> None:
@@ -99,7 +102,8 @@ def action_argv(inputs: dict[str, str]) -> list[str]:
 def test_run_job_runs_its_share_through_the_action_and_always_uploads_it(wf: dict[Any, Any]) -> None:
     job = wf["jobs"]["run"]
     run = action_step(job, "run")
-    assert run["with"]["host"] == "${{ matrix.host }}" and run["with"]["require-gpu"] == "true"
+    assert run["with"]["host"] == "${{ matrix.host }}"
+    assert run["with"]["require-gpu"] == "true"
     assert run["with"]["out"] == "out/${{ matrix.host }}"
     uploads = steps_using(job, "actions/upload-artifact")
     assert len(uploads) == 1
@@ -126,13 +130,15 @@ def test_merge_job_always_merges_keeps_history_and_fails_on_a_missing_host(wf: d
     (cache,) = steps_using(job, "actions/cache")
     assert cache["with"]["path"] == merge["with"]["history-file"]
     prefix = cache["with"]["restore-keys"].strip()
-    assert cache["with"]["key"].startswith(prefix) and "github.run_id" in cache["with"]["key"]
+    assert cache["with"]["key"].startswith(prefix)
+    assert "github.run_id" in cache["with"]["key"]
     order = [job["steps"].index(s) for s in (down, cache, merge)]
     assert order == sorted(order)
     (up,) = [s for s in steps_using(job, "actions/upload-artifact") if s["with"]["path"] == merge["with"]["out"]]
     assert up.get("if") == "always()"
     (verdict,) = steps_running(job, "exit")
-    assert verdict["env"]["CODE"] == "${{ steps.merge.outputs.exit-code }}" and 'exit "$CODE"' in verdict["run"]
+    assert verdict["env"]["CODE"] == "${{ steps.merge.outputs.exit-code }}"
+    assert 'exit "$CODE"' in verdict["run"]
     assert job["steps"].index(verdict) == len(job["steps"]) - 1
 
 
@@ -198,4 +204,6 @@ def test_plan_output_has_every_key_the_run_job_uses(wf: dict[Any, Any], matrix_f
             "matrix.yaml", entry["host"], f"out/{entry['host']}", True)
     margs = cli.parser().parse_args(["merge", "out/results-a", "out/results-b", "--out", "merged", "--matrix",
                                      "matrix.yaml"])
-    assert margs.dirs == ["out/results-a", "out/results-b"] and margs.out == "merged" and margs.matrix == "matrix.yaml"
+    assert margs.dirs == ["out/results-a", "out/results-b"]
+    assert margs.out == "merged"
+    assert margs.matrix == "matrix.yaml"
