@@ -37,7 +37,7 @@ def run_cli(*args: str | Path, cwd: Path | None = None, env: Mapping[str, str] |
             timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """``python -m cumatrix ARGS`` in a real subprocess."""
     return subprocess.run([sys.executable, "-m", "cumatrix", *map(str, args)], cwd=cwd, env=child_env(env),
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout, check=False)
 
 
 @pytest.fixture(scope="session", autouse=True)

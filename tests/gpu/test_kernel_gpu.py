@@ -150,7 +150,7 @@ def child_json(source: str, *argv: str, env: dict[str, str] | None = None, timeo
     """Run ``source`` in a child Python (a fault there must not take the test run down); the
     JSON of its last line of output."""
     proc = subprocess.run([sys.executable, "-c", source, *argv], capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, PYTHONPATH=SRC_ROOT, **(env or {})))
+                          env=dict(os.environ, PYTHONPATH=SRC_ROOT, **(env or {})), check=False)
     assert proc.returncode == 0, f"child exit {proc.returncode}: {proc.stderr[-3000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

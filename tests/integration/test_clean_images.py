@@ -86,14 +86,14 @@ def test_images_are_listed_and_kept_without_yes(images: dict[str, Any], client: 
     env = cli_env({"CUMATRIX_CACHE": str(tmp_path / "no-cache")})
     free, used = _names(images["free"]), _names(images["used"])
     dry = subprocess.run([sys.executable, "-m", "cumatrix", "clean", "--images", "--dry-run"], env=env,
-                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, check=False)
     assert dry.returncode == 0, dry.stderr
     assert f"would remove image {free}" in dry.stdout
     assert f"keeping image {used}: used by container cumatrix-clean-test-" in dry.stdout
     assert f"would remove image {used}" not in dry.stdout
     # No terminal to ask on and no --yes: the list, a message, exit 2, nothing removed.
     refused = subprocess.run([sys.executable, "-m", "cumatrix", "clean", "--images"], env=env,
-                             capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+                             capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL, check=False)
     assert refused.returncode == 2, refused.stdout + refused.stderr
     assert f"image {free}" in refused.stdout
     assert "--yes" in refused.stderr

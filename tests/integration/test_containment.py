@@ -140,7 +140,7 @@ def test_setsid_double_fork_daemon_ends_with_the_cell(mode: str, tmp_path: Path,
     pidfile = tmp_path / "daemon.pid"
     env = cli_env({"CUMATRIX_CONTAINMENT": mode})
     proc = subprocess.run([PY, "-c", _CHILD, DAEMON, str(pidfile)], capture_output=True, text=True,
-                          env=env, timeout=60)
+                          env=env, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     got = json.loads(proc.stdout)
     assert got["rc"] == 0, got["err"]
@@ -331,7 +331,7 @@ def test_command_cell_sees_no_secret_and_no_harness_package(tmp_path: Path, cli_
     env = cli_env(secrets)
     env["PYTHONPATH"] = os.pathsep.join([env["PYTHONPATH"], str(mods)])
     proc = subprocess.run([PY, "-m", "cumatrix", "run", str(m), "--out", str(tmp_path / "out"), "-q"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
     cells = _cells(tmp_path / "out")
     seen = json.loads(cells["env"]["stdout_tail"])
@@ -342,7 +342,7 @@ def test_command_cell_sees_no_secret_and_no_harness_package(tmp_path: Path, cli_
     assert seen["CUMATRIX_CELL"] == "cu12.9/host/env"
     got = json.loads(cells["imports"]["stdout_tail"])
     outside = subprocess.run([system_py, "-c", IMPORTS.replace("\\n", "\n")], capture_output=True, text=True,
-                             env={"PATH": os.environ["PATH"]}, timeout=60)
+                             env={"PATH": os.environ["PATH"]}, timeout=60, check=True)
     assert got == json.loads(outside.stdout)  # exactly what the plain interpreter has outside
     assert got["cumatrix"] is False
     assert got["harness_only_mod"] is False

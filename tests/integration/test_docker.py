@@ -57,7 +57,7 @@ def client() -> docker.DockerClient:
 @pytest.fixture(scope="session")
 def base_image(client: docker.DockerClient) -> str:
     proc = subprocess.run(["bash", str(REPO / "containers" / "build-base.sh")],
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=900, check=False)
     if proc.returncode != 0:
         _unavailable(f"containers/build-base.sh failed: {proc.stderr.strip()[-500:]}")
     tag = proc.stdout.strip().splitlines()[-1]
@@ -311,7 +311,8 @@ def test_stale_containers_go_at_next_start_and_live_ones_stay(base_image: str, c
     from cumatrix.execute.docker import DockerBackend
 
     cell = f"stale/{uuid.uuid4().hex[:8]}"
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
     with DockerBackend(base_image) as live:
         labels = {**live._labels(cell), "cumatrix.owner": f"{dead.stdout.strip()}.1"}  # an owner that is gone
         stale = client.containers.run(base_image, ["sleep", "60"], detach=True, network_mode="none", labels=labels)

@@ -112,7 +112,7 @@ def test_a_static_program_and_a_setuid_one_cannot_hide_their_mappings(tmp_path: 
     src = tmp_path / "s.c"
     src.write_text("int main(void) { return 0; }\n")
     exe = tmp_path / "static-prog"
-    if subprocess.run([cc, "-static", "-o", str(exe), str(src)], capture_output=True).returncode != 0:
+    if subprocess.run([cc, "-static", "-o", str(exe), str(src)], capture_output=True, check=False).returncode != 0:
         pytest.skip("no static C library here (libc.a)")
     from cumatrix.execute.local import Job, run_local
 
@@ -264,11 +264,11 @@ def test_a_harness_child_is_not_dumpable(tmp_path: Path) -> None:
         time.sleep(1.5)
         assert probe.poll() is None, probe.stderr.read() if probe.stderr else ""
         peer = subprocess.run([py, "-c", f"import os; os.listdir('/proc/{probe.pid}/fd')"], env=env,
-                              user=pw.pw_uid, group=pw.pw_gid, capture_output=True, text=True, timeout=30)
+                              user=pw.pw_uid, group=pw.pw_gid, capture_output=True, text=True, timeout=30, check=False)
         assert peer.returncode != 0, peer.stderr
         assert "PermissionError" in peer.stderr, peer.stderr
         peer = subprocess.run([py, "-c", f"open('/proc/{probe.pid}/environ').read()"], env=env,
-                              user=pw.pw_uid, group=pw.pw_gid, capture_output=True, text=True, timeout=30)
+                              user=pw.pw_uid, group=pw.pw_gid, capture_output=True, text=True, timeout=30, check=False)
         assert peer.returncode != 0, peer.stderr
         assert "PermissionError" in peer.stderr, peer.stderr
         # the same peer reads a process of its user that did not make itself private
@@ -276,7 +276,8 @@ def test_a_harness_child_is_not_dumpable(tmp_path: Path) -> None:
         try:
             time.sleep(0.5)
             peer = subprocess.run([py, "-c", f"import os; os.listdir('/proc/{plain.pid}/fd')"], env=env,
-                                  user=pw.pw_uid, group=pw.pw_gid, capture_output=True, text=True, timeout=30)
+                                  user=pw.pw_uid, group=pw.pw_gid, capture_output=True, text=True, timeout=30,
+                                  check=False)
             assert peer.returncode == 0, peer.stderr
         finally:
             plain.kill()
@@ -299,7 +300,7 @@ def _second_user() -> str:
     if shutil.which("useradd") is None:
         pytest.skip("useradd is not available: no second local user to try this as")
     proc = subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, check=False)
     if proc.returncode not in (0, 9):  # 9: made meanwhile by a parallel test
         pytest.skip(f"useradd failed: {proc.stderr.strip()}")
     return name
@@ -608,7 +609,7 @@ def test_where_ptrace_is_refused_the_cell_runs_untraced_and_says_so(tmp_path: Pa
         pytest.skip(f"no Docker daemon answers ({type(e).__name__})")
     repo = Path(__file__).resolve().parents[2]
     built = subprocess.run(["bash", str(repo / "containers" / "build-base.sh")], capture_output=True, text=True,
-                           timeout=900)
+                           timeout=900, check=False)
     if built.returncode != 0:
         pytest.skip(f"containers/build-base.sh failed: {built.stderr.strip()[-300:]}")
     base = built.stdout.strip().splitlines()[-1]
@@ -680,7 +681,7 @@ def test_a_containers_verdict_file_cannot_be_found_by_another_user(tmp_path: Pat
 
             pw = pwd.getpwnam(_second_user())
             peer = subprocess.run(["ls", str(chan.mount_dir)], user=pw.pw_uid, group=pw.pw_gid,
-                                  capture_output=True, text=True)
+                                  capture_output=True, text=True, check=False)
             assert peer.returncode != 0
             assert "Permission denied" in peer.stderr
     finally:

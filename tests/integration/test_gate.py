@@ -152,7 +152,7 @@ def gate(*argv: str | Path, capsys: pytest.CaptureFixture[str]) -> Ran:
     if _CLI:
         env = dict(os.environ, PYTHONPATH=str(Path(cumatrix.__file__).parent.parent))
         p = subprocess.run([sys.executable, "-m", "cumatrix", *args], capture_output=True,
-                           text=True, env=env, timeout=300)
+                           text=True, env=env, timeout=300, check=False)
         return Ran(p.returncode, p.stdout, p.stderr)
     parser = argparse.ArgumentParser(prog="cumatrix")
     add_gate_parser(parser.add_subparsers())

@@ -337,7 +337,7 @@ def test_docker_backend_gates_the_clean_wheel(wheels: dict[str, Path], matrices:
     except Exception as e:  # any failure to reach the daemon means: no docker here
         _no_docker(f"no Docker daemon answers ({type(e).__name__}: {e})")
     base = subprocess.run(["bash", str(REPO / "containers" / "build-base.sh")],
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=900, check=False)
     if base.returncode != 0:
         _no_docker(f"containers/build-base.sh failed: {base.stderr.strip()[-500:]}")
     image = base.stdout.strip().splitlines()[-1]

@@ -50,7 +50,7 @@ def test_cells_run_with_the_collector_on(tmp_path: Path, wheel_cache: Path, cli_
                    "PYTEST_ADDOPTS": "-p gcnoter"})
     argv = [sys.executable, "-m", "cumatrix", "run", str(m), "-q", "--out", str(tmp_path / "out"),
             *(["-n", workers] if workers else [])]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert done.returncode == 0, done.stdout + done.stderr
     notes_ = [json.loads(line) for line in notes.read_text().splitlines()]
     seen = [n for n in notes_ if n[0] != "report"]

@@ -66,7 +66,8 @@ def test_run_appends_to_the_default_history_and_reports_since_the_last_run(
 
     p = cli("history", "--json", cwd=tmp_path, env=env)
     runs = json.loads(p.stdout)["runs"]
-    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True,
+                          check=True).stdout.strip()
     assert [(r["kind"], r["counts"]["pass"], r["counts"]["fail"], r["git_commit"]) for r in runs] == [
         ("run", 2, 0, head), ("run", 1, 1, head)]
     assert runs[1]["run_id"] == doc["run"]["run_id"]

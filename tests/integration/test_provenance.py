@@ -318,7 +318,8 @@ def test_a_runtime_from_the_loader_cache_is_a_leak(tmp_path: Path, cached_dir: P
                                                    cli: Callable[..., subprocess.CompletedProcess[str]]) -> None:
     leaked = _copy_runtime(rts["cu13.0"], cached_dir)
     _ldconfig()
-    listed = subprocess.run([shutil.which("ldconfig") or "/sbin/ldconfig", "-p"], capture_output=True, text=True).stdout
+    listed = subprocess.run([shutil.which("ldconfig") or "/sbin/ldconfig", "-p"], capture_output=True, text=True,
+                            check=True).stdout
     first = next(line for line in listed.splitlines() if line.strip().startswith("libcudart.so.13 "))
     assert first.endswith(str(leaked)), first
     ext = _shared(tmp_path / "ext" / "_ext.so", DLOPEN_NAME_C, '-DSONAME="libcudart.so.13"', "-ldl")

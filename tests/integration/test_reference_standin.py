@@ -117,7 +117,7 @@ def child(job: dict[str, object], driver_dir: Path, **env: str) -> dict[str, obj
     e = {k: v for k, v in os.environ.items() if k != "STANDIN_HIDE_BATCH"}
     e.update(LD_LIBRARY_PATH=str(driver_dir), PYTHONPATH=SRC_ROOT, **env)
     proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(job)], env=e, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     result: dict[str, object] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result

@@ -146,7 +146,7 @@ int main(int argc, char **argv) {
 
 
 def _gcc(*args: str) -> None:
-    proc = subprocess.run(["gcc", *args], capture_output=True, text=True)
+    proc = subprocess.run(["gcc", *args], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
 
 
@@ -158,7 +158,7 @@ def tsan_build(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     probe = out / "probe.c"
     probe.write_text("int main(void) { return 0; }\n")
     proc = subprocess.run(["gcc", "-fsanitize=thread", "-o", str(out / "probe"), str(probe)],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, check=False)
     assert proc.returncode == 0, f"gcc cannot link ThreadSanitizer (apt-get install libtsan2): {proc.stderr}"
     drivers = out / "driver"
     drivers.mkdir()
@@ -179,7 +179,7 @@ def _run(tsan_build: dict[str, Path], library: Path, cuda: str, **env: str) -> s
     full = {k: v for k, v in os.environ.items() if not k.startswith(("KVSWAP_", "STANDIN_"))}
     full.update(LD_LIBRARY_PATH=str(tsan_build["driver"]), TSAN_OPTIONS="halt_on_error=1:exitcode=66", **env)
     proc = subprocess.run([str(tsan_build["program"]), str(library), cuda], capture_output=True, text=True,
-                          env=full, timeout=300)
+                          env=full, timeout=300, check=False)
     assert "ThreadSanitizer" not in proc.stderr, proc.stderr[-6000:]
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout

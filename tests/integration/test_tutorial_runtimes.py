@@ -37,7 +37,7 @@ def test_the_page_is_what_a_run_shows(tmp_path: Path, wheel_cache: Path) -> None
         pytest.skip("gcc is not installed (apt-get install gcc)")
     fresh = tmp_path / "page.md"
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "tutorial-runtimes.py"), "--out", str(fresh),
-                           "--demo", str(tmp_path / "demo")], capture_output=True, text=True, timeout=600)
+                           "--demo", str(tmp_path / "demo")], capture_output=True, text=True, timeout=600, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     committed = (ROOT / "docs" / "tutorial-runtimes.md").read_text()
     got = _outcomes(fresh.read_text())
