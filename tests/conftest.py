@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import subprocess
@@ -98,14 +99,14 @@ _IMAGES_BEFORE: dict[str, set[str]] = {}
 def _docker_client() -> object | None:
     if not (os.environ.get("DOCKER_HOST") or Path("/var/run/docker.sock").exists()):
         return None
-    try:
+    # Any failure (import, socket, API) means no daemon answers: the docker tests skip, and nothing is
+    # left to clean.
+    with contextlib.suppress(Exception):
         import docker
 
         client = docker.from_env(timeout=30)
         client.ping()
         return client
-    except Exception:  # no daemon answers: the docker tests skip, and nothing is left to clean
-        pass
     # The refused connection's socket was dropped, not closed: collect it now (the exception that
     # held it is gone), quietly, rather than inside whichever test runs when the collector gets to it.
     with warnings.catch_warnings():
@@ -141,10 +142,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     try:
         for img in client.images.list(filters={"label": "cumatrix=1"}):  # type: ignore[attr-defined]
             if img.id not in _IMAGES_BEFORE["runtime"]:
-                try:
+                with contextlib.suppress(Exception):  # in use by a container of a parallel run, or gone already
                     client.images.remove(img.id, force=True)  # type: ignore[attr-defined]
-                except Exception:  # in use by a container of a parallel run, or gone already
-                    pass
         remove_build_stages(client)
         remove_build_stages(client, label="cumatrix.test")
     finally:

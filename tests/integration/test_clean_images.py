@@ -10,6 +10,7 @@ exercised on this test's own image through the function the CLI calls.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pty
 import subprocess
@@ -31,7 +32,7 @@ def client() -> Iterator[Any]:
 
         c = docker.from_env(timeout=60)
         c.ping()
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001  any failure (import, socket, API) means no daemon answers
         if os.environ.get("CUMATRIX_REQUIRE_DOCKER") == "1":
             pytest.fail(f"CUMATRIX_REQUIRE_DOCKER=1 but no Docker daemon answers: {e}")
         pytest.skip(f"no Docker daemon answers ({e}); set CUMATRIX_REQUIRE_DOCKER=1 to require one")
@@ -57,10 +58,8 @@ def images(client: Any, tmp_path: Path) -> Iterator[dict[str, Any]]:
             made["container"].remove(force=True)
         for name in ("free", "used"):
             if name in made:
-                try:
+                with contextlib.suppress(Exception):  # removed by the test itself
                     client.images.remove(made[name].id, force=True)
-                except Exception:  # removed by the test itself
-                    pass
 
 
 def _build(client: Any, context: Path, tag: str) -> Any:

@@ -7,6 +7,7 @@ unless ``CUMATRIX_REQUIRE_DOCKER=1``.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -49,7 +50,7 @@ def client() -> docker.DockerClient:
     try:
         c = docker.from_env(timeout=60)
         c.ping()
-    except Exception as e:  # any failure to reach the daemon means: no docker here
+    except Exception as e:  # noqa: BLE001  any failure to reach the daemon means: no docker here
         _unavailable(f"no Docker daemon answers ({type(e).__name__}: {e}); start one with `sudo dockerd &`")
     return c
 
@@ -164,8 +165,8 @@ def test_probe_in_container_matches_local(backend: object, rt_image: object) -> 
     ("segfault", "import ctypes; ctypes.string_at(0)", "crash:SIGSEGV"),
     ("abort", "import os; os.abort()", "crash:SIGABRT"),
     # A command cannot forge a verdict: what it prints is log, its exit status is the outcome.
-    ("forged-then-segfault", "print('CUMATRIX-RESULT {\"outcome\": \"ok\"}', flush=True); "
-                             "import ctypes; ctypes.string_at(0)", "crash:SIGSEGV"),
+    ("forged-then-segfault", ("print('CUMATRIX-RESULT {\"outcome\": \"ok\"}', flush=True); "
+                              "import ctypes; ctypes.string_at(0)"), "crash:SIGSEGV"),
     ("logs-a-verdict-line", "print('CUMATRIX-RESULT {\"outcome\": \"ok\"}')", "ok"),
     ("exit-3", "raise SystemExit(3)", "exit:3"),
     ("ok", "import ctypes", "ok"),
@@ -330,10 +331,8 @@ def test_stale_containers_go_at_next_start_and_live_ones_stay(base_image: str, c
             assert _ours(client, keep_cell)  # its owner (this process) is alive
         finally:
             c.remove(force=True)
-            try:
+            with contextlib.suppress(docker.errors.NotFound):
                 stale.remove(force=True)
-            except docker.errors.NotFound:
-                pass
 
 
 _HARDENING = """

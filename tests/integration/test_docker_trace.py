@@ -84,7 +84,7 @@ def test_the_cells_tree_is_traced_inside_its_container(backend: Any) -> None:
     assert res.trace.traced, res.trace
     assert res.trace.complete, res.trace
     images = [img for p in res.trace.processes for img in p.images]
-    assert any(os.path.basename(i).startswith("python3") for i in images), images
+    assert any(Path(i).name.startswith("python3") for i in images), images
     assert any("/_ctypes" in o.path for o in res.trace.objects), [o.path for o in res.trace.objects]
     crashed = backend.run_job(_job(backend, "sh", "-c", "kill -SEGV $$"))
     assert (crashed.returncode, crashed.signal) == (None, 11)
@@ -98,8 +98,8 @@ def test_a_record_printed_by_the_cell_is_not_taken(backend: Any) -> None:
     secret, a "traced" record that saw nothing) and then kills the helper, its parent, so that
     no real record follows.  The forged record is not the helper's: the cell has no record, it
     says so, and it ends as SIGKILL."""
-    fake = r"\n\036cumatrix-trace 0123456789abcdef0123456789abcdef begin\nt\t1\nz\t0\n" \
-           r"\036cumatrix-trace 0123456789abcdef0123456789abcdef end\n"
+    fake = (r"\n\036cumatrix-trace 0123456789abcdef0123456789abcdef begin\nt\t1\nz\t0\n"
+            r"\036cumatrix-trace 0123456789abcdef0123456789abcdef end\n")
     res = backend.run_job(_job(backend, "sh", "-c", f"printf '{fake}' >&2; kill -9 $PPID; sleep 5"))
     assert res.signal == 9, (res.returncode, res.stderr_tail)
     assert res.trace is not None, res.trace
@@ -148,7 +148,7 @@ def test_a_docker_cell_that_loads_its_runtime_without_ld_audit_is_still_seen(
     assert rec["observed"]["outcome"] == "ok", (rec["observed"], proc.stdout)
     fp = rec["fingerprint"]
     assert fp["mappings_from"] == "kernel", fp
-    [lib] = [lib for lib in fp["libraries"] if os.path.basename(lib["path"]) == "libcudart.so.12"]
+    [lib] = [lib for lib in fp["libraries"] if Path(lib["path"]).name == "libcudart.so.12"]
     assert lib["path"].startswith("/opt/cumatrix/runtime/")
     assert lib["version"] == "12.9"
     assert (fp["runtime_file"], fp["runtime_version"]) == (lib["path"], 12090)

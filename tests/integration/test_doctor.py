@@ -100,7 +100,7 @@ def client() -> Iterator[object]:
     try:
         c = docker.from_env(timeout=60)
         c.ping()
-    except Exception as e:  # any failure to reach the daemon means: no docker here
+    except Exception as e:  # noqa: BLE001  any failure to reach the daemon means: no docker here
         if os.environ.get("CUMATRIX_REQUIRE_DOCKER") == "1":
             pytest.fail(f"CUMATRIX_REQUIRE_DOCKER=1 but no Docker daemon answers ({e})")
         pytest.skip(f"no Docker daemon answers ({type(e).__name__}: {e})")

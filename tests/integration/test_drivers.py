@@ -78,13 +78,13 @@ def interposers(stand_in: Path, intro: tuple[dict[str, int], dict[str, int]],
 
 
 def _dynsym(path: Path) -> set[str]:
-    with open(path, "rb") as fh:
+    with path.open("rb") as fh:
         sec = ELFFile(fh).get_section_by_name(".dynsym")
         return {s.name for s in sec.iter_symbols() if s["st_shndx"] != "SHN_UNDEF"}  # type: ignore[union-attr]
 
 
 def _soname(path: Path) -> str:
-    with open(path, "rb") as fh:
+    with path.open("rb") as fh:
         dyn = ELFFile(fh).get_section_by_name(".dynamic")
         return next(t.soname for t in dyn.iter_tags() if t.entry.d_tag == "DT_SONAME")  # type: ignore[union-attr]
 
@@ -221,7 +221,7 @@ def test_no_real_driver_or_no_introductions(stand_in: Path, tmp_path: Path) -> N
     with pytest.raises(D.InterposerError, match="no real NVIDIA driver"):
         D.build_interposer(CudaVersion(12, 4), real_libcuda=tmp_path / "libcuda.so.1",
                            introductions={"cuInit": 2000})
-    with pytest.raises(ConfigError, match="cudaTypedefs.h"):
+    with pytest.raises(ConfigError, match=r"cudaTypedefs\.h"):
         D.build_interposer(CudaVersion(12, 4), real_libcuda=stand_in, introductions={})
 
 
@@ -229,9 +229,9 @@ def test_parse_driver_name() -> None:
     assert D.parse_driver_name("host") is None
     assert D.parse_driver_name("emulated-12.4") == CudaVersion(12, 4)
     for bad in ("emulated-12", "emulated-abc", "emulated-", "emulated-12.4.1"):
-        with pytest.raises(ValueError, match="MAJOR.MINOR"):
+        with pytest.raises(ValueError, match=r"MAJOR\.MINOR"):
             D.parse_driver_name(bad)
-    with pytest.raises(ValueError, match="'host' or 'emulated-X.Y'"):
+    with pytest.raises(ValueError, match=r"'host' or 'emulated-X\.Y'"):
         D.parse_driver_name("hots")
 
 

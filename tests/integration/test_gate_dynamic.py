@@ -15,7 +15,7 @@ import os
 import subprocess
 import sysconfig
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
@@ -146,10 +146,10 @@ def _cells(out: Path) -> dict[str, dict[str, object]]:
 
 @pytest.fixture(scope="module")
 def clean_run(wheels: dict[str, Path], matrices: dict[str, Path], cli: Cli, wheel_cache: Path,
-              tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.CompletedProcess[str], Path]]:
+              tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
     out = tmp_path_factory.mktemp("clean") / "out"
     r = cli("gate", wheels["clean"], "--matrix", matrices["two"], "--out", out, timeout=300)
-    yield r, out
+    return r, out
 
 
 def test_clean_wheel_imports_on_every_runtime(clean_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
@@ -334,7 +334,7 @@ def test_docker_backend_gates_the_clean_wheel(wheels: dict[str, Path], matrices:
     try:
         with contextlib.closing(docker.from_env(timeout=30)) as client:  # closed: an open client's socket outlives the check
             client.ping()
-    except Exception as e:  # any failure to reach the daemon means: no docker here
+    except Exception as e:  # noqa: BLE001  any failure to reach the daemon means: no docker here
         _no_docker(f"no Docker daemon answers ({type(e).__name__}: {e})")
     base = subprocess.run(["bash", str(REPO / "containers" / "build-base.sh")],
                           capture_output=True, text=True, timeout=900, check=False)

@@ -120,8 +120,8 @@ def test_static_runtime_is_attributed_to_the_file_that_carries_it(
     r = gate(built["bindings"], "--static-only", "--min-driver", "11.2", capsys=capsys)
     assert r.rc == 1, r.out + r.err
     assert "  rt_bindings/runtime.so: ok" in r.out, r.out
-    assert "  rt_bindings/_bindings/cyruntime.so\n    ERROR    runtime-needs-newer-driver " \
-        "static libcudart 12" in r.out, r.out
+    assert ("  rt_bindings/_bindings/cyruntime.so\n    ERROR    runtime-needs-newer-driver "
+            "static libcudart 12") in r.out, r.out
 
 
 def test_dlopen_of_a_literal_soname_is_a_warning(built: dict[str, Path],

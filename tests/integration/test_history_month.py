@@ -5,6 +5,7 @@ injected, and the flaky list exactly the cells that flipped twice within the win
 
 from __future__ import annotations
 
+import itertools
 import json
 import statistics
 from collections.abc import Callable
@@ -93,7 +94,7 @@ def expected(k: int) -> dict[str, set[tuple[Any, ...]]]:
             out["speed"] |= {(cell, "gbps"), (cell, "speedup")}
     for cell in before:
         seq = [night(j)[cell].label for j in range(max(0, k - WINDOW + 1), k + 1) if night(j)[cell].status != "not-run"]
-        flips = sum(1 for x, y in zip(seq, seq[1:], strict=False) if x != y)
+        flips = sum(1 for x, y in itertools.pairwise(seq) if x != y)
         if flips >= 2:
             out["flaky"].add((cell, flips))
     return out

@@ -75,7 +75,7 @@ def test_kernel_source_compiles_to_sm90_machine_code(tmp_path: Path, param_block
     proc = subprocess.run([nvcc, "-cubin", "-arch=sm_90", "-Werror", "all-warnings", *define, "-o", str(cubin),
                            str(source)], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
-    with open(cubin, "rb") as f:
+    with cubin.open("rb") as f:
         names = {sym.name for sec in ELFFile(f).iter_sections() if isinstance(sec, SymbolTableSection)
                  for sym in sec.iter_symbols()}
     assert "kvswap_copy_blocks" in names
@@ -83,7 +83,7 @@ def test_kernel_source_compiles_to_sm90_machine_code(tmp_path: Path, param_block
 
 
 def test_no_cuda_dt_needed_and_policy_api_exported(proc_address: Path) -> None:
-    with open(proc_address, "rb") as f:
+    with proc_address.open("rb") as f:
         elf = ELFFile(f)
         needed = list(elf_needed(elf))
         defined = set(elf_defined_symbols(elf))

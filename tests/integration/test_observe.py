@@ -88,7 +88,7 @@ def _build(tmp: Path, name: str, source: str, *args: str) -> Path:
 def _readelf_d(path: Path) -> str:
     from elftools.elf.elffile import ELFFile
 
-    with open(path, "rb") as fh:
+    with path.open("rb") as fh:
         dyn = ELFFile(fh).get_section_by_name(".dynamic")
         return " ".join(f"{t.entry.d_tag}={getattr(t, 'rpath', getattr(t, 'runpath', ''))}"
                         for t in dyn.iter_tags() if t.entry.d_tag in ("DT_RPATH", "DT_RUNPATH"))
@@ -126,7 +126,7 @@ def test_library_is_built_once_per_source(tmp_path: Path) -> None:
 
     from cumatrix.binary.elf import elf_undefined_symbols
 
-    with open(first, "rb") as fh:
+    with first.open("rb") as fh:
         undefined = set(elf_undefined_symbols(ELFFile(fh)))
     assert undefined <= {"getenv", "open", "write", "getpid", "syscall", "strlen", "strchr", "strrchr", "strcmp",
                          "memcpy", "__errno_location", "__cxa_finalize"}, undefined
@@ -555,7 +555,7 @@ def test_a_library_another_user_planted_is_not_loaded_into_docker_cells(
         data = planted.read_bytes()
         subprocess.run(["tee", str(old_place / built.name)], input=data, stdout=subprocess.DEVNULL, check=True,
                        user=pw.pw_uid, group=pw.pw_gid)  # written by the other user
-        os.chmod(old_place / built.name, 0o755)  # as its owner would: readable and runnable by all
+        (old_place / built.name).chmod(0o755)  # as its owner would: readable and runnable by all
         m = write_matrix(f"""
             runtimes: {{cu12.9: {{wheel: {CU129}}}}}
             drivers: [host]

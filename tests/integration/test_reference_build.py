@@ -23,7 +23,7 @@ def headers(request: pytest.FixtureRequest) -> tuple[str, Path]:
 
 
 def needed(path: Path) -> list[str]:
-    with open(path, "rb") as f:
+    with path.open("rb") as f:
         elf = ELFFile(f)
         return [t.needed for s in elf.iter_sections() if isinstance(s, DynamicSection)
                 for t in s.iter_tags() if t.entry.d_tag == "DT_NEEDED"]
@@ -36,7 +36,7 @@ def public_api() -> set[str]:
 
 
 def exported(path: Path) -> set[str]:
-    with open(path, "rb") as f:
+    with path.open("rb") as f:
         return set(elf_defined_symbols(ELFFile(f)))
 
 

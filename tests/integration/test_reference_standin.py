@@ -262,7 +262,7 @@ def test_every_policy_copies_every_byte(standin: Path, libs: dict[str, str], pol
                "stream": DEDICATED, "policy": POLICY[policy], "streams": 3}, standin)
     want = 2 if policy == "loop" else 1
     assert (r["rc"], r["path"], r["equal"]) == (0, want, True), r
-    if policy != "loop" and policy != "batch":
+    if policy not in {"loop", "batch"}:
         assert r["batch_streams"] == 3, r  # the fan-out (batch forces the caller's stream alone)
 
 

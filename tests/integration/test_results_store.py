@@ -244,7 +244,7 @@ def test_resume_reuses_only_unchanged_cells_and_drops_foreign_lines(tmp_path: Pa
     out = tmp_path / "out"
     with Store.open(out, fresh=True) as store:
         _run(store, MATRIX, ["cu12.9/host/a", "cu12.9/host/b", "cu12.9/host/c"])
-    with open(out / JSONL, "a") as f:  # garbage mid-file, another matrix's cell, then a later run's line
+    with (out / JSONL).open("a") as f:  # garbage mid-file, another matrix's cell, then a later run's line
         f.write("{not json\n")
         f.write(json.dumps({"schema": 1, "type": "cell", "id": "cu13.0/host/zz", "digest": "0"}) + "\n")
         f.write(json.dumps({"schema": 1, "type": "end", "finished": "t", "interrupted": True}) + "\n")
@@ -305,7 +305,7 @@ def test_a_cut_last_line_is_not_a_foreign_line(tmp_path: Path) -> None:
     out = tmp_path / "out"
     with Store.open(out, fresh=True) as store:
         digests = _run(store, MATRIX, ["cu12.9/host/a"])
-    with open(out / JSONL, "a") as f:
+    with (out / JSONL).open("a") as f:
         f.write('{"schema": 1, "type": "cell", "id": "cu12.9/host/b", "stat')  # killed mid-write
     with Store.open(out, fresh=False) as store:
         plan = store.resume(digests)

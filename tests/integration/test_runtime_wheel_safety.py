@@ -166,7 +166,7 @@ def test_what_the_checks_found_is_noted_and_read_back_until_the_library_changes(
         R.from_wheel("cu12.9", "nvidia-cuda-runtime-cu12==12.9.79", wheel_dir=wheels)
     note.write_text(saved)
     # A library changed in the cache is read again (and so checked again).
-    with open(first.libcudart, "ab") as f:
+    with first.libcudart.open("ab") as f:
         f.write(b"\0")
     with pytest.raises(AssertionError, match="read again"):
         R.from_wheel("cu12.9", "nvidia-cuda-runtime-cu12==12.9.79", wheel_dir=wheels)

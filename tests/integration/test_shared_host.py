@@ -143,7 +143,7 @@ def test_clean_refuses_while_a_run_holds_the_cache(tmp_path: Path, write_matrix:
             time.sleep(0.1)
         time.sleep(0.5)
         clean = cli("clean", "--cache", env={"CUMATRIX_CACHE": str(cache)})
-        out, err = run.communicate(timeout=120)
+        _out, err = run.communicate(timeout=120)
     finally:
         if run.poll() is None:
             run.kill()

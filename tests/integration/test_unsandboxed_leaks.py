@@ -67,9 +67,9 @@ def test_a_cell_reads_no_secret_from_its_ancestors(other_user: pwd.struct_passwd
         pytest.skip(f"no nvidia-cuda-runtime-cu12 12.9.79 wheel in {WHEELS}")
     system_python = "/usr/bin/python3"
     site = sysconfig.get_paths()["purelib"]
-    if not os.path.exists(system_python) or sys.version_info[:2] != tuple(
-            int(x) for x in subprocess.run([system_python, "-c", "import sys; print(sys.version_info[0], "
-                                            "sys.version_info[1])"], capture_output=True, text=True,
+    version = "import sys; print(sys.version_info[0], sys.version_info[1])"
+    if not Path(system_python).exists() or sys.version_info[:2] != tuple(
+            int(x) for x in subprocess.run([system_python, "-c", version], capture_output=True, text=True,
                                            check=True).stdout.split()):
         pytest.skip("the system python3 is not this venv's version (its packages are borrowed)")
     home = Path(tempfile.mkdtemp(prefix="cumatrix-leak-test-"))
@@ -95,7 +95,7 @@ def test_a_cell_reads_no_secret_from_its_ancestors(other_user: pwd.struct_passwd
 def test_a_command_cells_python_is_not_the_harness_venvs() -> None:
     if sys.prefix == sys.base_prefix:
         pytest.skip("the tests do not run in a virtual environment")
-    venv_bin = os.path.join(sys.prefix, "bin")
+    venv_bin = str(Path(sys.prefix) / "bin")
     base = {"PATH": os.pathsep.join([venv_bin, "/usr/local/bin", "/usr/bin", "/bin"]), "HOME": str(Path.home())}
     code = "import sys; print(sys.prefix)"
     res = run_local(Job(cell_id="t", kind="command", argv=("python3", "-c", code), timeout=60), base_env=base,

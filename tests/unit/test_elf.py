@@ -139,7 +139,7 @@ def test_member_stream_random_access(tmp_path: Path, compression: int, spool: bo
     data = os.urandom(20 << 20) + bytes(range(256)) * (80 << 10)
     wheel = _wheel(tmp_path / "w.whl", {"a/big.bin": data}, compression)
     rng = random.Random(7)
-    with zipfile.ZipFile(wheel) as zf, open(wheel, "rb") as raw:
+    with zipfile.ZipFile(wheel) as zf, wheel.open("rb") as raw:
         stream = open_member(zf, raw, zf.getinfo("a/big.bin"), spool=spool)
         assert member_magic(raw, zf.getinfo("a/big.bin"), 4) == data[:4]
         assert stream.seek(0, io.SEEK_END) == len(data)
@@ -159,7 +159,7 @@ def test_malformed_elf_goes_to_on_error(tmp_path: Path) -> None:
     wheel = _wheel(tmp_path / "w.whl", {"pkg/broken.so": b"\x7fELF" + b"\x00" * 8},
                    zipfile.ZIP_DEFLATED)
     errors: list[str] = []
-    assert list(iter_wheel_elves(wheel, on_error=lambda n, e: errors.append(n))) == []
+    assert list(iter_wheel_elves(wheel, on_error=lambda n, _e: errors.append(n))) == []
     assert errors == ["pkg/broken.so"]
 
 

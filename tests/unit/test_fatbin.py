@@ -8,7 +8,7 @@ import pytest
 from cumatrix.binary.fatbin import DeviceCode, covering, parse_arch, ptx_isa_cuda
 
 
-@pytest.mark.parametrize("text,want", [
+@pytest.mark.parametrize(("text", "want"), [
     ("9.0", (90, "")), ("9.0a", (90, "a")), ("10.0f", (100, "f")), ("12.0+PTX", (120, "")),
     ("sm_86", (86, "")), ("90a", (90, "a")), ("compute_75", (75, "")),
 ])

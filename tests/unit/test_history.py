@@ -67,9 +67,8 @@ def test_a_history_of_an_older_schema_is_upgraded_step_by_step(tmp_path: Path,
         assert h.conn.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS) + 1
         assert h.conn.execute("SELECT count(*) FROM notes").fetchone()[0] == 0
     monkeypatch.undo()
-    with pytest.raises(HistoryError, match="newer cumatrix"):  # and this one no longer reads it
-        with History.open(path):
-            pass
+    with pytest.raises(HistoryError, match="newer cumatrix"), History.open(path):  # and this one no longer reads it
+        pass
 
 
 def test_append_keeps_a_short_row_per_cell_and_full_records_only_where_news(tmp_path: Path) -> None:
@@ -209,9 +208,9 @@ def test_files_that_are_not_a_history_are_bad_input(tmp_path: Path) -> None:
         with pytest.raises(HistoryError, match=words) as e, History.open(path):
             pass
         assert e.value.exit_code == 2
-    with pytest.raises(HistoryError, match="no history here yet"):
-        with History.open(tmp_path / "absent.sqlite", create=False):
-            pass
+    with pytest.raises(HistoryError, match="no history here yet"), History.open(tmp_path / "absent.sqlite",
+                                                                                 create=False):
+        pass
 
 
 def test_every_report_gains_a_since_the_last_run_section(tmp_path: Path) -> None:

@@ -42,8 +42,8 @@ BAD = [
      r"'segfault' is not an outcome"),
     ("missing-drivers", RT, 1, 1, r"missing required key 'drivers'"),
     ("allow-runtime-relative", RT + "drivers: [host]\ncases:\n  - {name: a, argv: [true], allow_runtime: [lib/libcudart.so.13]}\n",
-     5, 45, r"cases\[0\]\.allow_runtime\[0\]: expected an absolute path or glob \(starting with /, no NUL bytes\), "
-            r"got str 'lib/libcudart\.so\.13'"),
+     5, 45, (r"cases\[0\]\.allow_runtime\[0\]: expected an absolute path or glob \(starting with /, no NUL bytes\), "
+             r"got str 'lib/libcudart\.so\.13'")),
     ("allow-runtime-directory", RT + "drivers: [host]\ncases:\n  - {name: a, argv: [true], allow_runtime: [/usr/local/cuda-13.0/lib64/]}\n",
      5, 45, r"allow_runtime: '/usr/local/cuda-13\.0/lib64/' is a directory; name the runtime file"),
     ("allow-runtime-dotdot", RT + "drivers: [host]\ncases:\n  - {name: a, argv: [true], allow_runtime: [/opt/x/../cuda/libcudart.so.13]}\n",

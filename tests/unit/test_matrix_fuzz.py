@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -41,21 +42,26 @@ hosts:
 """
 
 # Characters that matter to YAML's grammar, and ones a loader must refuse.
-SYNTAX = list("[]{}:,-&*!|>'\"#%@`?\n \t.0") + ["\0", "\x01", "\x7f", "\ufeff", "é", "\u2028", "\\"]
+SYNTAX = [*"[]{}:,-&*!|>'\"#%@`?\n \t.0", "\0", "\x01", "\x7f", "\ufeff", "é", "\u2028", "\\"]
 
 
 def _loads(text: str) -> Matrix | None:
     try:
         return M.loads(text, "f.yaml")
     except ConfigError as e:
-        assert e.exit_code == 2
-        assert e.problems, str(e)
-        for p in e.problems:
-            assert p.file == "f.yaml", p
-            assert p.line >= 1, p
-            assert p.col >= 1, p
-            assert p.line <= text.count("\n") + 2, (p, text)
+        _check_refusal(e, text)
         return None
+
+
+def _check_refusal(e: ConfigError, text: str) -> None:
+    """A refusal is exit 2 with at least one problem, each placed inside the document."""
+    assert e.exit_code == 2
+    assert e.problems, str(e)
+    for p in e.problems:
+        assert p.file == "f.yaml", p
+        assert p.line >= 1, p
+        assert p.col >= 1, p
+        assert p.line <= text.count("\n") + 2, (p, text)
 
 
 def test_valid_base_loads() -> None:
@@ -73,8 +79,8 @@ def test_arbitrary_text(text: str) -> None:
 def test_mutated_valid_matrix(edits: list[tuple[int, int, str]]) -> None:
     text = VALID
     for pos, cut, ch in edits:
-        pos = min(pos, len(text))
-        text = text[:pos] + ch + text[pos + cut:]
+        at = min(pos, len(text))
+        text = text[:at] + ch + text[at + cut:]
     _loads(text)
 
 
@@ -84,10 +90,14 @@ def test_arbitrary_bytes(raw: bytes) -> None:
     try:
         text = yamldoc.decode(raw, "f.yaml")
     except ConfigError as e:
-        assert e.problems
-        assert e.problems[0].line >= 1
+        _check_decode_refusal(e)
         return
     _loads(text)
+
+
+def _check_decode_refusal(e: ConfigError) -> None:
+    assert e.problems
+    assert e.problems[0].line >= 1
 
 
 _leaf = (st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=12)
@@ -108,16 +118,11 @@ def test_structured_documents(data: Any) -> None:
 @FUZZ
 @given(st.integers(65, 3000), st.sampled_from(["[", "{a: ", "- "]))
 def test_deep_nesting_is_refused_at_its_place(depth: int, opener: str) -> None:
-    if opener == "- ":
-        text = "".join("  " * i + "-\n" for i in range(depth))
-    else:
-        text = "x: " + opener * depth
-    try:
+    text = "".join("  " * i + "-\n" for i in range(depth)) if opener == "- " else "x: " + opener * depth
+    with pytest.raises(ConfigError) as refused:  # a document nested past the limit does not load
         M.loads(text, "f.yaml")
-    except ConfigError as e:
-        assert any("nested deeper than" in p.message for p in e.problems) or "malformed" in str(e), str(e)
-    else:
-        raise AssertionError("a document nested past the limit loaded")
+    e = refused.value
+    assert any("nested deeper than" in p.message for p in e.problems) or "malformed" in str(e), str(e)
 
 
 def _paths(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:

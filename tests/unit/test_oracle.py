@@ -377,7 +377,7 @@ def test_section7_every_minimum_driver_in_the_data_maps_to_its_own_toolkit() -> 
 
 @pytest.mark.parametrize("driver", ["525.60.12", "520.61.05", "470.82.01", "525"])
 def test_section7_driver_older_than_cuda_12_is_an_error(driver: str) -> None:
-    with pytest.raises(ValueError, match="525.60.13"):
+    with pytest.raises(ValueError, match=r"525\.60\.13"):
         cuda_for_driver(driver)
 
 

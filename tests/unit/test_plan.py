@@ -126,7 +126,7 @@ drivers: [host, emulated-13.0]
 hosts:
   a100-550: {driver: "550.163", label: gpu-a100}
 """)
-    with pytest.raises(ConfigError, match="emulated-13.0"):
+    with pytest.raises(ConfigError, match=r"emulated-13\.0"):
         plan(path)
 
 

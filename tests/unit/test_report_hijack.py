@@ -35,7 +35,7 @@ def _render(tmp_path: Path, stderr: str) -> tuple[str, str]:
 
 
 def test_a_cells_stderr_cannot_break_out_of_its_block(tmp_path: Path) -> None:
-    md, page = _render(tmp_path, BREAKOUT)
+    _md, page = _render(tmp_path, BREAKOUT)
     assert "<img" not in page
     assert 'href="http://attacker.invalid' not in page
     assert "<h1>Owned heading</h1>" not in page

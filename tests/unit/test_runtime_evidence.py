@@ -35,13 +35,13 @@ def test_export_dates() -> None:
     assert {12000, 12040, 12050, 12080} <= set(t.versions)
 
 
-@pytest.mark.parametrize("bad", [
-    {"schema": 2, "versions": {}, "symbols": {}},
-    {"schema": 1, "versions": {"12.x": {}}, "symbols": {}},
-    [],
+@pytest.mark.parametrize(("bad", "why"), [
+    ({"schema": 2, "versions": {}, "symbols": {}}, "unsupported schema"),
+    ({"schema": 1, "versions": {"12.x": {}}, "symbols": {}}, "not a CUDA version"),
+    ([], "unsupported schema"),
 ])
-def test_malformed_export_data_is_refused(bad: object) -> None:
-    with pytest.raises(ValueError):
+def test_malformed_export_data_is_refused(bad: object, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
         parse_export_table(bad)
 
 
