@@ -120,7 +120,7 @@ def test_classify_sorts_each_change_into_one_list(before: State | None, after: S
     def res(s: State | None) -> Result | None:
         return None if s is None else Result(status=s.status, outcome=s.label, gbps=None, speedup=None)
 
-    assert classify(CellKey(name="x"), res(before), res(after)) == where
+    assert classify(res(before), res(after)) == where
 
 
 def test_noise_is_the_scaled_mad_with_a_floor() -> None:

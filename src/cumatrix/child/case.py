@@ -8,6 +8,7 @@ Everything it prints is log.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import json
@@ -150,10 +151,8 @@ def make_private() -> None:
     """Make this process non-dumpable: other processes of the same user (a command cell of
     another worker) can then neither open its ``/proc/PID/fd`` (the verdict pipe) nor read its
     ``/proc/PID/environ`` or memory, nor attach to it."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass
 
 
 def main(argv: list[str]) -> int:

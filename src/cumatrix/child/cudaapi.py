@@ -348,7 +348,7 @@ def undefined_symbol(message: str) -> str | None:
     marker = "undefined symbol: "
     if marker not in message:
         return None
-    sym = message.split(marker, 1)[1].split()[0].strip(",;:'\"")
+    sym = message.split(marker, 1)[1].split(maxsplit=1)[0].strip(",;:'\"")
     return sym.split("@", 1)[0] or None
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-
 #: Exit code of a run in which nothing ran: no cell selected, or every cell skipped.
 EXIT_NOTHING_RAN = 5
 

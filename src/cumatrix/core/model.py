@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Literal
 
 # --------------------------------------------------------------------------- variants
@@ -278,7 +278,9 @@ class Cell:
 # --------------------------------------------------------------------------- outcomes
 
 
-class Kind(str, Enum):
+class Kind(StrEnum):
+    """The kind of an outcome word: what comes before its ``:``."""
+
     OK = "ok"
     CUDA_ERROR = "cuda-error"
     UNDEFINED_SYMBOL = "undefined-symbol"

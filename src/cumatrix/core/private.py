@@ -58,13 +58,13 @@ def private_dir(path: Path, *, what: str = "cache") -> Path:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with contextlib.suppress(FileExistsError):
-            os.mkdir(path, 0o700)
+            path.mkdir(0o700)
         st = os.lstat(path)
     except OSError as e:
         raise SharedDirectory(f"{path}: cannot create the {what} directory: {e.strerror}") from None
     me = os.geteuid()
     if stat.S_ISLNK(st.st_mode):
-        raise SharedDirectory(f"{path}: the {what} directory is a symbolic link (to {os.readlink(path)}); "
+        raise SharedDirectory(f"{path}: the {what} directory is a symbolic link (to {path.readlink()}); "
                               f"cumatrix keeps its {what} only in a directory of its user's own") from None
     if not stat.S_ISDIR(st.st_mode):
         raise SharedDirectory(f"{path}: the {what} directory is not a directory")
@@ -88,7 +88,7 @@ def replace_new(path: Path, mode: int = 0o644) -> int:
     """A descriptor of a new, empty file at ``path``, whatever was there (a planted link is
     removed, never followed)."""
     with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
+        Path(path).unlink()
     return create_new(path, mode)
 
 

@@ -103,7 +103,7 @@ def version_hint(text: str, known: Iterable[str]) -> str:
 
 def outcome_hint(word: str) -> str:
     """For a word that is not an outcome: the outcome words, each with the user's argument."""
-    head, sep, arg = word.partition(":")
+    _, sep, arg = word.partition(":")
     candidates = list(BARE_OUTCOMES)
     if sep and arg:
         candidates += [f"{p}:{arg}" for p in ARG_OUTCOMES]

@@ -194,6 +194,12 @@ def _under(path: str, dirs: Iterable[str]) -> str | None:
     return None
 
 
+def _dirname(path: str) -> str:
+    """The directory part of a path as the loader wrote it, as text: ``os.path.dirname``, because
+    ``Path.parent`` rewrites the name (``a/./b``, ``x`` -> ``.``) and these are compared as written."""
+    return os.path.dirname(path)  # noqa: PTH120
+
+
 def _real(path: str) -> str:
     try:
         return os.path.realpath(path)
@@ -206,7 +212,7 @@ def same_file(a: str, b: str) -> bool:
     if os.path.normpath(a) == os.path.normpath(b):
         return True
     try:
-        return os.path.samefile(a, b)
+        return Path(a).samefile(b)
     except OSError:
         return False
 
@@ -232,7 +238,7 @@ def _search_paths(obj: str) -> tuple[tuple[str, str, str], ...]:
 
     out: list[tuple[str, str, str]] = []
     try:
-        with open(obj, "rb") as fh:
+        with Path(obj).open("rb") as fh:
             for sec in ELFFile(fh).iter_sections():
                 if not isinstance(sec, DynamicSection):
                     continue
@@ -242,7 +248,7 @@ def _search_paths(obj: str) -> tuple[tuple[str, str, str], ...]:
                         continue
                     text = str(getattr(tag, "rpath" if kind == "DT_RPATH" else "runpath"))
                     for entry in text.split(":"):
-                        d = entry.replace("${ORIGIN}", "$ORIGIN").replace("$ORIGIN", os.path.dirname(obj))
+                        d = entry.replace("${ORIGIN}", "$ORIGIN").replace("$ORIGIN", _dirname(obj))
                         out.append((kind, entry, os.path.normpath(d)))
     except (OSError, ELFError, ValueError):
         return ()
@@ -252,7 +258,7 @@ def _search_paths(obj: str) -> tuple[tuple[str, str, str], ...]:
 def _rpath_entry(found: Found) -> tuple[str, str] | None:
     """(tag, entry as written) of the requester's DT_RPATH/DT_RUNPATH entry that found it, if
     the requester's own (the loader also searches the DT_RPATH of the objects that loaded it)."""
-    directory = os.path.normpath(os.path.dirname(found.path))
+    directory = os.path.normpath(_dirname(found.path))
     if found.requester:
         for tag, entry, d in _search_paths(found.requester):
             if d == directory or same_file(d, directory):
@@ -285,31 +291,15 @@ def _origin(path: str, f: Found, s: Setting) -> tuple[Origin, str]:
     """The rules, in order: the cell's file; what the case allows; what the harness put first;
     a Python package tree (whose environment it is decides); the host's directories and the
     search steps that only reach them; what the program's own RPATH or its own paths name."""
-    if s.cell_file and same_file(path, s.cell_file):
-        return "cell", "the cell's runtime"
-    hit = allowed_by(path, s.allow)
-    if hit is not None:
-        return "allowed", f"named by the case's allow_runtime ({hit})"
-    if f.step == "enforced":
-        return "cell", "the harness's enforcement of the cell's runtime"
-    # The cell's runtime directory (a wheel's, a site runtime's toolkit lib64) or the driver
-    # interposer's: what lies there is the cell's, however it was reached.
-    harness_dir = _under(os.path.dirname(path), s.harness_dirs)
-    if harness_dir is not None:
-        return "cell", f"a directory the harness put on LD_LIBRARY_PATH for the cell ({harness_dir})"
-    if _DRIVER.match(os.path.basename(path)):
-        return "driver", "the host's driver, which every cell runs on"
-    inherited = f.step == "ld_library_path" and _under(os.path.dirname(path), s.case_dirs) is None
+    named = _cells_own(path, f, s)
+    if named is not None:
+        return named
+    inherited = f.step == "ld_library_path" and _under(_dirname(path), s.case_dirs) is None
     tree = package_tree(path)
     if tree is not None:
-        own = _under(tree, s.package_dirs) or next((d for d in s.package_dirs if same_file(d, tree)), None)
-        if own is not None:
-            return "bundled", f"inside the program's own environment ({tree})"
-        if f.step in ("rpath", "path") and f.requester and package_tree(f.requester) == tree:
-            return "bundled", f"a package of the same environment as {f.requester} ({tree})"
-        if s.package_dirs:
-            return "outside", (f"another Python environment's packages ({tree}), not the program's "
-                               f"({', '.join(s.package_dirs)})")
+        in_tree = _in_package_tree(f, s, tree)
+        if in_tree is not None:
+            return in_tree
     if f.step in ("ld.so.cache", "default", "secure"):
         return "outside", "a host library directory"
     if inherited:
@@ -335,6 +325,38 @@ def _origin(path: str, f: Found, s: Setting) -> tuple[Origin, str]:
     return "bundled", "the program named the file itself, outside the host's directories"
 
 
+def _cells_own(path: str, f: Found, s: Setting) -> tuple[Origin, str] | None:
+    """The first rules: the cell's file, what the case allows, what the harness put first, the driver."""
+    if s.cell_file and same_file(path, s.cell_file):
+        return "cell", "the cell's runtime"
+    hit = allowed_by(path, s.allow)
+    if hit is not None:
+        return "allowed", f"named by the case's allow_runtime ({hit})"
+    if f.step == "enforced":
+        return "cell", "the harness's enforcement of the cell's runtime"
+    # The cell's runtime directory (a wheel's, a site runtime's toolkit lib64) or the driver
+    # interposer's: what lies there is the cell's, however it was reached.
+    harness_dir = _under(_dirname(path), s.harness_dirs)
+    if harness_dir is not None:
+        return "cell", f"a directory the harness put on LD_LIBRARY_PATH for the cell ({harness_dir})"
+    if _DRIVER.match(Path(path).name):
+        return "driver", "the host's driver, which every cell runs on"
+    return None
+
+
+def _in_package_tree(f: Found, s: Setting, tree: str) -> tuple[Origin, str] | None:
+    """Inside a Python package tree: whose environment it is decides (None: the program's is unknown)."""
+    own = _under(tree, s.package_dirs) or next((d for d in s.package_dirs if same_file(d, tree)), None)
+    if own is not None:
+        return "bundled", f"inside the program's own environment ({tree})"
+    if f.step in ("rpath", "path") and f.requester and package_tree(f.requester) == tree:
+        return "bundled", f"a package of the same environment as {f.requester} ({tree})"
+    if s.package_dirs:
+        return "outside", (f"another Python environment's packages ({tree}), not the program's "
+                           f"({', '.join(s.package_dirs)})")
+    return None
+
+
 def _how(f: Found, s: Setting) -> str:
     asked = f" (requested as {f.request} by {f.requester or 'the program'})" if f.request else ""
     if f.step == "rpath":
@@ -342,7 +364,7 @@ def _how(f: Found, s: Setting) -> str:
         # The RPATH's holder is named already when it is the requester.
         return clause + (f" (requested as {f.request})" if f.requester and clause.endswith(f.requester) else asked)
     if f.step == "ld_library_path":
-        entry = os.path.dirname(f.path)
+        entry = _dirname(f.path)
         who = ("set by the harness" if _under(entry, s.harness_dirs) else
                "set by the case" if _under(entry, s.case_dirs) else "inherited: set by neither the harness nor the case")
         return f"found through LD_LIBRARY_PATH entry {entry} ({who}){asked}"
@@ -385,9 +407,11 @@ def program_package_dirs(argv0: str, *, path: str | None = None, pythonpath: str
     ``PYTHONPATH`` are the program's too.
     """
     exe = argv0 if "/" in argv0 else shutil.which(argv0, path=path if path is not None else os.environ.get("PATH"))
-    if exe is None or not _PYTHON_NAME.match(os.path.basename(exe)):
+    if exe is None or not _PYTHON_NAME.match(Path(exe).name):
         return ()
-    dirs = list(_ask_interpreter(os.path.abspath(exe)))
+    # Made absolute, never resolved: a virtual environment's python is a link to the base interpreter,
+    # and only its own name makes it start in the environment.
+    dirs = list(_ask_interpreter(os.path.abspath(exe)))  # noqa: PTH100
     if pythonpath:
         dirs += [d for d in pythonpath.split(os.pathsep) if d]
     return tuple(dict.fromkeys(dirs))
@@ -424,6 +448,6 @@ def this_environment() -> tuple[str, ...]:
     import site
     import sys
 
-    dirs = list(site.getsitepackages()) + [site.getusersitepackages()]
+    dirs = [*site.getsitepackages(), site.getusersitepackages()]
     dirs += [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
     return tuple(dict.fromkeys(dirs))

@@ -122,7 +122,6 @@ def clean_images(client: Any, images: list[Any], *, dry_run: bool = False, stage
 def clean_cache(*, dry_run: bool = False) -> Cleaned:
     """Remove the cache directory."""
     from cumatrix.core.cache import cache_root
-
     from cumatrix.core.private import cache_exclusive
 
     done = Cleaned()
@@ -195,61 +194,74 @@ def _confirm(count: int, yes: bool) -> bool:
 def cmd_clean(*, images: bool, cache: bool, dry_run: bool, yes: bool = False) -> int:
     """``cumatrix clean``: exit 0; 1 when something could not be removed; 2 when images were
     listed but not confirmed on a non-interactive stdin."""
-    from cumatrix.core.cache import cache_root
-    from cumatrix.core.errors import DaemonUnavailable
-
     if not images:
         cache = True  # the default; images only when asked for
     verb = "would remove" if dry_run else "removed"
-    kept: list[str] = []
     for d in stale_temp_dirs():
         if not dry_run:
             shutil.rmtree(d, ignore_errors=True)
         print(f"cumatrix: {verb} the temporary directory {d} (its run is gone)")
     if cache:
-        root = cache_root()
-        size = _du(root) if root.is_dir() else 0
-        gone = clean_cache(dry_run=dry_run).cache
-        for p in gone:
-            print(f"cumatrix: {verb} the cache {p} ({size / 2**20:.0f} MiB)")
-        if not gone:
-            print(f"cumatrix: no cache at {root}")
-    if images:
-        import docker
-
-        try:
-            client = docker.from_env(timeout=60)
-            client.ping()
-        except Exception as e:  # no daemon: nothing of ours can be there to remove
-            raise DaemonUnavailable(f"--images: no Docker daemon answers ({e}); start one, or run "
-                                    "`cumatrix clean` for the cache alone") from e
-        try:
-            go, kept = planned_images(client)
-            stages = remove_build_stages(client, dry_run=True)
-            for k in kept:
-                print(f"cumatrix: keeping {k}")
-            if not go and not stages:
-                print("cumatrix: no cumatrix images to remove")
-            else:
-                for img in go:
-                    print(f"  image {_image_name(img)}")
-                if stages:
-                    print(f"  {len(stages)} untagged build stage{'s' if len(stages) != 1 else ''}")
-                if dry_run:
-                    for img in go:
-                        print(f"cumatrix: would remove image {_image_name(img)}")
-                elif _confirm(len(go) + len(stages), yes):
-                    done = clean_images(client, go)
-                    for i in done.images:
-                        print(f"cumatrix: removed image {i}")
-                    kept = done.kept
-                else:
-                    print("cumatrix: nothing removed")
-                    kept = []
-        finally:
-            client.close()
-        for k in kept:
-            if not k.startswith("image ") or ": used by container" not in k:
-                print(f"cumatrix: kept {k}")
-        kept = [k for k in kept if ": used by container" not in k]
+        _clean_cache_dir(verb, dry_run=dry_run)
+    kept = _clean_docker_images(dry_run=dry_run, yes=yes) if images else []
     return 1 if kept else 0
+
+
+def _clean_cache_dir(verb: str, *, dry_run: bool) -> None:
+    from cumatrix.core.cache import cache_root
+
+    root = cache_root()
+    size = _du(root) if root.is_dir() else 0
+    gone = clean_cache(dry_run=dry_run).cache
+    for p in gone:
+        print(f"cumatrix: {verb} the cache {p} ({size / 2**20:.0f} MiB)")
+    if not gone:
+        print(f"cumatrix: no cache at {root}")
+
+
+def _clean_docker_images(*, dry_run: bool, yes: bool) -> list[str]:
+    """List (and unless ``dry_run``, after confirmation, remove) our images; what could not be
+    removed though it should have been."""
+    import docker
+
+    from cumatrix.core.errors import DaemonUnavailable
+
+    try:
+        client = docker.from_env(timeout=60)
+        client.ping()
+    except Exception as e:  # no daemon: nothing of ours can be there to remove
+        raise DaemonUnavailable(f"--images: no Docker daemon answers ({e}); start one, or run "
+                                "`cumatrix clean` for the cache alone") from e
+    try:
+        kept = _list_and_remove(client, dry_run=dry_run, yes=yes)
+    finally:
+        client.close()
+    for k in kept:
+        if not k.startswith("image ") or ": used by container" not in k:
+            print(f"cumatrix: kept {k}")
+    return [k for k in kept if ": used by container" not in k]
+
+
+def _list_and_remove(client: Any, *, dry_run: bool, yes: bool) -> list[str]:
+    go, kept = planned_images(client)
+    stages = remove_build_stages(client, dry_run=True)
+    for k in kept:
+        print(f"cumatrix: keeping {k}")
+    if not go and not stages:
+        print("cumatrix: no cumatrix images to remove")
+        return kept
+    for img in go:
+        print(f"  image {_image_name(img)}")
+    if stages:
+        print(f"  {len(stages)} untagged build stage{'s' if len(stages) != 1 else ''}")
+    if dry_run:
+        for img in go:
+            print(f"cumatrix: would remove image {_image_name(img)}")
+        return kept
+    if not _confirm(len(go) + len(stages), yes):
+        print("cumatrix: nothing removed")
+        return []
+    done = clean_images(client, go)
+    for i in done.images:
+        print(f"cumatrix: removed image {i}")
+    return done.kept

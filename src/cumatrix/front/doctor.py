@@ -18,7 +18,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-
 Status = Literal["ok", "missing", "warn"]
 
 #: Features a check can switch on, for ``--require``.

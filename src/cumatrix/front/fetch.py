@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import argparse
 import re
-import subprocess
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cumatrix.provision import runtimes
-from cumatrix.provision.pip import pip_download, platform_tags
 from cumatrix.core.errors import RuntimeNotFound, UsageError
 from cumatrix.core.model import Matrix
+from cumatrix.provision import runtimes
+from cumatrix.provision.pip import pip_download, platform_tags
 
 #: The platform a GPU cluster node usually is; its older manylinux tags are accepted too.
 DEFAULT_PLATFORM = "manylinux_2_28_x86_64"

@@ -78,8 +78,8 @@ def write_scripts(matrix: Path, out: Path, *, run_args: Sequence[str] = (), sbat
     """Plan ``matrix`` over its ``hosts:`` and write ``out/slurm/{array.sbatch, merge.sbatch,
     submit.sh}``.  Paths in the scripts are absolute: a job starts in whatever directory
     Slurm gives it."""
-    from cumatrix.load import matrix as _matrix
     from cumatrix.front.plan import assign
+    from cumatrix.load import matrix as _matrix
 
     matrix = matrix.resolve()
     out = out.resolve()
@@ -262,7 +262,7 @@ def wait(plan: SlurmPlan, array: str, merge: str, *, poll: float = 5.0,
 
 
 def _final(state: str) -> bool:
-    return state.split()[0].rstrip("+") in FINAL_STATES
+    return state.split(maxsplit=1)[0].rstrip("+") in FINAL_STATES
 
 
 def check_args(words: Sequence[str], flag: str) -> list[str]:

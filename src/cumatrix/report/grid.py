@@ -45,8 +45,8 @@ GLOSSARY: dict[str, tuple[str, str]] = {
     "cannot-emulate": ("cannot-emulate", "this host's driver cannot stand in for the emulated one"),
     "refused": ("refused", "the container toolkit refused the image"),
     "skipped": ("skipped:REASON", "not run here, for REASON (no-cuda-driver: this host has no NVIDIA driver)"),
-    "runtime-leak": ("runtime-leak:PATH", "the process used the CUDA runtime at PATH, from outside both the program "
-                                          "and the cell"),
+    "runtime-leak": ("runtime-leak:PATH", ("the process used the CUDA runtime at PATH, from outside both the "
+                                           "program and the cell")),
     "harness-error": ("harness-error", "cumatrix itself failed on this cell"),
     "not run": ("not run", "in the matrix, but no result was recorded"),
 }

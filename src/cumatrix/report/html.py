@@ -30,8 +30,8 @@ from markupsafe import Markup
 
 from cumatrix.report.grid import LEGEND, Entry, Grid, entries, glossary, grids, timed
 from cumatrix.report.markdown import headline
-from cumatrix.results.records import CATEGORIES, CellResult, RunData, Timings
 from cumatrix.report.text import clean
+from cumatrix.results.records import CATEGORIES, CellResult, RunData, Timings
 
 #: Glyphs the page uses per category (present in common fonts, no emoji font needed).
 GLYPHS = {"ok": "✓", "expected": "◎", "fail": "✗", "skip": "–", "not-run": "○"}
@@ -148,6 +148,11 @@ class Layout:
     col_order: tuple[int, ...]
 
 
+def _matters(at: dict[tuple[int, int], Entry], rows: int, k: int) -> bool:
+    """Whether column ``k`` holds a failure or an expected failure."""
+    return any(at[(r, k)].category in ("fail", "expected") for r in range(rows) if (r, k) in at)
+
+
 def layout(g: Grid) -> Layout:
     """The :class:`Layout` of grid ``g`` (see there)."""
     def lines(transposed: bool) -> tuple[tuple[str, ...], tuple[str, ...], dict[tuple[int, int], Entry]]:
@@ -188,9 +193,9 @@ def layout(g: Grid) -> Layout:
         w = width(rows, cols, at, fc)
         order = tuple(range(len(cols)))
         if w > GRID_BUDGET_PX:
-            def matters(k: int) -> bool:
-                return any(at[(r, k)].category in ("fail", "expected") for r in range(len(rows)) if (r, k) in at)
-            order = tuple(sorted(order, key=lambda k: not matters(k)))  # stable: matrix order otherwise
+            # The columns with a failure first, each part in matrix order.
+            hot = [k for k in order if _matters(at, len(rows), k)]
+            order = (*hot, *(k for k in order if k not in hot))
         lay = Layout(rows=rows, cols=cols, transposed=transposed, folded_rows=fr, folded_cols=fc, col_order=order)
         if best is None or w < best[0] - 1e-6:
             best = (w, lay)
@@ -301,7 +306,7 @@ def to_html(run: RunData) -> str:
     )
     verdict, _, line = headline(run).partition(" — ")
     verdict = verdict.removeprefix("cumatrix: ")
-    per_cat = {cat: 0 for cat in CATEGORIES}
+    per_cat = dict.fromkeys(CATEGORIES, 0)
     for e in items:
         per_cat[e.category] += 1
     data, details = _page_data(run, items, gs)

@@ -94,7 +94,7 @@ def write_json(run: RunData, path: Path) -> Path:
     """Write ``results.json`` (streamed, see the module's text) and return its path."""
     head = _head(run)
     keys = sorted([*head, "cells"])
-    with open(path, "w", encoding="utf-8") as f:
+    with path.open("w", encoding="utf-8") as f:
         f.write("{")
         for i, key in enumerate(keys):
             f.write(("," if i else "") + "\n  " + json.dumps(key) + ": ")

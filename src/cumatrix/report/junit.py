@@ -12,8 +12,8 @@ from pathlib import Path
 
 from cumatrix.report.grid import readable
 from cumatrix.report.markdown import headline
-from cumatrix.results.records import CellResult, RunData, axes_from_id
 from cumatrix.report.text import clean
+from cumatrix.results.records import CellResult, RunData, axes_from_id
 
 
 def _classname(runtime: str, driver: str, host: str | None) -> str:

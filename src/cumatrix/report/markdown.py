@@ -12,8 +12,8 @@ import html
 from pathlib import Path
 
 from cumatrix.report.grid import LEGEND, SYMBOLS, Grid, glossary, grids, readable, timed
-from cumatrix.results.records import CellResult, Counts, RunData
 from cumatrix.report.text import clean, md_code, md_fenced, md_inline, shorten
+from cumatrix.results.records import CellResult, Counts, RunData
 
 #: GitHub caps a step summary at 1 MiB; stay well under it.
 _MAX_MISMATCHES_LISTED = 100

@@ -6,8 +6,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from cumatrix.core.errors import ConfigError
-from cumatrix.results.records import CellResult, RunData, RunInfo, load_records
 from cumatrix.core.planned import PlannedCells
+from cumatrix.results.records import CellResult, RunData, RunInfo, load_records
 
 
 def merge_runs(dirs: list[Path], *, host_names: list[str] | None = None,

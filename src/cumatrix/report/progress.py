@@ -23,10 +23,7 @@ def progress_line(done: int, total: int, elapsed_s: float, cell_id: str, status:
     """
     width = len(str(max(total, 0)))
     pct = f"{100 * done // total:3d}%" if total > 0 else "  -%"
-    if done > 0 and total >= done:
-        eta = _duration(elapsed_s / done * (total - done))
-    else:
-        eta = "--"
+    eta = _duration(elapsed_s / done * (total - done)) if done > 0 and total >= done else "--"
     return (
         f"[{done:>{width}}/{total} {pct}] ETA {eta:>6}  {clean(status).upper():<4}  "
         f"{clean(cell_id)}  {clean(outcome)}"

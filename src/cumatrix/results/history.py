@@ -404,7 +404,7 @@ class History:
     def results_of(self, run_ids: Sequence[int]) -> dict[int, dict[CellKey, Result]]:
         """Every cell of each of ``run_ids``, by run."""
         cells = {i: CellKey(name=n, host=h) for i, n, h in self.conn.execute("SELECT id, name, host FROM cells")}
-        labels = {i: label for i, label in self.conn.execute("SELECT id, label FROM outcomes")}
+        labels = dict(self.conn.execute("SELECT id, label FROM outcomes").fetchall())
         out: dict[int, dict[CellKey, Result]] = {}
         for rid in run_ids:
             out[rid] = {cells[c]: Result(status=STATUS_NAMES[s], outcome=labels[o], gbps=g, speedup=sp)

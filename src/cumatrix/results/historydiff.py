@@ -26,6 +26,7 @@ run are passed over).
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -161,7 +162,7 @@ def _ran(r: Result | None) -> bool:
     return r is not None and r.status in ("pass", "fail")
 
 
-def classify(cell: CellKey, before: Result | None, after: Result | None) -> str | None:
+def classify(before: Result | None, after: Result | None) -> str | None:
     """The list a cell's change belongs in (see the module's text), or None: unchanged."""
     sb = before.status if before else NOT_RUN
     sa = after.status if after else NOT_RUN
@@ -187,7 +188,7 @@ def noise_of(values: Sequence[float]) -> tuple[float, float]:
 
 def flips_of(outcomes: Sequence[str]) -> int:
     """How many times consecutive outcomes differ."""
-    return sum(1 for x, y in zip(outcomes, outcomes[1:], strict=False) if x != y)
+    return sum(1 for x, y in itertools.pairwise(outcomes) if x != y)
 
 
 def resolve(hist: History, a_ref: str | None, b_ref: str | None) -> tuple[StoredRun, StoredRun]:
@@ -240,7 +241,7 @@ def diff(hist: History, a: StoredRun, b: StoredRun, *, window: int = DEFAULT_WIN
         if x is not None and y is not None and x[1] == y[1] and x[2] == y[2]:
             continue
         before, after = result(x), result(y)
-        where = classify(keys[cid], before, after)
+        where = classify(before, after)
         if where is not None:
             lists[where].append(Change(cell=keys[cid], before=before, after=after))
     speed = _speed(hist, before_a, ra, rb, keys)
@@ -330,8 +331,8 @@ def _trends(hist: History, span: Sequence[int], rb: Mapping[int, Row],
 def to_text(d: Diff) -> str:
     """``cumatrix diff`` as a person reads it."""
     a, b = d.a, d.b
-    lines = [f"run #{b.id} ({b.run_uid}, {b.started or b.recorded}) against #{a.id} ({a.run_uid}, "
-             f"{a.started or a.recorded}), matrix {b.matrix}"]
+    lines = [(f"run #{b.id} ({b.run_uid}, {b.started or b.recorded}) against #{a.id} ({a.run_uid}, "
+              f"{a.started or a.recorded}), matrix {b.matrix}")]
     if a.digest != b.digest:
         lines.append(f"note: the runs are of different matrices (sha256 {a.digest[:12]} and {b.digest[:12]})")
     titles = {"new_failures": "new failures", "fixed": "fixed", "changed": "changed outcomes",

@@ -250,7 +250,7 @@ def load_records(jsonl: Path) -> RunData:
     """
     source = str(jsonl)
     try:
-        f = open(jsonl, "rb")  # noqa: SIM115 - closed below; lines end at b"\n" only
+        f = jsonl.open("rb")  # closed below; lines end at b"\n" only
     except OSError as e:
         raise ConfigError(f"{source}: cannot read results: {e.strerror or e}") from e
     with f:
