@@ -24,23 +24,15 @@ import pytest
 import cumatrix
 from cumatrix.provision.build import build_variant
 from cumatrix.provision.runtimes import headers_for
+from helpers.gpu import gpu_reason
 
 pytestmark = pytest.mark.gpu
 SRC_ROOT = str(Path(cumatrix.__file__).resolve().parents[1])
 
 
-def _gpu_reason() -> str | None:
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError as e:
-        return f"no NVIDIA driver: {e}"
-    rc = lib.cuInit(0)
-    return None if rc == 0 else f"cuInit failed with CUresult {rc}"
-
-
 @pytest.fixture(scope="module")
 def library() -> str:
-    reason = _gpu_reason()
+    reason = gpu_reason()
     if reason:
         if os.environ.get("CUMATRIX_REQUIRE_GPU") == "1":
             pytest.fail(f"CUMATRIX_REQUIRE_GPU=1 but {reason}")

@@ -7,7 +7,6 @@ runs in its own child, as the harness runs them: a runtime and a driver share a 
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import subprocess
@@ -19,23 +18,15 @@ import pytest
 import cumatrix
 from cumatrix.provision.build import build_variant
 from cumatrix.provision.runtimes import KNOWN_WHEELS, from_wheel, headers_for
+from helpers.gpu import gpu_reason
 
 pytestmark = pytest.mark.gpu
 SRC_ROOT = str(Path(cumatrix.__file__).resolve().parents[1])
 
 
-def _gpu_reason() -> str | None:
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError as e:
-        return f"no NVIDIA driver: {e}"
-    rc = lib.cuInit(0)
-    return None if rc == 0 else f"cuInit failed with CUresult {rc}"
-
-
 @pytest.fixture(scope="module", autouse=True)
 def gpu() -> None:
-    reason = _gpu_reason()
+    reason = gpu_reason()
     if reason:
         if os.environ.get("CUMATRIX_REQUIRE_GPU") == "1":
             pytest.fail(f"CUMATRIX_REQUIRE_GPU=1 but {reason}")

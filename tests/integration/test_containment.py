@@ -26,6 +26,8 @@ from cumatrix.execute import sandbox
 from cumatrix.execute.local import run_local
 from cumatrix.execute.sandbox import Policy
 from cumatrix.judge.classify import classify
+from helpers.procs import alive
+from helpers.results import read_cells_by_case
 
 REPO = Path(__file__).resolve().parents[2]
 RUNTIME = "nvidia-cuda-runtime-cu12==12.9.79"
@@ -50,26 +52,14 @@ while not os.path.exists(out):
 """
 
 
-def _state(pid: int) -> str | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
-
-
-def _alive(pid: int) -> bool:
-    """Running (a zombie waiting for its reaper has ended)."""
-    return _state(pid) not in (None, "Z", "X")
-
-
 def _all_gone(pids: set[int], within: float = 10.0) -> set[int]:
     end = time.monotonic() + within
     while time.monotonic() < end:
-        left = {p for p in pids if _alive(p)}
+        left = {p for p in pids if alive(p)}
         if not left:
             return set()
         time.sleep(0.05)
-    return {p for p in pids if _alive(p)}
+    return {p for p in pids if alive(p)}
 
 
 def _descendants(root: int) -> set[int]:
@@ -112,7 +102,7 @@ def _children(pid: int) -> list[int]:
 
 def _kill_leftovers(pids: set[int]) -> None:
     for p in pids:
-        if _alive(p):
+        if alive(p):
             os.kill(p, signal.SIGKILL)
 
 
@@ -306,15 +296,6 @@ IMPORTS = ("import sys, json\\nr = {}\\nfor m in ('cumatrix', 'yaml', 'pytest', 
            "print(json.dumps(r))")
 
 
-def _cells(out: Path) -> dict[str, dict[str, Any]]:
-    recs = {}
-    for line in (out / "results.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("type") == "cell":
-            recs[rec["id"].split("/")[-1]] = rec
-    return recs
-
-
 @pytest.mark.network
 def test_command_cell_sees_no_secret_and_no_harness_package(tmp_path: Path, cli_env: Any, cli: Any,
                                                             wheel_cache: Path) -> None:
@@ -333,7 +314,7 @@ def test_command_cell_sees_no_secret_and_no_harness_package(tmp_path: Path, cli_
     proc = subprocess.run([PY, "-m", "cumatrix", "run", str(m), "--out", str(tmp_path / "out"), "-q"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 0, proc.stderr
-    cells = _cells(tmp_path / "out")
+    cells = read_cells_by_case(tmp_path / "out")
     seen = json.loads(cells["env"]["stdout_tail"])
     for name in ("AWS_SECRET_ACCESS_KEY", "GITHUB_TOKEN", "NVIDIA_API_KEY", "CI_JOB_TOKEN", "CUMATRIX_TEST_ASKED"):
         assert name not in seen, f"{name} reached a command cell"

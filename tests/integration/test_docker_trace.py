@@ -9,7 +9,6 @@ holding a secret of the harness's once no process of the cell is left, does.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import subprocess
 import textwrap
@@ -21,6 +20,7 @@ import pytest
 
 from cumatrix.core.jobs import Job
 from cumatrix.execute import docker_trace, sandbox
+from helpers.results import read_cells_by_case
 
 CU129 = "nvidia-cuda-runtime-cu12==12.9.79"
 
@@ -67,12 +67,7 @@ def _cells(cli: Any, d: Path, base: str, body: str) -> tuple[Any, dict[str, dict
     out = d / "out"
     proc = cli("run", m, "--backend", "docker", "--base-image", base, "--out", out, "-q", cwd=d, timeout=600)
     assert (out / "results.jsonl").exists(), proc.stderr
-    recs = {}
-    for line in (out / "results.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("type") == "cell":
-            recs[rec["id"].split("/")[-1]] = rec
-    return proc, recs
+    return proc, read_cells_by_case(out)
 
 
 def test_the_cells_tree_is_traced_inside_its_container(backend: Any) -> None:

@@ -29,6 +29,7 @@ from cumatrix.host.fingerprint import (
 from cumatrix.provision import drivers as D
 from cumatrix.provision import headers as H
 from cumatrix.provision.runtimes import headers_for
+from helpers.build import run_gcc
 
 STAND_INS = Path(__file__).resolve().parents[1] / "stand_ins"
 
@@ -40,16 +41,11 @@ if shutil.which("gcc") is None:
 pytestmark = pytest.mark.network  # introduction versions come from a real runtime wheel's headers
 
 
-def _gcc(*args: str | Path) -> None:
-    proc = subprocess.run(["gcc", *map(str, args)], capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, proc.stderr
-
-
 @pytest.fixture(scope="module")
 def stand_in(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The stand-in driver: ``<dir>/libcuda.so.1`` with SONAME libcuda.so.1."""
     d = tmp_path_factory.mktemp("stand-in-driver")
-    _gcc("-shared", "-fPIC", "-Wall", "-Werror", "-Wl,-soname,libcuda.so.1", "-o", d / "libcuda.so.1",
+    run_gcc("-shared", "-fPIC", "-Wall", "-Werror", "-Wl,-soname,libcuda.so.1", "-o", d / "libcuda.so.1",
          STAND_INS / "libcuda_stand_in.c")
     return d / "libcuda.so.1"
 
@@ -58,7 +54,7 @@ def stand_in(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def direct_link(stand_in: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A program that links cuMemcpyBatchAsync directly (DT_NEEDED libcuda.so.1)."""
     exe = tmp_path_factory.mktemp("direct-link") / "direct_link"
-    _gcc("-o", exe, STAND_INS / "direct_link.c", stand_in)
+    run_gcc("-o", exe, STAND_INS / "direct_link.c", stand_in)
     return exe
 
 

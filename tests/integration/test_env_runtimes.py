@@ -22,6 +22,7 @@ import pytest
 from cumatrix.core.errors import RuntimeNotFound
 from cumatrix.core.model import Runtime
 from cumatrix.provision import runtimes as R
+from helpers.wheels import make_wheel
 
 pytestmark = pytest.mark.network
 
@@ -71,18 +72,8 @@ def test_an_environment_without_a_runtime_is_a_clear_error(wheel_cache: Path) ->
 
 def _pure_wheel(d: Path, name: str, version: str, requires: list[str]) -> Path:
     """A real (pure-Python) wheel, as a project under test would hand to the gate."""
-    d.mkdir(parents=True, exist_ok=True)
-    dist = f"{name}-{version}"
-    path = d / f"{dist}-py3-none-any.whl"
-    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + "".join(
-        f"Requires-Dist: {r}\n" for r in requires)
-    files = {f"{name}/__init__.py": "import cuda.pathfinder\nVERSION = 'ok'\n", f"{dist}.dist-info/METADATA": meta,
-             f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-    with zipfile.ZipFile(path, "w") as zf:
-        for n, text in files.items():
-            zf.writestr(n, text)
-        zf.writestr(f"{dist}.dist-info/RECORD", "".join(f"{n},,\n" for n in files) + f"{dist}.dist-info/RECORD,,\n")
-    return path
+    return make_wheel(d, name, {f"{name}/__init__.py": b"import cuda.pathfinder\nVERSION = 'ok'\n"},
+                      version=version, requires=requires, purelib=True, compression=zipfile.ZIP_STORED)
 
 
 def test_the_gate_installs_a_wheel_with_its_dependencies_into_an_environment(tmp_path: Path,

@@ -20,6 +20,8 @@ import pytest
 
 from cumatrix.core import witness
 from cumatrix.provision import runtimes as R
+from helpers.build import gcc
+from helpers.results import read_cells_by_case
 
 CU129 = "nvidia-cuda-runtime-cu12==12.9.79"
 CU130 = "nvidia-cuda-runtime==13.0.96"
@@ -28,29 +30,13 @@ PY = sys.executable
 pytestmark = pytest.mark.network  # the cells provision real runtime wheels (cached after the first)
 
 
-def _cells(out: Path) -> dict[str, dict[str, Any]]:
-    recs = {}
-    for line in (out / "results.jsonl").read_text().splitlines():
-        rec = json.loads(line)
-        if rec.get("type") == "cell":
-            recs[rec["id"].split("/")[-1]] = rec
-    return recs
-
-
-def _gcc() -> str:
-    cc = shutil.which("gcc")
-    if cc is None:
-        pytest.skip("gcc is not on PATH (the tracer and the test programs are built with it)")
-    return cc
-
-
 def _run(cli: Any, d: Path, body: str, *args: str, timeout: float = 180) -> tuple[Any, dict[str, dict[str, Any]]]:
     m = d / "m.yaml"
     m.write_text(textwrap.dedent(body).lstrip("\n"))
     out = d / "out"
     proc = cli("run", m, "--out", out, "-q", *args, cwd=d, timeout=timeout)
     assert (out / "results.jsonl").exists(), proc.stderr
-    return proc, _cells(out)
+    return proc, read_cells_by_case(out)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +51,7 @@ def test_a_forged_audit_line_does_not_skip_a_failing_cell(tmp_path: Path, cli: A
     """Attack: write one line to $CUMATRIX_AUDIT_LOG claiming a CUDA 13 runtime, then exit 1.
     Before: ``skipped:runtime-not-used`` and the run exited 0.  Now the kernel's record (which
     never saw that file) decides: ``exit:1``, the claim named as not backed."""
-    _gcc()
+    gcc()
     forge = r'printf "o\t$$\tlibcudart.so.13\t/opt/fake/libcudart.so.13\n" >> "$CUMATRIX_AUDIT_LOG"; exit 1'
     proc, got = _run(cli, tmp_path, f"""
         runtimes: {{cu12.9: {{wheel: {CU129}}}}}
@@ -88,7 +74,7 @@ def test_a_child_without_ld_audit_is_still_seen(tmp_path: Path, cli: Any, cu13: 
     """Attack: a child started with ``env -u LD_AUDIT`` loads libcudart.so.13 in a cu12.9 cell.
     Before: unobserved, the cell passed under the cu12.9 name.  Now the kernel saw the mapping:
     the cell did not run its runtime."""
-    _gcc()
+    gcc()
     script = tmp_path / "hide.sh"
     script.write_text(f"env -u LD_AUDIT {PY} -c \"import ctypes; ctypes.CDLL('{cu13}')\"\n")
     _proc, got = _run(cli, tmp_path, f"""
@@ -108,7 +94,7 @@ def test_a_child_without_ld_audit_is_still_seen(tmp_path: Path, cli: Any, cu13: 
 def test_a_static_program_and_a_setuid_one_cannot_hide_their_mappings(tmp_path: Path) -> None:
     """A statically linked executable has no loader (LD_AUDIT never runs); the kernel still
     reports its image.  The tracer reads /proc/PID/maps at exit, from outside the process."""
-    cc = _gcc()
+    cc = gcc()
     src = tmp_path / "s.c"
     src.write_text("int main(void) { return 0; }\n")
     exe = tmp_path / "static-prog"
@@ -126,7 +112,7 @@ def test_a_static_program_and_a_setuid_one_cannot_hide_their_mappings(tmp_path: 
 def test_a_fifo_for_a_log_does_not_block_the_harness(tmp_path: Path, cli: Any, wheel_cache: Path) -> None:
     """Attack: replace the audit log with a FIFO.  Before: the harness blocked for good.  Now it
     is opened without blocking, refused as not a regular file, and the cell's record says so."""
-    _gcc()
+    gcc()
     fifo = 'rm -f "$CUMATRIX_AUDIT_LOG"; mkfifo "$CUMATRIX_AUDIT_LOG"; exit 0'
     t0 = time.monotonic()
     proc, got = _run(cli, tmp_path, f"""
@@ -161,7 +147,7 @@ def test_under_the_sandbox_a_cell_cannot_write_the_next_cells_log(tmp_path: Path
     """Attack: a cell writes a forged line into every audit log it can find (the next cell's
     is prepared ahead).  Each cell has a private directory with an unpredictable name, a
     sandboxed cell sees only its own, and a forged line is not evidence anyway."""
-    _gcc()
+    gcc()
     from cumatrix.execute import sandbox
 
     bwrap, why = sandbox.bubblewrap()
@@ -190,7 +176,7 @@ def test_under_the_sandbox_a_cell_cannot_write_the_next_cells_log(tmp_path: Path
 def test_a_shell_printing_a_loader_line_is_its_exit_status(tmp_path: Path, cli: Any, wheel_cache: Path) -> None:
     """Attack: ``echo '... undefined symbol: cuMemcpyBatchAsync' >&2; exit 3`` in a cell that
     expects that loader outcome.  Before: it passed.  Now only the loader's own failure counts."""
-    _gcc()
+    gcc()
     say = "echo \"./app: symbol lookup error: ./app: undefined symbol: cuMemcpyBatchAsync\" >&2; exit 3"
     say127 = say.replace("exit 3", "exit 127")
     proc, got = _run(cli, tmp_path, f"""
@@ -214,7 +200,7 @@ def test_a_shell_printing_a_loader_line_is_its_exit_status(tmp_path: Path, cli: 
 def test_the_loaders_own_failures_still_count(tmp_path: Path) -> None:
     """ld.so at start (exit 127, the object mapped) and Python's ctypes/import refusing a
     library with an undefined symbol (the interpreter's traceback) are the loader's outcomes."""
-    cc = _gcc()
+    cc = gcc()
     from cumatrix.execute.local import Job, run_local
     from cumatrix.judge.classify import classify
 
@@ -313,7 +299,7 @@ def test_a_library_planted_by_another_user_is_not_loaded(tmp_path: Path, wheel_c
     (a name anyone can work out) before the harness runs docker cells.  The harness takes that
     directory only when it is its own and no one else may write it; else it makes one of its
     own under a name no one can guess."""
-    _gcc()
+    gcc()
     if os.geteuid() != 0:
         pytest.skip("needs root to act as a second local user")
     user = _second_user()
@@ -357,7 +343,7 @@ def test_a_driver_rule_holds_only_where_the_driver_was_mapped(tmp_path: Path, wh
     """A CUDA 13 runtime on a 12.8 driver: a program that only loads the runtime never opens the
     driver and exits 0 (FACTS: libcuda.so.1 is not even mapped), so it is judged by its exit
     status; one that maps libcuda.so.1 falls under NVIDIA's rule (expected exit:1)."""
-    cc = _gcc()
+    cc = gcc()
     from cumatrix.load.matrix import cells as matrix_cells
     from cumatrix.load.matrix import load as load_matrix
     from cumatrix.orchestrate import Orchestrator
@@ -403,7 +389,7 @@ def test_a_static_runtime_in_a_mapped_object_is_the_runtime_recorded(tmp_path: P
     """A module carrying a statically linked runtime (cuda-bindings' runtime module, CuPy) maps no
     libcudart: the cell records that module's runtime, found with the gate's detector, its
     version from the module's own function names."""
-    cc = _gcc()
+    cc = gcc()
     from cumatrix.audit.static import runtime_introductions
 
     intros = runtime_introductions()
@@ -470,7 +456,7 @@ def test_resume_reruns_a_record_edited_by_hand(tmp_path: Path, cli: Any, wheel_c
     said = proc.stdout + proc.stderr
     assert "no valid signature" in said, said
     assert "cu12.9/host/bad" in said, said
-    got = _cells(tmp_path / "out")
+    got = read_cells_by_case(tmp_path / "out")
     assert got["bad"]["status"] == "fail"
     assert got["bad"]["observed"]["outcome"] == "exit:4"
     assert got["good"]["status"] == "pass"
@@ -533,7 +519,7 @@ def test_resume_reruns_a_cell_whose_runtime_wheel_changed_under_its_name(tmp_pat
     before = got["a"]["started"]
     again = cli("run", tmp_path / "m.yaml", "--out", tmp_path / "out", "--resume", "-q", "--wheel-dir", str(wheels),
                 cwd=tmp_path, timeout=180)
-    assert _cells(tmp_path / "out")["a"]["started"] == before, again.stdout  # unchanged: kept
+    assert read_cells_by_case(tmp_path / "out")["a"]["started"] == before, again.stdout  # unchanged: kept
     (wheel,) = wheels.glob("*.whl")
     with zipfile.ZipFile(wheel, "a") as zf:  # the same name and version, other bytes
         zf.writestr("nvidia/extra.txt", "changed\n")
@@ -541,7 +527,7 @@ def test_resume_reruns_a_cell_whose_runtime_wheel_changed_under_its_name(tmp_pat
                 cwd=tmp_path, timeout=180)
     said = again.stdout + again.stderr
     assert "changed since they ran" in said, said
-    assert _cells(tmp_path / "out")["a"]["started"] != before
+    assert read_cells_by_case(tmp_path / "out")["a"]["started"] != before
 
 
 # --------------------------------------------------------------------------- counts a reader can check
@@ -600,7 +586,7 @@ def test_where_ptrace_is_refused_the_cell_runs_untraced_and_says_so(tmp_path: Pa
     """A harness inside a container whose seccomp profile refuses ptrace (CAP_SYS_PTRACE missing
     on an old profile): the spawn helper says so and runs the program untraced, whose exit
     status is kept; the record then names the audit log as its only evidence."""
-    _gcc()
+    gcc()
     try:
         import docker
 
@@ -650,7 +636,7 @@ def test_a_cell_that_kills_its_tracer_is_a_crash(tmp_path: Path) -> None:
     """Attack: the cell kills the spawn helper that traces it (its parent, same user), then does
     what it wants untraced.  The helper is the process the harness waits for: the cell is a
     crash, and its record says the trace is incomplete."""
-    _gcc()
+    gcc()
     from cumatrix.execute.local import Job, run_local
     from cumatrix.judge.classify import classify
 
@@ -694,7 +680,7 @@ def test_a_link_named_like_a_runtime_does_not_rename_what_was_mapped(tmp_path: P
     """Attack: make a link named libcudart.so.13 to the C library, log it as opened (with a
     SONAME to match) and exit 1.  The kernel saw the C library under its own name: the log's
     spelling and SONAME are not taken, and the cell is exit:1, not skipped."""
-    _gcc()
+    gcc()
     libc = next(p for p in ("/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libc.so.6",
                             "/lib64/libc.so.6", "/usr/lib64/libc.so.6") if Path(p).exists())
     link = tmp_path / "fake" / "libcudart.so.13"

@@ -6,23 +6,18 @@ Introduction versions and ABI changes come from the headers of real runtime whee
 
 from __future__ import annotations
 
-import argparse
-import base64
-import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
 import zipfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-import cumatrix
 from cumatrix.audit.static import load_audit_data
-from cumatrix.front.gate import add_gate_parser, gate_main
+from helpers.build import shared_library
+from helpers.gate import gate
+from helpers.wheels import CP311_LINUX, make_wheel
 
 if shutil.which("gcc") is None:
     if os.environ.get("CUMATRIX_REQUIRE_GCC") == "1":
@@ -80,50 +75,18 @@ int runtime_version(void) { int v = 0; cudaRuntimeGetVersion(&v); return v; }
 }
 
 
-def _gcc(cwd: Path, out: str, source: str, *args: str) -> Path:
-    src = cwd / (Path(out).name.split(".")[0] + ".c")
-    src.write_text(source)
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", out, src.name, *args],
-                   cwd=cwd, check=True, capture_output=True)
-    return cwd / out
-
-
-def make_wheel(out_dir: Path, dist: str, files: dict[str, bytes],
-               requires: tuple[str, ...] = ()) -> Path:
-    """A real wheel: the package's files, then *.dist-info/{METADATA,WHEEL,RECORD};
-    ``requires`` become its ``Requires-Dist`` lines."""
-    tag = "cp311-cp311-linux_x86_64"
-    info = f"{dist}-1.0.dist-info"
-    members = dict(files)
-    members[f"{info}/METADATA"] = (f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n"
-                                   + "".join(f"Requires-Dist: {r}\n" for r in requires)).encode()
-    members[f"{info}/WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: cumatrix-tests\n"
-                                f"Root-Is-Purelib: false\nTag: {tag}\n").encode()
-    record = []
-    for name, data in members.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{name},sha256={digest},{len(data)}")
-    record.append(f"{info}/RECORD,,")
-    members[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
-    path = out_dir / f"{dist}-1.0-{tag}.whl"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name, data in members.items():
-            zf.writestr(name, data)
-    return path
-
-
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("gate")
     (d / "stubs").mkdir()
-    _gcc(d, "stubs/libcuda.so", STUB_LIBCUDA, "-Wl,-soname,libcuda.so.1")
-    _gcc(d, "stubs/libcudart.so", STUB_LIBCUDART, "-Wl,-soname,libcudart.so.12")
+    shared_library(d / "stubs/libcuda.so", STUB_LIBCUDA, "-Wl,-soname,libcuda.so.1")
+    shared_library(d / "stubs/libcudart.so", STUB_LIBCUDART, "-Wl,-soname,libcudart.so.12")
     out: dict[str, Path] = {}
     for name, (source, args) in SOURCES.items():
-        so = _gcc(d, f"_{name}.so", source, *args)
+        so = shared_library(d / f"_{name}.so", source, *args)
         pkg = f"demo_{name}"
         out[name] = make_wheel(d, pkg, {f"{pkg}/__init__.py": b"from . import _ext\n",
-                                        f"{pkg}/_{name}.so": so.read_bytes()})
+                                        f"{pkg}/_{name}.so": so.read_bytes()}, tag=CP311_LINUX)
     return out
 
 
@@ -131,38 +94,6 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def _headers_fetched() -> None:
     # Fetch the runtime wheels' headers once, before any timed gate run.
     load_audit_data()
-
-
-@dataclass
-class Ran:
-    rc: int
-    out: str
-    err: str
-
-
-_PKG = Path(cumatrix.__file__).parent
-# The real command line once the package wires `gate` into it; gate_main directly before.
-_CLI = (_PKG / "__main__.py").is_file() and (_PKG / "cli.py").is_file() and \
-    "add_gate_parser" in (_PKG / "cli.py").read_text()
-
-
-def gate(*argv: str | Path, capsys: pytest.CaptureFixture[str]) -> Ran:
-    """Run ``cumatrix gate ARGV``: the real CLI when the package has one, else ``gate_main``."""
-    args = ["gate", *map(str, argv)]
-    if _CLI:
-        env = dict(os.environ, PYTHONPATH=str(Path(cumatrix.__file__).parent.parent))
-        p = subprocess.run([sys.executable, "-m", "cumatrix", *args], capture_output=True,
-                           text=True, env=env, timeout=300, check=False)
-        return Ran(p.returncode, p.stdout, p.stderr)
-    parser = argparse.ArgumentParser(prog="cumatrix")
-    add_gate_parser(parser.add_subparsers())
-    try:
-        ns = parser.parse_args(args)
-        rc = gate_main(ns)
-    except SystemExit as e:  # argparse rejects a malformed option with status 2
-        rc = int(e.code or 0)
-    cap = capsys.readouterr()
-    return Ran(rc, cap.out, cap.err)
 
 
 def test_direct_link_fails_below_12_8(wheels: dict[str, Path],

@@ -14,9 +14,11 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from test_gate import _gcc, gate, make_wheel
 
 from cumatrix.audit.static import StaticAudit, load_audit_data
+from helpers.build import shared_library
+from helpers.gate import gate
+from helpers.wheels import CP311_LINUX, make_wheel
 
 pytestmark = pytest.mark.network  # runtime wheel headers, fetched once into the cache
 
@@ -97,10 +99,10 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("classes")
     (d / "stubs").mkdir()
     for lib, (src, soname) in STUBS.items():
-        _gcc(d, f"stubs/{lib}", src, f"-Wl,-soname,{soname}")
+        shared_library(d / f"stubs/{lib}", src, f"-Wl,-soname,{soname}")
     out: dict[str, Path] = {}
     for name, (src, args) in HOST_SOURCES.items():
-        so = _gcc(d, f"_{name}.so", src, *args)
+        so = shared_library(d / f"_{name}.so", src, *args)
         pkg = f"demo_{name}"
         files = {f"{pkg}/__init__.py": f"from . import _{name}\n".encode(),
                  f"{pkg}/_{name}.so": so.read_bytes()}
@@ -108,7 +110,7 @@ def host(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
             files[f"{pkg}/__init__.py"] = (
                 f"try:\n    from . import _{name}\nexcept ImportError:\n    _{name} = None\n"
             ).encode()
-        out[name] = make_wheel(d, pkg, files)
+        out[name] = make_wheel(d, pkg, files, tag=CP311_LINUX)
     return out
 
 
@@ -125,7 +127,7 @@ def device(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                        cwd=d, check=True, capture_output=True)
         pkg = f"dev_{name}"
         out[name] = make_wheel(d, pkg, {f"{pkg}/__init__.py": f"from . import _{name}\n".encode(),
-                                        f"{pkg}/_{name}.so": so.read_bytes()})
+                                        f"{pkg}/_{name}.so": so.read_bytes()}, tag=CP311_LINUX)
     return out
 
 
@@ -280,7 +282,7 @@ def test_arch_specific_sass_runs_only_on_its_arch(tmp_path: Path,
     subprocess.run([NVCC, "-shared", "-Xcompiler", "-fPIC", "-gencode",
                     "arch=compute_90a,code=sm_90a", "k.cu", "-o", "_a.so"], cwd=tmp_path,
                    check=True, capture_output=True)
-    wheel = make_wheel(tmp_path, "dev_a", {"dev_a/_a.so": (tmp_path / "_a.so").read_bytes()})
+    wheel = make_wheel(tmp_path, "dev_a", {"dev_a/_a.so": (tmp_path / "_a.so").read_bytes()}, tag=CP311_LINUX)
     ok = gate(wheel, "--static-only", "--min-driver", "13.0", "--arch-list", "9.0",
               capsys=capsys)
     assert ok.rc == 0, ok.out
@@ -304,7 +306,7 @@ def test_optional_import_only_when_every_import_is_guarded(
         "demo_plain/__init__.py": b"try:\n    from . import _x\nexcept ImportError:\n    pass\n",
         "demo_plain/ops.py": b"from demo_plain._x import alloc\n",  # unguarded: not optional
         "demo_plain/_x.so": so,
-    })
+    }, tag=CP311_LINUX)
     r = gate(wheel, "--static-only", capsys=capsys)
     assert r.rc == 1
     assert "underlinked-libcuda" in r.out

@@ -7,8 +7,6 @@ standing for a package index that records every request.
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import http.server
 import subprocess
 import threading
@@ -19,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from cumatrix.front.gate import direct_references
+from helpers.wheels import make_wheel
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
 MATRIX = "version: 1\nruntimes:\n  cu12.9: {wheel: nvidia-cuda-runtime-cu12==12.9.79}\ndrivers: [host]\n"
@@ -36,19 +35,8 @@ def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None):
 
 
 def _wheel(out: Path, dist: str, requires: list[str]) -> Path:
-    info = f"{dist}-1.0.dist-info"
-    meta = f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
-    members = {f"{dist}/__init__.py": b"", f"{info}/METADATA": meta.encode(),
-               f"{info}/WHEEL": b"Wheel-Version: 1.0\nGenerator: t\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
-               f"{info}/top_level.txt": f"{dist}\n".encode()}
-    record = [f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b'=').decode()},{len(d)}"
-              for n, d in members.items()]
-    members[f"{info}/RECORD"] = ("\n".join([*record, f"{info}/RECORD,,"]) + "\n").encode()
-    path = out / f"{dist}-1.0-py3-none-any.whl"
-    with zipfile.ZipFile(path, "w") as zf:
-        for n, d in members.items():
-            zf.writestr(n, d)
-    return path
+    return make_wheel(out, dist, {f"{dist}/__init__.py": b""}, requires=requires, top_level=True, purelib=True,
+                      compression=zipfile.ZIP_STORED)
 
 
 @pytest.fixture

@@ -7,30 +7,26 @@ wheel with ``DT_NEEDED libcuda.so.1`` breaks (CPU-only CI, docs builds).
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import hashlib
 import json
 import os
 import subprocess
 import sysconfig
-import zipfile
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
 
 import jsonschema
 import pytest
-from test_gate import (  # the static stage's gcc-built ELF files
-    SOURCES,
-    STUB_LIBCUDA,
-    _gcc,
-)
+from test_gate import SOURCES, STUB_LIBCUDA  # the static stage's gcc-built ELF files
 
 from cumatrix.core.model import Case, Cell
 from cumatrix.front.gate import unsupported_pairing, wheel_packages
 from cumatrix.predict.oracle import HostFacts
 from cumatrix.provision import runtimes
+from helpers.build import shared_library
+from helpers.results import read_cells, read_records
+from helpers.wheels import make_wheel
 
 pytestmark = pytest.mark.network  # runtime wheels, fetched once into the cache
 
@@ -65,66 +61,43 @@ SEGFAULT = "python3 -c 'import ctypes; ctypes.string_at(0)'"
 PLATFORM_TAG = "py3-none-" + sysconfig.get_platform().replace("-", "_").replace(".", "_")
 
 
-def _wheel(out_dir: Path, dist: str, files: dict[str, bytes], *, top_level: bool,
-           tag: str = PLATFORM_TAG) -> Path:
-    """A real wheel (default: for this platform, any Python 3): files, then *.dist-info metadata."""
-    info = f"{dist}-1.0.dist-info"
-    members = dict(files)
-    members[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n".encode()
-    members[f"{info}/WHEEL"] = (f"Wheel-Version: 1.0\nGenerator: cumatrix-tests\n"
-                                f"Root-Is-Purelib: false\nTag: {tag}\n").encode()
-    if top_level:
-        members[f"{info}/top_level.txt"] = f"{dist}\n".encode()
-    record = []
-    for name, data in members.items():
-        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-        record.append(f"{name},sha256={digest},{len(data)}")
-    record.append(f"{info}/RECORD,,")
-    members[f"{info}/RECORD"] = ("\n".join(record) + "\n").encode()
-    path = out_dir / f"{dist}-1.0-{tag}.whl"
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as zf:
-        for name, data in members.items():
-            zf.writestr(name, data)
-    return path
-
-
 @pytest.fixture(scope="module")
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("gate-dynamic")
     # The stub is a STAND-IN for the driver at link time only (as the toolkit's stubs/libcuda.so):
     # it gives the .so its DT_NEEDED libcuda.so.1 and is never on any cell's library path.
     (d / "stubs").mkdir()
-    _gcc(d, "stubs/libcuda.so", STUB_LIBCUDA, "-Wl,-soname,libcuda.so.1")
-    proc = _gcc(d, "_proc.so", *SOURCES["proc"][:1], *SOURCES["proc"][1])
-    direct = _gcc(d, "_direct.so", *SOURCES["direct"][:1], *SOURCES["direct"][1])
+    shared_library(d / "stubs/libcuda.so", STUB_LIBCUDA, "-Wl,-soname,libcuda.so.1")
+    proc = shared_library(d / "_proc.so", *SOURCES["proc"][:1], *SOURCES["proc"][1])
+    direct = shared_library(d / "_direct.so", *SOURCES["direct"][:1], *SOURCES["direct"][1])
     return {
         # resolves the driver at run time (cuGetProcAddress): imports without a driver
-        "clean": _wheel(d, "demo_clean", {
+        "clean": make_wheel(d, "demo_clean", {
             "demo_clean/__init__.py": INIT % b"_proc.so",
             "demo_clean/_proc.so": proc.read_bytes(),
             "demo_clean/util.py": b"VALUE = 1\n",
-        }, top_level=True),
+        }, top_level=True, tag=PLATFORM_TAG),
         # DT_NEEDED libcuda.so.1; no top_level.txt, so packages come from RECORD
-        "needs_libcuda": _wheel(d, "demo_needs", {
+        "needs_libcuda": make_wheel(d, "demo_needs", {
             "demo_needs/__init__.py": INIT % b"_direct.so",
             "demo_needs/_direct.so": direct.read_bytes(),
-        }, top_level=False),
+        }, top_level=False, tag=PLATFORM_TAG),
         # prints a verdict-looking line, then fails to import: the line must not make it pass
-        "forger": _wheel(d, "demo_forger", {
+        "forger": make_wheel(d, "demo_forger", {
             "demo_forger/__init__.py": b'print(\'CUMATRIX-RESULT {"outcome": "ok", "path": "n/a"}\', flush=True)\n'
                                        b'raise ImportError("demo_forger needs a library this host lacks")\n',
-        }, top_level=True),
+        }, top_level=True, tag=PLATFORM_TAG),
         # claims a CUDA 13 runtime in the rtld-audit log its own process writes, then fails to
         # import: a forged log line must not turn the failure into runtime-not-used
-        "audit_forger": _wheel(d, "demo_auditforger", {
+        "audit_forger": make_wheel(d, "demo_auditforger", {
             "demo_auditforger/__init__.py": b'import os\n'
                                             b'with open(os.environ["CUMATRIX_AUDIT_LOG"], "a") as f:\n'
                                             b'    f.write(f"o\\t{os.getpid()}\\tlibcudart.so.13\\t/opt/x/libcudart.so.13\\n")\n'
                                             b'raise ImportError("demo_auditforger cannot import")\n',
-        }, top_level=True),
+        }, top_level=True, tag=PLATFORM_TAG),
         # for an interpreter no test runs on: pip refuses it here
-        "other_python": _wheel(d, "demo_old", {"demo_old/__init__.py": b""}, top_level=True,
-                               tag="cp27-cp27mu-manylinux1_x86_64"),
+        "other_python": make_wheel(d, "demo_old", {"demo_old/__init__.py": b""}, top_level=True,
+                                   tag="cp27-cp27mu-manylinux1_x86_64"),
     }
 
 
@@ -134,14 +107,6 @@ def matrices(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     (d / "two.yaml").write_text(MATRIX_TWO)
     (d / "one.yaml").write_text(MATRIX_ONE)
     return {"two": d / "two.yaml", "one": d / "one.yaml"}
-
-
-def _records(out: Path) -> list[dict[str, object]]:
-    return [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line]
-
-
-def _cells(out: Path) -> dict[str, dict[str, object]]:
-    return {str(r["id"]): r for r in _records(out) if r["type"] == "cell"}
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +120,7 @@ def clean_run(wheels: dict[str, Path], matrices: dict[str, Path], cli: Cli, whee
 def test_clean_wheel_imports_on_every_runtime(clean_run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
     r, out = clean_run
     assert r.returncode == 0, r.stdout + r.stderr
-    cells = _cells(out)
+    cells = read_cells(out)
     assert sorted(cells) == ["cu12.9/host/import-demo_clean", "cu13.0/host/import-demo_clean"]
     for rec in cells.values():
         assert rec["status"] == "pass"
@@ -208,7 +173,7 @@ def test_libcuda_wheel_fails_without_a_driver(wheels: dict[str, Path], matrices:
             "--out", out, timeout=300)
     assert r.returncode == 1, r.stdout + r.stderr
     assert "WARNING  needs-libcuda" in r.stdout  # the static stage only warns ...
-    rec = _cells(out)["cu12.9/host/import-demo_needs"]  # ... the import proves it
+    rec = read_cells(out)["cu12.9/host/import-demo_needs"]  # ... the import proves it
     assert rec["status"] == "fail"
     assert rec["observed"]["outcome"] == "exit:1"
     assert "libcuda.so.1: cannot open shared object file" in str(rec["stderr_tail"])
@@ -228,7 +193,7 @@ def test_smoke_segfault_is_a_crash_and_other_cells_run(
     r = cli("gate", wheels["clean"], "--matrix", matrices["two"], "--smoke", SEGFAULT,
             "--out", out, timeout=300)
     assert r.returncode == 1, r.stdout + r.stderr
-    cells = _cells(out)
+    cells = read_cells(out)
     assert list(cells) == ["cu12.9/host/import-demo_clean", "cu12.9/host/smoke-demo_clean",
                            "cu13.0/host/import-demo_clean", "cu13.0/host/smoke-demo_clean"]
     for rt in ("cu12.9", "cu13.0"):
@@ -237,7 +202,7 @@ def test_smoke_segfault_is_a_crash_and_other_cells_run(
         assert smoke["status"] == "fail"
         assert smoke["observed"]["outcome"] == "crash:SIGSEGV"  # type: ignore[index]
     assert json.loads((out / "results.json").read_text())["counts"]["fail"] == 2
-    assert [r["type"] for r in _records(out)][-1] == "end"
+    assert [r["type"] for r in read_records(out)][-1] == "end"
 
 
 def test_a_wheel_cannot_forge_its_own_pass(wheels: dict[str, Path], matrices: dict[str, Path],
@@ -245,7 +210,7 @@ def test_a_wheel_cannot_forge_its_own_pass(wheels: dict[str, Path], matrices: di
     out = tmp_path / "out"
     r = cli("gate", wheels["forger"], "--matrix", matrices["one"], "--out", out, timeout=300)
     assert r.returncode == 1, r.stdout + r.stderr
-    rec = _cells(out)["cu12.9/host/import-demo_forger"]
+    rec = read_cells(out)["cu12.9/host/import-demo_forger"]
     assert rec["status"] == "fail"
     assert rec["observed"]["outcome"] == "exit:1"
     assert "CUMATRIX-RESULT" in str(rec["stdout_tail"])  # kept as log, nothing more
@@ -258,7 +223,7 @@ def test_a_wheel_cannot_forge_the_audit_log_into_a_skip(wheels: dict[str, Path],
     out = tmp_path / "out"
     r = cli("gate", wheels["audit_forger"], "--matrix", matrices["one"], "--out", out, timeout=300)
     assert r.returncode == 1, r.stdout + r.stderr
-    rec = _cells(out)["cu12.9/host/import-demo_auditforger"]
+    rec = read_cells(out)["cu12.9/host/import-demo_auditforger"]
     assert rec["status"] == "fail", rec
     assert rec["observed"]["outcome"] == "exit:1", rec  # type: ignore[index]
     assert "/opt/x/libcudart.so.13" in rec["fingerprint"]["audit_claims_not_backed"]  # type: ignore[index]
@@ -270,7 +235,7 @@ def test_wheel_for_another_python_is_skipped(wheels: dict[str, Path], matrices: 
     r = cli("gate", wheels["other_python"], wheels["clean"], "--matrix", matrices["one"],
             "--out", out, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
-    cells = _cells(out)
+    cells = read_cells(out)
     old = cells["cu12.9/host/import-demo_old"]
     assert old["status"] == "skip"
     assert old["observed"]["outcome"] == "skipped:wheel-not-for-this-python"  # type: ignore[index]
@@ -347,7 +312,7 @@ def test_docker_backend_gates_the_clean_wheel(wheels: dict[str, Path], matrices:
             "--base-image", image, "--smoke", "python3 -c 'import demo_clean.util'",
             "--out", out, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
-    cells = _cells(out)
+    cells = read_cells(out)
     assert sorted(cells) == ["cu12.9/host/import-demo_clean", "cu12.9/host/smoke-demo_clean"]
     for rec in cells.values():
         assert rec["status"] == "pass", rec
@@ -365,7 +330,7 @@ def test_environment_runtime_installs_the_wheel_into_its_environment(
     out = tmp_path / "out"
     r = cli("gate", wheels["clean"], "--matrix", m, "--out", out, "--no-sandbox", timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
-    rec = _cells(out)["env12/host/import-demo_clean"]
+    rec = read_cells(out)["env12/host/import-demo_clean"]
     assert rec["status"] == "pass"
     # Imported from the environment built for this wheel (uv, hard-linked), not from a site dir.
     line = next(ln for ln in str(rec["stdout_tail"]).splitlines() if ln.startswith("imported demo_clean from "))

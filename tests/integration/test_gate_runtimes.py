@@ -21,11 +21,13 @@ from pathlib import Path
 
 import pytest
 from elftools.elf.elffile import ELFFile
-from test_gate import _gcc, gate, make_wheel
 
 from cumatrix.audit.static import load_audit_data
 from cumatrix.binary.elf import elf_defined_symbols
 from cumatrix.provision import runtimes
+from helpers.build import shared_library
+from helpers.gate import gate
+from helpers.wheels import CP311_LINUX, make_wheel
 
 pytestmark = pytest.mark.network  # runtime wheels, fetched once into the cache
 
@@ -63,10 +65,10 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("runtimes")
     (d / "stubs").mkdir()
     # Link stubs (STAND-INS for the CUDA 11 math libraries): only a SONAME for DT_NEEDED.
-    _gcc(d, "stubs/libcublas.so", "int cublasCreate_v2(void *h) { return h != 0; }\n",
-         "-Wl,-soname,libcublas.so.11")
-    _gcc(d, "stubs/libnvrtc.so", "int nvrtcVersion(int *a, int *b) { return a == b; }\n",
-         "-Wl,-soname,libnvrtc.so.11.2")
+    shared_library(d / "stubs/libcublas.so", "int cublasCreate_v2(void *h) { return h != 0; }\n",
+                   "-Wl,-soname,libcublas.so.11")
+    shared_library(d / "stubs/libnvrtc.so", "int nvrtcVersion(int *a, int *b) { return a == b; }\n",
+                   "-Wl,-soname,libnvrtc.so.11.2")
     cu11 = _exports("nvidia-cuda-runtime-cu11==11.8.89")
     cu12 = _exports(runtimes.KNOWN_WHEELS["12.9"])
     cu13 = _exports(runtimes.KNOWN_WHEELS["13.0"])
@@ -76,24 +78,24 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         pkg = f"rt_{name}"
         members = {f"{pkg}/__init__.py": b""}
         members.update({f"{pkg}/{rel}": p.read_bytes() for rel, p in files.items()})
-        out[name] = make_wheel(d, pkg, members, requires)
+        out[name] = make_wheel(d, pkg, members, requires=requires, tag=CP311_LINUX)
 
-    static11 = _gcc(d, "_static11.so", _table(cu11, *RUNTIME_CODE),
-                    "-Lstubs", "-lcublas", "-lnvrtc")
+    static11 = shared_library(d / "_static11.so", _table(cu11, *RUNTIME_CODE),
+                              "-Lstubs", "-lcublas", "-lnvrtc")
     wheel("static11", {"_ext.so": static11})
-    static12 = _gcc(d, "_static12.so", _table(cu12, *RUNTIME_CODE))
+    static12 = shared_library(d / "_static12.so", _table(cu12, *RUNTIME_CODE))
     wheel("static12", {"_ext.so": static12})
     # cuda-bindings' layout: a wrapper module whose docstrings name every runtime function and
     # error (no runtime code), beside the module that carries the runtime.
-    wrapper = _gcc(d, "_wrapper.so", _table(cu12, "cudaErrorCudartUnloading"))
+    wrapper = shared_library(d / "_wrapper.so", _table(cu12, "cudaErrorCudartUnloading"))
     wheel("bindings", {"runtime.so": wrapper, "_bindings/cyruntime.so": static12})
-    dl11 = _gcc(d, "_dl11.so", (
+    dl11 = shared_library(d / "_dl11.so", (
         "#include <dlfcn.h>\n"
         "void *load(void) { return dlopen(\"libcudart.so.11.0\", RTLD_NOW | RTLD_LOCAL); }\n"),
         "-ldl")
     wheel("dlopen11", {"_dl.so": dl11})
-    stub13 = _gcc(d, "_stub13.so", _table(cu13, "libcuda.so.1"),
-                  "-Wl,--disable-new-dtags,-rpath,$ORIGIN/../nvidia/cu13/lib")
+    stub13 = shared_library(d / "_stub13.so", _table(cu13, "libcuda.so.1"),
+                            "-Wl,--disable-new-dtags,-rpath,$ORIGIN/../nvidia/cu13/lib")
     wheel("stub13", {"_stub.so": stub13}, ("nvidia-cuda-runtime>=13.0.48; extra == 'with-cuda'",))
     wheel("stub13_nodep", {"_stub.so": stub13})
     return out
@@ -161,12 +163,12 @@ def test_cudart_stub_with_agreeing_path_and_dependency_is_an_error(
 def test_runtime_symbols_are_dated_by_exports(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     (tmp_path / "stubs").mkdir()
-    _gcc(tmp_path, "stubs/libcudart.so", "int cudaGetDriverEntryPointByVersion(void) { return 0; }\n",
-         "-Wl,-soname,libcudart.so.12")
-    so = _gcc(tmp_path, "_floor.so", ("extern int cudaGetDriverEntryPointByVersion(void);\n"
-                                      "int f(void) { return cudaGetDriverEntryPointByVersion(); }\n"),
-              "-Lstubs", "-lcudart")
-    wheel = make_wheel(tmp_path, "rt_floor", {"rt_floor/_floor.so": so.read_bytes()})
+    shared_library(tmp_path / "stubs/libcudart.so", "int cudaGetDriverEntryPointByVersion(void) { return 0; }\n",
+                   "-Wl,-soname,libcudart.so.12")
+    so = shared_library(tmp_path / "_floor.so", ("extern int cudaGetDriverEntryPointByVersion(void);\n"
+                                                 "int f(void) { return cudaGetDriverEntryPointByVersion(); }\n"),
+                        "-Lstubs", "-lcudart")
+    wheel = make_wheel(tmp_path, "rt_floor", {"rt_floor/_floor.so": so.read_bytes()}, tag=CP311_LINUX)
     r = gate(wheel, "--static-only", "--min-runtime", "12.4", capsys=capsys)
     assert r.rc == 1, r.out + r.err
     flat = " ".join(r.out.split())
@@ -182,11 +184,11 @@ def test_notes_of_one_kind_are_folded(tmp_path: Path, capsys: pytest.CaptureFixt
            "  void *h = dlopen(\"libcudart.so.12\", RTLD_NOW);\n"
            "  return h && v >= 12080 ? dlsym(h, \"cudaMemcpyBatchAsync\") : 0; }\n")
     (tmp_path / "stubs").mkdir()
-    _gcc(tmp_path, "stubs/libcudart.so", "int cudaRuntimeGetVersion(int *v) { return !v; }\n",
-         "-Wl,-soname,libcudart.so.12")
-    a = _gcc(tmp_path, "_a.so", src, "-Lstubs", "-lcudart", "-ldl")
+    shared_library(tmp_path / "stubs/libcudart.so", "int cudaRuntimeGetVersion(int *v) { return !v; }\n",
+                   "-Wl,-soname,libcudart.so.12")
+    a = shared_library(tmp_path / "_a.so", src, "-Lstubs", "-lcudart", "-ldl")
     wheel = make_wheel(tmp_path, "rt_notes", {"rt_notes/_a.so": a.read_bytes(),
-                                              "rt_notes/_b.so": a.read_bytes()})
+                                              "rt_notes/_b.so": a.read_bytes()}, tag=CP311_LINUX)
     r = gate(wheel, "--static-only", capsys=capsys)
     assert r.rc == 0, r.out + r.err
     assert "NOTE     abi-lookup-runtime-version x2 (-v lists each)" in r.out, r.out
@@ -210,7 +212,7 @@ def _ptx_module(d: Path, name: str, arch: int, isa: str) -> Path:
     subprocess.run([FATBINARY, f"--create={name}.fatbin", "-64", "--compress=false",
                     f"--image3=kind=ptx,sm={arch},file={name}.ptx"], cwd=d, check=True,
                    capture_output=True)
-    host = _gcc(d, f"{name}_host.so", "int f(void) { return 1; }\n")
+    host = shared_library(d / f"{name}_host.so", "int f(void) { return 1; }\n")
     out = d / f"{name}.so"
     subprocess.run(["objcopy", "--add-section", f".nv_fatbin={name}.fatbin",
                     "--set-section-flags", ".nv_fatbin=alloc,readonly", str(host), str(out)],
@@ -224,7 +226,7 @@ def test_ptx_floor_is_raised_by_the_gpu_generation(tmp_path: Path,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     def wheel(name: str, arch: int, isa: str) -> Path:
         so = _ptx_module(tmp_path, name, arch, isa)
-        return make_wheel(tmp_path, f"ptx_{name}", {f"ptx_{name}/_k.so": so.read_bytes()})
+        return make_wheel(tmp_path, f"ptx_{name}", {f"ptx_{name}/_k.so": so.read_bytes()}, tag=CP311_LINUX)
 
     # PTX ISA 8.5 (CUDA 12.5) for 12.0: a CC 12.0 GPU needs a 12.8 driver, which JITs it.
     ok = gate(wheel("sm120_85", 120, "8.5"), "--static-only", "--min-driver", "12.0",

@@ -15,6 +15,7 @@ import pytest
 from cumatrix.front.cli import _plugin_args
 from cumatrix.load import matrix as _matrix
 from cumatrix.orchestrate import Orchestrator
+from helpers.procs import alive
 
 pytestmark = pytest.mark.network  # the matrix's runtime comes from a real wheel (cached)
 
@@ -42,13 +43,6 @@ CELL = textwrap.dedent("""
     with open(log, "a") as f:
         f.write(f"end {i} {time.monotonic_ns()}\\n")
 """)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except FileNotFoundError:
-        return False
 
 
 def _wait_for(path: Path, within: float = 20.0) -> str:
@@ -82,7 +76,7 @@ def test_cells_never_overlap_and_each_ends_before_the_next(tmp_path: Path, wheel
         assert starts[i][0] > ends[i - 1], f"cell c{i} started before c{i - 1} ended"
         assert starts[i][1] == 0, f"what c{i - 1} left running was alive when c{i} started"
     for i in range(n):
-        assert not _alive(int((tmp_path / f"cells.log.left{i}").read_text()))
+        assert not alive(int((tmp_path / f"cells.log.left{i}").read_text()))
 
 
 def _orchestrator(tmp_path: Path, cases: str) -> tuple[Orchestrator, dict[str, Any]]:
@@ -127,7 +121,7 @@ def test_a_cell_started_ahead_and_not_run_is_ended(tmp_path: Path, wheel_cache: 
     try:
         orch.run(cells["first"], then=cells["never"])
         pid = int(_wait_for(tmp_path / "never.pid"))
-        assert _alive(pid)
+        assert alive(pid)
         assert orch._ahead is not None
         assert orch._ahead.audit is not None
         audit_dir = orch._ahead.audit.plan.log.parent  # the cell's own private directory
@@ -141,7 +135,7 @@ def test_a_cell_started_ahead_and_not_run_is_ended(tmp_path: Path, wheel_cache: 
             orch.close()
     finally:
         orch.close()
-    assert not _alive(pid), f"the cell started ahead still runs after {how}"
+    assert not alive(pid), f"the cell started ahead still runs after {how}"
     assert audit_dir is not None, "its audit directory was left behind"
     assert not Path(audit_dir).exists(), "its audit directory was left behind"
 

@@ -9,8 +9,6 @@ command that made them.  ``cumatrix clean`` removes what a killed run left (its 
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import os
 import shutil
 import subprocess
@@ -23,6 +21,8 @@ from typing import Any
 import pytest
 
 from cumatrix.host.fingerprint import host_fingerprint
+from helpers.build import shared_library
+from helpers.wheels import make_wheel
 
 pytestmark = pytest.mark.network  # runtime wheels (cached after the first fetch)
 
@@ -33,25 +33,12 @@ RUNTIME = "nvidia-cuda-runtime-cu12==12.9.79"
 
 def _wheel(d: Path) -> Path:
     """A real wheel holding a gcc-built extension that imports without a GPU."""
-    (d / "ext.c").write_text("int answer(void) { return 42; }\n")
-    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(d / "_ext.so"), str(d / "ext.c")], check=True)
-    dist, tag = "demo_tmp", "py3-none-linux_x86_64"
-    info = f"{dist}-1.0.dist-info"
-    members = {
+    ext = shared_library(d / "_ext.so", "int answer(void) { return 42; }\n")
+    dist = "demo_tmp"
+    return make_wheel(d, dist, {
         f"{dist}/__init__.py": b"import ctypes, os\n_lib = ctypes.CDLL(os.path.join(os.path.dirname(__file__), '_ext.so'))\n",
-        f"{dist}/_ext.so": (d / "_ext.so").read_bytes(),
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n".encode(),
-        f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: cumatrix-tests\nRoot-Is-Purelib: false\nTag: {tag}\n".encode(),
-        f"{info}/top_level.txt": f"{dist}\n".encode(),
-    }
-    record = [f"{n},sha256={base64.urlsafe_b64encode(hashlib.sha256(b).digest()).rstrip(b'=').decode()},{len(b)}"
-              for n, b in members.items()]
-    members[f"{info}/RECORD"] = ("\n".join([*record, f"{info}/RECORD,,"]) + "\n").encode()
-    path = d / f"{dist}-1.0-{tag}.whl"
-    with zipfile.ZipFile(path, "w") as zf:
-        for n, b in members.items():
-            zf.writestr(n, b)
-    return path
+        f"{dist}/_ext.so": ext.read_bytes(),
+    }, tag="py3-none-linux_x86_64", top_level=True, compression=zipfile.ZIP_STORED)
 
 
 def test_every_subcommand_leaves_tmpdir_empty(tmp_path: Path, wheel_cache: Path,

@@ -22,6 +22,7 @@ from cumatrix.core.model import Cell
 from cumatrix.execute import observe as O
 from cumatrix.execute.local import run_local
 from cumatrix.provision import runtimes as R
+from helpers.build import gcc
 
 pytestmark = pytest.mark.network
 
@@ -57,13 +58,6 @@ int main(int argc, char **argv) {
 """
 
 
-def _gcc() -> str:
-    cc = shutil.which("gcc")
-    if cc is None:
-        pytest.skip("gcc is not installed (apt-get install gcc)")
-    return cc
-
-
 @pytest.fixture(scope="module")
 def rts(wheel_cache: Path) -> dict[str, R.ResolvedRuntime]:
     return {name: R.from_wheel(name, req) for name, req in
@@ -72,7 +66,7 @@ def rts(wheel_cache: Path) -> dict[str, R.ResolvedRuntime]:
 
 @pytest.fixture(scope="module")
 def audit_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    _gcc()
+    gcc()
     return O.build_audit_library(cache=tmp_path_factory.mktemp("audit-cache"))
 
 
@@ -80,7 +74,7 @@ def _build(tmp: Path, name: str, source: str, *args: str) -> Path:
     src = tmp / f"{name}.c"
     src.write_text(textwrap.dedent(source))
     out = tmp / name
-    proc = subprocess.run([_gcc(), "-o", str(out), str(src), *args], check=False, capture_output=True, text=True)
+    proc = subprocess.run([gcc(), "-o", str(out), str(src), *args], check=False, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return out
 
@@ -115,7 +109,7 @@ def _runtimes(mapped: tuple[O.MappedLibrary, ...]) -> list[O.MappedLibrary]:
 
 
 def test_library_is_built_once_per_source(tmp_path: Path) -> None:
-    _gcc()
+    gcc()
     first = O.build_audit_library(cache=tmp_path)
     stamp = first.stat().st_mtime_ns
     again = O.build_audit_library(cache=tmp_path)
@@ -549,7 +543,7 @@ def test_a_library_another_user_planted_is_not_loaded_into_docker_cells(
     src.write_text('#include <unistd.h>\nunsigned int la_version(unsigned int v) '
                    '{ (void)!write(2, "PLANTED-AUDIT-RAN\\n", 18); return v; }\n')
     planted = tmp_path / "planted.so"
-    subprocess.run([_gcc(), "-shared", "-fPIC", "-o", str(planted), str(src)], check=True)
+    subprocess.run([gcc(), "-shared", "-fPIC", "-o", str(planted), str(src)], check=True)
     subprocess.run(["install", "-d", "-m", "0755", "-o", user, str(old_place)], check=True)
     try:
         data = planted.read_bytes()

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from cumatrix.front.cli import _plugin_args
+from helpers.results import read_records
 
 pytestmark = pytest.mark.network  # the matrix's runtime comes from a real wheel (cached)
 
@@ -40,8 +41,7 @@ def run(pytester: pytest.Pytester, wheel_cache: Path, monkeypatch: pytest.Monkey
 
 
 def _records(out: Path) -> list[dict[str, Any]]:
-    lines = (out / "results.jsonl").read_text().splitlines()
-    return [r for r in map(json.loads, lines) if r["type"] == "cell"]
+    return [r for r in read_records(out) if r["type"] == "cell"]
 
 
 def test_one_item_per_cell(run, pytester: pytest.Pytester) -> None:

@@ -24,6 +24,7 @@ import pytest
 
 from cumatrix.execute import provenance as P
 from cumatrix.provision import runtimes as R
+from helpers.build import shared_library
 
 pytestmark = pytest.mark.network
 
@@ -76,24 +77,6 @@ int probe(void) {
     return get(&v) == 0 ? v : -2;
 }
 """
-
-
-def _gcc() -> str:
-    cc = shutil.which("gcc")
-    if cc is None:
-        pytest.skip("gcc is not installed (apt-get install gcc)")
-    return cc
-
-
-def _shared(out: Path, source: str, *args: str) -> Path:
-    """A gcc-built shared object at ``out`` from ``source``."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    src = out.with_suffix(".c")
-    src.write_text(textwrap.dedent(source))
-    proc = subprocess.run([_gcc(), "-shared", "-fPIC", "-o", str(out), str(src), *args],
-                          check=False, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    return out
 
 
 def _copy_runtime(rt: R.ResolvedRuntime, directory: Path) -> Path:
@@ -168,14 +151,14 @@ def test_bundled_cell_and_inherited_runtimes(tmp_path: Path, rts: dict[str, R.Re
     # (DT_RPATH, searched before LD_LIBRARY_PATH: the stray entry below is not reached).
     pkg = tmp_path / "mypkg"
     own = _copy_runtime(cu13, pkg / "lib")
-    bundled = _shared(pkg / "_ext.so", NEEDED_C, str(own), "-Wl,--disable-new-dtags", "-Wl,-rpath,$ORIGIN/lib")
+    bundled = shared_library(pkg / "_ext.so", NEEDED_C, str(own), "-Wl,--disable-new-dtags", "-Wl,-rpath,$ORIGIN/lib")
     # The cell's own: an extension that needs libcudart.so.12 and brings none.
-    plain12 = _shared(tmp_path / "plain12" / "_ext.so", NEEDED_C, str(rts["cu12.9"].libcudart))
+    plain12 = shared_library(tmp_path / "plain12" / "_ext.so", NEEDED_C, str(rts["cu12.9"].libcudart))
     # Leaked through an LD_LIBRARY_PATH entry cumatrix inherited (not a host directory: the
     # entry, not the place, makes it a leak).
     stray = tmp_path / "stray-lib"
     stray_file = _copy_runtime(cu13, stray)
-    by_name = _shared(tmp_path / "byname" / "_ext.so", DLOPEN_NAME_C, '-DSONAME="libcudart.so.13"', "-ldl")
+    by_name = shared_library(tmp_path / "byname" / "_ext.so", DLOPEN_NAME_C, '-DSONAME="libcudart.so.13"', "-ldl")
     code, recs, out = _run(tmp_path, cli, [
         _case("bundled", bundled), _case("own", plain12), _case("own-offered", plain12, runtime="offered"),
         _case("stray", by_name)], env={"LD_LIBRARY_PATH": str(stray)})
@@ -215,8 +198,8 @@ def test_a_site_runtime_from_a_host_toolkit_is_the_cells_own(
     lib64.mkdir(parents=True)
     shutil.copy2(rts["cu13.0"].libcudart.resolve(), lib64 / "libcudart.so.13.0.96")
     (lib64 / "libcudart.so.13").symlink_to("libcudart.so.13.0.96")
-    by_name = _shared(tmp_path / "byname" / "_ext.so", DLOPEN_NAME_C, '-DSONAME="libcudart.so.13"', "-ldl")
-    linked = _shared(tmp_path / "nvcc-style" / "_ext.so", NEEDED_C, str(lib64 / "libcudart.so.13"),
+    by_name = shared_library(tmp_path / "byname" / "_ext.so", DLOPEN_NAME_C, '-DSONAME="libcudart.so.13"', "-ldl")
+    linked = shared_library(tmp_path / "nvcc-style" / "_ext.so", NEEDED_C, str(lib64 / "libcudart.so.13"),
                      "-Wl,--enable-new-dtags", f"-Wl,-rpath,{lib64}")
     matrix = tmp_path / "site.yaml"
     matrix.write_text("version: 1\nruntimes: {host-toolkit: {site: true}}\ndrivers: [host]\nprobe: false\ncases:\n"
@@ -250,14 +233,14 @@ def test_wheel_layouts_of_torch_cupy_and_jax_are_bundled(tmp_path: Path, rts: di
     cu13 = rts["cu13.0"]
     python, site = _venv(tmp_path / "env")
     libcudart = _copy_runtime(cu13, site / "nvidia" / "cu13" / "lib")
-    torch = _shared(site / "torch" / "lib" / "libtorch_cuda.so", NEEDED_C, str(libcudart),
+    torch = shared_library(site / "torch" / "lib" / "libtorch_cuda.so", NEEDED_C, str(libcudart),
                     "-Wl,--enable-new-dtags", "-Wl,-rpath,$ORIGIN/../../nvidia/cu13/lib")
-    jax = _shared(site / "jax_plugins" / "xla_cuda13" / "xla_cuda_plugin.so", DLOPEN_PATH_C,
+    jax = shared_library(site / "jax_plugins" / "xla_cuda13" / "xla_cuda_plugin.so", DLOPEN_PATH_C,
                   '-DRELATIVE="../../nvidia/cu13/lib/libcudart.so.13"', "-ldl")
     # Another environment's copy, opened by absolute path from outside both: not the program's.
     _, other_site = _venv(tmp_path / "other-env")
     other = _copy_runtime(cu13, other_site / "nvidia" / "cu13" / "lib")
-    wrong = _shared(tmp_path / "loose" / "_ext.so", DLOPEN_PATH_C, f'-DRELATIVE="{other}"', "-ldl")
+    wrong = shared_library(tmp_path / "loose" / "_ext.so", DLOPEN_PATH_C, f'-DRELATIVE="{other}"', "-ldl")
     # cuda-pathfinder (CuPy, cuda-bindings): ctypes.CDLL of the absolute path, from Python itself.
     pathfinder = json.dumps({"name": "cupy-env", "argv": [str(python), "-c", (
         "import ctypes; v = ctypes.c_int(); "
@@ -322,7 +305,7 @@ def test_a_runtime_from_the_loader_cache_is_a_leak(tmp_path: Path, cached_dir: P
                             check=True).stdout
     first = next(line for line in listed.splitlines() if line.strip().startswith("libcudart.so.13 "))
     assert first.endswith(str(leaked)), first
-    ext = _shared(tmp_path / "ext" / "_ext.so", DLOPEN_NAME_C, '-DSONAME="libcudart.so.13"', "-ldl")
+    ext = shared_library(tmp_path / "ext" / "_ext.so", DLOPEN_NAME_C, '-DSONAME="libcudart.so.13"', "-ldl")
     code, recs, out = _run(tmp_path, cli, [_case("cached", ext)])
     r = recs["cached"]
     assert code == 1
@@ -350,7 +333,7 @@ def test_a_host_toolkit_on_the_cases_own_search_path_is_a_leak_unless_allowed(
         tmp_path: Path, toolkit_dir: Path, rts: dict[str, R.ResolvedRuntime],
         cli: Callable[..., subprocess.CompletedProcess[str]]) -> None:
     leaked = _copy_runtime(rts["cu13.0"], toolkit_dir)
-    ext = _shared(tmp_path / "ext" / "_ext.so", DLOPEN_NAME_C, '-DSONAME="libcudart.so.13"', "-ldl")
+    ext = shared_library(tmp_path / "ext" / "_ext.so", DLOPEN_NAME_C, '-DSONAME="libcudart.so.13"', "-ldl")
     env = {"LD_LIBRARY_PATH": str(toolkit_dir)}
     code, recs, out = _run(tmp_path, cli, [
         _case("toolkit", ext, env=env),
@@ -377,9 +360,9 @@ def test_an_rpath_is_the_programs_own_when_relative_to_its_file_wherever_it_is_i
     own; one whose RUNPATH names a toolkit directory by its absolute path uses the host's."""
     app = Path(f"/usr/local/lib/cumatrix-test-{uuid.uuid4().hex[:8]}")
     try:
-        ext = _shared(app / "ext.so", NEEDED_C, "-Wl,--unresolved-symbols=ignore-all", "-Wl,--enable-new-dtags",
+        ext = shared_library(app / "ext.so", NEEDED_C, "-Wl,--unresolved-symbols=ignore-all", "-Wl,--enable-new-dtags",
                       "-Wl,-rpath,$ORIGIN/lib")
-        nvcc = _shared(app / "nvcc.so", NEEDED_C, "-Wl,--unresolved-symbols=ignore-all", "-Wl,--enable-new-dtags",
+        nvcc = shared_library(app / "nvcc.so", NEEDED_C, "-Wl,--unresolved-symbols=ignore-all", "-Wl,--enable-new-dtags",
                        f"-Wl,-rpath,{toolkit_dir}")
         own, host = f"{app}/lib/libcudart.so.13", f"{toolkit_dir}/libcudart.so.13"
         lib = {own: P.Found(path=own, step="rpath", request="libcudart.so.13", requester=str(ext)),

@@ -24,6 +24,7 @@ import pytest
 
 from cumatrix.provision.build import build_variant
 from cumatrix.provision.runtimes import headers_for
+from helpers.build import run_gcc
 
 HERE = Path(__file__).parent
 TSAN = ("-fsanitize=thread", "-g", "-O1")
@@ -145,11 +146,6 @@ int main(int argc, char **argv) {
 """
 
 
-def _gcc(*args: str) -> None:
-    proc = subprocess.run(["gcc", *args], capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, proc.stderr
-
-
 @pytest.fixture(scope="module")
 def tsan_build(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     if shutil.which("gcc") is None:
@@ -162,15 +158,15 @@ def tsan_build(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     assert proc.returncode == 0, f"gcc cannot link ThreadSanitizer (apt-get install libtsan2): {proc.stderr}"
     drivers = out / "driver"
     drivers.mkdir()
-    _gcc(*TSAN, "-fPIC", "-shared", "-Wall", "-Werror", "-fvisibility=hidden", "-Wl,-soname,libcuda.so.1",
+    run_gcc(*TSAN, "-fPIC", "-shared", "-Wall", "-Werror", "-fvisibility=hidden", "-Wl,-soname,libcuda.so.1",
          "-o", str(drivers / "libcuda.so.1"), str(HERE / "standin_libcuda.c"), "-lpthread")
-    _gcc(*TSAN, "-fPIC", "-shared", "-Wall", "-Werror", "-fvisibility=hidden", "-Wl,-soname,libcudart.so.13",
+    run_gcc(*TSAN, "-fPIC", "-shared", "-Wall", "-Werror", "-fvisibility=hidden", "-Wl,-soname,libcudart.so.13",
          "-o", str(drivers / "libcudart.so.13"), str(HERE.parent / "stand_ins" / "libcudart_stand_in.c"))
-    _gcc(*TSAN, "-fPIC", "-shared", "-Wall", "-Werror", "-fvisibility=hidden",
+    run_gcc(*TSAN, "-fPIC", "-shared", "-Wall", "-Werror", "-fvisibility=hidden",
          "-o", str(out / "libnvrtc-standin.so"), str(HERE / "standin_nvrtc.c"))
     program = out / "swap_threads.c"
     program.write_text(f"#define THREADS {THREADS}\n#define ROUNDS {ROUNDS}\n{DRIVER_C}")
-    _gcc(*TSAN, "-Wall", "-Werror", "-o", str(out / "swap_threads"), str(program), "-ldl", "-lpthread")
+    run_gcc(*TSAN, "-Wall", "-Werror", "-o", str(out / "swap_threads"), str(program), "-ldl", "-lpthread")
     return {"dir": out, "driver": drivers, "program": out / "swap_threads", "nvrtc": out / "libnvrtc-standin.so"}
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from helpers.procs import gone
+
 REPO = Path(__file__).resolve().parents[2]
 RUNTIME = "nvidia-cuda-runtime-cu12==12.9.79"
 
@@ -30,19 +32,6 @@ def cells(out: Path) -> list[dict[str, Any]]:
         if rec.get("type") == "cell":
             recs.append(rec)
     return recs
-
-
-def _gone(pid: int, within: float = 5.0) -> bool:
-    end = time.monotonic() + within
-    while time.monotonic() < end:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except FileNotFoundError:
-            return True
-        if state in ("Z", "X"):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def _gcc_undefined_symbol(d: Path) -> tuple[Path, Path]:
@@ -112,7 +101,7 @@ def test_bad_cells_details(bad_run: dict[str, Any]) -> None:
     assert c["flood"]["timings"]["wall_s"] < 10
     assert len(c["flood"]["stdout_tail"]) <= 4096
     assert bad_run["wall"] < 60
-    assert _gone(int((bad_run["dir"] / "grandchild").read_text())), "hang's grandchild sleep survived the timeout"
+    assert gone(int((bad_run["dir"] / "grandchild").read_text())), "hang's grandchild sleep survived the timeout"
     final = json.loads((bad_run["out"] / "results.json").read_text())
     assert sorted(r["id"] for r in final["cells"]) == sorted(bad_run["cells"])
 
@@ -169,7 +158,7 @@ def test_sigint_keeps_finished_cells_then_resume(tmp_path: Path, wheel_cache: Pa
     rc, m, out, slow = _start_and_stop(tmp_path, cli_env, signal.SIGINT)
     assert rc == 130
     assert [r["id"] for r in cells(out)] == ["cu12.9/host/a", "cu12.9/host/b"]
-    assert _gone(slow), "the interrupted cell's child is still running"
+    assert gone(slow), "the interrupted cell's child is still running"
     _resume_completes(tmp_path, m, out, cli)
 
 
@@ -182,7 +171,7 @@ def test_sigterm_finishes_like_sigint(tmp_path: Path, wheel_cache: Path, cli: An
     assert records[-1]["interrupted"] is True
     assert (out / "results.json").is_file()
     assert (out / "summary.md").is_file()
-    assert _gone(slow), "the terminated run's cell child is still running"
+    assert gone(slow), "the terminated run's cell child is still running"
     _resume_completes(tmp_path, m, out, cli)
 
 
@@ -190,7 +179,7 @@ def test_sigkill_keeps_finished_cells_then_resume(tmp_path: Path, wheel_cache: P
     rc, m, out, slow = _start_and_stop(tmp_path, cli_env, signal.SIGKILL)
     assert rc == -signal.SIGKILL
     assert [r["id"] for r in cells(out)] == ["cu12.9/host/a", "cu12.9/host/b"]
-    assert _gone(slow), "the cell's child outlived the SIGKILLed harness"
+    assert gone(slow), "the cell's child outlived the SIGKILLed harness"
     _resume_completes(tmp_path, m, out, cli)
 
 

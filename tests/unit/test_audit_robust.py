@@ -11,7 +11,6 @@ import contextlib
 import io
 import shutil
 import struct
-import subprocess
 import zipfile
 from pathlib import Path
 
@@ -22,6 +21,8 @@ from hypothesis import strategies as st
 from cumatrix.audit.static import AuditData, AuditSettings, audit_wheel
 from cumatrix.binary.fatbin import FatbinError, read_fatbin
 from cumatrix.core.model import CudaVersion
+from helpers.build import shared_library
+from helpers.wheels import write_zip
 
 if shutil.which("gcc") is None:
     pytest.skip("gcc is not on PATH (these tests build real ELF files)", allow_module_level=True)
@@ -43,19 +44,11 @@ SETTINGS = AuditSettings(min_driver=CudaVersion(12, 0))
 
 @pytest.fixture(scope="module")
 def elf_bytes(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    d = tmp_path_factory.mktemp("robust")
-    (d / "m.c").write_text(SOURCE)
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", "m.so", "m.c", "-ldl"], cwd=d,
-                   check=True, capture_output=True)
-    return (d / "m.so").read_bytes()
+    return shared_library(tmp_path_factory.mktemp("robust") / "m.so", SOURCE, "-ldl").read_bytes()
 
 
 def _wheel(path: Path, members: dict[str, bytes], method: int = zipfile.ZIP_DEFLATED) -> Path:
-    with zipfile.ZipFile(path, "w", method) as zf:
-        for name, data in members.items():
-            zf.writestr(name, data)
-        zf.writestr("demo-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\n")
-    return path
+    return write_zip(path, {**members, "demo-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\n"}, method)
 
 
 def _audit(wheel: Path) -> list[tuple[str, str, str]]:

@@ -6,7 +6,6 @@ import io
 import os
 import random
 import shutil
-import subprocess
 import zipfile
 from pathlib import Path
 
@@ -23,19 +22,13 @@ from cumatrix.binary.elf import (
     member_magic,
     open_member,
 )
+from helpers.build import shared_library
+from helpers.wheels import write_zip
 
 if shutil.which("gcc") is None:
     if os.environ.get("CUMATRIX_REQUIRE_GCC") == "1":
         raise RuntimeError("CUMATRIX_REQUIRE_GCC=1 but gcc is not on PATH")
     pytest.skip("gcc is not on PATH (these tests build real ELF files)", allow_module_level=True)
-
-
-def _gcc(out: Path, source: str, *args: str) -> Path:
-    src = out.with_suffix(".c")
-    src.write_text(source)
-    subprocess.run(["gcc", "-shared", "-fPIC", "-O1", "-o", str(out), str(src), *args],
-                   check=True, capture_output=True)
-    return out
 
 
 # A build-time link stub, like the toolkit's stubs/libcuda.so: a STAND-IN for the driver,
@@ -68,8 +61,8 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("elf")
     stubs = d / "stubs"
     stubs.mkdir()
-    _gcc(stubs / "libcuda.so", STUB, "-Wl,-soname,libcuda.so.1")
-    user = _gcc(d / "libuser.so", USER, f"-L{stubs}", "-lcuda")
+    shared_library(stubs / "libcuda.so", STUB, "-Wl,-soname,libcuda.so.1")
+    user = shared_library(d / "libuser.so", USER, f"-L{stubs}", "-lcuda")
     return {"stub": stubs / "libcuda.so", "user": user}
 
 
@@ -101,19 +94,12 @@ def test_strings_in_data(built: dict[str, Path]) -> None:
     assert "cuInit" in elf_strings(_elf(built["user"]), "cu", string_tables=True)
 
 
-def _wheel(path: Path, members: dict[str, bytes], compression: int) -> Path:
-    with zipfile.ZipFile(path, "w", compression) as zf:
-        for name, data in members.items():
-            zf.writestr(name, data)
-    return path
-
-
 @pytest.mark.parametrize("compression", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED],
                          ids=["stored", "deflated"])
 def test_wheel_members_match_extracted_files(built: dict[str, Path], tmp_path: Path,
                                              compression: int) -> None:
     user = built["user"].read_bytes()
-    wheel = _wheel(tmp_path / "w-1.0-py3-none-any.whl", {
+    wheel = write_zip(tmp_path / "w-1.0-py3-none-any.whl", {
         "pkg/__init__.py": b"",
         "pkg/libuser.so": user,
         "pkg/notes.txt": b"\x7fEL",  # shorter than the magic
@@ -137,7 +123,7 @@ def test_member_stream_random_access(tmp_path: Path, compression: int, spool: bo
     # Half incompressible, half repetitive: both kinds of deflate blocks, 40 MiB so that
     # reads cross decoded blocks, checkpoints and evictions from the block cache.
     data = os.urandom(20 << 20) + bytes(range(256)) * (80 << 10)
-    wheel = _wheel(tmp_path / "w.whl", {"a/big.bin": data}, compression)
+    wheel = write_zip(tmp_path / "w.whl", {"a/big.bin": data}, compression)
     rng = random.Random(7)
     with zipfile.ZipFile(wheel) as zf, wheel.open("rb") as raw:
         stream = open_member(zf, raw, zf.getinfo("a/big.bin"), spool=spool)
@@ -156,7 +142,7 @@ def test_member_stream_random_access(tmp_path: Path, compression: int, spool: bo
 
 
 def test_malformed_elf_goes_to_on_error(tmp_path: Path) -> None:
-    wheel = _wheel(tmp_path / "w.whl", {"pkg/broken.so": b"\x7fELF" + b"\x00" * 8},
+    wheel = write_zip(tmp_path / "w.whl", {"pkg/broken.so": b"\x7fELF" + b"\x00" * 8},
                    zipfile.ZIP_DEFLATED)
     errors: list[str] = []
     assert list(iter_wheel_elves(wheel, on_error=lambda n, _e: errors.append(n))) == []
@@ -182,7 +168,7 @@ def test_device_code_is_not_scanned_for_names(tmp_path: Path) -> None:
     # A host string and the same kind of string placed in a .nv_fatbin section.
     src = ('__attribute__((section(".nv_fatbin"), used)) static const char dev[] = '
            '"cudaInDeviceCode";\nconst char *host = "cudaOnHost";\n')
-    so = _gcc(tmp_path / "libdev.so", src)
+    so = shared_library(tmp_path / "libdev.so", src)
     names = elf_strings(_elf(so), "cuda")
     assert "cudaOnHost" in names
     assert "cudaInDeviceCode" not in names

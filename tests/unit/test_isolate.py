@@ -18,6 +18,7 @@ from cumatrix.execute.local import KEEP_HEAD, KEEP_TAIL, run_local
 from cumatrix.execute.protocol import parse
 from cumatrix.execute.sandbox import Policy, child_env
 from cumatrix.judge.classify import classify
+from helpers.procs import gone
 
 PY = sys.executable
 #: Child code that hands a verdict over the private channel, as the harness's own children do.
@@ -29,20 +30,6 @@ def _run(code: str, *, kind: str = "probe", timeout: float = 30.0, env: tuple[tu
     res = run_local(Job(cell_id="t", kind=kind, argv=(PY, "-c", code), timeout=timeout, env=env,
                         reports_verdict=kind != "command"))
     return res, classify(res, kind=kind)
-
-
-def _gone(pid: int, within: float = 5.0) -> bool:
-    """True once ``pid`` no longer runs (a zombie waiting for its reaper counts as gone)."""
-    end = time.monotonic() + within
-    while time.monotonic() < end:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (FileNotFoundError, ProcessLookupError):
-            return True
-        if state in ("Z", "X"):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_verdict_over_the_channel_is_the_outcome() -> None:
@@ -176,7 +163,7 @@ def test_timeout_kills_the_whole_group(tmp_path: Path) -> None:
     assert time.monotonic() - t0 < 10
     assert obs.outcome == "timeout"
     assert res.timed_out
-    assert _gone(int(pidfile.read_text())), "the grandchild sleep outlived the timeout"
+    assert gone(int(pidfile.read_text())), "the grandchild sleep outlived the timeout"
 
 
 def test_twenty_megabytes_of_stdout_do_not_stall() -> None:
@@ -212,10 +199,10 @@ def test_child_dies_with_a_killed_harness(tmp_path: Path) -> None:
         while not (pidfile.exists() and pidfile.read_text().strip()) and time.monotonic() < end:
             time.sleep(0.05)
         child = int(pidfile.read_text())
-        assert not _gone(child, within=0.2)
+        assert not gone(child, within=0.2)
         harness.send_signal(signal.SIGKILL)
         harness.wait()
-        assert _gone(child), "the cell's child outlived its SIGKILLed harness"
+        assert gone(child), "the cell's child outlived its SIGKILLed harness"
     finally:
         harness.kill()
         harness.wait()

@@ -16,6 +16,7 @@ from cumatrix.core.errors import ConfigError
 from cumatrix.core.model import Matrix
 from cumatrix.load import matrix as M
 from cumatrix.load import yamldoc
+from helpers.trees import paths
 
 FUZZ = settings(max_examples=400, derandomize=True, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -125,20 +126,12 @@ def test_deep_nesting_is_refused_at_its_place(depth: int, opener: str) -> None:
     assert any("nested deeper than" in p.message for p in e.problems) or "malformed" in str(e), str(e)
 
 
-def _paths(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [path]
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else []
-    for k, v in items:
-        out += _paths(v, (*path, k))
-    return out
-
-
 @settings(FUZZ, max_examples=200)
 @given(st.data())
 def test_mutated_valid_document(data: st.DataObject) -> None:
     doc = yaml.safe_load(VALID)
     for _ in range(data.draw(st.integers(1, 4))):
-        path = data.draw(st.sampled_from(_paths(doc)[1:]))
+        path = data.draw(st.sampled_from(paths(doc)[1:]))
         parent = doc
         for p in path[:-1]:
             parent = parent[p]
@@ -156,7 +149,7 @@ HOSTILE_SCALARS = [None, True, 0, -1, 7, 12, 13.0, 100.5, 1e308, "", "\0", "a\n"
 def test_every_value_replaced_by_every_hostile_scalar() -> None:
     """Exhaustive, not sampled: each value of a valid matrix swapped for each hostile value."""
     base = yaml.safe_load(VALID)
-    for path in _paths(base)[1:]:
+    for path in paths(base)[1:]:
         for value in HOSTILE_SCALARS:
             doc = yaml.safe_load(VALID)
             parent = doc

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from cumatrix.load import matrix as M
 from cumatrix.load import yamldoc
+from helpers.trees import paths
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -68,14 +69,6 @@ _values = st.recursive(_scalars, lambda kids: st.lists(kids, max_size=3)
                                          kids, max_size=3), max_leaves=6)
 
 
-def _paths(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    out = [path]
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else []
-    for k, v in items:
-        out += _paths(v, (*path, k))
-    return out
-
-
 def _mutate(doc: Any, path: tuple[Any, ...], op: str, new: Any) -> Any:
     doc = json.loads(json.dumps(doc))
     if not path:
@@ -98,7 +91,7 @@ def _mutate(doc: Any, path: tuple[Any, ...], op: str, new: Any) -> Any:
 def test_schema_verdicts_agree_with_jsonschema(data: st.DataObject) -> None:
     doc: Any = BASE
     for _ in range(data.draw(st.integers(1, 3))):
-        path = data.draw(st.sampled_from(_paths(doc)))
+        path = data.draw(st.sampled_from(paths(doc)))
         doc = _mutate(doc, path, data.draw(st.sampled_from(["replace", "delete", "add"])), data.draw(_values))
     ours = yamldoc.SchemaCheck(yamldoc.Doc(file="m", data=doc), _schema("matrix.schema.json"), "matrix").run()
     theirs = list(jsonschema.Draft202012Validator(_schema("matrix.schema.json")).iter_errors(doc))
@@ -114,7 +107,7 @@ def test_the_compiled_predicate_agrees_with_the_walk_on_hostile_values(name: str
     root = _schema(name)
     docs: list[Any] = list(hostile)
     base = BASE if name == "matrix.schema.json" else json.loads(resources.files("cumatrix").joinpath("data/bugs.json").read_text())
-    for path in _paths(base)[:: 1 if base is BASE else 4]:  # the catalog is long: every fourth place of it
+    for path in paths(base)[:: 1 if base is BASE else 4]:  # the catalog is long: every fourth place of it
         for v in hostile:
             docs.append(_mutate(base, path, "replace", v))
             docs.append(_mutate(base, path, "add", v))

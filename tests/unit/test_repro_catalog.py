@@ -17,6 +17,7 @@ from cumatrix.front import repro
 from cumatrix.load import catalog
 from cumatrix.orchestrate import Orchestrator
 from cumatrix.provision import runtimes
+from helpers.trees import paths
 
 IDS = ("vllm-undefined-symbol", "vllm-cuda13-build", "sglang-driver-dispatch", "sglang-header-dispatch",
        "legacy-stream", "v12-abi-on-cu13")
@@ -159,21 +160,13 @@ _any = st.recursive(_leaf, lambda kids: st.lists(kids, max_size=3) | st.dictiona
                                                                                     max_size=3), max_leaves=6)
 
 
-def _paths(value, path=()):
-    out = [path]
-    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else []
-    for k, v in items:
-        out += _paths(v, (*path, k))
-    return out
-
-
 @settings(max_examples=300, derandomize=True, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_fuzzed_catalog_is_a_catalog_or_a_located_error(data: st.DataObject) -> None:
     raw = _raw()
     for _ in range(data.draw(st.integers(1, 3))):
-        path = data.draw(st.sampled_from(_paths(raw)))
+        path = data.draw(st.sampled_from(paths(raw)))
         if not path:
             continue
         parent = raw
@@ -203,7 +196,7 @@ def test_every_value_replaced_by_every_hostile_scalar() -> None:
     """Exhaustive over two entries: each value swapped for each hostile value."""
     base = _raw()
     base["bugs"] = base["bugs"][:2]
-    for path in _paths(base)[1:]:
+    for path in paths(base)[1:]:
         for value in HOSTILE_SCALARS:
             raw = json.loads(json.dumps(base))
             parent = raw
