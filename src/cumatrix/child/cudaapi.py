@@ -201,17 +201,6 @@ class Driver(CudaApi):
         self.check(self.lib.cuDeviceGetAttribute(ctypes.byref(v), attr, self.dev), f"cuDeviceGetAttribute({attr})")
         return v.value
 
-    def priority_stream(self, highest: bool) -> int:
-        """A non-blocking stream of the context's highest (or lowest) priority."""
-        least, greatest = ctypes.c_int(0), ctypes.c_int(0)
-        self.check(self.lib.cuCtxGetStreamPriorityRange(ctypes.byref(least), ctypes.byref(greatest)),
-                   "cuCtxGetStreamPriorityRange")
-        s = ctypes.c_void_p()
-        self.check(self.lib.cuStreamCreateWithPriority(ctypes.byref(s), 1, greatest if highest else least),
-                   "cuStreamCreateWithPriority")
-        assert s.value is not None
-        return s.value
-
     def wait(self, stream: int | None, ev: int) -> None:
         """``cuStreamWaitEvent``: ``stream`` waits for ``ev``'s last recorded work."""
         self.lib.cuStreamWaitEvent.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]

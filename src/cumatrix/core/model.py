@@ -31,10 +31,8 @@ VARIANT_FAMILIES: dict[str, tuple[Family, ...]] = {
 NO_RUNTIME = "none"
 
 DIRECTIONS = ("d2h", "h2d", "d2d")
-STREAM_KINDS = ("dedicated", "legacy", "per-thread")
 #: Path policies of the reference (``kvswap_set_policy``); only ``proc-address`` has them.
 POLICIES = ("copy-engine-only", "fastest", "beside-compute", "kernel", "batch", "loop")
-KERNEL_IMAGES = ("cubin", "ptx")
 
 
 # --------------------------------------------------------------------------- versions
@@ -108,10 +106,6 @@ class Driver:
 
     name: str
     emulated: CudaVersion | None = None
-
-    @property
-    def is_host(self) -> bool:
-        return self.emulated is None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

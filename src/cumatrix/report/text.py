@@ -59,11 +59,6 @@ def md_code(text: str) -> str:
     return "<code>" + html.escape(text).replace("|", "&#124;") + "</code>"
 
 
-def html_text(text: str) -> str:
-    """Escape text for HTML element content or attribute values."""
-    return html.escape(clean(text), quote=True)
-
-
 def shorten(text: str, limit: int) -> str:
     """The last ``limit`` characters of text (tails matter most), marked when cut."""
     if len(text) <= limit:

@@ -59,7 +59,6 @@ TREND_CELLS = 300
 #: Earlier values a cell needs before its speed is judged.
 MIN_SAMPLES = 3
 
-METRICS = ("gbps", "speedup")
 LISTS = ("new_failures", "fixed", "changed", "newly_skipped", "newly_not_run")
 
 
@@ -90,11 +89,6 @@ class SpeedMove:
     median: float
     noise: float
     samples: int
-
-    @property
-    def sigmas(self) -> float:
-        """How many noise units B lies from the median (signed)."""
-        return (self.after - self.median) / self.noise
 
     def to_json(self) -> dict[str, object]:
         return {"cell": self.cell.name, "host": self.cell.host or None, "metric": self.metric,
@@ -156,10 +150,6 @@ class Diff:
 
 def _label(r: Result | None) -> str:
     return NOT_RUN if r is None else r.outcome
-
-
-def _ran(r: Result | None) -> bool:
-    return r is not None and r.status in ("pass", "fail")
 
 
 def classify(before: Result | None, after: Result | None) -> str | None:
