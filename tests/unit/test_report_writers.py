@@ -130,6 +130,18 @@ def test_newer_schema_is_refused_clearly(tmp_path: Path) -> None:
     assert e.value.exit_code == 2
 
 
+def test_an_observed_outcome_that_is_no_outcome_word_is_refused_with_its_line(tmp_path: Path) -> None:
+    recs = sample_records()
+    at = next(i for i, r in enumerate(recs) if r["type"] == "cell")
+    recs[at] = dict(recs[at], observed={**recs[at]["observed"], "outcome": "fine"})  # type: ignore[dict-item]
+    p = write_jsonl(tmp_path / "results.jsonl", recs)
+    with pytest.raises(ConfigError) as e:
+        load_records(p)
+    assert str(e.value).startswith(f"{p}:{at + 1}:")
+    assert "outcome 'fine' is not an outcome word" in str(e.value)
+    assert e.value.exit_code == 2
+
+
 def test_file_without_run_header_is_refused(tmp_path: Path) -> None:
     p = tmp_path / "results.jsonl"
     p.write_text("")

@@ -14,7 +14,16 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from cumatrix.core.errors import ConfigError, Problem
-from cumatrix.core.model import NO_RUNTIME, VARIANT_FAMILIES, Expected, Observed, Spread, Timings
+from cumatrix.core.model import (
+    NO_RUNTIME,
+    OUTCOME_RE,
+    VARIANT_FAMILIES,
+    Expected,
+    Observed,
+    Spread,
+    Timings,
+    is_ok,
+)
 
 #: The results schema version this cumatrix writes and the newest it reads.
 SCHEMA_VERSION = 1
@@ -58,7 +67,7 @@ class CellRecord:
             return "fail"
         if self.status == "skip":
             return "skip"
-        return "ok" if self.observed.outcome == "ok" else "expected"
+        return "ok" if is_ok(self.observed.outcome) else "expected"
 
     @property
     def ran_process(self) -> bool:
@@ -72,7 +81,7 @@ class CellRecord:
     def outcome_label(self) -> str:
         """``ok:batch`` for ok with a path, else the outcome word."""
         o = self.observed
-        if o.outcome == "ok" and o.path:
+        if is_ok(o.outcome) and o.path:
             return f"ok:{o.path}"
         return o.outcome
 
@@ -257,6 +266,8 @@ def _cell(r: _Reader, shared: dict[object, Any]) -> CellRecord:
     exp = r.obj("expected")
     obs = r.obj("observed")
     outcome = r.need_text("outcome", obs)
+    if not OUTCOME_RE.match(outcome):  # the reports take it apart (is_ok): refuse what is not an outcome
+        raise r.fail(f"outcome {outcome!r} is not an outcome word")
     axes_raw = r.obj("axes")
     axes = {str(k): str(v) for k, v in axes_raw.items()} if axes_raw else axes_from_id(cell_id)
     axes = _one(shared, ("axes", *sorted(axes.items())), axes)
