@@ -23,6 +23,7 @@ from cumatrix.execute import observe as O
 from cumatrix.execute.local import run_local
 from cumatrix.provision import runtimes as R
 from helpers.build import gcc
+from helpers.results import read_cells
 
 pytestmark = pytest.mark.network
 
@@ -400,8 +401,7 @@ def test_run_records_what_each_cell_mapped(tmp_path: Path, rts: dict[str, R.Reso
     """)
     proc = cli("run", m, "--out", tmp_path / "out")  # type: ignore[operator]
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    recs = {r["id"]: r for r in map(json.loads, (tmp_path / "out" / "results.jsonl").read_text().splitlines())
-            if r.get("type") == "cell"}
+    recs = read_cells(tmp_path / "out")
     cell_file = str(rts["cu12.9"].libcudart)
     # Its bundled 12.4 (DT_RPATH) lost to the cell's 12.9: it passes, and says so.
     a = recs["cu12.9/host/own12"]
@@ -483,7 +483,6 @@ def test_in_a_container_the_audit_sees_and_enforces_the_images_runtime(
 @pytest.mark.docker
 def test_run_with_the_docker_backend_records_the_images_runtime(
         tmp_path: Path, docker_backend: object, write_matrix: object, cli: object) -> None:
-    import json
 
     m = write_matrix(f"""
         runtimes: {{cu12.9: {{wheel: {CU129}}}, cu13.0: {{wheel: {CU130}}}}}
@@ -494,8 +493,7 @@ def test_run_with_the_docker_backend_records_the_images_runtime(
     """)
     proc = cli("run", m, "--backend", "docker", "--base-image", docker_backend.base_image,  # type: ignore[attr-defined,operator]
                "--out", tmp_path / "out")
-    recs = {r["id"]: r for r in map(json.loads, (tmp_path / "out" / "results.jsonl").read_text().splitlines())
-            if r.get("type") == "cell"}
+    recs = read_cells(tmp_path / "out")
     ok = recs["cu12.9/host/load12"]
     assert ok["observed"]["outcome"] == "ok", proc.stdout  # type: ignore[attr-defined]
     [lib] = ok["fingerprint"]["libraries"]
@@ -515,7 +513,6 @@ def test_a_library_another_user_planted_is_not_loaded_into_docker_cells(
     audit library goes (``$TMPDIR/cumatrix-audit-lib-<uid>-<digest>/libcumatrix_audit.so``, a
     name anyone can work out).  The harness uses that directory only when it is its own and no
     one else may write it: the planted library never runs."""
-    import json
     import os
     import pwd
     import shutil
@@ -559,8 +556,7 @@ def test_a_library_another_user_planted_is_not_loaded_into_docker_cells(
         """)
         proc = cli("run", m, "--backend", "docker", "--base-image", docker_backend.base_image,  # type: ignore[attr-defined,operator]
                    "--out", tmp_path / "out", env={"TMPDIR": str(shared_tmp)})
-        recs = {r["id"]: r for r in map(json.loads, (tmp_path / "out" / "results.jsonl").read_text().splitlines())
-                if r.get("type") == "cell"}
+        recs = read_cells(tmp_path / "out")
         rec = recs["cu12.9/host/plain"]
         assert rec["observed"]["outcome"] == "ok", proc.stdout  # type: ignore[attr-defined]
         assert "PLANTED-AUDIT-RAN" not in rec["stderr_tail"]

@@ -25,6 +25,7 @@ import pytest
 from cumatrix.execute import provenance as P
 from cumatrix.provision import runtimes as R
 from helpers.build import shared_library
+from helpers.results import read_cells_by_case
 
 pytestmark = pytest.mark.network
 
@@ -111,8 +112,7 @@ def _run(tmp: Path, cli: Callable[..., subprocess.CompletedProcess[str]], cases:
         """) + "\n".join(cases) + "\n")
     proc = cli("run", matrix, "--out", tmp / out, env=env)
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
-    recs = {r["id"].split("/")[-1]: r for r in map(json.loads, (tmp / out / "results.jsonl").read_text().splitlines())
-            if r.get("type") == "cell"}
+    recs = read_cells_by_case(tmp / out)
     return proc.returncode, recs, tmp / out
 
 
@@ -206,8 +206,7 @@ def test_a_site_runtime_from_a_host_toolkit_is_the_cells_own(
                       + "\n".join([_case("by-name", by_name), _case("linked", linked, runtime="offered")]) + "\n")
     proc = cli("run", matrix, "--out", tmp_path / "out", env={"CUDA_HOME": str(tmp_path / "toolkit")})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    recs = {r["id"].split("/")[-1]: r for r in map(json.loads, (tmp_path / "out" / "results.jsonl").read_text().splitlines())
-            if r.get("type") == "cell"}
+    recs = read_cells_by_case(tmp_path / "out")
     for name in ("by-name", "linked"):
         r = recs[name]
         assert (r["observed"]["outcome"], r["stdout_tail"].strip()) == ("ok", "13000"), (name, r["observed"])
