@@ -8,7 +8,6 @@ network request is made, that hostile stderr stays text, and saves a screenshot 
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 
 from cumatrix.report import load_records, write_all
+from helpers import sample_run
 
 pytestmark = pytest.mark.browser
 
@@ -48,18 +48,6 @@ CHROMIUM_FLAGS = [
     "--remote-debugging-port=0",
     "--remote-allow-origins=*",
 ]
-
-
-def _sample_module() -> Any:
-    # The realistic record builder lives beside the unit tests; load it by path since the
-    # test folders are not packages.
-    path = ROOT / "tests" / "unit" / "test_report_sample.py"
-    spec = importlib.util.spec_from_file_location("report_sample", path)
-    assert spec
-    assert spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _chromium() -> str | None:
@@ -170,12 +158,11 @@ def browser(tmp_path: Path) -> Iterator[str]:
 
 
 def test_index_html_in_chromium(browser: str, tmp_path: Path) -> None:
-    sample = _sample_module()
-    records = sample.sample_records()
+    records = sample_run.sample_records()
     for rec in records:  # compiler output as a cell's detail: several lines, spaces that matter
         if rec.get("id") == "cu13.0/host/header-dispatch/h12.8/kv-16k-d2h":
             rec["observed"] = dict(rec["observed"], detail=COMPILER_OUTPUT)
-    jsonl = sample.write_jsonl(tmp_path / "results.jsonl", records)
+    jsonl = sample_run.write_jsonl(tmp_path / "results.jsonl", records)
     run = load_records(jsonl)
     write_all(run, tmp_path)
     index = tmp_path / "index.html"
@@ -291,9 +278,8 @@ def test_index_html_in_chromium(browser: str, tmp_path: Path) -> None:
 
 
 def test_empty_run_page_in_chromium(browser: str, tmp_path: Path) -> None:
-    sample = _sample_module()
-    header = dict(sample.sample_records()[0], cells=[], cells_total=0)
-    jsonl = sample.write_jsonl(tmp_path / "results.jsonl", [header])
+    header = dict(sample_run.sample_records()[0], cells=[], cells_total=0)
+    jsonl = sample_run.write_jsonl(tmp_path / "results.jsonl", [header])
     write_all(load_records(jsonl), tmp_path)
     page = Page(browser)
     try:
@@ -310,8 +296,7 @@ def test_empty_run_page_in_chromium(browser: str, tmp_path: Path) -> None:
 
 def _many_cells(copies: int) -> list[dict[str, Any]]:
     """The sample's swap cells repeated over ``copies`` workloads (a larger nightly's shape)."""
-    sample = _sample_module()
-    recs = sample.sample_records(nasty_stderr=False)
+    recs = sample_run.sample_records(nasty_stderr=False)
     header, cells, end = recs[0], [r for r in recs if r["type"] == "cell"], recs[-1]
     out = []
     for k in range(copies):
@@ -324,8 +309,7 @@ def _many_cells(copies: int) -> list[dict[str, Any]]:
 
 
 def test_large_page_draws_grids_as_they_scroll_into_view(browser: str, tmp_path: Path) -> None:
-    sample = _sample_module()
-    jsonl = sample.write_jsonl(tmp_path / "results.jsonl", _many_cells(20))
+    jsonl = sample_run.write_jsonl(tmp_path / "results.jsonl", _many_cells(20))
     run = load_records(jsonl)
     write_all(run, tmp_path)
     n = len(run.cells)

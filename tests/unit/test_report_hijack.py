@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from test_report_sample import sample_records, write_jsonl
 
 from cumatrix.report import load_records, write_all
 from cumatrix.report.text import md_fenced
+from helpers.sample_run import sample_records, write_jsonl
 
 markdown_it = pytest.importorskip("markdown_it", reason="markdown-it-py renders the summary (test extra)")
 

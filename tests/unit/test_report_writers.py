@@ -9,11 +9,11 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-from test_report_sample import NASTY, sample_records, write_jsonl
 
 from cumatrix.core.errors import ConfigError
 from cumatrix.report import load_records, merge_runs, progress_line, write_all
 from cumatrix.report.jsonout import schema, to_json
+from helpers.sample_run import NASTY, sample_records, write_jsonl
 
 
 def _run_dir(tmp: Path, name: str, records: list[dict[str, object]], tail: str = "") -> Path:
