@@ -12,7 +12,13 @@ import re
 from dataclasses import dataclass
 
 from cumatrix.core.model import Cell, CudaVersion, Expected, Matrix
-from cumatrix.predict.rules import rules
+from cumatrix.predict.rules import (
+    cuda_major,
+    emulation_newer_than_host,
+    interposer_detected,
+    major_newer_than_driver,
+    rules,
+)
 
 # --------------------------------------------------------------------------- data
 
@@ -51,6 +57,11 @@ def effective_driver(cell: Cell, host: HostFacts) -> int | None:
     if cell.driver.startswith("emulated-"):
         return int(CudaVersion.parse(cell.driver[len("emulated-"):]))
     return host.driver_version
+
+
+def emulate_newer_reason(emulated: int, real: int) -> str:
+    """Why an emulated driver newer than the host's cannot run (:func:`emulation_newer_than_host`)."""
+    return f"cannot emulate driver {_v(emulated)} on a {_v(real)} driver"
 
 
 def _expect(*outcomes: str, reason: str, rule: str) -> Expected:
@@ -116,20 +127,19 @@ def _derive(cell: Cell, host: HostFacts, rv: int | None) -> Expected:
         return _expect("skipped:no-cuda-driver", reason="no NVIDIA driver on this host",
                         rule="no-driver")
     emulated = cell.driver.startswith("emulated-")
-    if emulated and host.driver_version is not None and d > host.driver_version:
-        return _expect("harness-error",
-                        reason=f"cannot emulate driver {_v(d)} on a {_v(host.driver_version)} driver", rule="emulate-newer")
+    if emulated and host.driver_version is not None and emulation_newer_than_host(d, host.driver_version):
+        return _expect("harness-error", reason=emulate_newer_reason(d, host.driver_version), rule="emulate-newer")
     if cell.kind == "swap" and cell.family == "driver":
         return _driver_family(cell, d, emulated)
     if rv is None:
         return _expect("ok", reason="runtime version unknown before the run; any clean run passes",
                         rule="unknown-runtime")
     # Runtime-family rules (probe and swap): NVIDIA's compatibility rules first.
-    if rv // 1000 > d // 1000:
+    if major_newer_than_driver(rv, d):
         return _expect("cuda-error:35",
-                        reason=f"runtime {_v(rv)} needs a CUDA {rv // 1000} driver; the driver is {_v(d)} (cudaErrorInsufficientDriver)",
+                        reason=f"runtime {_v(rv)} needs a CUDA {cuda_major(rv)} driver; the driver is {_v(d)} (cudaErrorInsufficientDriver)",
                         rule="major-newer-than-driver")
-    if emulated and rv // 1000 == 12 and d != host.driver_version:
+    if emulated and interposer_detected(rv, d, host.driver_version):
         return _expect("cannot-emulate",
                         reason=f"a CUDA 12 runtime detects the interposer (error 103) when the emulated version {_v(d)} differs from the real driver's",
                         rule="interposer-detected")
@@ -316,18 +326,60 @@ def expect_program(cell: Cell, host: HostFacts, prior: Expected, *, runtime_vers
     d = effective_driver(cell, host)
     if d is None:
         return prior
-    major = runtime_version // 1000
+    major = cuda_major(runtime_version)
     seen = f" ({evidence})" if evidence else ""
-    if major > d // 1000:
+    if major_newer_than_driver(runtime_version, d):
         floor = rules().min_driver_for(CudaVersion(major, 0))
         need = f"a CUDA {major} driver" + (f" (>= {floor})" if floor else "")
         return Expected(outcomes=PROGRAM_REFUSED,
                         reason=f"the program's CUDA {major} runtime{seen} needs {need}; the driver is {_v(d)}: "
                                "cudaErrorInsufficientDriver (35), on which a Python program exits 1",
                         rule="program-major-newer-than-driver")
-    if cell.driver.startswith("emulated-") and major == 12 and d != host.driver_version:
+    if cell.driver.startswith("emulated-") and interposer_detected(runtime_version, d, host.driver_version):
         return Expected(outcomes=frozenset({"cannot-emulate"}),
                         reason=f"the program's CUDA 12 runtime{seen} detects the interposer (error 103) when the "
                                f"emulated version {_v(d)} differs from the real driver's",
                         rule="program-interposer-detected")
     return prior
+
+
+# --------------------------------------------------------------------------- the gate's cells
+
+
+def unsupported_pairing(cell: Cell, host: HostFacts, runtime_version: int | None) -> str | None:
+    """Why NVIDIA does not support ``cell``'s runtime on its driver, or ``None``.
+
+    A runtime of a newer CUDA major than the (effective) driver fails with
+    ``cudaErrorInsufficientDriver`` (:func:`~cumatrix.predict.rules.major_newer_than_driver`);
+    minor-version compatibility covers the rest.  With no driver, or an unknown runtime
+    version, the pairing is run (a wheel must import there).
+    """
+    d = effective_driver(cell, host)
+    if d is None or runtime_version is None or not major_newer_than_driver(runtime_version, d):
+        return None
+    rv, dv = CudaVersion.from_int(runtime_version), CudaVersion.from_int(d)
+    return (f"runtime {rv} needs a CUDA {rv.major} driver; driver {cell.driver} is CUDA {dv}, and "
+            "NVIDIA supports no runtime of a newer major than the driver "
+            "(cudaErrorInsufficientDriver): not run")
+
+
+def expect_gate_cell(cell: Cell, host: HostFacts, *, runtime_version: int | None, smoke: bool) -> Expected:
+    """What a gate cell (a wheel installed into one pairing) must do: ``ok`` on every pairing
+    NVIDIA supports; a pairing it does not support is ``skipped:unsupported-pairing``."""
+    why = unsupported_pairing(cell, host, runtime_version)
+    if why is not None:
+        return _expect("skipped:unsupported-pairing", reason=why, rule="unsupported-pairing")
+    what = "the --smoke command must exit 0" if smoke else "the wheel's top-level packages must import"
+    d = effective_driver(cell, host)
+    where = (f"on every pairing NVIDIA supports (driver {cell.driver}: CUDA {CudaVersion.from_int(d)})"
+             if d is not None else "with no NVIDIA driver on the host too (CPU-only CI, docs builds)")
+    return _expect("ok", reason=f"{what} {where}", rule="gate")
+
+
+# --------------------------------------------------------------------------- harness children outside a matrix
+
+
+def expect_tool(name: str) -> Expected:
+    """A harness child run outside a matrix (``calibrate``'s measuring child): it passes when it
+    reports ``ok`` over the verdict channel."""
+    return _expect("ok", reason=f"the {name} child reports its result over the verdict channel", rule="tool")

@@ -95,3 +95,33 @@ def parse_rules(data: object) -> NvidiaRules:
 def rules() -> NvidiaRules:
     """The packaged rules (read and checked once)."""
     return parse_rules(json.loads(resources.files("cumatrix").joinpath(DATA_FILE).read_text()))
+
+
+# --------------------------------------------------------------------------- the rules, each once
+
+
+def cuda_major(version: int) -> int:
+    """The CUDA major of a version in CUDA's encoding (``12080`` -> 12)."""
+    return version // 1000
+
+
+def major_newer_than_driver(runtime_version: int, driver_version: int) -> bool:
+    """NVIDIA's rule that a runtime needs a driver of its own CUDA major or newer.
+
+    A runtime of a newer major than the driver fails its first call with
+    ``cudaErrorInsufficientDriver`` (35); minor-version compatibility covers every runtime of
+    the driver's major or an older one.  The oracle, the program rule and the gate's skipped
+    pairings all ask this one function.
+    """
+    return cuda_major(runtime_version) > cuda_major(driver_version)
+
+
+def emulation_newer_than_host(emulated: int, real_driver: int) -> bool:
+    """An interposer only hides what the real driver has: it cannot emulate a newer one."""
+    return emulated > real_driver
+
+
+def interposer_detected(runtime_version: int, effective_driver: int, real_driver: int | None) -> bool:
+    """A CUDA 12 runtime notices the interposer (error 103) when the emulated version differs
+    from the real driver's (docs/facts.md section 4); a CUDA 13 runtime does not."""
+    return cuda_major(runtime_version) == 12 and effective_driver != real_driver
