@@ -1,13 +1,18 @@
 """The one orchestrator: a cell through every stage, for every front end.
 
 ``Cell -> Expected`` (:mod:`~cumatrix.predict.oracle`) ``-> Job`` (:mod:`~cumatrix.provision.cell`)
-``-> ChildResult`` (:mod:`~cumatrix.execute.local` or :mod:`~cumatrix.execute.docker`)
-``-> Observed`` (:mod:`~cumatrix.judge.classify`) ``-> CellRecord`` (:mod:`~cumatrix.judge.verdict`).
+``-> ChildResult`` (:mod:`~cumatrix.execute.local` or :mod:`~cumatrix.execute.docker`, under the
+rtld-audit of :mod:`~cumatrix.execute.cellaudit`) ``-> Observed`` (:mod:`~cumatrix.judge.classify`)
+``-> CellRecord`` (:mod:`~cumatrix.judge.verdict`).  Provisioning and a front end's hooks give
+facts (a job, or a :class:`~cumatrix.provision.facts.NotRun`); only the oracle and the judge
+name outcomes.
 
 The pytest plugin (and so ``cumatrix run``), the gate's dynamic stage, ``repro`` and
 ``calibrate`` all run cells through :meth:`Orchestrator.run`, which hands back the record
 and the job it ran (``repro`` prints that job; it never rebuilds one).  Front ends that
-need more (the gate installs a wheel into each cell) plug in a :class:`CellHooks`.
+need more (the gate installs a wheel into each cell) plug in a :class:`CellHooks`.  A harness
+child that is no cell of a matrix (``calibrate``'s measuring child, ``repro``'s debugger run)
+goes through :func:`run_child`: spawned by the execute stage like a cell, judged by the judge.
 """
 
 from __future__ import annotations
@@ -21,16 +26,18 @@ from typing import TYPE_CHECKING, Protocol
 
 from cumatrix import __version__
 from cumatrix.audit.static import runtime_introductions
-from cumatrix.execute import observe
-from cumatrix.predict import oracle
-from cumatrix.judge.classify import classify, with_audit
 from cumatrix.core.errors import CumatrixError
 from cumatrix.core.jobs import ChildResult, Job
-from cumatrix.execute.local import LocalChild, run_local, start_local
-from cumatrix.judge.verdict import Facts, judge, utcnow
 from cumatrix.core.model import NO_RUNTIME, Cell, Expected, Matrix, Observed
-from cumatrix.provision.cell import DEFAULT_TIMEOUT, Audit, Provisioner, Settings
-from cumatrix.core.record import CellRecord
+from cumatrix.core.record import CellRecord, Status
+from cumatrix.execute import observe
+from cumatrix.execute.cellaudit import Audit, CellAuditor
+from cumatrix.execute.local import LocalChild, SpawnMode, run_local, start_local
+from cumatrix.judge.classify import classify, harness_error, not_run, with_audit
+from cumatrix.judge.verdict import Facts, decide_child, judge, utcnow
+from cumatrix.predict import oracle
+from cumatrix.provision.cell import DEFAULT_TIMEOUT, Provisioner, Settings
+from cumatrix.provision.facts import NotRun
 
 if TYPE_CHECKING:
     from cumatrix.execute.docker import DockerBackend
@@ -42,8 +49,8 @@ class CellHooks(Protocol):
     def expected(self, cell: Cell, default: Expected) -> Expected:
         """The expectation of ``cell``, given the oracle's."""
 
-    def before_run(self, cell: Cell, expected: Expected) -> Observed | None:
-        """An outcome that decides the cell without running it, or ``None``."""
+    def before_run(self, cell: Cell, expected: Expected) -> NotRun | None:
+        """A fact that decides the cell without running it (the judge names its outcome), or ``None``."""
 
     def job(self, cell: Cell, job: Job) -> Job:
         """The job to run for ``cell``, given the provisioned one."""
@@ -70,7 +77,7 @@ class _Turn:
     expected: Expected
     job: Job | None = None
     audit: Audit | None = None
-    observed: Observed | None = None  # decided without a child (or failed to provision)
+    not_run: NotRun | None = None  # decided without a child (or failed to provision)
     child: LocalChild | None = None
     ready_s: float = 0.0  # how long stages one and two took
     ahead: bool = False
@@ -92,6 +99,7 @@ class Orchestrator:
     _host_fp: dict[str, object] | None = None
     _docker: DockerBackend | None = None
     _provisioner: Provisioner | None = field(default=None, repr=False)
+    _auditor: CellAuditor | None = field(default=None, repr=False)
     _ahead: _Turn | None = field(default=None, repr=False)
 
     # ----------------------------------------------------------------- host
@@ -123,16 +131,23 @@ class Orchestrator:
         if self._provisioner is None:
             settings = Settings(matrix=self.matrix, backend=self.backend, wheel_dir=self.wheel_dir,
                                 timeout=self.timeout, child_env=self.child_env)
-            self._provisioner = Provisioner(settings=settings, host_driver=self.host().driver_version,
-                                            docker=self.docker() if self.backend == "docker" else None)
+            self._provisioner = Provisioner(settings=settings, host_driver=self.host().driver_version)
         return self._provisioner
+
+    @property
+    def auditor(self) -> CellAuditor:
+        """What puts this run's cells under the rtld-audit (and holds the run's audit directory)."""
+        if self._auditor is None:
+            self._auditor = CellAuditor(provisioner=self.provisioner, backend=self.backend,
+                                        docker=self.docker() if self.backend == "docker" else None)
+        return self._auditor
 
     def close(self) -> None:
         """Undo a cell started ahead; remove the run's temporary files; release the docker
         client, if one was opened."""
         self.cancel_ahead()
-        if self._provisioner is not None:
-            self._provisioner.close()
+        if self._auditor is not None:
+            self._auditor.close()
         if self._docker is not None:
             self._docker.close()
             self._docker = None
@@ -178,10 +193,10 @@ class Orchestrator:
                     self._ahead = self._ready_ahead(then)
                 if running is not None:
                     child = running.wait()
-                elif turn.job is not None and turn.observed is None:
+                elif turn.job is not None and turn.not_run is None:
                     child = self.execute(turn.job)
             except CumatrixError as e:
-                turn.observed = Observed(outcome="harness-error", detail=str(e))
+                turn.not_run = NotRun(why="harness-failed", detail=str(e))
             if self._ahead is not None:
                 self._launch(self._ahead)
         except BaseException:
@@ -195,20 +210,20 @@ class Orchestrator:
         turn = _Turn(cell=cell, started=utcnow(), t0=t0, expected=self.expected(cell))
         try:
             prepared = (self.hooks.before_run(cell, turn.expected) if self.hooks else None) \
-                or self.provisioner.prepare(cell, turn.expected)
+                or self.provisioner.prepare(cell)
             if isinstance(prepared, Job):
-                turn.job = self.hooks.job(cell, prepared) if self.hooks else prepared
-                turn.job, turn.audit = self.provisioner.audited(cell, turn.job)
+                job = self._in_image(cell, self.hooks.job(cell, prepared) if self.hooks else prepared)
+                turn.job, turn.audit = self.auditor.audited(cell, job)
             else:
-                turn.observed = prepared
+                turn.not_run = prepared
         except CumatrixError as e:
-            turn.observed = Observed(outcome="harness-error", detail=str(e))
+            turn.not_run = NotRun(why="harness-failed", detail=str(e))
         turn.ready_s = time.monotonic() - t0
         return turn
 
     def _launch(self, turn: _Turn) -> LocalChild | None:
         """Start the turn's child (local backend), once; ``None`` where it runs another way."""
-        if turn.child is None and turn.job is not None and turn.observed is None and self.backend == "local":
+        if turn.child is None and turn.job is not None and turn.not_run is None and self.backend == "local":
             if turn.ahead:  # its clock starts now, as if it had been made ready just before
                 turn.started, turn.t0 = utcnow(), time.monotonic() - turn.ready_s
             turn.child = start_local(turn.job)
@@ -217,7 +232,7 @@ class Orchestrator:
     def _conclude(self, turn: _Turn, child: ChildResult | None) -> CellRun:
         """Stages four and five: what the child did, judged against the expectation."""
         cell, expected, seen = turn.cell, turn.expected, None
-        observed = turn.observed
+        observed = not_run(turn.not_run) if turn.not_run is not None else None
         try:
             if observed is None:
                 assert child is not None  # a turn with a job and no outcome yet has run its child
@@ -226,7 +241,7 @@ class Orchestrator:
                 observed = with_audit(classify(child, kind=cell.kind), seen)
                 expected = self._program_expectation(cell, expected, seen)
         except CumatrixError as e:
-            observed = Observed(outcome="harness-error", detail=str(e))
+            observed = harness_error(str(e))
         finally:
             if turn.audit is not None:
                 turn.audit.discard()  # the cell's private directory goes with it, whatever happened
@@ -273,6 +288,17 @@ class Orchestrator:
         if turn.audit is not None:
             turn.audit.discard()
 
+    def _in_image(self, cell: Cell, job: Job) -> Job:
+        """A docker cell's job names the image it runs in: its runtime's, built here once
+        (a problem building it is the backend's to report), else the base image."""
+        if self.backend != "docker":
+            return job
+        docker = self.docker()
+        if cell.runtime == NO_RUNTIME:
+            return replace(job, image=docker.base_image)  # driver-family cells load no runtime
+        rt = self.matrix.runtime(cell.runtime)
+        return replace(job, image=docker.prepare_runtime(rt, self.wheel_dir).tag)
+
     def _program_expectation(self, cell: Cell, expected: Expected, seen: observe.Observation | None) -> Expected:
         """A command cell, re-predicted from the runtime its processes really used."""
         if seen is None or cell.kind != "command":
@@ -299,7 +325,39 @@ class Orchestrator:
 
     def with_hooks(self, hooks: CellHooks) -> Orchestrator:
         """A copy of this orchestrator that uses ``hooks``."""
-        return replace(self, hooks=hooks, _provisioner=None, _ahead=None)
+        return replace(self, hooks=hooks, _provisioner=None, _auditor=None, _ahead=None)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ChildRun:
+    """A harness child run outside a matrix: what it did, its outcome and the judge's verdict."""
+
+    child: ChildResult
+    observed: Observed
+    status: Status
+    mismatch: str | None
+
+
+def run_child(job: Job, expected: Expected, *, mode: SpawnMode = "cell",
+              base_env: dict[str, str] | None = None) -> ChildRun:
+    """Run ``job`` (no cell of a matrix) as a cell's child is run, and judge it against ``expected``.
+
+    The execute stage spawns it (environment allowlist, limits, sandbox policy, timeout,
+    containment of its whole tree); ``mode="debugger"`` is a debugger's run, untraced by the
+    kernel tracer (its result says so).  :func:`~cumatrix.judge.classify.classify` names its
+    outcome and :func:`~cumatrix.judge.verdict.decide_child` decides pass or fail."""
+    child = run_local(job, base_env=base_env, mode=mode)
+    observed = classify(child, kind=job.kind)
+    verdict = decide_child(expected, observed)
+    return ChildRun(child=child, observed=verdict.observed, status=verdict.status, mismatch=verdict.mismatch)
+
+
+def run_debugger(job: Job) -> ChildResult:
+    """Run ``job``, whose program is a debugger leading the tree (``repro``'s ``gdb -batch``),
+    as a cell's child is run but untraced by the kernel tracer (``mode="debugger"``): the
+    result's ``extra["evidence"]`` says its evidence is the debugger's run.  What it shows is
+    a report's evidence, not an outcome: nothing judges it."""
+    return run_local(job, mode="debugger")
 
 
 def run_header(matrix: Matrix, cell_ids: list[str], *, backend: str, argv: list[str], host: str | None,

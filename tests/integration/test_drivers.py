@@ -19,6 +19,7 @@ from elftools.elf.elffile import ELFFile
 
 from cumatrix.core.errors import ConfigError
 from cumatrix.core.model import CudaVersion
+from cumatrix.execute.driverquery import read_driver_version
 from cumatrix.host.fingerprint import (
     SearchLog,
     compiler_identity,
@@ -68,8 +69,9 @@ def intro() -> tuple[dict[str, int], dict[str, int]]:
 def interposers(stand_in: Path, intro: tuple[dict[str, int], dict[str, int]],
                 tmp_path_factory: pytest.TempPathFactory) -> dict[str, D.Interposer]:
     cache = tmp_path_factory.mktemp("interposers")
+    real = read_driver_version(stand_in)
     return {v: D.build_interposer(CudaVersion.parse(v), real_libcuda=stand_in, introductions=intro[0],
-                                  base_introductions=intro[1], cache=cache)
+                                  real_driver_version=real, base_introductions=intro[1], cache=cache)
             for v in ("12.4", "12.8", "13.0")}
 
 
@@ -187,7 +189,7 @@ def test_second_build_is_a_cache_hit(stand_in: Path, intro: tuple[dict[str, int]
                                      interposers: dict[str, D.Interposer]) -> None:
     first = interposers["12.4"]
     again = D.build_interposer(CudaVersion(12, 4), real_libcuda=stand_in, introductions=intro[0],
-                               base_introductions=intro[1], cache=first.lib_dir.parent)
+                               real_driver_version=13000, base_introductions=intro[1], cache=first.lib_dir.parent)
     assert again.cache_hit
     assert not first.cache_hit
     assert again.lib_dir == first.lib_dir
@@ -206,19 +208,22 @@ def test_emulating_a_newer_driver_is_a_config_error(stand_in: Path,
                                                     intro: tuple[dict[str, int], dict[str, int]],
                                                     tmp_path: Path) -> None:
     # the real (stand-in) driver's version is read from it: 13000
-    assert D.read_driver_version(stand_in) == 13000
+    real = read_driver_version(stand_in)
+    assert real == 13000
     with pytest.raises(ConfigError, match=r"emulating 13.5 on a host whose driver is 13.0 cannot work"):
-        D.build_interposer(CudaVersion(13, 5), real_libcuda=stand_in, introductions=intro[0], cache=tmp_path)
+        D.build_interposer(CudaVersion(13, 5), real_libcuda=stand_in, introductions=intro[0],
+                           real_driver_version=real, cache=tmp_path)
 
 
 def test_no_real_driver_or_no_introductions(stand_in: Path, tmp_path: Path) -> None:
     with pytest.raises(D.InterposerError, match="no real NVIDIA driver"):
-        D.build_interposer(CudaVersion(12, 4), real_libcuda=None, introductions={"cuInit": 2000})
+        D.build_interposer(CudaVersion(12, 4), real_libcuda=None, introductions={"cuInit": 2000},
+                           real_driver_version=13000)
     with pytest.raises(D.InterposerError, match="no real NVIDIA driver"):
         D.build_interposer(CudaVersion(12, 4), real_libcuda=tmp_path / "libcuda.so.1",
-                           introductions={"cuInit": 2000})
+                           introductions={"cuInit": 2000}, real_driver_version=13000)
     with pytest.raises(ConfigError, match=r"cudaTypedefs\.h"):
-        D.build_interposer(CudaVersion(12, 4), real_libcuda=stand_in, introductions={})
+        D.build_interposer(CudaVersion(12, 4), real_libcuda=stand_in, introductions={}, real_driver_version=13000)
 
 
 def test_parse_driver_name() -> None:

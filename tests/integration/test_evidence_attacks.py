@@ -308,6 +308,7 @@ def test_a_library_planted_by_another_user_is_not_loaded(tmp_path: Path, wheel_c
 
     from cumatrix.execute import observe
     from cumatrix.load.matrix import load as load_matrix
+    from cumatrix.execute.cellaudit import CellAuditor
     from cumatrix.provision.cell import Provisioner, Settings
 
     shared_tmp = Path(tempfile.mkdtemp(prefix="cumatrix-shared-tmp-"))
@@ -324,7 +325,7 @@ def test_a_library_planted_by_another_user_is_not_loaded(tmp_path: Path, wheel_c
         m = tmp_path / "m.yaml"
         m.write_text(f"runtimes: {{cu12.9: {{wheel: {CU129}}}}}\ndrivers: [host]\n")
         prov = Provisioner(settings=Settings(matrix=load_matrix(m), backend="docker"))
-        lib = prov._container_audit_library()
+        lib = CellAuditor(provisioner=prov, backend="docker")._container_audit_library()
         assert lib.parent != planted_dir
         st = lib.parent.stat()
         assert st.st_uid == os.geteuid()

@@ -10,7 +10,6 @@ Nothing a program prints can make it pass.  The child's raw payload stops here: 
 
 from __future__ import annotations
 
-import re
 import signal
 from collections.abc import Mapping
 from dataclasses import replace
@@ -19,6 +18,7 @@ from cumatrix.core.jobs import ChildResult, Verdict
 from cumatrix.core.model import ChildFacts, Observed, Timings
 from cumatrix.core.witness import loader_undefined_symbol
 from cumatrix.execute import observe, provenance
+from cumatrix.provision.facts import NotRun, NotRunWhy
 
 #: Facts a child's fingerprint may carry, read into :class:`ChildFacts`.
 _FACT_KEYS = ("runtime_version", "runtime_file", "driver_version", "libcuda_file", "gpu_name",
@@ -65,6 +65,34 @@ def classify(res: ChildResult, *, kind: str) -> Observed:
     # A harness child that ended without a verdict: its own code failed.
     why = "exited 0 without a verdict" if res.returncode == 0 else f"exited {res.returncode} without a verdict"
     return Observed(outcome="harness-error", detail=f"{why}: {tail}", exit_status=res.returncode)
+
+
+#: The outcome of each fact that stops a cell before its child (``exit:`` takes the failed
+#: step's exit status).
+_NOT_RUN: dict[NotRunWhy, str] = {
+    "needs-docker": "skipped:needs-docker",
+    "no-driver": "skipped:no-cuda-driver",
+    "build-failed": "build-error",
+    "emulation-impossible": "harness-error",
+    "install-failed": "exit:",
+    "wheel-not-for-this-python": "skipped:wheel-not-for-this-python",
+    "unsupported-pairing": "skipped:unsupported-pairing",
+    "harness-failed": "harness-error",
+}
+
+
+def not_run(fact: NotRun) -> Observed:
+    """The outcome of a cell that no child ran, from the fact that stopped it."""
+    outcome = _NOT_RUN[fact.why]
+    if outcome == "exit:":
+        status = fact.exit_status if fact.exit_status not in (None, 0) else 1
+        return Observed(outcome=f"exit:{status}", exit_status=status, detail=fact.detail)
+    return Observed(outcome=outcome, detail=fact.detail, exit_status=fact.exit_status)
+
+
+def harness_error(detail: str) -> Observed:
+    """The outcome of a cell the harness itself failed (a provisioning or backend error)."""
+    return not_run(NotRun(why="harness-failed", detail=detail))
 
 
 def with_audit(observed: Observed, seen: observe.Observation | None) -> Observed:

@@ -20,10 +20,10 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from cumatrix.predict import oracle
 from cumatrix.core.jobs import ChildResult
 from cumatrix.core.model import Cell, Expected, Kind, Observed, is_neutral, outcome_kind
 from cumatrix.core.record import CellRecord, Status
+from cumatrix.predict import oracle
 
 #: Bytes of each child stream kept in a record.
 STREAM_KEEP = 4096
@@ -72,16 +72,28 @@ def decide(cell: Cell, expected: Expected, observed: Observed, facts: Facts) -> 
                                     f"({observed.detail or 'no driver'})")
         return Verdict(status="skip", mismatch=None, observed=observed)
     if not expected.admits(observed.outcome, observed.path):
-        shown = observed.outcome + (f" (path {observed.path})" if observed.path and observed.outcome == "ok" else "")
-        why = f"expected {expected.label()} because {expected.reason}; observed {shown}"
-        if observed.detail:
-            why += f": {observed.detail.splitlines()[0][:300]}"
-        return Verdict(status="fail", mismatch=why, observed=observed)
+        return Verdict(status="fail", mismatch=_mismatch(expected, observed), observed=observed)
     if cell.kind == "probe":
         wrong = probe_disagreement(observed, facts.provisioned_runtime)
         if wrong:
             return Verdict(status="fail", mismatch=wrong, observed=observed)
     return Verdict(status="pass", mismatch=None, observed=observed)
+
+
+def decide_child(expected: Expected, observed: Observed) -> Verdict:
+    """The verdict on a harness child run outside a matrix (``calibrate``'s measuring child):
+    rule 5 alone, it passes when its outcome is in the expected set."""
+    if expected.admits(observed.outcome, observed.path):
+        return Verdict(status="pass", mismatch=None, observed=observed)
+    return Verdict(status="fail", mismatch=_mismatch(expected, observed), observed=observed)
+
+
+def _mismatch(expected: Expected, observed: Observed) -> str:
+    shown = observed.outcome + (f" (path {observed.path})" if observed.path and observed.outcome == "ok" else "")
+    why = f"expected {expected.label()} because {expected.reason}; observed {shown}"
+    if observed.detail:
+        why += f": {observed.detail.splitlines()[0][:300]}"
+    return why
 
 
 def shell_signal(observed: Observed) -> Observed:

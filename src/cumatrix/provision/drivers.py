@@ -15,12 +15,10 @@ by absolute path (so the interposer never finds itself).
 from __future__ import annotations
 
 import hashlib
-import os
 import platform
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -33,6 +31,7 @@ from elftools.elf.sections import NoteSection, SymbolTableSection
 from cumatrix.core.cache import cache_dir
 from cumatrix.core.errors import ConfigError, CumatrixError
 from cumatrix.core.model import CudaVersion
+from cumatrix.predict.rules import emulation_newer_than_host
 
 
 class InterposerError(CumatrixError):
@@ -61,32 +60,6 @@ def parse_driver_name(text: str) -> CudaVersion | None:
         raise ValueError(
             f"bad emulated driver {text!r}: the version must be MAJOR.MINOR, e.g. emulated-12.4"
         ) from None
-
-
-# A version query: a harness child, so its answer comes over the private verdict channel.
-_VERSION_SNIPPET = (
-    "import ctypes,sys\n"
-    "from cumatrix.child import channel as protocol\n"
-    "lib=ctypes.CDLL(sys.argv[1])\n"
-    "v=ctypes.c_int(0)\n"
-    "rc=lib.cuDriverGetVersion(ctypes.byref(v))\n"
-    "protocol.emit({'outcome': 'ok' if rc == 0 else 'cuda-error:%d' % rc, 'data': {'driver_version': v.value}})\n"
-)
-
-
-def read_driver_version(libcuda: Path) -> int:
-    """``cuDriverGetVersion`` of ``libcuda`` (e.g. 13000), asked in a throwaway child."""
-    from cumatrix.execute.protocol import run_harness_child
-    from cumatrix.provision.cell import PACKAGE_PARENT
-
-    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
-    verdict, why, proc = run_harness_child([sys.executable, "-c", _VERSION_SNIPPET, str(libcuda)], env=env, timeout=60)
-    version = verdict.data.get("driver_version") if verdict is not None and verdict.outcome == "ok" else None
-    if not isinstance(version, int):
-        raise InterposerError(f"{libcuda}: cuDriverGetVersion failed: "
-                              f"{why or (verdict.outcome if verdict else '') or proc.stderr.strip()[-300:]}")
-    return version
 
 
 # ------------------------------------------------------------------ ELF
@@ -191,15 +164,17 @@ _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 def build_interposer(emulated: CudaVersion, *, real_libcuda: Path | None, introductions: Mapping[str, int],
-                     base_introductions: Mapping[str, int] | None = None,
-                     real_driver_version: int | None = None, cache: Path | None = None,
+                     real_driver_version: int, base_introductions: Mapping[str, int] | None = None,
+                     cache: Path | None = None,
                      cc: str = "gcc") -> Interposer:
     """Generate, compile (cached) and return a ``libcuda.so.1`` emulating driver ``emulated``.
 
     ``introductions`` maps exported names to introduction versions
     (:func:`cumatrix.provision.headers.load_introductions`); ``base_introductions`` maps
     ``cuGetProcAddress`` names (default: derived from ``introductions`` by dropping ``_vN``
-    and per-thread suffixes). ``real_driver_version`` defaults to asking ``real_libcuda``.
+    and per-thread suffixes). ``real_driver_version`` is ``real_libcuda``'s ``cuDriverGetVersion``
+    (the host fingerprint's, or :func:`cumatrix.execute.driverquery.read_driver_version`): building
+    runs no driver code.
 
     Raises :class:`ConfigError` when ``introductions`` is empty or ``emulated`` is newer than
     the real driver, :class:`InterposerError` when there is no real driver, no compiler, or
@@ -232,7 +207,7 @@ def build_interposer(emulated: CudaVersion, *, real_libcuda: Path | None, introd
 
 
 def _check_build_inputs(emulated: CudaVersion, real_libcuda: Path | None, introductions: Mapping[str, int],
-                        real_driver_version: int | None, cc: str) -> tuple[Path, str]:
+                        real_driver_version: int, cc: str) -> tuple[Path, str]:
     """The real driver (resolved) and the compiler's path, or the error that says what is missing."""
     if not introductions:
         raise ConfigError(
@@ -249,8 +224,8 @@ def _check_build_inputs(emulated: CudaVersion, real_libcuda: Path | None, introd
         raise InterposerError(f"emulated-{emulated}: emulated drivers are built for x86-64 only, "
                               f"this host is {platform.machine()}")
     real = Path(real_libcuda).resolve()
-    real_v = real_driver_version if real_driver_version is not None else read_driver_version(real)
-    if int(emulated) > real_v:
+    real_v = real_driver_version
+    if emulation_newer_than_host(int(emulated), real_v):
         raise ConfigError(
             f"emulating {emulated} on a host whose driver is {CudaVersion.from_int(real_v)} cannot "
             "work: an interposer only hides what the real driver has"
