@@ -1,0 +1,508 @@
+"""The gate's dynamic stage: each wheel installed into every runtime x driver pairing and imported.
+
+One ``import-<wheel>`` cell (and ``smoke-<wheel>`` with ``--smoke``) per wheel and pairing,
+each with its own install target, run through :class:`cumatrix.orchestrate.Orchestrator`
+with :class:`GateHooks`.  The hooks give facts (a failed install, a wheel for another Python,
+a pairing NVIDIA does not support: :class:`~cumatrix.provision.facts.NotRun`); the oracle
+predicts each cell (:func:`cumatrix.predict.oracle.expect_gate_cell`) and the judge names
+every outcome.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import io
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+import zipfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from cumatrix.core.errors import CumatrixError, UsageError
+from cumatrix.core.jobs import Job
+from cumatrix.core.model import Case, Cell, Driver, Expected, Matrix, Runtime
+from cumatrix.core.record import CellRecord
+from cumatrix.load import matrix as _matrix
+from cumatrix.orchestrate import CellRun, Orchestrator, end_record, run_header
+from cumatrix.predict import oracle
+from cumatrix.predict.oracle import unsupported_pairing
+from cumatrix.provision import runtimes
+from cumatrix.provision.cell import DEFAULT_TIMEOUT
+from cumatrix.provision.facts import NotRun
+from cumatrix.report import load_records, progress_line, write_all
+from cumatrix.report.jsonout import dumps
+from cumatrix.results.store import JSONL, Store
+
+__all__ = ["GateHooks", "GateWheel", "direct_references", "gate_cells", "gate_matrix", "run_dynamic_stage",
+           "unsupported_pairing", "wheel_packages"]
+
+#: The matrix the dynamic stage reads when ``--matrix`` is not given (if it exists).
+DEFAULT_MATRIX = "matrix.yaml"
+#: Where the dynamic stage writes when ``--out`` is not given.
+DEFAULT_OUT = Path("gate-out")
+#: Sub-directory of ``--out`` holding one install target per cell.
+SITES_DIR = "gate-sites"
+#: ``matrix`` of the run header when no matrix file is used.
+BUILTIN_MATRIX = "<built-in: runtimes.KNOWN_WHEELS x host>"
+
+_IDENT_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_PACKAGE_INIT_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)/__init__\.py$")
+_MODULE_RE = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\.py$")
+_UNSAFE_RE = re.compile(r"[^A-Za-z0-9._-]+")
+
+# Run in each import cell as `python -c SCRIPT SITE PKG...`.  The traceback goes to stdout and
+# one line saying why to stderr, so the cell's recorded reason is the loader's own message
+# (`libcuda.so.1: cannot open shared object file`), not a line from the middle of a traceback.
+_IMPORT_SCRIPT = """\
+import importlib, os, sys, traceback
+site = os.path.realpath(sys.argv[1])
+for name in sys.argv[2:]:
+    try:
+        mod = importlib.import_module(name)
+    except Exception as e:
+        traceback.print_exc(file=sys.stdout)
+        sys.stdout.flush()
+        sys.exit(f"cannot import {name}: {type(e).__name__}: {e}")
+    where = getattr(mod, "__file__", None)
+    paths = [where] if where else list(getattr(mod, "__path__", []))
+    if not any(os.path.realpath(p).startswith(site + os.sep) for p in paths):
+        sys.exit(f"{name} was imported from {paths}, not from the installed wheel in {site}: "
+                 "another copy shadows it")
+    print(f"imported {name} from {paths[0]}")
+if len(sys.argv) == 2:
+    print("the wheel declares no top-level package: nothing to import")
+"""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class GateWheel:
+    """A wheel as the dynamic stage runs it."""
+
+    path: Path
+    name: str  #: the name in case names: ``import-<name>``, ``smoke-<name>``
+    packages: tuple[str, ...]  #: top-level import names
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _CellSite:
+    wheel: str  #: GateWheel.name
+    site: Path  #: the cell's own install target (PYTHONPATH)
+    smoke: bool
+
+
+def wheel_packages(wheel: Path) -> tuple[str, ...]:
+    """Top-level import names of ``wheel``.
+
+    From ``*.dist-info/top_level.txt`` when the wheel has one; otherwise the top-level
+    directories with an ``__init__.py`` and the top-level ``*.py`` modules its ``RECORD`` lists.
+    """
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        top = [n for n in names if re.fullmatch(r"[^/]+\.dist-info/top_level\.txt", n)]
+        if top:
+            text = zf.read(top[0]).decode("utf-8", errors="replace")
+            found = [line.strip().replace("/", ".") for line in text.splitlines()]
+        else:
+            record = [n for n in names if re.fullmatch(r"[^/]+\.dist-info/RECORD", n)]
+            listed = names
+            if record:
+                rows = csv.reader(io.StringIO(zf.read(record[0]).decode("utf-8", errors="replace")))
+                listed = [row[0] for row in rows if row]
+            found = []
+            for path in listed:
+                m = _PACKAGE_INIT_RE.match(path) or _MODULE_RE.match(path)
+                if m:
+                    found.append(m.group(1))
+    return tuple(dict.fromkeys(n for n in found if _IDENT_RE.match(n)))
+
+
+def _gate_wheels(wheels: Sequence[Path]) -> list[GateWheel]:
+    out: list[GateWheel] = []
+    stems = [w.name.split("-") for w in wheels]
+    dists = [parts[0].lower() for parts in stems]
+    for w, parts, dist in zip(wheels, stems, dists):
+        # Two versions of one distribution gated together need different case names.
+        name = dist if dists.count(dist) == 1 else f"{dist}-{parts[1] if len(parts) > 1 else ''}"
+        name = _UNSAFE_RE.sub("_", name).strip("-.") or "wheel"
+        if any(g.name == name for g in out):
+            raise UsageError(f"{w}: gated twice (or two wheels of the same name and version)")
+        out.append(GateWheel(path=w, name=name, packages=wheel_packages(w)))
+    return out
+
+
+def builtin_matrix() -> Matrix:
+    """The runtimes of :data:`cumatrix.provision.runtimes.KNOWN_WHEELS` on the host driver."""
+    rts = tuple(Runtime(name=f"cu{v}", requirement=req) for v, req in runtimes.KNOWN_WHEELS.items())
+    digest = hashlib.sha256(dumps({"runtimes": dict(runtimes.KNOWN_WHEELS),
+                                   "drivers": ["host"]}).encode()).hexdigest()
+    return Matrix(path=BUILTIN_MATRIX, sha256=digest, version=1, runtimes=rts,
+                  drivers=(Driver(name="host"),), probe=False)
+
+
+def gate_matrix(path: Path | None) -> Matrix:
+    """The runtime x driver pairings the dynamic stage runs.
+
+    ``path`` (else ``./matrix.yaml``, else :func:`builtin_matrix`) is loaded and stripped of
+    variants, workloads, cases and ``expect:`` overrides: every supported pairing must be
+    ``ok``.  ``exclude:`` entries that name only runtimes and drivers still apply.
+    """
+    if path is None:
+        default = Path(DEFAULT_MATRIX)
+        if not default.is_file():
+            return builtin_matrix()
+        path = default
+    if not path.is_file():
+        raise UsageError(f"--matrix {path}: no such matrix file")
+    m = _matrix.load(path)
+    pairs = tuple(s for s in m.exclude if {k for k, _ in s.values} <= {"runtime", "driver"})
+    return replace(m, builds=(), variants=(), workloads=(), cases=(), expect=(), exclude=pairs,
+                   probe=False)
+
+
+def _sanitise(cell_id: str) -> str:
+    return _UNSAFE_RE.sub("_", cell_id.replace("/", "__")).strip(".") or "cell"
+
+
+def gate_cells(matrix: Matrix, wheels: Sequence[GateWheel], *, smoke: str | None, sites: Path,
+               backend: str, timeout: float | None) -> tuple[list[Cell], dict[str, _CellSite]]:
+    """Command cells for every wheel on every pairing of ``matrix``, with their install targets."""
+    python = "python3" if backend == "docker" else sys.executable
+    pairings = [c for c in _matrix.expand(replace(matrix, probe=True)) if c.kind == "probe"]
+    cells: list[Cell] = []
+    plan: dict[str, _CellSite] = {}
+    for pair in pairings:
+        for w in wheels:
+            kinds = [("import", False)] + ([("smoke", True)] if smoke else [])
+            for prefix, is_smoke in kinds:
+                name = f"{prefix}-{w.name}"
+                cell_id = f"{pair.runtime}/{pair.driver}/{name}"
+                site = sites / _sanitise(cell_id)
+                env: list[tuple[str, str]] = [("PYTHONPATH", str(site))]
+                if is_smoke:
+                    assert smoke is not None
+                    argv: tuple[str, ...] = ("sh", "-c", smoke)
+                    if backend == "local":
+                        # `python3` in the smoke command is the interpreter that imported the wheel.
+                        path = os.environ.get("PATH", "")
+                        env.append(("PATH", os.pathsep.join([str(Path(sys.executable).parent),
+                                                             *([path] if path else [])])))
+                else:
+                    argv = (python, "-c", _IMPORT_SCRIPT, str(site), *w.packages)
+                case = Case(name=name, argv=argv, timeout=timeout, env=tuple(env))
+                cell = Cell(kind="command", runtime=pair.runtime, driver=pair.driver, case=case)
+                cells.append(cell)
+                plan[cell.id] = _CellSite(wheel=w.name, site=site, smoke=is_smoke)
+    return cells, plan
+
+
+def direct_references(wheel: Path) -> list[str]:
+    """The ``Requires-Dist`` entries of ``wheel``'s metadata that are direct references
+    (``name @ file:///dir``, ``name @ https://...``): pip would fetch or build those from
+    wherever they point, outside any index and any constraint."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            meta = next((n for n in zf.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)), None)
+            text = zf.read(meta).decode("utf-8", "replace") if meta else ""
+    except (zipfile.BadZipFile, OSError, KeyError):
+        return []
+    out = []
+    for line in text.splitlines():
+        if not line.strip():
+            break  # the headers end at the first blank line; the description follows
+        key, _, value = line.partition(":")
+        if key.strip().lower() == "requires-dist" and "@" in value.split(";", 1)[0]:
+            out.append(value.strip())
+    return out
+
+
+def _pip_install(wheel: Path, target: Path, constraints: Path | None,
+                 wheel_dir: Path | None = None) -> tuple[int, str]:
+    argv = [sys.executable, "-m", "pip", "install", "--target", str(target), "--no-compile",
+            "--disable-pip-version-check", "--no-input", "--no-warn-script-location", "-q"]
+    if constraints is None:
+        argv += ["--no-deps", "--no-index"]  # the wheel alone: nothing fetched
+    else:
+        refs = direct_references(wheel)
+        if refs:
+            return 2, (f"{wheel.name} asks for dependencies by direct reference ({'; '.join(refs)}): the gate "
+                       "installs wheels only, from an index or --wheel-dir, never a build from a path or URL")
+        # Wheels only: no dependency is built, so no build backend of anyone's runs here.
+        argv += ["--constraint", str(constraints), "--only-binary", ":all:"]
+        if wheel_dir is not None:
+            argv += ["--no-index", "--find-links", str(wheel_dir)]  # nothing reaches the network
+    argv.append(str(wheel))
+    env = None
+    if constraints is None or wheel_dir is not None:  # offline: pip can run in the cells' sandbox
+        boxed = _sandboxed(argv, target, [p for p in (wheel, constraints) if p is not None], wheel_dir)
+        if boxed is not None:
+            argv, env = boxed
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800, env=env,
+                              stdin=subprocess.DEVNULL, check=False)
+    except subprocess.TimeoutExpired:
+        return 124, "pip install did not finish in 30 minutes"
+    return proc.returncode, (proc.stderr or proc.stdout).strip()
+
+
+def _sandboxed(argv: list[str], target: Path, files: Sequence[Path],
+               wheel_dir: Path | None) -> tuple[list[str], dict[str, str]] | None:
+    """``argv`` (pip) under the cells' sandbox, where the gate sandboxes its cells and bubblewrap
+    runs: no network, the host read-only but for ``target``, and as a root harness's cells run
+    (an unprivileged uid).  ``files`` (the wheel, the constraints) are copied beside ``target``
+    where that uid reads them.  None where there is no sandbox to use, or (as root) a
+    ``wheel_dir`` that uid may not read: pip then runs on the host, wheels only, as before."""
+    from cumatrix.core.jobs import Job
+    from cumatrix.execute import sandbox
+
+    policy = sandbox.default_policy()
+    if policy.sandbox == "off":
+        return None
+    bwrap, _why = sandbox.bubblewrap()
+    if bwrap is None:
+        return None
+    root = os.geteuid() == 0
+    if root and wheel_dir is not None and os.stat(wheel_dir).st_mode & 0o005 != 0o005:
+        return None
+    target.mkdir(parents=True, exist_ok=True)
+    given = target.with_name(target.name + ".in")
+    given.mkdir(mode=0o755, exist_ok=True)
+    given.chmod(0o755)
+    argv = list(argv)
+    for f in files:
+        copy = given / f.name
+        shutil.copyfile(f, copy)
+        copy.chmod(0o644)
+        argv = [str(copy) if a == str(f) else a for a in argv]
+    if root:
+        os.chown(target, policy.uid, policy.uid)  # the sandbox's uid writes the install
+    read = [str(given), *([str(wheel_dir)] if wheel_dir is not None else [])]
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp", "TMPDIR": "/tmp",
+           "LANG": os.environ.get("LANG", "C.UTF-8"), "PIP_NO_CACHE_DIR": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    job = Job(cell_id="pip", kind="command", argv=tuple(argv), mounts=tuple(read))
+    return sandbox.bwrap_argv(bwrap, job, env, str(target), policy, write_dirs=[str(target)]), env
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    # Hard links: a 300 MB wheel in twelve cells costs 300 MB, not 3.6 GB.  Python writes
+    # bytecode to new files, never through a link; the docker backend mounts the copy read-only.
+    def link(s: str, d: str) -> None:
+        try:
+            os.link(s, d)
+        except OSError:
+            shutil.copy2(s, d)
+
+    shutil.copytree(src, dst, symlinks=True, copy_function=link)
+
+
+@dataclass
+class GateHooks:
+    """What the gate changes about its cells: unsupported pairings are skipped, each cell
+    gets its own install of the wheel, and smoke commands run under ``sh -c``."""
+
+    host: oracle.HostFacts
+    runtime_version: Callable[[Cell], int | None]
+    sites: dict[str, _CellSite] = field(default_factory=dict)
+    staged: dict[str, Path] = field(default_factory=dict)  #: wheel name -> pip's install
+    install_failed: dict[str, NotRun] = field(default_factory=dict)  #: wheel name -> why its cells do not run
+    #: Environment runtimes (``requirements:``): the wheel is installed with its dependencies
+    #: into a copy of the runtime's environment, one per (runtime, wheel).
+    matrix: Matrix | None = None
+    wheel_files: dict[str, Path] = field(default_factory=dict)
+    wheel_dir: Path | None = None
+    envs: dict[tuple[str, str], runtimes.ResolvedRuntime | NotRun] = field(default_factory=dict)
+
+    def _runtime_version(self, cell: Cell) -> int | None:
+        try:
+            return self.runtime_version(cell)
+        except CumatrixError:
+            return None  # the orchestrator records the provisioning error itself
+
+    def expected(self, cell: Cell, default: Expected) -> Expected:
+        plan = self.sites.get(cell.id)
+        return oracle.expect_gate_cell(cell, self.host, runtime_version=self._runtime_version(cell),
+                                       smoke=plan is not None and plan.smoke)
+
+    def before_run(self, cell: Cell, expected: Expected) -> NotRun | None:
+        why = oracle.unsupported_pairing(cell, self.host, self._runtime_version(cell))
+        if why is not None:
+            return NotRun(why="unsupported-pairing", detail=why)
+        plan = self.sites.get(cell.id)
+        if plan is None:
+            return None
+        failed = self.install_failed.get(plan.wheel)
+        if failed is not None:
+            return failed
+        env = self._environment(cell, plan)
+        if isinstance(env, NotRun):
+            return env
+        if env is None and not plan.site.exists():
+            _link_tree(self.staged[plan.wheel], plan.site)
+        return None
+
+    def _environment(self, cell: Cell, plan: _CellSite) -> runtimes.ResolvedRuntime | NotRun | None:
+        """For an environment runtime: its environment with the wheel and its dependencies installed."""
+        rt = self.matrix.runtime(cell.runtime) if self.matrix is not None else None
+        if rt is None or not rt.requirements:
+            return None
+        key = (cell.runtime, plan.wheel)
+        if key not in self.envs:
+            try:
+                self.envs[key] = runtimes.install_into_environment(rt, [self.wheel_files[plan.wheel]],
+                                                                   wheel_dir=self.wheel_dir)
+            except CumatrixError as e:
+                self.envs[key] = NotRun(why="install-failed", exit_status=1,
+                                        detail=f"installing {plan.wheel} with its dependencies into {rt.label} "
+                                               f"failed: {e}")
+        return self.envs[key]
+
+    def job(self, cell: Cell, job: Job) -> Job:
+        plan = self.sites.get(cell.id)
+        if plan is None:
+            return job
+        env = self.envs.get((cell.runtime, plan.wheel))
+        if isinstance(env, runtimes.ResolvedRuntime) and env.env_dir is not None:
+            # The cell runs inside the environment that holds the wheel: its python, its bin/ first.
+            argv = job.argv
+            if not plan.smoke:
+                argv = (str(env.env_dir / "bin" / "python"), *argv[1:3], str(env.env_dir), *argv[4:])
+            extra = tuple((k, v) for k, v in job.env if k != "PYTHONPATH") + env.cell_env()
+            return replace(job, argv=argv, env=extra, mounts=(*job.mounts, str(env.env_dir)))
+        return replace(job, mounts=(*job.mounts, str(plan.site)))  # docker: read-only, same path
+
+    def shell_wrapped(self, cell: Cell) -> bool:
+        plan = self.sites.get(cell.id)
+        return plan is not None and plan.smoke
+
+
+def _gate_argv(args: argparse.Namespace) -> list[str]:
+    out = ["cumatrix", "gate", *(str(w) for w in args.wheels)]
+    for flag, attr in (("--min-driver", "min_driver"), ("--runtimes", "runtimes"),
+                       ("--matrix", "matrix"), ("--smoke", "smoke"),
+                       ("--constraints", "constraints"), ("--out", "out"),
+                       ("--backend", "backend"), ("--base-image", "base_image"),
+                       ("--timeout", "timeout"), ("--wheel-dir", "wheel_dir")):
+        value = getattr(args, attr, None)
+        if value is None or (attr == "backend" and value == "local"):
+            continue
+        out += [flag, ",".join(map(str, value)) if isinstance(value, tuple) else str(value)]
+    out += [f"--optional={g}" for g in getattr(args, "optional", [])]
+    out += ["--strict"] if getattr(args, "strict", False) else []
+    return out
+
+
+def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path], static: dict[str, object]) -> int:
+    """Stage two: install each wheel into every runtime cell of ``args.matrix`` and import it.
+
+    One ``import-<wheel>`` cell (and ``smoke-<wheel>`` with ``--smoke``) per wheel and
+    runtime x driver pairing, each with its own install target, run crash-isolated through
+    :class:`cumatrix.orchestrate.Orchestrator`.  Pairings NVIDIA does not support are
+    recorded as ``skipped:unsupported-pairing``.  ``results.jsonl`` holds the static findings
+    beside the cells, and every report is written from it once.  Returns 0 when every cell
+    met its expectation, 1 otherwise.
+    """
+    out = Path(args.out if args.out is not None else DEFAULT_OUT)
+    backend: str = args.backend
+    wheel_dir = Path(args.wheel_dir) if args.wheel_dir else None
+    matrix = gate_matrix(Path(args.matrix) if args.matrix is not None else None)
+    gws = _gate_wheels(wheels)
+    sites = (out / SITES_DIR).resolve()
+    cells, plan = gate_cells(matrix, gws, smoke=args.smoke, sites=sites, backend=backend,
+                             timeout=args.timeout)
+    if not cells:
+        raise UsageError(f"{matrix.path}: no runtime x driver pairing to run the wheels on")
+    orch = first = Orchestrator(matrix=matrix, backend=backend, wheel_dir=wheel_dir,
+                                timeout=args.timeout or DEFAULT_TIMEOUT, base_image=args.base_image)
+    try:
+        # The daemon must answer before any cell runs (its facts join the host fingerprint).
+        fingerprint = orch.host_fingerprint()
+        hooks = GateHooks(host=orch.host(), runtime_version=orch.provisioner.runtime_version, sites=plan,
+                          matrix=matrix, wheel_files={w.name: w.path for w in gws}, wheel_dir=wheel_dir)
+        orch = orch.with_hooks(hooks)
+        npairs = len(cells) // (len(gws) * (2 if args.smoke else 1))
+        print(f"dynamic stage: {len(gws)} wheel{'s' if len(gws) != 1 else ''} x {npairs} "
+              f"pairing{'s' if npairs != 1 else ''} of {matrix.path} ({backend} backend), "
+              f"{len(cells)} cells; reports in {out}/", flush=True)
+        _install_wheels(args, gws, sites, hooks)
+        store = Store.open(out, fresh=True)
+        store.append(run_header(matrix, [c.id for c in cells], backend=backend,
+                                argv=_gate_argv(args), host=None, fingerprint=fingerprint,
+                                run_id=uuid.uuid4().hex[:12]))
+        store.append(static)
+        try:
+            failed = _run_cells(orch, cells, store)
+        finally:
+            store.close()
+    finally:
+        orch.close()
+        if first is not orch:  # the copy with hooks has its own provisioner; both hold temporary files
+            first.close()
+    from cumatrix.front.history_cli import record
+
+    write_all(record(args, load_records(out / JSONL), kind="gate"), out)
+    if isinstance(getattr(args, "gate_json", None), dict):
+        args.gate_json["dynamic_out"] = out
+    for rec in failed:
+        print(f"FAIL {rec.id}: {rec.mismatch}")
+    print(f"dynamic stage: {'FAIL' if failed else 'pass'}: {len(failed)} of {len(cells)} cells "
+          f"failed; reports in {out}/ (summary.md, junit.xml, results.json, index.html)")
+    return 1 if failed else 0
+
+
+def _install_wheels(args: argparse.Namespace, gws: Sequence[GateWheel], sites: Path, hooks: GateHooks) -> None:
+    if sites.exists():
+        shutil.rmtree(sites)
+    for w in gws:
+        staged = sites / ".staged" / w.path.name[: -len(".whl")]
+        how = f"with constraints {args.constraints}" if args.constraints else "without dependencies"
+        print(f"installing {w.path.name} {how}", flush=True)
+        rc, log = _pip_install(w.path, staged, args.constraints,
+                               Path(args.wheel_dir) if getattr(args, "wheel_dir", None) else None)
+        if rc != 0 and "is not a supported wheel on this platform" in log:
+            # dist/*.whl often holds one wheel per Python version; each is run by a
+            # matching interpreter, and the static audit above still covered this one.
+            why = (f"{w.path.name} is not installable by this Python ({sys.executable}, "
+                   f"{sys.implementation.cache_tag}): gate it with a matching interpreter")
+            print(f"  {why}; its cells are skipped", flush=True)
+            hooks.install_failed[w.name] = NotRun(why="wheel-not-for-this-python", detail=why)
+        elif rc != 0:
+            print(f"  pip install failed (exit {rc}); every cell of {w.name} fails:\n"
+                  + textwrap.indent(log[-2000:], "    "), flush=True)
+            hooks.install_failed[w.name] = NotRun(
+                why="install-failed", exit_status=rc, detail=f"pip install of {w.path.name} failed: {log[-1500:]}")
+        hooks.staged[w.name] = staged
+
+
+def _run_cells(orch: Orchestrator, cells: Sequence[Cell], store: Store) -> list[CellRecord]:
+    failed: list[CellRecord] = []
+    t0 = time.monotonic()
+    done = 0
+
+    def record(run: CellRun) -> None:
+        nonlocal done
+        rec = run.record
+        store.append(rec.to_store())
+        done += 1
+        if rec.status == "fail":
+            failed.append(rec)
+        obs = rec.observed
+        outcome = obs.outcome + (f" [{obs.path}]" if obs.path not in (None, "n/a") else "")
+        print(progress_line(done, len(cells), time.monotonic() - t0, rec.id, rec.status, outcome),
+              file=sys.stderr, flush=True)
+
+    interrupted = True
+    try:
+        orch.run_all(cells, record)
+        interrupted = False
+    finally:
+        # A killed gate still leaves a report of what it finished.
+        store.append(end_record(interrupted=interrupted))
+    return failed
