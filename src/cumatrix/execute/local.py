@@ -13,25 +13,30 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
+from typing import Literal
 
 from cumatrix.core.jobs import ChildResult, Job, Verdict
 from cumatrix.core.witness import UNTRACED, KernelTrace, TraceChannel
 from cumatrix.execute import sandbox
 from cumatrix.execute.protocol import PipeChannel, parse
 
-__all__ = ["ChildResult", "Job", "run_local", "start_local"]
+__all__ = ["DEBUGGER_EVIDENCE", "ChildResult", "Job", "SpawnMode", "run_local", "start_local"]
+
+#: How a child is spawned.  ``cell``: under the kernel tracer (where it is enabled), whose
+#: record is the evidence of what the tree ran and mapped.  ``debugger``: a debugger (gdb)
+#: leads the tree and traces it itself; a process has one tracer, so the kernel tracer stays
+#: out, and the result says its evidence is the debugger's run.  Both get the same
+#: environment, limits, sandbox, timeout and containment (the process group and whatever
+#: left it end with the child).
+SpawnMode = Literal["cell", "debugger"]
+#: What a debugger run's result says of its evidence (``ChildResult.extra["evidence"]``).
+DEBUGGER_EVIDENCE = "the debugger's run: not kernel-traced (the debugger is the tree's tracer)"
 
 #: Bytes kept of each stream: the head (first lines often say what went wrong) and the
 #: tail.  A child writing megabytes must neither stall on a full pipe nor bloat the run.
 KEEP_HEAD = 8 * 1024
 KEEP_TAIL = 32 * 1024
-
-
-
-
-
-
 
 class _Capture:
     """Bounded capture of one stream: its head and its tail."""
@@ -60,7 +65,7 @@ class _Capture:
 
 
 def run_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | None = None,
-              policy: sandbox.Policy | None = None) -> ChildResult:
+              policy: sandbox.Policy | None = None, mode: SpawnMode = "cell") -> ChildResult:
     """Run ``job.argv`` as a child in its own process group, bounded in time and output.
 
     :func:`cumatrix.execute.sandbox.prepare` decides what the child sees (its environment, limits,
@@ -68,18 +73,20 @@ def run_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str |
     program's own output can never carry a verdict: only a harness child
     (``Job.reports_verdict``) gets the private channel of :mod:`cumatrix.execute.protocol`.
     """
-    return start_local(job, base_env=base_env, cwd=cwd, policy=policy).wait()
+    return start_local(job, base_env=base_env, cwd=cwd, policy=policy, mode=mode).wait()
 
 
 def start_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | None = None,
-                policy: sandbox.Policy | None = None) -> LocalChild:
+                policy: sandbox.Policy | None = None, mode: SpawnMode = "cell") -> LocalChild:
     """Start ``job``'s child and return at once; :meth:`LocalChild.wait` finishes it.
 
     A child that cannot start (no such program, a sandbox that was asked for and is missing)
     comes back already finished.  Until ``wait`` reads them, the child's output waits in its
     pipes (a child that fills one waits too); its timeout counts from here.
     """
-    plan, scope = sandbox.prepare(job, base_env=base_env, cwd=cwd, policy=policy)
+    plan, scope = sandbox.prepare(job, base_env=base_env, cwd=cwd, policy=policy, trace=mode == "cell")
+    if mode == "debugger":
+        plan.extra.update(spawn_mode="debugger", evidence=DEBUGGER_EVIDENCE)
     start = time.monotonic()
     if plan.problem is not None:
         scope.end()

@@ -1025,8 +1025,11 @@ def default_policy() -> Policy:
 
 
 def prepare(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | None = None,
-            policy: Policy | None = None) -> tuple[Plan, Scope]:
-    """The final argv, env and fds of a job's child, and the scope that ends its tree."""
+            policy: Policy | None = None, trace: bool = True) -> tuple[Plan, Scope]:
+    """The final argv, env and fds of a job's child, and the scope that ends its tree.
+
+    ``trace`` False spawns the tree untraced (a debugger's run: it traces the tree itself, and
+    one process has one tracer); its containment, limits and sandbox are the same."""
     policy = policy or default_policy()
     env = child_env(job, base_env=base_env, policy=policy)
     box = containment()
@@ -1057,7 +1060,7 @@ def prepare(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | N
     shim = spawn_shim()
     if shim is not None:
         spec = ",".join(f"{n}={s}:{h}" for n, s, h in lims) or "-"
-        if tracing_enabled() and problem is None:
+        if trace and tracing_enabled() and problem is None:
             chan = TraceChannel()
             return Plan(argv=(str(shim), "--trace", str(chan.write_fd), str(os.getpid()), procs or "-", spec, "--",
                               *argv), env=env, pass_fds=(chan.write_fd,), extra=extra, signal_in_exit=signal_in_exit,

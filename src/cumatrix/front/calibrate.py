@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cumatrix.core.cache import cache_dir, default_table
+from cumatrix.core.cache import default_table
 
 DIRECTIONS = ("d2h", "h2d", "d2d")
 #: 4 KiB .. 2 MiB, the block sizes KV caches use (a page of tokens x heads x head dim).
@@ -246,8 +246,8 @@ def calibrate(library: str, directions: tuple[str, ...], sizes: tuple[int, ...],
 def child_main(argv: list[str]) -> int:
     """Child entry: ``argv[0]`` is a JSON spec; the measurements go to the harness over the
     private verdict channel (:mod:`cumatrix.execute.protocol`)."""
-    from cumatrix.execute import protocol
     from cumatrix.child.cudaapi import CudaFailure as CellFailure
+    from cumatrix.execute import protocol
 
     channel = protocol.take_channel()
     spec = json.loads(argv[0])
@@ -292,22 +292,26 @@ def _size_arg(text: str) -> int:
 
 
 def _measure(spec: dict[str, object]) -> dict[str, Any] | str:
-    """Run the measuring child (a harness child, isolated like a cell); its result, or why none."""
-    from cumatrix.judge.classify import classify
+    """Run the measuring child (a harness child, spawned and contained like a cell through the
+    orchestrator); its result, or why none.  The judge decides whether it measured: its outcome
+    must be what the oracle expects of it (``ok``)."""
     from cumatrix.core.jobs import Job
-    from cumatrix.execute.local import run_local
+    from cumatrix.orchestrate import run_child
+    from cumatrix.predict.oracle import expect_tool
     from cumatrix.provision.cell import PACKAGE_PARENT
 
     env = (("PYTHONPATH", os.pathsep.join(p for p in (PACKAGE_PARENT, os.environ.get("PYTHONPATH")) if p)),)
     job = Job(cell_id="calibrate", kind="calibrate", reports_verdict=True, timeout=3600, env=env,
+              mounts=(PACKAGE_PARENT, str(spec["library"])),
               argv=(sys.executable, "-c",
                     "import sys; from cumatrix.front.calibrate import child_main; sys.exit(child_main(sys.argv[1:]))",
                     json.dumps(spec)))
-    res = run_local(job, base_env={k: v for k, v in os.environ.items() if k != "KVSWAP_POLICY"})
-    if res.verdict is not None and res.verdict.outcome == "ok":
-        return dict(res.verdict.data)
-    observed = classify(res, kind="calibrate")
-    return f"the measuring child ended with {observed.outcome}: {observed.detail or res.stderr_tail[-2000:]}"
+    ran = run_child(job, expect_tool("calibrate"),
+                    base_env={k: v for k, v in os.environ.items() if k != "KVSWAP_POLICY"})
+    if ran.status == "pass":
+        return dict(ran.observed.data)
+    observed = ran.observed
+    return f"the measuring child ended with {observed.outcome}: {observed.detail or ran.child.stderr_tail[-2000:]}"
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:

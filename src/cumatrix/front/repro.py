@@ -14,27 +14,28 @@ import argparse
 import os
 import re
 import shlex
-import shutil
-import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cumatrix import __version__
-from cumatrix.load.catalog import Bug, Catalog, load_catalog
+from cumatrix.child.swapcell import MAPS_ENV
 from cumatrix.core.errors import UsageError, did_you_mean
 from cumatrix.core.jobs import Job
 from cumatrix.core.model import NO_RUNTIME, Cell, CudaVersion, Kind, Matrix, is_neutral, is_ok, outcome_kind
 from cumatrix.execute.observe import ENFORCE_ENV, LOG_ENV
+from cumatrix.front.repro_native import GDB_TIMEOUT_EXTRA, NativeTrace, find_debugger, gdb_backtrace, parse_maps
+from cumatrix.front.repro_report import CellRun, _env_table, _fence, bug_report, cell_report
+from cumatrix.judge.reproduce import BugVerdict, judge_bug, judge_build_only
+from cumatrix.load.catalog import Bug, Catalog, load_catalog
 from cumatrix.orchestrate import Orchestrator
 from cumatrix.provision.cell import PACKAGE_PARENT
-from cumatrix.core.record import CellRecord
-from cumatrix.child.swapcell import MAPS_BEGIN, MAPS_END, MAPS_ENV
+
+#: Names callers used from here before the report and the debugger run had modules of their own.
+__all__ = ["GDB_TIMEOUT_EXTRA", "CellRun", "NativeTrace", "cmd_repro", "find_debugger", "gdb_backtrace",
+           "parse_maps", "run_one", "standalone_command"]
 
 DEFAULT_OUT = "repro"
 NO_GPU = "needs an NVIDIA GPU and driver; this host has none"
-GDB_TIMEOUT_EXTRA = 120.0
 
 # --------------------------------------------------------------------------- running
 
@@ -77,113 +78,6 @@ def standalone_command(runner: Orchestrator, job: Job) -> str:
     return " ".join(shlex.quote(p) for p in ["env", *(f"{k}={v}" for k, v in env.items()), *job.argv])
 
 
-def child_environment(job: Job) -> dict[str, str]:
-    """The environment :func:`cumatrix.execute.local.run_local` gives the child (the same allowlist)."""
-    from cumatrix.execute.sandbox import child_env
-
-    env = child_env(job)
-    env[MAPS_ENV] = "1"
-    return env
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class NativeTrace:
-    """What re-running a crashed child under gdb gave (or why it could not)."""
-
-    tool: str | None  # "gdb", or None for the faulthandler fallback
-    backtrace: str
-    libraries: str
-    maps: tuple[str, ...]
-    note: str
-
-
-def gdb_backtrace(job: Job, *, gdb: str | None = None) -> NativeTrace:
-    """Re-run ``job`` under ``gdb -batch``: the crashing thread's backtrace and the loaded libraries."""
-    gdb = gdb or find_debugger()
-    if gdb is None:
-        return NativeTrace(tool=None, backtrace="", libraries="", maps=(),
-                           note="neither gdb nor cuda-gdb is installed: fallback to the faulthandler (Python) stack only")
-    tool = Path(gdb).name
-    argv = list(job.argv)
-    exe = shutil.which(argv[0]) if not os.path.isabs(argv[0]) else argv[0]
-    argv[0] = exe or argv[0]
-    cmd = [gdb, "-nx", "-batch", "-iex", "set debuginfod enabled off", "-ex", "run", "-ex", "bt",
-           "-ex", "info sharedlibrary", "--args", *argv]
-    try:
-        proc = subprocess.run(cmd, env=child_environment(job), stdin=subprocess.DEVNULL, capture_output=True,
-                              text=True, errors="replace", timeout=job.timeout + GDB_TIMEOUT_EXTRA,
-                              start_new_session=True, check=False)
-    except subprocess.TimeoutExpired:
-        return NativeTrace(tool=tool, backtrace="", libraries="", maps=(),
-                           note=f"{tool} did not finish within {job.timeout + GDB_TIMEOUT_EXTRA:.0f} s")
-    text = proc.stdout + "\n" + proc.stderr
-    lines = text.splitlines()
-    bt = [ln for ln in lines if re.match(r"^#\d+\s", ln)]
-    sig = [ln for ln in lines if ln.startswith("Program received signal") or ln.startswith("Thread ") and "received signal" in ln]
-    libs: list[str] = []
-    in_libs = False
-    for ln in lines:
-        if ln.startswith("From") and "Shared Object Library" in ln:
-            in_libs = True
-        if in_libs:
-            libs.append(ln)
-            if ln.startswith("(*)"):
-                break
-    if not bt:
-        tail = "\n".join(lines[-15:])
-        return NativeTrace(tool=tool, backtrace="", libraries="\n".join(libs), maps=parse_maps(text),
-                           note=f"under {tool} the child did not crash (it may depend on timing or memory layout); gdb said:\n{tail}")
-    return NativeTrace(tool=tool, backtrace="\n".join([*sig, *bt]), libraries="\n".join(libs),
-                       maps=parse_maps(text), note="")
-
-
-def find_debugger() -> str | None:
-    """gdb, else cuda-gdb (which also debugs host-only programs; GPU hosts often have only it)."""
-    for name in ("gdb", "cuda-gdb"):
-        found = shutil.which(name)
-        if found:
-            return found
-    for candidate in ("/usr/local/cuda/bin/cuda-gdb",):
-        if os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
-def parse_maps(text: str) -> tuple[str, ...]:
-    """The lines of the child's ``CUMATRIX-MAPS`` block (the last one printed), if any."""
-    if MAPS_BEGIN not in text:
-        return ()
-    block = text.rsplit(MAPS_BEGIN, 1)[1].split(MAPS_END, 1)[0]
-    return tuple(ln.strip() for ln in block.splitlines() if ln.strip())
-
-
-@dataclass(kw_only=True)
-class CellRun:
-    """One cell run for a report: its record and what was gathered around it."""
-
-    cell: Cell
-    record: CellRecord
-    command: str | None
-    native: NativeTrace | None = None
-    build_log: str = ""  # the compiler's whole message, for a build-error (the record keeps its tail)
-
-    @property
-    def outcome(self) -> str:
-        return self.record.observed.outcome
-
-    @property
-    def path(self) -> str | None:
-        return self.record.observed.path
-
-    @property
-    def detail(self) -> str:
-        return self.build_log or self.record.observed.detail
-
-    def shown(self) -> str:
-        p = self.path
-        return f"{self.outcome}:{p}" if self.outcome == "ok" and p and p != "n/a" else self.outcome
-
-
 def run_one(runner: Orchestrator, cell: Cell) -> CellRun:
     """Run ``cell`` once; on a crash, re-run its job under gdb (local backend)."""
     ran = runner.run(cell)
@@ -209,148 +103,6 @@ def run_one(runner: Orchestrator, cell: Cell) -> CellRun:
         elif job is not None:
             native = gdb_backtrace(job)
     return CellRun(cell=cell, record=record, command=command, native=native, build_log=build_log)
-
-
-# --------------------------------------------------------------------------- the report
-
-
-def _fence(text: str, lang: str = "") -> list[str]:
-    body = text.rstrip() or "(empty)"
-    ticks = "```"
-    while ticks in body:
-        ticks += "`"
-    return [f"{ticks}{lang}", body, ticks]
-
-
-def _env_table(runner: Orchestrator, runs: list[CellRun]) -> list[str]:
-    fp = runner.host_fingerprint()
-    dv = fp.get("driver_version")
-    raw_gpus = fp.get("gpus")
-    gpus = [g for g in raw_gpus if isinstance(g, dict)] if isinstance(raw_gpus, list) else []
-    rows = [
-        ("cumatrix", __version__),
-        ("host", f"{fp.get('hostname')} ({fp.get('platform')})"),
-        ("python", str(fp.get("python"))),
-        ("driver", (f"CUDA {CudaVersion.from_int(int(str(dv)))} ({dv})" if dv else "none")
-         + (f", {fp['driver_string']}" if fp.get("driver_string") else "")),
-        ("GPUs", ", ".join(f"{g.get('name')} (cc {g.get('compute_capability')})" for g in gpus) or "none"),
-        ("forward compatibility", "in use" if fp.get("forward_compat") else "not in use"),
-        ("backend", runner.backend),
-        ("debugger", find_debugger() or "gdb/cuda-gdb not installed"),
-    ]
-    for r in runs:
-        f = r.record.fingerprint
-        if f.get("runtime_file"):
-            rows.append((f"runtime of {r.cell.id}", f"{f['runtime_file']} ({f.get('runtime_version')})"))
-        if f.get("libcuda_file"):
-            rows.append((f"libcuda of {r.cell.id}", str(f["libcuda_file"])))
-        if f.get("image"):
-            rows.append((f"image of {r.cell.id}", f"{f['image']} ({f.get('image_id')})"))
-    out = ["| | |", "|---|---|"]
-    out += [f"| {k} | {str(v).replace('|', '/')} |" for k, v in rows]
-    return out
-
-
-def _python_stack(stderr: str) -> str:
-    i = stderr.find("Fatal Python error")
-    return stderr[i:] if i >= 0 else stderr[-3000:]
-
-
-def _cell_section(r: CellRun, title: str, want: str | None = None) -> list[str]:
-    """One cell's part of a report: the verdict, why, the crash's stacks, what was loaded."""
-    rec = r.record
-    lines = [f"## {title}: `{r.cell.id}`", "", *_cell_table(r, want)]
-    lines += ["", f"**The oracle's reason** ({rec.expected.rule or 'no rule'}): {rec.expected.reason}", ""]
-    if rec.mismatch:
-        lines += [f"**Mismatch:** {rec.mismatch}", ""]
-    crashed = outcome_kind(r.outcome) is Kind.CRASH
-    if r.detail and not crashed:  # a crash's detail is the stderr tail shown below
-        lines += ["Detail:", "", *_fence(r.detail), ""]
-    if crashed:
-        lines += _crash_stacks(r)
-    lines += _loaded_libraries(r, crashed)
-    if r.command:
-        lines += ["### Standalone command", "", *_fence(r.command, "sh"), ""]
-    tail = rec.stderr_tail.strip()
-    if tail and not crashed:
-        lines += ["<details><summary>stderr tail</summary>", "", *_fence(tail[-3000:]), "", "</details>", ""]
-    return lines
-
-
-def _cell_table(r: CellRun, want: str | None) -> list[str]:
-    rec = r.record
-    lines = ["| | |", "|---|---|"]
-    lines += [f"| {k} | {v} |" for k, v in r.cell.axes().items()]
-    if want:
-        lines.append(f"| catalog says | {want} |")
-    lines += [f"| oracle expects | {' or '.join(sorted(rec.expected.outcomes))} |",
-              f"| observed | **{r.shown()}** |", f"| oracle verdict | {rec.status} |"]
-    return lines
-
-
-def _crash_stacks(r: CellRun) -> list[str]:
-    lines = ["### Python stack (faulthandler)", "", *_fence(_python_stack(r.record.stderr_tail)), "",
-             "### Native backtrace of the crashing thread", ""]
-    n = r.native
-    if n is not None and n.backtrace:
-        lines += [f"From `{n.tool or 'gdb'} -batch -ex run -ex bt -ex \"info sharedlibrary\" --args <the command below>`:",
-                  "", *_fence(n.backtrace), ""]
-        if n.note:
-            lines += [n.note, ""]
-    else:
-        lines += [f"Not available: {n.note if n else 'the child could not be re-run'}.", ""]
-    return lines
-
-
-def _loaded_libraries(r: CellRun, crashed: bool) -> list[str]:
-    listed = r.record.observed.data.get("loaded_libraries")
-    maps = tuple(str(x) for x in listed) if isinstance(listed, list) else ()
-    maps = maps or parse_maps(r.record.stderr_tail)
-    if not maps and r.native is not None:
-        maps = r.native.maps
-    native_libs = r.native.libraries if r.native is not None else ""
-    if not maps and not native_libs:
-        if not crashed:
-            return []
-        return ["### Libraries the child had loaded before the call", "",
-                "Not captured (the child printed no CUMATRIX-MAPS block and gdb gave no library list).", ""]
-    lines = ["### Libraries the child had loaded before the call", ""]
-    if maps:
-        lines += ["From the child's `/proc/self/maps` right before the variant ran:", "", *_fence("\n".join(maps)), ""]
-    if native_libs:
-        lines += ["gdb's `info sharedlibrary` at the crash:", "", *_fence(native_libs), ""]
-    return lines
-
-
-def cell_report(runner: Orchestrator, r: CellRun, matrix_path: str) -> str:
-    """The Markdown report of one re-run cell."""
-    lines = [f"# cumatrix repro: `{r.cell.id}`", "",
-             (f"Cell of `{matrix_path}`, re-run alone; expected {' or '.join(sorted(r.record.expected.outcomes))}, "
-              f"observed **{r.shown()}** (oracle verdict: {r.record.status})."), "",
-             "## Environment", "", *_env_table(runner, [r]), "", *_cell_section(r, "Cell")]
-    refs = sorted(set(re.findall(r"(?:vLLM|SGLang) (?:PR|issue) \d+", r.record.expected.reason)))
-    lines += ["## Upstream reference", "", (", ".join(refs) if refs else "none named by the oracle's rule"), ""]
-    return "\n".join(lines)
-
-
-def bug_report(runner: Orchestrator, bug: Bug, bad: CellRun | None, good: CellRun | None, verdict: str,
-               why: str, note: str = "", build_logs: dict[str, str] | None = None) -> str:
-    """The Markdown report of one catalog entry."""
-    lines = [f"# {bug.id}: {verdict}", "", bug.title + ".", "", f"**Verdict: {verdict}.** {why}", ""]
-    if note:
-        lines += [note, ""]
-    lines += ["## Upstream reference", ""]
-    lines += [f"- [{ref}]({ref.url})" for ref in bug.refs]
-    lines += ["", f"Needs: {bug.needs_text()}.", "", "## Environment", "",
-              *_env_table(runner, [r for r in (bad, good) if r is not None]), ""]
-    if bad is not None:
-        lines += _cell_section(bad, "Bad cell (must show the bug's signature)",
-                               f"{bug.bad.outcome}" + (f" with '{bug.bad.detail_contains}'" if bug.bad.detail_contains else ""))
-    if good is not None:
-        lines += _cell_section(good, "Good cell (the correct pattern, same pairing)", bug.good.outcome)
-    for name, log in (build_logs or {}).items():
-        lines += [f"## Build: {name}", "", *_fence(log), ""]
-    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- commands
@@ -442,28 +194,34 @@ def repro_cell(args: argparse.Namespace) -> int:
     return 0 if rec.status == "pass" else 1
 
 
-def _build_only(runner: Orchestrator, bug: Bug) -> tuple[bool, str, dict[str, str]]:
-    """Without a GPU: build the bad and the good variant; the build alone proves a build bug."""
+def _build_logs(runner: Orchestrator, bug: Bug) -> dict[str, str]:
+    """The compiler's command and whole message for each of the entry's variants (the builds
+    provisioning made for its cells, read back from the cache: no recompile), for the report."""
     from cumatrix.provision import build as _build
     from cumatrix.provision import runtimes as _runtimes
 
     logs: dict[str, str] = {}
-    results = {}
     for which, c in (("bad", bug.bad), ("good", bug.good)):
         headers = _runtimes.headers_for(c.build, wheel_dir=runner.wheel_dir)
         res = _build.build_variant(c.variant, c.family, headers)
-        results[which] = res
         logs[f"{which}: {c.variant} ({c.family} family) with CUDA {c.build} headers -> "
              f"{'built ' + str(res.library.name) if res.ok and res.library else 'build-error'}"] = (
             " ".join(shlex.quote(a) for a in res.command) + "\n\n" + (res.log or "(no compiler output)"))
-    bad_ok = (not results["bad"].ok and "build-error" in bug.bad.outcomes
-              and (bug.bad.detail_contains is None or bug.bad.detail_contains in results["bad"].log))
-    good_ok = results["good"].ok
-    why = (f"bad cell: {'build-error' if not results['bad'].ok else 'built'}"
-           + (f" ({'contains' if bug.bad.detail_contains and bug.bad.detail_contains in results['bad'].log else 'lacks'}"
-              f" '{bug.bad.detail_contains}')" if bug.bad.detail_contains else "")
-           + f"; good cell: {'builds' if good_ok else 'build-error'}")
-    return bad_ok and good_ok, why, logs
+    return logs
+
+
+def _build_only(args: argparse.Namespace, runner: Orchestrator, bug: Bug) -> int:
+    """Without a GPU: both cells run as far as provisioning goes, which builds each variant;
+    the judge decides from that whether the build alone reproduces the bug."""
+    bad = run_one(runner, bug.bad.cell())
+    good = run_one(runner, bug.good.cell())
+    v = judge_build_only(bug, bad=bad.record.observed, bad_log=bad.detail, good=good.record.observed)
+    note = ("This host has no NVIDIA GPU or driver: only the build step ran, for both variants. "
+            "The build alone proves this bug; on a GPU host the good cell also runs.")
+    p = _write(Path(args.out), _report_name(bug.id),
+               bug_report(runner, bug, None, None, v.word, v.why, note, _build_logs(runner, bug)))
+    print(f"{bug.id}: {v.word} ({v.why}; build step only: no GPU here)\nreport: {p}")
+    return 0 if v.reproduced else 1
 
 
 def repro_bug(args: argparse.Namespace, bug: Bug) -> int:
@@ -472,30 +230,20 @@ def repro_bug(args: argparse.Namespace, bug: Bug) -> int:
     m = bug.matrix()
     runner = _runner(args, m)
     host = runner.host()
-    out = Path(args.out)
     if host.driver_version is None:
         if bug.needs.build_only_without_gpu:
-            ok, why, logs = _build_only(runner, bug)
-            verdict = "reproduced" if ok else "not reproduced"
-            note = ("This host has no NVIDIA GPU or driver: only the build step ran, for both variants. "
-                    "The build alone proves this bug; on a GPU host the good cell also runs.")
-            p = _write(out, _report_name(bug.id), bug_report(runner, bug, None, None, verdict, why, note, logs))
-            print(f"{bug.id}: {verdict} ({why}; build step only: no GPU here)\nreport: {p}")
-            return 0 if ok else 1
+            return _build_only(args, runner, bug)
         return _cannot_run_here(args, runner, bug, NO_GPU)
     if bug.needs.driver_min is not None and host.driver_version < int(bug.needs.driver_min):
         return _cannot_run_here(args, runner, bug, f"needs a driver for CUDA {bug.needs.driver_min} or newer; this "
                                 f"host's driver is CUDA {CudaVersion.from_int(host.driver_version)}")
     bad = run_one(runner, bug.bad.cell())
     good = run_one(runner, bug.good.cell())
-    bad_ok = bug.bad.shows(bad.outcome, bad.path, bad.detail)
-    good_ok = bug.good.shows(good.outcome, good.path, good.detail)
-    verdict = "reproduced" if bad_ok and good_ok else "not reproduced"
-    why = (f"bad cell {bad.cell.id}: {bad.shown()} ({'the signature' if bad_ok else 'not the signature ' + bug.bad.outcome}); "
-           f"good cell {good.cell.id}: {good.shown()} ({'passes' if good_ok else 'expected ' + bug.good.outcome})")
-    p = _write(out, _report_name(bug.id), bug_report(runner, bug, bad, good, verdict, why))
-    print(f"{bug.id}: {verdict}: {why}\nreport: {p}")
-    return 0 if bad_ok and good_ok else 1
+    v: BugVerdict = judge_bug(bug, bad_id=bad.cell.id, bad=bad.record.observed, bad_detail=bad.detail,
+                              good_id=good.cell.id, good=good.record.observed, good_detail=good.detail)
+    p = _write(Path(args.out), _report_name(bug.id), bug_report(runner, bug, bad, good, v.word, v.why))
+    print(f"{bug.id}: {v.word}: {v.why}\nreport: {p}")
+    return 0 if v.reproduced else 1
 
 
 #: Exit code of ``repro --bug`` on a host that cannot run the entry (as ``run``'s 3: the run
