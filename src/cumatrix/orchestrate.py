@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, Self
 
 from cumatrix import __version__
 from cumatrix.audit.static import runtime_introductions
@@ -152,7 +152,7 @@ class Orchestrator:
             self._docker.close()
             self._docker = None
 
-    def __enter__(self) -> Orchestrator:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

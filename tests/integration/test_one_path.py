@@ -7,6 +7,7 @@ measuring child passes only when the judge says so.  Real gdb, real bubblewrap, 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -53,10 +54,8 @@ def token() -> Iterator[str]:
     word = f"cumatrix-onepath-{uuid.uuid4().hex}"
     yield word
     for pid in _alive(word):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
 
 
 def _crash_job(token: str, before: str = "", timeout: float = 60.0) -> Job:
@@ -72,7 +71,8 @@ def test_the_debugger_run_kills_what_the_cell_left(token: str) -> None:
                "start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)")
     native = gdb_backtrace(_crash_job(token, sleeper))
     assert "Program received signal SIGSEGV" in native.backtrace, native.note
-    assert native.spawn is not None and native.spawn["evidence"] == DEBUGGER_EVIDENCE
+    assert native.spawn is not None
+    assert native.spawn["evidence"] == DEBUGGER_EVIDENCE
     assert native.spawn.get("killed_after") == 1, native.spawn  # the sleeper, killed when the run ended
     assert _alive(token) == []
 
@@ -101,7 +101,8 @@ def test_the_debugger_run_is_sandboxed(token: str, tmp_path: Path) -> None:
         native = gdb_backtrace(_crash_job(token, probe))
     finally:
         sandbox.set_default(previous)
-    assert native.spawn is not None and native.spawn["sandbox"] == "bubblewrap", native
+    assert native.spawn is not None
+    assert native.spawn["sandbox"] == "bubblewrap", native
     assert "Program received signal SIGSEGV" in native.backtrace, native.note
     uid = sandbox.Policy().uid if os.geteuid() == 0 else os.geteuid()
     assert f"uid={uid} visible=False" in native.log, native.log
@@ -130,7 +131,8 @@ def test_a_measuring_child_passes_only_on_the_judges_word() -> None:
     killed = run_child(_harness_child("import os, signal\nchannel.emit({'outcome': 'ok', 'data': {}})\n"
                                       "os.kill(os.getpid(), signal.SIGKILL)"), expected)
     assert (killed.status, killed.observed.outcome) == ("fail", "crash:SIGKILL")
-    assert killed.mismatch is not None and "expected ok" in killed.mismatch
+    assert killed.mismatch is not None
+    assert "expected ok" in killed.mismatch
 
 
 def test_calibrate_reports_the_judged_outcome_of_its_child(tmp_path: Path) -> None:

@@ -139,14 +139,14 @@ class CellAuditor:
         # The run's own temporary directory (removed by close()), opened for traversal only: made
         # by mkdtemp, its name is unguessable and it is ours, so no other user of a shared /tmp
         # can have put a library of theirs where every container would load it.
-        os.chmod(self._audit_dir, 0o711)
+        Path(self._audit_dir).chmod(0o711)
         shared = Path(self._audit_dir) / f"lib-{built.parent.name}"
         target = shared / built.name
         if not target.is_file():
             shared.mkdir(mode=0o755, exist_ok=True)
             shared.chmod(0o755)  # whatever the umask
             tmp = shared / f".{built.name}.{os.getpid()}"
-            with open(replace_new(tmp, 0o755), "wb") as dst, open(built, "rb") as src:
+            with os.fdopen(replace_new(tmp, 0o755), "wb") as dst, built.open("rb") as src:
                 shutil.copyfileobj(src, dst)
             tmp.chmod(0o755)
             tmp.replace(target)
@@ -164,5 +164,5 @@ class CellAuditor:
         if rt.requirement and version is not None:
             inside = self._need_docker().prepare_runtime(rt, self.provisioner.settings.wheel_dir).cudart
             if inside:
-                return observe.CellRuntime(soname=os.path.basename(inside), version=version, path=inside)
+                return observe.CellRuntime(soname=Path(inside).name, version=version, path=inside)
         return None

@@ -7,6 +7,7 @@ verdict and malformed verdict are distinct outcomes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import signal
@@ -14,6 +15,7 @@ import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import replace
+from pathlib import Path
 from typing import Literal
 
 from cumatrix.core.jobs import ChildResult, Job, Verdict
@@ -108,7 +110,7 @@ def start_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str
         if plan.trace:
             plan.trace.close()
         why = e.strerror if isinstance(e, OSError) else str(e)
-        if isinstance(e, OSError) and plan.argv[0] != job.argv[0] and not os.path.exists(plan.argv[0]):
+        if isinstance(e, OSError) and plan.argv[0] != job.argv[0] and not Path(plan.argv[0]).exists():
             # The harness's own launcher (the spawn helper in the cache, or bubblewrap) is gone,
             # not the cell's program: the cell never ran, and the harness says so.
             sandbox.forget_shim()
@@ -147,7 +149,9 @@ class LocalChild:
         if self.done is not None:
             return self.done
         proc, chan, scope = self.proc, self.chan, self.scope
-        assert proc is not None and proc.stdout is not None and proc.stderr is not None
+        assert proc is not None
+        assert proc.stdout is not None
+        assert proc.stderr is not None
         out, err = _Capture(), _Capture()
         sel = selectors.DefaultSelector()
         sel.register(proc.stdout, selectors.EVENT_READ, out)
@@ -179,7 +183,9 @@ class LocalChild:
 
     def _end(self, *, kill: bool) -> None:
         proc = self.proc
-        assert proc is not None and proc.stdout is not None and proc.stderr is not None
+        assert proc is not None
+        assert proc.stdout is not None
+        assert proc.stderr is not None
         try:
             if kill:
                 _kill_group(proc)
@@ -275,7 +281,5 @@ def _kill_group(proc: subprocess.Popen[bytes], *, quiet: bool = False) -> None:
         if not quiet:
             proc.kill()
     if not quiet:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass

@@ -129,7 +129,7 @@ def _gate_wheels(wheels: Sequence[Path]) -> list[GateWheel]:
     out: list[GateWheel] = []
     stems = [w.name.split("-") for w in wheels]
     dists = [parts[0].lower() for parts in stems]
-    for w, parts, dist in zip(wheels, stems, dists):
+    for w, parts, dist in zip(wheels, stems, dists, strict=True):
         # Two versions of one distribution gated together need different case names.
         name = dist if dists.count(dist) == 1 else f"{dist}-{parts[1] if len(parts) > 1 else ''}"
         name = _UNSAFE_RE.sub("_", name).strip("-.") or "wheel"
@@ -270,7 +270,7 @@ def _sandboxed(argv: list[str], target: Path, files: Sequence[Path],
     if bwrap is None:
         return None
     root = os.geteuid() == 0
-    if root and wheel_dir is not None and os.stat(wheel_dir).st_mode & 0o005 != 0o005:
+    if root and wheel_dir is not None and Path(wheel_dir).stat().st_mode & 0o005 != 0o005:
         return None
     target.mkdir(parents=True, exist_ok=True)
     given = target.with_name(target.name + ".in")
@@ -326,12 +326,12 @@ class GateHooks:
         except CumatrixError:
             return None  # the orchestrator records the provisioning error itself
 
-    def expected(self, cell: Cell, default: Expected) -> Expected:
+    def expected(self, cell: Cell, default: Expected) -> Expected:  # noqa: ARG002 - the protocol's signature
         plan = self.sites.get(cell.id)
         return oracle.expect_gate_cell(cell, self.host, runtime_version=self._runtime_version(cell),
                                        smoke=plan is not None and plan.smoke)
 
-    def before_run(self, cell: Cell, expected: Expected) -> NotRun | None:
+    def before_run(self, cell: Cell, expected: Expected) -> NotRun | None:  # noqa: ARG002 - the protocol's
         why = oracle.unsupported_pairing(cell, self.host, self._runtime_version(cell))
         if why is not None:
             return NotRun(why="unsupported-pairing", detail=why)

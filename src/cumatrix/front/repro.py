@@ -258,7 +258,7 @@ def portable_command(args: argparse.Namespace, bug: Bug) -> str:
     if args.backend != "local":
         parts += ["--backend", args.backend]
     out = str(args.out)
-    parts += ["--out", out if not os.path.isabs(out) else DEFAULT_OUT]
+    parts += ["--out", out if not Path(out).is_absolute() else DEFAULT_OUT]
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -267,8 +267,8 @@ def _cannot_run_here(args: argparse.Namespace, runner: Orchestrator, bug: Bug, w
     can) and say so; exit :data:`EXIT_CANNOT_RUN_HERE`."""
     command = portable_command(args, bug)
     lines = [f"# {bug.id}: not run here", "", bug.title + ".", "",
-             f"**Not run on this host:** it {why}. Run the command below on a host that meets "
-             f"its needs ({bug.needs_text()}); it writes the full report in place of this one.", "",
+             (f"**Not run on this host:** it {why}. Run the command below on a host that meets "
+              f"its needs ({bug.needs_text()}); it writes the full report in place of this one."), "",
              "## Command to run on a host that can", "", *_fence(command, "sh"), "",
              "## Upstream reference", "", *[f"- [{ref}]({ref.url})" for ref in bug.refs], "",
              "## Cells", "", "| | cell | must show |", "|---|---|---|",

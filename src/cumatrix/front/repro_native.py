@@ -66,7 +66,7 @@ def debugger_job(job: Job, gdb: str, *, extra_s: float = GDB_TIMEOUT_EXTRA) -> J
     run writes the audit's log to ``/dev/null`` (the audit still enforces the cell's runtime)
     and mounts only what still exists.  Swap children list the libraries they mapped."""
     argv = list(job.argv)
-    exe = shutil.which(argv[0]) if not os.path.isabs(argv[0]) else argv[0]
+    exe = shutil.which(argv[0]) if not Path(argv[0]).is_absolute() else argv[0]
     argv[0] = exe or argv[0]
     env = dict(job.env)
     if LOG_ENV in env:
@@ -75,8 +75,8 @@ def debugger_job(job: Job, gdb: str, *, extra_s: float = GDB_TIMEOUT_EXTRA) -> J
     cmd = (gdb, "-nx", "-batch", "-iex", "set debuginfod enabled off", "-ex", "run", "-ex", "bt",
            "-ex", "info sharedlibrary", "--args", *argv)
     return replace(job, argv=cmd, env=tuple(env.items()), timeout=job.timeout + extra_s, reports_verdict=False,
-                   mounts=tuple(m for m in job.mounts if os.path.exists(m)),
-                   writable=tuple(w for w in job.writable if os.path.exists(w)))
+                   mounts=tuple(m for m in job.mounts if Path(m).exists()),
+                   writable=tuple(w for w in job.writable if Path(w).exists()))
 
 
 def gdb_backtrace(job: Job, *, gdb: str | None = None, extra_s: float = GDB_TIMEOUT_EXTRA) -> NativeTrace:
@@ -88,7 +88,7 @@ def gdb_backtrace(job: Job, *, gdb: str | None = None, extra_s: float = GDB_TIME
     tool = Path(gdb).name
     djob = debugger_job(job, gdb, extra_s=extra_s)
     res = run_debugger(djob)
-    spawn = {k: res.extra[k] for k in ("sandbox", "containment", "evidence", "killed_after") if k in res.extra}
+    spawn: dict[str, object] = {k: res.extra[k] for k in ("sandbox", "containment", "evidence", "killed_after") if k in res.extra}
     log = res.stdout_tail + "\n" + res.stderr_tail
     if res.timed_out:
         return NativeTrace(tool=tool, backtrace="", libraries="", maps=(), spawn=spawn, log=log,

@@ -120,8 +120,8 @@ def _crash_stacks(r: CellRun) -> list[str]:
              "### Native backtrace of the crashing thread", ""]
     n = r.native
     if n is not None and n.backtrace:
-        lines += [f"From `{n.tool or 'gdb'} -batch -ex run -ex bt -ex \"info sharedlibrary\" --args <the command below>`"
-                  f"{_spawned(n)}:", "", *_fence(n.backtrace), ""]
+        how = f"{n.tool or 'gdb'} -batch -ex run -ex bt -ex \"info sharedlibrary\" --args <the command below>"
+        lines += [f"From `{how}`{_spawned(n)}:", "", *_fence(n.backtrace), ""]
         if n.note:
             lines += [n.note, ""]
     else:

@@ -15,7 +15,7 @@ observed outcome); everything after it renders the record.  The rules, in order:
 
 from __future__ import annotations
 
-import datetime as _dt
+import datetime as dt
 import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -31,7 +31,7 @@ STREAM_KEEP = 4096
 
 def utcnow() -> str:
     """Now, as the records write it."""
-    return _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

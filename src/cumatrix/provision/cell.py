@@ -156,13 +156,12 @@ class Provisioner:
         if ip:
             lib_path.append(ip)
             mounts.append(ip)
-        if cell.runtime != NO_RUNTIME:
-            if self.settings.backend != "docker":  # a container's runtime is its image's
-                res = self.runtime(cell.runtime)
-                lib_path.append(str(res.lib_dir))
-                libcudart = str(res.libcudart)
-                env.append(("CUMATRIX_CUDART", libcudart))
-                env += list(res.cell_env())  # an environment runtime: the cell runs inside its venv
+        if cell.runtime != NO_RUNTIME and self.settings.backend != "docker":  # a container's runtime is its image's
+            res = self.runtime(cell.runtime)
+            lib_path.append(str(res.lib_dir))
+            libcudart = str(res.libcudart)
+            env.append(("CUMATRIX_CUDART", libcudart))
+            env += list(res.cell_env())  # an environment runtime: the cell runs inside its venv
         if cell.kind == "command":
             case = cell.need_case()
             return Job(cell_id=cell.id, kind=cell.kind, argv=case.argv, env=(*env, *case.env),

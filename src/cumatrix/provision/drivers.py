@@ -68,7 +68,7 @@ def parse_driver_name(text: str) -> CudaVersion | None:
 def exported_functions(path: Path) -> tuple[str, ...]:
     """Names of the functions ``path`` defines in its dynamic symbol table (sorted, unique)."""
     names: set[str] = set()
-    with open(path, "rb") as fh:
+    with path.open("rb") as fh:
         elf = ELFFile(fh)
         dynsym = elf.get_section_by_name(".dynsym")
         if not isinstance(dynsym, SymbolTableSection):
@@ -82,7 +82,7 @@ def exported_functions(path: Path) -> tuple[str, ...]:
 
 
 def _build_id(path: Path) -> str:
-    with open(path, "rb") as fh:
+    with path.open("rb") as fh:
         elf = ELFFile(fh)
         for sec in elf.iter_sections():
             if isinstance(sec, NoteSection):
