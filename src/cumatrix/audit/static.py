@@ -53,6 +53,7 @@ from cumatrix.binary.elf import (
 from cumatrix.binary.fatbin import DeviceCode, Variant, covering, ptx_isa_cuda, read_fatbin
 from cumatrix.binary.fastelf import FastELFFile
 from cumatrix.core.model import CudaVersion
+from cumatrix.predict.rules import major_newer_than_driver
 
 Severity = Literal["error", "warning", "note"]
 
@@ -413,7 +414,7 @@ def _runtime_major_checks(f: _Facts, s: AuditSettings, data: AuditData) -> list[
                 fix=(f"build it against a CUDA {declared} runtime, publish one wheel per CUDA "
                      "major, or declare the major with --runtimes"),
             ))
-        if s.min_driver >= CudaVersion(major, 0):
+        if not major_newer_than_driver(int(CudaVersion(major, 0)), int(s.min_driver)):
             continue
         drv = _min_driver_for_major(major)
         drv_text = f"a CUDA {major}.0 driver (>= {drv})" if drv else f"a CUDA {major}.0 driver"

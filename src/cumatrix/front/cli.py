@@ -300,9 +300,11 @@ def _preflight(args: argparse.Namespace, m: Any, mpath: Path) -> None:
 
 
 def _preflight_local(args: argparse.Namespace, m: Any, mpath: Path, orch: Any) -> None:
+    from cumatrix.predict.rules import emulation_newer_than_host
+
     real = orch.host().driver_version
     for d in m.drivers:
-        if d.emulated is not None and real is not None and int(d.emulated) > real:
+        if d.emulated is not None and real is not None and emulation_newer_than_host(int(d.emulated), real):
             raise ConfigError(f"{mpath}: drivers: {d.name} is newer than this host's driver "
                               f"({real // 1000}.{real % 1000 // 10}): an interposer can only hide what the real "
                               "driver has; emulate an older version, or run this on a newer host")
