@@ -121,6 +121,7 @@ def test_crashing_cell_report_backtrace_and_standalone_command(cli: Cli, matrix_
         assert "\n#0  " in text
         assert "info sharedlibrary" in text
         assert "libc.so.6" in text
+        assert "(the debugger's run, not kernel-traced: the debugger is the tree's tracer" in text
     command = text.split("### Standalone command", 1)[1].split("```sh\n", 1)[1].split("\n```", 1)[0]
     assert command.startswith("env ")
     assert "LD_LIBRARY_PATH=" in command

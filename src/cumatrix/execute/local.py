@@ -33,7 +33,7 @@ __all__ = ["DEBUGGER_EVIDENCE", "ChildResult", "Job", "SpawnMode", "run_local", 
 #: left it end with the child).
 SpawnMode = Literal["cell", "debugger"]
 #: What a debugger run's result says of its evidence (``ChildResult.extra["evidence"]``).
-DEBUGGER_EVIDENCE = "the debugger's run: not kernel-traced (the debugger is the tree's tracer)"
+DEBUGGER_EVIDENCE = "the debugger's run, not kernel-traced: the debugger is the tree's tracer"
 
 #: Bytes kept of each stream: the head (first lines often say what went wrong) and the
 #: tail.  A child writing megabytes must neither stall on a full pipe nor bloat the run.
