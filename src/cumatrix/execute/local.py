@@ -32,6 +32,9 @@ __all__ = ["DEBUGGER_EVIDENCE", "ChildResult", "Job", "SpawnMode", "run_local", 
 #: environment, limits, sandbox, timeout and containment (the process group and whatever
 #: left it end with the child).
 SpawnMode = Literal["cell", "debugger"]
+#: ``ChildResult.extra`` key of why the harness could not start the child at all (a sandbox asked
+#: for and missing, its launcher gone): a fact of this stage; the judge names the outcome.
+HARNESS_PROBLEM = "harness_problem"
 #: What a debugger run's result says of its evidence (``ChildResult.extra["evidence"]``).
 DEBUGGER_EVIDENCE = "the debugger's run, not kernel-traced: the debugger is the tree's tracer"
 
@@ -94,8 +97,7 @@ def start_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str
         scope.end()
         return LocalChild(job, plan, scope, start, done=ChildResult(
             returncode=None, signal=None, timed_out=False, stdout_tail="", stderr_tail=plan.problem,
-            verdict=Verdict(outcome="harness-error", detail=plan.problem), verdict_error=None, duration_s=0.0,
-            extra=plan.extra))
+            verdict=None, verdict_error=None, duration_s=0.0, extra={**plan.extra, HARNESS_PROBLEM: plan.problem}))
     env, plan, chan = _with_channel(job, plan)
     try:
         # No preexec_fn where the spawn shim exists: subprocess then uses vfork, not fork.
@@ -118,8 +120,8 @@ def start_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str
                       "was the cache removed during the run?")
             return LocalChild(job, plan, scope, start, done=ChildResult(
                 returncode=None, signal=None, timed_out=False, stdout_tail="", stderr_tail=detail,
-                verdict=Verdict(outcome="harness-error", detail=detail), verdict_error=None,
-                duration_s=time.monotonic() - start, extra=plan.extra))
+                verdict=None, verdict_error=None, duration_s=time.monotonic() - start,
+                extra={**plan.extra, HARNESS_PROBLEM: detail}))
         # A command that cannot even start is what a shell reports as 126/127.
         code = 127 if isinstance(e, FileNotFoundError) else 126
         return LocalChild(job, plan, scope, start, done=ChildResult(

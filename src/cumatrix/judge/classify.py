@@ -18,6 +18,7 @@ from cumatrix.core.jobs import ChildResult, Verdict
 from cumatrix.core.model import ChildFacts, Observed, Timings
 from cumatrix.core.witness import loader_undefined_symbol
 from cumatrix.execute import observe, provenance
+from cumatrix.execute.local import HARNESS_PROBLEM
 from cumatrix.provision.facts import NotRun, NotRunWhy
 
 #: Facts a child's fingerprint may carry, read into :class:`ChildFacts`.
@@ -36,6 +37,9 @@ def signal_name(num: int) -> str:
 def classify(res: ChildResult, *, kind: str) -> Observed:
     """The outcome of a finished child; ``kind`` is the cell's (probe, swap, command)."""
     tail = res.stderr_tail[-600:].strip()
+    problem = res.extra.get(HARNESS_PROBLEM)
+    if isinstance(problem, str):  # the child never started: the harness's failure, not the cell's
+        return harness_error(problem)
     refused = res.extra.get("refused")
     if isinstance(refused, str):
         return Observed(outcome="refused", detail=refused)
