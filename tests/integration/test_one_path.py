@@ -143,3 +143,21 @@ def test_calibrate_reports_the_judged_outcome_of_its_child(tmp_path: Path) -> No
     got = _measure(spec)
     assert isinstance(got, str)
     assert got.startswith("the measuring child ended with skipped:no-cuda-driver: "), got
+
+
+# --------------------------------------------------------------------------- the gate's installer
+
+
+def test_the_installer_is_contained_and_timed(token: str, tmp_path: Path) -> None:
+    from cumatrix.execute.installer import run_installer
+
+    # An "installer" that leaves a helper behind in its group and then hangs.
+    code = (f"import subprocess, time\nsubprocess.Popen([{PYTHON!r}, '-c', 'import time; time.sleep(300)', "
+            f"{token!r}])\ntime.sleep(600)")
+    t0 = time.monotonic()
+    rc, why = run_installer([PYTHON, "-c", code, token], target=tmp_path / "site", inputs=[], wheel_dir=None,
+                            sandboxable=False, timeout=2)
+    assert rc == 124
+    assert why.startswith("pip install did not finish in "), why
+    assert time.monotonic() - t0 < 60
+    assert _alive(token) == []

@@ -17,7 +17,6 @@ import io
 import os
 import re
 import shutil
-import subprocess
 import sys
 import textwrap
 import time
@@ -31,6 +30,7 @@ from cumatrix.core.errors import CumatrixError, UsageError
 from cumatrix.core.jobs import Job
 from cumatrix.core.model import Case, Cell, Driver, Expected, Matrix, Runtime
 from cumatrix.core.record import CellRecord
+from cumatrix.execute.installer import run_installer
 from cumatrix.load import matrix as _matrix
 from cumatrix.orchestrate import CellRun, Orchestrator, end_record, run_header
 from cumatrix.predict import oracle
@@ -240,55 +240,9 @@ def _pip_install(wheel: Path, target: Path, constraints: Path | None,
         if wheel_dir is not None:
             argv += ["--no-index", "--find-links", str(wheel_dir)]  # nothing reaches the network
     argv.append(str(wheel))
-    env = None
-    if constraints is None or wheel_dir is not None:  # offline: pip can run in the cells' sandbox
-        boxed = _sandboxed(argv, target, [p for p in (wheel, constraints) if p is not None], wheel_dir)
-        if boxed is not None:
-            argv, env = boxed
-    try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=1800, env=env,
-                              stdin=subprocess.DEVNULL, check=False)
-    except subprocess.TimeoutExpired:
-        return 124, "pip install did not finish in 30 minutes"
-    return proc.returncode, (proc.stderr or proc.stdout).strip()
-
-
-def _sandboxed(argv: list[str], target: Path, files: Sequence[Path],
-               wheel_dir: Path | None) -> tuple[list[str], dict[str, str]] | None:
-    """``argv`` (pip) under the cells' sandbox, where the gate sandboxes its cells and bubblewrap
-    runs: no network, the host read-only but for ``target``, and as a root harness's cells run
-    (an unprivileged uid).  ``files`` (the wheel, the constraints) are copied beside ``target``
-    where that uid reads them.  None where there is no sandbox to use, or (as root) a
-    ``wheel_dir`` that uid may not read: pip then runs on the host, wheels only, as before."""
-    from cumatrix.core.jobs import Job
-    from cumatrix.execute import sandbox
-
-    policy = sandbox.default_policy()
-    if policy.sandbox == "off":
-        return None
-    bwrap, _why = sandbox.bubblewrap()
-    if bwrap is None:
-        return None
-    root = os.geteuid() == 0
-    if root and wheel_dir is not None and Path(wheel_dir).stat().st_mode & 0o005 != 0o005:
-        return None
-    target.mkdir(parents=True, exist_ok=True)
-    given = target.with_name(target.name + ".in")
-    given.mkdir(mode=0o755, exist_ok=True)
-    given.chmod(0o755)
-    argv = list(argv)
-    for f in files:
-        copy = given / f.name
-        shutil.copyfile(f, copy)
-        copy.chmod(0o644)
-        argv = [str(copy) if a == str(f) else a for a in argv]
-    if root:
-        os.chown(target, policy.uid, policy.uid)  # the sandbox's uid writes the install
-    read = [str(given), *([str(wheel_dir)] if wheel_dir is not None else [])]
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp", "TMPDIR": "/tmp",
-           "LANG": os.environ.get("LANG", "C.UTF-8"), "PIP_NO_CACHE_DIR": "1", "PYTHONDONTWRITEBYTECODE": "1"}
-    job = Job(cell_id="pip", kind="command", argv=tuple(argv), mounts=tuple(read))
-    return sandbox.bwrap_argv(bwrap, job, env, str(target), policy, write_dirs=[str(target)]), env
+    offline = constraints is None or wheel_dir is not None  # then pip can run in the cells' sandbox
+    return run_installer(argv, target=target, inputs=[p for p in (wheel, constraints) if p is not None],
+                         wheel_dir=wheel_dir, sandboxable=offline)
 
 
 def _link_tree(src: Path, dst: Path) -> None:
