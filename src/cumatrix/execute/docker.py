@@ -54,7 +54,6 @@ from cumatrix.core.errors import CumatrixError, DaemonUnavailable, HarnessError
 from cumatrix.core.jobs import ChildResult, Job
 from cumatrix.execute.local import _Capture
 from cumatrix.core.model import Runtime
-from cumatrix.core.jobs import Verdict
 from cumatrix.execute.protocol import FileChannel, parse
 from cumatrix.execute import docker_trace
 from cumatrix.core.witness import KernelTrace, tracing_enabled
@@ -760,8 +759,7 @@ def _collect(container: Any, status: dict[str, Any], *, timed_out: bool, duratio
         msg = ("the tracer's record of this container is missing from its log (the cell's output passed the "
                "log's size limit?): no verdict without it")
         return ChildResult(returncode=rc, signal=sig, timed_out=False, stdout_tail=out.text(),
-                           stderr_tail=err.text(), verdict=Verdict(outcome="harness-error", detail=msg),
-                           verdict_error=None, duration_s=duration, oom_killed=oom,
+                           stderr_tail=err.text(), verdict=None, verdict_error=None, duration_s=duration, oom_killed=oom,
                            extra={**extra, "harness_error": msg}, trace=trace)
     return ChildResult(returncode=rc, signal=sig, timed_out=timed_out, stdout_tail=out.text(),
                        stderr_tail=err.text(), verdict=verdict, verdict_error=verr,
@@ -815,9 +813,9 @@ def _short(e: BaseException) -> str:
 
 
 def _harness_error(message: str, **extra: object) -> ChildResult:
-    """A per-cell harness error the lead's ``classify`` reads from the synthetic verdict."""
+    """A per-cell harness error: a fact (``extra["harness_error"]``) the judge's ``classify`` names."""
     return ChildResult(returncode=None, signal=None, timed_out=False, stdout_tail="", stderr_tail=message,
-                       verdict=Verdict(outcome="harness-error", detail=message), verdict_error=None,
+                       verdict=None, verdict_error=None,
                        duration_s=0.0, extra={**extra, "harness_error": message, "backend": "docker"})
 
 

@@ -34,7 +34,7 @@ __all__ = ["DEBUGGER_EVIDENCE", "ChildResult", "Job", "SpawnMode", "run_local", 
 SpawnMode = Literal["cell", "debugger"]
 #: ``ChildResult.extra`` key of why the harness could not start the child at all (a sandbox asked
 #: for and missing, its launcher gone): a fact of this stage; the judge names the outcome.
-HARNESS_PROBLEM = "harness_problem"
+HARNESS_PROBLEM = "harness_error"
 #: What a debugger run's result says of its evidence (``ChildResult.extra["evidence"]``).
 DEBUGGER_EVIDENCE = "the debugger's run, not kernel-traced: the debugger is the tree's tracer"
 
