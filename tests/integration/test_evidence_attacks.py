@@ -307,8 +307,8 @@ def test_a_library_planted_by_another_user_is_not_loaded(tmp_path: Path, wheel_c
     import tempfile
 
     from cumatrix.execute import observe
-    from cumatrix.load.matrix import load as load_matrix
     from cumatrix.execute.cellaudit import CellAuditor
+    from cumatrix.load.matrix import load as load_matrix
     from cumatrix.provision.cell import Provisioner, Settings
 
     shared_tmp = Path(tempfile.mkdtemp(prefix="cumatrix-shared-tmp-"))
