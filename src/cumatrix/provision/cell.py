@@ -22,6 +22,7 @@ from pathlib import Path
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from cumatrix.core.options import DEFAULT_TIMEOUT
 from cumatrix.core.cache import default_table, temp_prefix
 from cumatrix.core.errors import CumatrixError
 from cumatrix.core.jobs import Job
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
 
 #: The directory holding the ``cumatrix`` package: a harness child's ``PYTHONPATH``.
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
-DEFAULT_TIMEOUT = 300.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
