@@ -29,7 +29,8 @@ from cumatrix.core.jobs import ChildResult, Job
 from cumatrix.execute.local import LocalChild, run_local, start_local
 from cumatrix.judge.verdict import Facts, judge, utcnow
 from cumatrix.core.model import NO_RUNTIME, Cell, Expected, Matrix, Observed
-from cumatrix.provision.cell import DEFAULT_TIMEOUT, Audit, Provisioner, Settings
+from cumatrix.core.options import DEFAULT_TIMEOUT, SandboxPolicy
+from cumatrix.provision.cell import Audit, Provisioner, Settings
 from cumatrix.core.record import CellRecord
 
 if TYPE_CHECKING:
@@ -89,6 +90,8 @@ class Orchestrator:
     require_gpu: bool = False
     hooks: CellHooks | None = None
     child_env: tuple[tuple[str, str], ...] = ()
+    #: What a local cell's child sees of the host (the run's options; None: the environment's).
+    policy: SandboxPolicy | None = None
     _host_fp: dict[str, object] | None = None
     _docker: DockerBackend | None = None
     _provisioner: Provisioner | None = field(default=None, repr=False)
@@ -158,7 +161,7 @@ class Orchestrator:
         """Stage three: run the job's child on the backend."""
         if self.backend == "docker":
             return self.docker().run_job(job)
-        return run_local(job)
+        return run_local(job, policy=self.policy)
 
     def run(self, cell: Cell, *, then: Cell | None = None) -> CellRun:
         """Run one cell through every stage; never raises for the cell's own failure.
@@ -211,7 +214,7 @@ class Orchestrator:
         if turn.child is None and turn.job is not None and turn.observed is None and self.backend == "local":
             if turn.ahead:  # its clock starts now, as if it had been made ready just before
                 turn.started, turn.t0 = utcnow(), time.monotonic() - turn.ready_s
-            turn.child = start_local(turn.job)
+            turn.child = start_local(turn.job, policy=self.policy)
         return turn.child
 
     def _conclude(self, turn: _Turn, child: ChildResult | None) -> CellRun:

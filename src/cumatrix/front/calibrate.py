@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from cumatrix.core.cache import cache_dir, default_table
+from cumatrix.core.options import RunOptions, SandboxPolicy
 
 DIRECTIONS = ("d2h", "h2d", "d2d")
 #: 4 KiB .. 2 MiB, the block sizes KV caches use (a page of tokens x heads x head dim).
@@ -291,7 +292,7 @@ def _size_arg(text: str) -> int:
     return value
 
 
-def _measure(spec: dict[str, object]) -> dict[str, Any] | str:
+def _measure(spec: dict[str, object], policy: SandboxPolicy | None = None) -> dict[str, Any] | str:
     """Run the measuring child (a harness child, isolated like a cell); its result, or why none."""
     from cumatrix.judge.classify import classify
     from cumatrix.core.jobs import Job
@@ -303,7 +304,7 @@ def _measure(spec: dict[str, object]) -> dict[str, Any] | str:
               argv=(sys.executable, "-c",
                     "import sys; from cumatrix.front.calibrate import child_main; sys.exit(child_main(sys.argv[1:]))",
                     json.dumps(spec)))
-    res = run_local(job, base_env={k: v for k, v in os.environ.items() if k != "KVSWAP_POLICY"})
+    res = run_local(job, base_env={k: v for k, v in os.environ.items() if k != "KVSWAP_POLICY"}, policy=policy)
     if res.verdict is not None and res.verdict.outcome == "ok":
         return dict(res.verdict.data)
     observed = classify(res, kind="calibrate")
@@ -327,7 +328,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_table()
     spec = {"library": str(built.library), "directions": list(args.directions), "sizes": list(args.sizes),
             "counts": list(args.counts), "repetitions": args.repetitions}
-    result = _measure(spec)
+    result = _measure(spec, RunOptions.from_cli(args).policy)
     if isinstance(result, str):
         print(f"error: {result}", file=sys.stderr)
         return 1

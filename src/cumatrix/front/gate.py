@@ -46,7 +46,7 @@ from cumatrix.core.errors import CumatrixError, UsageError
 from cumatrix.core.jobs import Job
 from cumatrix.core.model import Case, Cell, CudaVersion, Driver, Expected, Matrix, Observed, Runtime
 from cumatrix.orchestrate import CellRun, Orchestrator, end_record, run_header
-from cumatrix.provision.cell import DEFAULT_TIMEOUT
+from cumatrix.core.options import DEFAULT_TIMEOUT, RunOptions, SandboxPolicy
 from cumatrix.core.record import CellRecord
 from cumatrix.report import load_records, progress_line, write_all
 from cumatrix.report.jsonout import dumps
@@ -252,7 +252,7 @@ def direct_references(wheel: Path) -> list[str]:
 
 
 def _pip_install(wheel: Path, target: Path, constraints: Path | None,
-                 wheel_dir: Path | None = None) -> tuple[int, str]:
+                 wheel_dir: Path | None = None, policy: SandboxPolicy | None = None) -> tuple[int, str]:
     argv = [sys.executable, "-m", "pip", "install", "--target", str(target), "--no-compile",
             "--disable-pip-version-check", "--no-input", "--no-warn-script-location", "-q"]
     if constraints is None:
@@ -268,8 +268,8 @@ def _pip_install(wheel: Path, target: Path, constraints: Path | None,
             argv += ["--no-index", "--find-links", str(wheel_dir)]  # nothing reaches the network
     argv.append(str(wheel))
     env = None
-    if constraints is None or wheel_dir is not None:  # offline: pip can run in the cells' sandbox
-        boxed = _sandboxed(argv, target, [p for p in (wheel, constraints) if p is not None], wheel_dir)
+    if policy is not None and (constraints is None or wheel_dir is not None):  # offline: in the cells' sandbox
+        boxed = _sandboxed(argv, target, [p for p in (wheel, constraints) if p is not None], wheel_dir, policy)
         if boxed is not None:
             argv, env = boxed
     try:
@@ -280,8 +280,8 @@ def _pip_install(wheel: Path, target: Path, constraints: Path | None,
     return proc.returncode, (proc.stderr or proc.stdout).strip()
 
 
-def _sandboxed(argv: list[str], target: Path, files: Sequence[Path],
-               wheel_dir: Path | None) -> tuple[list[str], dict[str, str]] | None:
+def _sandboxed(argv: list[str], target: Path, files: Sequence[Path], wheel_dir: Path | None,
+               policy: SandboxPolicy) -> tuple[list[str], dict[str, str]] | None:
     """``argv`` (pip) under the cells' sandbox, where the gate sandboxes its cells and bubblewrap
     runs: no network, the host read-only but for ``target``, and as a root harness's cells run
     (an unprivileged uid).  ``files`` (the wheel, the constraints) are copied beside ``target``
@@ -290,7 +290,6 @@ def _sandboxed(argv: list[str], target: Path, files: Sequence[Path],
     from cumatrix.core.jobs import Job
     from cumatrix.execute import sandbox
 
-    policy = sandbox.default_policy()
     if policy.sandbox == "off":
         return None
     bwrap, _why = sandbox.bubblewrap()
@@ -471,8 +470,9 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path], static: 
                              timeout=args.timeout)
     if not cells:
         raise UsageError(f"{matrix.path}: no runtime x driver pairing to run the wheels on")
-    orch = first = Orchestrator(matrix=matrix, backend=backend, wheel_dir=wheel_dir,
-                                timeout=args.timeout or DEFAULT_TIMEOUT, base_image=args.base_image)
+    opts = RunOptions.from_cli(args)
+    orch = first = Orchestrator(matrix=matrix, backend=backend, wheel_dir=wheel_dir, timeout=opts.timeout,
+                                base_image=args.base_image, policy=opts.policy)
     try:
         # The daemon must answer before any cell runs (its facts join the host fingerprint).
         fingerprint = orch.host_fingerprint()
@@ -483,7 +483,7 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path], static: 
         print(f"dynamic stage: {len(gws)} wheel{'s' if len(gws) != 1 else ''} x {npairs} "
               f"pairing{'s' if npairs != 1 else ''} of {matrix.path} ({backend} backend), "
               f"{len(cells)} cells; reports in {out}/", flush=True)
-        _install_wheels(args, gws, sites, hooks)
+        _install_wheels(args, gws, sites, hooks, opts.policy)
         store = Store.open(out, fresh=True)
         store.append(run_header(matrix, [c.id for c in cells], backend=backend,
                                 argv=_gate_argv(args), host=None, fingerprint=fingerprint,
@@ -509,7 +509,8 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path], static: 
     return 1 if failed else 0
 
 
-def _install_wheels(args: argparse.Namespace, gws: Sequence[GateWheel], sites: Path, hooks: GateHooks) -> None:
+def _install_wheels(args: argparse.Namespace, gws: Sequence[GateWheel], sites: Path, hooks: GateHooks,
+                    policy: SandboxPolicy) -> None:
     if sites.exists():
         shutil.rmtree(sites)
     for w in gws:
@@ -517,7 +518,7 @@ def _install_wheels(args: argparse.Namespace, gws: Sequence[GateWheel], sites: P
         how = f"with constraints {args.constraints}" if args.constraints else "without dependencies"
         print(f"installing {w.path.name} {how}", flush=True)
         rc, log = _pip_install(w.path, staged, args.constraints,
-                               Path(args.wheel_dir) if getattr(args, "wheel_dir", None) else None)
+                               Path(args.wheel_dir) if getattr(args, "wheel_dir", None) else None, policy)
         if rc != 0 and "is not a supported wheel on this platform" in log:
             # dist/*.whl often holds one wheel per Python version; each is run by a
             # matching interpreter, and the static audit above still covered this one.
@@ -724,11 +725,11 @@ def add_gate_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     p.add_argument("--json", action="store_true",
                    help="print one JSON document on stdout (static findings and the dynamic stage's "
                         "results.json; docs/json-output.md); the usual lines go to stderr")
-    from cumatrix.execute import sandbox
+    from cumatrix.front.flags import add_cli_options
     from cumatrix.front.history_cli import add_history_options
 
     add_history_options(p)
-    sandbox.add_cli_options(p, default="auto")
+    add_cli_options(p, default="auto")
     p.set_defaults(func=gate_main)
     return p
 
@@ -786,11 +787,7 @@ def gate_main(args: argparse.Namespace) -> int:
     args.gate_json = collected
     buf = io.StringIO()
     status: int
-    from cumatrix.execute import sandbox
-
-    previous = sandbox.set_default(None)
     with contextlib.ExitStack() as stack:
-        stack.callback(sandbox.set_default, previous)  # the gate's policy ends with the gate
         if as_json:
             stack.enter_context(contextlib.redirect_stdout(sys.stderr))
         elif quiet:
@@ -820,11 +817,9 @@ def gate_main(args: argparse.Namespace) -> int:
 
 
 def _gate(args: argparse.Namespace) -> int:
-    from cumatrix.execute import sandbox
+    from cumatrix.execute import spawn
 
-    sandbox.set_default(sandbox.policy(getattr(args, "sandbox", None), getattr(args, "pass_env", None),
-                                       getattr(args, "sandbox_write_limit", None)))
-    sandbox.harden(getattr(args, "pass_env", None) or ())
+    spawn.harden(RunOptions.from_cli(args).policy.pass_env)
     from cumatrix.core.cache import cache_root
 
     cache_root()  # this user's alone, or exit 3 before anything from it runs

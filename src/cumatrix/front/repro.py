@@ -25,6 +25,7 @@ from cumatrix import __version__
 from cumatrix.load.catalog import Bug, Catalog, load_catalog
 from cumatrix.core.errors import UsageError, did_you_mean
 from cumatrix.core.jobs import Job
+from cumatrix.core.options import RunOptions
 from cumatrix.core.model import NO_RUNTIME, Cell, CudaVersion, Kind, Matrix, is_neutral, is_ok, outcome_kind
 from cumatrix.execute.observe import ENFORCE_ENV, LOG_ENV
 from cumatrix.orchestrate import Orchestrator
@@ -408,7 +409,9 @@ def _runner(args: argparse.Namespace, m: Matrix) -> Orchestrator:
     wd = Path(args.wheel_dir) if args.wheel_dir else None
     if wd is not None and not wd.is_dir():
         raise UsageError(f"--wheel-dir {args.wheel_dir}: no such directory")
-    orch = Orchestrator(matrix=m, backend=args.backend, wheel_dir=wd, child_env=((MAPS_ENV, "1"),))
+    opts = RunOptions.from_cli(args)
+    orch = Orchestrator(matrix=m, backend=opts.backend, wheel_dir=wd, timeout=opts.timeout, policy=opts.policy,
+                        child_env=((MAPS_ENV, "1"),))
     _OPENED.append(orch)
     return orch
 
