@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from cumatrix.core.options import DEFAULT_TIMEOUT, NOBODY, WRITE_LIMIT, RunOptions, SandboxPolicy, sandbox_policy
+from cumatrix.core.options import (
+    DEFAULT_TIMEOUT,
+    NOBODY,
+    WRITE_LIMIT,
+    RunOptions,
+    SandboxPolicy,
+    sandbox_policy,
+)
 from cumatrix.front import cli
 
 
