@@ -57,4 +57,5 @@ def test_a_session_leaves_no_policy_behind(pytester: pytest.Pytester, wheel_cach
     res.assert_outcomes(passed=4)
     assert set(_sandboxes(out).values()) == {"bubblewrap"}
     after = run_local(Job(cell_id="after", kind="command", argv=("true",), timeout=30))
-    assert after.returncode == 0 and "sandbox" not in after.extra, after.extra
+    assert after.returncode == 0, after.stderr_tail
+    assert "sandbox" not in after.extra, after.extra

@@ -59,7 +59,8 @@ def test_the_environment_fills_what_no_option_gave() -> None:
            "CUMATRIX_WHEEL_DIR": "/wheels", "CUMATRIX_REQUIRE_GPU": "1"}
     opts = RunOptions.from_cli(_run_args(), env)
     assert opts.policy == SandboxPolicy(sandbox="auto", write_limit=64 << 20, uid=1234)
-    assert opts.wheel_dir == Path("/wheels") and opts.require_gpu
+    assert opts.wheel_dir == Path("/wheels")
+    assert opts.require_gpu
     # A flag wins over the environment.
     flagged = RunOptions.from_cli(_run_args("--no-sandbox", "--sandbox-write-limit", "4K", "--wheel-dir", "mine"), env)
     assert (flagged.policy.sandbox, flagged.policy.write_limit, flagged.wheel_dir) == ("off", 4096, Path("mine"))

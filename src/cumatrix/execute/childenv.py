@@ -1,5 +1,9 @@
 """A cell's environment (an allowlist of the harness's) and resource limits."""
 
+# Paths stay strings here on purpose (ruff's PTH rules off for this module): they are what
+# bwrap's argv, /proc and the kernel take, and this runs for every cell.
+# ruff: noqa: PTH118, PTH120
+
 from __future__ import annotations
 
 import fnmatch
@@ -122,10 +126,7 @@ def child_env(job: Job, *, base_env: Mapping[str, str] | None = None,
     policy = policy or sandbox_policy()
     harness = job.reports_verdict or job.kind in HARNESS_KINDS
     passed = tuple(policy.pass_env)
-    if base_env is None:
-        env = dict(_allowed_environ(harness, passed))
-    else:
-        env = _filtered(base_env, harness, passed)
+    env = dict(_allowed_environ(harness, passed)) if base_env is None else _filtered(base_env, harness, passed)
     if not harness and "PATH" in env:
         env["PATH"] = _without_harness_bin(env["PATH"])
         if job.harness_python:  # `python: harness`: asked for by the case, so first

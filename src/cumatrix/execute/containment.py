@@ -1,6 +1,10 @@
 """A cell is every process it starts: its cgroup (or the subreaper's sweep) ends them all, and a
 watcher per harness process ends what a dead harness left (docker containers included)."""
 
+# Paths stay strings here on purpose (ruff's PTH rules off for this module): they are what
+# bwrap's argv, /proc and the kernel take, and this runs for every cell.
+# ruff: noqa: PTH123, PTH208
+
 from __future__ import annotations
 
 import contextlib
@@ -146,10 +150,8 @@ class Containment:
         cg = None
         if self.group is not None:
             cg = self.group / f"c{seq}"
-            try:
+            with contextlib.suppress(FileExistsError):
                 cg.mkdir()
-            except FileExistsError:
-                pass
         return Scope(owner=self, marker=f"{self.token}/{seq}", cgroup=cg)
 
     def _closed(self) -> None:
@@ -229,10 +231,8 @@ def _kill_cgroup(group: Path, *, remove: bool) -> int:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if kill.exists():  # Linux >= 5.14: the kernel kills the whole subtree at once
-                try:
+                with contextlib.suppress(OSError):
                     kill.write_text("1")
-                except OSError:
-                    pass
             else:
                 _kill_listed(group)
             if "populated 0" in (group / "cgroup.events").read_text():
@@ -250,10 +250,8 @@ def _kill_listed(group: Path) -> None:
         except OSError:
             continue
         for pid in pids:
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(int(pid), signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 def _rmdir(path: Path) -> None:
@@ -463,10 +461,8 @@ def _remove_containers(names: list[str]) -> None:
     except docker.errors.DockerException:
         return
     for name in names:
-        try:
+        with contextlib.suppress(docker.errors.DockerException):
             client.containers.get(name).remove(force=True)
-        except docker.errors.DockerException:
-            pass
     client.close()
 
 

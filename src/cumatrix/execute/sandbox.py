@@ -37,6 +37,10 @@ Knobs: ``CUMATRIX_SANDBOX`` (off | auto | on; read by :mod:`cumatrix.core.option
 ``CUMATRIX_NO_SPAWN_SHIM=1`` (spawn through ``preexec_fn``, e.g. to measure the shim).
 """
 
+# Paths stay strings here on purpose (ruff's PTH rules off for this module): they are what
+# bwrap's argv, /proc and the kernel take, and this runs for every cell.
+# ruff: noqa: PTH101, PTH109, PTH110, PTH112, PTH113, PTH114, PTH115, PTH116, PTH120
+
 from __future__ import annotations
 
 import functools

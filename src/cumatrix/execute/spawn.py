@@ -1,6 +1,10 @@
 """The spawn of a cell's child: the compiled shim (or a ``preexec_fn``), and this harness's own
 hardening (not dumpable, no secrets, dies with its parent)."""
 
+# Paths stay strings here on purpose (ruff's PTH rules off for this module): they are what
+# bwrap's argv, /proc and the kernel take, and this runs for every cell.
+# ruff: noqa: PTH105, PTH123
+
 from __future__ import annotations
 
 import hashlib

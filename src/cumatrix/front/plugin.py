@@ -116,8 +116,8 @@ class MatrixFile(pytest.File):
         for cell in _matrix.cells(m):
             yield CellItem.from_parent(self, name=cell.id, cell=cell, matrix=m, line=lines.get(cell.runtime, 0))
 
-    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException],
-                     style: Any = None) -> Any:
+    # Node's signature; a Collector's own repr_failure takes no style.
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> Any:  # noqa: ARG002
         if isinstance(excinfo.value, MatrixError):
             return str(excinfo.value)
         return super().repr_failure(excinfo)
@@ -177,7 +177,7 @@ class CellItem(pytest.Item):
                      style: Any = None) -> Any:
         if isinstance(excinfo.value, CellMismatch):
             return format_failure(excinfo.value.record)
-        return super().repr_failure(excinfo)
+        return super().repr_failure(excinfo, style=style)
 
     def reportinfo(self) -> tuple[Path, int, str]:
         return self.path, self.line, f"cell {self.cell.id}"
@@ -242,7 +242,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+def pytest_collection_modifyitems(config: pytest.Config,
                                   items: list[pytest.Item]) -> Generator[None, None, None]:
     select_cells(config, items, CellItem)
     # A cumatrix run's cells use no fixtures, and the CLI passes no -k, -m or --deselect and
@@ -311,7 +311,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_runtestloop(session: pytest.Session) -> None:
+def pytest_runtestloop() -> None:
     # The cells are collected (an xdist controller collects none, and runs none: it is past
     # its start-up here all the same); what start-up made lives to the end of the run: frozen,
     # not walked again, and the collector runs for what the run makes from here on.
@@ -319,7 +319,7 @@ def pytest_runtestloop(session: pytest.Session) -> None:
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+def pytest_sessionfinish(session: pytest.Session) -> None:
     for orch in session.config.stash.get(_ORCHESTRATORS, {}).values():
         orch.cancel_ahead()  # a run stopped early (-x, --maxfail, Ctrl-C) ends the cell started next
 

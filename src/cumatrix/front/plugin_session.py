@@ -55,7 +55,7 @@ class _Progress:
     done: int = 0
 
 
-def _terminate_as_interrupt(signum: int, frame: FrameType | None) -> None:
+def _terminate_as_interrupt(signum: int, _frame: FrameType | None) -> None:
     raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
 
 
@@ -81,7 +81,7 @@ class RunSession:
         except CumatrixError as e:  # another run holds --out, or it cannot be written: say so, run nothing
             pytest.exit(f"cumatrix: {e}", returncode=e.exit_code)
 
-    def pytest_sessionstart(self, session: pytest.Session) -> None:
+    def pytest_sessionstart(self) -> None:
         config = self.config
         out = out_dir(config)
         if out is None:
@@ -131,7 +131,7 @@ class RunSession:
         if not quiet or stored["status"] == "fail":
             self._write(progress_text(prog.done, prog.total, prog.t0, stored))
 
-    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+    def pytest_sessionfinish(self, exitstatus: int) -> None:
         out = out_dir(self.config)
         store = self.store
         if out is None or store is None:
@@ -148,7 +148,7 @@ class RunSession:
         except CumatrixError as e:
             self._write(f"cumatrix: reports not written: {e}")
 
-    def pytest_terminal_summary(self, terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
         """The run's headline last: how many cells ran and why the others did not."""
         out = out_dir(config)
         if out is None or not (out / "results.jsonl").is_file() or options(config).reports_after:

@@ -91,8 +91,8 @@ class CellUnitScheduling:
             self._top_up(other)
         return crashed
 
-    def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:
-        """A worker finished a cell."""
+    def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:  # noqa: ARG002
+        """A worker finished a cell (how long it took does not change where the next unit goes)."""
         nodeid = self.collections[node][item_index]
         self.assigned[node][self.unit_of(nodeid)][nodeid] = True
         self._top_up(node)
