@@ -23,7 +23,9 @@ from typing import Protocol
 DEFAULT_TIMEOUT = 300.0
 #: Where ``cumatrix run`` (and ``pytest matrix.yaml``) write results and reports.
 DEFAULT_OUT = "out"
+#: ``--backend``: a child process per cell, or a container per cell.
 BACKENDS = ("local", "docker")
+DEFAULT_BACKEND = "local"
 #: ``--sandbox``: ``off``; ``auto`` (bubblewrap where it runs, else without, and the result
 #: says so); ``on`` (a cell fails with a harness error where bubblewrap cannot run).
 SANDBOX_MODES = ("off", "auto", "on")
@@ -152,7 +154,7 @@ class RunOptions:
     out: Path | None = None
     resume: bool = False
     wheel_dir: Path | None = None
-    backend: str = "local"
+    backend: str = DEFAULT_BACKEND
     timeout: float = DEFAULT_TIMEOUT
     base_image: str | None = None
     host: str | None = None
@@ -174,7 +176,7 @@ class RunOptions:
         return cls(
             out=_path(get("out")), resume=bool(get("resume")),
             wheel_dir=_path(get("wheel_dir") or env.get("CUMATRIX_WHEEL_DIR")),
-            backend=str(get("backend") or "local"),
+            backend=str(get("backend") or DEFAULT_BACKEND),
             timeout=float(str(timeout)) if timeout else DEFAULT_TIMEOUT,
             base_image=_text(get("base_image")), host=_text(get("host")),
             require_gpu=bool(get("require_gpu")) or env.get("CUMATRIX_REQUIRE_GPU", "") == "1",

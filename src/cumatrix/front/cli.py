@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +20,7 @@ from cumatrix.core.errors import (
     CumatrixError,
     UsageError,
 )
-from cumatrix.core.options import DEFAULT_OUT
+from cumatrix.core.options import DEFAULT_OUT, RunOptions
 from cumatrix.front.run_cmd import DEFAULT_MATRIX, add_run
 from cumatrix.front.run_cmd import matrix_arg as _matrix_arg
 
@@ -280,8 +279,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     matrix = Path(args.matrix) if args.matrix else (Path(DEFAULT_MATRIX) if Path(DEFAULT_MATRIX).is_file() else None)
     if matrix is not None and not matrix.is_file():
         raise UsageError(f"{matrix}: no such matrix file")
-    wheel_dir = args.wheel_dir or os.environ.get("CUMATRIX_WHEEL_DIR") or None
-    return doctor(as_json=args.json, matrix=matrix, wheel_dir=Path(wheel_dir) if wheel_dir else None,
+    return doctor(as_json=args.json, matrix=matrix, wheel_dir=RunOptions.from_cli(args).wheel_dir,
                   require=args.require, version=__version__)
 
 

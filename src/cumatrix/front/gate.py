@@ -46,7 +46,7 @@ from cumatrix.core.errors import CumatrixError, UsageError
 from cumatrix.core.jobs import Job
 from cumatrix.core.model import Case, Cell, CudaVersion, Driver, Expected, Matrix, Observed, Runtime
 from cumatrix.orchestrate import CellRun, Orchestrator, end_record, run_header
-from cumatrix.core.options import DEFAULT_TIMEOUT, RunOptions, SandboxPolicy
+from cumatrix.core.options import BACKENDS, DEFAULT_BACKEND, DEFAULT_TIMEOUT, RunOptions, SandboxPolicy
 from cumatrix.core.record import CellRecord
 from cumatrix.report import load_records, progress_line, write_all
 from cumatrix.report.jsonout import dumps
@@ -707,7 +707,7 @@ def add_gate_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     p.add_argument("--constraints", type=Path, default=None, metavar="FILE",
                    help=("install the wheel with its dependencies under these pip constraints, "
                          "instead of alone (--no-deps)"))
-    p.add_argument("--backend", choices=("local", "docker"), default="local",
+    p.add_argument("--backend", choices=BACKENDS, default=DEFAULT_BACKEND,
                    help=("local: a child process per cell (default); docker: a container per "
                          "cell, no network, the install mounted read-only"))
     p.add_argument("--base-image", default=None, metavar="IMAGE",

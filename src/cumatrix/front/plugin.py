@@ -22,7 +22,7 @@ import pytest
 from cumatrix.core.cache import WHEEL_DIR_ENV
 from cumatrix.core.errors import ConfigError
 from cumatrix.core.model import Cell, Matrix
-from cumatrix.core.options import DEFAULT_OUT, DEFAULT_TIMEOUT, RunOptions
+from cumatrix.core.options import BACKENDS, DEFAULT_BACKEND, DEFAULT_OUT, DEFAULT_TIMEOUT, RunOptions
 from cumatrix.core.record import CellRecord
 from cumatrix.front import schedule as _schedule
 from cumatrix.front.flags import add_pytest_options
@@ -51,7 +51,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="run only the cells that --cumatrix-out/results.jsonl does not hold yet")
     g.addoption("--cumatrix-wheel-dir", metavar="DIR", default=None,
                 help="take runtime wheels from DIR (no network); default $CUMATRIX_WHEEL_DIR")
-    g.addoption("--cumatrix-backend", choices=("local", "docker"), default="local",
+    g.addoption("--cumatrix-backend", choices=BACKENDS, default=DEFAULT_BACKEND,
                 help="local: one child process per cell; docker: one container per cell")
     g.addoption("--cumatrix-timeout", type=float, default=None, metavar="S",
                 help=f"seconds before a cell's process group is killed (default {DEFAULT_TIMEOUT:.0f})")

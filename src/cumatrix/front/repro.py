@@ -25,7 +25,7 @@ from cumatrix import __version__
 from cumatrix.load.catalog import Bug, Catalog, load_catalog
 from cumatrix.core.errors import UsageError, did_you_mean
 from cumatrix.core.jobs import Job
-from cumatrix.core.options import RunOptions
+from cumatrix.core.options import BACKENDS, DEFAULT_BACKEND, RunOptions
 from cumatrix.core.model import NO_RUNTIME, Cell, CudaVersion, Kind, Matrix, is_neutral, is_ok, outcome_kind
 from cumatrix.execute.observe import ENFORCE_ENV, LOG_ENV
 from cumatrix.orchestrate import Orchestrator
@@ -604,7 +604,7 @@ def add_repro_parser(sub: Any) -> None:
     p.add_argument("--all", action="store_true", help="run every catalog entry, one report each")
     p.add_argument("--allow-missing", action="store_true",
                    help="--all: exit 0 even when some entries could not run on this host")
-    p.add_argument("--backend", choices=("local", "docker"), default="local")
+    p.add_argument("--backend", choices=BACKENDS, default=DEFAULT_BACKEND)
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"reports go here (default: {DEFAULT_OUT}/)")
     p.add_argument("--wheel-dir", metavar="DIR", help="take runtime wheels from DIR; no network")
     p.set_defaults(func=cmd_repro)

@@ -16,7 +16,7 @@ from cumatrix.core.errors import (
     EnvironmentProblem,
     UsageError,
 )
-from cumatrix.core.options import DEFAULT_OUT, DEFAULT_TIMEOUT, RunOptions
+from cumatrix.core.options import BACKENDS, DEFAULT_BACKEND, DEFAULT_OUT, DEFAULT_TIMEOUT, RunOptions
 
 DEFAULT_MATRIX = "matrix.yaml"
 
@@ -328,7 +328,7 @@ def add_run(sub: Any) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Run every cell of a matrix in its own process (or container) and judge it.")
     p.add_argument("matrix", nargs="?", help="matrix file (default: matrix.yaml)")
-    p.add_argument("--backend", choices=("local", "docker"), default="local",
+    p.add_argument("--backend", choices=BACKENDS, default=DEFAULT_BACKEND,
                    help="local: a child process per cell (default); docker: a container per cell")
     p.add_argument("-k", dest="keyword", metavar="EXPR", help="only cells whose id matches EXPR (pytest -k syntax)")
     p.add_argument("-n", dest="numprocesses", metavar="N", help="run N cells at a time (pytest-xdist; 'auto' = one per core)")
