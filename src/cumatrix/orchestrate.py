@@ -29,6 +29,7 @@ from cumatrix.audit.static import runtime_introductions
 from cumatrix.core.errors import CumatrixError
 from cumatrix.core.jobs import ChildResult, Job
 from cumatrix.core.model import NO_RUNTIME, Cell, Expected, Matrix, Observed
+from cumatrix.core.options import DEFAULT_TIMEOUT, SandboxPolicy
 from cumatrix.core.record import CellRecord, Status
 from cumatrix.execute import observe
 from cumatrix.execute.cellaudit import Audit, CellAuditor
@@ -36,7 +37,7 @@ from cumatrix.execute.local import LocalChild, SpawnMode, run_local, start_local
 from cumatrix.judge.classify import classify, harness_error, not_run, with_audit
 from cumatrix.judge.verdict import Facts, decide_child, judge, utcnow
 from cumatrix.predict import oracle
-from cumatrix.provision.cell import DEFAULT_TIMEOUT, Provisioner, Settings
+from cumatrix.provision.cell import Provisioner, Settings
 from cumatrix.provision.facts import NotRun
 
 if TYPE_CHECKING:
@@ -96,6 +97,8 @@ class Orchestrator:
     require_gpu: bool = False
     hooks: CellHooks | None = None
     child_env: tuple[tuple[str, str], ...] = ()
+    #: What a local cell's child sees of the host (the run's options; None: the environment's).
+    policy: SandboxPolicy | None = None
     _host_fp: dict[str, object] | None = None
     _docker: DockerBackend | None = None
     _provisioner: Provisioner | None = field(default=None, repr=False)
@@ -173,7 +176,7 @@ class Orchestrator:
         """Stage three: run the job's child on the backend."""
         if self.backend == "docker":
             return self.docker().run_job(job)
-        return run_local(job)
+        return run_local(job, policy=self.policy)
 
     def run(self, cell: Cell, *, then: Cell | None = None) -> CellRun:
         """Run one cell through every stage; never raises for the cell's own failure.
@@ -226,7 +229,7 @@ class Orchestrator:
         if turn.child is None and turn.job is not None and turn.not_run is None and self.backend == "local":
             if turn.ahead:  # its clock starts now, as if it had been made ready just before
                 turn.started, turn.t0 = utcnow(), time.monotonic() - turn.ready_s
-            turn.child = start_local(turn.job)
+            turn.child = start_local(turn.job, policy=self.policy)
         return turn.child
 
     def _conclude(self, turn: _Turn, child: ChildResult | None) -> CellRun:
@@ -339,25 +342,25 @@ class ChildRun:
 
 
 def run_child(job: Job, expected: Expected, *, mode: SpawnMode = "cell",
-              base_env: dict[str, str] | None = None) -> ChildRun:
+              base_env: dict[str, str] | None = None, policy: SandboxPolicy | None = None) -> ChildRun:
     """Run ``job`` (no cell of a matrix) as a cell's child is run, and judge it against ``expected``.
 
     The execute stage spawns it (environment allowlist, limits, sandbox policy, timeout,
     containment of its whole tree); ``mode="debugger"`` is a debugger's run, untraced by the
     kernel tracer (its result says so).  :func:`~cumatrix.judge.classify.classify` names its
     outcome and :func:`~cumatrix.judge.verdict.decide_child` decides pass or fail."""
-    child = run_local(job, base_env=base_env, mode=mode)
+    child = run_local(job, base_env=base_env, mode=mode, policy=policy)
     observed = classify(child, kind=job.kind)
     verdict = decide_child(expected, observed)
     return ChildRun(child=child, observed=verdict.observed, status=verdict.status, mismatch=verdict.mismatch)
 
 
-def run_debugger(job: Job) -> ChildResult:
+def run_debugger(job: Job, *, policy: SandboxPolicy | None = None) -> ChildResult:
     """Run ``job``, whose program is a debugger leading the tree (``repro``'s ``gdb -batch``),
     as a cell's child is run but untraced by the kernel tracer (``mode="debugger"``): the
     result's ``extra["evidence"]`` says its evidence is the debugger's run.  What it shows is
     a report's evidence, not an outcome: nothing judges it."""
-    return run_local(job, mode="debugger")
+    return run_local(job, mode="debugger", policy=policy)
 
 
 def run_header(matrix: Matrix, cell_ids: list[str], *, backend: str, argv: list[str], host: str | None,

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from cumatrix.core.jobs import Job
-from cumatrix.execute import sandbox
+from cumatrix.execute import sandbox, spawn
 from cumatrix.execute.local import run_local
 from cumatrix.execute.sandbox import Policy
 from cumatrix.judge.classify import classify
@@ -166,7 +166,7 @@ def test_spawn_without_a_compiler_still_contains(tmp_path: Path, monkeypatch: py
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("CUMATRIX_CACHE", raising=False)
-    monkeypatch.setattr(sandbox, "_SHIM", {})
+    monkeypatch.setattr(spawn, "_SHIM", {})
     assert sandbox.spawn_shim() is None
     pidfile = tmp_path / "daemon.pid"
     res = run_local(Job(cell_id="t", kind="command", argv=(PY, "-c", DAEMON, str(pidfile)), timeout=30))

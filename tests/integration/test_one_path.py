@@ -96,11 +96,7 @@ def test_the_debugger_run_is_sandboxed(token: str, tmp_path: Path) -> None:
     secret = tmp_path / "host-secret"
     secret.write_text("not for the cell")
     probe = (f"print('uid=%d visible=%s' % (os.getuid(), os.path.exists({str(secret)!r})), flush=True)")
-    previous = sandbox.set_default(sandbox.Policy(sandbox="on"))
-    try:
-        native = gdb_backtrace(_crash_job(token, probe))
-    finally:
-        sandbox.set_default(previous)
+    native = gdb_backtrace(_crash_job(token, probe), policy=sandbox.Policy(sandbox="on"))
     assert native.spawn is not None
     assert native.spawn["sandbox"] == "bubblewrap", native
     assert "Program received signal SIGSEGV" in native.backtrace, native.note
@@ -155,7 +151,7 @@ def test_the_installer_is_contained_and_timed(token: str, tmp_path: Path) -> Non
     code = (f"import subprocess, time\nsubprocess.Popen([{PYTHON!r}, '-c', 'import time; time.sleep(300)', "
             f"{token!r}])\ntime.sleep(600)")
     t0 = time.monotonic()
-    rc, why = run_installer([PYTHON, "-c", code, token], target=tmp_path / "site", inputs=[], wheel_dir=None,
+    rc, why = run_installer([PYTHON, "-c", code, token], target=tmp_path / "site", inputs=[], wheel_dir=None, policy=None,
                             sandboxable=False, timeout=2)
     assert rc == 124
     assert why.startswith("pip install did not finish in "), why

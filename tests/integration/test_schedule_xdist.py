@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -59,3 +60,31 @@ def test_few_groups_use_plain_load(pytester: pytest.Pytester, wheel_cache: Path,
     assert res.ret == 0, res.stdout.str()
     assert "scheduling tests via LoadScheduling" in res.stdout.str()
     assert len(_workers(res)) == 3
+
+
+#: Kills the xdist worker (not the cell's child: the worker itself) as it starts one cell.
+CRASH_CONFTEST = '''
+import os
+
+def pytest_runtest_call(item):
+    if item.name == "cu12.9/emulated-12.3/c1" and hasattr(item.config, "workerinput"):
+        os._exit(3)
+'''
+
+
+def test_a_crashed_worker_costs_no_other_cell(pytester: pytest.Pytester, wheel_cache: Path,
+                                              monkeypatch: pytest.MonkeyPatch, cli_env: Any) -> None:
+    """Units are handed out whole; when a worker dies mid-unit, xdist reports the cell it was
+    running as failed, and every other cell (the rest of that unit too) still runs."""
+    (pytester.path / "conftest.py").write_text(CRASH_CONFTEST)
+    res = _run(pytester, monkeypatch, cli_env, _matrix(DRIVERS))
+    text = res.stdout.str()
+    assert "scheduling tests via CellUnitScheduling" in text
+    assert re.search(r"worker 'gw\d' crashed while running 'matrix.yaml::cu12.9/emulated-12.3/c1'", text), text
+    outcomes = res.parseoutcomes()
+    assert outcomes.get("failed") == 1, text
+    assert outcomes.get("passed", 0) + outcomes.get("skipped", 0) == len(DRIVERS) * 3 - 1, text
+    ran = set(_workers(res)) - {"cu12.9/emulated-12.3/c1"}  # the crash has a FAILED line of its own
+    assert len(ran) == len(DRIVERS) * 3 - 1
+    stored = [json.loads(line) for line in (pytester.path / "out" / "results.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in stored if r["type"] == "cell") == sorted(ran)

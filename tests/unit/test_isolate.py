@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from cumatrix.core.jobs import Job
+from cumatrix.core.options import sandbox_policy
 from cumatrix.execute import sandbox
 from cumatrix.execute.local import KEEP_HEAD, KEEP_TAIL, run_local
 from cumatrix.execute.protocol import parse
@@ -267,7 +268,7 @@ def test_bwrap_binds_only_what_the_cell_names_and_no_host_socket_directory(tmp_p
     assert " /run" not in text
     assert "--ro-bind /proc/sys /proc/sys" in text
     assert "--remount-ro /dev" in text
-    assert f"--size {sandbox.default_policy().write_limit} --tmpfs /tmp" in text
+    assert f"--size {sandbox_policy().write_limit} --tmpfs /tmp" in text
     # The outermost directory is bound once, read-only; what lies inside it comes along.
     assert f"--ro-bind {tmp_path} {tmp_path}" in text
     assert f"--ro-bind {lib} {lib}" not in text

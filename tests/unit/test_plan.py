@@ -7,13 +7,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
-from _pytest.mark.expression import Expression
 
 from cumatrix.core.errors import ConfigError
 from cumatrix.core.model import CudaVersion
 from cumatrix.front import cli
 from cumatrix.front.plan import github_matrix, plan
 from cumatrix.load import matrix as _matrix
+from cumatrix.load.keyword import KeywordExpression
 from cumatrix.predict.oracle import cuda_for_driver
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hosts.yaml"
@@ -21,13 +21,12 @@ HOSTS = {"h200-580": ("580.159", "gpu-h200"), "a100-550": ("550.163", "gpu-a100"
 
 
 def selected(k: str, ids: Iterable[str], parents: tuple[str, ...]) -> set[str]:
-    """The ids ``-k k`` selects, matched as pytest's KeywordMatcher does.
-
-    pytest compares each name in the item's chain (the item, its file, the directories
-    above it) case-insensitively by substring; a cell item is named by its cell id.
-    """
-    expr = Expression.compile(k)
-    return {i for i in ids if expr.evaluate(lambda s, _i=i: any(s.lower() in n.lower() for n in (_i, *parents)))}
+    """The ids ``-k k`` selects, matched as ``cumatrix run -k`` matches them (the plugin's
+    KeywordExpression, held to pytest's own -k semantics by tests/unit/test_keyword.py):
+    each name in the item's chain (the item, its file, the directories above it) is compared
+    case-insensitively by substring; a cell item is named by its cell id."""
+    expr = KeywordExpression.compile(k)
+    return {i for i in ids if expr.matches(i, *parents)}
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -50,7 +49,7 @@ def test_github_format_has_one_entry_per_host_with_runner_and_k() -> None:
         assert e["runner"] == HOSTS[e["host"]][1]
         assert isinstance(e["k"], str)
         assert e["k"]
-        Expression.compile(e["k"])  # a valid -k expression
+        KeywordExpression.compile(e["k"])  # a valid -k expression
 
 
 def test_each_emulated_driver_runs_once_on_a_host_able_to_emulate_it() -> None:

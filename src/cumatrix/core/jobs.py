@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from cumatrix.core.options import DEFAULT_TIMEOUT
 from cumatrix.core.witness import KernelTrace
 
 
@@ -34,7 +35,7 @@ class Job:
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...] = ()
     lib_path: tuple[str, ...] = ()  # prepended to LD_LIBRARY_PATH, in order
-    timeout: float = 120.0
+    timeout: float = DEFAULT_TIMEOUT
     mounts: tuple[str, ...] = ()  # host paths the child reads (docker mounts them read-only)
     writable: tuple[str, ...] = ()  # host paths the child writes (docker mounts them read-write)
     runtime_name: str = ""

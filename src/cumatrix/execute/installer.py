@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cumatrix.core.jobs import Job
+from cumatrix.core.options import SandboxPolicy
 from cumatrix.execute import sandbox
 
 #: Seconds an install may take (a large wheel with its dependencies, from an index).
@@ -25,14 +26,15 @@ INSTALL_TIMEOUT = 1800
 
 
 def run_installer(argv: list[str], *, target: Path, inputs: Sequence[Path], wheel_dir: Path | None,
-                  sandboxable: bool, timeout: float = INSTALL_TIMEOUT) -> tuple[int, str]:
+                  sandboxable: bool, policy: SandboxPolicy | None,
+                  timeout: float = INSTALL_TIMEOUT) -> tuple[int, str]:
     """Run the installer ``argv`` (writing ``target``); its exit status and its message.
 
     ``inputs`` (the wheel, the constraints) are what it reads; ``sandboxable``: the install
-    needs no network, so it may run in the cells' sandbox."""
+    needs no network, so it may run in the cells' sandbox (``policy``'s; none: on the host)."""
     env = None
-    if sandboxable:
-        boxed = _sandboxed(argv, target, inputs, wheel_dir)
+    if sandboxable and policy is not None:
+        boxed = _sandboxed(argv, target, inputs, wheel_dir, policy)
         if boxed is not None:
             argv, env = boxed
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -54,14 +56,13 @@ def _kill_group(proc: subprocess.Popen[str], *, quiet: bool = False) -> None:
         proc.communicate()
 
 
-def _sandboxed(argv: list[str], target: Path, files: Sequence[Path],
-               wheel_dir: Path | None) -> tuple[list[str], dict[str, str]] | None:
+def _sandboxed(argv: list[str], target: Path, files: Sequence[Path], wheel_dir: Path | None,
+               policy: SandboxPolicy) -> tuple[list[str], dict[str, str]] | None:
     """``argv`` (pip) under the cells' sandbox, where the gate sandboxes its cells and bubblewrap
     runs: no network, the host read-only but for ``target``, and as a root harness's cells run
     (an unprivileged uid).  ``files`` (the wheel, the constraints) are copied beside ``target``
     where that uid reads them.  None where there is no sandbox to use, or (as root) a
     ``wheel_dir`` that uid may not read: pip then runs on the host, wheels only, as before."""
-    policy = sandbox.default_policy()
     if policy.sandbox == "off":
         return None
     bwrap, _why = sandbox.bubblewrap()

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from cumatrix.core.cache import default_table
+from cumatrix.core.options import RunOptions, SandboxPolicy
 
 DIRECTIONS = ("d2h", "h2d", "d2d")
 #: 4 KiB .. 2 MiB, the block sizes KV caches use (a page of tokens x heads x head dim).
@@ -291,7 +292,7 @@ def _size_arg(text: str) -> int:
     return value
 
 
-def _measure(spec: dict[str, object]) -> dict[str, Any] | str:
+def _measure(spec: dict[str, object], policy: SandboxPolicy | None = None) -> dict[str, Any] | str:
     """Run the measuring child (a harness child, spawned and contained like a cell through the
     orchestrator); its result, or why none.  The judge decides whether it measured: its outcome
     must be what the oracle expects of it (``ok``)."""
@@ -307,7 +308,7 @@ def _measure(spec: dict[str, object]) -> dict[str, Any] | str:
                     "import sys; from cumatrix.front.calibrate import child_main; sys.exit(child_main(sys.argv[1:]))",
                     json.dumps(spec)))
     ran = run_child(job, expect_tool("calibrate"),
-                    base_env={k: v for k, v in os.environ.items() if k != "KVSWAP_POLICY"})
+                    base_env={k: v for k, v in os.environ.items() if k != "KVSWAP_POLICY"}, policy=policy)
     if ran.status == "pass":
         return dict(ran.observed.data)
     observed = ran.observed
@@ -331,7 +332,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     out = Path(args.out) if args.out else default_table()
     spec = {"library": str(built.library), "directions": list(args.directions), "sizes": list(args.sizes),
             "counts": list(args.counts), "repetitions": args.repetitions}
-    result = _measure(spec)
+    result = _measure(spec, RunOptions.from_cli(args).policy)
     if isinstance(result, str):
         print(f"error: {result}", file=sys.stderr)
         return 1

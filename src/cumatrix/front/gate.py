@@ -43,7 +43,7 @@ from cumatrix.front.gate_dynamic import (
 )
 from cumatrix.load import matrix as _matrix
 from cumatrix.provision import runtimes
-from cumatrix.provision.cell import DEFAULT_TIMEOUT
+from cumatrix.core.options import BACKENDS, DEFAULT_BACKEND, DEFAULT_TIMEOUT, RunOptions
 from cumatrix.report.jsonout import dumps
 
 #: What the gate's callers and tests use of the dynamic stage, named here as before.
@@ -214,7 +214,7 @@ def add_gate_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     p.add_argument("--constraints", type=Path, default=None, metavar="FILE",
                    help=("install the wheel with its dependencies under these pip constraints, "
                          "instead of alone (--no-deps)"))
-    p.add_argument("--backend", choices=("local", "docker"), default="local",
+    p.add_argument("--backend", choices=BACKENDS, default=DEFAULT_BACKEND,
                    help=("local: a child process per cell (default); docker: a container per "
                          "cell, no network, the install mounted read-only"))
     p.add_argument("--base-image", default=None, metavar="IMAGE",
@@ -232,11 +232,11 @@ def add_gate_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
     p.add_argument("--json", action="store_true",
                    help="print one JSON document on stdout (static findings and the dynamic stage's "
                         "results.json; docs/json-output.md); the usual lines go to stderr")
-    from cumatrix.execute import sandbox
+    from cumatrix.front.flags import add_cli_options
     from cumatrix.front.history_cli import add_history_options
 
     add_history_options(p)
-    sandbox.add_cli_options(p, default="auto")
+    add_cli_options(p, default="auto")
     p.set_defaults(func=gate_main)
     return p
 
@@ -294,11 +294,7 @@ def gate_main(args: argparse.Namespace) -> int:
     args.gate_json = collected
     buf = io.StringIO()
     status: int
-    from cumatrix.execute import sandbox
-
-    previous = sandbox.set_default(None)
     with contextlib.ExitStack() as stack:
-        stack.callback(sandbox.set_default, previous)  # the gate's policy ends with the gate
         if as_json:
             stack.enter_context(contextlib.redirect_stdout(sys.stderr))
         elif quiet:
@@ -328,11 +324,9 @@ def gate_main(args: argparse.Namespace) -> int:
 
 
 def _gate(args: argparse.Namespace) -> int:
-    from cumatrix.execute import sandbox
+    from cumatrix.execute import spawn
 
-    sandbox.set_default(sandbox.policy(getattr(args, "sandbox", None), getattr(args, "pass_env", None),
-                                       getattr(args, "sandbox_write_limit", None)))
-    sandbox.harden(getattr(args, "pass_env", None) or ())
+    spawn.harden(RunOptions.from_cli(args).policy.pass_env)
     from cumatrix.core.cache import cache_root
 
     cache_root()  # this user's alone, or exit 3 before anything from it runs

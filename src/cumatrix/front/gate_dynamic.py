@@ -36,7 +36,7 @@ from cumatrix.orchestrate import CellRun, Orchestrator, end_record, run_header
 from cumatrix.predict import oracle
 from cumatrix.predict.oracle import unsupported_pairing
 from cumatrix.provision import runtimes
-from cumatrix.provision.cell import DEFAULT_TIMEOUT
+from cumatrix.core.options import DEFAULT_TIMEOUT, RunOptions, SandboxPolicy
 from cumatrix.provision.facts import NotRun
 from cumatrix.report import load_records, progress_line, write_all
 from cumatrix.report.jsonout import dumps
@@ -225,7 +225,7 @@ def direct_references(wheel: Path) -> list[str]:
 
 
 def _pip_install(wheel: Path, target: Path, constraints: Path | None,
-                 wheel_dir: Path | None = None) -> tuple[int, str]:
+                 wheel_dir: Path | None = None, policy: SandboxPolicy | None = None) -> tuple[int, str]:
     argv = [sys.executable, "-m", "pip", "install", "--target", str(target), "--no-compile",
             "--disable-pip-version-check", "--no-input", "--no-warn-script-location", "-q"]
     if constraints is None:
@@ -242,7 +242,7 @@ def _pip_install(wheel: Path, target: Path, constraints: Path | None,
     argv.append(str(wheel))
     offline = constraints is None or wheel_dir is not None  # then pip can run in the cells' sandbox
     return run_installer(argv, target=target, inputs=[p for p in (wheel, constraints) if p is not None],
-                         wheel_dir=wheel_dir, sandboxable=offline)
+                         wheel_dir=wheel_dir, sandboxable=offline, policy=policy)
 
 
 def _link_tree(src: Path, dst: Path) -> None:
@@ -373,8 +373,9 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path], static: 
                              timeout=args.timeout)
     if not cells:
         raise UsageError(f"{matrix.path}: no runtime x driver pairing to run the wheels on")
-    orch = first = Orchestrator(matrix=matrix, backend=backend, wheel_dir=wheel_dir,
-                                timeout=args.timeout or DEFAULT_TIMEOUT, base_image=args.base_image)
+    opts = RunOptions.from_cli(args)
+    orch = first = Orchestrator(matrix=matrix, backend=backend, wheel_dir=wheel_dir, timeout=opts.timeout,
+                                base_image=args.base_image, policy=opts.policy)
     try:
         # The daemon must answer before any cell runs (its facts join the host fingerprint).
         fingerprint = orch.host_fingerprint()
@@ -385,7 +386,7 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path], static: 
         print(f"dynamic stage: {len(gws)} wheel{'s' if len(gws) != 1 else ''} x {npairs} "
               f"pairing{'s' if npairs != 1 else ''} of {matrix.path} ({backend} backend), "
               f"{len(cells)} cells; reports in {out}/", flush=True)
-        _install_wheels(args, gws, sites, hooks)
+        _install_wheels(args, gws, sites, hooks, opts.policy)
         store = Store.open(out, fresh=True)
         store.append(run_header(matrix, [c.id for c in cells], backend=backend,
                                 argv=_gate_argv(args), host=None, fingerprint=fingerprint,
@@ -411,7 +412,8 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path], static: 
     return 1 if failed else 0
 
 
-def _install_wheels(args: argparse.Namespace, gws: Sequence[GateWheel], sites: Path, hooks: GateHooks) -> None:
+def _install_wheels(args: argparse.Namespace, gws: Sequence[GateWheel], sites: Path, hooks: GateHooks,
+                    policy: SandboxPolicy) -> None:
     if sites.exists():
         shutil.rmtree(sites)
     for w in gws:
@@ -419,7 +421,7 @@ def _install_wheels(args: argparse.Namespace, gws: Sequence[GateWheel], sites: P
         how = f"with constraints {args.constraints}" if args.constraints else "without dependencies"
         print(f"installing {w.path.name} {how}", flush=True)
         rc, log = _pip_install(w.path, staged, args.constraints,
-                               Path(args.wheel_dir) if getattr(args, "wheel_dir", None) else None)
+                               Path(args.wheel_dir) if getattr(args, "wheel_dir", None) else None, policy)
         if rc != 0 and "is not a supported wheel on this platform" in log:
             # dist/*.whl often holds one wheel per Python version; each is run by a
             # matching interpreter, and the static audit above still covered this one.

@@ -21,6 +21,7 @@ from typing import Any
 from cumatrix.child.swapcell import MAPS_ENV
 from cumatrix.core.errors import UsageError, did_you_mean
 from cumatrix.core.jobs import Job
+from cumatrix.core.options import BACKENDS, DEFAULT_BACKEND, RunOptions
 from cumatrix.core.model import NO_RUNTIME, Cell, CudaVersion, Kind, Matrix, is_neutral, is_ok, outcome_kind
 from cumatrix.execute.observe import ENFORCE_ENV, LOG_ENV
 from cumatrix.front.repro_native import GDB_TIMEOUT_EXTRA, NativeTrace, find_debugger, gdb_backtrace, parse_maps
@@ -101,7 +102,7 @@ def run_one(runner: Orchestrator, cell: Cell) -> CellRun:
             native = NativeTrace(tool=None, backtrace="", libraries="", maps=(),
                                  note="docker backend: the image carries no gdb; fallback to the faulthandler stack only")
         elif job is not None:
-            native = gdb_backtrace(job)
+            native = gdb_backtrace(job, policy=runner.policy)
     return CellRun(cell=cell, record=record, command=command, native=native, build_log=build_log)
 
 
@@ -160,7 +161,9 @@ def _runner(args: argparse.Namespace, m: Matrix) -> Orchestrator:
     wd = Path(args.wheel_dir) if args.wheel_dir else None
     if wd is not None and not wd.is_dir():
         raise UsageError(f"--wheel-dir {args.wheel_dir}: no such directory")
-    orch = Orchestrator(matrix=m, backend=args.backend, wheel_dir=wd, child_env=((MAPS_ENV, "1"),))
+    opts = RunOptions.from_cli(args)
+    orch = Orchestrator(matrix=m, backend=opts.backend, wheel_dir=wd, timeout=opts.timeout, policy=opts.policy,
+                        child_env=((MAPS_ENV, "1"),))
     _OPENED.append(orch)
     return orch
 
@@ -349,7 +352,7 @@ def add_repro_parser(sub: Any) -> None:
     p.add_argument("--all", action="store_true", help="run every catalog entry, one report each")
     p.add_argument("--allow-missing", action="store_true",
                    help="--all: exit 0 even when some entries could not run on this host")
-    p.add_argument("--backend", choices=("local", "docker"), default="local")
+    p.add_argument("--backend", choices=BACKENDS, default=DEFAULT_BACKEND)
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"reports go here (default: {DEFAULT_OUT}/)")
     p.add_argument("--wheel-dir", metavar="DIR", help="take runtime wheels from DIR; no network")
     p.set_defaults(func=cmd_repro)

@@ -18,6 +18,7 @@ from pathlib import Path
 from cumatrix.child.swapcell import MAPS_BEGIN, MAPS_END, MAPS_ENV
 from cumatrix.core.jobs import ChildResult, Job
 from cumatrix.execute.observe import LOG_ENV
+from cumatrix.core.options import SandboxPolicy
 from cumatrix.orchestrate import run_debugger
 
 #: Seconds the debugger's run may take beyond the cell's own timeout (gdb loads symbols).
@@ -79,7 +80,8 @@ def debugger_job(job: Job, gdb: str, *, extra_s: float = GDB_TIMEOUT_EXTRA) -> J
                    writable=tuple(w for w in job.writable if Path(w).exists()))
 
 
-def gdb_backtrace(job: Job, *, gdb: str | None = None, extra_s: float = GDB_TIMEOUT_EXTRA) -> NativeTrace:
+def gdb_backtrace(job: Job, *, gdb: str | None = None, extra_s: float = GDB_TIMEOUT_EXTRA,
+                  policy: SandboxPolicy | None = None) -> NativeTrace:
     """Re-run ``job`` under ``gdb -batch`` through the execute stage (:func:`debugger_job`)."""
     gdb = gdb or find_debugger()
     if gdb is None:
@@ -87,7 +89,7 @@ def gdb_backtrace(job: Job, *, gdb: str | None = None, extra_s: float = GDB_TIME
                            note="neither gdb nor cuda-gdb is installed: fallback to the faulthandler (Python) stack only")
     tool = Path(gdb).name
     djob = debugger_job(job, gdb, extra_s=extra_s)
-    res = run_debugger(djob)
+    res = run_debugger(djob, policy=policy)
     spawn: dict[str, object] = {k: res.extra[k] for k in ("sandbox", "containment", "evidence", "killed_after") if k in res.extra}
     log = res.stdout_tail + "\n" + res.stderr_tail
     if res.timed_out:

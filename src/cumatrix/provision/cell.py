@@ -19,6 +19,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cumatrix.core.options import DEFAULT_TIMEOUT
 from cumatrix.core.cache import default_table
 from cumatrix.core.errors import CumatrixError
 from cumatrix.core.jobs import Job
@@ -30,7 +31,6 @@ from cumatrix.provision.facts import NotRun
 
 #: The directory holding the ``cumatrix`` package: a harness child's ``PYTHONPATH``.
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
-DEFAULT_TIMEOUT = 300.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -1,0 +1,52 @@
+"""The sandbox's flags, on the CLI's subcommands (``--sandbox``, ...) and on pytest
+(``--cumatrix-sandbox``, ...): their names, help and parsing.  What they mean is
+:func:`cumatrix.core.options.sandbox_policy`'s to decide, through
+:class:`~cumatrix.core.options.RunOptions`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from cumatrix.core.options import SANDBOX_MODES, check_write_limit
+
+
+def add_cli_options(parser: argparse.ArgumentParser, *, default: str | None) -> None:
+    """``--sandbox`` / ``--no-sandbox`` and ``--pass-env NAME`` on a subcommand's parser.
+
+    ``default`` is ``auto`` for ``gate`` (bubblewrap where it runs) and None for ``run``
+    (off, unless ``$CUMATRIX_SANDBOX`` says otherwise).
+    """
+    now = ("by default each cell runs under bubblewrap where it is installed and runs"
+           if default == "auto" else "off by default")
+    g = parser.add_mutually_exclusive_group()
+    g.add_argument("--sandbox", dest="sandbox", action="store_const", const="on", default=default,
+                   help=f"run each cell under bubblewrap: no network, a read-only root, a private /tmp, "
+                        f"the GPU's device nodes; a cell fails where bubblewrap cannot run ({now})")
+    g.add_argument("--no-sandbox", dest="sandbox", action="store_const", const="off",
+                   help="run cells without bubblewrap (environment allowlist and limits still apply)")
+    parser.add_argument("--pass-env", action="append", default=[], metavar="NAME",
+                        help="also give cells this variable of the harness's environment (repeatable; "
+                             "a glob such as 'MYAPP_*' works)")
+    parser.add_argument("--sandbox-write-limit", type=size_arg, default=None, metavar="SIZE",
+                        help="what a sandboxed cell may write: the size of its /tmp and /dev/shm each and "
+                             "of any file (default 1G; 4K to 1T; $CUMATRIX_SANDBOX_WRITE_LIMIT)")
+
+
+def size_arg(text: str) -> int:
+    """``--sandbox-write-limit``: a size within the accepted range (argparse and pytest: exit 2)."""
+    try:
+        return check_write_limit(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_pytest_options(group: Any) -> None:
+    """The same options for ``pytest matrix.yaml`` (a pytest option group)."""
+    group.addoption("--cumatrix-sandbox", choices=SANDBOX_MODES, default=None,
+                    help="bubblewrap per cell: off (default; or $CUMATRIX_SANDBOX), auto (where it runs), "
+                         "on (required)")
+    group.addoption("--cumatrix-pass-env", action="append", default=[], metavar="NAME",
+                    help="also give cells this variable of the harness's environment (repeatable)")
+    group.addoption("--cumatrix-sandbox-write-limit", type=size_arg, default=None, metavar="SIZE",
+                    help="what a sandboxed cell may write (default 1G; 4K to 1T)")

@@ -1,0 +1,178 @@
+"""Which cells a pytest session of matrix files runs, and in which order: ``-k`` of ``cumatrix
+run`` (``--cumatrix-keyword``), ``--host`` of a plan, ``--lf``/``--ff`` and ``--resume``.
+
+The controller works the selection out once, from the matrix files (:func:`selected`); an
+xdist worker, which collects every cell, applies it to its items (:func:`select_cells`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from cumatrix.core.errors import ConfigError
+from cumatrix.core.model import Cell, Matrix
+from cumatrix.core.options import RunOptions
+from cumatrix.front import schedule as _schedule
+from cumatrix.front.plan import PlannedCells, planned_cells
+from cumatrix.load import matrix as _matrix
+from cumatrix.load.keyword import KeywordExpression
+from cumatrix.results.store import Store
+
+if TYPE_CHECKING:
+    from cumatrix.front.plugin import CellItem
+
+MATRIX_SUFFIXES = (".yaml", ".yml")
+#: The run's options, built once per process from its pytest options (pytest_configure).
+OPTIONS = pytest.StashKey[RunOptions]()
+#: ``(cell id, provision key)`` of every selected cell, in run order (for xdist scheduling).
+SELECTED = pytest.StashKey[list[tuple[str, str]]]()
+#: The cells whose records ``--cumatrix-resume`` keeps (the controller decided them).
+REUSE = pytest.StashKey[frozenset[str]]()
+_PLANS = pytest.StashKey[dict[str, "PlannedCells | None"]]()
+
+
+def options(config: pytest.Config) -> RunOptions:
+    """This session's options (built as it was configured)."""
+    return config.stash[OPTIONS]
+
+
+def matrix_args(config: pytest.Config) -> list[Path]:
+    """The matrix files named on the command line."""
+    return [p for p in (Path(a.split("::")[0]) for a in config.args)
+            if p.suffix in MATRIX_SUFFIXES and p.is_file()]
+
+
+def keyword(config: pytest.Config) -> KeywordExpression | None:
+    """``--cumatrix-keyword``, else pytest's own ``-k``, compiled (None: neither)."""
+    text = options(config).keyword or config.getoption("keyword") or ""
+    return KeywordExpression.compile(text) if text else None
+
+
+def plan_of(config: pytest.Config, path: Path) -> PlannedCells | None:
+    """The plan of the matrix at ``path`` (every cell, or its ``hosts:`` assignment), once per
+    process; None when the matrix cannot be planned (``cumatrix run`` said so before)."""
+    found = config.stash.setdefault(_PLANS, {})
+    key = str(path)
+    if key not in found:
+        try:
+            found[key] = planned_cells(_matrix.load(path))
+        except ConfigError:
+            found[key] = None
+    return found[key]
+
+
+def plan_json(config: pytest.Config, m: Matrix) -> dict[str, object] | None:
+    """The plan of matrix ``m`` as the run header records it."""
+    plans = config.stash.get(_PLANS, {})
+    plan = plans.get(m.path) if m.path in plans else plan_of(config, Path(m.path))
+    return plan.to_json() if plan is not None else None
+
+
+def host_share(config: pytest.Config, path: Path) -> frozenset[str] | None:
+    """--host naming a host of the matrix's plan: the cell ids the plan gives it (else None)."""
+    host = options(config).host
+    plan = plan_of(config, path) if host else None
+    ids = plan.for_host(host) if plan is not None and host else None
+    return frozenset(ids) if ids is not None else None
+
+
+def id_file(path: Path | None) -> frozenset[str] | None:
+    """The cell ids listed in a file (``--cumatrix-only``/``--cumatrix-first``), one a line."""
+    if path is None:
+        return None
+    return frozenset(ln.strip() for ln in path.read_text(encoding="utf-8").splitlines() if ln.strip())
+
+
+def _keep(config: pytest.Config, items: list[pytest.Item], chosen: list[pytest.Item]) -> None:
+    """``items`` becomes ``chosen``; the others are reported deselected."""
+    if len(chosen) < len(items):
+        kept = {id(it) for it in chosen}
+        config.hook.pytest_deselected(items=[it for it in items if id(it) not in kept])
+        items[:] = chosen
+
+
+def select_cells(config: pytest.Config, items: list[pytest.Item], cell_type: type[CellItem]) -> None:
+    """The cells this process runs, in the order it runs them (``items`` is changed in place)."""
+    opts = options(config)
+    only = id_file(opts.only)
+    if only is not None:
+        _keep(config, items, [it for it in items if not isinstance(it, cell_type) or it.cell.id in only])
+    first = id_file(opts.first)
+    if first:
+        # A stable sort: the previously failed cells keep their matrix order, ahead of the rest.
+        items.sort(key=lambda it: not (isinstance(it, cell_type) and it.cell.id in first))
+    _select_by_name(config, items, cell_type)
+    _skip_finished(config, items, cell_type)
+
+
+def _select_by_name(config: pytest.Config, items: list[pytest.Item], cell_type: type[CellItem]) -> None:
+    """``--cumatrix-keyword`` and ``--host``'s share of a plan."""
+    opts = options(config)
+    expr = keyword(config) if opts.keyword else None
+    shares = {p: host_share(config, p) for p in {it.path for it in items if isinstance(it, cell_type)}} \
+        if opts.host else {}
+    if expr is None and all(s is None for s in shares.values()):
+        return
+    # The controller matched every cell already (selected); a worker matches them here.
+    ids = {cid for cid, _ in config.stash[SELECTED]} if SELECTED in config.stash else None
+
+    def wanted(it: CellItem) -> bool:
+        if ids is not None:
+            return it.cell.id in ids
+        share = shares.get(it.path)
+        return ((share is None or it.cell.id in share)
+                and (expr is None or expr.matches(it.cell.id, it.path.name)))
+
+    _keep(config, items, [it for it in items if not isinstance(it, cell_type) or wanted(it)])
+
+
+def _skip_finished(config: pytest.Config, items: list[pytest.Item], cell_type: type[CellItem]) -> None:
+    """``--cumatrix-resume``: the cells whose records the controller kept do not run again."""
+    out = out_dir(config)
+    if not (options(config).resume and out):
+        return
+    # The controller has compacted results.jsonl to the records whose inputs are unchanged
+    # (Store.resume); every process (xdist workers too) skips exactly those cells.
+    reuse = config.stash.get(REUSE, None)
+    done = reuse if reuse is not None else Store(out).finished_ids()
+    _keep(config, items, [it for it in items if not (isinstance(it, cell_type) and it.cell.id in done)])
+
+
+def out_dir(config: pytest.Config) -> Path | None:
+    """Where results go: ``--cumatrix-out``, else ``out/`` when a matrix file is run."""
+    from cumatrix.core.options import DEFAULT_OUT
+
+    out = options(config).out
+    if out is not None:
+        return out
+    return Path(DEFAULT_OUT) if matrix_args(config) else None
+
+
+def selected(config: pytest.Config) -> list[tuple[Matrix, list[Cell]]]:
+    """The cells this run intends, computed in the controller (xdist workers collect)."""
+    out = []
+    chosen: list[tuple[str, str]] = []
+    expr = keyword(config)
+    only = id_file(options(config).only)
+    plans = config.stash.setdefault(_PLANS, {})
+    for p in matrix_args(config):
+        try:
+            m = _matrix.load(p)
+        except ConfigError:
+            continue
+        every = _matrix.cells(m)
+        try:  # planned from the cells at hand: a matrix is expanded once
+            plans[str(p)] = plans[m.path] = planned_cells(m, every)
+        except ConfigError:
+            plans[str(p)] = plans[m.path] = None
+        share = host_share(config, p)
+        cells = [c for c in every if (expr is None or expr.matches(c.id, p.name))
+                 and (share is None or c.id in share)
+                 and (only is None or c.id in only)]
+        chosen += [(c.id, _schedule.provision_key(c)) for c in cells]
+        out.append((m, cells))
+    config.stash[SELECTED] = chosen
+    return out

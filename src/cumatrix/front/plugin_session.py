@@ -1,0 +1,194 @@
+"""The controller's side of a pytest session of matrix files: the results store, a progress
+line per cell, the run's end record and its reports.
+
+:class:`RunSession` is a plugin object, one per session, registered on its config by
+:func:`cumatrix.front.plugin.pytest_configure`: what it holds (the store, the progress) is the
+session's, never the module's.  ``cumatrix run`` hands pytest a :class:`ReportsLeft` to learn
+which ``--out`` directory's reports the session left to it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+
+from cumatrix import __version__
+from cumatrix.core.errors import ConfigError, CumatrixError
+from cumatrix.core.record import STATUSES, CellRecord
+from cumatrix.front.plugin_select import REUSE, options, out_dir, plan_json, selected
+from cumatrix.orchestrate import Orchestrator, end_record, run_header
+from cumatrix.results.store import LazyDigests, Store, cell_digests
+
+#: The attribute of a pytest report that carries a cell's record (JSON) across workers.
+REPORT_ATTR = "cumatrix_record"
+#: What REPORT_ATTR holds once the controller has stored the record: pytest's terminal
+#: reporter keeps every report to the end of the run, so the record must not stay on it.
+STORED = "stored"
+#: The --out directory whose reports a ``--cumatrix-reports-after`` session left to its caller.
+PENDING_OUT = pytest.StashKey[Path]()
+
+
+class ReportsLeft:
+    """A plugin ``cumatrix run`` passes to ``pytest.main``: after the session, ``out`` is the
+    directory whose reports it left to the caller (``--cumatrix-reports-after``), or None."""
+
+    def __init__(self) -> None:
+        self.out: Path | None = None
+
+    def pytest_unconfigure(self, config: pytest.Config) -> None:
+        self.out = config.stash.get(PENDING_OUT, None)
+
+
+@dataclass(slots=True)
+class _Progress:
+    total: int
+    t0: float
+    done: int = 0
+
+
+def _terminate_as_interrupt(signum: int, _frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
+class RunSession:
+    """The controller's store and progress for one pytest session."""
+
+    def __init__(self, config: pytest.Config, orchestrator_for: Any) -> None:
+        self.config = config
+        self.orchestrator_for = orchestrator_for
+        self.store: Store | None = None
+        self.digests: LazyDigests | None = None
+        self.progress: _Progress | None = None
+
+    def _write(self, line: str) -> None:
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        if tr is not None:
+            tr.ensure_newline()
+            tr.write_line(line)
+
+    def _open_store(self, out: Path) -> Store:
+        try:
+            return Store.open(out, fresh=not options(self.config).resume)
+        except CumatrixError as e:  # another run holds --out, or it cannot be written: say so, run nothing
+            pytest.exit(f"cumatrix: {e}", returncode=e.exit_code)
+
+    def pytest_sessionstart(self) -> None:
+        config = self.config
+        out = out_dir(config)
+        if out is None:
+            return
+        # SIGTERM (a CI job cancelled, `timeout`, a scheduler) ends the run as Ctrl-C does:
+        # the end record and the reports are still written.
+        signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+        store = self.store = self._open_store(out)
+        opts = options(config)
+        digests = LazyDigests(__version__)
+        fp = None
+        for m, cells in selected(config):
+            orch: Orchestrator = self.orchestrator_for(config, m)
+            fp = fp or orch.host_fingerprint()
+            digests.add(m, cells)
+            if opts.resume:  # every digest now: they decide what runs
+                plan = store.resume(cell_digests(m, cells, __version__))
+                config.stash[REUSE] = config.stash.get(REUSE, frozenset()) | plan.reuse
+                for w in plan.warnings:
+                    self._write(f"cumatrix: warning: {w}")
+            store.append(run_header(m, [c.id for c in cells], backend=opts.backend,
+                                    argv=list(config.invocation_params.args), host=opts.host,
+                                    fingerprint=fp, run_id=uuid.uuid4().hex[:12], plan=plan_json(config, m)))
+            self.progress = _Progress(total=len(cells), t0=time.monotonic())
+        self.digests = digests
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        raw = getattr(report, REPORT_ATTR, None)
+        if raw is None or raw == STORED:
+            return
+        # A worker's record arrives as the JSON of its to_store(): it is stored as it came, not
+        # rebuilt into a CellRecord and back (under -n the controller shares the cores with the
+        # workers, and that round trip cost it about a millisecond a cell).
+        stored = raw.to_store() if isinstance(raw, CellRecord) else from_worker(raw, report.nodeid)
+        cell_id = str(stored["id"])
+        if self.store is not None:
+            self.store.append(stored, digest=self.digests.get(cell_id) if self.digests is not None else None)
+        # Stored: what stays on the report (kept by pytest to the end of the run) is a marker,
+        # so that the controller's memory does not grow with the cells it has run.
+        setattr(report, REPORT_ATTR, STORED)
+        prog = self.progress
+        if prog is None:
+            return
+        prog.done += 1
+        quiet = self.config.get_verbosity() < -1  # -qq (cumatrix run -q): failures only
+        if not quiet or stored["status"] == "fail":
+            self._write(progress_text(prog.done, prog.total, prog.t0, stored))
+
+    def pytest_sessionfinish(self, exitstatus: int) -> None:
+        out = out_dir(self.config)
+        store = self.store
+        if out is None or store is None:
+            return
+        try:
+            store.append(end_record(interrupted=int(exitstatus) == int(pytest.ExitCode.INTERRUPTED)))
+        finally:
+            store.close()
+        if options(self.config).reports_after:
+            self.config.stash[PENDING_OUT] = out
+            return
+        try:
+            write_reports(out)
+        except CumatrixError as e:
+            self._write(f"cumatrix: reports not written: {e}")
+
+    def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
+        """The run's headline last: how many cells ran and why the others did not."""
+        out = out_dir(config)
+        if out is None or not (out / "results.jsonl").is_file() or options(config).reports_after:
+            return
+        from cumatrix.report import load_records
+        from cumatrix.report.markdown import headline
+
+        try:
+            terminalreporter.write_line(headline(load_records(out / "results.jsonl")))
+        except CumatrixError as e:
+            terminalreporter.write_line(f"cumatrix: no headline: {e}")
+
+
+def from_worker(raw: str, nodeid: str) -> dict[str, Any]:
+    """A record a worker sent, checked for what the controller reads of it."""
+    try:
+        rec = json.loads(raw)
+    except ValueError as e:
+        raise ConfigError(f"report of {nodeid}: the cell's record is not JSON: {e}") from None
+    obs = rec.get("observed") if isinstance(rec, dict) else None
+    if not (isinstance(obs, dict) and rec.get("type") == "cell" and isinstance(rec.get("id"), str)
+            and rec.get("status") in STATUSES and isinstance(obs.get("outcome"), str)):
+        raise ConfigError(f"report of {nodeid}: not a cell record")
+    checked: dict[str, Any] = rec
+    return checked
+
+
+def write_reports(out: Path) -> list[Path]:
+    """Every report of the run in ``out``, from its ``results.jsonl``."""
+    from cumatrix.report import load_records, write_all
+
+    run = load_records(out / "results.jsonl")
+    return write_all(run, out)
+
+
+def progress_text(done: int, total: int, t0: float, stored: Mapping[str, Any]) -> str:
+    """The progress line of a cell, from its ``results.jsonl`` record."""
+    from cumatrix.report import progress_line
+
+    obs = stored["observed"]
+    path = obs.get("path")
+    outcome = obs["outcome"] + (f" [{path}]" if path and path != "n/a" else "")
+    return progress_line(done, max(total, done), time.monotonic() - t0, stored["id"], stored["status"], outcome)
