@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from cumatrix.audit import static
+from cumatrix.audit import members
 from cumatrix.audit.static import AuditData, AuditSettings, audit_wheel
 from cumatrix.binary.fastelf import FastELFFile
 from cumatrix.core.model import CudaVersion
@@ -108,7 +108,7 @@ def test_wheel_findings_identical(elves: dict[str, bytes], tmp_path: Path,
         return a.elves, a.findings, a.device
 
     fast = run()
-    monkeypatch.setattr(static, "ELF_READER", ELFFile)
+    monkeypatch.setattr(members, "ELF_READER", ELFFile)
     slow = run()
     assert fast == slow
     codes = {(f.file, f.code) for f in fast[1]}  # type: ignore[attr-defined]

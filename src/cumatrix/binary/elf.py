@@ -25,6 +25,7 @@ import zipfile
 import zlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, cast
 
@@ -65,7 +66,7 @@ _CACHED_BLOCKS = 16  # decoded blocks kept (16 MiB)
 _INPUT_CHUNK = 1 << 16  # compressed bytes fed to zlib at a time
 _SCAN_CHUNK = 4 << 20  # bytes of a section scanned at a time by elf_strings
 _IN_MEMORY = 8 << 20  # deflated members up to this size are inflated into memory
-_MEMFD_MAX = 1 << 30  # larger ones are spooled to a file on disk, not to memory
+MEMFD_MAX = 1 << 30  # larger ones are spooled to a file on disk, not to memory
 _SPOOL_MAX = 4 << 30  # larger ones are read on demand: no zip bomb fills the disk
 _SPOOL_CHUNK = 1 << 20  # compressed bytes inflated at a time when spooling
 _MAX_NAME = 512  # longest name elf_strings reports; also the overlap between chunks
@@ -211,7 +212,8 @@ class _InflatedMember(_MemberView):
         return data
 
 
-def _data_start(raw: IO[bytes], info: zipfile.ZipInfo) -> int:
+def data_start(raw: IO[bytes], info: zipfile.ZipInfo) -> int:
+    """Where the data of the member ``info`` starts in the archive (after its local header)."""
     raw.seek(info.header_offset)
     header = raw.read(_LOCAL_HEADER.size)
     if len(header) != _LOCAL_HEADER.size or header[:4] != _LOCAL_SIGNATURE:
@@ -246,12 +248,12 @@ def _inflate_all(raw: IO[bytes], data_start: int, compressed: int, size: int,
     out.seek(0)
 
 
-def _spool_file(size: int) -> IO[bytes]:
-    """An anonymous file for an inflated member: a memfd (tmpfs) up to ``_MEMFD_MAX`` where
+def spool_file(size: int) -> IO[bytes]:
+    """An anonymous file for an inflated member: a memfd (tmpfs) up to ``MEMFD_MAX`` where
     the system has one (writing cuFFT's 278 MiB took 0.15 s there, 0.4-0.9 s on a disk's
     file system), else a temporary file; neither is mapped, so neither counts as the
     process's resident memory."""
-    if size <= _MEMFD_MAX and hasattr(os, "memfd_create"):
+    if size <= MEMFD_MAX and hasattr(os, "memfd_create"):
         try:
             return open(os.memfd_create("cumatrix-member", os.MFD_CLOEXEC), "w+b")  # noqa: SIM115
         except OSError:  # no memfd in this kernel or sandbox
@@ -275,14 +277,14 @@ def open_member(zf: zipfile.ZipFile, raw: IO[bytes], info: zipfile.ZipInfo, *,
     if info.flag_bits & 0x1:
         raise zipfile.BadZipFile(f"{info.filename}: encrypted member")
     if info.compress_type == zipfile.ZIP_STORED:
-        return cast(IO[bytes], _StoredMember(raw, _data_start(raw, info), info.file_size))
+        return cast(IO[bytes], _StoredMember(raw, data_start(raw, info), info.file_size))
     if info.compress_type == zipfile.ZIP_DEFLATED:
-        start = _data_start(raw, info)
+        start = data_start(raw, info)
         if not spool or info.file_size > _SPOOL_MAX:
             return cast(IO[bytes], _InflatedMember(raw, start, info.compress_size,
                                                    info.file_size))
         out: IO[bytes] = (io.BytesIO() if info.file_size <= _IN_MEMORY
-                          else _spool_file(info.file_size))
+                          else spool_file(info.file_size))
         try:
             _inflate_all(raw, start, info.compress_size, info.file_size, out)
         except BaseException:
@@ -298,7 +300,7 @@ def open_member(zf: zipfile.ZipFile, raw: IO[bytes], info: zipfile.ZipInfo, *,
 
 def member_magic(raw: IO[bytes], info: zipfile.ZipInfo, n: int = 4) -> bytes:
     """The first ``n`` bytes of a member, inflating only what they need."""
-    start = _data_start(raw, info)
+    start = data_start(raw, info)
     raw.seek(start)
     if info.compress_type == zipfile.ZIP_STORED:
         return raw.read(min(n, info.file_size))
@@ -373,6 +375,15 @@ def check_bounds(elf: ELFFile, file_size: int) -> None:
 
 
 def _dynamic(elf: ELFFile) -> DynamicSection | None:
+    named = getattr(elf, "named_headers", None)
+    if named is not None:
+        # FastELFFile: every section is known to be made without error (named_headers made
+        # them or proved it), so only the first dynamic section is made: the same one.
+        for i, (_, header) in enumerate(named()):
+            if header["sh_type"] == "SHT_DYNAMIC":
+                section = elf.get_section(i)
+                return section if isinstance(section, DynamicSection) else None
+        return None
     for section in elf.iter_sections():
         if isinstance(section, DynamicSection):
             return section
@@ -456,19 +467,22 @@ def elf_defined_symbols(elf: ELFFile) -> Iterator[str]:
             yield name
 
 
-def _is_data_section(header: Any, string_tables: bool) -> bool:
-    kind = header["sh_type"]
+def is_data_section(header: Any, string_tables: bool) -> bool:
+    """Whether a section (its header) is loaded, non-executable data (with ``string_tables``,
+    a loaded string table too)."""
+    kind = header.sh_type
+    flags = header.sh_flags
     if kind == "SHT_STRTAB":
         # .dynstr holds the names of imported symbols; .strtab/.shstrtab are not loaded.
-        return string_tables and bool(header["sh_flags"] & 0x2)
-    if kind != "SHT_PROGBITS" or not header["sh_flags"] & 0x2:  # SHF_ALLOC
+        return string_tables and bool(flags & 0x2)
+    if kind != "SHT_PROGBITS" or not flags & 0x2:  # SHF_ALLOC
         return False  # not loaded: .comment, .debug_* (names of declarations, not lookups)
-    return not header["sh_flags"] & 0x4  # SHF_EXECINSTR: code, not data
+    return not flags & 0x4  # SHF_EXECINSTR: code, not data
 
 
 #: Sections never scanned for names: device code (a host ``dlsym`` never reads it);
 #: ``__nv_relfatbin`` holds relocatable device code (215 MB of NCCL 2.32's 490 MB).
-_DEVICE_SECTIONS = frozenset({".nv_fatbin", ".nvFatBinSegment", "__nv_relfatbin"})
+DEVICE_SECTIONS = frozenset({".nv_fatbin", ".nvFatBinSegment", "__nv_relfatbin"})
 
 
 _IDENT = [bool(re.fullmatch(rb"[A-Za-z0-9_]", bytes([b]))) for b in range(256)]
@@ -486,10 +500,9 @@ def data_chunks(elf: ELFFile, *, string_tables: bool = False, keep: int) -> Iter
     named = getattr(elf, "named_headers", None)
     pairs = named() if named else [(s.name, s.header) for s in elf.iter_sections()]
     for name, header in pairs:
-        if (not _is_data_section(header, string_tables) or header["sh_type"] == "SHT_NOBITS"
-                or name in _DEVICE_SECTIONS):
-            continue
-        start, size = header["sh_offset"], header["sh_size"]
+        if not is_data_section(header, string_tables) or name in DEVICE_SECTIONS:
+            continue  # (a NOBITS section is no PROGBITS or STRTAB one)
+        start, size = header.sh_offset, header.sh_size
         carry = b"\x00"
         pos = 0
         while pos < size:
@@ -503,6 +516,58 @@ def data_chunks(elf: ELFFile, *, string_tables: bool = False, keep: int) -> Iter
             carry = buf[-keep:]
 
 
+@dataclass(frozen=True, slots=True)
+class NameScan:
+    """Names a scan of the loaded data looks for: ``patterns`` (each ends at the NUL that ends
+    the name) and which byte may stand before a name (``before``: 256 booleans; the start of
+    a section counts as a NUL)."""
+
+    patterns: tuple[re.Pattern[bytes], ...]
+    before: tuple[bool, ...]
+    longest: int  #: the longest match, NUL included
+
+
+def _name_patterns(prefixes: tuple[str, ...]) -> tuple[re.Pattern[bytes], ...]:
+    alt = b"|".join(re.escape(p.encode()) for p in prefixes)
+    # No look-behind: a pattern that starts with literals lets the regex engine skip ahead
+    # fast; the character before a match is checked apart (a look-behind made the scan of
+    # NCCL's 215 MB of relocatable device code take 39 s).
+    if all(re.fullmatch(r"[A-Za-z0-9_]+", p) for p in prefixes):
+        # One pattern per prefix: a pattern that starts with one literal is searched for
+        # fast, an alternation is tried at every byte (8x slower over cuFFT's .rodata).
+        # The same names are found: a match spans identifier characters up to its NUL, so
+        # any match it could hide starts after an identifier character and is dropped.
+        return tuple(re.compile(re.escape(p.encode()) + rb"[A-Za-z0-9_]{0,%d}\x00" % _MAX_NAME)
+                     for p in prefixes)
+    return (re.compile(rb"(?:" + alt + rb")[A-Za-z0-9_]{0,%d}\x00" % _MAX_NAME),)
+
+
+def name_scan(prefix: str | tuple[str, ...]) -> NameScan:
+    """The scan :func:`elf_strings` makes: identifiers starting with ``prefix``, not preceded
+    by an identifier character, followed by identifier characters and a NUL."""
+    prefixes = (prefix,) if isinstance(prefix, str) else prefix
+    return NameScan(patterns=_name_patterns(prefixes),
+                    before=tuple(not ident for ident in _IDENT),
+                    longest=_MAX_NAME + max(len(p) for p in prefixes) + 1)
+
+
+def scan_names(elf: ELFFile, scans: tuple[NameScan, ...], *,
+               string_tables: bool = False) -> list[set[str]]:
+    """The names each of ``scans`` finds in ``elf``'s loaded data (as :func:`elf_strings`
+    describes), in one reading of the data for all of them."""
+    found: list[set[str]] = [set() for _ in scans]
+    keep = max(s.longest for s in scans) + 1
+    # Names seen twice (in a chunk and again in the next one's context) collapse in the set.
+    for buf in data_chunks(elf, string_tables=string_tables, keep=keep):
+        for scan, out in zip(scans, found):
+            before = scan.before
+            for pattern in scan.patterns:
+                for m in pattern.finditer(buf, 1):
+                    if before[buf[m.start() - 1]]:
+                        out.add(m.group()[:-1].decode("ascii"))
+    return found
+
+
 def elf_strings(elf: ELFFile, prefix: str | tuple[str, ...], *,
                 string_tables: bool = False) -> set[str]:
     """Identifiers starting with ``prefix`` that appear as NUL-terminated strings in data.
@@ -514,25 +579,4 @@ def elf_strings(elf: ELFFile, prefix: str | tuple[str, ...], *,
     identifier characters and a NUL.  ``prefix`` may be a tuple: one scan finds them all.
     Sections are read in chunks, so a large constant array costs time, not memory.
     """
-    prefixes = (prefix,) if isinstance(prefix, str) else prefix
-    alt = b"|".join(re.escape(p.encode()) for p in prefixes)
-    # No look-behind: a pattern that starts with literals lets the regex engine skip ahead
-    # fast; the character before a match is checked below (a look-behind made the scan of
-    # NCCL's 215 MB of relocatable device code take 39 s).
-    patterns = [re.compile(rb"(?:" + alt + rb")[A-Za-z0-9_]{0,%d}\x00" % _MAX_NAME)]
-    if all(re.fullmatch(r"[A-Za-z0-9_]+", p) for p in prefixes):
-        # One pattern per prefix: a pattern that starts with one literal is searched for
-        # fast, an alternation is tried at every byte (8x slower over cuFFT's .rodata).
-        # The same names are found: a match spans identifier characters up to its NUL, so
-        # any match it could hide starts after an identifier character and is dropped.
-        patterns = [re.compile(re.escape(p.encode()) + rb"[A-Za-z0-9_]{0,%d}\x00" % _MAX_NAME)
-                    for p in prefixes]
-    longest = max(len(p) for p in prefixes)
-    found: set[str] = set()
-    # Names seen twice (in a chunk and again in the next one's context) collapse in the set.
-    for buf in data_chunks(elf, string_tables=string_tables, keep=_MAX_NAME + longest + 2):
-        for pattern in patterns:
-            for m in pattern.finditer(buf, 1):
-                if not _IDENT[buf[m.start() - 1]]:
-                    found.add(m.group()[:-1].decode("ascii"))
-    return found
+    return scan_names(elf, (name_scan(prefix),), string_tables=string_tables)[0]

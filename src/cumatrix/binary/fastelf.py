@@ -37,11 +37,54 @@ _STRUCTS: dict[tuple[Any, ...], ELFStructs] = {}
 _BASIC: dict[tuple[bool, int], ELFStructs] = {}
 
 
+# sh_type value -> pyelftools' name for it, per built structures (the mapping depends on the
+# machine): decoding through construct took a third of a cubin's section table.
+_TYPES: dict[int, dict[int, Any]] = {}
+# (REL, RELA) entry sizes per built structures: construct's sizeof walks the structure.
+_REL_SIZES: dict[int, tuple[int, int]] = {}
+
+
+def _decoded_types(structs: ELFStructs) -> dict[int, Any]:
+    return _TYPES.setdefault(id(structs), {})
+
+
 def _sh_type_adapter(structs: ELFStructs) -> Any:
     for sub in structs.Elf_Shdr.subcons:
         if sub.name == "sh_type":
             return sub
     raise LookupError("Elf_Shdr has no sh_type")  # pragma: no cover - pyelftools' layout
+
+
+#: Section kinds whose pyelftools object is made without reading the file or checking a
+#: field (Section, NullSection, StringTableSection, NoteSection); unknown numeric kinds (a
+#: cubin's) stay ints and make a plain Section too.
+_PLAIN_KINDS = frozenset({"SHT_NULL", "SHT_PROGBITS", "SHT_NOBITS", "SHT_STRTAB", "SHT_NOTE",
+                          "SHT_INIT_ARRAY", "SHT_FINI_ARRAY", "SHT_PREINIT_ARRAY"})
+_SYMBOL_KINDS = frozenset({"SHT_SYMTAB", "SHT_DYNSYM", "SHT_SUNW_LDYNSYM"})
+_SHF_COMPRESSED = 0x800
+
+
+def _plain_section(h: Any, name: str, table: list[Container],
+                   rel_sizes: tuple[int, int]) -> bool:
+    """Whether pyelftools makes this section's object without raising, by the checks its
+    constructors make (elftools.elf.elffile._make_section and the classes it makes)."""
+    kind = h.sh_type
+    if h.sh_flags & _SHF_COMPRESSED:
+        return False  # its compression header is read and parsed
+    if isinstance(kind, int):
+        return True
+    if kind in _PLAIN_KINDS:
+        return not (kind == "SHT_PROGBITS" and name == ".stab")
+    if kind in ("SHT_REL", "SHT_RELA"):
+        return bool(h.sh_entsize == rel_sizes[kind == "SHT_RELA"])
+    if kind in _SYMBOL_KINDS:
+        link = h.sh_link
+        if not 0 <= link < len(table):
+            return False
+        linked: Any = table[link]
+        return bool(linked.sh_type == "SHT_STRTAB" and not linked.sh_flags & _SHF_COMPRESSED
+                    and h.sh_entsize > 0 and h.sh_size % h.sh_entsize == 0)
+    return False  # dynamic, hash, version and other sections: pyelftools decides
 
 
 class FastELFFile(ELFFile):
@@ -93,12 +136,18 @@ class FastELFFile(ELFFile):
         raw = self.stream.read(shnum * size)
         if len(raw) != shnum * size:
             return self._headers
-        decode = _sh_type_adapter(self.structs)._decode
+        types = _decoded_types(self.structs)
         headers = []
         for values in struct.iter_unpack(fmt, raw):
             fields = dict(zip(_SHDR_FIELDS, values))
-            fields["sh_type"] = decode(fields["sh_type"], None)
-            headers.append(Container(**fields))
+            kind = values[1]
+            decoded = types.get(kind)
+            if decoded is None:
+                decoded = types[kind] = _sh_type_adapter(self.structs)._decode(kind, None)
+            fields["sh_type"] = decoded
+            header = Container.__new__(Container)
+            header.__dict__ = fields  # what Container(**fields) does, without the copy
+            headers.append(header)
         self._headers = headers
         return headers
 
@@ -130,10 +179,48 @@ class FastELFFile(ELFFile):
         # pyelftools makes every Section (in order) on the first walk of the table, and a
         # damaged one (a symbol table linked to a section that is not a string table) raises
         # there: made once here, so a damaged file fails as, and where, it did with ELFFile.
+        # A table whose every section is of a kind pyelftools makes without reading or
+        # checking anything further (_plain) cannot fail there: its objects are made only
+        # when asked for (a cubin has ~35 sections; making them took most of its audit).
         if not self._all_made:
-            for i in range(self.num_sections()):
-                self.get_section(i)
+            if self._plain_names() is None:
+                for i in range(self.num_sections()):
+                    self.get_section(i)
             self._all_made = True
+
+    def _plain_names(self) -> list[str] | None:
+        """The section names, when making every section could not raise; else None."""
+        table = self._table()
+        if not table:
+            return None
+        try:
+            if self._names is None:
+                self._get_section_name(table[0])  # reads the name table once
+        except Exception:  # noqa: BLE001 - left to pyelftools, which raises its own error
+            return None
+        blob = self._names
+        assert blob is not None
+        names: list[str] = []
+        sizes = self._entry_sizes()
+        for h in table:
+            # As _get_section_name answers from the table it read (else pyelftools decides).
+            off = h.sh_name
+            end = blob.find(b"\0", off)
+            if end < 0 or off >= len(blob):
+                return None
+            name = blob[off:end].decode("utf-8", errors="replace") if end > off else ""
+            if not _plain_section(h, name, table, sizes):
+                return None
+            names.append(name)
+        return names
+
+    def _entry_sizes(self) -> tuple[int, int]:
+        """The sizes pyelftools asserts for REL and RELA entries of this layout."""
+        sizes = _REL_SIZES.get(id(self.structs))
+        if sizes is None:
+            sizes = _REL_SIZES[id(self.structs)] = (self.structs.Elf_Rel.sizeof(),
+                                                    self.structs.Elf_Rela.sizeof())
+        return sizes
 
     @cached_property
     def _section_name_map(self) -> dict[str, int]:
@@ -148,8 +235,12 @@ class FastELFFile(ELFFile):
         if not table:
             return [(s.name, s.header) for s in self.iter_sections()]
         if self._named is None:
-            self._make_all()
-            self._named = [(self._sections[i].name, h) for i, h in enumerate(table)]
+            plain = self._plain_names()
+            if plain is None:
+                self._make_all()
+                plain = [self.get_section(i).name for i in range(len(table))]
+            self._all_made = True
+            self._named = list(zip(plain, table))
         return self._named
 
     def iter_sections(self, type: str | None = None) -> Iterator[Section]:  # noqa: A002

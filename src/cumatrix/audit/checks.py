@@ -1,0 +1,458 @@
+"""The checks of ``cumatrix gate``'s static audit on one ELF file.
+
+What the file shows is gathered once (:class:`_Facts`: ``DT_NEEDED``, dynamic symbols, the names
+in its loaded data, its device code), then each check turns it into findings against facts read
+from real CUDA headers (:class:`cumatrix.audit.findings.AuditData`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
+from dataclasses import dataclass, replace
+
+from elftools.elf.elffile import ELFFile
+
+from cumatrix.audit import runtime_evidence
+from cumatrix.audit.findings import (
+    AuditData,
+    AuditSettings,
+    Finding,
+    Severity,
+    _arch_key,
+)
+from cumatrix.binary import staticcudart
+from cumatrix.binary.elf import (
+    NameScan,
+    elf_defined_symbols,
+    elf_needed,
+    elf_undefined_symbols,
+    name_scan,
+    scan_names,
+)
+from cumatrix.binary.fatbin import DeviceCode, covering, ptx_isa_cuda, read_fatbin
+from cumatrix.core.model import CudaVersion
+from cumatrix.predict.rules import major_newer_than_driver
+
+_LIBCUDA_RE = re.compile(r"^libcuda\.so(\.\d+)*$")
+_LIBCUDART_RE = re.compile(r"^libcudart\.so\.(\d+)(\.\d+)*$")
+# cuMemcpyBatchAsync_v2_ptsz -> cuMemcpyBatchAsync: the name cuGetProcAddress takes.
+_DRIVER_BASE_RE = re.compile(r"^(cu\w+?)(?:_v\d+)?(?:_pt(?:ds|sz))?$")
+_PER_THREAD_RE = re.compile(r"_pt(?:ds|sz)$")
+_RUNTIME_BASE_RE = re.compile(r"^(cuda\w+?)(?:_v\d+)?(?:_pt(?:ds|sz))?$")
+# Every statically linked libcudart carries its objects' names, `libcudart_static_<sha1>`
+# (in .symtab, gone once stripped), its error-name table (`cudaErrorCudartUnloading`, the
+# one error only the runtime itself reports) and the names of its ~300 functions (its
+# cudaGetDriverEntryPoint/profiler tables): the last two survive stripping.
+# The detector is one, shared with what a cell's processes mapped (binary/staticcudart.py).
+_STATIC_CUDART_MARK = staticcudart.MARK
+_STATIC_CUDART_ERROR = staticcudart.ERROR_NAME
+_STATIC_CUDART_NAMES = staticcudart.MIN_NAMES
+_MAJOR_EVIDENCE = staticcudart.MAJOR_EVIDENCE
+# Version queries a file can make before choosing a major-dependent ABI.
+_DRIVER_VERSION_QUERIES = ("cudaDriverGetVersion", "cuDriverGetVersion")
+_RUNTIME_VERSION_QUERIES = ("cudaRuntimeGetVersion",)
+
+
+def _driver_base(symbol: str) -> str:
+    m = _DRIVER_BASE_RE.match(symbol)
+    return m.group(1) if m else symbol
+
+
+def _param_count(prototype: str) -> int:
+    inner = prototype[prototype.find("(") + 1:prototype.rfind(")")].strip()
+    if not inner:
+        return 0
+    depth, count = 0, 1
+    for ch in inner:
+        depth += ch == "("
+        depth -= ch == ")"
+        count += ch == "," and depth == 0
+    return count
+
+
+def _abi_text(name: str, abi_changed: Mapping[str, tuple[str, str]] | AbstractSet[str]) -> str:
+    if isinstance(abi_changed, Mapping):
+        old, new = (_param_count(p) for p in abi_changed[name])
+        if old != new:
+            return f"{old} parameters in the older major, {new} in the newer"
+        return "same parameter count, different parameter types"
+    return "its prototype differs between CUDA majors"
+
+
+def _min_driver_for_major(major: int) -> str | None:
+    from cumatrix.core.model import CudaVersion
+    from cumatrix.predict.rules import rules
+
+    return rules().min_driver_for(CudaVersion(major, 0)) or runtime_evidence.compat_floor(major)
+
+
+def _runtime_intro(sym: str, intros: Mapping[str, int]) -> int | None:
+    if sym in intros:
+        return intros[sym]
+    m = _RUNTIME_BASE_RE.match(sym)
+    return intros.get(m.group(1)) if m else None
+
+
+def _static_runtime_major(strings: set[str], intros: Mapping[str, int]) -> int | None:
+    """The CUDA major of a statically linked runtime (:func:`cumatrix.binary.staticcudart.runtime_major`).
+    ``intros`` are the export dates of :mod:`cumatrix.audit.runtime_evidence`, CUDA 11.7 on, so a
+    CUDA 11 runtime, which carries no name first exported by 12.0 or later, is dated 11."""
+    return staticcudart.runtime_major(strings, intros)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Facts:
+    """What one ELF file shows, gathered once for every check."""
+
+    name: str
+    needed: tuple[str, ...]
+    undefined: frozenset[str]
+    exported: frozenset[str]
+    cuda_strings: frozenset[str]  #: cuda* identifiers in loaded data
+    cu_strings: frozenset[str]  #: cu* identifiers in loaded data (driver lookups)
+    static_runtime: bool
+    sonames: frozenset[str] = frozenset()  #: libcudart.so.N / libcuda.so.1 named in data
+    search_paths: tuple[str, ...] = ()  #: DT_RPATH and DT_RUNPATH entries
+    requires: tuple[str, ...] = ()  #: the wheel's Requires-Dist lines
+
+
+def _needs_libcuda(f: _Facts, s: AuditSettings) -> list[Finding]:
+    out: list[Finding] = []
+    for lib in f.needed:
+        if _LIBCUDA_RE.match(lib):
+            out.append(Finding(
+                file=f.name, severity="error" if s.strict else "warning", code="needs-libcuda",
+                subject=lib,
+                message=(f"DT_NEEDED {lib}: the dynamic loader needs the NVIDIA driver library "
+                         "just to load this file, so the wheel cannot be imported on a machine "
+                         "without a driver, which breaks CPU-only CI and docs builds"),
+                fix=("do not link libcuda: dlopen(\"libcuda.so.1\") when CUDA is first used and "
+                     "resolve driver entry points with cuGetProcAddress at run time "
+                     "(vLLM PR 38919)"),
+            ))
+    return out
+
+
+def _runtime_majors(f: _Facts, data: AuditData) -> list[tuple[int, str, str]]:
+    """(major, subject, how) for each runtime the file carries or loads."""
+    out: list[tuple[int, str, str]] = []
+    for lib in f.needed:
+        m = _LIBCUDART_RE.match(lib)
+        if m:
+            out.append((int(m.group(1)), lib, f"DT_NEEDED {lib}"))
+    if f.static_runtime:
+        major = _static_runtime_major(set(f.cuda_strings), data.runtime_introductions)
+        if major is not None:
+            out.append((major, f"static libcudart {major}",
+                        f"a statically linked CUDA {major} runtime (libcudart_static)"))
+    return out
+
+
+def _runtime_loads(f: _Facts, data: AuditData) -> list[runtime_evidence.RuntimeLoad]:
+    """Runtimes ``f`` loads at run time (dlopen): only for a file that neither links one nor
+    carries one, where nothing else says which major it needs."""
+    if f.static_runtime or any(_LIBCUDART_RE.match(lib) for lib in f.needed):
+        return []
+    names = sum(t in data.runtime_introductions for t in f.cuda_strings)
+    stub = names if names >= _STATIC_CUDART_NAMES else 0
+    return runtime_evidence.runtime_loads(sonames=f.sonames, stub_names=stub,
+                                          search_paths=f.search_paths, requires=f.requires)
+
+
+def _runtime_major_checks(f: _Facts, s: AuditSettings, data: AuditData) -> list[Finding]:
+    out: list[Finding] = []
+    found: list[tuple[int, str, str, Severity]] = [
+        (major, subject, how, "error") for major, subject, how in _runtime_majors(f, data)]
+    # A runtime loaded at run time is as binding as a linked one when the file's search path
+    # and the wheel's dependency agree on it; a soname string alone is a warning.
+    found += [(r.major, r.subject, r.how, "error" if r.agreed else "warning")
+              for r in _runtime_loads(f, data)]
+    for major, subject, how, worst in found:
+        if s.runtimes is not None and major not in s.runtimes:
+            declared = ",".join(str(r) for r in s.runtimes)
+            out.append(Finding(
+                file=f.name, severity=worst, code="runtime-major", subject=subject,
+                message=(f"{how}: this file loads only next to a CUDA {major} runtime, outside "
+                         f"the declared runtime majors ({declared})"),
+                fix=(f"build it against a CUDA {declared} runtime, publish one wheel per CUDA "
+                     "major, or declare the major with --runtimes"),
+            ))
+        if not major_newer_than_driver(int(CudaVersion(major, 0)), int(s.min_driver)):
+            continue
+        drv = _min_driver_for_major(major)
+        drv_text = f"a CUDA {major}.0 driver (>= {drv})" if drv else f"a CUDA {major}.0 driver"
+        if s.forward_compat:
+            out.append(Finding(
+                file=f.name, severity="note", code="runtime-needs-newer-driver",
+                subject=subject,
+                message=(f"{how} needs {drv_text}, newer than --min-driver {s.min_driver}; "
+                         "accepted with --forward-compat: only data-centre GPUs with NVIDIA's "
+                         f"cuda-compat package for CUDA {major} run it on an older driver"),
+                fix=(f"document that drivers below CUDA {major}.0 need the cuda-compat package "
+                     "(data-centre GPUs only)"),
+            ))
+            continue
+        out.append(Finding(
+            file=f.name, severity=worst, code="runtime-needs-newer-driver", subject=subject,
+            message=(f"{how} needs {drv_text}, newer than --min-driver {s.min_driver}: on older "
+                     "drivers every CUDA call fails with cudaErrorInsufficientDriver (35)"),
+            fix=(f"raise --min-driver to {major}.0, build against a CUDA "
+                 f"{s.min_driver.major} runtime, or, for data-centre GPUs with cuda-compat "
+                 "only, pass --forward-compat"),
+        ))
+    return out
+
+
+def _driver_symbol_checks(f: _Facts, s: AuditSettings, data: AuditData) -> list[Finding]:
+    out: list[Finding] = []
+    floor = int(s.min_driver)
+    for sym in sorted(f.undefined):
+        intro = data.introductions.get(sym)
+        if intro is None or intro <= floor:
+            continue
+        v = CudaVersion.from_int(intro)
+        out.append(Finding(
+            file=f.name, severity="error", code="driver-symbol-too-new", subject=sym,
+            message=(f"links driver entry point {sym}, introduced in CUDA {v}, newer than "
+                     f"--min-driver {s.min_driver}: on drivers older than {v} importing this "
+                     f"file fails with `undefined symbol: {sym}` (vLLM PR 38460)"),
+            fix=(f"resolve it at run time with cuGetProcAddress(\"{_driver_base(sym)}\", "
+                 f"{intro}, ...) and fall back when it returns NULL (vLLM PR 38919), or raise "
+                 f"--min-driver to {v} if drivers older than that are really unsupported"),
+        ))
+    return out
+
+
+def _underlinked_checks(f: _Facts, data: AuditData) -> list[Finding]:
+    if any(_LIBCUDA_RE.match(lib) for lib in f.needed):
+        return []
+    syms = sorted(s for s in f.undefined if s in data.introductions)
+    if not syms:
+        return []
+    shown = ", ".join(syms[:5]) + (f" and {len(syms) - 5} more" if len(syms) > 5 else "")
+    return [Finding(
+        file=f.name, severity="error", code="underlinked-libcuda", subject=syms[0],
+        message=(f"needs driver entry points ({shown}) but has no DT_NEEDED libcuda.so.1: "
+                 f"importing it fails with `undefined symbol: {syms[0]}` unless something else "
+                 "loaded libcuda with RTLD_GLOBAL first (Mooncake issue 724)"),
+        fix=("resolve them at run time with cuGetProcAddress (dlopen libcuda.so.1 first), or "
+             "link libcuda (-lcuda) so the loader finds them"),
+    )]
+
+
+def _runtime_floor_checks(f: _Facts, s: AuditSettings, data: AuditData) -> list[Finding]:
+    if s.min_runtime is None or not data.runtime_introductions:
+        return []
+    out: list[Finding] = []
+    majors = [int(m.group(1)) for lib in f.needed if (m := _LIBCUDART_RE.match(lib))]
+    # A file that loads libcudart.so.13 cannot meet a 12.x runtime: runtime-major says so.
+    floor = max([int(s.min_runtime)] + [m * 1000 for m in majors])
+    older = [int(CudaVersion.parse(x)) for x in data.runtime_sources]
+    oldest = min(older, default=0)
+    read = (f"libcudart {data.runtime_sources[0]}-{data.runtime_sources[-1]} read"
+            if data.runtime_sources else "")
+    for sym in sorted(f.undefined):
+        if not sym.startswith("cuda"):
+            continue
+        intro = _runtime_intro(sym, data.runtime_introductions)
+        # Exported by the oldest libcudart read: older than that is all the data says.
+        if intro is None or intro <= floor or intro <= oldest:
+            continue
+        v, fv = CudaVersion.from_int(intro), CudaVersion.from_int(floor)
+        before = max((x for x in older if x < intro), default=0)
+        # Versions between two read ones were not read: there, the date is a range.
+        exact = before >= floor
+        out.append(Finding(
+            file=f.name, severity="error" if exact else "warning",
+            code="runtime-symbol-too-new", subject=sym,
+            message=(f"links runtime entry point {sym}, first exported by libcudart {v} "
+                     f"({read}), newer than the oldest runtime "
+                     f"supported ({fv}): next to an older libcudart importing this file fails "
+                     f"with `undefined symbol: {sym}`"
+                     + ("" if exact else f" (libcudart {fv} was not read: it may be older)")),
+            fix=(f"look it up with cudaGetDriverEntryPoint/dlsym and fall back when absent, or "
+                 f"raise --min-runtime (and the runtime dependency) to {v}"),
+        ))
+    return out
+
+
+def _dispatch_checks(f: _Facts, data: AuditData,
+                     abi_changed: Mapping[str, tuple[str, str]] | AbstractSet[str]) -> list[Finding]:
+    # A statically linked runtime names every runtime function (its own tables): not lookups.
+    if not abi_changed or f.static_runtime:
+        return []
+    out: list[Finding] = []
+    asked = f.undefined | f.cuda_strings | f.cu_strings
+    driver_q = sorted(q for q in _DRIVER_VERSION_QUERIES if q in asked)
+    runtime_q = sorted(q for q in _RUNTIME_VERSION_QUERIES if q in asked)
+    for text in sorted(f.cuda_strings):
+        base = _PER_THREAD_RE.sub("", text)
+        # A file that exports the name is a runtime itself (a vendored libcudart).
+        if base not in abi_changed or base in f.exported or text in f.exported:
+            continue
+        abi = _abi_text(base, abi_changed)
+        if runtime_q:
+            out.append(Finding(
+                file=f.name, severity="note", code="abi-lookup-runtime-version", subject=text,
+                message=(f"names \"{text}\" as a string (looked up at run time; its ABI changed "
+                         f"between CUDA majors: {abi}) and asks {runtime_q[0]}: the ABI is "
+                         "chosen from the runtime actually loaded, as it must be"),
+                fix="none needed (SGLang PR 23183)",
+            ))
+        elif driver_q:
+            out.append(Finding(
+                file=f.name, severity="error", code="abi-lookup-driver-version", subject=text,
+                message=(f"names \"{text}\" as a string (looked up at run time; its ABI changed "
+                         f"between CUDA majors: {abi}) and asks {driver_q[0]} but never "
+                         "cudaRuntimeGetVersion: it picks the ABI from the driver, so a CUDA 12 "
+                         "runtime on a 13.x driver is called with the 13.x ABI and crashes "
+                         "(SIGSEGV, SGLang PR 23172)"),
+                fix=("choose the ABI from cudaRuntimeGetVersion of the runtime actually loaded "
+                     "(SGLang PR 23183)"),
+            ))
+        else:
+            out.append(Finding(
+                file=f.name, severity="warning", code="abi-lookup", subject=text,
+                message=(f"names \"{text}\" as a string, so it is looked up at run time "
+                         f"(dlsym): its ABI changed between CUDA majors ({abi}), and the static "
+                         "audit cannot see which ABI the code assumes"),
+                fix=("choose the ABI from cudaRuntimeGetVersion of the runtime actually loaded, "
+                     "never from cudaDriverGetVersion or compile-time CUDA_VERSION "
+                     "(SGLang PR 23183, SGLang issue 36302)"),
+            ))
+    return out
+
+
+def _arch_name(arch: int, variant: str) -> str:
+    return f"{arch // 10}.{arch % 10}{variant}"
+
+
+def device_checks(name: str, codes: tuple[DeviceCode, ...], s: AuditSettings) -> list[Finding]:
+    """Findings for the GPUs of ``s.arch_list`` that ``codes`` leaves uncovered."""
+    if s.arch_list is None or not codes:
+        return []
+    out: list[Finding] = []
+    for arch, _ in s.arch_list:
+        sass, ptx = covering(codes, arch)
+        gpu = _arch_name(arch, "")
+        have = ", ".join(sorted({c.label() for c in codes}, key=_arch_key))
+        if sass:
+            continue
+        if not ptx:
+            out.append(Finding(
+                file=name, severity="error", code="no-device-code", subject=f"sm_{arch}",
+                message=(f"no SASS that runs on compute capability {gpu} and no PTX to compile "
+                         f"for it (the file has {have}): a kernel launch there fails with `no "
+                         "kernel image is available for execution on the device`"),
+                fix=(f"add -gencode arch=compute_{arch},code=sm_{arch} (or PTX of an older arch "
+                     "for JIT: code=compute_XY)"),
+            ))
+            continue
+        # A GPU of this generation runs no driver older than the first that supports it, so
+        # the PTX must JIT on that driver, not on an older --min-driver.
+        gen = runtime_evidence.arch_min_cuda(arch)
+        floor = max(s.min_driver, gen) if gen is not None else s.min_driver
+        raised = (f"; a compute capability {gpu} GPU needs "
+                  f"{runtime_evidence.min_driver_text(floor)} anyway, so that is the floor here"
+                  if floor > s.min_driver else "")
+        usable = [c for c in ptx if c.isa is not None and (cv := ptx_isa_cuda(c.isa)) is not None
+                  and CudaVersion(*cv) <= floor]
+        if usable:
+            continue
+        newest = min(ptx, key=lambda c: c.isa or (99, 99))
+        isa = newest.isa
+        need = ptx_isa_cuda(isa) if isa else None
+        need_text = (f"a CUDA {need[0]}.{need[1]} driver" if need
+                     else "a driver newer than any this audit knows")
+        out.append(Finding(
+            file=name, severity="error", code="ptx-too-new", subject=f"sm_{arch}",
+            message=(f"the only code for compute capability {gpu} is {newest.label()}, which "
+                     f"needs {need_text} to JIT-compile, newer than --min-driver "
+                     f"{s.min_driver}{raised}: the load fails with "
+                     "CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222) there"),
+            fix=(f"add SASS for sm_{arch}, or build the PTX with a toolkit no newer than "
+                 f"CUDA {floor}"),
+        ))
+    return out
+
+
+#: The two scans of a file's loaded data, made in one reading: names starting with ``cu`` or
+#: the static runtime's object-name mark (:func:`cumatrix.binary.elf.elf_strings`), and CUDA
+#: sonames alone or at the end of a path (:func:`cumatrix.audit.runtime_evidence.elf_sonames`).
+DATA_SCANS = (
+    name_scan(("cu", _STATIC_CUDART_MARK)),
+    NameScan(patterns=(runtime_evidence._SONAME_RE,),
+             before=tuple(b in (0, ord("/")) for b in range(256)), longest=39),
+)
+
+
+def _gather(name: str, elf: ELFFile, data: AuditData,
+            scanned: list[set[str]] | None = None) -> _Facts:
+    names, sonames = scanned if scanned is not None else scan_names(elf, DATA_SCANS)
+    cuda = {t for t in names if t.startswith("cuda")}
+    cu = {t for t in names if t.startswith(_DRIVER_VERSION_QUERIES)}
+    return _Facts(
+        name=name, needed=tuple(elf_needed(elf)),
+        undefined=frozenset(elf_undefined_symbols(elf)),
+        exported=frozenset(elf_defined_symbols(elf)),
+        cuda_strings=frozenset(cuda), cu_strings=frozenset(cu),
+        static_runtime=_is_static_runtime(names, cuda, data),
+        sonames=frozenset(sonames), search_paths=runtime_evidence.elf_search_paths(elf),
+        requires=data.requires,
+    )
+
+
+def _is_static_runtime(names: set[str], cuda: set[str], data: AuditData) -> bool:
+    """Whether the file carries a copy of libcudart (:func:`cumatrix.binary.staticcudart.is_static_runtime`)."""
+    return staticcudart.is_static_runtime(names, cuda, data.runtime_introductions)
+
+
+def elf_device_code(elf: ELFFile) -> tuple[DeviceCode, ...]:
+    """The entries of ``elf``'s ``.nv_fatbin`` section (none when it has no such section)."""
+    section = elf.get_section_by_name(".nv_fatbin")
+    if section is None or section["sh_type"] == "SHT_NOBITS":
+        return ()
+    return read_fatbin(elf.stream, section["sh_offset"], section["sh_size"])
+
+
+def audit_elf(
+    name: str,
+    elf: ELFFile,
+    *,
+    min_driver: CudaVersion,
+    runtimes: tuple[int, ...] | None,
+    strict: bool,
+    introductions: Mapping[str, int],
+    abi_changed: Mapping[str, tuple[str, str]] | AbstractSet[str],
+    settings: AuditSettings | None = None,
+    data: AuditData | None = None,
+) -> list[Finding]:
+    """The findings for one ELF file (``name`` is its path in the wheel).
+
+    ``settings`` and ``data``, when given, enable the checks beyond the driver symbols,
+    ``DT_NEEDED`` and ABI lookups (runtime floor, device code).
+    """
+    s = settings or AuditSettings(min_driver=min_driver, runtimes=runtimes, strict=strict)
+    d = data or AuditData(introductions=introductions, abi_changes={}, sources=())
+    findings, _ = audit_one(name, elf, s, replace(d, introductions=introductions), abi_changed)
+    return findings
+
+
+def audit_one(name: str, elf: ELFFile, s: AuditSettings, data: AuditData,
+              abi_changed: Mapping[str, tuple[str, str]] | AbstractSet[str],
+              scanned: list[set[str]] | None = None
+              ) -> tuple[list[Finding], tuple[DeviceCode, ...]]:
+    """Every check on one ELF file: its findings and its device code.  ``scanned``: what
+    :data:`DATA_SCANS` found in its data, when the reader already scanned it."""
+    f = _gather(name, elf, data, scanned)
+    out = _needs_libcuda(f, s)
+    out += _runtime_major_checks(f, s, data)
+    out += _driver_symbol_checks(f, s, data)
+    out += _underlinked_checks(f, data)
+    out += _runtime_floor_checks(f, s, data)
+    out += _dispatch_checks(f, data, abi_changed)
+    codes = elf_device_code(elf)
+    out += device_checks(name, codes, s)
+    return out, codes
