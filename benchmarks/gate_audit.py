@@ -135,9 +135,8 @@ def build_wheel(work: Path, pad_mb: int) -> Path:
     bigs = []
     for tag in ("stored", "deflated"):
         pad = work / f"pad_{tag}.bin"
-        with open(pad, "wb") as f:
-            for _ in range(pad_mb):
-                f.write(os.urandom(1 << 20))
+        with pad.open("wb") as f:
+            f.writelines(os.urandom(1 << 20) for _ in range(pad_mb))
         bigs.append(_gcc(work, f"_big_{tag}.so",
                          BIG_SOURCE.format(pad=pad_mb, padfile=pad.name), "-ldl"))
         pad.unlink()
@@ -290,7 +289,7 @@ def kinds(args: argparse.Namespace) -> int:
 
 def _unzip_seconds(wheel: Path) -> float:
     t0 = time.perf_counter()
-    with open(os.devnull, "wb") as null:
+    with Path(os.devnull).open("wb") as null:
         subprocess.run(["unzip", "-p", str(wheel)], stdout=null, check=True)
     return time.perf_counter() - t0
 

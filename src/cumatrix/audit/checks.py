@@ -278,7 +278,7 @@ def _runtime_floor_checks(f: _Facts, s: AuditSettings, data: AuditData) -> list[
     return out
 
 
-def _dispatch_checks(f: _Facts, data: AuditData,
+def _dispatch_checks(f: _Facts,
                      abi_changed: Mapping[str, tuple[str, str]] | AbstractSet[str]) -> list[Finding]:
     # A statically linked runtime names every runtime function (its own tables): not lookups.
     if not abi_changed or f.static_runtime:
@@ -452,7 +452,7 @@ def audit_one(name: str, elf: ELFFile, s: AuditSettings, data: AuditData,
     out += _driver_symbol_checks(f, s, data)
     out += _underlinked_checks(f, data)
     out += _runtime_floor_checks(f, s, data)
-    out += _dispatch_checks(f, data, abi_changed)
+    out += _dispatch_checks(f, abi_changed)
     codes = elf_device_code(elf)
     out += device_checks(name, codes, s)
     return out, codes

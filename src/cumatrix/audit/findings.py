@@ -200,7 +200,8 @@ class StaticAudit:
         settings = data.get("settings")
         wheels: list[WheelAudit] = []
         flat = list(data.get("findings", []))
-        for w in data.get("wheels", []):
+        for entry in data.get("wheels", []):
+            w = entry
             if "findings" not in w:  # the first record format: findings only in the flat list
                 w = {**w, "findings": [f for f in flat if f.get("wheel") == w["wheel"]]}
             wheels.append(WheelAudit.from_json(w))

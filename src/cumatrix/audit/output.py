@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from cumatrix.audit.findings import AuditSettings, Finding, StaticAudit, WheelAudit
 
+
 def _counts(errors: int, warnings: int) -> str:
     e = f"{errors} error{'s' if errors != 1 else ''}"
     w = f"{warnings} warning{'s' if warnings != 1 else ''}"
@@ -74,9 +75,8 @@ def format_findings(audits: Sequence[WheelAudit], *, width: int = 100,
                 tail = f" ({n} note{'s' if n != 1 else ''} folded below)" if n else ""
                 lines.append(f"  {file}: ok{tail}{code}")
                 continue
-            found = shown
             lines.append(f"  {file}{code}")
-            for f in found:
+            for f in shown:
                 lines.append(f"    {f.severity.upper():<8} {f.code:<22} {f.subject}"
                              + ("  [optional file]" if f.optional else ""))
                 lines.extend(_wrap(wrap, f.message))

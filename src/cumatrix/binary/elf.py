@@ -255,10 +255,10 @@ def spool_file(size: int) -> IO[bytes]:
     process's resident memory."""
     if size <= MEMFD_MAX and hasattr(os, "memfd_create"):
         try:
-            return open(os.memfd_create("cumatrix-member", os.MFD_CLOEXEC), "w+b")  # noqa: SIM115
+            return os.fdopen(os.memfd_create("cumatrix-member", os.MFD_CLOEXEC), "w+b")
         except OSError:  # no memfd in this kernel or sandbox
             pass
-    return tempfile.TemporaryFile()  # noqa: SIM115 - the caller closes it
+    return tempfile.TemporaryFile()
 
 
 def open_member(zf: zipfile.ZipFile, raw: IO[bytes], info: zipfile.ZipInfo, *,
@@ -331,7 +331,7 @@ def iter_wheel_elves(
     :class:`elftools.common.exceptions.ELFError`.  Raises :class:`zipfile.BadZipFile`
     when ``wheel`` is not a zip archive.
     """
-    with zipfile.ZipFile(wheel) as zf, open(wheel, "rb") as raw:
+    with zipfile.ZipFile(wheel) as zf, wheel.open("rb") as raw:
         for info in zf.infolist():
             if info.is_dir() or info.file_size < len(ELF_MAGIC):
                 continue
@@ -559,7 +559,7 @@ def scan_names(elf: ELFFile, scans: tuple[NameScan, ...], *,
     keep = max(s.longest for s in scans) + 1
     # Names seen twice (in a chunk and again in the next one's context) collapse in the set.
     for buf in data_chunks(elf, string_tables=string_tables, keep=keep):
-        for scan, out in zip(scans, found):
+        for scan, out in zip(scans, found, strict=True):
             before = scan.before
             for pattern in scan.patterns:
                 for m in pattern.finditer(buf, 1):

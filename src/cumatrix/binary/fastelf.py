@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import io
 import struct
-from functools import cached_property
 from collections.abc import Iterator
+from functools import cached_property
 from typing import IO, Any
 
 from elftools.construct.lib.container import Container
@@ -90,7 +90,7 @@ def _plain_section(h: Any, name: str, table: list[Container],
 class FastELFFile(ELFFile):
     """:class:`ELFFile` with the section header table parsed once (same values)."""
 
-    def __init__(self, stream: IO[bytes]) -> None:  # noqa: D107 - as ELFFile's
+    def __init__(self, stream: IO[bytes]) -> None:
         # ELFFile.__init__, with the construct structures shared between files.
         self.stream = stream
         self.stream.seek(0, io.SEEK_END)
@@ -139,7 +139,7 @@ class FastELFFile(ELFFile):
         types = _decoded_types(self.structs)
         headers = []
         for values in struct.iter_unpack(fmt, raw):
-            fields = dict(zip(_SHDR_FIELDS, values))
+            fields = dict(zip(_SHDR_FIELDS, values, strict=True))
             kind = values[1]
             decoded = types.get(kind)
             if decoded is None:
@@ -240,10 +240,10 @@ class FastELFFile(ELFFile):
                 self._make_all()
                 plain = [self.get_section(i).name for i in range(len(table))]
             self._all_made = True
-            self._named = list(zip(plain, table))
+            self._named = list(zip(plain, table, strict=True))
         return self._named
 
-    def iter_sections(self, type: str | None = None) -> Iterator[Section]:  # noqa: A002
+    def iter_sections(self, type: str | None = None) -> Iterator[Section]:
         """As :meth:`ELFFile.iter_sections`, from the kept sections."""
         get = self.get_section
         for i in range(self.num_sections()):
@@ -251,7 +251,7 @@ class FastELFFile(ELFFile):
             if type is None or section["sh_type"] == type:
                 yield section
 
-    def get_section(self, n: int, type: Any = None) -> Section:  # noqa: A002 - ELFFile's name
+    def get_section(self, n: int, type: Any = None) -> Section:
         """Section ``n`` (kept: asking again costs nothing)."""
         if type is None:
             section = self._sections.get(n)

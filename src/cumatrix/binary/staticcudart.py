@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 MARK = "libcudart_static_"
 ERROR_NAME = "cudaErrorCudartUnloading"
@@ -105,21 +106,22 @@ def _may_hold_runtime(path: str) -> bool:
     """A fast look for either marker's bytes (hashing and a full ELF read only where one is
     there), once per file version (device, inode, size, mtime): every cell maps libc."""
     try:
-        st = os.stat(path)
+        st = Path(path).stat()
     except OSError:
         return False
     return _has_marker(path, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 @lru_cache(maxsize=16384)
-def _has_marker(path: str, dev: int, ino: int, size: int, mtime_ns: int) -> bool:
+def _has_marker(path: str, dev: int, ino: int, size: int, mtime_ns: int) -> bool:  # noqa: ARG001
+    # dev, ino, size and mtime_ns are the cache key: a changed file is looked at again.
     return has_bytes(path, _NEEDLES)
 
 
 def has_bytes(path: str, needles: tuple[bytes, ...]) -> bool:
     """Whether the file holds any of ``needles`` (memory-mapped, no copy)."""
     try:
-        with open(path, "rb") as f:
+        with Path(path).open("rb") as f:
             if os.fstat(f.fileno()).st_size < 64:
                 return False
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
@@ -160,7 +162,7 @@ def _inspect(path: str, digest: str, intros: Callable[[], Mapping[str, int]]) ->
     from cumatrix.binary.elf import elf_strings
 
     try:
-        with open(path, "rb") as fh:
+        with Path(path).open("rb") as fh:
             names = elf_strings(ELFFile(fh), ("cu", MARK))
     except (OSError, ELFError, ValueError):
         return None

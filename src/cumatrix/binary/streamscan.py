@@ -69,7 +69,7 @@ class StreamedNames:
             if not is_data_section(header, False) or name in DEVICE_SECTIONS:
                 continue
             start, end = header.sh_offset, header.sh_offset + header.sh_size
-            for scan, found, names in zip(self.scans, self.found, out):
+            for scan, found, names in zip(self.scans, self.found, out, strict=True):
                 names.update(t for s, e, t in found if start < s and e <= end)
                 _anchored(stream, start, end, scan, names)
         return out
@@ -94,7 +94,7 @@ def _child(archive: Path, data_start: int, compressed: int, size: int, fd: int,
     try:
         d = _fast_zlib.decompressobj(-zlib.MAX_WBITS)
         written = 0
-        with open(archive, "rb") as raw:
+        with archive.open("rb") as raw:
             raw.seek(data_start)
             left = compressed
             while left > 0:
@@ -154,7 +154,7 @@ class _Scanner:
         self.done = max(self.done, avail)
 
     def _scan(self, view: mmap.mmap, base: int, pos: int) -> None:
-        for scan, found in zip(self.scans, self.result.found):
+        for scan, found in zip(self.scans, self.result.found, strict=True):
             before = scan.before
             for pattern in scan.patterns:
                 for m in pattern.finditer(view, pos):
@@ -226,7 +226,7 @@ def _run(archive: Path, data_start: int, compressed: int, size: int, fd: int,
     finally:
         _, status = os.waitpid(pid, 0)
     if failure is not None:
-        raise pickle.loads(failure)  # noqa: S301 - written by our own child just now
+        raise pickle.loads(failure)
     if status != 0 or scanner.done != size:
         raise zipfile.BadZipFile(f"inflating the member stopped after {scanner.done} of its "
                                  f"{size} bytes")

@@ -24,7 +24,7 @@ def bad_utf8_name(path: Path) -> bytes | None:
     :mod:`zipfile` reports what is wrong in its own words.
     """
     try:
-        with open(path, "rb") as f:
+        with path.open("rb") as f:
             f.seek(0, 2)
             size = f.tell()
             f.seek(max(0, size - _TAIL))
