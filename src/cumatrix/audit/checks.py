@@ -11,6 +11,7 @@ import re
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from elftools.elf.elffile import ELFFile
 
@@ -242,6 +243,12 @@ def _underlinked_checks(f: _Facts, data: AuditData) -> list[Finding]:
     )]
 
 
+@lru_cache(maxsize=8)
+def _versions(texts: tuple[str, ...]) -> list[int]:
+    # Parsed once per audit, not once per file (17 versions took a tenth of a cubin's checks).
+    return [int(CudaVersion.parse(x)) for x in texts]
+
+
 def _runtime_floor_checks(f: _Facts, s: AuditSettings, data: AuditData) -> list[Finding]:
     if s.min_runtime is None or not data.runtime_introductions:
         return []
@@ -249,7 +256,7 @@ def _runtime_floor_checks(f: _Facts, s: AuditSettings, data: AuditData) -> list[
     majors = [int(m.group(1)) for lib in f.needed if (m := _LIBCUDART_RE.match(lib))]
     # A file that loads libcudart.so.13 cannot meet a 12.x runtime: runtime-major says so.
     floor = max([int(s.min_runtime)] + [m * 1000 for m in majors])
-    older = [int(CudaVersion.parse(x)) for x in data.runtime_sources]
+    older = _versions(data.runtime_sources)
     oldest = min(older, default=0)
     read = (f"libcudart {data.runtime_sources[0]}-{data.runtime_sources[-1]} read"
             if data.runtime_sources else "")

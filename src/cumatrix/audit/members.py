@@ -90,9 +90,16 @@ def _audit_member(wheel: Path, member: str, s: AuditSettings, data: AuditData,
 
 
 def _streamed(info: zipfile.ZipInfo) -> bool:
-    """Whether a member is inflated by a second process while this one scans it."""
+    """Whether a member is inflated by a second process while this one scans it: one larger
+    than a core's share of the wheel's ELF data (the other cores would wait for it; a smaller
+    one's second process takes a core from another member's audit)."""
     return (info.compress_type == zipfile.ZIP_DEFLATED and not info.flag_bits & 0x1
-            and _STREAM_MIN <= info.file_size <= MEMFD_MAX and hasattr(os, "fork"))
+            and max(_STREAM_MIN, _PLAN.get("share", 0)) <= info.file_size <= MEMFD_MAX
+            and hasattr(os, "fork"))
+
+
+#: The wheel's ELF bytes per process auditing it, set before the members are audited.
+_PLAN: dict[str, int] = {}
 
 
 #: The archive handle of this process, by wheel: one open per process, not one per member.
@@ -186,6 +193,7 @@ def _run_members(wheel: Path, members: list[tuple[str, int]], s: AuditSettings,
                  jobs: int | None) -> dict[str, _MemberResult]:
     n = min(jobs or workers(), len(members))
     total = sum(size for _, size in members)
+    _PLAN["share"] = total // max(1, n)
     if n <= 1 or total < _PARALLEL_BYTES or "fork" not in multiprocessing.get_all_start_methods():
         return {m: _audit_member(wheel, m, s, data, abi) for m, _ in members}
     _WORKER_STATE["audit"] = (wheel, s, data, abi)
@@ -220,4 +228,5 @@ def audit_members(wheel: Path, s: AuditSettings, data: AuditData,
         return members, _run_members(wheel, members, s, data, abi, jobs)
     finally:
         _INFOS.clear()
+        _PLAN.clear()
         _close_archives()
