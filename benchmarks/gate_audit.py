@@ -17,6 +17,11 @@ most 0.5 of ``unzip -p``'s time, peak resident memory under 200 MB), rounds inte
 - framework-like: CuPy 13.6.0 for CUDA 12 (hundreds of Python files, a few large ``.so``).
 
     python benchmarks/gate_audit.py --kinds [--rounds 3] [--wheel-dir DIR] [--same-as REF]
+                                    [--log reports/bench/gate-audit.log]
+
+It also prints the CPU seconds of each (all of the audit's processes; those do not change with
+the load of the machine, the wall times do) and the load average before each round.  ``--log``
+writes the command line, everything printed and the exit status to that file as well.
 
 ``--same-as REF`` also audits each wheel once with the code of git commit ``REF`` and
 requires the very same findings (file, code, subject).
@@ -42,8 +47,11 @@ streams) on the same wheel, for comparison, with a 120 s cap.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -51,6 +59,7 @@ import tempfile
 import time
 import zipfile
 from pathlib import Path
+from typing import TextIO
 
 TARGET_SECONDS = 10.0
 TARGET_MB = 500.0
@@ -183,13 +192,16 @@ wheel_dir = Path(sys.argv[2]) if sys.argv[2] else None
 data = load_audit_data(wheel_dir=wheel_dir)
 s = AuditSettings(min_driver=CudaVersion(12, 8), runtimes=(12,), min_runtime=CudaVersion(12, 8),
                   arch_list=tuple(parse_arch(a) for a in "8.0 9.0 10.0 12.0".split()))
-t0 = time.perf_counter()
+def cpu():
+    return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+t0, c0 = time.perf_counter(), cpu()
 audit = audit_wheel(Path(sys.argv[1]), min_driver=s.min_driver, runtimes=s.runtimes,
                     strict=False, optional=(), introductions=data.introductions,
                     abi_changed=data.abi_changes, settings=s, data=data)
-t1 = time.perf_counter()
+t1, c1 = time.perf_counter(), cpu()
 print(json.dumps({
-    "audit_s": t1 - t0, "elves": len(audit.elves), "errors": audit.errors,
+    "audit_s": t1 - t0, "cpu_s": c1 - c0, "elves": len(audit.elves), "errors": audit.errors,
     "warnings": audit.warnings, "workers": _workers(),
     "codes": sorted({(f.file, f.code, f.subject) for f in audit.findings}),
     "self_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
@@ -235,10 +247,15 @@ def kinds(args: argparse.Namespace) -> int:
            "load_audit_data(wheel_dir=pathlib.Path(sys.argv[1]) if sys.argv[1] else None); "
            "print('{}')", wd)  # warm the header cache outside the timed runs
     unzip_s: dict[str, list[float]] = {k: [] for k, _ in wheels}
+    unzip_cpu: dict[str, list[float]] = {k: [] for k, _ in wheels}
     audits: dict[str, list[dict[str, object]]] = {k: [] for k, _ in wheels}
+    loads: list[float] = []
     for _ in range(args.rounds):
+        loads.append(os.getloadavg()[0])
         for kind, wheel in wheels:
+            c0 = _children_cpu()
             unzip_s[kind].append(_unzip_seconds(wheel))
+            unzip_cpu[kind].append(_children_cpu() - c0)
             audits[kind].append(_child(REAL_CHILD, str(wheel), wd))
     ok = True
     if args.same_as:
@@ -255,8 +272,10 @@ def kinds(args: argparse.Namespace) -> int:
                 print(f"findings of {kind} against {args.same_as}: "
                       f"{'identical' if same else 'DIFFERENT'} ({len(ref['codes'])} "  # type: ignore[arg-type]
                       f"distinct), {float(ref['audit_s']):.2f} s there")  # type: ignore[arg-type]
-    print(f"cores usable: {len(os.sched_getaffinity(0))}, load average before the last round: "
-          f"{os.getloadavg()[0]:.2f}")
+    # Other work on the machine slows both; the ratio of the interleaved medians is fairer
+    # than either time alone, and the CPU seconds are what the load leaves unchanged.
+    print(f"cores usable: {len(os.sched_getaffinity(0))}, load average (1 min) before each "
+          f"round: {' '.join(f'{x:.2f}' for x in loads)}")
     for kind, wheel in wheels:
         with zipfile.ZipFile(wheel) as zf:
             infos = zf.infolist()
@@ -277,6 +296,9 @@ def kinds(args: argparse.Namespace) -> int:
         print(f"  unzip -p: {' '.join(f'{x:.2f}' for x in unzip_s[kind])} s (median {u:.2f} s)")
         times = " ".join(f"{float(r['audit_s']):.2f}" for r in runs)  # type: ignore[arg-type]
         print(f"  audit:    {times} s (median {a:.2f} s)")
+        cpu = statistics.median(float(r["cpu_s"]) for r in runs)  # type: ignore[arg-type]
+        print(f"  CPU seconds (median): unzip -p {statistics.median(unzip_cpu[kind]):.2f}, "
+              f"audit {cpu:.2f} (all its processes)")
         ratio = a / u
         good = ratio <= 0.5 and peak_mb < KIND_TARGET_MB and same
         ok = ok and good
@@ -285,6 +307,11 @@ def kinds(args: argparse.Namespace) -> int:
         print(f"  peak RSS (process + {workers} x largest worker): {peak_mb:.0f} MB   "
               f"goal < {KIND_TARGET_MB:.0f} MB   {'ok' if peak_mb < KIND_TARGET_MB else 'MISSED'}")
     return 0 if ok else 1
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def _unzip_seconds(wheel: Path) -> float:
@@ -325,7 +352,32 @@ def real(args: argparse.Namespace) -> int:
     return 0 if ratio <= 0.5 and peak_mb < 300 else 1
 
 
+class _Tee(io.TextIOBase):
+    """Standard output, copied to a log file."""
+
+    def __init__(self, *streams: TextIO) -> None:
+        self.streams = streams
+
+    def write(self, text: str) -> int:
+        for s in self.streams:
+            s.write(text)
+            s.flush()
+        return len(text)
+
+
 def main() -> int:
+    args = _parser().parse_args()
+    if args.log is None:
+        return _main(args)
+    with args.log.open("w", encoding="utf-8") as log:
+        log.write("$ python benchmarks/gate_audit.py " + " ".join(sys.argv[1:]) + "\n")
+        with contextlib.redirect_stdout(_Tee(sys.stdout, log)):
+            code = _main(args)
+        log.write(f"exit {code}\n")
+    return code
+
+
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--synthetic", action="store_true",
                     help="the synthetic 315 MB wheel instead of a real one")
@@ -343,7 +395,12 @@ def main() -> int:
                     help="directory of already-downloaded CUDA runtime wheels")
     ap.add_argument("--compare-zipfile", action="store_true",
                     help="also time pyelftools over plain ZipFile.open streams (capped at 120 s)")
-    args = ap.parse_args()
+    ap.add_argument("--log", type=Path, default=None,
+                    help="also write the command line, the output and the exit status here")
+    return ap
+
+
+def _main(args: argparse.Namespace) -> int:
     if args.kinds:
         return kinds(args)
     if not args.synthetic:
