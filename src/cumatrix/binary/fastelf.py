@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import io
 import struct
+from collections import namedtuple
 from collections.abc import Iterator
 from functools import cached_property
 from typing import IO, Any
@@ -27,10 +28,12 @@ from elftools.elf.structs import ELFStructs
 
 __all__ = ["FastELFFile"]
 
-# Field names of Elf32_Shdr / Elf64_Shdr, in file order (System V gABI).
-_SHDR_FIELDS = ("sh_name", "sh_type", "sh_flags", "sh_addr", "sh_offset", "sh_size",
-                "sh_link", "sh_info", "sh_addralign", "sh_entsize")
 _SHDR_FORMAT = {32: "IIIIIIIIII", 64: "IIQQQQIIQQ"}
+
+#: A section header's fields (Elf32_Shdr / Elf64_Shdr, in file order, System V gABI), as
+#: pyelftools decodes them (``sh_type`` by name).
+_Shdr = namedtuple("_Shdr", ("sh_name", "sh_type", "sh_flags", "sh_addr", "sh_offset",  # noqa: PYI024
+                             "sh_size", "sh_link", "sh_info", "sh_addralign", "sh_entsize"))
 
 # Built structures by file layout: create_advanced_structs took 1.3 ms a file.
 _STRUCTS: dict[tuple[Any, ...], ELFStructs] = {}
@@ -115,14 +118,17 @@ class FastELFFile(ELFFile):
         self.stream.seek(0)
         self.e_ident_raw = self.stream.read(16)
         self.stream_loader = None
-        self._headers: list[Container] | None = None
+        self._headers: list[Any] | None = None
+        self._containers: dict[int, Container] = {}
         self._sections: dict[int, Section] = {}
         self._names: bytes | None = None  # the section name table, read once
         self._all_made = False
         self._named: list[tuple[str, Container]] | None = None
 
-    def _table(self) -> list[Container]:
-        """Every section header, or an empty list where pyelftools must parse them."""
+    def _rows(self) -> list[Any]:
+        """Every section header as a named tuple of pyelftools' values (a :class:`Container`
+        is made only for a section pyelftools is asked for), or an empty list where
+        pyelftools must parse them."""
         if self._headers is not None:
             return self._headers
         self._headers = []
@@ -137,24 +143,27 @@ class FastELFFile(ELFFile):
         if len(raw) != shnum * size:
             return self._headers
         types = _decoded_types(self.structs)
-        headers = []
-        for values in struct.iter_unpack(fmt, raw):
-            fields = dict(zip(_SHDR_FIELDS, values, strict=True))
-            kind = values[1]
-            decoded = types.get(kind)
-            if decoded is None:
-                decoded = types[kind] = _sh_type_adapter(self.structs)._decode(kind, None)
-            fields["sh_type"] = decoded
-            header = Container.__new__(Container)
-            header.__dict__ = fields  # what Container(**fields) does, without the copy
-            headers.append(header)
-        self._headers = headers
-        return headers
+
+        def decode(kind: int) -> Any:
+            types[kind] = _sh_type_adapter(self.structs)._decode(kind, None)
+            return types[kind]
+
+        make = _Shdr._make
+        # Concatenation, not unpacking: it is the faster of the two here (~35 rows a cubin).
+        rows = [make((v[0], types[v[1]] if v[1] in types else decode(v[1])) + v[2:])  # noqa: RUF005
+                for v in struct.iter_unpack(fmt, raw)]
+        self._headers = rows
+        return rows
 
     def _get_section_header(self, n: int) -> Container:
-        table = self._table()
-        if 0 <= n < len(table):
-            return table[n]
+        rows = self._rows()
+        if 0 <= n < len(rows):
+            header = self._containers.get(n)
+            if header is None:
+                header = Container.__new__(Container)
+                header.__dict__ = rows[n]._asdict()  # what Container(**fields) does
+                self._containers[n] = header
+            return header
         return super()._get_section_header(n)
 
     def _get_section_name(self, section_header: Container) -> str:
@@ -168,7 +177,7 @@ class FastELFFile(ELFFile):
             if table["sh_type"] != "SHT_NOBITS" and size <= self.stream_len:
                 self.stream.seek(table["sh_offset"])
                 self._names = self.stream.read(size)
-        off = section_header["sh_name"]
+        off = section_header.sh_name
         end = self._names.find(b"\0", off)
         if end < 0 or off >= len(self._names):
             return super()._get_section_name(section_header)
@@ -190,12 +199,12 @@ class FastELFFile(ELFFile):
 
     def _plain_names(self) -> list[str] | None:
         """The section names, when making every section could not raise; else None."""
-        table = self._table()
+        table = self._rows()
         if not table:
             return None
         try:
             if self._names is None:
-                self._get_section_name(table[0])  # reads the name table once
+                self._get_section_name(self._get_section_header(0))  # reads the name table
         except Exception:  # noqa: BLE001 - left to pyelftools, which raises its own error
             return None
         blob = self._names
@@ -225,13 +234,14 @@ class FastELFFile(ELFFile):
     @cached_property
     def _section_name_map(self) -> dict[str, int]:
         # As ELFFile's (later sections win a shared name).
-        if not self._table():
+        if not self._rows():
             return super()._section_name_map
         return {name: i for i, (name, _) in enumerate(self.named_headers())}
 
-    def named_headers(self) -> list[tuple[str, Container]]:
-        """``(name, header)`` of every section, in order, as ``iter_sections`` gives them."""
-        table = self._table()
+    def named_headers(self) -> list[tuple[str, Any]]:
+        """``(name, header)`` of every section, in order, as ``iter_sections`` gives them
+        (each header's fields are attributes: ``header.sh_type``)."""
+        table = self._rows()
         if not table:
             return [(s.name, s.header) for s in self.iter_sections()]
         if self._named is None:

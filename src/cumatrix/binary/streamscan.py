@@ -20,6 +20,7 @@ match counts only when it ends (its NUL included) inside the section.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import pickle
@@ -200,12 +201,11 @@ def _run(archive: Path, data_start: int, compressed: int, size: int, fd: int,
         finally:
             os._exit(code)
     os.close(w)
-    try:
-        # This core allocates the file's pages while the child inflates on the other: its
-        # writes then only copy (a tenth of its time went to allocating them).
+    # This core allocates the file's pages while the child inflates on the other: its writes
+    # then only copy (a tenth of its time went to allocating them).  Where the file system
+    # has no fallocate, the child's writes allocate them.
+    with contextlib.suppress(OSError):
         os.posix_fallocate(fd, 0, size)
-    except OSError:  # a file system without it: the child's writes allocate them
-        pass
     scanner = _Scanner(fd, scans)
     pending = b""
     failure: bytes | None = None
