@@ -202,8 +202,7 @@ def _run(archive: Path, data_start: int, compressed: int, size: int, fd: int,
             os._exit(code)
     os.close(w)
     # This core allocates the file's pages while the child inflates on the other: its writes
-    # then only copy (a tenth of its time went to allocating them).  Where the file system
-    # has no fallocate, the child's writes allocate them.
+    # then only copy.  Where the file system has no fallocate, the child's writes allocate them.
     with contextlib.suppress(OSError):
         os.posix_fallocate(fd, 0, size)
     scanner = _Scanner(fd, scans)
