@@ -137,3 +137,23 @@ def test_the_gate_finds_the_same_streamed_or_not(tmp_path: Path,
     # The wheel's findings name the runtime it loads and the ABI-changed lookup.
     assert ("demo/_big.so", "abi-lookup", "cudaMemcpyBatchAsync") in plain
     assert any(code.startswith("runtime") and "13" in subject for _, code, subject in plain)
+
+
+def test_without_a_second_process_the_member_is_read_in_this_one(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    wheel = _wheel(tmp_path, _library(tmp_path, 6, mark=False))
+    data = AuditData(introductions={}, abi_changes={
+        "cudaMemcpyBatchAsync": ("(a, b)", "(a, b, c)")}, sources=())
+    s = AuditSettings(min_driver=CudaVersion(11, 8), runtimes=(12,))
+
+    def no_fork() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(members, "_STREAM_MIN", 0)
+    monkeypatch.setattr(os, "fork", no_fork)
+    a = audit_wheel(wheel, min_driver=s.min_driver, runtimes=s.runtimes, strict=False,
+                    optional=(), introductions=data.introductions, abi_changed=data.abi_changes,
+                    settings=s, data=data, jobs=1)
+    codes = {(f.code, f.subject) for f in a.findings}
+    assert ("abi-lookup", "cudaMemcpyBatchAsync") in codes
+    assert not any(code == "unreadable-elf" for code, _ in codes)

@@ -35,7 +35,7 @@ from cumatrix.binary.elf import (
 )
 from cumatrix.binary.fastelf import FastELFFile
 from cumatrix.binary.fatbin import DeviceCode
-from cumatrix.binary.streamscan import StreamedNames, stream_member
+from cumatrix.binary.streamscan import StreamedNames, StreamUnavailable, stream_member
 
 # Below this much inflated ELF data a wheel is audited in-process (a pool costs more).
 _PARALLEL_BYTES = 64 << 20
@@ -77,9 +77,12 @@ def _audit_member(wheel: Path, member: str, s: AuditSettings, data: AuditData,
                                      data, abi_changed)
         archive = _archive(wheel)
         if _streamed(info):
-            stream, names = stream_member(wheel, data_start(archive, info), info.compress_size,
-                                          info.file_size, DATA_SCANS)
-            return _audit_stream(member, stream, info.file_size, s, data, abi_changed, names)
+            try:
+                stream, names = stream_member(wheel, data_start(archive, info),
+                                              info.compress_size, info.file_size, DATA_SCANS)
+                return _audit_stream(member, stream, info.file_size, s, data, abi_changed, names)
+            except StreamUnavailable:
+                pass  # no second process here: read below, in this one
         # Stored and deflated members need only the archive handle: no central directory
         # is parsed again per member (2,000 entries took 40 ms a member in CuPy's wheel).
         return _audit_stream(member, open_member(cast(zipfile.ZipFile, None), archive, info),

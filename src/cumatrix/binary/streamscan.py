@@ -39,7 +39,7 @@ try:
 except ImportError:  # pragma: no cover - a declared dependency; zlib still works
     _fast_zlib = zlib  # type: ignore[misc]
 
-__all__ = ["StreamedNames", "stream_member"]
+__all__ = ["StreamUnavailable", "StreamedNames", "stream_member"]
 
 _CHUNK = 4 << 20  # compressed bytes inflated at a time
 _WINDOW = 32 << 20  # bytes of the spool file mapped and scanned at a time
@@ -47,6 +47,10 @@ _PROGRESS = struct.Struct("<q")
 #: Names recorded before the scan gives up and the sections are scanned after inflation: a
 #: bound on the memory a crafted member (a file of nothing but short names) can take.
 MAX_RECORDS = 1 << 20
+
+
+class StreamUnavailable(OSError):
+    """No second process could be started: read the member the plain way instead."""
 
 
 @dataclass(slots=True)
@@ -175,7 +179,8 @@ def stream_member(archive: Path, data_start: int, compressed: int, size: int,
     anonymous file (returned at offset 0; the caller closes it) while ``scans`` run over it.
 
     Raises what inflating raises (:class:`zipfile.BadZipFile` for a member whose size is not
-    the declared one, the inflater's error for a damaged stream)."""
+    the declared one, the inflater's error for a damaged stream), and
+    :class:`StreamUnavailable` when no second process can be started."""
     out = spool_file(size)
     try:
         os.ftruncate(out.fileno(), 0)
@@ -189,8 +194,16 @@ def stream_member(archive: Path, data_start: int, compressed: int, size: int,
 
 def _run(archive: Path, data_start: int, compressed: int, size: int, fd: int,
          scans: tuple[NameScan, ...]) -> StreamedNames:
-    r, w = os.pipe()
-    pid = os.fork()
+    try:
+        r, w = os.pipe()
+    except OSError as e:
+        raise StreamUnavailable(str(e)) from e
+    try:
+        pid = os.fork()
+    except OSError as e:  # no second process here (a limit, a sandbox)
+        os.close(r)
+        os.close(w)
+        raise StreamUnavailable(str(e)) from e
     if pid == 0:  # the child: inflate, report, and leave without running any cleanup
         code = 0
         try:
