@@ -13,11 +13,12 @@ from pathlib import Path
 
 from cumatrix.core.private import replace_new
 from cumatrix.report.html import write_html
-from cumatrix.report.jsonout import write_json
+from cumatrix.report.jsonout import dumps, write_json
 from cumatrix.report.junit import write_junit
 from cumatrix.report.markdown import verdict_line, write_markdown
 from cumatrix.report.merge import merge_runs
 from cumatrix.report.progress import progress_line
+from cumatrix.report.static import static_record
 from cumatrix.results.records import (
     SCHEMA_VERSION,
     CellResult,
@@ -67,9 +68,6 @@ def write_all(run: RunData, out_dir: Path) -> list[Path]:
         writer(run, tmp)
         tmp.replace(final)
         written.append(final)
-    from cumatrix.report.jsonout import dumps
-    from cumatrix.report.static import static_record
-
     static = static_record(run)
     if static is not None:  # a gate's static audit, as it recorded it
         final = out_dir / "static.json"

@@ -30,6 +30,7 @@ from markupsafe import Markup
 
 from cumatrix.report.grid import LEGEND, Entry, Grid, entries, glossary, grids, timed
 from cumatrix.report.markdown import headline
+from cumatrix.report.since import html_data
 from cumatrix.report.text import clean
 from cumatrix.results.records import CATEGORIES, CellResult, RunData, Timings
 
@@ -332,8 +333,6 @@ def to_html(run: RunData) -> str:
 def _since(run: RunData) -> dict[str, object] | None:
     if run.since is None:
         return None
-    from cumatrix.report.since import html_data
-
     return html_data(run.since)
 
 

@@ -12,6 +12,9 @@ from pathlib import Path
 
 from cumatrix.report.grid import readable
 from cumatrix.report.markdown import headline
+from cumatrix.report.since import junit_properties
+from cumatrix.report.since import text as since_text
+from cumatrix.report.static import static_record, static_suites
 from cumatrix.report.text import clean
 from cumatrix.results.records import CellResult, RunData, axes_from_id
 
@@ -127,9 +130,7 @@ def to_xml(run: RunData) -> ET.ElementTree:
     for cid, host in run.not_run_where():
         suite.append(_not_run_case(cid, host))
     if run.since is not None:  # the "since the last run" text, where CI shows a suite's output
-        from cumatrix.report.since import text
-
-        ET.SubElement(suite, "system-out").text = clean(text(run.since))
+        ET.SubElement(suite, "system-out").text = clean(since_text(run.since))
     _static_suites(root, run)
     ET.indent(root)
     return ET.ElementTree(root)
@@ -138,15 +139,11 @@ def to_xml(run: RunData) -> ET.ElementTree:
 def _since_properties(run: RunData) -> list[tuple[str, object]]:
     if run.since is None:
         return []
-    from cumatrix.report.since import junit_properties
-
     return junit_properties(run.since)
 
 
 def _static_suites(root: ET.Element, run: RunData) -> None:
     """A gate's static findings: a ``static <wheel>`` suite per wheel, counted in the totals."""
-    from cumatrix.report.static import static_record, static_suites
-
     static = static_record(run)
     if static is None:
         return

@@ -12,6 +12,8 @@ import html
 from pathlib import Path
 
 from cumatrix.report.grid import LEGEND, SYMBOLS, Grid, glossary, grids, readable, timed
+from cumatrix.report.since import markdown as since_markdown
+from cumatrix.report.static import static_markdown, static_record
 from cumatrix.report.text import clean, md_code, md_fenced, md_inline, shorten
 from cumatrix.results.records import CellResult, Counts, RunData
 
@@ -251,16 +253,12 @@ def _speed(run: RunData) -> list[str]:
 
 def to_markdown(run: RunData) -> str:
     """The ``summary.md`` text of a run (a gate's static findings first)."""
-    from cumatrix.report.static import static_markdown, static_record
-
     static = static_record(run)
     lines = [static_markdown(static)] if static is not None else []
     lines += [verdict_line(run), ""]
     lines += _meta(run)
     lines.append("")
     if run.since is not None:  # what changed since the previous run of this matrix (history)
-        from cumatrix.report.since import markdown as since_markdown
-
         lines += since_markdown(run.since)
     lines += _mismatches(run)
     lines += _not_run(run)

@@ -33,6 +33,8 @@ def _label(c: Change, before: bool) -> str:
 
 
 def _lists(d: Diff) -> list[tuple[str, str, tuple[Change, ...]]]:
+    # deferred: results.historydiff (sqlite3, statistics) costs ~50 ms to import and every report
+    # writer imports this module; a caller holding a Diff has it loaded already
     from cumatrix.results.historydiff import LISTS
 
     return [(name, TITLES[name], getattr(d, name)) for name in LISTS if getattr(d, name)]
@@ -45,6 +47,8 @@ def _against(d: Diff) -> str:
 
 def headline(d: Diff) -> str:
     """``2 new failures, 1 fixed, ... against run #12 (…)``, or ``no change against …``."""
+    # deferred: results.historydiff (sqlite3, statistics) costs ~50 ms to import and every report
+    # writer imports this module; a caller holding a Diff has it loaded already
     from cumatrix.results.historydiff import LISTS
 
     words = {"new_failures": ("new failure", "new failures"), "fixed": ("fixed", "fixed"),
@@ -83,6 +87,8 @@ def markdown(d: Diff) -> list[str]:
 
 def text(d: Diff) -> str:
     """Plain text of the section (junit system-out)."""
+    # deferred: results.historydiff (sqlite3, statistics) costs ~50 ms to import and every report
+    # writer imports this module; a caller holding a Diff has it loaded already
     from cumatrix.results.historydiff import to_text
 
     return to_text(d)

@@ -22,6 +22,8 @@ def static_record(run: RunData) -> Mapping[str, object] | None:
 
 def static_markdown(record: Mapping[str, object]) -> str:
     """The findings as Markdown, for the top of ``summary.md``."""
+    # deferred: audit.static (pyelftools, multiprocessing) costs ~180 ms to import; only a gate's
+    # run carries a static record, and every report writer imports this module
     from cumatrix.audit.static import StaticAudit, findings_markdown
 
     return findings_markdown(StaticAudit.from_json(record).wheels)
@@ -29,6 +31,8 @@ def static_markdown(record: Mapping[str, object]) -> str:
 
 def static_suites(record: Mapping[str, object]) -> list[ET.Element]:
     """One JUnit ``testsuite`` per wheel."""
+    # deferred: audit.static (pyelftools, multiprocessing) costs ~180 ms to import; only a gate's
+    # run carries a static record, and every report writer imports this module
     from cumatrix.audit.static import StaticAudit, junit_suites
 
     return junit_suites(StaticAudit.from_json(record).wheels)

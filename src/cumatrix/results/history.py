@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cumatrix.core.errors import UsageError
-from cumatrix.core.record import CellRecord
+from cumatrix.core.record import CellRecord, axes_from_id
 
 if TYPE_CHECKING:  # the report package is not imported to append or diff
     from cumatrix.results.records import RunData
@@ -444,8 +444,6 @@ class History:
 
 
 def _kind_of(cell_id: str) -> str:
-    from cumatrix.core.record import axes_from_id
-
     return axes_from_id(cell_id).get("kind", "")
 
 

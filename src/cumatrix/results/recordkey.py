@@ -77,7 +77,7 @@ def _read_private(path: Path) -> bytes:
 
 
 def _body(record: Mapping[str, Any]) -> bytes:
-    from cumatrix.results.store import dumps
+    from cumatrix.results.store import dumps  # deferred: import circle, results.store imports this module
 
     return dumps({k: v for k, v in record.items() if k != FIELD}).encode()
 
