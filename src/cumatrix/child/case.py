@@ -168,6 +168,7 @@ def main(argv: list[str]) -> int:
         if kind == "probe":
             verdict = probe(spec)
         elif kind == "swap":
+            # deferred: swapcell (with statistics, random) costs ~25 ms in every probe cell's child otherwise
             from cumatrix.child import swapcell
 
             verdict = swapcell.run(spec)

@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from cumatrix.core.suggest import did_you_mean as _nearest
+
 #: Exit code of a run in which nothing ran: no cell selected, or every cell skipped.
 EXIT_NOTHING_RAN = 5
 
@@ -98,9 +100,7 @@ class EnvironmentProblem(HarnessError):
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """Return ``" (did you mean 'x'?)"`` for the closest choice by edit distance over the
     whole word (ties: each of them), or ``""`` when none is within a typo's reach."""
-    from cumatrix.core.suggest import did_you_mean as nearest
-
-    return nearest(word, choices)
+    return _nearest(word, choices)
 
 
 class UnsafeArchive(CumatrixError):

@@ -27,12 +27,16 @@ import json
 import os
 import re
 import shutil
+import site
 import subprocess
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Literal, Protocol
+
+from cumatrix.core.witness import read_cell_file
 
 #: How the loader found an object: one of the search steps the audit logs, ``path`` (it was
 #: requested by a path, e.g. a ``dlopen`` of an absolute path: no search), ``enforced`` (the
@@ -106,8 +110,6 @@ def _found(path: str, request: tuple[str, str, list[tuple[str, str]]] | None, re
 
 def read_searches(log: Path) -> dict[str, Found]:
     """:func:`parse_searches` of an audit log file; a torn last line is dropped."""
-    from cumatrix.core.witness import read_cell_file
-
     try:
         # The cell's processes write this log (and can replace it): never block on a FIFO,
         # never follow a link, read a regular file only.
@@ -232,6 +234,8 @@ def allowed_by(path: str, allow: Sequence[str]) -> str | None:
 @lru_cache(maxsize=1024)
 def _search_paths(obj: str) -> tuple[tuple[str, str, str], ...]:
     """(tag, entry as written, directory) of ``obj``'s DT_RPATH and DT_RUNPATH, ``$ORIGIN`` expanded."""
+    # deferred: pyelftools costs ~65 ms to import; only RPATH attribution reads ELF headers, and
+    # execute.observe imports this module for every run
     from elftools.common.exceptions import ELFError
     from elftools.elf.dynamic import DynamicSection
     from elftools.elf.elffile import ELFFile
@@ -445,9 +449,6 @@ def setting(*, cell_file: str | None, lib_path: Sequence[str], job_env: Sequence
 
 def this_environment() -> tuple[str, ...]:
     """The package directories of the Python running cumatrix (a ``site: true`` runtime's)."""
-    import site
-    import sys
-
     dirs = [*site.getsitepackages(), site.getusersitepackages()]
     dirs += [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
     return tuple(dict.fromkeys(dirs))

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from cumatrix.core.errors import CumatrixError, Problem
 from cumatrix.core.model import Matrix
+from cumatrix.provision import runtimes
 
 _PIN_RE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*(?:==\s*(?P<version>[0-9][0-9A-Za-z.+!-]*))?")
 
@@ -47,8 +48,6 @@ def index_versions(name: str) -> tuple[list[str] | None, str]:
 
 def check_wheels(m: Matrix, *, wheel_dir: Path | None = None) -> list[Problem]:
     """A :class:`Problem` for every wheel requirement of ``m`` that does not resolve."""
-    from cumatrix.provision import runtimes
-
     problems: list[Problem] = []
     for rt in m.runtimes:
         file, line, col = _place(m, rt.where)

@@ -25,7 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cumatrix.core.errors import UsageError
+import docker
+import docker.errors
+
+from cumatrix.core.cache import cache_root
+from cumatrix.core.errors import DaemonUnavailable, UsageError
+from cumatrix.core.private import cache_exclusive
 from cumatrix.execute.docker import BASE_LABEL, RUNTIME_LABEL
 
 
@@ -44,8 +49,6 @@ def _image_name(img: Any) -> str:
 
 
 def _remove_image(client: Any, img: Any, done: Cleaned, dry_run: bool) -> None:
-    import docker.errors
-
     name = _image_name(img)
     if dry_run:
         done.images.append(name)
@@ -121,9 +124,6 @@ def clean_images(client: Any, images: list[Any], *, dry_run: bool = False, stage
 
 def clean_cache(*, dry_run: bool = False) -> Cleaned:
     """Remove the cache directory."""
-    from cumatrix.core.cache import cache_root
-    from cumatrix.core.private import cache_exclusive
-
     done = Cleaned()
     root = cache_root()
     if root.exists():
@@ -208,8 +208,6 @@ def cmd_clean(*, images: bool, cache: bool, dry_run: bool, yes: bool = False) ->
 
 
 def _clean_cache_dir(verb: str, *, dry_run: bool) -> None:
-    from cumatrix.core.cache import cache_root
-
     root = cache_root()
     size = _du(root) if root.is_dir() else 0
     gone = clean_cache(dry_run=dry_run).cache
@@ -222,10 +220,6 @@ def _clean_cache_dir(verb: str, *, dry_run: bool) -> None:
 def _clean_docker_images(*, dry_run: bool, yes: bool) -> list[str]:
     """List (and unless ``dry_run``, after confirmation, remove) our images; what could not be
     removed though it should have been."""
-    import docker
-
-    from cumatrix.core.errors import DaemonUnavailable
-
     try:
         client = docker.from_env(timeout=60)
         client.ping()

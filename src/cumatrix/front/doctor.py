@@ -9,6 +9,7 @@ makes any of them required, for a CI job that relies on it.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -17,6 +18,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+from cumatrix.core.cache import cache_dir
+from cumatrix.core.cache import wheel_dir as _wheel_dir
+from cumatrix.core.errors import UsageError
+from cumatrix.host.fingerprint import cached_runtimes, host_fingerprint
+from cumatrix.load import matrix as _matrix
+from cumatrix.provision.runtimes import find_wheel, parse_requirement
 
 Status = Literal["ok", "missing", "warn"]
 
@@ -138,6 +146,8 @@ def check_base_image(docker_ok: bool) -> Check:
     fix = "bash containers/build-base.sh (debootstrap, no registry; prints the tag) or pass --base-image IMAGE"
     if not docker_ok:
         return Check(name=name, features=features, status="missing", found="not checked: no Docker daemon", fix=fix)
+    # deferred: the docker SDK (execute.docker imports it too) is needed only once the daemon answered;
+    # a missing or broken SDK stays a finding of docker_status, not an ImportError of this command
     import docker
     import docker.errors
 
@@ -173,19 +183,12 @@ def _matrix_requirements(matrix: Path | None) -> list[tuple[str, str]]:
     """(runtime name, requirement) of a matrix's wheel runtimes; [] without one."""
     if matrix is None or not matrix.is_file():
         return []
-    from cumatrix.load import matrix as _matrix
-
     m = _matrix.load(matrix)
     return [(rt.name, rt.requirement) for rt in m.runtimes if rt.requirement]
 
 
 def check_runtimes(matrix: Path | None, wheel_dir: Path | None) -> Check:
     """Every wheel runtime of the matrix: cached, in the wheel directory, or fetchable."""
-    from cumatrix.core.cache import cache_dir
-    from cumatrix.core.cache import wheel_dir as _wheel_dir
-    from cumatrix.host.fingerprint import cached_runtimes
-    from cumatrix.provision.runtimes import find_wheel, parse_requirement
-
     wheel_dir = _wheel_dir(wheel_dir)  # $CUMATRIX_WHEEL_DIR when none is given
 
     cached = cached_runtimes()
@@ -254,8 +257,6 @@ def render(checks: Iterable[Check], wanted: frozenset[str]) -> list[str]:
 
 def parse_features(text: str | None) -> frozenset[str]:
     """``--require gpu,docker`` -> the features; unknown names are a usage error."""
-    from cumatrix.core.errors import UsageError
-
     names = [n.strip() for n in (text or "").split(",") if n.strip()]
     unknown = [n for n in names if n not in FEATURES]
     if unknown:
@@ -266,10 +267,6 @@ def parse_features(text: str | None) -> frozenset[str]:
 def doctor(*, as_json: bool, matrix: Path | None, wheel_dir: Path | None, require: str | None,
            version: str) -> int:
     """Print the checks; 0 when every required one passes, 1 otherwise."""
-    import json
-
-    from cumatrix.host.fingerprint import cached_runtimes, host_fingerprint
-
     wanted = _REQUIRED_BY_DEFAULT | parse_features(require)
     fp = host_fingerprint(with_docker=True)
     checks = run_checks(matrix, wheel_dir, fp)

@@ -21,6 +21,7 @@ from typing import Any
 
 from cumatrix.core.errors import RuntimeNotFound, UsageError
 from cumatrix.core.model import Matrix
+from cumatrix.load import matrix as _matrix
 from cumatrix.provision import runtimes
 from cumatrix.provision.pip import pip_download, platform_tags
 
@@ -75,6 +76,7 @@ def needs(m: Matrix | None, *, gate: bool = False, harness: bool = False) -> Nee
 
 def harness_requirements() -> tuple[str, ...]:
     """cumatrix's own install requirements (no extras), for installing it on the offline host."""
+    # deferred: importlib.metadata costs ~15 ms; `cumatrix --help` imports this module, only --harness needs it
     from importlib import metadata
 
     try:
@@ -119,8 +121,6 @@ def fetch(m: Matrix | None, dest: Path, *, python_version: str | None = None,
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from cumatrix.load import matrix as _matrix
-
     m: Matrix | None = None
     if args.matrix or not (args.gate or args.harness):
         path = Path(args.matrix or "matrix.yaml")

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cumatrix.core.errors import UsageError
+from cumatrix.results.history import History, HistoryError, default_path, git_commit
+from cumatrix.results.historydiff import DEFAULT_WINDOW, diff, resolve, to_text
 
 if TYPE_CHECKING:
     from cumatrix.results.records import RunData
@@ -41,8 +44,6 @@ def add_history_options(p: argparse.ArgumentParser) -> None:
 
 def history_path(args: argparse.Namespace) -> Path | None:
     """The history the command records to, or None with ``--no-history``."""
-    from cumatrix.results.history import default_path
-
     if getattr(args, "no_history", False):
         return None
     given = getattr(args, "history", None)
@@ -51,8 +52,6 @@ def history_path(args: argparse.Namespace) -> Path | None:
 
 def check_history(args: argparse.Namespace) -> None:
     """Open (create, migrate) the history before any work: a bad file is exit 2 up front."""
-    from cumatrix.results.history import History
-
     path = history_path(args)
     if path is not None:
         with History.open(path):
@@ -63,11 +62,6 @@ def record(args: argparse.Namespace, run: RunData, *, kind: str) -> RunData:
     """Append ``run`` to the history; returns it with ``since`` set when a previous run of its
     matrix is stored.  A history that cannot be written is a warning, not the run's failure:
     the cells ran and their reports must still be written."""
-    import sqlite3
-
-    from cumatrix.results.history import History, HistoryError, git_commit
-    from cumatrix.results.historydiff import diff
-
     path = history_path(args)
     if path is None:
         return run
@@ -87,11 +81,6 @@ def record(args: argparse.Namespace, run: RunData, *, kind: str) -> RunData:
 def since_for(args: argparse.Namespace, run: RunData) -> RunData:
     """For ``cumatrix report``: the stored run of this results file (by run id), compared with
     the one before it, read-only; the run as it is when the history has neither."""
-    import sqlite3
-
-    from cumatrix.results.history import History, HistoryError
-    from cumatrix.results.historydiff import diff
-
     path = history_path(args)
     if path is None or not path.is_file() or not run.runs:
         return run
@@ -121,8 +110,6 @@ def _require_file(args: argparse.Namespace) -> Path:
 
 def cmd_history(args: argparse.Namespace) -> int:
     """``cumatrix history [--prune ...] [--json]``."""
-    from cumatrix.results.history import History
-
     if (args.keep is not None or args.older_than is not None) and not args.prune:
         raise UsageError("--keep and --older-than go with --prune")
     if args.prune and args.keep is None and args.older_than is None:
@@ -159,9 +146,6 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 def cmd_diff(args: argparse.Namespace) -> int:
     """``cumatrix diff [A] [B] [--json] [--window N]``."""
-    from cumatrix.results.history import History
-    from cumatrix.results.historydiff import diff, resolve, to_text
-
     if args.window < 2:
         raise UsageError(f"--window {args.window}: must be at least 2")
     path = _require_file(args)
@@ -177,8 +161,6 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 def add_history_parsers(sub: Any) -> None:
     """Register ``history`` and ``diff``."""
-    from cumatrix.results.historydiff import DEFAULT_WINDOW
-
     raw = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser("history", help="list the runs stored in the history; prune it",
                        description="List the runs stored in the history file (id, time, matrix, host, counts), "

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from cumatrix.core.errors import UsageError
+from cumatrix.load.requirements import KNOWN_WHEELS
 
 MATRIX_FILE = "matrix.yaml"
 WORKFLOW_FILE = ".github/workflows/cumatrix-nightly.yml"
@@ -92,8 +93,6 @@ def find_project(d: Path) -> Project:
 
 def matrix_text(project: Project) -> str:
     """The starting matrix: the package imported under a few CUDA runtimes and the host's driver."""
-    from cumatrix.load.requirements import KNOWN_WHEELS
-
     runtimes = "\n".join(f"  cu{v}: {{wheel: {KNOWN_WHEELS[v]}}}" for v in _START_RUNTIMES)
     return f"""\
 # cumatrix matrix for {project.name} (written by `cumatrix init`; edit freely).

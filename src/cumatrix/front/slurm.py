@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cumatrix.core.errors import CumatrixError, EnvironmentProblem, UsageError
+from cumatrix.front.plan import assign
+from cumatrix.load import matrix as _matrix
 
 #: Job states after which a job will not run again (``squeue``/``scontrol`` spelling).
 FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
@@ -78,9 +80,6 @@ def write_scripts(matrix: Path, out: Path, *, run_args: Sequence[str] = (), sbat
     """Plan ``matrix`` over its ``hosts:`` and write ``out/slurm/{array.sbatch, merge.sbatch,
     submit.sh}``.  Paths in the scripts are absolute: a job starts in whatever directory
     Slurm gives it."""
-    from cumatrix.front.plan import assign
-    from cumatrix.load import matrix as _matrix
-
     matrix = matrix.resolve()
     out = out.resolve()
     m = _matrix.load(matrix)

@@ -6,6 +6,8 @@ records from them.
 
 from __future__ import annotations
 
+import ctypes
+import json
 import os
 import platform
 import re
@@ -136,7 +138,7 @@ def headers_cuda_version(include_dir: Path) -> int | None:
 def _driver_via_cuda_python() -> dict[str, Any] | None:
     """Driver version, GPUs and compute capability through cuda-python's driver bindings."""
     try:
-        from cuda.bindings import driver as cu
+        from cuda.bindings import driver as cu  # deferred: optional (extra `cuda`); absent is a finding
     except ImportError:
         return None
     out: dict[str, Any] = {"via": "cuda.bindings.driver"}
@@ -166,8 +168,6 @@ def _driver_via_cuda_python() -> dict[str, Any] | None:
 
 
 def _driver_via_ctypes() -> dict[str, Any] | None:
-    import ctypes
-
     try:
         lib = ctypes.CDLL("libcuda.so.1")
     except OSError:
@@ -192,7 +192,7 @@ def driver_string() -> str | None:
 def _nvml_driver_version() -> str | None:
     """The driver version through NVML (nvidia-ml-py), or ``None`` where NVML is absent or unusable."""
     try:
-        import pynvml
+        import pynvml  # deferred: optional (nvidia-ml-py, not a dependency); absent is a finding
     except ImportError:
         return None
     try:
@@ -210,6 +210,8 @@ def _nvml_driver_version() -> str | None:
 
 def docker_status() -> dict[str, Any]:
     try:
+        # deferred: the docker SDK costs ~170 ms to import; only with_docker=True (doctor, the docker
+        # backend) asks, and a missing SDK is reported, not raised
         import docker
         import requests.exceptions
     except ImportError:
@@ -251,8 +253,6 @@ def host_fingerprint(*, with_docker: bool = False) -> dict[str, Any]:
 
 
 def cached_runtimes() -> list[dict[str, Any]]:
-    import json
-
     root = cache_root() / "runtimes"
     out = []
     for meta in sorted(root.glob("*/.cumatrix-runtime.json")) if root.is_dir() else []:
