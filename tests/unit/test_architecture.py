@@ -47,10 +47,11 @@ _REWORKED = frozenset({
     "audit/*", "binary/*", "judge/*", "load/*", "predict/*", "provision/*", "orchestrate.py",
     "core/cache.py", "core/options.py", "core/witness.py",
     "execute/docker.py", "execute/docker_trace.py", "execute/local.py", "execute/observe.py",
-    "execute/protocol.py", "execute/sandbox.py",
+    "execute/protocol.py", "execute/sandbox.py", "execute/childenv.py", "execute/containment.py",
+    "execute/spawn.py",
     "results/store.py",
-    "front/plugin.py", "front/cli.py", "front/schedule.py", "front/gate*.py", "front/repro*.py",
-    "front/calibrate*.py",
+    "front/plugin*.py", "front/cli.py", "front/run_cmd.py", "front/flags.py", "front/xdist_units.py",
+    "front/schedule.py", "front/gate*.py", "front/repro*.py", "front/calibrate*.py",
 })
 
 
