@@ -31,6 +31,7 @@ from cumatrix.audit.static import (
 )
 from cumatrix.core.errors import CumatrixError, UsageError
 from cumatrix.core.model import CudaVersion
+from cumatrix.core.options import BACKENDS, DEFAULT_BACKEND, DEFAULT_TIMEOUT, RunOptions
 from cumatrix.front.gate_dynamic import (
     DEFAULT_MATRIX,
     DEFAULT_OUT,
@@ -43,7 +44,6 @@ from cumatrix.front.gate_dynamic import (
 )
 from cumatrix.load import matrix as _matrix
 from cumatrix.provision import runtimes
-from cumatrix.core.options import BACKENDS, DEFAULT_BACKEND, DEFAULT_TIMEOUT, RunOptions
 from cumatrix.report.jsonout import dumps
 
 #: What the gate's callers and tests use of the dynamic stage, named here as before.

@@ -29,6 +29,7 @@ from pathlib import Path
 from cumatrix.core.errors import CumatrixError, UsageError
 from cumatrix.core.jobs import Job
 from cumatrix.core.model import Case, Cell, Driver, Expected, Matrix, Runtime
+from cumatrix.core.options import RunOptions, SandboxPolicy
 from cumatrix.core.record import CellRecord
 from cumatrix.execute.installer import run_installer
 from cumatrix.load import matrix as _matrix
@@ -36,7 +37,6 @@ from cumatrix.orchestrate import CellRun, Orchestrator, end_record, run_header
 from cumatrix.predict import oracle
 from cumatrix.predict.oracle import unsupported_pairing
 from cumatrix.provision import runtimes
-from cumatrix.core.options import DEFAULT_TIMEOUT, RunOptions, SandboxPolicy
 from cumatrix.provision.facts import NotRun
 from cumatrix.report import load_records, progress_line, write_all
 from cumatrix.report.jsonout import dumps

@@ -21,8 +21,8 @@ from typing import Any
 from cumatrix.child.swapcell import MAPS_ENV
 from cumatrix.core.errors import UsageError, did_you_mean
 from cumatrix.core.jobs import Job
-from cumatrix.core.options import BACKENDS, DEFAULT_BACKEND, RunOptions
 from cumatrix.core.model import NO_RUNTIME, Cell, CudaVersion, Kind, Matrix, is_neutral, is_ok, outcome_kind
+from cumatrix.core.options import BACKENDS, DEFAULT_BACKEND, RunOptions
 from cumatrix.execute.observe import ENFORCE_ENV, LOG_ENV
 from cumatrix.front.repro_native import GDB_TIMEOUT_EXTRA, NativeTrace, find_debugger, gdb_backtrace, parse_maps
 from cumatrix.front.repro_report import CellRun, _env_table, _fence, bug_report, cell_report

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from cumatrix.child.swapcell import MAPS_BEGIN, MAPS_END, MAPS_ENV
 from cumatrix.core.jobs import ChildResult, Job
-from cumatrix.execute.observe import LOG_ENV
 from cumatrix.core.options import SandboxPolicy
+from cumatrix.execute.observe import LOG_ENV
 from cumatrix.orchestrate import run_debugger
 
 #: Seconds the debugger's run may take beyond the cell's own timeout (gdb loads symbols).

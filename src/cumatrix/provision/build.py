@@ -11,6 +11,7 @@ the same key are safe (the loser uses the winner's result).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -217,10 +218,8 @@ def build_variant(variant: str, family: str, headers: Path, *, cache: Path | Non
         recorded = tuple(a.replace(str(tmp), str(final)) for a in cmd)
         (tmp / "build.json").write_text(json.dumps({"ok": ok, "log": "\n".join(log_parts), "command": recorded,
                                                     "cuda": version}, indent=1))
-        try:
+        with contextlib.suppress(OSError):  # another process finished the same build first: use theirs
             tmp.rename(final)
-        except OSError:  # another process finished the same build first: use theirs
-            pass
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

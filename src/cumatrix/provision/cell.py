@@ -19,11 +19,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cumatrix.core.options import DEFAULT_TIMEOUT
 from cumatrix.core.cache import default_table
 from cumatrix.core.errors import CumatrixError
 from cumatrix.core.jobs import Job
 from cumatrix.core.model import NO_RUNTIME, Cell, CudaVersion, Matrix
+from cumatrix.core.options import DEFAULT_TIMEOUT
 from cumatrix.predict.oracle import emulate_newer_reason
 from cumatrix.predict.rules import emulation_newer_than_host
 from cumatrix.provision import runtimes as _runtimes
