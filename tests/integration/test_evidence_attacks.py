@@ -558,26 +558,73 @@ def test_the_headline_counts_a_probe_that_ran_and_then_skipped(tmp_path: Path, c
         assert "all 2 cells ran and met expectations" in said, said
 
 
-def test_an_environment_is_keyed_by_the_wheels_it_resolves_to(tmp_path: Path) -> None:
-    """Attack: an environment runtime was keyed by its requirement text: a wheel replaced in the
-    wheel directory under the same name and version reused the old environment (and records).
-    Now the bytes of the wheels the requirements resolve to are part of its key."""
+def _pure_wheel(directory: Path, name: str, version: str, files: dict[str, str], requires: tuple[str, ...] = ()) -> Path:
+    """A real pure-Python wheel (METADATA, WHEEL and a RECORD with every file's hash)."""
+    import base64
+    import hashlib
     import zipfile
 
-    wheels = tmp_path / "wheels"
-    wheels.mkdir()
-    wheel = wheels / "demo_pkg-1.0-py3-none-any.whl"
+    info = f"{name}-{version}.dist-info"
+    members = dict(files)
+    members[f"{info}/METADATA"] = (f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+                                   + "".join(f"Requires-Dist: {r}\n" for r in requires))
+    members[f"{info}/WHEEL"] = "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    record = []
+    for member, text in members.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{member},sha256={digest},{len(text.encode())}")
+    members[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
+    wheel = directory / f"{name}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(wheel, "w") as zf:
-        zf.writestr("demo_pkg/__init__.py", "A = 1\n")
-    (wheels / "unrelated-2.0-py3-none-any.whl").write_bytes(b"not this requirement's")
-    reqs = ("demo-pkg==1.0",)
-    before = R.environment_hash(reqs, wheel_dir=wheels)
-    assert R.candidate_wheels(reqs, wheels) == [wheel]
-    (wheels / "unrelated-2.0-py3-none-any.whl").write_bytes(b"changed, but not resolved")
-    assert R.environment_hash(reqs, wheel_dir=wheels) == before
-    with zipfile.ZipFile(wheel, "w") as zf:
-        zf.writestr("demo_pkg/__init__.py", "A = 2\n")  # the same name and version, other bytes
-    assert R.environment_hash(reqs, wheel_dir=wheels) != before
+        for member, text in members.items():
+            zf.writestr(member, text)
+    return wheel
+
+
+def test_an_environment_is_keyed_by_the_wheels_it_resolves_to(tmp_path: Path, cli: Any, wheel_cache: Path) -> None:
+    """Attack: an environment runtime was keyed by its requirement text (and then by the wheels
+    its requirements name): a second wheel directory holding other bytes under the same name and
+    version, here of a dependency no requirement names, got the first environment, and --resume
+    kept its records.  Now requirements are resolved first (dependencies included), the
+    environment is keyed by the sha256 of every wheel resolved into it, a cell's inputs hold
+    them, and the cell runs again in an environment holding the second directory's bytes."""
+    from cumatrix.provision import environments as E
+    from cumatrix.provision.runtimes import fetch_wheel
+
+    runtime = fetch_wheel(CU129)
+    dirs = []
+    for value in (11, 12):  # the dependency's bytes differ, nothing else does
+        d = tmp_path / f"wheels{value}"
+        d.mkdir()
+        shutil.copy(runtime, d)
+        _pure_wheel(d, "demo_pkg", "1.0", {"demo_pkg/__init__.py": "from dep_pkg import VALUE\n"},
+                    requires=("dep_pkg>=1",))
+        _pure_wheel(d, "dep_pkg", "1.0", {"dep_pkg/__init__.py": f"VALUE = {value}\n"})
+        dirs.append(d)
+    reqs = ("demo-pkg==1.0", CU129)
+    resolved = [{w.path.name for w in E.resolve_wheels(reqs, d)} for d in dirs]
+    assert resolved[0] == resolved[1] == {runtime.name, "demo_pkg-1.0-py3-none-any.whl",
+                                          "dep_pkg-1.0-py3-none-any.whl"}
+    assert E.environment_hash(reqs, wheel_dir=dirs[0]) != E.environment_hash(reqs, wheel_dir=dirs[1])
+    body = f"""
+        runtimes: {{env: {{requirements: [demo-pkg==1.0, {CU129}]}}}}
+        drivers: [host]
+        probe: false
+        cases:
+          - {{name: value, argv: [python, -c, "import demo_pkg; raise SystemExit(demo_pkg.VALUE)"]}}
+        """
+    _, got = _run(cli, tmp_path, body, "--wheel-dir", str(dirs[0]))
+    assert got["value"]["observed"]["outcome"] == "exit:11", got["value"]["observed"]
+    started = got["value"]["started"]
+    again = cli("run", tmp_path / "m.yaml", "--out", tmp_path / "out", "--resume", "-q", "--wheel-dir", str(dirs[0]),
+                cwd=tmp_path, timeout=180)
+    assert _cells(tmp_path / "out")["value"]["started"] == started, again.stdout  # the same bytes: kept
+    again = cli("run", tmp_path / "m.yaml", "--out", tmp_path / "out", "--resume", "-q", "--wheel-dir", str(dirs[1]),
+                cwd=tmp_path, timeout=180)
+    said = again.stdout + again.stderr
+    assert "changed since they ran" in said, said
+    rec = _cells(tmp_path / "out")["value"]
+    assert rec["started"] != started and rec["observed"]["outcome"] == "exit:12", rec["observed"]
 
 
 # --------------------------------------------------------------------------- where ptrace is refused

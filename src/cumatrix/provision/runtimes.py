@@ -19,30 +19,36 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
-import stat
 import struct
 import subprocess
 import sys
-import sysconfig
 import tempfile
-import zipfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
-from cumatrix.core.cache import cache_dir, cache_root
+from cumatrix.core.cache import cache_dir
 from cumatrix.core.cache import wheel_dir as default_wheel_dir
-from cumatrix.core.errors import ConfigError, CumatrixError, RuntimeNotFound, UnsafeArchive
+from cumatrix.core.errors import ConfigError, RuntimeNotFound
 from cumatrix.core.model import CudaVersion, Runtime
 from cumatrix.load.requirements import KNOWN_WHEELS, check_env_requirement, parse_requirement
+from cumatrix.provision.environments import (
+    build_environment,
+    candidate_wheels,
+    env_site_packages,
+    environment_hash,
+    uv_binary,
+)
+from cumatrix.provision.wheelfiles import check_members, open_wheel, unpack_wheel
 
-__all__ = ["KNOWN_WHEELS", "check_env_requirement", "parse_requirement"]  # re-exported: the loader owns them
+# re-exported: the loader, provision.environments and provision.wheelfiles own them
+__all__ = ["KNOWN_WHEELS", "build_environment", "candidate_wheels", "check_env_requirement", "check_members",
+           "env_site_packages", "environment_hash", "parse_requirement", "unpack_wheel", "uv_binary"]
 
 #: ``libcudart.so.<major>`` inside a wheel, as NVIDIA lays it out (nvidia/cu13/lib/, nvidia/cuda_runtime/lib/).
 _CUDART_MEMBER = re.compile(r"(?:^|/)lib/libcudart\.so\.(\d+)(?:\.\d+)*$")
@@ -145,95 +151,10 @@ def fetch_wheel(requirement: str, *, wheel_dir: Path | None = None) -> Path:
     return found
 
 
-# --------------------------------------------------------------------------- unpacking
-
-_KINDS = {stat.S_IFLNK: "a symbolic link", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
-          stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
-
-
-def _refusal(info: zipfile.ZipInfo, root: Path, seen: set[str]) -> str | None:
-    """Why a member must not be unpacked under ``root``, or None when it is a plain file or directory."""
-    name = info.filename
-    if not name or "\x00" in name:
-        return "an empty name or a NUL byte in the name"
-    if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name):
-        return "an absolute path"
-    if ".." in PurePosixPath(name.replace("\\", "/")).parts:
-        return "a `..` component (it would land outside the target)"
-    kind = stat.S_IFMT(info.external_attr >> 16)
-    if kind in _KINDS:
-        return _KINDS[kind]
-    if kind not in (0, stat.S_IFREG, stat.S_IFDIR):
-        # zip has no hard-link entry; any other type bits are refused rather than guessed at
-        return f"an entry of unknown type {oct(kind)} (only regular files and directories are unpacked)"
-    key = name.rstrip("/")
-    if key in seen:
-        return "a second member of the same name (it would overwrite the first)"
-    seen.add(key)
-    dest = (root / name).resolve()
-    if dest != root and not dest.is_relative_to(root):
-        return f"a path that resolves outside the target ({dest})"
-    return None
-
-
-def check_members(wheel: Path) -> None:
-    """Raise :class:`UnsafeArchive` naming the wheel and member when any member is unsafe to unpack."""
-    root = Path("/nonexistent-root").resolve()
-    seen: set[str] = set()
-    with _open_zip(wheel) as zf:
-        for info in zf.infolist():
-            why = _refusal(info, root, seen)
-            if why:
-                raise UnsafeArchive(f"{wheel.name}: refusing to unpack member {info.filename!r}: it is {why}")
-
-
-@contextlib.contextmanager
-def _open_zip(wheel: Path) -> Iterator[zipfile.ZipFile]:
-    from cumatrix.binary.zipnames import bad_utf8_name, describe
-
-    bad = bad_utf8_name(wheel)
-    if bad is not None:
-        raise RuntimeNotFound(describe(wheel, bad))
-    try:
-        with zipfile.ZipFile(wheel) as zf:
-            yield zf
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, UnicodeDecodeError) as e:
-        raise RuntimeNotFound(f"{wheel.name}: not a readable wheel ({type(e).__name__}: {e})") from e
-
-
-def unpack_wheel(wheel: Path, target: Path) -> Path:
-    """Unpack ``wheel`` into ``target`` (created fresh), refusing any unsafe member first.
-
-    Every member is resolved inside ``target``; absolute names, ``..`` components, links,
-    device nodes and duplicate names raise :class:`UnsafeArchive` before anything is written,
-    and files are created with ``O_EXCL | O_NOFOLLOW`` so nothing already there is followed.
-    """
-    root = target.resolve()
-    seen: set[str] = set()
-    with _open_zip(wheel) as zf:
-        infos = zf.infolist()
-        for info in infos:
-            why = _refusal(info, root, seen)
-            if why:
-                raise UnsafeArchive(f"{wheel.name}: refusing to unpack member {info.filename!r}: it is {why}")
-        root.mkdir(parents=True, exist_ok=False)
-        for info in infos:
-            dest = root / info.filename
-            if info.is_dir():
-                dest.mkdir(parents=True, exist_ok=True)
-                continue
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            mode = 0o755 if (info.external_attr >> 16) & 0o111 else 0o644
-            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-            with zf.open(info) as src, os.fdopen(fd, "wb") as dst:
-                shutil.copyfileobj(src, dst)
-    return root
-
-
 def sha256_file(path: Path) -> str:
     """The SHA-256 of a file, read in 1 MiB pieces."""
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
@@ -248,10 +169,8 @@ def _unpack_cached(wheel: Path, sha256: str | None = None) -> Path:
     try:
         unpack_wheel(wheel, tmp / "t")
         (tmp / "t" / ".complete").write_text(wheel.name)
-        try:
+        with contextlib.suppress(OSError):  # another process won the race; use theirs
             (tmp / "t").rename(target)
-        except OSError:  # another process won the race; use theirs
-            pass
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
@@ -266,7 +185,7 @@ def _unpacked_dir(wheel: Path, sha256: str) -> Path:
 
 def wheel_metadata(wheel: Path) -> tuple[str, str]:
     """(Name, Version) from the wheel's ``*.dist-info/METADATA``, read from the archive."""
-    with _open_zip(wheel) as zf:
+    with open_wheel(wheel) as zf:
         metas = [n for n in zf.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
         if len(metas) != 1:
             raise RuntimeNotFound(f"{wheel.name}: {len(metas)} *.dist-info/METADATA files (a wheel has one)")
@@ -282,7 +201,7 @@ def wheel_metadata(wheel: Path) -> tuple[str, str]:
 
 def cudart_member(wheel: Path) -> str | None:
     """Path of ``lib/libcudart.so.<major>`` inside a wheel, or None."""
-    with _open_zip(wheel) as zf:
+    with open_wheel(wheel) as zf:
         names = sorted(n for n in zf.namelist() if _CUDART_MEMBER.search(n))
     return names[0] if names else None
 
@@ -327,7 +246,7 @@ def library_facts(libcudart: Path) -> LibraryFacts:
 
     m = re.search(r"\.so\.(\d+\.\d+\.\d+)$", libcudart.resolve().name)
     try:
-        with open(libcudart, "rb") as f:
+        with libcudart.open("rb") as f:
             elf = ELFFile(f)
             soname = elf_soname(elf)
             batch = "cudaMemcpyBatchAsync" in set(elf_defined_symbols(elf))
@@ -550,125 +469,6 @@ def from_site(name: str, *, where: str = "") -> ResolvedRuntime:
 
 
 # --------------------------------------------------------------------------- environment runtimes
-
-
-
-
-
-
-def uv_binary() -> str:
-    """The ``uv`` executable of the ``uv`` package cumatrix depends on."""
-    try:
-        from uv import find_uv_bin
-
-        return str(find_uv_bin())
-    except (ImportError, FileNotFoundError):  # not installed, or its binary is missing
-        found = shutil.which("uv")
-        if found:
-            return found
-        raise CumatrixError("uv is not installed (pip install uv): environment runtimes are built with it") from None
-
-
-def _uv_env() -> dict[str, str]:
-    env = dict(os.environ)
-    # One cache beside the environments, so uv hard-links from it (links need one filesystem).
-    if not env.get("UV_CACHE_DIR"):
-        env["UV_CACHE_DIR"] = str(cache_root() / "uv")
-    env["UV_PYTHON_DOWNLOADS"] = "never"
-    env.pop("VIRTUAL_ENV", None)
-    return env
-
-
-def candidate_wheels(requirements: Sequence[str], wheel_dir: Path | None) -> list[Path]:
-    """The wheels of ``wheel_dir`` an offline install of ``requirements`` resolves from: those of
-    the projects the requirements name (their dependencies come from the same directory, and
-    are named in the requirements a matrix pins)."""
-    if wheel_dir is None or not wheel_dir.is_dir():
-        return []
-    names = set()
-    for r in requirements:
-        m = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", r)
-        if m:
-            names.add(_normalise(m.group(1)).lower())
-    return sorted(w for w in wheel_dir.glob("*.whl") if _normalise(w.name.split("-", 1)[0]).lower() in names)
-
-
-def environment_hash(requirements: Sequence[str], extra_wheels: Sequence[Path] = (), python: str | None = None,
-                     *, wheel_dir: Path | None = None) -> str:
-    """Content hash of an environment: its requirements, the bytes of the wheels it is built
-    from (the extra wheels, and with a wheel directory the wheels there that the requirements
-    resolve to), the interpreter and platform.  A wheel replaced under its name and version
-    makes another environment."""
-    py = python or sys.executable
-    resolved = candidate_wheels(requirements, wheel_dir)
-    key = {"requirements": sorted(r.strip() for r in requirements),
-           "wheels": sorted(sha256_file(w) for w in extra_wheels),
-           "resolved_wheels": sorted(sha256_file(w) for w in resolved),
-           "python": os.path.realpath(py), "python_version": sys.version.split()[0] if python is None else "",
-           "platform": sysconfig.get_platform(), "layout": 1}
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
-def _run_uv(args: list[str], what: str) -> str:
-    proc = subprocess.run([uv_binary(), *args], capture_output=True, text=True, env=_uv_env(), timeout=1800,
-                          check=False)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-12:])
-        raise RuntimeNotFound(f"{what}: uv failed (exit {proc.returncode}):\n{tail}")
-    return proc.stdout
-
-
-def build_environment(requirements: Sequence[str], *, wheel_dir: Path | None = None,
-                      extra_wheels: Sequence[Path] = (), python: str | None = None, what: str = "") -> Path:
-    """A virtual environment holding ``requirements`` (and ``extra_wheels`` with their dependencies).
-
-    Built once per :func:`environment_hash` under ``<cache>/envs/``, with uv linking files
-    from its cache (``--link-mode hardlink``).  With a wheel directory (``wheel_dir``, else
-    ``$CUMATRIX_WHEEL_DIR``) uv works offline: ``--offline --no-index --find-links DIR``.
-    Nothing of the packages runs on the host: only wheels are installed (``--no-build``;
-    wheels have no install hooks, uv compiles no bytecode unless asked), and what was
-    installed is read from the dist-info files, never by starting the environment's Python.
-    """
-    what = what or f"environment {' '.join(requirements)}"
-    reqs = [check_env_requirement(r) for r in requirements]
-    wheel_dir = default_wheel_dir(wheel_dir)
-    py = python or sys.executable
-    digest = environment_hash(reqs, extra_wheels, python, wheel_dir=wheel_dir)
-    root = cache_dir("envs")
-    env_dir = root / digest
-    with _locked(root / f"{digest}.lock"):
-        if (env_dir / ".complete").is_file():
-            return env_dir
-        shutil.rmtree(env_dir, ignore_errors=True)  # a build that died half-way
-        _run_uv(["venv", "--no-config", "--quiet", "--python", py, str(env_dir)], what)
-        source = ["--offline", "--no-index", "--find-links", str(wheel_dir)] if wheel_dir else []
-        # --no-build: a source distribution would run its build backend on the host
-        _run_uv(["pip", "install", "--no-config", "--quiet", "--no-build", "--link-mode", "hardlink", "--python",
-                 str(env_dir / "bin" / "python"), *source, "--", *reqs, *map(str, extra_wheels)], what)
-        # Read from the dist-info files, not by `uv pip list`: that starts the environment's
-        # interpreter, and a wheel's .pth file would run on the host.
-        from importlib import metadata as importlib_metadata
-
-        installed = sorted(f"{d.metadata['Name']}=={d.version}"
-                           for d in importlib_metadata.distributions(path=env_site_packages(env_dir)))
-        (env_dir / ".complete").write_text(json.dumps({"requirements": reqs, "installed": installed,
-                                                       "extra_wheels": [w.name for w in extra_wheels]}))
-    return env_dir
-
-
-def env_site_packages(env_dir: Path) -> list[str]:
-    """The site-packages directories of a virtual environment, found on disk (no interpreter run)."""
-    return sorted(str(p) for p in env_dir.glob("lib/python3*/site-packages") if p.is_dir())
 
 
 def from_environment(name: str, requirements: Sequence[str], *, wheel_dir: Path | None = None,

@@ -164,12 +164,17 @@ def wheel_sha256(requirement: str) -> str | None:
     return None
 
 
-def _environment_key(requirements: tuple[str, ...]) -> str | None:
+def _environment_key(requirements: tuple[str, ...]) -> dict[str, Any] | None:
+    """The key of an environment runtime's environment and the sha256 of every wheel resolved
+    into it (dependencies included); None where it cannot be resolved yet."""
     from cumatrix.core.cache import wheel_dir as default_wheel_dir
-    from cumatrix.provision.runtimes import environment_hash
+    from cumatrix.provision.environments import environment_hash, resolve_wheels
 
     try:
-        return environment_hash(requirements, wheel_dir=default_wheel_dir(None))
+        wheel_dir = default_wheel_dir(None)
+        resolved = resolve_wheels(requirements, wheel_dir)
+        return {"key": environment_hash(requirements, wheel_dir=wheel_dir, resolved=resolved),
+                "wheels": sorted(w.sha256 for w in resolved)}
     except (OSError, CumatrixError):
         return None
 

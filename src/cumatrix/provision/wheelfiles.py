@@ -1,0 +1,99 @@
+"""Unpacking a wheel safely: every member is checked before anything is written."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import stat
+import zipfile
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+
+from cumatrix.core.errors import RuntimeNotFound, UnsafeArchive
+
+_KINDS = {stat.S_IFLNK: "a symbolic link", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
+
+
+def _refusal(info: zipfile.ZipInfo, root: Path, seen: set[str]) -> str | None:
+    """Why a member must not be unpacked under ``root``, or None when it is a plain file or directory."""
+    name = info.filename
+    if not name or "\x00" in name:
+        return "an empty name or a NUL byte in the name"
+    if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name):
+        return "an absolute path"
+    if ".." in PurePosixPath(name.replace("\\", "/")).parts:
+        return "a `..` component (it would land outside the target)"
+    kind = stat.S_IFMT(info.external_attr >> 16)
+    if kind in _KINDS:
+        return _KINDS[kind]
+    if kind not in (0, stat.S_IFREG, stat.S_IFDIR):
+        # zip has no hard-link entry; any other type bits are refused rather than guessed at
+        return f"an entry of unknown type {oct(kind)} (only regular files and directories are unpacked)"
+    key = name.rstrip("/")
+    if key in seen:
+        return "a second member of the same name (it would overwrite the first)"
+    seen.add(key)
+    dest = (root / name).resolve()
+    if dest != root and not dest.is_relative_to(root):
+        return f"a path that resolves outside the target ({dest})"
+    return None
+
+
+def check_members(wheel: Path) -> None:
+    """Raise :class:`UnsafeArchive` naming the wheel and member when any member is unsafe to unpack."""
+    root = Path("/nonexistent-root").resolve()
+    seen: set[str] = set()
+    with open_wheel(wheel) as zf:
+        for info in zf.infolist():
+            why = _refusal(info, root, seen)
+            if why:
+                raise UnsafeArchive(f"{wheel.name}: refusing to unpack member {info.filename!r}: it is {why}")
+
+
+@contextlib.contextmanager
+def open_wheel(wheel: Path) -> Iterator[zipfile.ZipFile]:
+    """The wheel as a zip file; a name that is not UTF-8 or an unreadable archive is :class:`RuntimeNotFound`."""
+    from cumatrix.binary.zipnames import bad_utf8_name, describe
+
+    bad = bad_utf8_name(wheel)
+    if bad is not None:
+        raise RuntimeNotFound(describe(wheel, bad))
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            yield zf
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, UnicodeDecodeError) as e:
+        raise RuntimeNotFound(f"{wheel.name}: not a readable wheel ({type(e).__name__}: {e})") from e
+
+
+def unpack_wheel(wheel: Path, target: Path) -> Path:
+    """Unpack ``wheel`` into ``target`` (created fresh), refusing any unsafe member first.
+
+    Every member is resolved inside ``target``; absolute names, ``..`` components, links,
+    device nodes and duplicate names raise :class:`UnsafeArchive` before anything is written,
+    and files are created with ``O_EXCL | O_NOFOLLOW`` so nothing already there is followed.
+    """
+    root = target.resolve()
+    seen: set[str] = set()
+    with open_wheel(wheel) as zf:
+        infos = zf.infolist()
+        for info in infos:
+            why = _refusal(info, root, seen)
+            if why:
+                raise UnsafeArchive(f"{wheel.name}: refusing to unpack member {info.filename!r}: it is {why}")
+        root.mkdir(parents=True, exist_ok=False)
+        for info in infos:
+            dest = root / info.filename
+            if info.is_dir():
+                dest.mkdir(parents=True, exist_ok=True)
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            mode = 0o755 if (info.external_attr >> 16) & 0o111 else 0o644
+            fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+            with zf.open(info) as src, os.fdopen(fd, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+    return root
+
+
