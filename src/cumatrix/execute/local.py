@@ -240,7 +240,7 @@ def _result(rc: int, plan: sandbox.Plan, scope: sandbox.Scope, *, timed_out: boo
 
 
 def _with_channel(job: Job, plan: sandbox.Plan) -> tuple[dict[str, str], sandbox.Plan, PipeChannel | None]:
-    """The child's environment and fds: a harness child gets the verdict pipe, nobody else does."""
+    """The child's environment and fds: a harness child gets the verdict socket, nobody else does."""
     env = {k: v for k, v in plan.env.items() if k not in ("CUMATRIX_VERDICT_FD", "CUMATRIX_VERDICT_FILE")}
     if not job.reports_verdict:
         return env, plan, None

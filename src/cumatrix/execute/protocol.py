@@ -2,7 +2,7 @@
 
 Only harness-owned children (the probe, the swap cell, ``calibrate``'s measuring child,
 version queries) report a verdict, and they do it over a private channel that a cell's
-program cannot write to by accident or on purpose: a pipe whose write end the harness
+program cannot write to by accident or on purpose: a socket whose one end the harness
 passes to that child alone (its descriptor number in ``CUMATRIX_VERDICT_FD``), or, where no
 descriptor can cross (a container), a file in a directory the harness creates for that one
 child and mounts for it alone (``CUMATRIX_VERDICT_FILE``).  Command and gate cells get
@@ -22,6 +22,7 @@ import os
 import secrets
 import selectors
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -81,10 +82,19 @@ def _typed(value: dict[str, object], body: str) -> tuple[Verdict | None, str | N
 
 
 class PipeChannel:
-    """The local backend's channel: a pipe whose write end only the harness child gets."""
+    """The local backend's channel: a connected Unix socket whose one end only the harness child gets.
+
+    Not a pipe: a pipe's end held by a process can be opened by any process of its user
+    through ``/proc/PID/fd/N`` while that process is dumpable, and a harness child is dumpable
+    from its ``exec`` until its first statement makes it private.  A socket cannot be opened
+    through ``/proc`` at all (``ENXIO``), so that window no longer exists; the socket has no
+    name, so nothing can connect to it either.
+    """
 
     def __init__(self) -> None:
-        self.read_fd, self.write_fd = os.pipe()
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        ours.shutdown(socket.SHUT_WR)  # the harness only reads
+        self.read_fd, self.write_fd = ours.detach(), theirs.detach()
         os.set_inheritable(self.read_fd, False)
         self.buffer = bytearray()
         self.overflow = False
@@ -153,7 +163,7 @@ def run_harness_child(argv: Sequence[str], *, env: Mapping[str, str], timeout: f
                       ) -> tuple[Verdict | None, str | None, subprocess.CompletedProcess[str]]:
     """Run a harness child outside a cell (``calibrate``'s measuring child, benchmarks).
 
-    Its stdout and stderr are captured as log; the verdict comes over a private pipe.  A
+    Its stdout and stderr are captured as log; the verdict comes over a private socket.  A
     child still running after ``timeout`` seconds is killed (returncode -9, no verdict).
     """
     chan = PipeChannel()
