@@ -127,6 +127,33 @@ def test_a_docker_cell_that_forges_its_audit_log_gets_the_kernels_verdict(tmp_pa
     assert fp["trace"]["complete"]
 
 
+def test_claims_through_the_images_links_are_backed_and_forged_ones_are_not(tmp_path: Path, cli: Any,
+                                                                             base_image: str, backend: Any) -> None:
+    """The loader of a docker cell opens ``/lib/x86_64-linux-gnu/libc.so.6``; the kernel names
+    the file ``/usr/lib/...`` (``/lib`` is a link in the image).  The harness cannot resolve a
+    path inside the container, so every such genuine claim was listed as not backed.  The
+    tracer now resolves the log's paths in the container: only the forged claim (a runtime
+    never mapped, spelt through the same link) is named, and the cell is judged as before."""
+    if backend.run_job(_job(backend, "sh", "-c", "test -L /lib && test -L /lib64")).returncode != 0:
+        pytest.skip("the base image has no /lib and /lib64 links: nothing to resolve")
+    forged = "/lib/x86_64-linux-gnu/libcudart.so.13"
+    script = (rf'printf "o\t$$\tlibcudart.so.13\t{forged}\n" >> "$CUMATRIX_AUDIT_LOG"; '
+              'exec python3 -c "import ctypes, os; ctypes.CDLL(os.environ[\'CUMATRIX_CUDART\'])"')
+    proc, got = _cells(cli, tmp_path, base_image, f"""
+        runtimes: {{cu12.9: {{wheel: {CU129}}}}}
+        drivers: [host]
+        probe: false
+        cases:
+          - {{name: links, argv: [sh, -c, {json.dumps(script)}]}}
+        """)
+    rec = got["links"]
+    assert rec["observed"]["outcome"] == "ok", (rec["observed"], proc.stdout)
+    fp = rec["fingerprint"]
+    assert fp["mappings_from"] == "kernel", fp
+    assert fp.get("audit_claims_not_backed") == [forged], fp.get("audit_claims_not_backed")
+    assert fp["runtime_file"].startswith("/opt/cumatrix/runtime/"), fp
+
+
 def test_a_docker_cell_that_loads_its_runtime_without_ld_audit_is_still_seen(
         tmp_path: Path, cli: Any, base_image: str, backend: Any) -> None:
     """A child started with ``env -u LD_AUDIT`` dlopens the image's runtime: the audit log

@@ -92,6 +92,12 @@ class KernelTrace:
     processes: tuple[TracedProcess, ...] = ()
     objects: tuple[TracedObject, ...] = ()
     notes: tuple[str, ...] = ()
+    #: (path as the audit log spells it, the path it resolves to), resolved by the tracer in the
+    #: cell's own file system (a container's), where the harness cannot resolve it.
+    resolved: tuple[tuple[str, str], ...] = ()
+    #: The tracer resolved the log's paths itself: they name files of another file system than
+    #: the harness's, and are never looked up here.
+    resolved_inside: bool = False
 
     def mapped_by(self, pid: int) -> tuple[TracedObject, ...]:
         return tuple(o for o in self.objects if pid in o.pids)
@@ -124,6 +130,8 @@ def parse_trace(raw: bytes, *, overflow: bool = False) -> KernelTrace:
     notes: list[str] = []
     procs: dict[int, dict[str, object]] = {}
     objects: dict[tuple[str, str, int], list[int]] = {}
+    resolved: dict[str, str] = {}
+    resolved_inside = False
 
     def proc(pid: int) -> dict[str, object]:
         return procs.setdefault(pid, {"images": [], "status": None, "exe": None})
@@ -151,6 +159,10 @@ def parse_trace(raw: bytes, *, overflow: bool = False) -> KernelTrace:
             elif tag == "x" and len(parts) >= 4:
                 p = proc(int(parts[1]))
                 p["status"], p["exe"] = int(parts[2]), parts[3] or None
+            elif tag == "r" and len(parts) >= 3:
+                resolved.setdefault(parts[1], parts[2])
+            elif tag == "c":
+                resolved_inside = True
             elif tag == "z":
                 complete = True
         except ValueError:
@@ -161,7 +173,8 @@ def parse_trace(raw: bytes, *, overflow: bool = False) -> KernelTrace:
     if overflow:
         notes.append(f"the tracer's record passed {MAX_TRACE_BYTES} bytes; the rest was not read")
     return KernelTrace(traced=traced, complete=complete and not overflow, note=note, processes=processes,
-                       objects=objs, notes=tuple(notes))
+                       objects=objs, notes=tuple(notes), resolved=tuple(resolved.items()),
+                       resolved_inside=resolved_inside)
 
 
 class TraceChannel:
@@ -318,18 +331,34 @@ class Seen:
     unbacked: tuple[str, ...] = field(default_factory=tuple)
 
 
+def claim_key(path: str, trace: KernelTrace) -> tuple[str, int] | None:
+    """(device, inode) of the object the kernel saw that a path an in-process log claims names;
+    None where it names none.
+
+    The same path names it; so does the same file (links followed).  Where the tracer resolved
+    the log's paths in the cell's own file system (a container's), its resolution is the only
+    one used: the path names nothing on the harness's side, or something else.
+    """
+    by_path = {o.path.removesuffix(" (deleted)"): (o.device, o.inode) for o in trace.objects}
+    plain = os.path.normpath(path)
+    if plain in by_path:
+        return by_path[plain]
+    if trace.resolved_inside:
+        real = dict(trace.resolved).get(path)
+        return by_path.get(real) if real is not None else None
+    key = file_key(path)
+    return key if key is not None and key in by_path.values() else None
+
+
 def back_claims(claimed: Iterable[str], trace: KernelTrace) -> Seen:
-    """Split paths an in-process log claims were mapped into those the kernel saw (the same
-    path, or the same file: device and inode) and the rest."""
-    seen_paths = {o.path.removesuffix(" (deleted)") for o in trace.objects}
-    seen_files = {(o.device, o.inode) for o in trace.objects}
+    """Split paths an in-process log claims were mapped into those the kernel saw
+    (:func:`claim_key`) and the rest."""
     kept: list[str] = []
     unbacked: list[str] = []
     for path in dict.fromkeys(claimed):
         if "/" not in path:
             continue  # the vDSO
-        ok = os.path.normpath(path) in seen_paths or file_key(path) in seen_files
-        (kept if ok else unbacked).append(path)
+        (kept if claim_key(path, trace) is not None else unbacked).append(path)
     return Seen(kept=tuple(kept), unbacked=tuple(unbacked))
 
 

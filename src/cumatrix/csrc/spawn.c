@@ -58,6 +58,16 @@
  * process is not dumpable) and none is alive when the record is written, so nothing of the
  * cell can write a record the harness would take, before or after this one.
  *
+ * The harness cannot resolve a path inside the container (/lib is a link to usr/lib in most
+ * images), so where $CUMATRIX_AUDIT_LOG names the cell's rtld-audit log, each path it says
+ * was opened is resolved here, once the tree is gone, in the container's own file system:
+ *
+ *   r <path as the log spells it> <the path it resolves to>   (only where they differ)
+ *   c <how many paths were resolved>                            the log's paths were resolved here
+ *
+ * The log is the cell's: it is read as a regular file only (no link followed, no FIFO waited
+ * on), at most LOG_MAX bytes; a resolved path names a file only, never reads it.
+ *
  *   cumatrix-spawn --watch PROGRAM [ARGS...]
  *
  * The harness's watcher, as it waits: what it is told on stdin is kept in memory (a memfd)
@@ -82,6 +92,8 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <limits.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -419,6 +431,46 @@ static void drain_tree(void) {
     }
 }
 
+/* --trace-record: each path the audit log says was opened, resolved in the container ("r"
+ * lines, then "c"), so that the harness can match it to what the kernel names.  Nothing of
+ * the cell is alive: the file system is as the cell left it. */
+#define LOG_MAX (4u << 20)
+#define CLAIMS_MAX 8192
+static char *audit_log;
+
+static void resolve_claims(void) {
+    if (!audit_log) return;
+    int fd = open(audit_log, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0) return;
+    struct stat st;
+    char *text = NULL;
+    size_t len = 0;
+    if (fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && (text = malloc(LOG_MAX + 1)) != NULL) {
+        ssize_t n;
+        while (len < LOG_MAX && ((n = read(fd, text + len, LOG_MAX - len)) > 0 || (n < 0 && errno == EINTR)))
+            if (n > 0) len += (size_t)n;
+    }
+    close(fd);
+    if (!text) return;
+    text[len] = 0;
+    int count = 0;
+    char real[PATH_MAX];
+    for (char *line = text, *next; line && *line && count < CLAIMS_MAX; line = next) {
+        next = strchr(line, '\n');
+        if (!next) break;  /* a torn last line */
+        *next++ = 0;
+        if (strncmp(line, "o\t", 2) != 0) continue;
+        char *path = strrchr(line, '\t');
+        if (!path || path[1] != '/') continue;
+        path++;
+        if (!realpath(path, real) || strcmp(real, path) == 0 || strpbrk(real, "\t\n")) continue;
+        out_line("r\t%s\t%s\n", path, real);
+        count++;
+    }
+    free(text);
+    out_line("c\t%d\n", count);
+}
+
 /* Trace the tree rooted at LEADER until the leader ends; its wait status. */
 static int trace_tree(pid_t leader) {
     int leader_status = -1, leader_execd = 0;
@@ -472,7 +524,10 @@ static int trace_tree(pid_t leader) {
      * here on cannot change its outcome, but what they have mapped is read now. */
     for (int i = 0; i < n_live; i++)
         if (live[i] > 0) snapshot(live[i]);
-    if (record_mode) drain_tree();
+    if (record_mode) {
+        drain_tree();
+        resolve_claims();
+    }
     out_line("z\t%d\n", leader_status);
     out_flush();
     return leader_status;
@@ -595,6 +650,8 @@ static int record_main(char **argv, int argc) {
     for (ssize_t i = 0; i < n; i++)
         if (secret[i] < '0' || secret[i] > 'z') { errno = EINVAL; return fail("bad secret in", argv[0]); }
     record_mode = 1;
+    const char *log = getenv("CUMATRIX_AUDIT_LOG");  /* this process's own environment: the cell's cannot change it */
+    if (log && log[0] == '/') audit_log = strdup(log);
     return traced_main(-1, argc - 1, &argv[1]);
 }
 

@@ -46,7 +46,7 @@ from cumatrix.binary.staticcudart import StaticRuntime, static_runtime_in
 from cumatrix.core.cache import cache_dir
 from cumatrix.core.errors import CumatrixError
 from cumatrix.core.model import CudaVersion
-from cumatrix.core.witness import KernelTrace, back_claims, file_key, read_cell_file
+from cumatrix.core.witness import KernelTrace, back_claims, claim_key, read_cell_file
 from cumatrix.execute import provenance as _provenance
 
 #: The environment variables the audit library reads (csrc/audit.c).
@@ -696,7 +696,7 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
         # SONAMEs are read from the files, not from the log.
         logged: dict[tuple[str, int], str] = {}
         for _, _, path in log.opened:
-            key = file_key(path) if "/" in path else None
+            key = claim_key(path, trace) if "/" in path else None
             if key is not None:
                 logged.setdefault(key, path)
         rows = []
