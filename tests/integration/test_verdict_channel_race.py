@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -24,10 +25,12 @@ from cumatrix.core.jobs import Job
 from cumatrix.execute.local import run_local
 
 #: The attacker: for ``seconds``, find every process whose environment names a verdict
-#: descriptor, open that descriptor through /proc and write a forged verdict into it.
+#: descriptor, open that descriptor through /proc and write a forged verdict into it.  Only
+#: processes carrying this test's mark are attacked: other runs on the machine are left alone.
 ATTACKER = r"""
 import errno, json, os, sys, time
 until = time.monotonic() + float(sys.argv[1])
+mark = ("CUMATRIX_RACE_MARK=" + sys.argv[2]).encode()
 me = os.getpid()
 found, opened, refused = set(), set(), {}
 while time.monotonic() < until:
@@ -39,7 +42,10 @@ while time.monotonic() < until:
                 env = f.read()
         except OSError:
             continue
-        for item in env.split(b"\0"):
+        items = env.split(b"\0")
+        if mark not in items:
+            continue
+        for item in items:
             if not item.startswith(b"CUMATRIX_VERDICT_FD="):
                 continue
             found.add(name)
@@ -65,15 +71,18 @@ CHILD = ("import time; time.sleep(0.4); from cumatrix.child import channel; "
          "channel.emit({'outcome': 'ok', 'detail': 'mine'}, environ=channel.take_channel())")
 
 
+MARK = secrets.token_hex(8)
+
+
 def _attacker(seconds: float) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", ATTACKER, str(seconds)], stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, "-c", ATTACKER, str(seconds), MARK], stdout=subprocess.PIPE, text=True)
 
 
 def test_a_racing_process_cannot_write_a_harness_childs_verdict(tmp_path: Path) -> None:
     tries = 12
     attacker = _attacker(tries * 0.9 + 5)
     time.sleep(0.3)
-    env = (("PYTHONPATH", str(Path(__file__).resolve().parents[2] / "src")),)
+    env = (("PYTHONPATH", str(Path(__file__).resolve().parents[2] / "src")), ("CUMATRIX_RACE_MARK", MARK))
     results = []
     for i in range(tries):
         res = run_local(Job(cell_id=f"race-{i}", kind="probe", timeout=30, env=env, reports_verdict=True,
@@ -96,7 +105,7 @@ def test_the_same_attacker_opens_a_pipe_held_the_same_way() -> None:
     end under the same variable has it opened and written by the attacker."""
     r, w = os.pipe()
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3)"], pass_fds=(w,),
-                              env={**os.environ, "CUMATRIX_VERDICT_FD": str(w)})
+                              env={**os.environ, "CUMATRIX_VERDICT_FD": str(w), "CUMATRIX_RACE_MARK": MARK})
     os.close(w)
     try:
         attacker = _attacker(1.5)
