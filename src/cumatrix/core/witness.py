@@ -210,7 +210,7 @@ class TraceChannel:
 # --------------------------------------------------------------------------- loader outcomes
 
 _SYMBOL_LOOKUP_RE = re.compile(r"symbol lookup error: (.+?): undefined symbol: ([A-Za-z_][A-Za-z0-9_]*)")
-_IMPORT_ERROR_RE = re.compile(r"^(?:ImportError|OSError): .*undefined symbol: ([A-Za-z_][A-Za-z0-9_]*)", re.M)
+_IMPORT_ERROR_RE = re.compile(r"^(?:ImportError|OSError): .*undefined symbol: ([A-Za-z_][A-Za-z0-9_]*)", re.MULTILINE)
 _TRACEBACK = "Traceback (most recent call last):"
 
 
@@ -331,7 +331,7 @@ class Seen:
     unbacked: tuple[str, ...] = field(default_factory=tuple)
 
 
-def claim_key(path: str, trace: KernelTrace) -> tuple[str, int] | None:
+def claim_key(path: str, trace: KernelTrace, index: ClaimIndex | None = None) -> tuple[str, int] | None:
     """(device, inode) of the object the kernel saw that a path an in-process log claims names;
     None where it names none.
 
@@ -339,15 +339,30 @@ def claim_key(path: str, trace: KernelTrace) -> tuple[str, int] | None:
     the log's paths in the cell's own file system (a container's), its resolution is the only
     one used: the path names nothing on the harness's side, or something else.
     """
-    by_path = {o.path.removesuffix(" (deleted)"): (o.device, o.inode) for o in trace.objects}
+    ix = index if index is not None else ClaimIndex.of(trace)
     plain = os.path.normpath(path)
-    if plain in by_path:
-        return by_path[plain]
+    if plain in ix.by_path:
+        return ix.by_path[plain]
     if trace.resolved_inside:
-        real = dict(trace.resolved).get(path)
-        return by_path.get(real) if real is not None else None
+        real = ix.resolved.get(path)
+        return ix.by_path.get(real) if real is not None else None
     key = file_key(path)
-    return key if key is not None and key in by_path.values() else None
+    return key if key is not None and key in ix.files else None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClaimIndex:
+    """A trace's objects by path and by file, and the tracer's resolutions: built once per cell
+    and shared by every claim of its log."""
+
+    by_path: dict[str, tuple[str, int]]
+    files: frozenset[tuple[str, int]]
+    resolved: dict[str, str]
+
+    @classmethod
+    def of(cls, trace: KernelTrace) -> ClaimIndex:
+        by_path = {o.path.removesuffix(" (deleted)"): (o.device, o.inode) for o in trace.objects}
+        return cls(by_path=by_path, files=frozenset(by_path.values()), resolved=dict(trace.resolved))
 
 
 def back_claims(claimed: Iterable[str], trace: KernelTrace) -> Seen:
@@ -355,10 +370,11 @@ def back_claims(claimed: Iterable[str], trace: KernelTrace) -> Seen:
     (:func:`claim_key`) and the rest."""
     kept: list[str] = []
     unbacked: list[str] = []
+    index = ClaimIndex.of(trace)
     for path in dict.fromkeys(claimed):
         if "/" not in path:
             continue  # the vDSO
-        (kept if claim_key(path, trace) is not None else unbacked).append(path)
+        (kept if claim_key(path, trace, index) is not None else unbacked).append(path)
     return Seen(kept=tuple(kept), unbacked=tuple(unbacked))
 
 

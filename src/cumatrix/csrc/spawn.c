@@ -25,7 +25,7 @@
  *   cumatrix-spawn --trace FD PARENT_PID CGROUP_PROCS LIMITS -- PROGRAM [ARGS...]
  *
  * The same, and this process traces the program's whole tree (ptrace, PTRACE_SEIZE with
- * fork, vfork, clone, exec and exit events): at each process's exit (a signal's included),
+ * fork, vfork, clone and exit events): at each process's exit (a signal's included),
  * before each execve (a seccomp filter that asks the tracer, inherited by every process and
  * impossible to remove) and, for those still running, when the first process ends, it reads
  * /proc/PID/maps and writes every mapped file (device, inode, path) to FD, which no process
@@ -36,7 +36,8 @@
  *
  *   t <tracer pid>                     tracing started
  *   n <reason>                         not traced (ptrace refused): the program runs untraced
- *   e <pid> <exe>                      the process's image after an execve
+ *   e <pid> <exe>                      the process's image after an execve (written at its next
+ *                                      execve or its exit: no stop is spent on the exec itself)
  *   m <pid> <dev> <inode> <path>       a file the process mapped (each (pid, dev, inode) once)
  *   x <pid> <wait status> <exe>        the process ended (its status as waitpid reports it)
  *   z <leader's wait status>           the end: every line before it is complete
@@ -300,6 +301,8 @@ static void snapshot(pid_t pid) {
     snprintf(name, sizeof name, "/proc/%d/maps", (int)pid);
     FILE *f = fopen(name, "re");
     if (!f) return;
+    static char buf[1 << 17];  /* a large process's maps in a few reads, not one per 4 KiB */
+    setvbuf(f, buf, _IOFBF, sizeof buf);
     char line[8192];
     while (fgets(line, sizeof line, f)) {
         /* start-end perms offset MAJ:MIN inode   path */
@@ -371,7 +374,10 @@ static void traced_child_setup(int go_fd) {
     out_flush();
 }
 
-static int options = PTRACE_O_TRACEFORK | PTRACE_O_TRACEVFORK | PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXEC |
+/* No PTRACE_O_TRACEEXEC: under PTRACE_SEIZE an exec then stops nothing, and every stop costs
+ * the traced process a round trip through this one (on a busy machine, a wait for a CPU).
+ * The seccomp stop before each execve and the exit stop see everything an exec stop did. */
+static int options = PTRACE_O_TRACEFORK | PTRACE_O_TRACEVFORK | PTRACE_O_TRACECLONE |
                      PTRACE_O_TRACEEXIT | PTRACE_O_TRACESECCOMP;
 
 /* Whether PID is a thread (not the first) of a process whose first thread still runs. */
@@ -410,6 +416,41 @@ static void live_add(pid_t pid) {
 
 static void live_drop(pid_t pid) {
     for (int i = 0; i < n_live; i++) if (live[i] == pid) live[i] = 0;
+}
+
+/* What is known of a traced pid: an execve it entered (the image it had then, by hash: the
+ * new one is written at its next stop), and whether it may be a thread (a clone event made
+ * it; fork and vfork make processes).  Open addressing; a full table only costs reads. */
+#define PID_SLOTS 8192
+static struct pid_note { pid_t pid; unsigned char exec_pending, maybe_thread; unsigned long old_exe; } notes[PID_SLOTS];
+
+static struct pid_note *note_of(pid_t pid, int create) {
+    unsigned long k = ((unsigned long)pid * 2654435761UL) % PID_SLOTS;
+    for (int probes = 0; probes < 64; probes++, k = (k + 1) % PID_SLOTS) {
+        if (notes[k].pid == pid) return &notes[k];
+        if (notes[k].pid == 0) {
+            if (!create) return NULL;
+            memset(&notes[k], 0, sizeof notes[k]);
+            notes[k].pid = pid;
+            return &notes[k];
+        }
+    }
+    return NULL;
+}
+
+static unsigned long hash_text(const char *t) {
+    unsigned long h = 1469598103934665603UL;
+    for (; *t; t++) h = (h ^ (unsigned char)*t) * 1099511628211UL;
+    return h;
+}
+
+/* The "e" line of an execve PID entered, now that it stopped again: written where its image
+ * changed (an execve that failed leaves it as it was). */
+static void exec_done(pid_t pid, const char *exe) {
+    struct pid_note *n = note_of(pid, 0);
+    if (!n || !n->exec_pending) return;
+    n->exec_pending = 0;
+    if (hash_text(exe) != n->old_exe) out_line("e\t%d\t%s\n", (int)pid, exe);
 }
 
 /* --trace-record: kill what the leader left and wait until no traced process is left, so that
@@ -484,6 +525,8 @@ static int trace_tree(pid_t leader) {
         }
         if (WIFEXITED(st) || WIFSIGNALED(st)) {
             live_drop(pid);
+            struct pid_note *gone = note_of(pid, 0);
+            if (gone) gone->exec_pending = gone->maybe_thread = 0;  /* the pid may come back as another */
             if (pid == leader) { leader_status = st; break; }
             continue;
         }
@@ -493,22 +536,30 @@ static int trace_tree(pid_t leader) {
         if (event == PTRACE_EVENT_EXIT) {
             unsigned long how = 0;
             ptrace(PTRACE_GETEVENTMSG, pid, 0, &how);
+            exe_of(pid, exe, sizeof exe);
+            exec_done(pid, exe);
             /* A thread shares its process's address space: read it only where no other thread
              * of the process will (the group leader is gone), not at each of a CUDA program's
-             * threads' exits. */
-            if (!sibling_of_live_leader(pid)) snapshot(pid);
-            exe_of(pid, exe, sizeof exe);
+             * threads' exits.  A pid no clone event made is a process: nothing to ask. */
+            struct pid_note *n = note_of(pid, 0);
+            if (!(n && n->maybe_thread && sibling_of_live_leader(pid))) snapshot(pid);
             out_line("x\t%d\t%lu\t%s\n", (int)pid, how, exe);
         } else if (event == PTRACE_EVENT_SECCOMP) {
             /* An execve's entry: the old image's last moment (the leader's first is this
-             * program's own code, nothing of the cell's). */
-            if (pid != leader || leader_execd) snapshot(pid);
-        } else if (event == PTRACE_EVENT_EXEC) {
-            /* The new image is read when the process ends or execs again (an exit stop comes
-             * even after SIGKILL). */
+             * program's own code, nothing of the cell's).  The new image is written at the
+             * process's next stop: another execve, or its exit (which comes even after SIGKILL). */
             exe_of(pid, exe, sizeof exe);
-            out_line("e\t%d\t%s\n", (int)pid, exe);
-            if (pid == leader) leader_execd = 1;
+            exec_done(pid, exe);
+            if (pid != leader || leader_execd) snapshot(pid);
+            leader_execd |= pid == leader;
+            struct pid_note *n = note_of(pid, 1);
+            if (n) { n->exec_pending = 1; n->old_exe = hash_text(exe); }
+        } else if (event == PTRACE_EVENT_CLONE) {
+            unsigned long tid = 0;
+            if (ptrace(PTRACE_GETEVENTMSG, pid, 0, &tid) == 0) {
+                struct pid_note *n = note_of((pid_t)tid, 1);
+                if (n) n->maybe_thread = 1;
+            }
         } else if (event == PTRACE_EVENT_STOP) {
             if (sig == SIGSTOP || sig == SIGTSTP || sig == SIGTTIN || sig == SIGTTOU) {
                 ptrace(PTRACE_LISTEN, pid, 0, 0);  /* a group stop: stay stopped until SIGCONT */

@@ -46,7 +46,7 @@ from cumatrix.binary.staticcudart import StaticRuntime, static_runtime_in
 from cumatrix.core.cache import cache_dir
 from cumatrix.core.errors import CumatrixError
 from cumatrix.core.model import CudaVersion
-from cumatrix.core.witness import KernelTrace, back_claims, claim_key, read_cell_file
+from cumatrix.core.witness import ClaimIndex, KernelTrace, claim_key, read_cell_file
 from cumatrix.execute import provenance as _provenance
 
 #: The environment variables the audit library reads (csrc/audit.c).
@@ -355,22 +355,15 @@ def owning_wheel(path: Path) -> tuple[str, str] | None:
 
 
 def _host_path(path: str, roots: Mapping[str, Path]) -> Path:
+    return Path(_host_str(path, roots))
+
+
+def _host_str(path: str, roots: Mapping[str, Path]) -> str:
+    """Where a file a cell names is on this host (a container's path through ``roots``)."""
     for prefix, host in roots.items():
         if path == prefix or path.startswith(prefix.rstrip("/") + "/"):
-            return host / os.path.relpath(path, prefix)
-    return Path(path)
-
-
-def _may_name_cuda(path: Path) -> bool:
-    """Whether a file could carry a CUDA library's SONAME (its name says so, or its bytes hold
-    ``libcud``): the ELF reader is started only for those (once per file version)."""
-    if is_cuda_library(path.name):
-        return True
-    try:
-        st = path.stat()
-    except OSError:
-        return False
-    return _holds_cuda_name(str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+            return os.path.join(host, os.path.relpath(path, prefix))
+    return path
 
 
 @lru_cache(maxsize=16384)
@@ -378,6 +371,28 @@ def _holds_cuda_name(path: str, dev: int, ino: int, size: int, mtime_ns: int) ->
     from cumatrix.binary.staticcudart import has_bytes
 
     return has_bytes(path, (b"libcud",))
+
+
+def _kernel_named_soname(path: str, roots: Mapping[str, Path]) -> str:
+    """The SONAME of a file the kernel names (it names files, not SONAMEs), so that a runtime
+    renamed on disk is still known by it: read from the file where it may carry a CUDA
+    library's (once per file version, one ``stat`` a cell); for a file inside a container's
+    image, not readable here, the SONAME its name gives (libcudart.so.12.9.79 ->
+    libcudart.so.12), never the one the cell's log claims."""
+    host = _host_str(path, roots)
+    try:
+        st = os.stat(host)
+    except OSError:
+        m = _SONAME_BY_NAME_RE.match(os.path.basename(path))
+        return m.group(1) if m and is_cuda_library(m.group(1)) else ""
+    return _soname_of_version(host, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) or ""
+
+
+@lru_cache(maxsize=16384)
+def _soname_of_version(host: str, dev: int, ino: int, size: int, mtime_ns: int) -> str | None:
+    if not (is_cuda_library(os.path.basename(host)) or _holds_cuda_name(host, dev, ino, size, mtime_ns)):
+        return None
+    return _read_soname(Path(host))
 
 
 def _soname_from_file(path: Path) -> str | None:
@@ -411,14 +426,17 @@ def _read_soname(path: Path) -> str | None:
 def describe(path: str, logged_soname: str, *, roots: Mapping[str, Path] = {}, pids: Sequence[int] = (),
              wheel_versions: bool = True) -> MappedLibrary:
     """One mapped object: SONAME (as logged from its dynamic section) and version (file name suffix of the file or of what it links to, else its wheel)."""
-    host = _host_path(path, roots)
     # The log's SONAME is the object's own DT_SONAME, read from its dynamic section once mapped;
     # empty there means it has none (a Python extension module), so the file is not opened again.
     soname = logged_soname or None
     version, source = version_from_name(path), "file name"
-    if version is None and wheel_versions and host.exists():  # libcudart.so.12 -> libcudart.so.12.9.79
+    if version is not None or not wheel_versions:
+        return MappedLibrary(path=path, soname=soname, version=version,
+                             version_from=source if version else None, pids=tuple(pids))
+    host = _host_path(path, roots)
+    if host.exists():  # libcudart.so.12 -> libcudart.so.12.9.79
         version = version_from_name(str(host.resolve()))
-    if version is None and wheel_versions and host.exists():
+    if version is None and host.exists():
         wheel = owning_wheel(host)
         if wheel is not None:
             version, source = wheel[1], f"wheel {wheel[0]}"
@@ -458,15 +476,8 @@ def _described(rows: Iterable[tuple[int, str, str]], *, roots: Mapping[str, Path
     out = []
     for path, who in pids.items():
         so = sonames.get(path, "")
-        if not so and soname_from_file and _may_name_cuda(_host_path(path, roots)):
-            # The kernel names files, not SONAMEs: read it (once per file version), so that a
-            # runtime renamed on disk is still known by its SONAME.
-            so = _soname_from_file(_host_path(path, roots)) or ""
-        if not so and soname_from_file and not _host_path(path, roots).exists():
-            # A file inside a container's image, not readable here: the SONAME its name gives
-            # (libcudart.so.12.9.79 -> libcudart.so.12), never the one the cell's log claims.
-            m = _SONAME_BY_NAME_RE.match(os.path.basename(path))
-            so = m.group(1) if m and is_cuda_library(m.group(1)) else ""
+        if not so and soname_from_file:
+            so = _kernel_named_soname(path, roots)
         if cuda_only and not (is_cuda_library(so) or is_cuda_library(path)):
             continue
         out.append(describe(path, so, roots=roots, pids=who,
@@ -695,9 +706,13 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
         # for libcudart.so.12.9.79), so that no link a process made can rename what it mapped.
         # SONAMEs are read from the files, not from the log.
         logged: dict[tuple[str, int], str] = {}
-        for _, _, path in log.opened:
-            key = claim_key(path, trace) if "/" in path else None
-            if key is not None:
+        index = ClaimIndex.of(trace)
+        unbacked_list: list[str] = []
+        for path in dict.fromkeys(path for _, _, path in log.opened if "/" in path):
+            key = claim_key(path, trace, index)
+            if key is None:
+                unbacked_list.append(path)
+            else:
                 logged.setdefault(key, path)
         rows = []
         for o in trace.objects:
@@ -707,7 +722,7 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
                 path = real
             rows += [(pid, "", path) for pid in o.pids]
         every = _described(rows, roots=roots, cuda_only=False, soname_from_file=True)
-        unbacked = back_claims((path for _, _, path in log.opened), trace).unbacked
+        unbacked = tuple(unbacked_list)
         extra = "; ".join(trace.notes)
         if not trace.complete:
             extra = "; ".join(x for x in ("the tracer's record is incomplete (it was killed)", extra) if x)

@@ -27,13 +27,11 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
+from cumatrix.child.channel import ENV_FD, ENV_FILE, MAX_BYTES, TAG, emit, encode, take_channel
 from cumatrix.core.jobs import Verdict
 from cumatrix.core.model import OUTCOME_RE
-
-from cumatrix.child.channel import ENV_FD, ENV_FILE, MAX_BYTES, TAG, emit, encode, take_channel
 
 __all__ = ["ENV_FD", "ENV_FILE", "MAX_BYTES", "TAG", "Verdict", "emit", "encode", "parse", "take_channel"]
 
