@@ -19,7 +19,12 @@ One run measures, on the same machine:
       the harness does with the result (``observe.conclude``: the audit log alone, or the
       kernel's record with the log checked against it).  Same two commands; goal at most 5%.
 
+  (g) with ``--against REV``: (f) for the code of git revision REV and for this checkout, run
+      alternately (REV, this, this, REV, ...) for ``--rounds`` rounds in fresh processes, so
+      that the machine's load hits both alike; prints every round and the medians per command.
+
 Usage: python benchmarks/local_overhead.py [-N 50] [--wheel-dir DIR] [--audit-only] [--trace-only]
+                                           [--against REV [--rounds 6]]
 The runtime wheel of the matrices is fetched into the cache once (or taken from --wheel-dir).
 """
 
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -178,6 +184,52 @@ def report_trace(n: int, wheel_dir: str | None) -> bool:
     return ok
 
 
+_F_LINE = re.compile(r"^\(f\) (?P<label>.+?): untraced median [\d.]+ ms, traced [\d.]+ ms: (?P<wall>[+-][\d.]+)% "
+                     r"\(pairwise median (?P<pair>[+-][\d.]+)%\); children's CPU [\d.]+ vs [\d.]+ ms: "
+                     r"(?P<cpu>[+-][\d.]+)%")
+
+
+def _trace_run(tree: Path, n: int, wheel_dir: str | None) -> dict[str, tuple[float, float, float]]:
+    """One ``--trace-only`` run of the code in ``tree``: label -> (wall, pairwise, CPU) cost in %."""
+    env = dict(os.environ, PYTHONPATH=str(tree / "src"))
+    cmd = [sys.executable, str(tree / "benchmarks" / "local_overhead.py"), "--trace-only", "-N", str(n)]
+    if wheel_dir:
+        cmd += ["--wheel-dir", wheel_dir]
+    proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, check=False)
+    found = {m["label"]: (float(m["wall"]), float(m["pair"]), float(m["cpu"]))
+             for m in map(_F_LINE.match, proc.stdout.splitlines()) if m}
+    if not found:
+        sys.exit(f"{tree}: no (f) lines (exit {proc.returncode}):\n{proc.stdout[-1500:]}\n{proc.stderr[-1500:]}")
+    return found
+
+
+def report_against(rev: str, rounds: int, n: int, wheel_dir: str | None) -> None:
+    """(g): the tracing cost of revision ``rev`` and of this checkout, interleaved by round."""
+    here = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory(prefix="cumatrix-before-") as tmp:
+        archive = subprocess.run(["git", "-C", str(here), "archive", rev], capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        short = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", rev], capture_output=True, text=True,
+                               check=True).stdout.strip()
+        trees = {f"{rev} ({short})": Path(tmp), "this checkout": here}
+        got: dict[str, list[dict[str, tuple[float, float, float]]]] = {k: [] for k in trees}
+        for r in range(rounds):
+            order = list(trees) if r % 2 == 0 else list(reversed(trees))
+            for name in order:
+                got[name].append(_trace_run(trees[name], n, wheel_dir))
+                for label, (wall, pair, cpu) in got[name][-1].items():
+                    print(f"(g) round {r + 1} {name}: {label}: {wall:+.1f}% wall (pairwise {pair:+.1f}%), "
+                          f"{cpu:+.1f}% CPU", flush=True)
+    for name, runs in got.items():
+        for label in runs[0]:
+            walls = [run[label][0] for run in runs if label in run]
+            pairs = [run[label][1] for run in runs if label in run]
+            cpus = [run[label][2] for run in runs if label in run]
+            print(f"(g) {name}: {label}: median over {len(walls)} rounds of N={n}: "
+                  f"{statistics.median(walls):+.1f}% wall (pairwise {statistics.median(pairs):+.1f}%), "
+                  f"{statistics.median(cpus):+.1f}% CPU; goal <= +5%")
+
+
 def matrix_text(n_cases: int, argv: str) -> str:
     cases = "\n".join(f"  - {{name: c{i:03d}, argv: {argv}}}" for i in range(n_cases))
     return f"runtimes:\n  cu12.9: {{wheel: {RUNTIME}}}\ndrivers: [host]\nprobe: false\ncases:\n{cases}\n"
@@ -207,7 +259,13 @@ def main() -> int:
     ap.add_argument("--wheel-dir", help="take the runtime wheel from here (offline)")
     ap.add_argument("--audit-only", action="store_true", help="measure only (e), the cost of the rtld-audit")
     ap.add_argument("--trace-only", action="store_true", help="measure only (f), the cost of the kernel's evidence")
+    ap.add_argument("--against", metavar="REV", help="(g): compare the tracing cost with git revision REV")
+    ap.add_argument("--rounds", type=int, default=6, help="rounds of (g), each side once a round (default 6)")
     a = ap.parse_args()
+    if a.against:
+        print(f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}, cumatrix {cumatrix.__version__}")
+        report_against(a.against, a.rounds, a.N, a.wheel_dir)
+        return 0
     if a.trace_only:
         print(f"machine: {os.cpu_count()} cores, Python {sys.version.split()[0]}, cumatrix {cumatrix.__version__}")
         return 0 if report_trace(a.N, a.wheel_dir) else 1
