@@ -1,0 +1,278 @@
+"""The objects a cell's processes mapped: the rtld-audit log read, and each object described.
+
+Nothing of an observed library is run: its SONAME is read from its dynamic section, its
+version from its file name or its wheel's metadata.  :mod:`cumatrix.execute.observe` decides
+from these descriptions which runtime a cell used.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from cumatrix.core.witness import read_cell_file
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MappedLibrary:
+    """One object some process of the cell mapped."""
+
+    path: str  # as the loader opened it (inside the container, for the docker backend)
+    soname: str | None
+    version: str | None  # e.g. "12.9.79"; None where neither source says
+    version_from: str | None  # "file name" or "wheel <name>"
+    pids: tuple[int, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return self.soname or os.path.basename(self.path)
+
+    def to_json(self) -> dict[str, object]:
+        return {"path": self.path, "soname": self.soname, "version": self.version,
+                "version_from": self.version_from}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AuditLog:
+    opened: tuple[tuple[int, str, str], ...]  # (pid, soname from memory, path)
+    redirected: tuple[tuple[int, str, str], ...]  # (pid, requested, given)
+    problem: str | None = None  # why it could not be read (a FIFO, a link)
+
+
+def read_log(path: Path) -> AuditLog:
+    """Parse an audit log; a torn last line (the process died mid-write) is dropped."""
+    opened: list[tuple[int, str, str]] = []
+    redirected: list[tuple[int, str, str]] = []
+    try:
+        # The cell's processes can write (or replace) their log: never block on a FIFO, never
+        # follow a link, read a regular file only.
+        text = read_cell_file(path).decode(errors="replace")
+    except FileNotFoundError:
+        return AuditLog(opened=(), redirected=())
+    except OSError as e:
+        return AuditLog(opened=(), redirected=(), problem=f"audit log not read: {e}")
+    for line in text.split("\n")[:-1]:  # every line ends in \n; what follows the last is torn
+        parts = line.split("\t", 3)
+        if len(parts) != 4 or not parts[1].isdigit():
+            continue
+        row = (int(parts[1]), parts[2], parts[3])
+        if parts[0] == "o":
+            opened.append(row)
+        elif parts[0] == "r":
+            redirected.append(row)
+    return AuditLog(opened=tuple(opened), redirected=tuple(redirected))
+
+
+_SUFFIX_RE = re.compile(r"\.so\.(\d+(?:\.\d+)+)$")
+_CUDA_RE = re.compile(
+    r"^lib(?:cudart|cuda|nvrtc(?:-builtins)?|cublas(?:Lt)?|nccl|cudnn\w*|nvJitLink|cufft\w*|curand"
+    r"|cusparse\w*|cusolver\w*|cupti|nvToolsExt|nvjpeg|npp\w+|cufile\w*|nvshmem\w*|nvidia-ml"
+    r"|nvidia-ptxjitcompiler)\.so(?:\.|$)")
+
+
+def is_cuda_library(name: str) -> bool:
+    """Whether a SONAME or file name is one of NVIDIA's CUDA libraries (runtime, driver, math, NCCL, cuDNN...)."""
+    return bool(_CUDA_RE.match(os.path.basename(name)))
+
+
+def version_from_name(path: str) -> str | None:
+    """``libcudart.so.12.9.79`` -> ``12.9.79``; a bare major (``.so.12``) is no version."""
+    m = _SUFFIX_RE.search(os.path.basename(path))
+    return m.group(1) if m else None
+
+
+@lru_cache(maxsize=4096)
+def _record_index(directory: str) -> dict[str, str]:
+    """Files listed in the RECORD of each ``*.dist-info`` in ``directory``: relative path -> 'name version'."""
+    out: dict[str, str] = {}
+    try:
+        infos = [e for e in os.scandir(directory) if e.name.endswith(".dist-info") and e.is_dir()]
+    except OSError:
+        return out
+    for info in infos:
+        dist = _metadata_name_version(Path(info.path) / "METADATA")
+        if dist is None:
+            continue
+        try:
+            record = (Path(info.path) / "RECORD").read_text(errors="replace")
+        except OSError:
+            continue
+        for line in record.splitlines():
+            rel = line.rsplit(",", 2)[0] if line.count(",") >= 2 else line
+            if rel:
+                out.setdefault(rel.strip('"'), dist)
+    return out
+
+
+def _metadata_name_version(path: Path) -> str | None:
+    name = version = None
+    try:
+        with open(path, errors="replace") as f:
+            for line in f:
+                if not line.strip():
+                    break  # the headers end at the first blank line
+                if line.startswith("Name:"):
+                    name = line[5:].strip()
+                elif line.startswith("Version:"):
+                    version = line[8:].strip()
+    except OSError:
+        return None
+    return f"{name} {version}" if name and version else None
+
+
+def owning_wheel(path: Path) -> tuple[str, str] | None:
+    """(distribution name, version) of the installed wheel whose RECORD lists ``path``.
+
+    Walks up from the file; at each ancestor, the ``*.dist-info`` directories there are the
+    candidates, and the file must be listed (relative to that ancestor) in one's RECORD.
+    """
+    for candidate in dict.fromkeys([Path(os.path.normpath(path)), path.resolve()]):
+        parent = candidate.parent
+        while parent != parent.parent:
+            rel = candidate.relative_to(parent).as_posix()
+            hit = _record_index(str(parent)).get(rel)
+            if hit:
+                name, version = hit.rsplit(" ", 1)
+                return name, version
+            parent = parent.parent
+    return None
+
+
+def host_path(path: str, roots: Mapping[str, Path]) -> Path:
+    return Path(_host_str(path, roots))
+
+
+def _host_str(path: str, roots: Mapping[str, Path]) -> str:
+    """Where a file a cell names is on this host (a container's path through ``roots``)."""
+    for prefix, host in roots.items():
+        if path == prefix or path.startswith(prefix.rstrip("/") + "/"):
+            return os.path.join(host, os.path.relpath(path, prefix))
+    return path
+
+
+@lru_cache(maxsize=16384)
+def _holds_cuda_name(path: str, dev: int, ino: int, size: int, mtime_ns: int) -> bool:
+    from cumatrix.binary.staticcudart import has_bytes
+
+    return has_bytes(path, (b"libcud",))
+
+
+def _kernel_named_soname(path: str, roots: Mapping[str, Path]) -> str:
+    """The SONAME of a file the kernel names (it names files, not SONAMEs), so that a runtime
+    renamed on disk is still known by it: read from the file where it may carry a CUDA
+    library's (once per file version, one ``stat`` a cell); for a file inside a container's
+    image, not readable here, the SONAME its name gives (libcudart.so.12.9.79 ->
+    libcudart.so.12), never the one the cell's log claims."""
+    host = _host_str(path, roots)
+    try:
+        st = os.stat(host)
+    except OSError:
+        m = _SONAME_BY_NAME_RE.match(os.path.basename(path))
+        return m.group(1) if m and is_cuda_library(m.group(1)) else ""
+    return _soname_of_version(host, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) or ""
+
+
+@lru_cache(maxsize=16384)
+def _soname_of_version(host: str, dev: int, ino: int, size: int, mtime_ns: int) -> str | None:
+    if not (is_cuda_library(os.path.basename(host)) or _holds_cuda_name(host, dev, ino, size, mtime_ns)):
+        return None
+    return _read_soname(Path(host))
+
+
+def soname_from_file(path: Path) -> str | None:
+    """The file's DT_SONAME; read once per file version (every cell of a runtime asks)."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    key = (str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key not in _SONAMES:
+        _SONAMES[key] = _read_soname(path)
+    return _SONAMES[key]
+
+
+_SONAMES: dict[tuple[str, int, int, int, int], str | None] = {}
+
+
+def _read_soname(path: Path) -> str | None:
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    from cumatrix.binary.elf import elf_soname
+
+    try:
+        with open(path, "rb") as fh:
+            return elf_soname(ELFFile(fh))
+    except (OSError, ELFError):
+        return None
+
+
+def describe(path: str, logged_soname: str, *, roots: Mapping[str, Path] = {}, pids: Sequence[int] = (),
+             wheel_versions: bool = True) -> MappedLibrary:
+    """One mapped object: SONAME (as logged from its dynamic section) and version (file name suffix of the file or of what it links to, else its wheel)."""
+    # The log's SONAME is the object's own DT_SONAME, read from its dynamic section once mapped;
+    # empty there means it has none (a Python extension module), so the file is not opened again.
+    soname = logged_soname or None
+    version, source = version_from_name(path), "file name"
+    if version is not None or not wheel_versions:
+        return MappedLibrary(path=path, soname=soname, version=version,
+                             version_from=source if version else None, pids=tuple(pids))
+    host = host_path(path, roots)
+    if host.exists():  # libcudart.so.12 -> libcudart.so.12.9.79
+        version = version_from_name(str(host.resolve()))
+    if version is None and host.exists():
+        wheel = owning_wheel(host)
+        if wheel is not None:
+            version, source = wheel[1], f"wheel {wheel[0]}"
+    return MappedLibrary(path=path, soname=soname, version=version, version_from=source if version else None,
+                         pids=tuple(pids))
+
+
+def read_mapped(log: Path, *, roots: Mapping[str, Path] = {}, cuda_only: bool = False) -> tuple[MappedLibrary, ...]:
+    """Every distinct object the cell's processes mapped, in first-mapped order, as the audit
+    log says (written inside those processes: see :func:`conclude` for the kernel's record).
+
+    ``roots`` maps path prefixes inside a container to where the same files are on this
+    host (an image's unpacked runtime wheel), for the version and the SONAME of files that
+    are not mounted.  Versions from wheel metadata are looked up for CUDA libraries only
+    (walking a large site-packages for every extension module would cost more than the cell);
+    for the others, the version is the file name's numeric suffix as mapped, if any.
+    """
+    return described(((pid, soname, path) for pid, soname, path in read_log(log).opened), roots=roots,
+                      cuda_only=cuda_only)
+
+
+_SONAME_BY_NAME_RE = re.compile(r"^(lib[\w+.-]*?\.so\.\d+)(?:\.\d+)*$")
+
+
+def described(rows: Iterable[tuple[int, str, str]], *, roots: Mapping[str, Path], cuda_only: bool,
+               soname_from_file: bool = False) -> tuple[MappedLibrary, ...]:
+    pids: dict[str, list[int]] = {}
+    sonames: dict[str, str] = {}
+    for pid, soname, path in rows:
+        if "/" not in path:  # the vDSO
+            continue
+        seen = pids.setdefault(path, [])
+        if pid not in seen:
+            seen.append(pid)
+        if soname:
+            sonames.setdefault(path, soname)
+    out = []
+    for path, who in pids.items():
+        so = sonames.get(path, "")
+        if not so and soname_from_file:
+            so = _kernel_named_soname(path, roots)
+        if cuda_only and not (is_cuda_library(so) or is_cuda_library(path)):
+            continue
+        out.append(describe(path, so, roots=roots, pids=who,
+                            wheel_versions=is_cuda_library(so) or is_cuda_library(path)))
+    return tuple(out)
+
+
+def cuda_libraries(mapped: Iterable[MappedLibrary]) -> tuple[MappedLibrary, ...]:
+    """The CUDA libraries among ``mapped`` (libcudart, libcuda, libnvrtc, libcublas*, libnccl, ...)."""
+    return tuple(m for m in mapped if is_cuda_library(m.name) or is_cuda_library(m.path))
