@@ -31,12 +31,10 @@ import os
 import re
 import shutil
 import socket
-import subprocess
 import tempfile
 import time
 import uuid
 import zipfile
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
@@ -46,17 +44,24 @@ import docker.errors
 import docker.types
 import requests.exceptions
 
-import cumatrix
-
 from cumatrix.core.cache import temp_prefix
-from cumatrix.execute import sandbox
 from cumatrix.core.errors import CumatrixError, DaemonUnavailable, HarnessError
 from cumatrix.core.jobs import ChildResult, Job
-from cumatrix.execute.local import _Capture
 from cumatrix.core.model import Runtime
-from cumatrix.execute.protocol import FileChannel, parse
-from cumatrix.execute import docker_trace
-from cumatrix.core.witness import KernelTrace, tracing_enabled
+from cumatrix.execute import docker_results as results
+from cumatrix.execute import docker_trace, sandbox
+from cumatrix.execute.docker_gpu import DRIVER_LIB_DIR, GpuAccess, detect_gpu, driver_libraries
+from cumatrix.execute.docker_images import (
+    BASE_LABEL,
+    RUNTIME_LABEL,
+    find_base_image,
+    listed,
+    package_root,
+    runtime_dockerfile,
+)
+from cumatrix.execute.docker_images import dockerfile as find_dockerfile
+from cumatrix.execute.docker_images import process_token as _process_token
+from cumatrix.execute.protocol import FileChannel
 from cumatrix.provision.runtimes import (
     check_runtime_wheel,
     fetch_wheel,
@@ -64,22 +69,20 @@ from cumatrix.provision.runtimes import (
     sha256_file,
 )
 
+# Re-exported: the labels, GPU access and container listing live in docker_images and docker_gpu.
+__all__ = ["BASE_LABEL", "DRIVER_LIB_DIR", "RUNTIME_LABEL", "GpuAccess", "detect_gpu", "driver_libraries",
+           "find_base_image", "listed", "package_root", "runtime_dockerfile"]
+
 #: Base image of runtime images when none is given (a common public Python image).
 DEFAULT_BASE_IMAGE = "python:3.12-slim"
 #: Where runtime wheels are unpacked inside runtime images.
 RUNTIME_ROOT = "/opt/cumatrix/runtime"
 #: Where the host driver's user-mode libraries appear in a container (no toolkit case).
-DRIVER_LIB_DIR = "/usr/local/cumatrix-driver/lib"
 LABEL = "cumatrix"
-_START_HINT = ("start one with `sudo dockerd &` (or `sudo systemctl start docker`), or point "
-               "DOCKER_HOST at a daemon that runs")
-_DEFAULT_HOST = "unix:///var/run/docker.sock"
-_SIGNAL_BASE = 128  # docker-init (tini) exits with 128+N when its child dies of signal N
 _NAME_RE = re.compile(r"[^a-zA-Z0-9_.-]+")
 # What the NVIDIA container toolkit says when an image's NVIDIA_REQUIRE_CUDA exceeds the driver.
 _REFUSED_RE = re.compile(r"unsatisfied condition: cuda[^\n]*")
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
-_DRIVER_LIB_PATTERNS = ("libcuda.so*", "libnvidia-ptxjitcompiler.so*", "libnvidia-*.so*")
 #: The user cells run as when the harness runs as root (``nobody``: owns nothing).
 NOBODY = "65534:65534"
 #: The writable scratch of a read-only container (exec allowed: JIT caches, test binaries).
@@ -120,16 +123,6 @@ class ImageInfo:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class GpuAccess:
-    """How containers see the host's GPU: ``nvidia-runtime``, ``device-nodes`` or ``none``."""
-
-    mode: str
-    devices: tuple[str, ...] = ()  # "host:container:rwm", device-nodes mode only
-    libraries: tuple[tuple[str, str], ...] = ()  # (host file, path inside), device-nodes mode only
-    detail: str = ""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class _ImageFacts:
     tag: str
     image_id: str
@@ -138,36 +131,6 @@ class _ImageFacts:
 
 def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def _process_token(pid: int) -> str | None:
-    """``<pid>.<start time>`` of a live process, else None (a reused pid has another start time)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # Field 22 (starttime) counted after the ")" that ends the command name.
-    fields = stat.rsplit(")", 1)[1].split()
-    return f"{pid}.{fields[19]}"
-
-
-def package_root() -> Path:
-    """The directory holding the ``cumatrix`` package (what the child's PYTHONPATH needs)."""
-    return Path(cumatrix.__file__).resolve().parent.parent
-
-
-def runtime_dockerfile() -> Path:
-    """``containers/runtime.Dockerfile`` of the source tree, or the copy in package data."""
-    return _dockerfile("runtime.Dockerfile")
-
-
-def _dockerfile(name: str) -> Path:
-    here = Path(__file__).resolve()
-    for cand in (here.parents[3] / "containers" / name, here.parents[1] / "data" / name):
-        if cand.is_file():
-            return cand
-    raise HarnessError(f"{name} not found (expected in containers/ of the source tree "
-                       "or in cumatrix/data/); reinstall cumatrix")
 
 
 def cudart_in_wheel(wheel: Path) -> str:
@@ -180,85 +143,7 @@ def cudart_in_wheel(wheel: Path) -> str:
     return names[0]
 
 
-# ------------------------------------------------------------------------------ GPU access
-
-
-def _ldconfig_libcuda() -> Path | None:
-    try:
-        out = subprocess.run(["ldconfig", "-p"], capture_output=True, text=True, timeout=10, check=False).stdout
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    for line in out.splitlines():
-        if line.strip().startswith("libcuda.so.1 ") and "=>" in line:
-            return Path(line.split("=>", 1)[1].strip())
-    return None
-
-
-def _find_libcuda(search_dirs: tuple[Path, ...]) -> Path | None:
-    for d in search_dirs:
-        p = d / "libcuda.so.1"
-        if p.exists():
-            return p
-    return _ldconfig_libcuda() if not search_dirs else None
-
-
-def driver_libraries(libcuda: Path) -> tuple[tuple[str, str], ...]:
-    """The driver's user-mode libraries next to ``libcuda``, of the same driver version.
-
-    Returns (host file, path inside the container) pairs: every name in the directory that
-    resolves to one of those files (``libcuda.so.1`` -> ``libcuda.so.580.159.04``) is
-    mounted under :data:`DRIVER_LIB_DIR`, so the SONAME links exist inside as well.
-    """
-    real = libcuda.resolve()
-    m = re.search(r"\.so\.(\d+(?:\.\d+)+)$", real.name)
-    version = m.group(1) if m else None
-    out: dict[str, str] = {}
-    for pattern in _DRIVER_LIB_PATTERNS:
-        for entry in sorted(libcuda.parent.glob(pattern)):
-            target = entry.resolve()
-            if not target.is_file():
-                continue
-            # Libraries of another driver version left behind by an upgrade do not load with this one.
-            if version and not target.name.endswith(f".so.{version}"):
-                continue
-            out.setdefault(entry.name, str(target))
-    return tuple((host, f"{DRIVER_LIB_DIR}/{name}") for name, host in sorted(out.items()))
-
-
-def detect_gpu(info: dict[str, Any], *, dev_dir: Path = Path("/dev"),
-               lib_dirs: tuple[Path, ...] = ()) -> GpuAccess:
-    """Choose how containers reach the GPU, from ``docker info`` and the host's files."""
-    if "nvidia" in (info.get("Runtimes") or {}):
-        return GpuAccess(mode="nvidia-runtime", detail="daemon has the nvidia runtime: --gpus all")
-    # `--gpus` needs only the toolkit's prestart hook, registered runtime or not.
-    hook = shutil.which("nvidia-container-runtime-hook")
-    if hook and (dev_dir / "nvidiactl").exists():
-        return GpuAccess(mode="nvidia-runtime", detail=f"NVIDIA container toolkit hook at {hook}: --gpus all")
-    nodes = sorted(p for p in dev_dir.glob("nvidia*") if not p.is_dir())
-    nodes += sorted(p for p in (dev_dir / "nvidia-caps").glob("*") if not p.is_dir())
-    libcuda = _find_libcuda(lib_dirs)
-    if nodes and libcuda is not None:
-        libs = driver_libraries(libcuda)
-        return GpuAccess(mode="device-nodes", devices=tuple(f"{p}:{p}:rwm" for p in nodes),
-                         libraries=libs,
-                         detail=f"{len(nodes)} device node(s), {len(libs)} driver librar(ies) from {libcuda.parent}")
-    why = "no /dev/nvidia* device" if not nodes else "no libcuda.so.1 on the host"
-    return GpuAccess(mode="none", detail=f"no GPU in containers: {why}")
-
-
 # ------------------------------------------------------------------------------ the backend
-
-
-def listed(client: Any, label: str) -> list[tuple[Any, dict[str, str], str, str]]:
-    """``(container, labels, name, state)`` of the containers with ``label``, from the list call
-    alone: a full listing inspects each container after listing it, and one removed in between
-    (another run's, finished) raised ``NotFound`` and ended the caller."""
-    out = []
-    for c in client.containers.list(all=True, sparse=True, filters={"label": label}):
-        a = c.attrs
-        names = a.get("Names") or [c.id[:12]]
-        out.append((c, dict(a.get("Labels") or {}), str(names[0]).lstrip("/"), str(a.get("State") or "")))
-    return out
 
 
 class DockerBackend:
@@ -281,7 +166,7 @@ class DockerBackend:
         self.user = user if user is not None else default_user()
         self._own_client = client is None
         if client is None:
-            _check_unix_socket()
+            results.check_unix_socket()
         try:
             self.client = client or docker.from_env(timeout=120)
             self._version = self.client.version()
@@ -289,8 +174,8 @@ class DockerBackend:
             self.base_image = base_image or find_base_image(self.client) or DEFAULT_BASE_IMAGE
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
             self.close()
-            where = os.environ.get("DOCKER_HOST") or _DEFAULT_HOST
-            raise DaemonUnavailable(f"no Docker daemon answers at {where}: {_short(e)}; {_START_HINT}") from e
+            where = os.environ.get("DOCKER_HOST") or results.DEFAULT_HOST
+            raise DaemonUnavailable(f"no Docker daemon answers at {where}: {results.short(e)}; {results.START_HINT}") from e
         self.gpu = gpu if gpu is not None else detect_gpu(self._info)
         self._host = socket.gethostname()
         self._owner = _process_token(os.getpid()) or str(os.getpid())
@@ -430,7 +315,7 @@ class DockerBackend:
                     f"building the image of runtime {runtime.name!r} ({runtime.requirement}) on "
                     f"{self.base_image} failed: {e.msg}\n--- build log (tail) ---\n{tail}") from e
             except docker.errors.APIError as e:
-                raise ImageBuildError(f"building the image of runtime {runtime.name!r} failed: {_short(e)}") from e
+                raise ImageBuildError(f"building the image of runtime {runtime.name!r} failed: {results.short(e)}") from e
         facts = self._image_facts(tag)
         return ImageInfo(runtime_name=runtime.name, tag=tag, image_id=image.id,
                          source=f"wheel {runtime.requirement} on {self.base_image}", built=True,
@@ -476,8 +361,8 @@ class DockerBackend:
         they must suit the base image's Python: ``cumatrix fetch --python-version``), else
         downloaded on the host for the base image's Python.
         """
-        from cumatrix.provision import pip
         from cumatrix.core.cache import wheel_dir as default_wheel_dir
+        from cumatrix.provision import pip
         from cumatrix.provision.runtimes import uv_binary
 
         base = self._image_facts(self.base_image)
@@ -491,7 +376,7 @@ class DockerBackend:
         pyver = (res.stdout_tail.strip().splitlines() or [""])[-1]
         if not re.fullmatch(r"3\.\d+", pyver):
             raise ImageBuildError(f"base image {self.base_image}: no working python3 ({res.stderr_tail.strip()[-200:]})")
-        dockerfile = _dockerfile("env-runtime.Dockerfile")
+        dockerfile = find_dockerfile("env-runtime.Dockerfile")
         with tempfile.TemporaryDirectory(prefix=temp_prefix("build")) as ctx:
             wheels = Path(ctx, "wheels")
             wheels.mkdir()
@@ -526,7 +411,7 @@ class DockerBackend:
                 raise ImageBuildError(f"building the image of runtime {runtime.name!r} ({source}) failed: {e.msg}\n"
                                       f"--- build log (tail) ---\n" + "\n".join(log.strip().splitlines()[-12:])) from e
             except docker.errors.APIError as e:
-                raise ImageBuildError(f"building the image of runtime {runtime.name!r} failed: {_short(e)}") from e
+                raise ImageBuildError(f"building the image of runtime {runtime.name!r} failed: {results.short(e)}") from e
         facts = self._image_facts(tag)
         return ImageInfo(runtime_name=runtime.name, tag=tag, image_id=image.id, source=source, built=True,
                          cudart=facts.env.get("CUMATRIX_CUDART") if facts else None, python=pyver)
@@ -558,16 +443,16 @@ class DockerBackend:
         prepared = self._images.get(job.runtime_name)
         if ref is None and prepared is not None:
             if prepared.problem:
-                return _harness_error(prepared.problem, image=prepared.tag)
+                return results.harness_error(prepared.problem, image=prepared.tag)
             ref = prepared.tag
         if ref is None:
-            return _harness_error(f"cell {job.cell_id}: no image for runtime {job.runtime_name!r} "
+            return results.harness_error(f"cell {job.cell_id}: no image for runtime {job.runtime_name!r} "
                                   "(prepare_runtime was not called, and the job names no image)")
         if prepared is not None and prepared.tag == ref and prepared.problem:
-            return _harness_error(prepared.problem, image=ref)
+            return results.harness_error(prepared.problem, image=ref)
         facts = self._image_facts(ref)
         if facts is None:
-            return _harness_error(f"image {ref} not found locally; build or pull it", image=ref)
+            return results.harness_error(f"image {ref} not found locally; build or pull it", image=ref)
         return self._run(job, ref, facts, with_gpu=True)
 
     def _mounts(self, job: Job, with_gpu: bool) -> list[docker.types.Mount] | str:
@@ -576,7 +461,7 @@ class DockerBackend:
         for p in paths:
             if not os.path.exists(p):
                 return f"cannot mount {p} into the container: no such file or directory on the host"
-            if self.user == NOBODY and not _world_readable(p):
+            if self.user == NOBODY and not results.world_readable(p):
                 return (f"cannot mount {p} into the container: cells run as the non-root user {NOBODY}, "
                         f"which cannot read it (mode {os.stat(p).st_mode & 0o777:o}); make it readable "
                         f"(chmod o+rX) or run the harness as a user that owns it")
@@ -622,7 +507,7 @@ class DockerBackend:
     def _run(self, job: Job, ref: str, facts: _ImageFacts, *, with_gpu: bool) -> ChildResult:
         # Only a harness child gets the verdict channel: a directory mounted for it alone.
         chan = FileChannel() if job.reports_verdict else None
-        rec, why = _record_channel(self.user)
+        rec, why = results.record_channel(self.user)
         try:
             result = self._run_in(job, ref, facts, with_gpu=with_gpu, chan=chan, rec=rec)
             if rec is None and why is not None and result.trace is None:
@@ -646,7 +531,7 @@ class DockerBackend:
         extra: dict[str, object] = {"image": ref, "image_id": facts.image_id, "backend": "docker"}
         mounts = self._mounts(job, with_gpu)
         if isinstance(mounts, str):
-            return _harness_error(mounts, image=ref, image_id=facts.image_id)
+            return results.harness_error(mounts, image=ref, image_id=facts.image_id)
         environment = self._environment(job, facts, with_gpu)
         for key in ("CUMATRIX_VERDICT_FD", "CUMATRIX_VERDICT_FILE"):
             environment.pop(key, None)
@@ -682,19 +567,19 @@ class DockerBackend:
                 start = time.monotonic()
                 container.start()
             except docker.errors.APIError as e:
-                msg = _short(e)
+                msg = results.short(e)
                 m = _REFUSED_RE.search(msg)
                 if m:
                     extra["refused"] = msg
                     return ChildResult(returncode=None, signal=None, timed_out=False, stdout_tail="",
                                        stderr_tail=msg, verdict=None, verdict_error=None,
                                        duration_s=time.monotonic() - start, extra=extra)
-                return _harness_error(f"container for {job.cell_id} did not start: {msg}", **extra)
-            status, timed_out = _wait(container, job.timeout)
-            return _collect(container, status, timed_out=timed_out, duration=time.monotonic() - start,
+                return results.harness_error(f"container for {job.cell_id} did not start: {msg}", **extra)
+            status, timed_out = results.wait(container, job.timeout)
+            return results.collect(container, status, timed_out=timed_out, duration=time.monotonic() - start,
                             chan=chan, extra=extra, rec=rec)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
-            return _harness_error(f"docker failed while running {job.cell_id}: {_short(e)}", **extra)
+            return results.harness_error(f"docker failed while running {job.cell_id}: {results.short(e)}", **extra)
         finally:
             if container is not None and not self.keep:
                 try:
@@ -706,139 +591,3 @@ class DockerBackend:
                     pass  # left for the watcher, or cleanup_stale on the next start (it carries our label)
             elif container is None and not self.keep:
                 sandbox.unwatch_container(name)
-
-
-def _world_readable(path: str) -> bool:
-    mode = os.stat(path).st_mode
-    need = 0o005 if os.path.isdir(path) else 0o004
-    return mode & need == need
-
-
-def _wait(container: Any, timeout: float) -> tuple[dict[str, Any], bool]:
-    """The container's exit status, and whether it had to be killed at the job's timeout."""
-    try:
-        return container.wait(timeout=max(timeout, 0.1)), False
-    except requests.exceptions.RequestException:  # the wait's read timeout is the job's
-        try:
-            container.kill()
-        except docker.errors.APIError:
-            pass  # it exited between the timeout and the kill
-        return container.wait(timeout=60), True
-
-
-def _collect(container: Any, status: dict[str, Any], *, timed_out: bool, duration: float,
-             chan: FileChannel | None, extra: dict[str, object],
-             rec: docker_trace.RecordChannel | None = None) -> ChildResult:
-    """A finished container as a ChildResult: its exit (a signal or an OOM kill), logs, verdict."""
-    container.reload()
-    state = container.attrs.get("State") or {}
-    code = int(status.get("StatusCode", state.get("ExitCode", -1)))
-    oom = bool(state.get("OOMKilled"))
-    out, err = _Capture(), _Capture()
-    for chunk in _logs(container, stdout=True, stderr=False):
-        out.feed(chunk)
-    trace: KernelTrace | None = None
-    if rec is None:
-        for chunk in _logs(container, stdout=False, stderr=True):
-            err.feed(chunk)
-    else:  # the whole stream: the helper's record is its end, taken out of what the cell wrote
-        cell_err, trace = rec.split(b"".join(_logs(container, stdout=False, stderr=True)))
-        err.feed(cell_err)
-    verdict, verr = parse(chan.raw()) if chan is not None else (None, None)
-    sig: int | None = None
-    rc: int | None = code
-    if oom:
-        sig, rc = 9, None
-    elif _SIGNAL_BASE < code < _SIGNAL_BASE + 65:
-        sig, rc = code - _SIGNAL_BASE, None
-    extra.update(exit_code_raw=code, container=container.name, containment="container")
-    if trace is docker_trace.NO_RECORD and not timed_out and not oom and sig is None:
-        # The helper ended the container itself and its record is not in the log: the cell
-        # flooded the log past its size limit (the record rotated away) or hid it some other
-        # way.  Its audit log is no evidence, and no outcome is read without the kernel's.
-        msg = ("the tracer's record of this container is missing from its log (the cell's output passed the "
-               "log's size limit?): no verdict without it")
-        return ChildResult(returncode=rc, signal=sig, timed_out=False, stdout_tail=out.text(),
-                           stderr_tail=err.text(), verdict=None, verdict_error=None, duration_s=duration, oom_killed=oom,
-                           extra={**extra, "harness_error": msg}, trace=trace)
-    return ChildResult(returncode=rc, signal=sig, timed_out=timed_out, stdout_tail=out.text(),
-                       stderr_tail=err.text(), verdict=verdict, verdict_error=verr,
-                       duration_s=duration, oom_killed=oom, extra=extra, trace=trace)
-
-
-def _record_channel(user: str) -> tuple[docker_trace.RecordChannel | None, KernelTrace | None]:
-    """The tracer's channel for one container, or why the cell runs untraced (None: tracing is off)."""
-    if not tracing_enabled():
-        return None, None
-    shim = sandbox.spawn_shim()
-    if shim is None:
-        return None, KernelTrace(traced=False, complete=False,
-                                 note="no tracer: the spawn helper could not be built")
-    if not docker_trace.is_static(shim):
-        return None, KernelTrace(traced=False, complete=False,
-                                 note="no tracer in containers: the spawn helper is not linked statically "
-                                      "(the C library's libc.a is missing), so it cannot run in every image")
-    return docker_trace.RecordChannel(shim, user), None
-
-
-def _check_unix_socket() -> None:
-    """Connect to the daemon's unix socket once with a socket we close ourselves.
-
-    docker-py's unix transport leaves its socket open when ``connect`` fails (a
-    ``ResourceWarning`` at collection), so a missing daemon is detected here first.
-    """
-    host = os.environ.get("DOCKER_HOST") or _DEFAULT_HOST
-    if not host.startswith("unix://"):
-        return
-    path = host[len("unix://"):]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(10)
-        try:
-            sock.connect(path)
-        except OSError as e:
-            raise DaemonUnavailable(f"no Docker daemon answers at {host}: {e.strerror or e}; {_START_HINT}") from e
-
-
-def _logs(container: Any, *, stdout: bool, stderr: bool) -> Iterator[bytes]:
-    stream = container.logs(stdout=stdout, stderr=stderr, stream=True, follow=False)
-    try:
-        yield from stream
-    finally:
-        stream.close()
-
-
-def _short(e: BaseException) -> str:
-    text = getattr(e, "explanation", None) or str(e)
-    return " ".join(str(text).split())[:600]
-
-
-def _harness_error(message: str, **extra: object) -> ChildResult:
-    """A per-cell harness error: a fact (``extra["harness_error"]``) the judge's ``classify`` names."""
-    return ChildResult(returncode=None, signal=None, timed_out=False, stdout_tail="", stderr_tail=message,
-                       verdict=None, verdict_error=None,
-                       duration_s=0.0, extra={**extra, "harness_error": message, "backend": "docker"})
-
-
-#: The label ``containers/build-base.sh`` puts on the base image (value: the recipe hash).
-BASE_LABEL = "cumatrix.base"
-
-
-#: The label the docker backend puts on runtime images (and containers).
-RUNTIME_LABEL = "cumatrix"
-
-
-def find_base_image(client: Any) -> str | None:
-    """The newest tagged image ``containers/build-base.sh`` built, or None.
-
-    Images built FROM the base inherit its labels, so runtime images (labelled
-    ``cumatrix``) and untagged build stages are left out.
-    """
-    best: tuple[str, str] | None = None
-    for img in client.images.list(filters={"label": BASE_LABEL}):
-        labels = img.labels or {}
-        if RUNTIME_LABEL in labels or not img.tags:
-            continue
-        created = str(img.attrs.get("Created", ""))
-        if best is None or created > best[0]:
-            best = (created, img.tags[0])
-    return best[1] if best else None
