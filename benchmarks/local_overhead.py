@@ -211,7 +211,7 @@ def report_against(rev: str, rounds: int, n: int, wheel_dir: str | None) -> None
         subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
         short = subprocess.run(["git", "-C", str(here), "rev-parse", "--short", rev], capture_output=True, text=True,
                                check=True).stdout.strip()
-        trees = {f"{rev} ({short})": Path(tmp), "this checkout": here}
+        trees = {rev if short.startswith(rev) else f"{rev} ({short})": Path(tmp), "this checkout": here}
         got: dict[str, list[dict[str, tuple[float, float, float]]]] = {k: [] for k in trees}
         for r in range(rounds):
             order = list(trees) if r % 2 == 0 else list(reversed(trees))
