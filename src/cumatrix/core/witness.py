@@ -1,8 +1,8 @@
 """What a cell's processes did, as the kernel saw it: the tracer's record, read by the harness.
 
 The spawn helper (``csrc/spawn.c``, ``--trace FD``) traces a cell's whole process tree with
-ptrace and, at each process's exit (a signal's included), at each ``execve`` (before and
-after) and when the cell's first process ends, reads ``/proc/PID/maps`` and writes every
+ptrace and, at each process's exit (a signal's included), before each ``execve`` and when
+the cell's first process ends, reads ``/proc/PID/maps`` and writes every
 mapped file to a pipe that no process of the cell holds.  This module reads that record.
 
 Why the kernel and not the process: anything written inside the process tree (an rtld-audit
