@@ -91,7 +91,8 @@ def test_a_racing_process_cannot_write_a_harness_childs_verdict(tmp_path: Path) 
     out, _ = attacker.communicate(timeout=60)
     seen = json.loads(out)
     for res in results:
-        assert res.verdict is not None and res.verdict_error is None, (res.verdict_error, res.stderr_tail)
+        assert res.verdict is not None, (res.verdict_error, res.stderr_tail)
+        assert res.verdict_error is None, res.verdict_error
         assert res.verdict.detail == "mine", res.verdict
     # The race was run: the attacker found the children while their channel was open ...
     assert len(seen["found"]) >= tries // 2, seen

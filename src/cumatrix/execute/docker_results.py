@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import stat
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import docker.errors
@@ -24,8 +27,9 @@ _SIGNAL_BASE = 128  # docker-init (tini) exits with 128+N when its child dies of
 
 
 def world_readable(path: str) -> bool:
-    mode = os.stat(path).st_mode
-    need = 0o005 if os.path.isdir(path) else 0o004
+    st = Path(path).stat()
+    need = 0o005 if stat.S_ISDIR(st.st_mode) else 0o004
+    mode = st.st_mode
     return mode & need == need
 
 
@@ -34,10 +38,8 @@ def wait(container: Any, timeout: float) -> tuple[dict[str, Any], bool]:
     try:
         return container.wait(timeout=max(timeout, 0.1)), False
     except requests.exceptions.RequestException:  # the wait's read timeout is the job's
-        try:
+        with contextlib.suppress(docker.errors.APIError):  # it exited between the timeout and the kill
             container.kill()
-        except docker.errors.APIError:
-            pass  # it exited between the timeout and the kill
         return container.wait(timeout=60), True
 
 

@@ -17,6 +17,11 @@ from pathlib import Path
 from cumatrix.core.witness import read_cell_file
 
 
+def _basename(path: str) -> str:
+    """The last component of a path (``os.path.basename``, without building a ``Path``: called per object)."""
+    return path.rpartition("/")[2]
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MappedLibrary:
     """One object some process of the cell mapped."""
@@ -29,7 +34,7 @@ class MappedLibrary:
 
     @property
     def name(self) -> str:
-        return self.soname or os.path.basename(self.path)
+        return self.soname or _basename(self.path)
 
     def to_json(self) -> dict[str, object]:
         return {"path": self.path, "soname": self.soname, "version": self.version,
@@ -76,12 +81,12 @@ _CUDA_RE = re.compile(
 
 def is_cuda_library(name: str) -> bool:
     """Whether a SONAME or file name is one of NVIDIA's CUDA libraries (runtime, driver, math, NCCL, cuDNN...)."""
-    return bool(_CUDA_RE.match(os.path.basename(name)))
+    return bool(_CUDA_RE.match(_basename(name)))
 
 
 def version_from_name(path: str) -> str | None:
     """``libcudart.so.12.9.79`` -> ``12.9.79``; a bare major (``.so.12``) is no version."""
-    m = _SUFFIX_RE.search(os.path.basename(path))
+    m = _SUFFIX_RE.search(_basename(path))
     return m.group(1) if m else None
 
 
@@ -111,7 +116,7 @@ def _record_index(directory: str) -> dict[str, str]:
 def _metadata_name_version(path: Path) -> str | None:
     name = version = None
     try:
-        with open(path, errors="replace") as f:
+        with path.open(errors="replace") as f:
             for line in f:
                 if not line.strip():
                     break  # the headers end at the first blank line
@@ -150,12 +155,13 @@ def _host_str(path: str, roots: Mapping[str, Path]) -> str:
     """Where a file a cell names is on this host (a container's path through ``roots``)."""
     for prefix, host in roots.items():
         if path == prefix or path.startswith(prefix.rstrip("/") + "/"):
-            return os.path.join(host, os.path.relpath(path, prefix))
+            return str(host / os.path.relpath(path, prefix))
     return path
 
 
 @lru_cache(maxsize=16384)
-def _holds_cuda_name(path: str, dev: int, ino: int, size: int, mtime_ns: int) -> bool:
+def _holds_cuda_name(path: str, dev: int, ino: int, size: int, mtime_ns: int) -> bool:  # noqa: ARG001
+    # (dev, ino, size, mtime_ns) are the cache key only: a file version is looked into once.
     from cumatrix.binary.staticcudart import has_bytes
 
     return has_bytes(path, (b"libcud",))
@@ -169,16 +175,16 @@ def _kernel_named_soname(path: str, roots: Mapping[str, Path]) -> str:
     libcudart.so.12), never the one the cell's log claims."""
     host = _host_str(path, roots)
     try:
-        st = os.stat(host)
+        st = Path(host).stat()
     except OSError:
-        m = _SONAME_BY_NAME_RE.match(os.path.basename(path))
+        m = _SONAME_BY_NAME_RE.match(_basename(path))
         return m.group(1) if m and is_cuda_library(m.group(1)) else ""
     return _soname_of_version(host, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) or ""
 
 
 @lru_cache(maxsize=16384)
 def _soname_of_version(host: str, dev: int, ino: int, size: int, mtime_ns: int) -> str | None:
-    if not (is_cuda_library(os.path.basename(host)) or _holds_cuda_name(host, dev, ino, size, mtime_ns)):
+    if not (is_cuda_library(_basename(host)) or _holds_cuda_name(host, dev, ino, size, mtime_ns)):
         return None
     return _read_soname(Path(host))
 
@@ -205,7 +211,7 @@ def _read_soname(path: Path) -> str | None:
     from cumatrix.binary.elf import elf_soname
 
     try:
-        with open(path, "rb") as fh:
+        with path.open("rb") as fh:
             return elf_soname(ELFFile(fh))
     except (OSError, ELFError):
         return None
