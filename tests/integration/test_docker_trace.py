@@ -9,6 +9,7 @@ holding a secret of the harness's once no process of the cell is left, does.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import textwrap

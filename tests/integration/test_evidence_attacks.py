@@ -618,13 +618,14 @@ def test_an_environment_is_keyed_by_the_wheels_it_resolves_to(tmp_path: Path, cl
     started = got["value"]["started"]
     again = cli("run", tmp_path / "m.yaml", "--out", tmp_path / "out", "--resume", "-q", "--wheel-dir", str(dirs[0]),
                 cwd=tmp_path, timeout=180)
-    assert _cells(tmp_path / "out")["value"]["started"] == started, again.stdout  # the same bytes: kept
+    assert read_cells_by_case(tmp_path / "out")["value"]["started"] == started, again.stdout  # the same bytes: kept
     again = cli("run", tmp_path / "m.yaml", "--out", tmp_path / "out", "--resume", "-q", "--wheel-dir", str(dirs[1]),
                 cwd=tmp_path, timeout=180)
     said = again.stdout + again.stderr
     assert "changed since they ran" in said, said
-    rec = _cells(tmp_path / "out")["value"]
-    assert rec["started"] != started and rec["observed"]["outcome"] == "exit:12", rec["observed"]
+    rec = read_cells_by_case(tmp_path / "out")["value"]
+    assert rec["started"] != started
+    assert rec["observed"]["outcome"] == "exit:12", rec["observed"]
 
 
 # --------------------------------------------------------------------------- where ptrace is refused
