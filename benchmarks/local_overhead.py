@@ -43,8 +43,8 @@ import time
 from pathlib import Path
 
 import cumatrix
-from cumatrix.execute import observe
 from cumatrix.core.jobs import Job
+from cumatrix.execute import observe
 from cumatrix.execute.local import run_local
 
 RUNTIME = "nvidia-cuda-runtime-cu12==12.9.79"
@@ -89,7 +89,7 @@ def audited_vs_plain(n: int, argv: tuple[str, ...], lib_path: tuple[str, ...], w
     plain_cpu: list[float] = []
     audited_cpu: list[float] = []
     seen = 0
-    for i in range(n):
+    for _ in range(n):
         c0, t0 = _children_cpu(), time.perf_counter()
         res = run_local(plain_job)
         plain.append(time.perf_counter() - t0)
@@ -118,7 +118,7 @@ def report_audit(n: int, wheel_dir: str | None) -> bool:
             plain, audited, pcpu, acpu, seen = audited_vs_plain(n, argv, (str(rt.lib_dir),), Path(tmp),
                                                                 observe.enforce_rules(cell))
             p, a = statistics.median(plain), statistics.median(audited)
-            pairs = sorted(y / x for x, y in zip(plain, audited))
+            pairs = sorted(y / x for x, y in zip(plain, audited, strict=True))
             cost = a / p - 1
             cpu_cost = statistics.mean(acpu) / statistics.mean(pcpu) - 1
             ok = ok and cost <= 0.05
@@ -140,7 +140,7 @@ def traced_vs_untraced(n: int, argv: tuple[str, ...], lib_path: tuple[str, ...],
     times: dict[bool, list[float]] = {False: [], True: []}
     cpu: dict[bool, list[float]] = {False: [], True: []}
     seen = 0
-    for i in range(n):
+    for _ in range(n):
         for traced in (False, True):
             if traced:
                 os.environ.pop(witness.NO_TRACE_ENV, None)
@@ -155,7 +155,9 @@ def traced_vs_untraced(n: int, argv: tuple[str, ...], lib_path: tuple[str, ...],
             cpu[traced].append(_children_cpu() - c0)
             assert res.returncode == 0, res.stderr_tail
             if traced:
-                assert res.trace is not None and res.trace.traced and obs.source == "kernel", res.trace
+                assert res.trace is not None, res.trace
+                assert res.trace.traced, res.trace
+                assert obs.source == "kernel", res.trace
                 seen = len(res.trace.objects)
     os.environ.pop(witness.NO_TRACE_ENV, None)
     return times[False], times[True], cpu[False], cpu[True], seen
@@ -173,7 +175,7 @@ def report_trace(n: int, wheel_dir: str | None) -> bool:
             traced_vs_untraced(3, argv, (str(rt.lib_dir),), Path(tmp), cell)  # warm up (the detector's caches too)
             plain, traced, pcpu, tcpu, seen = traced_vs_untraced(n, argv, (str(rt.lib_dir),), Path(tmp), cell)
             p, t = statistics.median(plain), statistics.median(traced)
-            pairs = sorted(y / x for x, y in zip(plain, traced))
+            pairs = sorted(y / x for x, y in zip(plain, traced, strict=True))
             cost = t / p - 1
             cpu_cost = statistics.mean(tcpu) / statistics.mean(pcpu) - 1
             ok = ok and cost <= 0.05
@@ -245,7 +247,7 @@ def cli_run(work: Path, name: str, n_cases: int, argv: str, extra: list[str], wh
     if wheel_dir:
         cmd += ["--wheel-dir", wheel_dir]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+    proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         sys.exit(f"cumatrix run failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")

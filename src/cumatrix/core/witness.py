@@ -40,6 +40,11 @@ _LOADER_RE = re.compile(r"^ld-linux[-\w.]*\.so(?:\.\d+)*$|^ld\.so(?:\.\d+)*$|^ld
 _PYTHON_RE = re.compile(r"^python\d*(?:\.\d+)*[a-z]*$")
 
 
+def _basename(path: str) -> str:
+    """The last component of a path (``os.path.basename``, without building a ``Path``)."""
+    return path.rpartition("/")[2]
+
+
 def tracing_enabled() -> bool:
     """Whether cells are spawned under the tracer (the default; ``$CUMATRIX_NO_TRACE=1`` turns it off)."""
     return os.environ.get(NO_TRACE_ENV, "").strip().lower() in ("", "0", "no", "off", "false")
@@ -79,7 +84,7 @@ class TracedObject:
 
     @property
     def name(self) -> str:
-        return os.path.basename(self.path.removesuffix(" (deleted)"))
+        return _basename(self.path.removesuffix(" (deleted)"))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -240,7 +245,7 @@ def loader_undefined_symbol(stderr: str, trace: KernelTrace | None, *, returncod
         if m2 and _TRACEBACK in stderr:
             for p in trace.processes:
                 code = p.exit_code
-                if code not in (None, 0) and p.exe and _PYTHON_RE.match(os.path.basename(p.exe)):
+                if code not in (None, 0) and p.exe and _PYTHON_RE.match(_basename(p.exe)):
                     return m2.group(1), f"Python ({p.exe}, process {p.pid}) failed an import and exited {code}"
         return None
     lookup = _SYMBOL_LOOKUP_RE.search(stderr)
@@ -253,7 +258,7 @@ def loader_undefined_symbol(stderr: str, trace: KernelTrace | None, *, returncod
 
 
 def _maps(trace: KernelTrace, pid: int, obj: str) -> bool:
-    base = os.path.basename(obj)
+    base = _basename(obj)
     for o in trace.mapped_by(pid):
         if o.path == obj or (not obj.startswith("/") and o.name == base):
             return True
@@ -270,7 +275,7 @@ def _same(o: TracedObject, path: str) -> bool:
 
 def is_loader(path: str) -> bool:
     """Whether ``path`` is a dynamic loader (``ld-linux-x86-64.so.2``...)."""
-    return bool(_LOADER_RE.match(os.path.basename(path)))
+    return bool(_LOADER_RE.match(_basename(path)))
 
 
 # --------------------------------------------------------------------------- reading a cell's files
@@ -309,9 +314,10 @@ def read_cell_file(path: Path, *, limit: int = 64 << 20) -> bytes:
 
 
 @lru_cache(maxsize=8192)
-def _sha256_by_identity(path: str, dev: int, ino: int, size: int, mtime_ns: int) -> str:
+def _sha256_by_identity(path: str, dev: int, ino: int, size: int, mtime_ns: int) -> str:  # noqa: ARG001
+    # (dev, ino, size, mtime_ns) are the cache key only: a file version is hashed once.
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with Path(path).open("rb") as f:
         while chunk := f.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
@@ -319,7 +325,7 @@ def _sha256_by_identity(path: str, dev: int, ino: int, size: int, mtime_ns: int)
 
 def file_sha256(path: str | os.PathLike[str]) -> str:
     """The sha256 of a file's bytes, hashed once per file version (device, inode, size, mtime)."""
-    st = os.stat(path)
+    st = Path(path).stat()
     return _sha256_by_identity(os.fspath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
@@ -381,7 +387,7 @@ def back_claims(claimed: Iterable[str], trace: KernelTrace) -> Seen:
 def file_key(path: str) -> tuple[str, int] | None:
     """(MAJOR:MINOR in the kernel's hex, inode) of the file ``path`` names, links followed."""
     try:
-        st = os.stat(path)
+        st = Path(path).stat()
     except OSError:
         return None
     return f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}", st.st_ino

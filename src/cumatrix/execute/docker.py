@@ -459,11 +459,11 @@ class DockerBackend:
         paths = dict.fromkeys([str(package_root()), *job.mounts, *job.writable])
         mounts = []
         for p in paths:
-            if not os.path.exists(p):
+            if not Path(p).exists():
                 return f"cannot mount {p} into the container: no such file or directory on the host"
             if self.user == NOBODY and not results.world_readable(p):
                 return (f"cannot mount {p} into the container: cells run as the non-root user {NOBODY}, "
-                        f"which cannot read it (mode {os.stat(p).st_mode & 0o777:o}); make it readable "
+                        f"which cannot read it (mode {Path(p).stat().st_mode & 0o777:o}); make it readable "
                         f"(chmod o+rX) or run the harness as a user that owns it")
             mounts.append(docker.types.Mount(target=p, source=p, type="bind", read_only=p not in job.writable))
         if not self.user.startswith("0:") and self.user != "0" and any(p.startswith("/root/") for p in paths):

@@ -471,7 +471,7 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
         for o in trace.objects:
             real = o.path.removesuffix(" (deleted)")
             path = logged.get((o.device, o.inode), real)
-            if not os.path.basename(real).startswith(os.path.basename(path)):
+            if not real.rpartition("/")[2].startswith(path.rpartition("/")[2]):
                 path = real
             rows += [(pid, "", path) for pid in o.pids]
         every = described(rows, roots=roots, cuda_only=False, soname_from_file=True)

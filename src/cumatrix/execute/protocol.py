@@ -137,7 +137,7 @@ class FileChannel:
         # The container's user is not the harness's: it may create files here and pass through,
         # but not list the directory (0733, sticky), and the verdict's name is a secret of this
         # child's environment, so no other local user can find the file to write it first.
-        os.chmod(self.mount_dir, 0o1733)
+        self.mount_dir.chmod(0o1733)
         self.name = f"verdict-{secrets.token_hex(16)}"
 
     def env(self) -> tuple[tuple[str, str], ...]:

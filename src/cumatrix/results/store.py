@@ -145,7 +145,7 @@ class _Reader:
             rec = _record(line)
             if rec is None:
                 nxt = _record(numbered[pos + 1][1]) if pos + 1 < len(numbered) else None
-                last_of_run = nxt is None and pos + 1 == len(numbered) or (nxt or {}).get("type") == "run"
+                last_of_run = (nxt is None and pos + 1 == len(numbered)) or (nxt or {}).get("type") == "run"
                 (self.cut if last_of_run else self.foreign).append(lineno)
             else:
                 self.place(lineno, rec)
@@ -328,7 +328,7 @@ class Store:
         os.set_blocking(fd, True)
         size = st.st_size
         if size:
-            with open(self.path, "rb") as f:
+            with self.path.open("rb") as f:
                 f.seek(size - 1)
                 if f.read(1) != b"\n":  # a writer killed mid-line: start on a fresh line
                     os.write(fd, b"\n")
@@ -386,14 +386,14 @@ class Store:
         try:
             from cumatrix.core.private import replace_new
 
-            with open(replace_new(tmp), "wb") as f:
+            with os.fdopen(replace_new(tmp), "wb") as f:
                 f.write(text)
                 f.flush()
                 os.fsync(f.fileno())
             if keep_previous and self.path.exists():
                 (self.dir / PREVIOUS).unlink(missing_ok=True)
                 os.link(self.path, self.dir / PREVIOUS)
-            os.replace(tmp, self.path)
+            Path(tmp).replace(self.path)
             _sync_dir(self.dir)
         except OSError as e:
             tmp.unlink(missing_ok=True)
@@ -525,9 +525,9 @@ def _sync_dir(path: Path) -> None:
 def read_records(path: Path) -> Iterator[dict[str, Any]]:
     if not path.exists():
         return
-    with open(path, "rb") as f:
-        for raw in f:
-            raw = raw.strip()
+    with path.open("rb") as f:
+        for line in f:
+            raw = line.strip()
             if not raw:
                 continue
             rec = _record(raw)
