@@ -574,7 +574,11 @@ static int trace_tree(pid_t leader) {
     /* The leader is gone.  Processes it left are killed with the cell; what they map from
      * here on cannot change its outcome, but what they have mapped is read now. */
     for (int i = 0; i < n_live; i++)
-        if (live[i] > 0) snapshot(live[i]);
+        if (live[i] > 0) {
+            exe_of(live[i], exe, sizeof exe);
+            exec_done(live[i], exe);  /* an image it exec'd since its last stop */
+            snapshot(live[i]);
+        }
     if (record_mode) {
         drain_tree();
         resolve_claims();
