@@ -205,6 +205,7 @@ _SONAMES: dict[tuple[str, int, int, int, int], str | None] = {}
 
 
 def _read_soname(path: Path) -> str | None:
+    # deferred: pyelftools is loaded only when a mapped file may carry a CUDA library's SONAME
     from elftools.common.exceptions import ELFError
     from elftools.elf.elffile import ELFFile
 

@@ -16,8 +16,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from cumatrix.core.cache import cache_dir
+from cumatrix.core.cache import wheel_dir as default_wheel_dir
 from cumatrix.core.errors import CumatrixError
 from cumatrix.core.model import NO_RUNTIME, Cell, Matrix
+from cumatrix.core.witness import file_sha256
 
 
 def dumps(record: Any) -> str:
@@ -30,7 +33,7 @@ def _headers_source(matrix: Matrix, cell: Cell) -> str | None:
     """The wheel whose headers build this cell (as ``runtimes.headers_for`` picks it)."""
     if cell.build is None:
         return None
-    from cumatrix.provision.runtimes import KNOWN_WHEELS
+    from cumatrix.provision.runtimes import KNOWN_WHEELS  # deferred: provisioning (pyelftools) only for built cells
 
     want = [str(cell.build.major), str(cell.build.minor)]
     for rt in matrix.runtimes:
@@ -103,9 +106,7 @@ _FIELDS: dict[type, tuple[str, ...] | None] = {}
 def wheel_sha256(requirement: str) -> str | None:
     """The sha256 of the local wheel ``requirement`` resolves to (the wheel directory of
     ``$CUMATRIX_WHEEL_DIR``, then the cache; nothing is fetched); None where there is none yet."""
-    from cumatrix.core.cache import cache_dir
-    from cumatrix.core.cache import wheel_dir as default_wheel_dir
-    from cumatrix.core.witness import file_sha256
+    # deferred: provisioning (and its ELF reader) is loaded only for a matrix with wheel runtimes
     from cumatrix.provision.runtimes import find_wheel, parse_requirement
 
     try:
@@ -125,7 +126,7 @@ def wheel_sha256(requirement: str) -> str | None:
 def _environment_key(requirements: tuple[str, ...]) -> dict[str, Any] | None:
     """The key of an environment runtime's environment and the sha256 of every wheel resolved
     into it (dependencies included); None where it cannot be resolved yet."""
-    from cumatrix.core.cache import wheel_dir as default_wheel_dir
+    # deferred: provisioning is loaded only for a matrix with environment runtimes
     from cumatrix.provision.environments import environment_hash, resolve_wheels
 
     try:
