@@ -17,7 +17,7 @@ wheels="${CUMATRIX_WHEEL_DIR:-$PWD/.wheels}"
 export CUMATRIX_WHEEL_DIR="$wheels" PYTHONUNBUFFERED=1
 # cumatrix's own dependencies (uv among them) from the same directory, without an index
 python3 -m pip install -q --no-index --no-compile --no-cache-dir --find-links "$wheels" --target /tmp/cumatrix-site \
-  pyyaml pytest pytest-xdist cuda-pathfinder pyelftools docker uv || exit 2
+  pyyaml fastjsonschema jsonschema pytest pytest-xdist cuda-pathfinder pyelftools docker uv || exit 2
 export PYTHONPATH="$PWD/src:/tmp/cumatrix-site:${PYTHONPATH:-}" PATH="/tmp/cumatrix-site/bin:$PATH"
 # an empty cache: whatever a run needs must come from the wheel directory
 export XDG_CACHE_HOME="$(mktemp -d)" CUMATRIX_CACHE=""

@@ -204,6 +204,20 @@ HOSTILE = [
         f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join(['*' + chr(97 + i)] * 10)}]\n" for i in range(6)),
      "*e", r"aliases expand the document past"),
     ("not-utf8", RT + "drivers: [host]\n# caf\xe9\n", "caf", r"not UTF-8 text: byte 0xe9"),
+    ("alias-undefined", RT + "drivers: *nope\n", "*nope", r"alias \*nope names no anchor defined before it"),
+    ("alias-cycle", RT + "drivers: [host]\ncases: &c [{name: a, argv: *c}]\n", "*c",
+     r"alias \*c refers to a collection that contains it"),
+    ("alias-as-key", RT + "drivers: &d [host]\n? *d\n: 1\n", "*d", r"mapping keys must be plain names \(not an alias\)"),
+    ("scalar-alias-as-key", RT + "drivers: [&d host]\n*d : 1\n", "*d :", r"mapping keys must be plain names \(not an alias\)"),
+    ("mapping-as-key", RT + "drivers: [host]\n? {a: 1}\n: 1\n", "{a: 1}", r"mapping keys must be plain names, not lists"),
+    ("anchor-defined-twice", RT + "drivers: &d [host]\nbuilds: &d ['12.8']\n", "&d ['12.8']",
+     r"anchor &d is defined twice \(first on line 3\)"),
+    ("aliased-bad-value", RT + "x: &bad {name: a, argv: [true], timeout: soon}\ndrivers: [host]\ncases:\n  - *bad\n",
+     "*bad", r"cases\[0\]\.timeout: expected seconds > 0"),
+    ("aliased-duplicate-name", RT + "drivers: [&h host, *h]\n", "*h", r"duplicate driver name 'host'"),
+    ("merge-key", RT + "drivers: [host]\nx: &x {argv: [true]}\ncases:\n  - <<: *x\n    name: a\n", "<<",
+     r"cases\[0\]: unknown key '<<'"),
+    ("python-tag", RT + "drivers: !!python/object:os.system [host]\n", "!!python", r"unsupported YAML tag"),
 ]
 
 
@@ -232,6 +246,25 @@ def test_c_loader_is_used_where_pyyaml_has_it() -> None:
     if not getattr(yaml, "__with_libyaml__", False):
         pytest.skip("this PyYAML was built without libyaml")
     assert yamldoc.Loader is yaml.CSafeLoader
+
+
+def test_aliases_expand_to_their_anchors_value() -> None:
+    text = (RT + "drivers: &d [host, emulated-12.4]\ncases:\n  - &c {name: a, argv: [echo, &w hi]}\n"
+            "  - {name: b, argv: [*w, *w]}\nexpect:\n  - {driver: host, case: a, outcome: &ok [ok, 'exit:1']}\n"
+            "  - {driver: emulated-12.4, case: b, outcome: *ok}\n")
+    m = M.loads(text, "m.yaml")
+    assert [d.name for d in m.drivers] == ["host", "emulated-12.4"]
+    assert m.cases[1].argv == ("hi", "hi")
+    assert m.expect[1].outcomes == {"ok", "exit:1"}
+
+
+def test_a_large_document_with_aliases_is_not_a_bomb() -> None:
+    # Every value counts once where it is written and again for each alias that repeats it:
+    # 10,000 cases that share their argv stay far below the limit.
+    text = (RT + "drivers: [host]\nprobe: false\ncases:\n  - {name: c0, argv: &argv [python3, -c, pass]}\n"
+            + "".join(f"  - {{name: c{i}, argv: *argv}}\n" for i in range(1, 10_000)))
+    m = M.loads(text, "m.yaml")
+    assert len(m.cases) == 10_000 and m.cases[-1].argv == ("python3", "-c", "pass")
 
 
 def test_load_parses_once_per_content(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from cumatrix.load.requirements import KNOWN_WHEELS
 from cumatrix.load import yamldoc
+from cumatrix.load.schema import check, where_text
 from cumatrix.core.errors import ConfigError, Problem, UsageError, did_you_mean
 from cumatrix.core.model import (
     NO_RUNTIME,
@@ -152,7 +153,7 @@ class _Ctx:
         self.problems = problems
 
     def err(self, path: yamldoc.Path, message: str) -> None:
-        self.problems.append(self.doc.problem(path, f"{yamldoc.where_text(path)}: {message}"))
+        self.problems.append(self.doc.problem(path, f"{where_text(path)}: {message}"))
 
 
 def _version(ctx: _Ctx, path: yamldoc.Path, raw: Any) -> CudaVersion | None:
@@ -254,7 +255,7 @@ def load_catalog(text: str | None = None, *, source: str = CATALOG_FILE) -> Cata
     if text is None:
         text = resources.files("cumatrix").joinpath("data/bugs.json").read_text()
     doc = _parse(text, source)
-    problems, bad = yamldoc.check(doc, SCHEMA, "catalog")
+    problems, bad = check(doc, SCHEMA, "catalog")
     # An entry with a shape problem is not built; the others still are, so one load lists
     # every problem.  A problem outside the entries leaves nothing to build on.
     broken = {p[1] for p in bad if len(p) > 1 and p[0] == "bugs"}
