@@ -2,7 +2,7 @@
 
 The YAML is parsed once per process (:func:`load` caches by content), here, into the
 frozen dataclasses of :mod:`cumatrix.core.model`; nothing past this module sees a raw dict.
-Shapes are checked against ``data/matrix.schema.json`` (:mod:`cumatrix.load.yamldoc`), then
+Shapes are checked against ``data/matrix.schema.json`` (:mod:`cumatrix.load.schema`), then
 each section is built by a small function that makes the checks a schema cannot (known
 header versions, reserved and duplicate names, selectors that match a cell).  Every
 problem is reported with the ``file:line:col`` of the value it concerns, all at once,
@@ -83,7 +83,7 @@ class _Ctx:
         try:
             return CudaVersion.parse(self.text(path, raw))
         except ValueError as e:
-            from cumatrix.load.yamldoc import where_text
+            from cumatrix.load.schema import where_text
 
             self.err(path, f"{where_text(path)}: {e}")
             return None
@@ -423,27 +423,43 @@ def load(path: str | Path) -> Matrix:
 # A large matrix, once validated, is kept in the user's cache as the Matrix it built, under
 # the digest of its name, its text and the code that validates it (its messages name the file): `validate` then `run`, every
 # pytest-xdist worker and every rerun of a nightly read it back instead of parsing 10,000
-# cases again.  Only valid matrices are kept; any doubt about an entry means parsing.
+# cases again (0.07 s to unpickle, against 0.5 s and more to parse and check them).  Only
+# valid matrices are kept; any doubt about an entry means parsing.
 _SAVE_ABOVE = 32 * 1024  # bytes of YAML; smaller files parse in a few milliseconds
 _SAVED_KEEP = 16
-_CODE = ("load/matrix.py", "load/yamldoc.py", "load/yamlfast.py", "core/model.py", "load/requirements.py",
-         "data/matrix.schema.json")
+#: What a validated matrix depends on: the packages the loader may import (the import-linter
+#: contract keeps this stage to itself and core), the schema, and the YAML and schema libraries.
+_CODE_DIRS = ("load", "core")
+
+
+def _code_digest() -> hashlib._Hash | None:
+    from importlib import resources
+
+    import fastjsonschema
+    import yaml
+
+    from cumatrix import __version__
+
+    h = hashlib.sha256(f"{__version__}\n{yaml.__version__}\n{fastjsonschema.VERSION}\n".encode())
+    try:
+        root = resources.files("cumatrix")
+        sources = [f for d in _CODE_DIRS for f in root.joinpath(d).iterdir() if f.name.endswith(".py")]
+        for source in [*sorted(sources, key=lambda f: f.name), root.joinpath(f"data/{SCHEMA}")]:
+            h.update(source.name.encode() + b"\0" + source.read_bytes())
+    except OSError:
+        return None
+    return h
 
 
 def _saved_path(raw: bytes, sha: str, name: str) -> Path | None:
     if len(raw) < _SAVE_ABOVE or os.environ.get("CUMATRIX_NO_MATRIX_CACHE"):
         return None
-    from importlib import resources
-
-    from cumatrix import __version__
     from cumatrix.core.cache import cache_root
 
-    h = hashlib.sha256(f"{__version__}\n{sha}\n{name}\n".encode())
-    try:
-        for source in _CODE:
-            h.update(resources.files("cumatrix").joinpath(source).read_bytes())
-    except OSError:
+    h = _code_digest()
+    if h is None:
         return None
+    h.update(f"{sha}\n{name}\n".encode())
     return cache_root() / "matrix" / f"{h.hexdigest()[:32]}.pickle"
 
 
@@ -481,12 +497,12 @@ def _save(raw: bytes, sha: str, m: Matrix) -> None:
 
 def loads(text: str, filename: str = "<matrix>", *, sha256: str | None = None) -> Matrix:
     """Parse and validate matrix text: the schema's shape checks, then the semantic ones."""
-    from cumatrix.load import yamldoc
+    from cumatrix.load import schema, yamldoc
 
     doc = yamldoc.parse(text, filename)
     if not isinstance(doc.data, dict):
         raise ConfigError([doc.problem((), "a matrix file is a mapping with at least `runtimes` and `drivers`")])
-    problems, bad = yamldoc.check(doc, SCHEMA, "matrix")
+    problems, bad = schema.check(doc, SCHEMA, "matrix")
     ctx = _Ctx(doc, problems)
     data: dict[str, Any] = doc.data
     # A section with a shape problem is not built; every other section still is, so one
