@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cumatrix.load import gcpause
+from cumatrix.load import gcpause, saved
 from cumatrix.load import requirements as _runtimes
 from cumatrix.core.errors import ConfigError, Problem, did_you_mean
 from cumatrix.core.suggest import outcome_hint, version_hint
@@ -408,91 +408,16 @@ def load(path: str | Path) -> Matrix:
     hit = _CACHE.get(key)
     if hit is None:
         with gcpause.paused():  # objects that live as long as the matrix; no cyclic garbage
-            hit = _saved(raw, sha, str(path))
+            hit = saved.read(raw, sha, str(path))
             if hit is None:
                 from cumatrix.load.yamldoc import decode
 
                 hit = loads(decode(raw, str(path)), str(path), sha256=sha)
-                _save(raw, sha, hit)
+                saved.write(raw, sha, hit)
         if len(_CACHE) >= _CACHE_SIZE:
             _CACHE.pop(next(iter(_CACHE)))
         _CACHE[key] = hit
     return hit if hit.path == str(path) else replace(hit, path=str(path))
-
-
-# A large matrix, once validated, is kept in the user's cache as the Matrix it built, under
-# the digest of its name, its text and the code that validates it (its messages name the file): `validate` then `run`, every
-# pytest-xdist worker and every rerun of a nightly read it back instead of parsing 10,000
-# cases again (0.07 s to unpickle, against 0.5 s and more to parse and check them).  Only
-# valid matrices are kept; any doubt about an entry means parsing.
-_SAVE_ABOVE = 32 * 1024  # bytes of YAML; smaller files parse in a few milliseconds
-_SAVED_KEEP = 16
-#: What a validated matrix depends on: the packages the loader may import (the import-linter
-#: contract keeps this stage to itself and core), the schema, and the YAML and schema libraries.
-_CODE_DIRS = ("load", "core")
-
-
-def _code_digest() -> hashlib._Hash | None:
-    from importlib import resources
-
-    import fastjsonschema
-    import yaml
-
-    from cumatrix import __version__
-
-    h = hashlib.sha256(f"{__version__}\n{yaml.__version__}\n{fastjsonschema.VERSION}\n".encode())
-    try:
-        root = resources.files("cumatrix")
-        sources = [f for d in _CODE_DIRS for f in root.joinpath(d).iterdir() if f.name.endswith(".py")]
-        for source in [*sorted(sources, key=lambda f: f.name), root.joinpath(f"data/{SCHEMA}")]:
-            h.update(source.name.encode() + b"\0" + source.read_bytes())
-    except OSError:
-        return None
-    return h
-
-
-def _saved_path(raw: bytes, sha: str, name: str) -> Path | None:
-    if len(raw) < _SAVE_ABOVE or os.environ.get("CUMATRIX_NO_MATRIX_CACHE"):
-        return None
-    from cumatrix.core.cache import cache_root
-
-    h = _code_digest()
-    if h is None:
-        return None
-    h.update(f"{sha}\n{name}\n".encode())
-    return cache_root() / "matrix" / f"{h.hexdigest()[:32]}.pickle"
-
-
-def _saved(raw: bytes, sha: str, name: str) -> Matrix | None:
-    import pickle
-
-    where = _saved_path(raw, sha, name)
-    if where is None:
-        return None
-    try:
-        with open(where, "rb") as f:
-            got = pickle.load(f)
-    except Exception:  # noqa: BLE001 - absent, cut short, or from another layout: parse instead
-        return None
-    return got if isinstance(got, Matrix) and got.sha256 == sha and got.path == name else None
-
-
-def _save(raw: bytes, sha: str, m: Matrix) -> None:
-    import pickle
-
-    where = _saved_path(raw, sha, m.path)
-    if where is None:
-        return
-    try:
-        where.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = where.with_name(f".{where.name}.{os.getpid()}")
-        with open(tmp, "wb") as f:
-            pickle.dump(m, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, where)
-        for old in sorted(where.parent.glob("*.pickle"), key=lambda p: p.stat().st_mtime)[:-_SAVED_KEEP]:
-            old.unlink(missing_ok=True)
-    except OSError:
-        return  # a read-only or full cache costs speed, never the run
 
 
 def loads(text: str, filename: str = "<matrix>", *, sha256: str | None = None) -> Matrix:
