@@ -151,8 +151,8 @@ def test_the_schema_dialect_is_ecma_and_json() -> None:
     doc["cases"][0]["name"] = "c\n"
     assert jsonschema.Draft202012Validator(_schema("matrix.schema.json")).is_valid(doc)
     assert [p.message for p in _problems("matrix.schema.json", doc)] == [
-        "cases[0].name: expected a name of letters, digits and . _ + - (at most 64, starting with a letter or digit; "
-        "no spaces, slashes or control characters), got str 'c\\n'"]
+        ("cases[0].name: expected a name of letters, digits and . _ + - (at most 64, starting with a letter or digit; "
+         "no spaces, slashes or control characters), got str 'c\\n'")]
     doc["cases"][0]["name"], doc["cases"][0]["timeout"] = "c", math.nan
     assert [p.message for p in _problems("matrix.schema.json", doc)] == [
         "cases[0].timeout: expected seconds > 0 and at most 604800 (a week), got float .nan"]

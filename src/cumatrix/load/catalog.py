@@ -15,9 +15,6 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from cumatrix.load.requirements import KNOWN_WHEELS
-from cumatrix.load import yamldoc
-from cumatrix.load.schema import check, where_text
 from cumatrix.core.errors import ConfigError, Problem, UsageError, did_you_mean
 from cumatrix.core.model import (
     NO_RUNTIME,
@@ -33,6 +30,9 @@ from cumatrix.core.model import (
     is_ok,
     outcome_matches,
 )
+from cumatrix.load import yamldoc
+from cumatrix.load.requirements import KNOWN_WHEELS
+from cumatrix.load.schema import check, where_text
 
 CATALOG_SCHEMA = 1
 CATALOG_FILE = "cumatrix/data/bugs.json"

@@ -49,7 +49,7 @@ class KeywordExpression:
             return True
         lowered = [n.lower() for n in names]
 
-        def match(ident: str, /, **kwargs: object) -> bool:  # no kwargs: compile() refused them
+        def match(ident: str, /, **_kwargs: object) -> bool:  # no kwargs: compile() refused them
             needle = ident.lower()
             return any(needle in n for n in lowered)
 

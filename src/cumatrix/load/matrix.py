@@ -21,10 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cumatrix.load import gcpause, saved
-from cumatrix.load import requirements as _runtimes
 from cumatrix.core.errors import ConfigError, Problem, did_you_mean
-from cumatrix.core.suggest import outcome_hint, version_hint
 from cumatrix.core.model import (
     NO_RUNTIME,
     OUTCOME_RE,
@@ -41,6 +38,9 @@ from cumatrix.core.model import (
     Selector,
     Workload,
 )
+from cumatrix.core.suggest import outcome_hint, version_hint
+from cumatrix.load import gcpause, saved
+from cumatrix.load import requirements as _runtimes
 
 if TYPE_CHECKING:  # PyYAML (25 ms to import) only where a matrix is parsed, not read back from the cache
     from cumatrix.load import yamldoc
@@ -436,10 +436,8 @@ def loads(text: str, filename: str = "<matrix>", *, sha256: str | None = None) -
     built = {key: fn(ctx, data[key]) for key, fn in _SECTIONS if key in data and key not in broken}
     if "runtimes" not in broken and not any(p.message.startswith("runtimes") for p in ctx.problems):
         _check_builds(ctx, built)  # beside other sections' problems: one validate lists them all
-    if not ctx.problems:
-        if built.get("variants") and not (built.get("builds") and built.get("workloads")):
-            ctx.err(("variants",), "variants need `builds` (header versions) and `workloads` to make swap cells",
-                    key=True)
+    if not ctx.problems and built.get("variants") and not (built.get("builds") and built.get("workloads")):
+        ctx.err(("variants",), "variants need `builds` (header versions) and `workloads` to make swap cells", key=True)
     if ctx.problems:
         raise ConfigError(ctx.problems)
     m = Matrix(path=filename, sha256=sha256 or hashlib.sha256(text.encode()).hexdigest(), version=1,

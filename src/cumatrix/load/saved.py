@@ -36,7 +36,7 @@ def _code_digest() -> hashlib._Hash | None:
         root = resources.files("cumatrix")
         sources = [f for d in _CODE_DIRS for f in root.joinpath(d).iterdir() if f.name.endswith(".py")]
         sources += [f for f in root.joinpath("data").iterdir() if f.name.endswith(".schema.json")]
-        for source in sorted(sources, key=lambda f: str(f)):
+        for source in sorted(sources, key=str):
             h.update(source.name.encode() + b"\0" + source.read_bytes())
     except OSError:
         return None
@@ -63,7 +63,7 @@ def read(raw: bytes, sha: str, name: str) -> Matrix | None:
     if where is None:
         return None
     try:
-        with open(where, "rb") as f:
+        with where.open("rb") as f:
             got = pickle.load(f)
     except Exception:  # noqa: BLE001 - absent, cut short, or from another layout: parse instead
         return None
@@ -80,9 +80,9 @@ def write(raw: bytes, sha: str, m: Matrix) -> None:
     try:
         where.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         tmp = where.with_name(f".{where.name}.{os.getpid()}")
-        with open(tmp, "wb") as f:
+        with tmp.open("wb") as f:
             pickle.dump(m, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, where)
+        tmp.replace(where)
         for old in sorted(where.parent.glob("*.pickle"), key=lambda p: p.stat().st_mtime)[:-_SAVED_KEEP]:
             old.unlink(missing_ok=True)
     except OSError:

@@ -105,7 +105,7 @@ def _verdict(schema_name: str) -> Callable[[Any], bool]:
     return verdict
 
 
-def _finite_number(checker: Any, value: Any) -> bool:
+def _finite_number(_checker: Any, value: Any) -> bool:
     return (isinstance(value, int | float) and not isinstance(value, bool)
             and (not isinstance(value, float) or math.isfinite(value)))
 
@@ -193,9 +193,9 @@ _DEFAULTS: dict[str, Callable[[Mapping[str, Any]], str]] = {
     "pattern": lambda s: f"a string matching {s['pattern']}",
     "minLength": lambda s: f"a string of {s.get('minLength', 0)} to {s.get('maxLength')} characters",
     "maxLength": lambda s: f"a string of {s.get('minLength', 0)} to {s.get('maxLength')} characters",
-    "minimum": lambda s: "a number in range",
-    "exclusiveMinimum": lambda s: "a number in range",
-    "maximum": lambda s: "a number in range",
+    "minimum": lambda _: "a number in range",
+    "exclusiveMinimum": lambda _: "a number in range",
+    "maximum": lambda _: "a number in range",
     "minItems": lambda s: f"a list of at least {s['minItems']} items",
     "minProperties": lambda s: f"a mapping of {s.get('minProperties', 0)} to {s.get('maxProperties', 'any')} keys",
     "maxProperties": lambda s: f"a mapping of {s.get('minProperties', 0)} to {s.get('maxProperties', 'any')} keys",

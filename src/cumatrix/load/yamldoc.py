@@ -30,23 +30,6 @@ from cumatrix.load import gcpause
 
 #: libyaml's composer where PyYAML was built with it; positions are kept either way.
 Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-class _Composer(Loader):  # type: ignore[valid-type,misc]  # a class chosen at import time
-    """:data:`Loader`, whose composer asks the resolver the tag of each scalar once per text
-    (a matrix repeats its keys and words; a fifth of the composing time at 10,000 cases)."""
-
-    def __init__(self, stream: str) -> None:
-        super().__init__(stream)
-        self._tags: dict[tuple[Any, Any, Any], str] = {}
-
-    def resolve(self, kind: Any, value: Any, implicit: Any) -> str:
-        key = (kind, value, implicit)
-        tag = self._tags.get(key)
-        if tag is None:
-            tag = self._tags[key] = super().resolve(kind, value, implicit)
-        return tag
-
 MAX_DEPTH = 64
 MAX_VALUES = 200_000
 
@@ -70,6 +53,22 @@ _SCALARS = {
 _TEXT_TAGS = {_TAG + t for t in ("str", "timestamp", "merge", "value", "binary")}
 _MAP, _SEQ = _TAG + "map", _TAG + "seq"
 _NAME_AT = re.compile(r"[&*]([^\s,\[\]{}]+)")
+
+
+class _Composer(Loader):  # type: ignore[valid-type,misc]  # a class chosen at import time
+    """:data:`Loader`, whose composer asks the resolver the tag of each scalar once per text
+    (a matrix repeats its keys and words; a fifth of the composing time at 10,000 cases)."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._tags: dict[tuple[Any, Any, Any], str] = {}
+
+    def resolve(self, kind: Any, value: Any, implicit: Any) -> str:
+        key = (kind, value, implicit)
+        tag = self._tags.get(key)
+        if tag is None:
+            tag = self._tags[key] = super().resolve(kind, value, implicit)
+        return tag
 
 
 @dataclass(slots=True)
