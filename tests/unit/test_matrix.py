@@ -264,7 +264,8 @@ def test_a_large_document_with_aliases_is_not_a_bomb() -> None:
     text = (RT + "drivers: [host]\nprobe: false\ncases:\n  - {name: c0, argv: &argv [python3, -c, pass]}\n"
             + "".join(f"  - {{name: c{i}, argv: *argv}}\n" for i in range(1, 10_000)))
     m = M.loads(text, "m.yaml")
-    assert len(m.cases) == 10_000 and m.cases[-1].argv == ("python3", "-c", "pass")
+    assert len(m.cases) == 10_000
+    assert m.cases[-1].argv == ("python3", "-c", "pass")
 
 
 def test_load_parses_once_per_content(tmp_path: Path) -> None:

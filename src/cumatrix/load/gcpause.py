@@ -16,8 +16,15 @@ import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-_held = False
-_frozen = False
+
+class _State:
+    """Whether start-up holds the collector, and whether it froze what start-up made."""
+
+    held = False
+    frozen = False
+
+
+_state = _State()
 
 
 @contextmanager
@@ -34,26 +41,23 @@ def paused() -> Iterator[None]:
 
 def hold() -> None:
     """Pause the collector for a run's start-up, until :func:`release`."""
-    global _held
     if gc.isenabled():
         gc.disable()
-        _held = True
+        _state.held = True
 
 
 def release() -> None:
     """End :func:`hold`: freeze what start-up made, and collect again from here on."""
-    global _held, _frozen
-    if _held:
-        _held = False
-        _frozen = True
+    if _state.held:
+        _state.held = False
+        _state.frozen = True
         gc.freeze()
         gc.enable()
 
 
 def end() -> None:
     """After the run: :func:`release` if still held, and give what it froze back to the collector."""
-    global _frozen
     release()
-    if _frozen:
-        _frozen = False
+    if _state.frozen:
+        _state.frozen = False
         gc.unfreeze()

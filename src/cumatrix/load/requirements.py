@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 
-
 _REQ_RE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*(?P<version>[0-9][0-9A-Za-z.+-]*)$")
 
 
