@@ -171,7 +171,7 @@ def _known_wheel(ctx: _Ctx, path: yamldoc.Path, v: CudaVersion, what: str) -> No
 
 
 def _cell(ctx: _Ctx, path: yamldoc.Path, raw: Mapping[str, Any], workloads: Mapping[str, Workload]) -> BugCell | None:
-    from cumatrix.load.matrix import parse_driver
+    from cumatrix.load.matrix import parse_driver  # deferred: the matrix loader only where a catalog is built
 
     n = len(ctx.problems)
     runtime = None if raw["runtime"] is None else _version(ctx, (*path, "runtime"), raw["runtime"])

@@ -60,7 +60,7 @@ _RESERVED_CASE_NAMES = frozenset({"probe", *VARIANT_FAMILIES})
 
 def schema_path() -> Path:
     """Where the installed matrix JSON Schema lives (for an editor's ``$schema=`` line)."""
-    from importlib import resources
+    from importlib import resources  # deferred: only `cumatrix schema --path` asks
 
     return Path(str(resources.files("cumatrix").joinpath(f"data/{SCHEMA}")))
 
@@ -83,7 +83,7 @@ class _Ctx:
         try:
             return CudaVersion.parse(self.text(path, raw))
         except ValueError as e:
-            from cumatrix.load.schema import where_text
+            from cumatrix.load.schema import where_text  # deferred with the parser (PyYAML, 25 ms)
 
             self.err(path, f"{where_text(path)}: {e}")
             return None
@@ -215,7 +215,7 @@ def parse_driver(text: str) -> Driver:
         if v.major < 12:
             raise ValueError(f"{text}: emulation reads symbol versions from CUDA 12+ headers; use 12.0 or newer")
         return Driver(name=f"emulated-{v}", emulated=v)
-    from cumatrix.core.suggest import driver_hint
+    from cumatrix.core.suggest import driver_hint  # deferred: for a misspelt driver only
 
     versions = list(_runtimes.KNOWN_WHEELS)
     tail = text.rpartition("-")[2]
@@ -410,7 +410,7 @@ def load(path: str | Path) -> Matrix:
         with gcpause.paused():  # objects that live as long as the matrix; no cyclic garbage
             hit = saved.read(raw, sha, str(path))
             if hit is None:
-                from cumatrix.load.yamldoc import decode
+                from cumatrix.load.yamldoc import decode  # deferred: PyYAML only where a matrix is parsed
 
                 hit = loads(decode(raw, str(path)), str(path), sha256=sha)
                 saved.write(raw, sha, hit)
@@ -422,7 +422,7 @@ def load(path: str | Path) -> Matrix:
 
 def loads(text: str, filename: str = "<matrix>", *, sha256: str | None = None) -> Matrix:
     """Parse and validate matrix text: the schema's shape checks, then the semantic ones."""
-    from cumatrix.load import schema, yamldoc
+    from cumatrix.load import schema, yamldoc  # deferred: PyYAML only where a matrix is parsed
 
     doc = yamldoc.parse(text, filename)
     if not isinstance(doc.data, dict):

@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle
+from importlib import resources
 from pathlib import Path
 
+from cumatrix import __version__
+from cumatrix.core.cache import cache_root
 from cumatrix.core.model import Matrix
 
 _SAVE_ABOVE = 32 * 1024  # bytes of YAML; smaller files parse in a few milliseconds
@@ -23,15 +27,20 @@ _SAVED_KEEP = 16
 _CODE_DIRS = ("load", "core")
 
 
+def _version(dist: str) -> str:
+    from importlib import metadata  # deferred: only a large matrix's cache entry needs it
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "?"
+
+
 def _code_digest() -> hashlib._Hash | None:
-    from importlib import resources
-
-    import fastjsonschema
-    import yaml
-
-    from cumatrix import __version__
-
-    h = hashlib.sha256(f"{__version__}\n{yaml.__version__}\n{fastjsonschema.VERSION}\n".encode())
+    # The libraries' versions from their metadata: importing PyYAML (25 ms) is what reading a
+    # matrix back saves.
+    libs = "\n".join(_version(d) for d in ("pyyaml", "fastjsonschema", "jsonschema"))
+    h = hashlib.sha256(f"{__version__}\n{libs}\n".encode())
     try:
         root = resources.files("cumatrix")
         sources = [f for d in _CODE_DIRS for f in root.joinpath(d).iterdir() if f.name.endswith(".py")]
@@ -46,8 +55,6 @@ def _code_digest() -> hashlib._Hash | None:
 def _path(raw: bytes, sha: str, name: str) -> Path | None:
     if len(raw) < _SAVE_ABOVE or os.environ.get("CUMATRIX_NO_MATRIX_CACHE"):
         return None
-    from cumatrix.core.cache import cache_root
-
     h = _code_digest()
     if h is None:
         return None
@@ -57,7 +64,6 @@ def _path(raw: bytes, sha: str, name: str) -> Path | None:
 
 def read(raw: bytes, sha: str, name: str) -> Matrix | None:
     """The matrix kept for this text (SHA-256 ``sha``) under this name, or None."""
-    import pickle
 
     where = _path(raw, sha, name)
     if where is None:
@@ -72,7 +78,6 @@ def read(raw: bytes, sha: str, name: str) -> Matrix | None:
 
 def write(raw: bytes, sha: str, m: Matrix) -> None:
     """Keep a validated matrix (when its text is large enough to be worth it); never fails."""
-    import pickle
 
     where = _path(raw, sha, m.path)
     if where is None:

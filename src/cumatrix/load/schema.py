@@ -91,7 +91,7 @@ def _dialect(s: Any) -> Any:
 @cache
 def _verdict(schema_name: str) -> Callable[[Any], bool]:
     """Yes or no for a whole document, compiled once a process (``$`` ends the string here too)."""
-    import fastjsonschema
+    import fastjsonschema  # deferred: compiled only where a matrix is parsed, not read back
 
     validate = fastjsonschema.compile(dict(schema(schema_name)))
 
@@ -117,7 +117,7 @@ def _finite_integer(checker: Any, value: Any) -> bool:
 @cache
 def _validator(schema_name: str) -> Validator:
     """A ``jsonschema`` validator of the schema, in its dialect (finite numbers, ECMA ``$``)."""
-    from jsonschema import validators
+    from jsonschema import validators  # deferred: 0.1 s to import, for a document with problems only
 
     base = validators.validator_for(schema(schema_name))
     types = base.TYPE_CHECKER.redefine_many({"number": _finite_number, "integer": _finite_integer})
