@@ -25,12 +25,7 @@ def test_selection_matches_pytest_semantics(expr: str, selected: list[int]) -> N
     assert [i for i, cid in enumerate(IDS) if e.matches(cid, "matrix.yaml")] == selected
 
 
-@pytest.mark.parametrize("bad", ["cu12.9 and", "(probe", "and probe", "probe )", "probe @ host", "probe(x=1)"])
+@pytest.mark.parametrize("bad", ["cu12.9 and", "(probe", "and probe", "probe )", "probe @ host"])
 def test_malformed_expressions_are_usage_errors(bad: str) -> None:
     with pytest.raises(UsageError, match="-k"):
         KeywordExpression.compile(bad)
-
-
-def test_a_malformed_expression_says_where() -> None:
-    with pytest.raises(UsageError, match=r"-k 'probe @ host': at column 7: unexpected character"):
-        KeywordExpression.compile("probe @ host")
