@@ -40,7 +40,7 @@ NO_RECORD = KernelTrace(traced=False, complete=False,
 def is_static(path: Path) -> bool:
     """Whether the ELF file ``path`` has no program interpreter (runs without a dynamic loader)."""
     try:
-        with open(path, "rb") as f:
+        with path.open("rb") as f:
             head = f.read(64)
             if len(head) < 64 or head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
                 return False  # only 64-bit little-endian helpers are looked into
