@@ -401,10 +401,11 @@ def _slurm_options(p: argparse.ArgumentParser) -> None:
 
 
 def add_tools(sub: Any) -> None:
-    from cumatrix.front import calibrate, gate, repro
+    # deferred: _TOOLS below
+    from cumatrix.front import calibrate, gate_args, repro_args
 
-    gate.add_gate_parser(sub)
-    repro.add_repro_parser(sub)
+    gate_args.add_gate_parser(sub)
+    repro_args.add_repro_parser(sub)
     p = calibrate.add_calibrate_parser(sub)
     if not p.epilog:
         p.epilog = EPILOG_CALIBRATE

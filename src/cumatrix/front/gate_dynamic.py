@@ -32,6 +32,7 @@ from cumatrix.core.model import Case, Cell, Driver, Expected, Matrix, Runtime
 from cumatrix.core.options import RunOptions, SandboxPolicy
 from cumatrix.core.record import CellRecord
 from cumatrix.execute.installer import run_installer
+from cumatrix.front.gate_args import DEFAULT_OUT
 from cumatrix.load import matrix as _matrix
 from cumatrix.orchestrate import CellRun, Orchestrator, end_record, run_header
 from cumatrix.predict import oracle
@@ -47,8 +48,6 @@ __all__ = ["GateHooks", "GateWheel", "direct_references", "gate_cells", "gate_ma
 
 #: The matrix the dynamic stage reads when ``--matrix`` is not given (if it exists).
 DEFAULT_MATRIX = "matrix.yaml"
-#: Where the dynamic stage writes when ``--out`` is not given.
-DEFAULT_OUT = Path("gate-out")
 #: Sub-directory of ``--out`` holding one install target per cell.
 SITES_DIR = "gate-sites"
 #: ``matrix`` of the run header when no matrix file is used.

@@ -16,14 +16,14 @@ import re
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
 
 from cumatrix.child.swapcell import MAPS_ENV
 from cumatrix.core.errors import UsageError, did_you_mean
 from cumatrix.core.jobs import Job
 from cumatrix.core.model import NO_RUNTIME, Cell, CudaVersion, Kind, Matrix, is_neutral, is_ok, outcome_kind
-from cumatrix.core.options import BACKENDS, DEFAULT_BACKEND, RunOptions
+from cumatrix.core.options import RunOptions
 from cumatrix.execute.observe import ENFORCE_ENV, LOG_ENV
+from cumatrix.front.repro_args import add_repro_parser
 from cumatrix.front.repro_native import GDB_TIMEOUT_EXTRA, NativeTrace, find_debugger, gdb_backtrace, parse_maps
 from cumatrix.front.repro_report import CellRun, _env_table, _fence, bug_report, cell_report
 from cumatrix.judge.reproduce import BugVerdict, judge_bug, judge_build_only
@@ -32,7 +32,7 @@ from cumatrix.orchestrate import Orchestrator
 from cumatrix.provision.cell import PACKAGE_PARENT
 
 #: Names callers used from here before the report and the debugger run had modules of their own.
-__all__ = ["GDB_TIMEOUT_EXTRA", "CellRun", "NativeTrace", "cmd_repro", "find_debugger", "gdb_backtrace",
+__all__ = ["GDB_TIMEOUT_EXTRA", "CellRun", "NativeTrace", "add_repro_parser", "cmd_repro", "find_debugger", "gdb_backtrace",
            "parse_maps", "run_one", "standalone_command"]
 
 DEFAULT_OUT = "repro"
@@ -329,30 +329,3 @@ def _repro(args: argparse.Namespace) -> int:
               "--allow-missing accepts that", file=sys.stderr)
         return 1
     return 0
-
-
-def add_repro_parser(sub: Any) -> None:
-    """Register ``cumatrix repro`` on the CLI's subparsers."""
-    p = sub.add_parser(
-        "repro", help="re-run one cell, or a known real-world bug, and write a bug report",
-        description="Re-run one cell of a matrix alone (or a catalog entry: a bad cell that must show a known "
-                    "bug's signature and a good cell that must pass), and write a Markdown bug report with a "
-                    "standalone command.",
-        epilog="examples:\n  cumatrix repro cu12.9/host/driver-dispatch/h12.8/kv-16k-d2h\n"
-               "  cumatrix repro --list\n  cumatrix repro --bug vllm-cuda13-build --out reports/repro\n"
-               "  cumatrix repro --all --out reports/repro\n\n"
-               "exit: 0 reproduced / as predicted; 1 not reproduced / not as predicted (--all: or an entry could not\n"
-               "run here, unless --allow-missing); 2 bad input, or a cell that did not run here; 3 --bug: this host\n"
-               "cannot run the entry (the report is a skeleton with the command to run on a host that can)",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("cell_id", nargs="?", metavar="CELL_ID", help="a cell id of the matrix")
-    p.add_argument("--matrix", default="matrix.yaml", metavar="M", help="matrix file (default: matrix.yaml)")
-    p.add_argument("--bug", metavar="ID", help="run a catalog entry (see --list)")
-    p.add_argument("--list", action="store_true", help="print the catalog of known bugs")
-    p.add_argument("--all", action="store_true", help="run every catalog entry, one report each")
-    p.add_argument("--allow-missing", action="store_true",
-                   help="--all: exit 0 even when some entries could not run on this host")
-    p.add_argument("--backend", choices=BACKENDS, default=DEFAULT_BACKEND)
-    p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"reports go here (default: {DEFAULT_OUT}/)")
-    p.add_argument("--wheel-dir", metavar="DIR", help="take runtime wheels from DIR; no network")
-    p.set_defaults(func=cmd_repro)
