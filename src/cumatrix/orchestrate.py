@@ -34,6 +34,7 @@ from cumatrix.core.record import CellRecord, Status
 from cumatrix.execute import observe
 from cumatrix.execute.cellaudit import Audit, CellAuditor
 from cumatrix.execute.local import LocalChild, SpawnMode, run_local, start_local
+from cumatrix.host.fingerprint import host_fingerprint
 from cumatrix.judge.classify import classify, harness_error, not_run, with_audit
 from cumatrix.judge.verdict import Facts, decide_child, judge, utcnow
 from cumatrix.predict import oracle
@@ -110,7 +111,6 @@ class Orchestrator:
     def host_fingerprint(self) -> dict[str, object]:
         """The host's driver, GPUs and (docker backend) daemon, looked up once."""
         if self._host_fp is None:
-            from cumatrix.host.fingerprint import host_fingerprint
 
             fp: dict[str, object] = dict(host_fingerprint())
             if self.backend == "docker":
@@ -124,6 +124,7 @@ class Orchestrator:
 
     def docker(self) -> DockerBackend:
         if self._docker is None:
+            # deferred: the docker SDK costs ~80 ms and ~200 modules; only the docker backend needs it
             from cumatrix.execute.docker import DockerBackend
 
             self._docker = DockerBackend(self.base_image)

@@ -34,7 +34,7 @@ from cumatrix.binary.elf import (
 )
 from cumatrix.binary.fatbin import DeviceCode, covering, ptx_isa_cuda, read_fatbin
 from cumatrix.core.model import CudaVersion
-from cumatrix.predict.rules import major_newer_than_driver
+from cumatrix.predict.rules import major_newer_than_driver, rules
 
 _LIBCUDA_RE = re.compile(r"^libcuda\.so(\.\d+)*$")
 _LIBCUDART_RE = re.compile(r"^libcudart\.so\.(\d+)(\.\d+)*$")
@@ -83,8 +83,6 @@ def _abi_text(name: str, abi_changed: Mapping[str, tuple[str, str]] | AbstractSe
 
 
 def _min_driver_for_major(major: int) -> str | None:
-    from cumatrix.core.model import CudaVersion
-    from cumatrix.predict.rules import rules
 
     return rules().min_driver_for(CudaVersion(major, 0)) or runtime_evidence.compat_floor(major)
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from cumatrix.binary.fatbin import DeviceCode, Variant
+from cumatrix.binary.fatbin import DeviceCode, Variant, parse_arch
 from cumatrix.core.model import CudaVersion
 
 Severity = Literal["error", "warning", "note"]
@@ -142,7 +142,6 @@ class AuditSettings:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> AuditSettings:
-        from cumatrix.binary.fatbin import parse_arch
         arch = data.get("arch_list")
         mr = data.get("min_runtime")
         rts = data.get("runtimes")

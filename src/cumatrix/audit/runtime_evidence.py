@@ -29,7 +29,9 @@ from pathlib import Path
 
 from elftools.elf.elffile import ELFFile
 
+from cumatrix.binary.elf import _dynamic, data_chunks
 from cumatrix.core.model import CudaVersion
+from cumatrix.predict.rules import rules
 
 EXPORTS_FILE = "data/cudart_exports.json"
 _EXPORTS_SCHEMA = 1
@@ -119,7 +121,6 @@ def compat_floor(major: int) -> str | None:
 
 def min_driver_text(cuda: CudaVersion) -> str:
     """``CUDA 12.8 (driver >= 570.26)``, as far as the rules table knows the driver."""
-    from cumatrix.predict.rules import rules
 
     drv = rules().min_driver_for(cuda)
     return f"CUDA {cuda} (driver >= {drv})" if drv and cuda.major >= 12 else f"CUDA {cuda}"
@@ -131,7 +132,6 @@ def min_driver_text(cuda: CudaVersion) -> str:
 def elf_sonames(elf: ELFFile) -> frozenset[str]:
     """CUDA sonames (``libcudart.so.N``, ``libcuda.so.1``) named as C strings in the loaded,
     non-executable data of ``elf`` (``.rodata`` and the like: what ``dlopen`` is passed)."""
-    from cumatrix.binary.elf import data_chunks
 
     found: set[str] = set()
     for buf in data_chunks(elf, keep=40):
@@ -145,7 +145,6 @@ def elf_sonames(elf: ELFFile) -> frozenset[str]:
 
 def elf_search_paths(elf: ELFFile) -> tuple[str, ...]:
     """The ``DT_RPATH`` and ``DT_RUNPATH`` entries of ``elf``, split at ``:``."""
-    from cumatrix.binary.elf import _dynamic
 
     dyn = _dynamic(elf)
     out: list[str] = []

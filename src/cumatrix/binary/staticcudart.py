@@ -24,6 +24,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+
+from cumatrix.binary.elf import elf_strings
+from cumatrix.core.witness import file_sha256
+
 MARK = "libcudart_static_"
 ERROR_NAME = "cudaErrorCudartUnloading"
 #: Known runtime function names a file must carry (beside the error name) to hold a runtime.
@@ -139,7 +145,6 @@ def static_runtime_in(path: str, intros: Callable[[], Mapping[str, int]]) -> Sta
     ``intros`` gives the runtime functions' first-export versions (asked only for a file that
     carries a marker; :func:`cumatrix.audit.static.runtime_introductions` gives them).
     """
-    from cumatrix.core.witness import file_sha256
 
     if not _may_hold_runtime(path):
         return None
@@ -156,10 +161,7 @@ def static_runtime_in(path: str, intros: Callable[[], Mapping[str, int]]) -> Sta
 
 
 def _inspect(path: str, digest: str, intros: Callable[[], Mapping[str, int]]) -> StaticRuntime | None:
-    from elftools.common.exceptions import ELFError
-    from elftools.elf.elffile import ELFFile
 
-    from cumatrix.binary.elf import elf_strings
 
     try:
         with Path(path).open("rb") as fh:

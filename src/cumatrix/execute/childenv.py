@@ -11,7 +11,9 @@ import functools
 import math
 import os
 import re
+import resource
 import sys
+import sysconfig
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -94,7 +96,6 @@ def _filtered(base: Mapping[str, str], harness: bool, passed: tuple[str, ...]) -
 
 def harness_paths() -> set[str]:
     """Directories of the harness's own Python packages (never on a command cell's path)."""
-    import sysconfig
 
     out = {str(Path(__file__).resolve().parents[2])}
     for key in ("purelib", "platlib"):
@@ -156,7 +157,6 @@ def limits(job: Job) -> list[tuple[str, int, int]]:
 def _limits(timeout: float) -> tuple[tuple[str, int, int], ...]:
     """:func:`limits` for a timeout, worked out once (every cell of a run asks; a harness's own
     limits do not change while it runs)."""
-    import resource
 
     cpus = os.cpu_count() or 1
     # CPU seconds: what every core could burn until the wall-clock timeout, and some.

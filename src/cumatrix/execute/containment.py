@@ -452,6 +452,7 @@ def _kill_marked(prefix: bytes) -> None:
 
 def _remove_containers(names: list[str]) -> None:
     try:
+        # deferred: the docker SDK costs ~80 ms and ~200 modules; only the docker backend needs it
         import docker
         import docker.errors
     except ImportError:

@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cumatrix.core.cache import cache_location
 from cumatrix.core.options import (
     NOBODY,
     WRITE_LIMIT,
@@ -247,7 +248,6 @@ def _searchable(points: Iterable[str]) -> None:
     """Bind points inside the harness's own cache made readable and searchable by the cell's
     unprivileged uid: builds land there from 0700 temporary directories.  The cache itself
     stays 0700, so no one else reaches them; the sandbox binds them past it."""
-    from cumatrix.core.cache import cache_location
 
     cache = str(cache_location())
     for p in points:

@@ -7,8 +7,10 @@ hardening (not dumpable, no secrets, dies with its parent)."""
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -16,6 +18,8 @@ import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from cumatrix.core.cache import cache_dir
+from cumatrix.core.errors import EnvironmentProblem
 from cumatrix.execute.childenv import _ENVIRON_SEEN, _SECRET_RE, _pattern
 
 _PR_SET_PDEATHSIG = 1
@@ -52,8 +56,6 @@ def _build_shim() -> Path | None:
         source = _SPAWN_SOURCE.read_bytes()
     except OSError:
         return None
-    from cumatrix.core.cache import cache_dir
-    from cumatrix.core.errors import EnvironmentProblem
 
     tag = hashlib.sha256(source + os.uname().machine.encode() + b" static").hexdigest()[:16]
     try:
@@ -87,7 +89,6 @@ def _build_shim() -> Path | None:
 
 def _prctl() -> Callable[..., int] | None:
     try:
-        import ctypes
 
         fn: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
@@ -140,7 +141,6 @@ def die_with_parent() -> None:
 
 def _preexec(parent: int, procs: str | None, lims: list[tuple[str, int, int]]) -> Callable[[], None]:
     """The shim's steps as a ``preexec_fn``, where no C compiler built the shim."""
-    import resource
 
     prctl = _prctl()  # looked up before fork, not in the child
     codes = {"core": resource.RLIMIT_CORE, "nofile": resource.RLIMIT_NOFILE,

@@ -18,6 +18,7 @@ import argparse
 import ctypes
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -124,6 +125,7 @@ class Bench:
     """A driver-API context, one proc-address library, and buffers reused across paths."""
 
     def __init__(self, library: str) -> None:
+        # deferred: the ctypes CUDA wrapper (~15 ms), only for a calibration run
         from cumatrix.child import cudaapi
 
         self._cudaapi = cudaapi
@@ -171,7 +173,6 @@ class Bench:
 
     def layout(self, direction: str, block: int, blocks: int) -> tuple[Any, Any, Any, int]:
         """Fresh buffers and the scattered descriptors (block i -> slot perm[i], as a KV swap does)."""
-        import random
 
         src, dst = self.buffers(direction, block * blocks)
         perm = list(range(blocks))
@@ -247,6 +248,7 @@ def calibrate(library: str, directions: tuple[str, ...], sizes: tuple[int, ...],
 def child_main(argv: list[str]) -> int:
     """Child entry: ``argv[0]`` is a JSON spec; the measurements go to the harness over the
     private verdict channel (:mod:`cumatrix.execute.protocol`)."""
+    # deferred: calibrate's parser is built for every `cumatrix --help`; the child and protocol modules cost ~50 ms
     from cumatrix.child.cudaapi import CudaFailure as CellFailure
     from cumatrix.execute import protocol
 
@@ -296,6 +298,7 @@ def _measure(spec: dict[str, object], policy: SandboxPolicy | None = None) -> di
     """Run the measuring child (a harness child, spawned and contained like a cell through the
     orchestrator); its result, or why none.  The judge decides whether it measured: its outcome
     must be what the oracle expects of it (``ok``)."""
+    # deferred: the orchestrator costs ~215 ms and ~190 modules, which building the parser does without
     from cumatrix.core.jobs import Job
     from cumatrix.orchestrate import run_child
     from cumatrix.predict.oracle import expect_tool
@@ -321,6 +324,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if reason:
         print(f"error: calibrate measures on a GPU, and this host has none usable: {reason}", file=sys.stderr)
         return 2
+    # deferred: the build and runtime modules cost ~25 ms, only for a calibration run
     from cumatrix.provision.build import build_variant
     from cumatrix.provision.runtimes import headers_for
 

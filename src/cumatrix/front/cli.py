@@ -21,8 +21,12 @@ from cumatrix.core.errors import (
     UsageError,
 )
 from cumatrix.core.options import DEFAULT_OUT, RunOptions
+from cumatrix.front.history_cli import add_history_options, add_history_parsers, check_history, record, since_for
+from cumatrix.front.init import add_init_parser
 from cumatrix.front.run_cmd import DEFAULT_MATRIX, add_run
 from cumatrix.front.run_cmd import matrix_arg as _matrix_arg
+from cumatrix.load import gcpause
+from cumatrix.load import matrix as _matrix
 
 EPILOG_CALIBRATE = """\
 examples:
@@ -100,7 +104,6 @@ def _plugin_args() -> list[str]:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from cumatrix.load import matrix as _matrix
 
     path = _matrix_arg(args.matrix)
     wheel_dir = Path(args.wheel_dir) if args.wheel_dir else None
@@ -109,6 +112,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     try:
         m = _matrix.load(path)
         if args.check_wheels:
+            # deferred: only `validate --check-wheels` asks the index (~50 ms of imports)
             from cumatrix.front.checkwheels import check_wheels
 
             problems = check_wheels(m, wheel_dir=wheel_dir)
@@ -146,6 +150,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _print_json(doc: dict[str, object]) -> None:
+    # deferred: cumatrix.report costs ~70-110 ms and ~85 modules (jinja2); only the commands that write reports
     from cumatrix.report.jsonout import dumps
 
     sys.stdout.write(dumps(doc))
@@ -153,9 +158,11 @@ def _print_json(doc: dict[str, object]) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    # deferred: plan and slurm cost ~45-80 ms; only these commands
     from cumatrix.front import plan
 
     if args.format == "slurm":
+        # deferred: slurm (~80 ms of imports), only for --format slurm
         from cumatrix.front import slurm
 
         sp = slurm.write_scripts(_matrix_arg(args.matrix), Path(args.out or DEFAULT_OUT),
@@ -173,6 +180,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
+    # deferred: slurm (~80 ms of imports), only for submit
     from cumatrix.front import slurm
 
     if not args.slurm:
@@ -204,6 +212,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    # deferred: cumatrix.report costs ~110 ms and ~85 modules (jinja2); only the commands that write reports
     from cumatrix.report import load_records, write_all
     from cumatrix.report.markdown import headline
 
@@ -213,7 +222,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     run = load_records(d / "results.jsonl")
     for w in getattr(run, "warnings", ()):
         print(f"cumatrix: warning: {w}", file=sys.stderr)
-    from cumatrix.front.history_cli import since_for
 
     for p in write_all(since_for(args, run), d):
         print(p)
@@ -222,6 +230,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_merge(args: argparse.Namespace) -> int:
+    # deferred: cumatrix.report costs ~110 ms and ~85 modules (jinja2); only the commands that write reports
     from cumatrix.report import write_all
     from cumatrix.report.markdown import headline
     from cumatrix.report.merge import merge_runs
@@ -242,11 +251,10 @@ def cmd_merge(args: argparse.Namespace) -> int:
         return 1
     plan = None
     if args.matrix:
+        # deferred: plan costs ~45 ms and ~35 modules; only merge --matrix
         from cumatrix.front.plan import planned_cells
-        from cumatrix.load import matrix as _matrix
 
         plan = planned_cells(_matrix.load(_matrix_arg(args.matrix)))
-    from cumatrix.front.history_cli import check_history, record
 
     check_history(args)
     run = record(args, merge_runs(dirs, host_names=None, plan=plan), kind="merge")
@@ -262,6 +270,7 @@ def merge_status(run: Any) -> int:
     """0 when the merged runs are a PASS (or every cell skipped, as ``run`` exits then); 1 when
     a cell missed its expectation or a planned cell was not run, naming each host that left
     cells unrun."""
+    # deferred: cumatrix.report costs ~110 ms and ~85 modules (jinja2); only the commands that write reports
     from cumatrix.report.markdown import not_run_by_host
 
     who = not_run_by_host(run)
@@ -274,6 +283,7 @@ def merge_status(run: Any) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
+    # deferred: doctor costs ~120 ms and ~50 modules; only this command
     from cumatrix.front.doctor import doctor
 
     matrix = Path(args.matrix) if args.matrix else (Path(DEFAULT_MATRIX) if Path(DEFAULT_MATRIX).is_file() else None)
@@ -284,12 +294,14 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def cmd_clean(args: argparse.Namespace) -> int:
+    # deferred: clean costs ~270 ms and ~300 modules (docker SDK); only this command
     from cumatrix.front.clean import cmd_clean as clean
 
     return clean(images=args.images, cache=args.cache, dry_run=args.dry_run, yes=args.yes)
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    # deferred: the build module costs ~25 ms and ~30 modules; only this command
     from cumatrix.provision import build
 
     return build.cli_build(args.variant, args.headers, Path(args.wheel_dir) if args.wheel_dir else None,
@@ -337,7 +349,6 @@ def add_misc(sub: Any) -> None:
     p = sub.add_parser("report", help="rebuild the reports of a run from its results.jsonl",
                        epilog=EPILOGS["report"], formatter_class=raw)
     p.add_argument("dir", nargs="?", default=DEFAULT_OUT, help=f"a run's --out directory (default: {DEFAULT_OUT})")
-    from cumatrix.front.history_cli import add_history_options, add_history_parsers
 
     add_history_options(p)  # read only: the "since the last run" section of a stored run
     p.set_defaults(func=cmd_report)
@@ -388,7 +399,6 @@ def add_misc(sub: Any) -> None:
     p.add_argument("--wheel-dir", metavar="DIR", help="take the runtime wheel from DIR")
     p.set_defaults(func=cmd_build)
 
-    from cumatrix.front.init import add_init_parser
 
     add_init_parser(sub)
 
@@ -410,6 +420,7 @@ def add_tools(sub: Any) -> None:
     if not p.epilog:
         p.epilog = EPILOG_CALIBRATE
         p.formatter_class = argparse.RawDescriptionHelpFormatter
+    # deferred: fetch's parser module costs ~45 ms; like _TOOLS, only for these commands and --help
     from cumatrix.front.fetch import add_fetch_parser
 
     add_fetch_parser(sub)
@@ -440,7 +451,6 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["run"]:
-        from cumatrix.load import gcpause
 
         gcpause.hold()  # released as the run loop starts (plugin), or when pytest returns
     p = parser(argv[0] if argv else None)

@@ -11,7 +11,9 @@ imports it there; it lives in :mod:`cumatrix.front.gate_dynamic`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
+import io
 import json
 import re
 import sys
@@ -29,9 +31,12 @@ from cumatrix.audit.static import (
     format_findings,
     load_audit_data,
 )
+from cumatrix.binary.zipnames import bad_utf8_name, describe
+from cumatrix.core.cache import cache_root
 from cumatrix.core.errors import CumatrixError, UsageError
 from cumatrix.core.model import CudaVersion
 from cumatrix.core.options import RunOptions
+from cumatrix.execute import spawn
 from cumatrix.front.gate_args import add_gate_parser
 from cumatrix.front.gate_dynamic import (
     SITES_DIR,
@@ -41,6 +46,7 @@ from cumatrix.front.gate_dynamic import (
     unsupported_pairing,
     wheel_packages,
 )
+from cumatrix.front.history_cli import check_history
 from cumatrix.load import matrix as _matrix
 from cumatrix.provision import runtimes
 from cumatrix.report.jsonout import dumps
@@ -58,7 +64,6 @@ def _check_dynamic_inputs(args: argparse.Namespace) -> None:
         raise UsageError(f"--constraints {args.constraints}: no such file")
     if args.wheel_dir is not None and not Path(args.wheel_dir).is_dir():
         raise UsageError(f"--wheel-dir {args.wheel_dir}: no such directory")
-    from cumatrix.front.history_cli import check_history
 
     check_history(args)
     if importlib.util.find_spec("pip") is None:
@@ -74,7 +79,6 @@ def _check_wheel(path: Path) -> None:
         raise UsageError(f"{path}: not a file")
     if not zipfile.is_zipfile(path):
         raise UsageError(f"{path}: not a wheel (not a zip archive)")
-    from cumatrix.binary.zipnames import bad_utf8_name, describe
 
     bad = bad_utf8_name(path)
     if bad is not None:
@@ -111,8 +115,6 @@ def gate_main(args: argparse.Namespace) -> int:
 
     ``-q``: only the verdict lines and failures; ``--json``: one JSON document on stdout
     (docs/json-output.md), every other line on stderr."""
-    import contextlib
-    import io
 
     quiet = bool(getattr(args, "quiet", False))
     as_json = bool(getattr(args, "json", False))
@@ -137,7 +139,6 @@ def gate_main(args: argparse.Namespace) -> int:
             if line.lstrip().startswith(keep):
                 print(line)
     if as_json:
-        from cumatrix.report.jsonout import dumps
 
         doc: dict[str, object] = {"schema": "cumatrix-gate/1", "exit_code": status,
                                   "verdict": {0: "PASS", 1: "FAIL"}.get(status, "ERROR"),
@@ -150,10 +151,8 @@ def gate_main(args: argparse.Namespace) -> int:
 
 
 def _gate(args: argparse.Namespace) -> int:
-    from cumatrix.execute import spawn
 
     spawn.harden(RunOptions.from_cli(args).policy.pass_env)
-    from cumatrix.core.cache import cache_root
 
     cache_root()  # this user's alone, or exit 3 before anything from it runs
     wheels: list[Path] = [Path(w) for w in args.wheels]

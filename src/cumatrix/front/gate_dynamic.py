@@ -33,6 +33,7 @@ from cumatrix.core.options import RunOptions, SandboxPolicy
 from cumatrix.core.record import CellRecord
 from cumatrix.execute.installer import run_installer
 from cumatrix.front.gate_args import DEFAULT_OUT
+from cumatrix.front.history_cli import record
 from cumatrix.load import matrix as _matrix
 from cumatrix.orchestrate import CellRun, Orchestrator, end_record, run_header
 from cumatrix.predict import oracle
@@ -399,7 +400,6 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path], static: 
         orch.close()
         if first is not orch:  # the copy with hooks has its own provisioner; both hold temporary files
             first.close()
-    from cumatrix.front.history_cli import record
 
     write_all(record(args, load_records(out / JSONL), kind="gate"), out)
     if isinstance(getattr(args, "gate_json", None), dict):

@@ -24,6 +24,7 @@ from cumatrix.core.errors import ConfigError
 from cumatrix.core.model import Cell, Matrix
 from cumatrix.core.options import BACKENDS, DEFAULT_BACKEND, DEFAULT_OUT, DEFAULT_TIMEOUT, RunOptions
 from cumatrix.core.record import CellRecord
+from cumatrix.execute import spawn
 from cumatrix.front import schedule as _schedule
 from cumatrix.front.flags import add_pytest_options
 from cumatrix.front.plugin_select import (
@@ -34,6 +35,7 @@ from cumatrix.front.plugin_select import (
     select_cells,
 )
 from cumatrix.front.plugin_session import REPORT_ATTR, RunSession
+from cumatrix.front.xdist_units import CellUnitScheduling
 from cumatrix.load import gcpause
 from cumatrix.load import matrix as _matrix
 from cumatrix.orchestrate import Orchestrator
@@ -168,6 +170,7 @@ class CellItem(pytest.Item):
         if record.status == "fail":
             raise CellMismatch(record)
         if record.status == "skip":
+            # deferred: cumatrix.report costs ~55 ms and ~35 modules (jinja2), paid by every pytest process that loads this plugin
             from cumatrix.report.text import clean
 
             first = obs.detail.splitlines()[0][:200] if obs.detail else ""
@@ -187,6 +190,7 @@ def format_failure(rec: CellRecord) -> str:
     """A failed cell's section in pytest's report.  What the cell wrote (its stderr, the detail
     made from it) reaches the terminal without escape sequences or control characters: a
     child's OSC title or clipboard write, or a screen clear, is shown as text."""
+    # deferred: cumatrix.report costs ~55 ms and ~35 modules (jinja2), paid by every pytest process that loads this plugin
     from cumatrix.report.text import clean
 
     obs, exp = rec.observed, rec.expected
@@ -279,7 +283,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     plan = _schedule.plan(selected, len(config.getoption("tx") or ()))
     if plan.units is None:
         return None
-    from cumatrix.front.xdist_units import CellUnitScheduling
 
     return CellUnitScheduling(config, log, plan.units)
 
@@ -300,7 +303,6 @@ def pytest_configure(config: pytest.Config) -> None:
         # reads the variable), in this process and in the workers it starts.
         os.environ[WHEEL_DIR_ENV] = str(opts.wheel_dir)
     if _is_worker(config):
-        from cumatrix.execute import spawn
 
         spawn.die_with_parent()  # a killed controller must not leave a worker running a cell
         if opts.reports_after:  # a worker of cumatrix run (see gcpause)

@@ -14,7 +14,7 @@ import pytest
 
 from cumatrix.core.errors import ConfigError
 from cumatrix.core.model import Cell, Matrix
-from cumatrix.core.options import RunOptions
+from cumatrix.core.options import DEFAULT_OUT, RunOptions
 from cumatrix.front import schedule as _schedule
 from cumatrix.front.plan import PlannedCells, planned_cells
 from cumatrix.load import matrix as _matrix
@@ -143,7 +143,6 @@ def _skip_finished(config: pytest.Config, items: list[pytest.Item], cell_type: t
 
 def out_dir(config: pytest.Config) -> Path | None:
     """Where results go: ``--cumatrix-out``, else ``out/`` when a matrix file is run."""
-    from cumatrix.core.options import DEFAULT_OUT
 
     out = options(config).out
     if out is not None:

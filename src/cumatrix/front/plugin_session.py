@@ -153,6 +153,7 @@ class RunSession:
         out = out_dir(config)
         if out is None or not (out / "results.jsonl").is_file() or options(config).reports_after:
             return
+        # deferred: cumatrix.report costs ~55 ms and ~35 modules (jinja2), paid by every pytest process that loads the plugin
         from cumatrix.report import load_records
         from cumatrix.report.markdown import headline
 
@@ -178,6 +179,7 @@ def from_worker(raw: str, nodeid: str) -> dict[str, Any]:
 
 def write_reports(out: Path) -> list[Path]:
     """Every report of the run in ``out``, from its ``results.jsonl``."""
+    # deferred: cumatrix.report costs ~55 ms and ~35 modules (jinja2), paid by every pytest process that loads the plugin
     from cumatrix.report import load_records, write_all
 
     run = load_records(out / "results.jsonl")
@@ -186,6 +188,7 @@ def write_reports(out: Path) -> list[Path]:
 
 def progress_text(done: int, total: int, t0: float, stored: Mapping[str, Any]) -> str:
     """The progress line of a cell, from its ``results.jsonl`` record."""
+    # deferred: cumatrix.report costs ~55 ms and ~35 modules (jinja2), paid by every pytest process that loads the plugin
     from cumatrix.report import progress_line
 
     obs = stored["observed"]

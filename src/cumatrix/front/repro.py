@@ -27,8 +27,12 @@ from cumatrix.front.repro_args import add_repro_parser
 from cumatrix.front.repro_native import GDB_TIMEOUT_EXTRA, NativeTrace, find_debugger, gdb_backtrace, parse_maps
 from cumatrix.front.repro_report import CellRun, _env_table, _fence, bug_report, cell_report
 from cumatrix.judge.reproduce import BugVerdict, judge_bug, judge_build_only
+from cumatrix.load import matrix as _matrix
 from cumatrix.load.catalog import Bug, Catalog, load_catalog
+from cumatrix.load.matrix import cells
 from cumatrix.orchestrate import Orchestrator
+from cumatrix.provision import build as _build
+from cumatrix.provision import runtimes as _runtimes
 from cumatrix.provision.cell import PACKAGE_PARENT
 
 #: Names callers used from here before the report and the debugger run had modules of their own.
@@ -92,8 +96,6 @@ def run_one(runner: Orchestrator, cell: Cell) -> CellRun:
     native = None
     build_log = ""
     if record.observed.outcome == "build-error" and cell.build is not None and cell.variant and cell.family:
-        from cumatrix.provision import build as _build
-        from cumatrix.provision import runtimes as _runtimes
 
         headers = _runtimes.headers_for(cell.build, wheel_dir=runner.wheel_dir, runtimes=runner.matrix.runtimes)
         build_log = _build.build_variant(cell.variant, cell.family, headers).log  # cached: no recompile
@@ -114,7 +116,6 @@ _ID_RE = re.compile(r"^[^/\s]+/(host|emulated-\d+\.\d+)/(?:[^/\s]+|[a-z-]+/h\d+\
 
 def find_cell(m: Matrix, cell_id: str) -> Cell:
     """The cell of ``m`` with this id, or a :class:`UsageError` that helps find the right one."""
-    from cumatrix.load.matrix import cells
 
     all_cells = cells(m)
     for c in all_cells:
@@ -170,7 +171,6 @@ def _runner(args: argparse.Namespace, m: Matrix) -> Orchestrator:
 
 def repro_cell(args: argparse.Namespace) -> int:
     """``cumatrix repro CELL_ID``."""
-    from cumatrix.load import matrix as _matrix
 
     mpath = Path(args.matrix)
     if not mpath.is_file():
@@ -200,8 +200,6 @@ def repro_cell(args: argparse.Namespace) -> int:
 def _build_logs(runner: Orchestrator, bug: Bug) -> dict[str, str]:
     """The compiler's command and whole message for each of the entry's variants (the builds
     provisioning made for its cells, read back from the cache: no recompile), for the report."""
-    from cumatrix.provision import build as _build
-    from cumatrix.provision import runtimes as _runtimes
 
     logs: dict[str, str] = {}
     for which, c in (("bad", bug.bad), ("good", bug.good)):

@@ -4,19 +4,30 @@ pytest has returned, and its exit status."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from cumatrix import __version__
+from cumatrix.core.cache import cache_root
 from cumatrix.core.errors import (
+    EXIT_NOTHING_RAN,
     ConfigError,
     CumatrixError,
     EnvironmentProblem,
     UsageError,
 )
 from cumatrix.core.options import BACKENDS, DEFAULT_BACKEND, DEFAULT_OUT, DEFAULT_TIMEOUT, RunOptions
+from cumatrix.front.flags import add_cli_options
+from cumatrix.front.history_cli import add_history_options, check_history, record
+from cumatrix.load import gcpause
+from cumatrix.load import matrix as _matrix
+from cumatrix.load.keyword import KeywordExpression
 
 DEFAULT_MATRIX = "matrix.yaml"
 
@@ -72,20 +83,19 @@ def _run_plugin_args(*, xdist: bool) -> list[str]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     """``cumatrix run``: returns its exit status."""
+    # deferred: spawn costs ~12 ms and ~25 modules, which `cumatrix --help` and validate do without
     from cumatrix.execute import spawn
 
     mpath = matrix_arg(args.matrix)
     m = _checked(args, mpath)
     opts = RunOptions.from_cli(args)
     spawn.harden(opts.policy.pass_env)  # before any cell: nothing of this process for them to read
-    from cumatrix.front.history_cli import check_history
 
     check_history(args)  # a bad --history is exit 2 before anything is written
     out = Path(args.out)
     failed_before = _previously_failed(out, args) if (args.last_failed or args.failed_first) else None
     _preflight(opts, m, mpath, quiet=bool(args.quiet))
     code, pending = _run_pytest(args, mpath, out, failed_before)
-    from cumatrix.load import gcpause
 
     gcpause.end()  # the run's items (frozen as its loop started) are garbage now, for _write_reports
     run = None
@@ -99,14 +109,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _checked(args: argparse.Namespace, mpath: Path) -> Any:
     """The matrix, once every option of the run is good input (exit 2 before anything runs)."""
-    from cumatrix.load import matrix as _matrix
 
     if args.timeout is not None:  # --timeout nan, -5 and 0 are bad input, as in the matrix
         args.timeout = _matrix.check_timeout(args.timeout)
     if args.host is not None:
         _matrix.check_name(args.host, "--host")
     if args.keyword:
-        from cumatrix.load.keyword import KeywordExpression
 
         KeywordExpression.compile(args.keyword)  # a malformed -k is bad input (exit 2) before anything runs
     if args.last_failed and args.failed_first:
@@ -114,6 +122,7 @@ def _checked(args: argparse.Namespace, mpath: Path) -> Any:
                          "--ff runs them first and then the rest")
     m = _matrix.load(mpath)
     if args.host is not None and m.hosts:
+        # deferred: plan costs ~45 ms and ~35 modules; only a run of a hosts file
         from cumatrix.front.plan import planned_cells
 
         names = planned_cells(m).host_names  # a matrix that cannot be planned is bad input (exit 2)
@@ -128,9 +137,8 @@ def _checked(args: argparse.Namespace, mpath: Path) -> Any:
 def _run_pytest(args: argparse.Namespace, mpath: Path, out: Path,
                 failed_before: set[str] | None) -> tuple[int, Path | None]:
     """pytest's exit code, and the --out directory whose reports it left to this command."""
-    import contextlib
-    import tempfile
 
+    # deferred: pytest and the plugin's session cost ~100 ms and ~200 modules (the plugin ~400 ms), which --help and validate do without
     import pytest
 
     from cumatrix.front.plugin_session import ReportsLeft
@@ -155,6 +163,7 @@ def _run_pytest(args: argparse.Namespace, mpath: Path, out: Path,
 def _previously_failed(out: Path, args: argparse.Namespace) -> set[str] | None:
     """The cells the previous run in ``out`` failed (``--lf``/``--ff``); ``None`` (run every
     cell, as pytest's ``--lf`` does) when there is no previous run or none failed."""
+    # deferred: cumatrix.report costs ~110 ms and ~85 modules (jinja2), which --help and validate do without
     from cumatrix.report import load_records
 
     flag = "--lf" if args.last_failed else "--ff"
@@ -182,6 +191,7 @@ def _print_run_json(out: Path, run: Any) -> None:
     if run is not None and doc.is_file():
         sys.stdout.write(doc.read_text(encoding="utf-8"))
     else:
+        # deferred: cumatrix.report and the record schema cost ~100 ms (jinja2), which --help and validate do without
         from cumatrix.report.jsonout import dumps
         from cumatrix.results.records import SCHEMA_VERSION
 
@@ -195,10 +205,9 @@ def _write_reports(args: argparse.Namespace, out: Path) -> Any:
     """The reports, written once pytest has returned: its items and reports (a few KB a
     cell) are freed first, so a run's memory peaks at the larger of the two, not their sum.
     Returns the run read back (``None`` when the reports could not be written)."""
-    import gc
 
     gc.collect()
-    from cumatrix.front.history_cli import record
+    # deferred: cumatrix.report costs ~110 ms and ~85 modules (jinja2), which --help and validate do without
     from cumatrix.report import load_records, write_all
     from cumatrix.report.markdown import headline
 
@@ -216,7 +225,7 @@ def _preflight(opts: RunOptions, m: Any, mpath: Path, *, quiet: bool) -> None:
     """What must hold before any cell runs: --out is free and writable (exit 2 / 3), the daemon
     answers, every runtime resolves (a requirement that does not resolve is bad input, exit 2,
     found once rather than per cell)."""
-    from cumatrix.core.cache import cache_root
+    # deferred: the results store costs ~40 ms, which --help and validate do without
     from cumatrix.results.store import Store
 
     cache_root()  # this user's alone, or exit 3 before anything from it runs
@@ -224,12 +233,14 @@ def _preflight(opts: RunOptions, m: Any, mpath: Path, *, quiet: bool) -> None:
         pass
     _check_compiler(m)
     if opts.backend == "docker":
+        # deferred: the docker SDK costs ~80 ms and ~200 modules; only the docker backend needs it
         from cumatrix.execute.docker import DockerBackend
 
         with DockerBackend(opts.base_image) as be:  # the daemon must answer before any cell runs
             if be.base_image_problem() is not None:
                 raise EnvironmentProblem(str(be.base_image_problem()))
         return
+    # deferred: the orchestrator costs ~215 ms and ~190 modules, which --help and validate do without
     from cumatrix.orchestrate import Orchestrator
 
     with Orchestrator(matrix=m, wheel_dir=opts.wheel_dir, policy=opts.policy) as orch:
@@ -237,6 +248,7 @@ def _preflight(opts: RunOptions, m: Any, mpath: Path, *, quiet: bool) -> None:
 
 
 def _preflight_local(m: Any, mpath: Path, orch: Any, *, quiet: bool) -> None:
+    # deferred: the prediction rules cost ~20 ms, which --help and validate do without
     from cumatrix.predict.rules import emulation_newer_than_host
 
     real = orch.host().driver_version
@@ -254,7 +266,6 @@ def _preflight_local(m: Any, mpath: Path, orch: Any, *, quiet: bool) -> None:
 
 def _check_compiler(m: Any) -> None:
     """Swap cells (compiled variants) and emulated drivers (a generated libcuda) need gcc."""
-    import shutil
 
     needs = [what for what, used in (("the reference variants", bool(m.variants and m.workloads)),
                                      ("emulated drivers", any(d.emulated for d in m.drivers))) if used]
@@ -294,11 +305,11 @@ def _pytest_args(args: argparse.Namespace, mpath: Path, out: Path) -> list[str]:
 
 
 def _exit_status(code: int, args: argparse.Namespace, mpath: Path, out: Path, run: Any = None) -> int:
-    from cumatrix.core.errors import EXIT_NOTHING_RAN
 
     empty_hint = "exit 5: nothing was tested; --allow-empty makes it 0"
     if code == 5:  # no tests ran
         if args.resume:
+            # deferred: cumatrix.report costs ~110 ms and ~85 modules (jinja2), which --help and validate do without
             from cumatrix.report import load_records
 
             failed = load_records(out / "results.jsonl").counts.failed
@@ -356,10 +367,8 @@ def add_run(sub: Any) -> None:
                    help="print results.json on stdout (pytest's lines go to stderr); see docs/json-output.md")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per cell from pytest too")
     p.add_argument("-q", "--quiet", action="store_true", help="only failures and the final line")
-    from cumatrix.front.history_cli import add_history_options
 
     add_history_options(p)
-    from cumatrix.front.flags import add_cli_options
 
     add_cli_options(p, default=None)
     p.set_defaults(func=cmd_run)
