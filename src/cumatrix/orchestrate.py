@@ -111,7 +111,6 @@ class Orchestrator:
     def host_fingerprint(self) -> dict[str, object]:
         """The host's driver, GPUs and (docker backend) daemon, looked up once."""
         if self._host_fp is None:
-
             fp: dict[str, object] = dict(host_fingerprint())
             if self.backend == "docker":
                 fp["docker"] = self.docker().fingerprint()

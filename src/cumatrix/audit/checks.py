@@ -83,7 +83,6 @@ def _abi_text(name: str, abi_changed: Mapping[str, tuple[str, str]] | AbstractSe
 
 
 def _min_driver_for_major(major: int) -> str | None:
-
     return rules().min_driver_for(CudaVersion(major, 0)) or runtime_evidence.compat_floor(major)
 
 

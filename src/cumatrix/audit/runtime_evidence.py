@@ -121,7 +121,6 @@ def compat_floor(major: int) -> str | None:
 
 def min_driver_text(cuda: CudaVersion) -> str:
     """``CUDA 12.8 (driver >= 570.26)``, as far as the rules table knows the driver."""
-
     drv = rules().min_driver_for(cuda)
     return f"CUDA {cuda} (driver >= {drv})" if drv and cuda.major >= 12 else f"CUDA {cuda}"
 
@@ -132,7 +131,6 @@ def min_driver_text(cuda: CudaVersion) -> str:
 def elf_sonames(elf: ELFFile) -> frozenset[str]:
     """CUDA sonames (``libcudart.so.N``, ``libcuda.so.1``) named as C strings in the loaded,
     non-executable data of ``elf`` (``.rodata`` and the like: what ``dlopen`` is passed)."""
-
     found: set[str] = set()
     for buf in data_chunks(elf, keep=40):
         for m in _SONAME_RE.finditer(buf, 1):
@@ -145,7 +143,6 @@ def elf_sonames(elf: ELFFile) -> frozenset[str]:
 
 def elf_search_paths(elf: ELFFile) -> tuple[str, ...]:
     """The ``DT_RPATH`` and ``DT_RUNPATH`` entries of ``elf``, split at ``:``."""
-
     dyn = _dynamic(elf)
     out: list[str] = []
     if dyn is None:

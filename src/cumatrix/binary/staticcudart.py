@@ -145,7 +145,6 @@ def static_runtime_in(path: str, intros: Callable[[], Mapping[str, int]]) -> Sta
     ``intros`` gives the runtime functions' first-export versions (asked only for a file that
     carries a marker; :func:`cumatrix.audit.static.runtime_introductions` gives them).
     """
-
     if not _may_hold_runtime(path):
         return None
     try:
@@ -161,8 +160,6 @@ def static_runtime_in(path: str, intros: Callable[[], Mapping[str, int]]) -> Sta
 
 
 def _inspect(path: str, digest: str, intros: Callable[[], Mapping[str, int]]) -> StaticRuntime | None:
-
-
     try:
         with Path(path).open("rb") as fh:
             names = elf_strings(ELFFile(fh), ("cu", MARK))

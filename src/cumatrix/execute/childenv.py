@@ -96,7 +96,6 @@ def _filtered(base: Mapping[str, str], harness: bool, passed: tuple[str, ...]) -
 
 def harness_paths() -> set[str]:
     """Directories of the harness's own Python packages (never on a command cell's path)."""
-
     out = {str(Path(__file__).resolve().parents[2])}
     for key in ("purelib", "platlib"):
         p = sysconfig.get_paths().get(key)
@@ -157,7 +156,6 @@ def limits(job: Job) -> list[tuple[str, int, int]]:
 def _limits(timeout: float) -> tuple[tuple[str, int, int], ...]:
     """:func:`limits` for a timeout, worked out once (every cell of a run asks; a harness's own
     limits do not change while it runs)."""
-
     cpus = os.cpu_count() or 1
     # CPU seconds: what every core could burn until the wall-clock timeout, and some.
     cpu = math.ceil(timeout * cpus) + CPU_SLACK_S if math.isfinite(timeout) else None

@@ -248,7 +248,6 @@ def _searchable(points: Iterable[str]) -> None:
     """Bind points inside the harness's own cache made readable and searchable by the cell's
     unprivileged uid: builds land there from 0700 temporary directories.  The cache itself
     stays 0700, so no one else reaches them; the sandbox binds them past it."""
-
     cache = str(cache_location())
     for p in points:
         if not _under(p, cache) or p == cache:

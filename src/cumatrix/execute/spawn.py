@@ -56,7 +56,6 @@ def _build_shim() -> Path | None:
         source = _SPAWN_SOURCE.read_bytes()
     except OSError:
         return None
-
     tag = hashlib.sha256(source + os.uname().machine.encode() + b" static").hexdigest()[:16]
     try:
         target = cache_dir("bin") / f"cumatrix-spawn-{tag}"
@@ -89,7 +88,6 @@ def _build_shim() -> Path | None:
 
 def _prctl() -> Callable[..., int] | None:
     try:
-
         fn: Callable[..., int] = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         return None
@@ -141,7 +139,6 @@ def die_with_parent() -> None:
 
 def _preexec(parent: int, procs: str | None, lims: list[tuple[str, int, int]]) -> Callable[[], None]:
     """The shim's steps as a ``preexec_fn``, where no C compiler built the shim."""
-
     prctl = _prctl()  # looked up before fork, not in the child
     codes = {"core": resource.RLIMIT_CORE, "nofile": resource.RLIMIT_NOFILE,
              "nproc": resource.RLIMIT_NPROC, "cpu": resource.RLIMIT_CPU, "fsize": resource.RLIMIT_FSIZE}

@@ -173,7 +173,6 @@ class Bench:
 
     def layout(self, direction: str, block: int, blocks: int) -> tuple[Any, Any, Any, int]:
         """Fresh buffers and the scattered descriptors (block i -> slot perm[i], as a KV swap does)."""
-
         src, dst = self.buffers(direction, block * blocks)
         perm = list(range(blocks))
         random.Random(blocks).shuffle(perm)

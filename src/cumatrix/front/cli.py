@@ -104,7 +104,6 @@ def _plugin_args() -> list[str]:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-
     path = _matrix_arg(args.matrix)
     wheel_dir = Path(args.wheel_dir) if args.wheel_dir else None
     if wheel_dir is not None and not wheel_dir.is_dir():
@@ -222,7 +221,6 @@ def cmd_report(args: argparse.Namespace) -> int:
     run = load_records(d / "results.jsonl")
     for w in getattr(run, "warnings", ()):
         print(f"cumatrix: warning: {w}", file=sys.stderr)
-
     for p in write_all(since_for(args, run), d):
         print(p)
     print(headline(run), file=sys.stderr)
@@ -255,7 +253,6 @@ def cmd_merge(args: argparse.Namespace) -> int:
         from cumatrix.front.plan import planned_cells
 
         plan = planned_cells(_matrix.load(_matrix_arg(args.matrix)))
-
     check_history(args)
     run = record(args, merge_runs(dirs, host_names=None, plan=plan), kind="merge")
     out = Path(args.out)
@@ -349,7 +346,6 @@ def add_misc(sub: Any) -> None:
     p = sub.add_parser("report", help="rebuild the reports of a run from its results.jsonl",
                        epilog=EPILOGS["report"], formatter_class=raw)
     p.add_argument("dir", nargs="?", default=DEFAULT_OUT, help=f"a run's --out directory (default: {DEFAULT_OUT})")
-
     add_history_options(p)  # read only: the "since the last run" section of a stored run
     p.set_defaults(func=cmd_report)
 
@@ -398,7 +394,6 @@ def add_misc(sub: Any) -> None:
     p.add_argument("--family", choices=("driver", "runtime"), help="for loop: which API family (default runtime)")
     p.add_argument("--wheel-dir", metavar="DIR", help="take the runtime wheel from DIR")
     p.set_defaults(func=cmd_build)
-
 
     add_init_parser(sub)
 
@@ -451,7 +446,6 @@ def parser(command: str | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["run"]:
-
         gcpause.hold()  # released as the run loop starts (plugin), or when pytest returns
     p = parser(argv[0] if argv else None)
     args = p.parse_args(argv)

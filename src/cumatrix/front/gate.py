@@ -64,7 +64,6 @@ def _check_dynamic_inputs(args: argparse.Namespace) -> None:
         raise UsageError(f"--constraints {args.constraints}: no such file")
     if args.wheel_dir is not None and not Path(args.wheel_dir).is_dir():
         raise UsageError(f"--wheel-dir {args.wheel_dir}: no such directory")
-
     check_history(args)
     if importlib.util.find_spec("pip") is None:
         raise UsageError(f"the dynamic stage installs wheels with pip, which {sys.executable} "
@@ -79,7 +78,6 @@ def _check_wheel(path: Path) -> None:
         raise UsageError(f"{path}: not a file")
     if not zipfile.is_zipfile(path):
         raise UsageError(f"{path}: not a wheel (not a zip archive)")
-
     bad = bad_utf8_name(path)
     if bad is not None:
         raise UsageError(describe(path, bad))
@@ -115,7 +113,6 @@ def gate_main(args: argparse.Namespace) -> int:
 
     ``-q``: only the verdict lines and failures; ``--json``: one JSON document on stdout
     (docs/json-output.md), every other line on stderr."""
-
     quiet = bool(getattr(args, "quiet", False))
     as_json = bool(getattr(args, "json", False))
     collected: dict[str, object] = {}
@@ -139,7 +136,6 @@ def gate_main(args: argparse.Namespace) -> int:
             if line.lstrip().startswith(keep):
                 print(line)
     if as_json:
-
         doc: dict[str, object] = {"schema": "cumatrix-gate/1", "exit_code": status,
                                   "verdict": {0: "PASS", 1: "FAIL"}.get(status, "ERROR"),
                                   "static": collected.get("static"), "dynamic": None}
@@ -151,9 +147,7 @@ def gate_main(args: argparse.Namespace) -> int:
 
 
 def _gate(args: argparse.Namespace) -> int:
-
     spawn.harden(RunOptions.from_cli(args).policy.pass_env)
-
     cache_root()  # this user's alone, or exit 3 before anything from it runs
     wheels: list[Path] = [Path(w) for w in args.wheels]
     for w in wheels:

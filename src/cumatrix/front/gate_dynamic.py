@@ -400,7 +400,6 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path], static: 
         orch.close()
         if first is not orch:  # the copy with hooks has its own provisioner; both hold temporary files
             first.close()
-
     write_all(record(args, load_records(out / JSONL), kind="gate"), out)
     if isinstance(getattr(args, "gate_json", None), dict):
         args.gate_json["dynamic_out"] = out

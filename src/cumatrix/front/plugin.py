@@ -283,7 +283,6 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     plan = _schedule.plan(selected, len(config.getoption("tx") or ()))
     if plan.units is None:
         return None
-
     return CellUnitScheduling(config, log, plan.units)
 
 
@@ -303,7 +302,6 @@ def pytest_configure(config: pytest.Config) -> None:
         # reads the variable), in this process and in the workers it starts.
         os.environ[WHEEL_DIR_ENV] = str(opts.wheel_dir)
     if _is_worker(config):
-
         spawn.die_with_parent()  # a killed controller must not leave a worker running a cell
         if opts.reports_after:  # a worker of cumatrix run (see gcpause)
             spawn.harden(opts.policy.pass_env)  # as its controller is

@@ -143,7 +143,6 @@ def _skip_finished(config: pytest.Config, items: list[pytest.Item], cell_type: t
 
 def out_dir(config: pytest.Config) -> Path | None:
     """Where results go: ``--cumatrix-out``, else ``out/`` when a matrix file is run."""
-
     out = options(config).out
     if out is not None:
         return out

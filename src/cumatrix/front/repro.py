@@ -96,7 +96,6 @@ def run_one(runner: Orchestrator, cell: Cell) -> CellRun:
     native = None
     build_log = ""
     if record.observed.outcome == "build-error" and cell.build is not None and cell.variant and cell.family:
-
         headers = _runtimes.headers_for(cell.build, wheel_dir=runner.wheel_dir, runtimes=runner.matrix.runtimes)
         build_log = _build.build_variant(cell.variant, cell.family, headers).log  # cached: no recompile
     if outcome_kind(record.observed.outcome) is Kind.CRASH:
@@ -116,7 +115,6 @@ _ID_RE = re.compile(r"^[^/\s]+/(host|emulated-\d+\.\d+)/(?:[^/\s]+|[a-z-]+/h\d+\
 
 def find_cell(m: Matrix, cell_id: str) -> Cell:
     """The cell of ``m`` with this id, or a :class:`UsageError` that helps find the right one."""
-
     all_cells = cells(m)
     for c in all_cells:
         if c.id == cell_id:
@@ -171,7 +169,6 @@ def _runner(args: argparse.Namespace, m: Matrix) -> Orchestrator:
 
 def repro_cell(args: argparse.Namespace) -> int:
     """``cumatrix repro CELL_ID``."""
-
     mpath = Path(args.matrix)
     if not mpath.is_file():
         raise UsageError(f"{mpath}: no such matrix file (name one with --matrix)")
@@ -200,7 +197,6 @@ def repro_cell(args: argparse.Namespace) -> int:
 def _build_logs(runner: Orchestrator, bug: Bug) -> dict[str, str]:
     """The compiler's command and whole message for each of the entry's variants (the builds
     provisioning made for its cells, read back from the cache: no recompile), for the report."""
-
     logs: dict[str, str] = {}
     for which, c in (("bad", bug.bad), ("good", bug.good)):
         headers = _runtimes.headers_for(c.build, wheel_dir=runner.wheel_dir)

@@ -90,13 +90,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     m = _checked(args, mpath)
     opts = RunOptions.from_cli(args)
     spawn.harden(opts.policy.pass_env)  # before any cell: nothing of this process for them to read
-
     check_history(args)  # a bad --history is exit 2 before anything is written
     out = Path(args.out)
     failed_before = _previously_failed(out, args) if (args.last_failed or args.failed_first) else None
     _preflight(opts, m, mpath, quiet=bool(args.quiet))
     code, pending = _run_pytest(args, mpath, out, failed_before)
-
     gcpause.end()  # the run's items (frozen as its loop started) are garbage now, for _write_reports
     run = None
     if pending is not None and not (code == 5 and not args.resume):  # no cell selected: no reports of nothing
@@ -109,13 +107,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _checked(args: argparse.Namespace, mpath: Path) -> Any:
     """The matrix, once every option of the run is good input (exit 2 before anything runs)."""
-
     if args.timeout is not None:  # --timeout nan, -5 and 0 are bad input, as in the matrix
         args.timeout = _matrix.check_timeout(args.timeout)
     if args.host is not None:
         _matrix.check_name(args.host, "--host")
     if args.keyword:
-
         KeywordExpression.compile(args.keyword)  # a malformed -k is bad input (exit 2) before anything runs
     if args.last_failed and args.failed_first:
         raise UsageError("--lf and --ff exclude each other: --lf runs only the cells that failed last time, "
@@ -137,7 +133,6 @@ def _checked(args: argparse.Namespace, mpath: Path) -> Any:
 def _run_pytest(args: argparse.Namespace, mpath: Path, out: Path,
                 failed_before: set[str] | None) -> tuple[int, Path | None]:
     """pytest's exit code, and the --out directory whose reports it left to this command."""
-
     # deferred: pytest and the plugin's session cost ~100 ms and ~200 modules (the plugin ~400 ms), which --help and validate do without
     import pytest
 
@@ -205,7 +200,6 @@ def _write_reports(args: argparse.Namespace, out: Path) -> Any:
     """The reports, written once pytest has returned: its items and reports (a few KB a
     cell) are freed first, so a run's memory peaks at the larger of the two, not their sum.
     Returns the run read back (``None`` when the reports could not be written)."""
-
     gc.collect()
     # deferred: cumatrix.report costs ~110 ms and ~85 modules (jinja2), which --help and validate do without
     from cumatrix.report import load_records, write_all
@@ -266,7 +260,6 @@ def _preflight_local(m: Any, mpath: Path, orch: Any, *, quiet: bool) -> None:
 
 def _check_compiler(m: Any) -> None:
     """Swap cells (compiled variants) and emulated drivers (a generated libcuda) need gcc."""
-
     needs = [what for what, used in (("the reference variants", bool(m.variants and m.workloads)),
                                      ("emulated drivers", any(d.emulated for d in m.drivers))) if used]
     if needs and shutil.which("gcc") is None:
@@ -305,7 +298,6 @@ def _pytest_args(args: argparse.Namespace, mpath: Path, out: Path) -> list[str]:
 
 
 def _exit_status(code: int, args: argparse.Namespace, mpath: Path, out: Path, run: Any = None) -> int:
-
     empty_hint = "exit 5: nothing was tested; --allow-empty makes it 0"
     if code == 5:  # no tests ran
         if args.resume:
@@ -367,9 +359,7 @@ def add_run(sub: Any) -> None:
                    help="print results.json on stdout (pytest's lines go to stderr); see docs/json-output.md")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per cell from pytest too")
     p.add_argument("-q", "--quiet", action="store_true", help="only failures and the final line")
-
     add_history_options(p)
-
     add_cli_options(p, default=None)
     p.set_defaults(func=cmd_run)
 
