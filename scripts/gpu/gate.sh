@@ -119,9 +119,14 @@ EOF
 SASS=$(make_wheel gate_sass_miss "$W/sass_miss.so")
 PTX=$(make_wheel gate_ptx_only "$W/ptx_only.so")
 FUT=$(make_wheel gate_ptx_future "$W/ptx_future.so")
-cp "$SASS" "$PTX" "$FUT" "$G/"
+# The gates run on relative paths under the checkout (a neutral place under all.sh), so the
+# reports name gate-run/..., not where this machine keeps its output or temporary files.
+R=gate-run
+rm -rf "$R" && mkdir -p "$R"
+cp "$SASS" "$PTX" "$FUT" "$R/"
+SASS="$R/$(basename "$SASS")" PTX="$R/$(basename "$PTX")" FUT="$R/$(basename "$FUT")"
 
-cat > "$G/matrix.yaml" <<'EOF'
+cat > "$R/matrix.yaml" <<'EOF'
 version: 1
 runtimes:
   cu12.8: {wheel: nvidia-cuda-runtime-cu12==12.8.90}
@@ -132,8 +137,8 @@ EOF
 run_gate() {  # run_gate NAME WHEEL PKG [static options...]
   local name=$1 wheel=$2 pkg=$3; shift 3
   echo "=== gate $name ($(date -u +%H:%M:%S))"
-  python3 -m cumatrix gate "$wheel" --matrix "$G/matrix.yaml" --wheel-dir .wheels \
-    --smoke "python3 -m $pkg.smoke" --out "$G/$name" ${GATE_STATIC_ONLY:+--static-only} "$@" \
+  python3 -m cumatrix gate "$wheel" --matrix "$R/matrix.yaml" --wheel-dir .wheels \
+    --smoke "python3 -m $pkg.smoke" --out "$R/$name" ${GATE_STATIC_ONLY:+--static-only} "$@" \
     > "$G/$name.log" 2>&1
   echo "exit $?" | tee -a "$G/$name.log"
   tail -25 "$G/$name.log"
@@ -141,4 +146,6 @@ run_gate() {  # run_gate NAME WHEEL PKG [static options...]
 run_gate sass-miss "$SASS" gate_sass_miss --min-driver 13.0 --arch-list "8.0 9.0"
 run_gate ptx-only "$PTX" gate_ptx_only --min-driver 12.8 --forward-compat --arch-list "9.0"
 run_gate ptx-future "$FUT" gate_ptx_future --min-driver 12.8 --arch-list "9.0"
-echo "reports under $G/"
+rm -rf "$R"/*/gate-sites "$R"/*/.cumatrix.lock
+cp -a "$R"/. "$G/"
+echo "reports under \$OUT/gate/"
