@@ -4,7 +4,6 @@ import inside a function says why it is there."""
 from __future__ import annotations
 
 import ast
-import fnmatch
 import io
 import shutil
 import subprocess
@@ -39,17 +38,6 @@ def test_the_child_package_imports_only_the_standard_library_and_itself() -> Non
                 assert top in allowed, f"{path.name} imports {name}"
                 if top == "cumatrix":
                     assert name.startswith("cumatrix.child"), f"{path.name} imports {name}"
-
-
-# Modules being reworked: their function-level imports get their comments as that work lands.
-# Paths relative to src/cumatrix, fnmatch patterns.  Remove an entry once its modules pass.
-_REWORKED = frozenset({
-    "provision/*",
-    "core/cache.py", "core/witness.py",
-    "execute/docker.py", "execute/docker_trace.py", "execute/local.py", "execute/observe.py",
-    "execute/protocol.py",
-    "results/store.py",
-})
 
 
 def imports_without_a_reason(source: str) -> list[int]:
@@ -122,8 +110,6 @@ def test_function_level_imports_say_why() -> None:
     bad: list[str] = []
     for path in sorted(src.rglob("*.py")):
         rel = path.relative_to(src).as_posix()
-        if any(fnmatch.fnmatch(rel, pattern) for pattern in _REWORKED):
-            continue
         source = path.read_text(encoding="utf-8")
         bad += [f"src/cumatrix/{rel}:{n}: {source.splitlines()[n - 1].strip()}"
                 for n in imports_without_a_reason(source)]

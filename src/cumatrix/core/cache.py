@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from cumatrix.core.errors import UsageError
+from cumatrix.core.private import hold_cache, private_dir
 
 #: Stands for ``--wheel-dir`` wherever a command or an API takes one and none is given.
 WHEEL_DIR_ENV = "CUMATRIX_WHEEL_DIR"
@@ -26,15 +27,11 @@ def cache_root() -> Path:
     """The cache directory (:func:`cache_location`), created 0700 and checked to be this user's
     alone (:class:`cumatrix.core.private.SharedDirectory`, exit 3, where another user owns or may
     write it)."""
-    from cumatrix.core.private import private_dir
-
     return private_dir(cache_location())
 
 
 def cache_dir(*parts: str) -> Path:
     """A directory in the cache, created; the process holds the cache (``clean`` waits)."""
-    from cumatrix.core.private import hold_cache
-
     root = cache_root()
     hold_cache(root)
     path = root.joinpath(*parts)

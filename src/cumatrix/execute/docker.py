@@ -75,8 +75,6 @@ __all__ = ["BASE_LABEL", "DRIVER_LIB_DIR", "RUNTIME_LABEL", "GpuAccess", "detect
 
 #: Base image of runtime images when none is given (a common public Python image).
 DEFAULT_BASE_IMAGE = "python:3.12-slim"
-#: Where runtime wheels are unpacked inside runtime images.
-RUNTIME_ROOT = "/opt/cumatrix/runtime"
 #: Where the host driver's user-mode libraries appear in a container (no toolkit case).
 LABEL = "cumatrix"
 _NAME_RE = re.compile(r"[^a-zA-Z0-9_.-]+")
@@ -361,6 +359,7 @@ class DockerBackend:
         they must suit the base image's Python: ``cumatrix fetch --python-version``), else
         downloaded on the host for the base image's Python.
         """
+        # deferred: only an environment image needs the installer's modules (provisioning, ~45 ms)
         from cumatrix.core.cache import wheel_dir as default_wheel_dir
         from cumatrix.provision import pip
         from cumatrix.provision.runtimes import uv_binary

@@ -21,8 +21,10 @@ import secrets
 import shutil
 import struct
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
+from cumatrix.core.cache import temp_prefix
 from cumatrix.core.witness import MAX_TRACE_BYTES, KernelTrace, parse_trace
 
 #: Where the helper and the secret's directory appear inside the container.
@@ -61,8 +63,6 @@ class RecordChannel:
     """One container's secret and how the helper's record is found in its stderr."""
 
     def __init__(self, shim: Path, user: str) -> None:
-        from cumatrix.core.cache import temp_prefix
-
         self.shim = shim
         self.secret = secrets.token_hex(24)
         self.dir = Path(tempfile.mkdtemp(prefix=temp_prefix("trace")))
@@ -106,6 +106,5 @@ class RecordChannel:
 
 
 def _incomplete(trace: KernelTrace) -> KernelTrace:
-    from dataclasses import replace
 
     return replace(trace, complete=False)

@@ -30,8 +30,10 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from cumatrix.child.channel import ENV_FD, ENV_FILE, MAX_BYTES, TAG, emit, encode, take_channel
+from cumatrix.core.cache import temp_prefix
 from cumatrix.core.jobs import Verdict
 from cumatrix.core.model import OUTCOME_RE
+from cumatrix.core.witness import read_cell_file
 
 __all__ = ["ENV_FD", "ENV_FILE", "MAX_BYTES", "TAG", "Verdict", "emit", "encode", "parse", "take_channel"]
 
@@ -131,8 +133,6 @@ class FileChannel:
     container_dir = "/run/cumatrix-verdict"
 
     def __init__(self) -> None:
-        from cumatrix.core.cache import temp_prefix
-
         self.mount_dir = Path(tempfile.mkdtemp(prefix=temp_prefix("verdict")))
         # The container's user is not the harness's: it may create files here and pass through,
         # but not list the directory (0733, sticky), and the verdict's name is a secret of this
@@ -144,8 +144,6 @@ class FileChannel:
         return ((ENV_FILE, f"{self.container_dir}/{self.name}"),)
 
     def raw(self) -> bytes:
-        from cumatrix.core.witness import read_cell_file
-
         try:
             # The container can replace it (a FIFO, a link): read a regular file only, unblocked.
             got = read_cell_file(self.mount_dir / self.name, limit=MAX_BYTES + 1)

@@ -26,6 +26,7 @@ from pathlib import Path
 from cumatrix.core.cache import cache_dir
 from cumatrix.core.errors import HarnessError, UsageError, did_you_mean
 from cumatrix.core.model import VARIANT_FAMILIES, CudaVersion
+from cumatrix.provision.runtimes import headers_for
 
 #: What every library links besides its own source: the state all variants share (the chunk limit).
 COMMON_SOURCES: tuple[str, ...] = ("kvswap_common.c",)
@@ -247,8 +248,6 @@ def cli_build(variant: str, headers_version: str, wheel_dir: Path | None, *, fam
     ``loop`` together with ``family``.
     Returns 0 (built), 1 (``build-error``: the compiler refused the source) or 2 (bad input).
     """
-    from cumatrix.provision.runtimes import headers_for
-
     if variant == "loop" and family in ("driver", "runtime"):
         variant = f"{family}-loop"
     if variant == "loop":

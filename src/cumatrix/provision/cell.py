@@ -24,8 +24,10 @@ from cumatrix.core.errors import CumatrixError
 from cumatrix.core.jobs import Job
 from cumatrix.core.model import NO_RUNTIME, Cell, CudaVersion, Matrix
 from cumatrix.core.options import DEFAULT_TIMEOUT
-from cumatrix.predict.oracle import emulate_newer_reason
+from cumatrix.host.fingerprint import SearchLog, search_real_libcuda
+from cumatrix.predict.oracle import emulate_newer_reason, image_runtime_version
 from cumatrix.predict.rules import emulation_newer_than_host
+from cumatrix.provision import build, drivers, headers
 from cumatrix.provision import runtimes as _runtimes
 from cumatrix.provision.facts import NotRun
 
@@ -80,8 +82,6 @@ class Provisioner:
             return None
         rt = self.settings.matrix.runtime(cell.runtime)
         if rt.image:
-            from cumatrix.predict.oracle import image_runtime_version
-
             return image_runtime_version(rt.image)
         return self.runtime(cell.runtime).version
 
@@ -98,9 +98,6 @@ class Provisioner:
         return driver in self._interposers
 
     def _build_interposer(self, driver: str) -> str:
-        from cumatrix.host.fingerprint import SearchLog, search_real_libcuda
-        from cumatrix.provision import drivers, headers
-
         emu = self.settings.matrix.driver(driver).emulated
         if emu is None:
             raise CumatrixError(f"{driver} is not an emulated driver")
@@ -199,8 +196,6 @@ class Provisioner:
 
     def swap_spec(self, cell: Cell, libcudart: str | None) -> dict[str, object] | NotRun:
         """The swap child's spec, building the variant and its loop baseline first."""
-        from cumatrix.provision import build
-
         w, b = cell.need_workload(), cell.need_build()
         if not (cell.variant and cell.family):
             raise CumatrixError(f"swap cell {cell.id} has no variant or family")

@@ -56,6 +56,7 @@ def _normalise(name: str) -> str:
 def uv_binary() -> str:
     """The ``uv`` executable of the ``uv`` package cumatrix depends on."""
     try:
+        # deferred: uv's Python package is optional; its binary is looked for elsewhere when absent
         from uv import find_uv_bin
 
         return str(find_uv_bin())

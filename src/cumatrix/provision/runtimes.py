@@ -239,6 +239,7 @@ def _code_version(elf: object) -> int | None:
 
 def library_facts(libcudart: Path) -> LibraryFacts:
     """Read ``libcudart``'s SONAME, exported symbols and version constant from the file."""
+    # deferred: pyelftools costs ~65 ms; only reading a runtime library's own version needs it
     from elftools.common.exceptions import ELFError
     from elftools.elf.elffile import ELFFile
 
@@ -395,6 +396,7 @@ def find_in_distributions(paths: Sequence[str]) -> Iterator[InstalledCudart]:
 
     Reads ``*.dist-info`` files only: nothing is imported or loaded.
     """
+    # deferred: importlib.metadata costs ~15 ms and only this lookup needs it
     from importlib import metadata as importlib_metadata
 
     for dist in importlib_metadata.distributions(path=list(paths)):

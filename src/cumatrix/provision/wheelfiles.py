@@ -11,6 +11,7 @@ import zipfile
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 
+from cumatrix.binary.zipnames import bad_utf8_name, describe
 from cumatrix.core.errors import RuntimeNotFound, UnsafeArchive
 
 _KINDS = {stat.S_IFLNK: "a symbolic link", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
@@ -56,8 +57,6 @@ def check_members(wheel: Path) -> None:
 @contextlib.contextmanager
 def open_wheel(wheel: Path) -> Iterator[zipfile.ZipFile]:
     """The wheel as a zip file; a name that is not UTF-8 or an unreadable archive is :class:`RuntimeNotFound`."""
-    from cumatrix.binary.zipnames import bad_utf8_name, describe
-
     bad = bad_utf8_name(wheel)
     if bad is not None:
         raise RuntimeNotFound(describe(wheel, bad))

@@ -44,6 +44,8 @@ from pathlib import Path
 from typing import Any, Self
 
 from cumatrix.core.errors import ConfigError, EnvironmentProblem, OutDirBusy
+from cumatrix.core.private import replace_new
+from cumatrix.core.witness import UnsafeFile, read_cell_file
 from cumatrix.results import recordkey
 from cumatrix.results.digests import LazyDigests, cell_digest, cell_digests, dumps, wheel_sha256
 
@@ -204,8 +206,6 @@ def reusable_ids(out_dir: Path, digests: Mapping[str, str]) -> frozenset[str]:
 def read_results_bytes(path: Path) -> bytes | None:
     """The bytes of a results file, or None where there is none; a FIFO, a device or a link
     there is refused (exit 2) instead of blocking or following it."""
-    from cumatrix.core.witness import UnsafeFile, read_cell_file
-
     try:
         return read_cell_file(path, limit=1 << 40)
     except FileNotFoundError:
@@ -384,8 +384,6 @@ class Store:
     def _replace(self, text: bytes, *, keep_previous: bool) -> None:
         tmp = self.dir / f".{JSONL}.{os.getpid()}.tmp"
         try:
-            from cumatrix.core.private import replace_new
-
             with os.fdopen(replace_new(tmp), "wb") as f:
                 f.write(text)
                 f.flush()
