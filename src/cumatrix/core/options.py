@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+#: The matrix file a command reads when none is named (``run``, ``gate``, ``repro``) and ``init`` writes.
+DEFAULT_MATRIX = "matrix.yaml"
 #: Seconds before a cell's process tree is killed (``--timeout``, ``--cumatrix-timeout``).
 DEFAULT_TIMEOUT = 300.0
 #: Where ``cumatrix run`` (and ``pytest matrix.yaml``) write results and reports.

@@ -35,8 +35,6 @@ MAX_TRACE_BYTES = 16 << 20
 #: ``$CUMATRIX_NO_TRACE=1``: spawn cells untraced (to measure what tracing costs).
 NO_TRACE_ENV = "CUMATRIX_NO_TRACE"
 
-_LIBCUDA_RE = re.compile(r"^libcuda\.so(?:\.\d+)*$")
-_LOADER_RE = re.compile(r"^ld-linux[-\w.]*\.so(?:\.\d+)*$|^ld\.so(?:\.\d+)*$|^ld64\.so(?:\.\d+)*$")
 _PYTHON_RE = re.compile(r"^python\d*(?:\.\d+)*[a-z]*$")
 
 
@@ -106,11 +104,6 @@ class KernelTrace:
 
     def mapped_by(self, pid: int) -> tuple[TracedObject, ...]:
         return tuple(o for o in self.objects if pid in o.pids)
-
-    @property
-    def driver_objects(self) -> tuple[TracedObject, ...]:
-        """The ``libcuda.so*`` files mapped (the real driver, or an interposer standing for it)."""
-        return tuple(o for o in self.objects if _LIBCUDA_RE.match(o.name))
 
     def to_json(self) -> dict[str, object]:
         """The record's ``trace``: whether the kernel was asked, and how many processes it saw."""
@@ -271,11 +264,6 @@ def _maps(trace: KernelTrace, pid: int, obj: str) -> bool:
 
 def _same(o: TracedObject, path: str) -> bool:
     return file_key(path) == (o.device, o.inode)
-
-
-def is_loader(path: str) -> bool:
-    """Whether ``path`` is a dynamic loader (``ld-linux-x86-64.so.2``...)."""
-    return bool(_LOADER_RE.match(_basename(path)))
 
 
 # --------------------------------------------------------------------------- reading a cell's files

@@ -74,7 +74,6 @@ LIBRARY_NAME = "libcumatrix_audit.so"
 #: How a cell treats its runtime: ``enforced`` (the default: the cell's file answers every
 #: request for its SONAME) or ``offered`` (observe only: test what the program brings).
 RuntimeMode = Literal["enforced", "offered"]
-RUNTIME_MODES: tuple[RuntimeMode, ...] = ("enforced", "offered")
 
 OUTCOME_NOT_USED = "skipped:runtime-not-used"
 
@@ -373,11 +372,6 @@ def runtime_not_used(cell: CellRuntime, mapped: Sequence[MappedLibrary], *,
         if seen.version is not None and seen.version // 1000 != cell.version // 1000:
             return f"{seen.evidence}, not the cell's {cell.soname} ({CudaVersion.from_int(cell.version)})"
     return None
-
-
-def libraries_record(mapped: Sequence[MappedLibrary]) -> list[dict[str, object]]:
-    """The fingerprint's ``libraries``: each CUDA library mapped, as JSON."""
-    return [m.to_json() for m in cuda_libraries(mapped)]
 
 
 # --------------------------------------------------------------------------- after a run

@@ -20,10 +20,10 @@ from cumatrix.core.errors import (
     CumatrixError,
     UsageError,
 )
-from cumatrix.core.options import DEFAULT_OUT, RunOptions
+from cumatrix.core.options import DEFAULT_MATRIX, DEFAULT_OUT, RunOptions
 from cumatrix.front.history_cli import add_history_options, add_history_parsers, check_history, record, since_for
 from cumatrix.front.init import add_init_parser
-from cumatrix.front.run_cmd import DEFAULT_MATRIX, add_run
+from cumatrix.front.run_cmd import add_run
 from cumatrix.front.run_cmd import matrix_arg as _matrix_arg
 from cumatrix.load import gcpause
 from cumatrix.load import matrix as _matrix

@@ -9,10 +9,9 @@ from pathlib import Path
 
 from cumatrix.binary.fatbin import parse_arch
 from cumatrix.core.model import CudaVersion
-from cumatrix.core.options import BACKENDS, DEFAULT_BACKEND, DEFAULT_TIMEOUT
+from cumatrix.core.options import BACKENDS, DEFAULT_BACKEND, DEFAULT_MATRIX, DEFAULT_TIMEOUT
 from cumatrix.front.flags import add_cli_options
 from cumatrix.front.history_cli import add_history_options
-from cumatrix.front.run_cmd import DEFAULT_MATRIX
 
 #: Where the gate writes its reports unless --out says otherwise.
 DEFAULT_OUT = Path("gate-out")

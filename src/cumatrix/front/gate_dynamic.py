@@ -29,7 +29,7 @@ from pathlib import Path
 from cumatrix.core.errors import CumatrixError, UsageError
 from cumatrix.core.jobs import Job
 from cumatrix.core.model import Case, Cell, Driver, Expected, Matrix, Runtime
-from cumatrix.core.options import RunOptions, SandboxPolicy
+from cumatrix.core.options import DEFAULT_MATRIX, RunOptions, SandboxPolicy
 from cumatrix.core.record import CellRecord
 from cumatrix.execute.installer import run_installer
 from cumatrix.front.gate_args import DEFAULT_OUT
@@ -47,8 +47,6 @@ from cumatrix.results.store import JSONL, Store
 __all__ = ["GateHooks", "GateWheel", "direct_references", "gate_cells", "gate_matrix", "run_dynamic_stage",
            "unsupported_pairing", "wheel_packages"]
 
-#: The matrix the dynamic stage reads when ``--matrix`` is not given (if it exists).
-DEFAULT_MATRIX = "matrix.yaml"
 #: Sub-directory of ``--out`` holding one install target per cell.
 SITES_DIR = "gate-sites"
 #: ``matrix`` of the run header when no matrix file is used.

@@ -18,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from cumatrix.core.errors import UsageError
+from cumatrix.core.options import DEFAULT_MATRIX
 from cumatrix.load.requirements import KNOWN_WHEELS
 
-MATRIX_FILE = "matrix.yaml"
+MATRIX_FILE = DEFAULT_MATRIX
 WORKFLOW_FILE = ".github/workflows/cumatrix-nightly.yml"
 
 #: The runtimes a new matrix starts with: the oldest and newest of each major cumatrix knows.

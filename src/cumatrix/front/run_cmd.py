@@ -22,14 +22,12 @@ from cumatrix.core.errors import (
     EnvironmentProblem,
     UsageError,
 )
-from cumatrix.core.options import BACKENDS, DEFAULT_BACKEND, DEFAULT_OUT, DEFAULT_TIMEOUT, RunOptions
+from cumatrix.core.options import BACKENDS, DEFAULT_BACKEND, DEFAULT_MATRIX, DEFAULT_OUT, DEFAULT_TIMEOUT, RunOptions
 from cumatrix.front.flags import add_cli_options
 from cumatrix.front.history_cli import add_history_options, check_history, record
 from cumatrix.load import gcpause
 from cumatrix.load import matrix as _matrix
 from cumatrix.load.keyword import KeywordExpression
-
-DEFAULT_MATRIX = "matrix.yaml"
 
 EPILOG_RUN = """\
 examples:
