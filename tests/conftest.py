@@ -14,6 +14,12 @@ from pathlib import Path
 
 import pytest
 
+# pytester's in-process runs put sys.modules back as they found it, but libyaml's C parser
+# (imported once per process) keeps the node classes of the yaml package it first saw: a yaml
+# imported afresh inside a second run would not recognise them (every tag None).  Imported
+# here, before any run, it is the one copy.
+import yaml  # noqa: F401
+
 import cumatrix
 
 pytest_plugins = ["pytester"]

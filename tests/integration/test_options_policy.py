@@ -4,6 +4,7 @@ nowhere else: no setting outlives the session that was given it."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -59,3 +60,22 @@ def test_a_session_leaves_no_policy_behind(pytester: pytest.Pytester, wheel_cach
     after = run_local(Job(cell_id="after", kind="command", argv=("true",), timeout=30))
     assert after.returncode == 0, after.stderr_tail
     assert "sandbox" not in after.extra, after.extra
+
+
+def test_a_session_leaves_the_environment_as_it_found_it(pytester: pytest.Pytester, wheel_cache: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--cumatrix-wheel-dir`` is the session's: the plugin does not export it into this
+    process's environment, where whatever runs next would take its wheels from there."""
+    monkeypatch.delenv("CUMATRIX_WHEEL_DIR", raising=False)
+    (pytester.path / "matrix.yaml").write_text(MATRIX)
+    first = pytester.runpytest_inprocess(str(pytester.path / "matrix.yaml"), "-p", "no:cacheprovider",
+                                         "--cumatrix-out", str(pytester.path / "fetch"))
+    first.assert_outcomes(passed=4)  # the runtime wheel is in the cache now: offline from here
+    before = dict(os.environ)
+    res = pytester.runpytest_inprocess(str(pytester.path / "matrix.yaml"), "-p", "no:cacheprovider",
+                                       "--cumatrix-out", str(pytester.path / "out"),
+                                       "--cumatrix-wheel-dir", str(wheel_cache / "wheels"))
+    res.assert_outcomes(passed=4)
+    assert "CUMATRIX_WHEEL_DIR" not in os.environ
+    assert {k: v for k, v in os.environ.items() if k.startswith("CUMATRIX_")} == \
+        {k: v for k, v in before.items() if k.startswith("CUMATRIX_")}

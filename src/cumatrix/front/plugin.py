@@ -11,7 +11,6 @@ and kept in ``config.stash``; the plugin holds no state of its own between sessi
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Generator
 from pathlib import Path
@@ -19,7 +18,6 @@ from typing import Any
 
 import pytest
 
-from cumatrix.core.cache import WHEEL_DIR_ENV
 from cumatrix.core.errors import ConfigError
 from cumatrix.core.model import Cell, Matrix
 from cumatrix.core.options import BACKENDS, DEFAULT_BACKEND, DEFAULT_OUT, DEFAULT_TIMEOUT, RunOptions
@@ -297,10 +295,6 @@ def pytest_configure(config: pytest.Config) -> None:
         except ConfigError as e:
             raise pytest.UsageError(str(e)) from None
     opts = config.stash[OPTIONS] = RunOptions.from_pytest(config)
-    if opts.wheel_dir is not None:
-        # Where the wheels come from is where a cell's digest hashes them (results.wheel_sha256
-        # reads the variable), in this process and in the workers it starts.
-        os.environ[WHEEL_DIR_ENV] = str(opts.wheel_dir)
     if _is_worker(config):
         spawn.die_with_parent()  # a killed controller must not leave a worker running a cell
         if opts.reports_after:  # a worker of cumatrix run (see gcpause)

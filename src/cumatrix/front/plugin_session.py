@@ -91,14 +91,14 @@ class RunSession:
         signal.signal(signal.SIGTERM, _terminate_as_interrupt)
         store = self.store = self._open_store(out)
         opts = options(config)
-        digests = LazyDigests(__version__)
+        digests = LazyDigests(__version__, wheel_dir=opts.wheel_dir)
         fp = None
         for m, cells in selected(config):
             orch: Orchestrator = self.orchestrator_for(config, m)
             fp = fp or orch.host_fingerprint()
             digests.add(m, cells)
             if opts.resume:  # every digest now: they decide what runs
-                plan = store.resume(cell_digests(m, cells, __version__))
+                plan = store.resume(cell_digests(m, cells, __version__, wheel_dir=opts.wheel_dir))
                 config.stash[REUSE] = config.stash.get(REUSE, frozenset()) | plan.reuse
                 for w in plan.warnings:
                     self._write(f"cumatrix: warning: {w}")

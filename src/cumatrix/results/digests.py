@@ -42,18 +42,20 @@ def _headers_source(matrix: Matrix, cell: Cell) -> str | None:
     return KNOWN_WHEELS.get(str(cell.build))
 
 
-def cell_digest(matrix: Matrix, cell: Cell, harness_version: str) -> str:
+def cell_digest(matrix: Matrix, cell: Cell, harness_version: str, *, wheel_dir: Path | None = None) -> str:
     """SHA-256 of every input of a cell's result.
 
     Its definition (kind, case or workload, variant, build), the runtime and driver
     entries it uses, the wheel its headers come from, the ``expect`` overrides that
     select it, and the harness version.  Places in the file (line numbers) are left out:
-    moving a line does not invalidate a result.
+    moving a line does not invalidate a result.  Wheels are hashed from ``wheel_dir`` (else
+    ``$CUMATRIX_WHEEL_DIR``), then the cache.
     """
-    return _digest(matrix, cell, harness_version, {})
+    return _digest(matrix, cell, harness_version, {}, wheel_dir)
 
 
-def _digest(matrix: Matrix, cell: Cell, harness_version: str, shared: dict[tuple[str, str], str]) -> str:
+def _digest(matrix: Matrix, cell: Cell, harness_version: str, shared: dict[tuple[str, str], str],
+            wheel_dir: Path | None) -> str:
     """:func:`cell_digest`, with the runtime and driver entries (the same for many cells) in ``shared``."""
     rkey, dkey = ("runtime", cell.runtime), ("driver", cell.driver)
     if rkey not in shared:
@@ -62,10 +64,10 @@ def _digest(matrix: Matrix, cell: Cell, harness_version: str, shared: dict[tuple
         if runtime is not None and runtime.requirement:
             # The wheel's bytes, not only its name and version: a wheel rebuilt or replaced
             # under the same name is another input.
-            entry = {"entry": entry, "wheel_sha256": wheel_sha256(runtime.requirement)}
+            entry = {"entry": entry, "wheel_sha256": wheel_sha256(runtime.requirement, wheel_dir)}
         elif runtime is not None and runtime.requirements:
             # An environment runtime: keyed by the bytes of the wheels it resolves to.
-            entry = {"entry": entry, "environment": _environment_key(runtime.requirements)}
+            entry = {"entry": entry, "environment": _environment_key(runtime.requirements, wheel_dir)}
         shared[rkey] = dumps(entry)
     if dkey not in shared:
         shared[dkey] = dumps(_plain(matrix.driver(cell.driver)))
@@ -103,8 +105,8 @@ def _field_names(cls: type) -> tuple[str, ...] | None:
 _FIELDS: dict[type, tuple[str, ...] | None] = {}
 
 
-def wheel_sha256(requirement: str) -> str | None:
-    """The sha256 of the local wheel ``requirement`` resolves to (the wheel directory of
+def wheel_sha256(requirement: str, wheel_dir: Path | None = None) -> str | None:
+    """The sha256 of the local wheel ``requirement`` resolves to (``wheel_dir``, else
     ``$CUMATRIX_WHEEL_DIR``, then the cache; nothing is fetched); None where there is none yet."""
     # deferred: provisioning (and its ELF reader) is loaded only for a matrix with wheel runtimes
     from cumatrix.provision.runtimes import find_wheel, parse_requirement
@@ -113,7 +115,7 @@ def wheel_sha256(requirement: str) -> str | None:
         name, version = parse_requirement(requirement)
     except CumatrixError:
         return None
-    for d in [x for x in (default_wheel_dir(None), cache_dir("wheels")) if x]:
+    for d in [x for x in (default_wheel_dir(wheel_dir), cache_dir("wheels")) if x]:
         found = find_wheel(Path(d), name, version)
         if found is not None:
             try:
@@ -123,14 +125,14 @@ def wheel_sha256(requirement: str) -> str | None:
     return None
 
 
-def _environment_key(requirements: tuple[str, ...]) -> dict[str, Any] | None:
+def _environment_key(requirements: tuple[str, ...], wheel_dir: Path | None) -> dict[str, Any] | None:
     """The key of an environment runtime's environment and the sha256 of every wheel resolved
     into it (dependencies included); None where it cannot be resolved yet."""
     # deferred: provisioning is loaded only for a matrix with environment runtimes
     from cumatrix.provision.environments import environment_hash, resolve_wheels
 
     try:
-        wheel_dir = default_wheel_dir(None)
+        wheel_dir = default_wheel_dir(wheel_dir)
         resolved = resolve_wheels(requirements, wheel_dir)
         return {"key": environment_hash(requirements, wheel_dir=wheel_dir, resolved=resolved),
                 "wheels": sorted(w.sha256 for w in resolved)}
@@ -138,18 +140,20 @@ def _environment_key(requirements: tuple[str, ...]) -> dict[str, Any] | None:
         return None
 
 
-def cell_digests(matrix: Matrix, cells: Iterable[Cell], harness_version: str) -> dict[str, str]:
+def cell_digests(matrix: Matrix, cells: Iterable[Cell], harness_version: str, *,
+                 wheel_dir: Path | None = None) -> dict[str, str]:
     """``{cell id: cell_digest}`` for the cells of a run."""
     shared: dict[tuple[str, str], str] = {}
-    return {c.id: _digest(matrix, c, harness_version, shared) for c in cells}
+    return {c.id: _digest(matrix, c, harness_version, shared, wheel_dir) for c in cells}
 
 
 class LazyDigests:
     """``cell id -> cell_digest`` for the cells of a run, each computed when its record is
     stored: 10,000 of them cost 0.4 s, which a run would otherwise spend before its first cell."""
 
-    def __init__(self, harness_version: str) -> None:
+    def __init__(self, harness_version: str, *, wheel_dir: Path | None = None) -> None:
         self.version = harness_version
+        self.wheel_dir = wheel_dir
         self._cells: dict[str, tuple[Matrix, Cell, dict[tuple[str, str], str]]] = {}
 
     def add(self, matrix: Matrix, cells: Iterable[Cell]) -> None:
@@ -159,4 +163,4 @@ class LazyDigests:
 
     def get(self, cell_id: str) -> str | None:
         got = self._cells.get(cell_id)
-        return _digest(got[0], got[1], self.version, got[2]) if got is not None else None
+        return _digest(got[0], got[1], self.version, got[2], self.wheel_dir) if got is not None else None
