@@ -54,9 +54,9 @@ from cumatrix.front.calibrate import (
     Measurement,
     as_calibration_input,
     best_rows,
-    gpu_absent_reason,
     table_text,
 )
+from cumatrix.host.fingerprint import gpu_absent_reason
 
 REPO = Path(__file__).resolve().parents[1]
 KIB = 1024

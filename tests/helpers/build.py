@@ -33,3 +33,14 @@ def shared_library(out: Path, source: str, *args: str) -> Path:
     src.write_text(textwrap.dedent(source))
     run_gcc("-shared", "-fPIC", "-O1", "-o", out.name, src.name, *args, cwd=out.parent)
     return out
+
+
+def undefined_symbol_program(d: Path, symbol: str = "shim_new") -> tuple[Path, Path]:
+    """A program ``d/prog`` linked against ``libshim.so``'s ``symbol``, and a directory whose
+    ``libshim.so`` (same soname) lacks it: run with ``LD_LIBRARY_PATH`` at that directory, the
+    loader fails with ``undefined symbol: SYMBOL``."""
+    for lib, body in (("new", f"int {symbol}(void) {{ return 0; }}\n"), ("old", "int shim_old(void) { return 0; }\n")):
+        shared_library(d / lib / "libshim.so", body, "-Wl,-soname,libshim.so")
+    (d / "main.c").write_text(f"int {symbol}(void);\nint main(void) {{ return {symbol}(); }}\n")
+    run_gcc("-o", d / "prog", d / "main.c", f"-L{d / 'new'}", "-lshim")
+    return d / "prog", d / "old"

@@ -28,6 +28,7 @@ from cumatrix.execute.sandbox import Policy
 from cumatrix.judge.classify import classify
 from helpers.procs import alive
 from helpers.results import read_cells_by_case
+from helpers.sandbox import require_bwrap
 
 REPO = Path(__file__).resolve().parents[2]
 RUNTIME = "nvidia-cuda-runtime-cu12==12.9.79"
@@ -352,12 +353,7 @@ def test_limits_bound_cores_and_cpu_but_not_address_space() -> None:
 
 @pytest.fixture(scope="module")
 def bwrap() -> str:
-    path, why = sandbox.bubblewrap()
-    if path is None:
-        if REQUIRE_BWRAP:
-            pytest.fail(f"CUMATRIX_REQUIRE_BWRAP=1 but {why}")
-        pytest.skip(why)
-    return path
+    return require_bwrap()
 
 
 SANDBOXED = """

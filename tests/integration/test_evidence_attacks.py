@@ -22,6 +22,7 @@ from cumatrix.core import witness
 from cumatrix.provision import runtimes as R
 from helpers.build import gcc
 from helpers.results import read_cells_by_case
+from helpers.sandbox import require_bwrap
 
 CU129 = "nvidia-cuda-runtime-cu12==12.9.79"
 CU130 = "nvidia-cuda-runtime==13.0.96"
@@ -148,11 +149,7 @@ def test_under_the_sandbox_a_cell_cannot_write_the_next_cells_log(tmp_path: Path
     is prepared ahead).  Each cell has a private directory with an unpredictable name, a
     sandboxed cell sees only its own, and a forged line is not evidence anyway."""
     gcc()
-    from cumatrix.execute import sandbox
-
-    bwrap, why = sandbox.bubblewrap()
-    if bwrap is None:
-        pytest.skip(f"bubblewrap cannot run here: {why}")
+    require_bwrap()
     forge = (r'for f in /tmp/cumatrix-*/*.log /tmp/cumatrix-*/*/*.log; do '
              r'printf "o\t1\tlibcudart.so.13\t/opt/fake/libcudart.so.13\n" >> "$f" 2>/dev/null; done; exit 0')
     proc, got = _run(cli, tmp_path, f"""

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from cumatrix.front.gate import direct_references
+from helpers.sandbox import require_bwrap
 from helpers.wheels import make_wheel
 
 Cli = Callable[..., subprocess.CompletedProcess[str]]
@@ -108,8 +109,7 @@ def test_pip_runs_in_the_sandbox_when_nothing_needs_the_network(tmp_path: Path, 
 
     if os.geteuid() != 0:
         pytest.skip("the sandbox's own uid shows on the installed files only under a root harness")
-    if sandbox.bubblewrap()[0] is None:
-        pytest.skip(sandbox.bubblewrap()[1])
+    require_bwrap()
     wheel = _wheel(tmp_path, "demo_boxed", [])
     (tmp_path / "m.yaml").write_text(MATRIX)
     r = cli("gate", wheel, "--matrix", tmp_path / "m.yaml", "--out", tmp_path / "out", timeout=300)

@@ -26,6 +26,7 @@ from cumatrix.front.repro_native import gdb_backtrace
 from cumatrix.orchestrate import run_child
 from cumatrix.predict.oracle import expect_tool
 from cumatrix.provision.cell import PACKAGE_PARENT
+from helpers.sandbox import require_bwrap
 
 GDB = shutil.which("gdb")
 needs_gdb = pytest.mark.skipif(GDB is None and os.environ.get("CUMATRIX_REQUIRE_GDB") != "1",
@@ -91,8 +92,7 @@ def test_the_debugger_run_has_a_timeout(token: str) -> None:
 
 @needs_gdb
 def test_the_debugger_run_is_sandboxed(token: str, tmp_path: Path) -> None:
-    if sandbox.bubblewrap()[0] is None:
-        pytest.skip(sandbox.bubblewrap()[1])
+    require_bwrap()
     secret = tmp_path / "host-secret"
     secret.write_text("not for the cell")
     probe = (f"print('uid=%d visible=%s' % (os.getuid(), os.path.exists({str(secret)!r})), flush=True)")

@@ -11,19 +11,13 @@ from typing import Any
 import pytest
 
 from cumatrix.core.jobs import Job
-from cumatrix.execute import sandbox
 from cumatrix.execute.local import run_local
+from helpers.sandbox import require_bwrap
 
 pytestmark = pytest.mark.network  # the matrix's runtime comes from a real wheel (cached)
 
 MATRIX = ("runtimes:\n  cu12.9: {wheel: nvidia-cuda-runtime-cu12==12.9.79}\ndrivers: [host]\nprobe: false\ncases:\n"
           + "".join(f"  - {{name: c{i}, argv: [\"true\"]}}\n" for i in range(4)))
-
-
-def _bwrap() -> None:
-    bwrap, why = sandbox.bubblewrap()
-    if bwrap is None:
-        pytest.skip(f"bubblewrap cannot run here: {why}")
 
 
 def _sandboxes(out: Path) -> dict[str, object]:
@@ -33,7 +27,7 @@ def _sandboxes(out: Path) -> dict[str, object]:
 
 def test_sandbox_reaches_every_xdist_worker(tmp_path: Path, cli: Any, wheel_cache: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    _bwrap()
+    require_bwrap()
     monkeypatch.delenv("CUMATRIX_SANDBOX", raising=False)
     (tmp_path / "m.yaml").write_text(MATRIX)
     proc = cli("run", tmp_path / "m.yaml", "--out", tmp_path / "on", "-n", "2", "--sandbox", cwd=tmp_path,
@@ -49,7 +43,7 @@ def test_a_session_leaves_no_policy_behind(pytester: pytest.Pytester, wheel_cach
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A sandboxed pytest session run inside this process; a job run after it, with no policy
     of its own, is not sandboxed (the policy was the session's, not the process's)."""
-    _bwrap()
+    require_bwrap()
     monkeypatch.delenv("CUMATRIX_SANDBOX", raising=False)
     (pytester.path / "matrix.yaml").write_text(MATRIX)
     out = pytester.path / "out"

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from cumatrix.report import load_records
+from helpers.build import undefined_symbol_program
 
 pytestmark = [pytest.mark.browser, pytest.mark.network]
 
@@ -43,27 +44,12 @@ browser = _browser_mod.browser  # the real-Chromium fixture, shared
 Page = _browser_mod.Page
 
 
-def _undefined_symbol_program(d: Path) -> tuple[Path, Path]:
-    """A program linked against libshim.so's ``shim_new_symbol_of_a_long_name``, and a libshim.so without it."""
-    sym = "shim_new_symbol_of_a_long_name"
-    (d / "new").mkdir()
-    (d / "old").mkdir()
-    (d / "new.c").write_text(f"int {sym}(void) {{ return 0; }}\n")
-    (d / "old.c").write_text("int shim_old(void) { return 0; }\n")
-    (d / "main.c").write_text(f"int {sym}(void);\nint main(void) {{ return {sym}(); }}\n")
-    for src, lib in (("new.c", "new"), ("old.c", "old")):
-        subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libshim.so", "-o", str(d / lib / "libshim.so"),
-                        str(d / src)], check=True)
-    subprocess.run(["gcc", "-o", str(d / "prog"), str(d / "main.c"), f"-L{d / 'new'}", "-lshim"], check=True)
-    return d / "prog", d / "old"
-
-
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory: pytest.TempPathFactory, wheel_cache: Path) -> Path:
     if shutil.which("gcc") is None:
         pytest.skip("gcc is not on PATH (the undefined-symbol program is built with it)")
     d = tmp_path_factory.mktemp("layout")
-    prog, old = _undefined_symbol_program(d)
+    prog, old = undefined_symbol_program(d, "shim_new_symbol_of_a_long_name")
     py = sys.executable
     cases = []
     for n in range(33):

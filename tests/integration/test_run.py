@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from helpers.build import undefined_symbol_program
 from helpers.procs import gone
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,20 +35,6 @@ def cells(out: Path) -> list[dict[str, Any]]:
     return recs
 
 
-def _gcc_undefined_symbol(d: Path) -> tuple[Path, Path]:
-    """A program linked against libshim.so's ``shim_new``, and a libshim.so that lacks it."""
-    (d / "new").mkdir()
-    (d / "old").mkdir()
-    (d / "new.c").write_text("int shim_new(void) { return 0; }\n")
-    (d / "old.c").write_text("int shim_old(void) { return 0; }\n")
-    (d / "main.c").write_text("int shim_new(void);\nint main(void) { return shim_new(); }\n")
-    for src, lib in (("new.c", "new"), ("old.c", "old")):
-        subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libshim.so", "-o", str(d / lib / "libshim.so"),
-                        str(d / src)], check=True)
-    subprocess.run(["gcc", "-o", str(d / "prog"), str(d / "main.c"), f"-L{d / 'new'}", "-lshim"], check=True)
-    return d / "prog", d / "old"
-
-
 @pytest.fixture(scope="module")
 def bad_run(tmp_path_factory: pytest.TempPathFactory, wheel_cache: Path, cli: Any) -> dict[str, Any]:
     if shutil.which("gcc") is None:
@@ -55,7 +42,7 @@ def bad_run(tmp_path_factory: pytest.TempPathFactory, wheel_cache: Path, cli: An
             raise RuntimeError("CUMATRIX_REQUIRE_GCC=1 but gcc is not on PATH")
         pytest.skip("gcc is not on PATH (the undefined-symbol cell is built with it)")
     d = tmp_path_factory.mktemp("bad")
-    prog, old = _gcc_undefined_symbol(d)
+    prog, old = undefined_symbol_program(d)
     py = sys.executable
     m = d / "m.yaml"
     m.write_text(f"""

@@ -18,6 +18,7 @@ from cumatrix.core.jobs import Job
 from cumatrix.execute import sandbox
 from cumatrix.execute.local import run_local
 from cumatrix.execute.sandbox import Policy
+from helpers.sandbox import require_bwrap
 
 PY = sys.executable
 REQUIRE_BWRAP = os.environ.get("CUMATRIX_REQUIRE_BWRAP") == "1"
@@ -25,12 +26,7 @@ REQUIRE_BWRAP = os.environ.get("CUMATRIX_REQUIRE_BWRAP") == "1"
 
 @pytest.fixture(scope="module", autouse=True)
 def bwrap() -> str:
-    path, why = sandbox.bubblewrap()
-    if path is None:
-        if REQUIRE_BWRAP:
-            pytest.fail(f"CUMATRIX_REQUIRE_BWRAP=1 but {why}")
-        pytest.skip(why)
-    return path
+    return require_bwrap()
 
 
 def boxed(code: str, *args: str, policy: Policy | None = None, **job: object) -> tuple[int | None, str, str]:

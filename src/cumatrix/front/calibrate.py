@@ -267,16 +267,6 @@ def child_main(argv: list[str]) -> int:
 # --------------------------------------------------------------------------- the command (parent side)
 
 
-def gpu_absent_reason() -> str | None:
-    """Why no GPU can be measured here (no driver, cuInit fails), or ``None``."""
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError as e:
-        return f"no NVIDIA driver: libcuda.so.1 cannot be loaded ({e})"
-    rc = lib.cuInit(0)
-    return None if rc == 0 else f"cuInit failed with CUresult {rc} (no usable GPU)"
-
-
 def _size_arg(text: str) -> int:
     t = text.strip().lower()
     mult = 1
@@ -319,6 +309,9 @@ def _measure(spec: dict[str, object], policy: SandboxPolicy | None = None) -> di
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """Build proc-address, measure in a child, write FILE (text) and FILE.json, print the table."""
+    # deferred: the host's fingerprint module (~6 modules) is loaded only when calibrate runs, not at --help
+    from cumatrix.host.fingerprint import gpu_absent_reason
+
     reason = gpu_absent_reason()
     if reason:
         print(f"error: calibrate measures on a GPU, and this host has none usable: {reason}", file=sys.stderr)

@@ -259,3 +259,14 @@ def cached_runtimes() -> list[dict[str, Any]]:
         info = json.loads(meta.read_text())
         out.append({"wheel": meta.parent.name, "version": info.get("version"), "batch": info.get("batch")})
     return out
+
+
+def gpu_absent_reason() -> str | None:
+    """Why no GPU can be used here (no driver, ``cuInit`` fails), or ``None``: what a command
+    that needs a GPU (``calibrate``, the swap benchmark) and the GPU tests' skip say."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError as e:
+        return f"no NVIDIA driver: libcuda.so.1 cannot be loaded ({e})"
+    rc = lib.cuInit(0)
+    return None if rc == 0 else f"cuInit failed with CUresult {rc} (no usable GPU)"
