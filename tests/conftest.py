@@ -22,7 +22,8 @@ import yaml  # noqa: F401
 
 import cumatrix
 
-pytest_plugins = ["pytester"]
+#: pytester, and the fixtures several test modules share: ``browser`` (real headless Chromium).
+pytest_plugins = ["pytester", "helpers.browser"]
 
 #: The directory holding the ``cumatrix`` package, whether installed or run with PYTHONPATH=src.
 PACKAGE_PARENT = str(Path(cumatrix.__file__).resolve().parent.parent)

@@ -8,11 +8,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from test_report_browser import ARTIFACTS, Page, _wait_ready, browser  # noqa: F401 - browser is a fixture
 
 from cumatrix.report import write_all
 from cumatrix.results.history import History
 from cumatrix.results.historydiff import diff, resolve
+from helpers.browser import ARTIFACTS, Page, wait_ready
 from history_nights import State, night_run
 
 pytestmark = pytest.mark.browser
@@ -28,7 +28,7 @@ def _night(k: int) -> dict[str, State]:
     return states
 
 
-def test_since_section_and_trend_plots_in_chromium(browser: str, tmp_path: Path) -> None:  # noqa: F811
+def test_since_section_and_trend_plots_in_chromium(browser: str, tmp_path: Path) -> None:
     with History.open(tmp_path / "h.sqlite") as h:
         for k in range(6):
             run = night_run(tmp_path, k, _night(k))
@@ -44,7 +44,7 @@ def test_since_section_and_trend_plots_in_chromium(browser: str, tmp_path: Path)
         page.call("Emulation.setDeviceMetricsOverride", width=1200, height=900, deviceScaleFactor=1, mobile=False)
         page.call("Page.navigate", url=index.as_uri())
         page.wait_event("Page.loadEventFired")
-        _wait_ready(page)
+        wait_ready(page)
         assert page.js("document.querySelector('#since h2').textContent") == "Since the last run"
         assert "cu12.9/host/c0" in page.js("document.querySelector('#since ul.changes').textContent")
         sizes = page.js("[...document.querySelectorAll('#since svg.spark')].map(s => {"

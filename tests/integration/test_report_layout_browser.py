@@ -10,38 +10,21 @@ On a host without a GPU the emulated drivers' cells are all skipped:no-cuda-driv
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from cumatrix.report import load_records
+from helpers.browser import ARTIFACTS, Page, wait_ready
 from helpers.build import undefined_symbol_program
 
 pytestmark = [pytest.mark.browser, pytest.mark.network]
 
-ROOT = Path(__file__).resolve().parents[2]
-ARTIFACTS = ROOT / "test-artifacts"
 WIDTH = 1400
-
-
-def _load(name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
-    assert spec
-    assert spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-_browser_mod = _load("test_report_browser")
-browser = _browser_mod.browser  # the real-Chromium fixture, shared
-Page = _browser_mod.Page
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +85,7 @@ def test_cells_that_matter_are_in_view_and_whole_at_1400px(browser: str, run_dir
         page.call("Emulation.setDeviceMetricsOverride", width=WIDTH, height=1000, deviceScaleFactor=1, mobile=False)
         page.call("Page.navigate", url=(run_dir / "index.html").as_uri())
         page.wait_event("Page.loadEventFired")
-        _browser_mod._wait_ready(page)
+        wait_ready(page)
         # Scroll the page through once so every grid in it is drawn as a reader would see it.
         page.js("(async () => { for (let y = 0; y < document.documentElement.scrollHeight; y += 500) {"
                 " window.scrollTo(0, y); await new Promise(r => requestAnimationFrame(() => r())); } })()")
