@@ -154,6 +154,9 @@ def _mismatches(run: RunData) -> list[str]:
         )
         if cell.expected.reason:
             out.append(f"  <br>prediction: {md_inline(cell.expected.reason)}")
+        not_used = cell.fingerprint.get("runtime_not_used")
+        if isinstance(not_used, str):  # a fact on a failed cell: it failed with a runtime not the cell's
+            out.append(f"  <br>the cell's runtime was not used: {md_inline(not_used)}")
         if cell.stderr_tail.strip() and n < _MAX_STDERR_EXCERPTS:
             excerpt = shorten(clean(cell.stderr_tail).strip(), _STDERR_EXCERPT_CHARS)
             # A fenced block no output can close, indented into the list item: the child's
