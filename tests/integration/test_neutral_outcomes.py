@@ -165,7 +165,7 @@ def test_a_text_file_named_like_a_cuda_library_is_no_runtime(tmp_path: Path, cli
     assert (rec["observed"]["outcome"], rec["status"]) == ("ok", "pass"), rec["observed"]
     assert proc.returncode == 0, proc.stderr
     fp = rec["fingerprint"]
-    assert fp["runtime_file"] is None and fp["runtime_version"] is None, fp
+    assert (fp["runtime_file"], fp["runtime_version"]) == (None, None), fp
     [lib] = [lib for lib in fp["libraries"] if lib["path"] == str(fake)]  # recorded, by its own name
     if name.startswith("libcudart"):
         assert "exports no cudaRuntimeGetVersion" in lib["not_a_runtime"]

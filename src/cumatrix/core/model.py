@@ -338,7 +338,7 @@ def is_ok(outcome: str) -> bool:
 
 def is_neutral(outcome: str) -> bool:
     """Outcomes that neither pass nor fail a cell (reported as skipped).  Only a cell whose
-    program did not fail may end on one (the judge's rule; docs/outcomes.md)."""
+    program did not fail may end on one (the judge's rule; docs/reference/outcomes.md)."""
     return outcome_kind(outcome) in (Kind.SKIPPED, Kind.CANNOT_EMULATE)
 
 
