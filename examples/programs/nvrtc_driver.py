@@ -3,6 +3,7 @@ compute_90, load it with cuModuleLoadData, launch it, check the result.  Its pro
 libcuda.so.1, libnvrtc.so.13 and libnvrtc-builtins, never a libcudart (FACTS.md section 12).
 Exits 0 when the kernel wrote what it should, 1 on any CUDA or NVRTC error."""
 
+import ctypes
 import sys
 
 from cuda.bindings import driver as d
@@ -31,8 +32,6 @@ ok(d.cuCtxSetCurrent(ctx), "cuCtxSetCurrent")
 (mod,) = ok(d.cuModuleLoadData(ptx), "cuModuleLoadData")
 (fn,) = ok(d.cuModuleGetFunction(mod, b"fill"), "cuModuleGetFunction")
 (buf,) = ok(d.cuMemAlloc(32 * 4), "cuMemAlloc")
-import ctypes  # noqa: E402 - only for the kernel's argument array
-
 arg = ctypes.c_void_p(int(buf))
 args = (ctypes.c_void_p * 1)(ctypes.addressof(arg))
 ok(d.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, 0, ctypes.addressof(args), 0), "cuLaunchKernel")
