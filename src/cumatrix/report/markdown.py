@@ -170,6 +170,22 @@ def _mismatches(run: RunData) -> list[str]:
     return out
 
 
+def _other_runtime(run: RunData) -> list[str]:
+    """Cells that met their expectation with a runtime not the cell's (a failure a rule
+    predicted, judged although the cell's runtime was not used): the fact, beside each.  Failed
+    ones carry it in their mismatch; skipped ones in their outcome."""
+    cells = [c for c in run.cells if c.status == "pass" and isinstance(c.fingerprint.get("runtime_not_used"), str)]
+    if not cells:
+        return []
+    out = [f"<details><summary>Judged with a runtime not the cell's ({len(cells)})</summary>", ""]
+    for cell in cells[:_MAX_MISMATCHES_LISTED]:
+        out.append(f"- {md_code(cell.id)}: {md_inline(readable(cell.outcome_label))} — "
+                   f"{md_inline(str(cell.fingerprint['runtime_not_used']))}")
+    if len(cells) > _MAX_MISMATCHES_LISTED:
+        out.append(f"- … and {len(cells) - _MAX_MISMATCHES_LISTED} more: see results.json")
+    return [*out, "", "</details>", ""]
+
+
 def _grid_table(g: Grid) -> list[str]:
     out = ["| runtime | " + " | ".join(md_inline(c) for c in g.cols) + " |"]
     out.append("|---" * (len(g.cols) + 1) + "|")
@@ -264,6 +280,7 @@ def to_markdown(run: RunData) -> str:
     if run.since is not None:  # what changed since the previous run of this matrix (history)
         lines += since_markdown(run.since)
     lines += _mismatches(run)
+    lines += _other_runtime(run)
     lines += _not_run(run)
     lines += _grids(run)
     lines += _speed(run)
