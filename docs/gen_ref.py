@@ -247,6 +247,9 @@ OUTCOME_MEANINGS = {
                "neither pass nor fail. A program that failed is never a skip.",
     "harness-error": "cumatrix itself failed for this cell (a sandbox that was asked for and is missing, a "
                      "malformed verdict): not the code under test.",
+    "fails": "Expected only: the program fails, however it reports it (any non-zero exit, a signal, a CUDA "
+             "error, an undefined symbol; not a timeout). What a rule predicts where NVIDIA's says a program "
+             "fails but not how.",
     "runtime-leak": "`runtime-leak:PATH`: the process used the CUDA runtime at PATH, from outside both its own "
                     "distribution and the cell (a host toolkit, the loader cache, an `LD_LIBRARY_PATH` entry the "
                     "harness did not set, another environment's wheel): a failure, whose detail says how the "

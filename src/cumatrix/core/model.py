@@ -287,6 +287,7 @@ class Kind(StrEnum):
     SKIPPED = "skipped"
     RUNTIME_LEAK = "runtime-leak"
     HARNESS_ERROR = "harness-error"
+    FAILS = "fails"  # expected only (:data:`FAILS`)
 
 
 OUTCOME_RE = re.compile(
@@ -306,7 +307,7 @@ PATHS = ("batch", "fallback", "kernel", "n/a")
 #: predicts where NVIDIA's says a program fails but not how it reports it (a program's CUDA 13
 #: runtime on a 12.x driver: Python exits 1, a C program exits with whatever code it chose).
 #: Expected only: never an observation.
-FAILS = "fails"
+FAILS = Kind.FAILS.value
 
 #: The kinds of outcome that are a program's own failure (what :data:`FAILS` admits): not a
 #: timeout (a hang is no failure a rule predicts), a leak, a skip or the harness's own error.
