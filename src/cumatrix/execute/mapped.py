@@ -7,14 +7,16 @@ from these descriptions which runtime a cell used.
 
 from __future__ import annotations
 
+import io
 import os
 import re
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from cumatrix.core.witness import read_cell_file
+from cumatrix.core.witness import UnsafeFile, read_cell_file
 
 
 def _basename(path: str) -> str:
@@ -60,7 +62,9 @@ def exports_runtime(path: Path) -> bool | None:
         st = path.stat()
     except OSError:
         return None
-    return _exports_runtime(str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    if not stat.S_ISREG(st.st_mode):  # a FIFO or a device under a runtime's name: never opened
+        return False
+    return _exports_runtime(os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 @lru_cache(maxsize=4096)
@@ -72,10 +76,11 @@ def _exports_runtime(path: str, dev: int, ino: int, size: int, mtime_ns: int) ->
     from cumatrix.binary.elf import elf_defined_symbols
 
     try:
-        with Path(path).open("rb") as fh:
-            return RUNTIME_EXPORT in set(elf_defined_symbols(ELFFile(fh)))
-    except ELFError:
-        return False  # not an ELF file at all
+        # Read as any file a cell could have replaced: no link followed, no FIFO waited on.
+        data = read_cell_file(Path(path))
+        return RUNTIME_EXPORT in set(elf_defined_symbols(ELFFile(io.BytesIO(data))))
+    except (ELFError, UnsafeFile):
+        return False  # not an ELF file at all, or not a regular file
     except OSError:
         return None
 
