@@ -237,12 +237,19 @@ OUTCOME_MEANINGS = {
     "exit": "`exit:N`: a command exited non-zero on its own.",
     "timeout": "The cell ran past its timeout and was killed with its whole process tree.",
     "cannot-emulate": "An emulated driver cannot stand for this pairing (a CUDA 12 runtime detects the "
-                      "interposer): neither pass nor fail.",
+                      "interposer): neither pass nor fail. Reached only by a program that succeeded, or by "
+                      "the interposer's own signature (error 103 from a harness child); any other failure "
+                      "keeps its outcome and is judged.",
     "refused": "The container toolkit refused to start the image (its `NVIDIA_REQUIRE_CUDA` is not met).",
     "skipped": "`skipped:REASON`: the cell did not run here (`skipped:no-cuda-driver`, "
-               "`skipped:needs-docker`, `skipped:runtime-not-used`, ...): neither pass nor fail.",
+               "`skipped:needs-docker`, ...), or ran and did not test its pairing "
+               "(`skipped:runtime-not-used`: a program that succeeded with a runtime not the cell's): "
+               "neither pass nor fail. A program that failed is never a skip.",
     "harness-error": "cumatrix itself failed for this cell (a sandbox that was asked for and is missing, a "
                      "malformed verdict): not the code under test.",
+    "fails": "Expected only: the program fails, however it reports it (any non-zero exit, a signal, a CUDA "
+             "error, an undefined symbol; not a timeout). What a rule predicts where NVIDIA's says a program "
+             "fails but not how.",
     "runtime-leak": "`runtime-leak:PATH`: the process used the CUDA runtime at PATH, from outside both its own "
                     "distribution and the cell (a host toolkit, the loader cache, an `LD_LIBRARY_PATH` entry the "
                     "harness did not set, another environment's wheel): a failure, whose detail says how the "
@@ -308,7 +315,19 @@ def outcomes_reference() -> str:
         "",
         f"Paths of `ok`: {', '.join(f'`{p}`' for p in model.PATHS)}.",
         "",
-        "Neither pass nor fail (reported as skipped): " + ", ".join(f"`{w}`" for w in neutral) + ".",
+        "Neither pass nor fail (reported as skipped): " + ", ".join(f"`{w}`" for w in neutral)
+        + ", and `not-run` (a planned cell no host ran). **Only a cell whose program did not fail can "
+        "be neutral**: a cell whose process exited non-zero, died on a signal, timed out or reported an "
+        "error is judged against its prediction, whatever runtime it used; that the cell's runtime was "
+        "not used stays a fact on its record (`fingerprint.runtime_not_used`) and in every report. A "
+        "skip says the pairing was not tested, never that a failure did not count.",
+        "",
+        f"An expectation may also say `{getattr(model, 'FAILS', 'fails')}`: the program fails, in a way "
+        "no rule says (any non-zero exit, a signal, a CUDA error, an undefined symbol; not a timeout). "
+        "It is what a rule predicts where NVIDIA's says a program fails but not how it reports it "
+        "(a program's CUDA 13 runtime on a 12.x driver); an exact `exit:N` or `cuda-error:N` is "
+        "predicted only where it is known (the harness's own children, the reference, a case's "
+        "`expect:`). A mismatch means the observation contradicts what was known.",
         "",
         "The full grammar of a word, as the loader checks it:",
         "",

@@ -4,7 +4,8 @@
 # Stages (default: reference drivers clients gate sandbox kernel): reference, drivers (the
 # H200 matrices, then a cell-by-cell comparison with the committed reports/gpu-h200*), clients
 # (the host's torch/CuPy/JAX/cuda-bindings), gate (nvcc-built wheels), sandbox (bubblewrap),
-# kernel, nightly (the default matrix.yaml, as a user's first GPU run), tests (pytest -m gpu), repro (the bug catalog), swap (the swap benchmark).
+# kernel, programs (NVRTC and static-runtime C programs under real and emulated drivers),
+# nightly (the default matrix.yaml, as a user's first GPU run), tests (pytest -m gpu), repro (the bug catalog), swap (the swap benchmark).
 # Runtime wheels from ./.wheels, extra Python packages from ./.whl, bubblewrap from ./.bwrap.
 # CUMATRIX_EVIDENCE_ROOT=DIR runs from a copy of the checkout in DIR.
 # Everything lands under $OUT/e/ and is packed into $OUT/evidence.tgz after every stage, so a
@@ -50,6 +51,7 @@ for s in ${*:-reference drivers clients gate sandbox kernel}; do
                > "$E/gpu-h200-drivers/comparison.md"; head -3 "$E/gpu-h200-drivers/comparison.md"; pack ;;
     clients) stage clients 200 env OUT="$E" bash scripts/gpu/clients.sh ;;
     gate) stage gate 200 env OUT="$E" bash scripts/gpu/gate.sh ;;
+    programs) stage programs 200 env OUT="$E" bash scripts/gpu/programs.sh ;;
     sandbox) stage sandbox 120 env OUT="$E" bash scripts/gpu/sandbox.sh ;;
     nightly) stage nightly 300 python3 -m cumatrix run matrix.yaml --require-gpu --out "$E/gpu-h200-nightly" -q -n "$NPROC" ;;
     kernel) stage kernel 120 python3 -m cumatrix run examples/h200-kernel.yaml --out "$E/gpu-h200-kernel" -q -n 2 ;;

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from cumatrix.core.model import (
+    EXPECTED_RE,
     OUTCOME_RE,
     Kind,
     is_neutral,
@@ -36,8 +37,23 @@ def test_every_word_has_its_kind_and_argument(word: str, kind: Kind, arg: str | 
     assert is_neutral(word) == (kind in (Kind.SKIPPED, Kind.CANNOT_EMULATE))
 
 
+#: Words an expectation may hold that no observation is: ``fails`` (any failure of the program).
+EXPECTED_ONLY = [("fails", Kind.FAILS, None)]
+
+
 def test_every_kind_is_in_the_vocabulary() -> None:
-    assert {k for _, k, _ in WORDS} == set(Kind)
+    assert {k for _, k, _ in WORDS + EXPECTED_ONLY} == set(Kind)
+
+
+@pytest.mark.parametrize(("word", "kind", "arg"), EXPECTED_ONLY)
+def test_an_expected_only_word_is_no_observation(word: str, kind: Kind, arg: str | None) -> None:
+    assert EXPECTED_RE.match(word)
+    assert not OUTCOME_RE.match(word)
+    assert outcome_kind(word) is kind
+    assert outcome_argument(word) == arg
+    assert not is_ok(word)
+    assert not is_neutral(word)
+    assert all(EXPECTED_RE.match(w) for w, _, _ in WORDS)
 
 
 def test_ok_with_a_path_matches_that_path_only() -> None:

@@ -287,6 +287,7 @@ class Kind(StrEnum):
     SKIPPED = "skipped"
     RUNTIME_LEAK = "runtime-leak"
     HARNESS_ERROR = "harness-error"
+    FAILS = "fails"  # expected only (:data:`FAILS`)
 
 
 OUTCOME_RE = re.compile(
@@ -300,6 +301,20 @@ OUTCOME_RE = re.compile(
 )
 
 PATHS = ("batch", "fallback", "kernel", "n/a")
+
+#: The expected word for "the program fails, in a way no rule says": any non-zero exit, a
+#: signal, a CUDA error a harness child reports, or the loader's undefined symbol.  What a rule
+#: predicts where NVIDIA's says a program fails but not how it reports it (a program's CUDA 13
+#: runtime on a 12.x driver: Python exits 1, a C program exits with whatever code it chose).
+#: Expected only: never an observation.
+FAILS = Kind.FAILS.value
+
+#: The kinds of outcome that are a program's own failure (what :data:`FAILS` admits): not a
+#: timeout (a hang is no failure a rule predicts), a leak, a skip or the harness's own error.
+FAILURE_KINDS = frozenset({Kind.EXIT, Kind.CRASH, Kind.CUDA_ERROR, Kind.UNDEFINED_SYMBOL})
+
+#: An expected outcome word: an outcome word, or :data:`FAILS`.
+EXPECTED_RE = re.compile(f"^(?:{FAILS}|{OUTCOME_RE.pattern[1:-1]})$")
 
 
 def outcome_kind(outcome: str) -> Kind:
@@ -323,15 +338,24 @@ def is_ok(outcome: str) -> bool:
 
 
 def is_neutral(outcome: str) -> bool:
-    """Outcomes that neither pass nor fail a cell (reported as skipped)."""
+    """Outcomes that neither pass nor fail a cell (reported as skipped).  Only a cell whose
+    program did not fail may end on one (the judge's rule; docs/reference/outcomes.md)."""
     return outcome_kind(outcome) in (Kind.SKIPPED, Kind.CANNOT_EMULATE)
+
+
+def is_failure(outcome: str) -> bool:
+    """A program's own failure: what the expected word :data:`FAILS` admits."""
+    return outcome_kind(outcome) in FAILURE_KINDS
 
 
 def outcome_matches(expected: str, outcome: str, path: str | None) -> bool:
     """Whether an observed ``outcome`` (and ``path``) satisfies one expected word.
 
-    ``ok`` matches ``ok`` on any path; ``ok:batch`` only on the batch path.
+    ``ok`` matches ``ok`` on any path; ``ok:batch`` only on the batch path; ``fails`` any
+    failure of the program (:func:`is_failure`).
     """
+    if expected == FAILS:
+        return is_failure(outcome)
     if outcome_kind(expected) is Kind.OK and outcome_argument(expected) is not None:
         return outcome == "ok" and path == outcome_argument(expected)
     return expected == outcome

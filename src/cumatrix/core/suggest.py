@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 
 #: Outcome words that take no argument.
 BARE_OUTCOMES = ("ok", "ok:batch", "ok:fallback", "ok:kernel", "ok:n/a", "build-error", "timeout",
-                 "cannot-emulate", "refused", "harness-error")
+                 "cannot-emulate", "refused", "harness-error", "fails")
 #: Outcome words of the form ``WORD:ARG``; the argument is the user's.
 ARG_OUTCOMES = ("cuda-error", "undefined-symbol", "crash", "exit", "skipped", "runtime-leak")
 

@@ -28,7 +28,7 @@
  * fork, vfork, clone and exit events): at each process's exit (a signal's included),
  * before each execve (a seccomp filter that asks the tracer, inherited by every process and
  * impossible to remove) and, for those still running, when the first process ends, it reads
- * /proc/PID/maps and writes every mapped file (device, inode, path) to FD, which no process
+ * /proc/PID/maps and writes every file mapped executable (device, inode, path) to FD, which no process
  * of the tree inherits.  What a cell's
  * processes mapped then comes from the kernel, read by a process the cell cannot write to:
  * this one is not dumpable (its /proc files are root's), a traced process cannot be traced
@@ -295,7 +295,9 @@ static int seen_before(int pid, unsigned long long dev, unsigned long long ino, 
     return 0;
 }
 
-/* Every file-backed mapping of PID (anonymous memory, [heap], [stack], the vDSO left out). */
+/* Every file PID mapped executable (anonymous memory, [heap], [stack], the vDSO left out):
+ * a file mapped as data (mmap PROT_READ of a runtime, a font, a locale archive) was not
+ * loaded and never ran, so it is not what the process used. */
 static void snapshot(pid_t pid) {
     char name[64];
     snprintf(name, sizeof name, "/proc/%d/maps", (int)pid);
@@ -308,8 +310,10 @@ static void snapshot(pid_t pid) {
         /* start-end perms offset MAJ:MIN inode   path */
         unsigned int major, minor;
         unsigned long long ino;
+        char perms[8] = "";
         int at = 0;
-        if (sscanf(line, "%*s %*s %*s %x:%x %llu %n", &major, &minor, &ino, &at) < 3 || at == 0) continue;
+        if (sscanf(line, "%*s %7s %*s %x:%x %llu %n", perms, &major, &minor, &ino, &at) < 4 || at == 0) continue;
+        if (perms[2] != 'x') continue;  /* r-xp: loaded; r--p alone: read as data */
         char *path = line + at;
         while (*path == ' ') path++;
         size_t n = strlen(path);

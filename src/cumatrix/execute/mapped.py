@@ -7,14 +7,16 @@ from these descriptions which runtime a cell used.
 
 from __future__ import annotations
 
+import io
 import os
 import re
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from cumatrix.core.witness import read_cell_file
+from cumatrix.core.witness import UnsafeFile, read_cell_file
 
 
 def _basename(path: str) -> str:
@@ -31,14 +33,56 @@ class MappedLibrary:
     version: str | None  # e.g. "12.9.79"; None where neither source says
     version_from: str | None  # "file name" or "wheel <name>"
     pids: tuple[int, ...] = ()
+    #: Whether its content is a CUDA runtime (exports ``cudaRuntimeGetVersion``): None where
+    #: nobody looked (not named like one) or it cannot be read here (inside an image).
+    runtime_exports: bool | None = None
 
     @property
     def name(self) -> str:
         return self.soname or _basename(self.path)
 
     def to_json(self) -> dict[str, object]:
-        return {"path": self.path, "soname": self.soname, "version": self.version,
-                "version_from": self.version_from}
+        out: dict[str, object] = {"path": self.path, "soname": self.soname, "version": self.version,
+                                  "version_from": self.version_from}
+        if self.runtime_exports is False:
+            out["not_a_runtime"] = f"named like a CUDA runtime, but exports no {RUNTIME_EXPORT}"
+        return out
+
+
+#: The function every libcudart exports (NVIDIA's runtime API since CUDA 2.2): what makes a
+#: file a CUDA runtime, whatever it is called.
+RUNTIME_EXPORT = "cudaRuntimeGetVersion"
+
+
+def exports_runtime(path: Path) -> bool | None:
+    """Whether the file at ``path`` is a CUDA runtime by content (its dynamic symbol table
+    defines :data:`RUNTIME_EXPORT`); ``None`` when it cannot be read here.  A text file or
+    another library under a runtime's name is ``False``.  Read once per file version."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):  # a FIFO or a device under a runtime's name: never opened
+        return False
+    return _exports_runtime(os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=4096)
+def _exports_runtime(path: str, dev: int, ino: int, size: int, mtime_ns: int) -> bool | None:  # noqa: ARG001
+    # deferred: pyelftools is loaded only when a mapped file is named like a runtime
+    from elftools.common.exceptions import ELFError
+    from elftools.elf.elffile import ELFFile
+
+    from cumatrix.binary.elf import elf_defined_symbols
+
+    try:
+        # Read as any file a cell could have replaced: no link followed, no FIFO waited on.
+        data = read_cell_file(Path(path))
+        return RUNTIME_EXPORT in set(elf_defined_symbols(ELFFile(io.BytesIO(data))))
+    except (ELFError, UnsafeFile):
+        return False  # not an ELF file at all, or not a regular file
+    except OSError:
+        return None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

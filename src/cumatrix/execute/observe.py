@@ -53,6 +53,7 @@ from cumatrix.execute.mapped import (
     cuda_libraries,
     describe,
     described,
+    exports_runtime,
     host_path,
     is_cuda_library,
     owning_wheel,
@@ -256,16 +257,14 @@ def cuda_int(version: str | None) -> int | None:
 
 
 _SONAME_MAJOR_RE = re.compile(r"\.so\.(\d+)")
-#: Libraries whose SONAME major is the CUDA major they belong to (cuFFT, cuSPARSE, cuRAND
-#: and cuSOLVER number theirs apart).  With no libcudart mapped, one of these says which
-#: CUDA the process runs: its runtime is then linked statically (nvcc's default).  Seen on
-#: an H200 host: CuPy 14.2 (cupy-cuda13x) maps no libcudart, but libcublasLt.so.13 at import
-#: and libnvrtc.so.13 at its first kernel.
-_TRACKS_CUDA_MAJOR = ("libnvrtc.so", "libnvJitLink.so", "libcublas.so", "libcublasLt.so")
 
 
 def is_runtime(lib: MappedLibrary) -> bool:
-    return lib.name.startswith("libcudart.so")
+    """A CUDA runtime by content: named libcudart and, where its file can be read here,
+    exporting ``cudaRuntimeGetVersion``.  NVRTC, nvJitLink, cuBLAS and the other toolkit
+    libraries carry a CUDA major in their SONAME but are no runtime and need no driver of
+    theirs (NVRTC compiles without one; FACTS.md section 12): they never stand for one."""
+    return lib.name.startswith("libcudart.so") and lib.runtime_exports is not False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -288,8 +287,8 @@ def _soname_major(name: str) -> int | None:
 
 def observed_runtime(mapped: Sequence[MappedLibrary], statics: Sequence[StaticRuntime] = ()) -> ObservedRuntime:
     """The runtime the mappings show: the (first) libcudart, else a statically linked runtime
-    found in a mapped object (its version from its own contents), else the CUDA major of a
-    toolkit library that tracks it, else nothing."""
+    found in a mapped object (its version from its own contents), else nothing: a toolkit
+    library of some CUDA major (``libnvrtc.so.13``) says nothing of a runtime."""
     runtimes = [m for m in mapped if is_runtime(m)]
     if runtimes:
         rt = runtimes[0]
@@ -307,15 +306,12 @@ def observed_runtime(mapped: Sequence[MappedLibrary], statics: Sequence[StaticRu
         return ObservedRuntime(file=st.file, soname=None, version=version,
                                evidence=f"no libcudart mapped; {st.file} holds {st.evidence}: CUDA {st.major}"
                                         + (f" (names as new as {CudaVersion.from_int(st.version)})" if st.version else ""))
-    for lib in mapped:
-        if lib.name.startswith(_TRACKS_CUDA_MAJOR):
-            major = _soname_major(lib.name)
-            if major is not None:
-                return ObservedRuntime(file=None, soname=None, version=major * 1000,
-                                       evidence=f"no libcudart mapped; {lib.name} from {lib.path} is CUDA {major}, "
-                                                "so a CUDA runtime of that major is linked statically")
+    toolkit = [f"{m.name} (CUDA {_soname_major(m.name)})" for m in mapped
+               if not m.name.startswith(("libcuda.so", "libcudart.so")) and _soname_major(m.name) is not None]
+    also = f"; toolkit libraries, no runtime: {', '.join(toolkit[:4])}" if toolkit else ""
     return ObservedRuntime(file=None, soname=None, version=None,
-                           evidence="no libcudart mapped: the driver API only, a statically linked runtime, or no CUDA")
+                           evidence="no libcudart mapped: the driver API only, a statically linked runtime, or no CUDA"
+                                    + also)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -350,8 +346,9 @@ def runtime_not_used(cell: CellRuntime, mapped: Sequence[MappedLibrary], *,
       cell): not used.  Enforcement cannot help there: the program was built for another major.
     - Under enforcement, a libcudart of the cell's SONAME that is not the cell's file (only a
       ``dlmopen`` into another namespace gets past ``la_objsearch``): not used.
-    - No libcudart but a toolkit library of another CUDA major (``libnvrtc.so.13`` in a cu12.9
-      cell): a statically linked runtime of that major; not used.
+    - No libcudart but a statically linked runtime of another major in a mapped object (read
+      by the gate's detector: CuPy, cuda-bindings' runtime module): not used.  A toolkit
+      library of another major alone (``libnvrtc.so.13``) is no runtime: ``None``.
     - No CUDA library at all, or only the driver (``libcuda``): ``None``.  Nothing contradicts
       the cell's runtime, though nothing exercised it; the fingerprint says ``runtime_file: null``.
     - ``offered``: ``None``; the cell tests what the program brings, and its record names
@@ -413,6 +410,8 @@ class Observation:
             "runtime_version": self.runtime.version, "runtime_evidence": self.runtime.evidence,
             "runtime_origin": origin.to_json() if origin is not None else None,
             "mappings_from": self.source, "driver_mapped": self.driver_mapped}
+        if self.not_used:  # a fact whatever the outcome: it makes a skip only of a program that succeeded
+            out["runtime_not_used"] = self.not_used
         if self.source_note:
             out["mappings_note"] = self.source_note
         if self.unbacked:
@@ -479,7 +478,7 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
         why = (trace.note if trace is not None else None) or "no tracer for this backend"
         note = "; ".join(x for x in (f"{AUDIT_ONLY}: {why}", note) if x)
         every = described(log.opened, roots=roots, cuda_only=False)
-    mapped = cuda_libraries(every)
+    mapped = tuple(_by_content(m, roots) for m in cuda_libraries(every))
     statics = (_static_runtimes(every, roots, intros)
                if intros is not None and not any(is_runtime(m) for m in mapped) else ())
     driver = any(m.name.startswith("libcuda.so") for m in mapped)
@@ -496,7 +495,9 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
     if setting is not None:
         provs = _provenance.trace(mapped, _provenance.read_searches(plan.log), setting)
         # Only a cell that offers a runtime of its own can say a runtime came from elsewhere.
-        leak = _provenance.leaked(provs) if cell is not None else None
+        # A file named like a runtime that is none (a text file, another library) leaks nothing.
+        runtimes = [p for p, m in zip(provs, mapped, strict=True) if is_runtime(m)]
+        leak = _provenance.leaked(runtimes) if cell is not None else None
         if leak is not None:
             detail = _provenance.leak_detail(leak, next((m.version for m in mapped if m.path == leak.path), None))
     return Observation(libraries=mapped, runtime=seen,
@@ -504,6 +505,13 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
                        provenance=provs, leak=leak, leak_detail=detail,
                        source=source, source_note=note, driver_mapped=driver, unbacked=unbacked,
                        static_runtimes=statics)
+
+
+def _by_content(lib: MappedLibrary, roots: Mapping[str, Path]) -> MappedLibrary:
+    """``lib``, with whether a file named like a runtime is one by its content."""
+    if not lib.name.startswith("libcudart.so"):
+        return lib
+    return dataclasses.replace(lib, runtime_exports=exports_runtime(host_path(lib.path, roots)))
 
 
 def _static_runtimes(mapped: Sequence[MappedLibrary], roots: Mapping[str, Path],

@@ -298,6 +298,13 @@ def _origin(path: str, f: Found, s: Setting) -> tuple[Origin, str]:
     named = _cells_own(path, f, s)
     if named is not None:
         return named
+    real = _real(path)
+    if _dirname(real) != _real(_dirname(path)):
+        # The name is a link to a file elsewhere (a link in the program's own directory to the
+        # host's toolkit): the origin is the file's, decided where it really lies; what the
+        # loader searched to reach the link says nothing of it.
+        origin, why = _origin(real, Found(path=real, step="unknown", request=f.request, requester=f.requester), s)
+        return origin, f"{path} is a link to {real}: {why}"
     inherited = f.step == "ld_library_path" and _under(_dirname(path), s.case_dirs) is None
     tree = package_tree(path)
     if tree is not None:

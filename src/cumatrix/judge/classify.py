@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from cumatrix.core.jobs import ChildResult, Verdict
-from cumatrix.core.model import ChildFacts, Observed, Timings
+from cumatrix.core.model import ChildFacts, Observed, Timings, is_neutral, is_ok
 from cumatrix.core.witness import loader_undefined_symbol
 from cumatrix.execute import observe, provenance
 from cumatrix.execute.local import HARNESS_PROBLEM
@@ -103,17 +103,25 @@ def with_audit(observed: Observed, seen: observe.Observation | None) -> Observed
     """A process that used a runtime from outside both its own distribution and the cell
     (the host's toolkit, the loader cache, a stray ``LD_LIBRARY_PATH``) fails:
     ``runtime-leak:PATH``, saying how the loader found it.  One that used a runtime of another
-    soname than the cell's, its own, did not run under the cell's name:
-    ``skipped:runtime-not-used``, naming what it loaded and from where."""
+    soname than the cell's, its own, and succeeded did not test the cell's pairing:
+    ``skipped:runtime-not-used``, naming what it loaded and from where.  One that failed
+    keeps its own outcome and is judged against its prediction: a skip never hides a failure
+    (the runtime it used stays a fact on the record, ``runtime_not_used``)."""
     if seen is None or observed.outcome == "harness-error":
         return observed
     if seen.leak is not None:
         return replace(observed, outcome=f"{provenance.OUTCOME_PREFIX}{seen.leak.path}", path=None,
                        detail=f"{seen.leak_detail}; the process's own outcome: {observed.outcome}")
-    if seen.not_used is None:
+    if seen.not_used is None or not succeeded(observed):
         return observed
     return replace(observed, outcome=observe.OUTCOME_NOT_USED, path=None,
                    detail=f"{seen.not_used}; the process's own outcome: {observed.outcome}")
+
+
+def succeeded(observed: Observed) -> bool:
+    """Whether the program did not fail: it ended ``ok`` (exit 0, or a harness child's ``ok``),
+    or a harness child reported a skip of its own.  Only such a cell may become neutral."""
+    return (is_ok(observed.outcome) or is_neutral(observed.outcome)) and observed.exit_status in (None, 0)
 
 
 def _from_verdict(res: ChildResult, v: Verdict) -> Observed:

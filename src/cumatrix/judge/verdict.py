@@ -6,9 +6,13 @@ observed outcome); everything after it renders the record.  The rules, in order:
 
 1. a ``sh -c`` wrapper's exit status 128+N is the signal N its command died of (gate
    ``--smoke`` commands: dash does not ``exec`` the last command);
-2. an outcome that means "this pairing cannot be emulated" becomes ``cannot-emulate``;
+2. an outcome that means "this pairing cannot be emulated" becomes ``cannot-emulate``: a
+   program that succeeded where emulation cannot vouch for it, or the interposer's own
+   signature (error 103); any other failure keeps its outcome and is judged;
 3. neutral outcomes (``skipped:*``, ``cannot-emulate``) neither pass nor fail, except
    ``skipped:no-cuda-driver`` under ``require_gpu`` (a GPU runner whose driver vanished);
+   only a cell whose program did not fail reaches this rule as neutral (a failed program's
+   ``runtime-not-used`` stays a fact, :func:`cumatrix.judge.classify.with_audit`);
 4. a probe's own facts must agree with the runtime provisioned and NVIDIA's table;
 5. otherwise the cell passes when the observed outcome is in the expected set.
 """
@@ -21,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from cumatrix.core.jobs import ChildResult
-from cumatrix.core.model import Cell, Expected, Kind, Observed, is_neutral, outcome_kind
+from cumatrix.core.model import Cell, Expected, Kind, Observed, is_neutral, is_ok, outcome_kind
 from cumatrix.core.record import CellRecord, Status
 from cumatrix.predict import oracle
 
@@ -113,17 +117,25 @@ def shell_signal(observed: Observed) -> Observed:
 
 def reconcile(cell: Cell, observed: Observed, host: oracle.HostFacts, expected: Expected) -> Observed:
     """Map observations that mean "this pairing cannot be emulated" to ``cannot-emulate``."""
-    # A leaked runtime is the program's fault on any driver: emulation does not excuse it.
-    if expected.outcomes == {"cannot-emulate"} and outcome_kind(observed.outcome) not in (
-            Kind.SKIPPED, Kind.HARNESS_ERROR, Kind.RUNTIME_LEAK):
+    # A leaked runtime is the program's fault on any driver: emulation does not excuse it.  Nor
+    # does it excuse any other failure but the interposer's own signature (error 103, below): a
+    # program that failed otherwise is judged against its prediction, never made neutral.
+    if expected.outcomes == {"cannot-emulate"} and (is_ok(observed.outcome) or emulation_detected(observed)):
         shown = f"observed {observed.outcome}" + (f" (path {observed.path})" if observed.path else "")
         return replace(observed, outcome="cannot-emulate", detail=f"{shown}; {expected.reason}")
     d = oracle.effective_driver(cell, host)
-    if cell.driver.startswith("emulated-") and observed.outcome == "cuda-error:103" and d != host.driver_version:
+    if cell.driver.startswith("emulated-") and emulation_detected(observed) and d != host.driver_version:
         return replace(observed, outcome="cannot-emulate",
                        detail=f"observed cuda-error:103 ({observed.error_name or 'integrity checks failed'}): "
                               "the runtime detected the interposer")
     return observed
+
+
+def emulation_detected(observed: Observed) -> bool:
+    """The one failure that says the emulation, not the program, failed: a CUDA 12 runtime's
+    integrity check refusing the interposer (``cudaErrorSoftwareValidityNotEstablished``, 103),
+    as a harness child reports it (a command's exit status cannot say which error it was)."""
+    return observed.outcome == "cuda-error:103"
 
 
 def probe_disagreement(observed: Observed, provisioned: int | None) -> str | None:

@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING, Any
 
 from cumatrix.core.errors import ConfigError, Problem, did_you_mean
 from cumatrix.core.model import (
+    EXPECTED_RE,
     NO_RUNTIME,
-    OUTCOME_RE,
     SELECTOR_AXES,
     VARIANT_FAMILIES,
     Case,
@@ -370,10 +370,10 @@ def _expect_section(ctx: _Ctx, data: list[Mapping[str, Any]]) -> tuple[ExpectOve
         path: yamldoc.Path = ("expect", i)
         sel = _selector(ctx, path, item)
         words = item["outcome"] if isinstance(item["outcome"], list) else [item["outcome"]]
-        bad = [w for w in words if not OUTCOME_RE.match(w)]
+        bad = [w for w in words if not EXPECTED_RE.match(w)]
         for w in bad:
             ctx.err((*path, "outcome"), f"expect[{i}].outcome: {w!r} is not an outcome{outcome_hint(w)} (ok, ok:batch, "
-                                        "cuda-error:N, crash:SIGSEGV, undefined-symbol:NAME, exit:N, timeout, ...)")
+                                        "cuda-error:N, crash:SIGSEGV, undefined-symbol:NAME, exit:N, fails, timeout, ...)")
         if not bad:
             out.append(ExpectOverride(selector=sel, outcomes=frozenset(words),
                                       reason=item.get("reason") or f"matrix override {_sel_text(sel)}"))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from cumatrix.core.model import Cell, CudaVersion, Expected, Matrix
+from cumatrix.core.model import FAILS, Cell, CudaVersion, Expected, Matrix
 from cumatrix.predict.rules import (
     cuda_major,
     emulation_newer_than_host,
@@ -296,12 +296,12 @@ def image_runtime_version(image: str) -> int | None:
 # --------------------------------------------------------------------------- programs
 
 
-#: What a program whose CUDA runtime needs a newer driver does: its first runtime call gets
-#: cudaErrorInsufficientDriver (35) and a Python program ends on the uncaught exception with
-#: exit status 1.  Measured for torch ("The NVIDIA driver on your system is too old"), CuPy
-#: (cudaErrorInsufficientDriver) and JAX ("Unable to initialize backend 'cuda'") under
-#: emulated 12.4 and 12.8 drivers: docs/facts.md section 8.
-PROGRAM_REFUSED = frozenset({"exit:1"})
+#: What a program whose CUDA runtime needs a newer driver does: NVIDIA's rule says its first
+#: runtime call gets cudaErrorInsufficientDriver (35), not how the program reports it.  torch,
+#: CuPy and JAX (Python) exit 1 on the uncaught exception (docs/facts.md section 8); a C
+#: program exits with whatever code it chose, or dies on a signal.  So the prediction is
+#: every failure (``fails``), never one exit status.
+PROGRAM_REFUSED = frozenset({FAILS})
 
 
 def expect_program(cell: Cell, host: HostFacts, prior: Expected, *, runtime_version: int | None,
@@ -333,7 +333,8 @@ def expect_program(cell: Cell, host: HostFacts, prior: Expected, *, runtime_vers
         need = f"a CUDA {major} driver" + (f" (>= {floor})" if floor else "")
         return Expected(outcomes=PROGRAM_REFUSED,
                         reason=f"the program's CUDA {major} runtime{seen} needs {need}; the driver is {_v(d)}: "
-                               "cudaErrorInsufficientDriver (35), on which a Python program exits 1",
+                               "its first runtime call gets cudaErrorInsufficientDriver (35), and the program fails "
+                               "(NVIDIA's rule says it fails, not how it reports it: any non-zero exit or signal)",
                         rule="program-major-newer-than-driver")
     if cell.driver.startswith("emulated-") and interposer_detected(runtime_version, d, host.driver_version):
         return Expected(outcomes=frozenset({"cannot-emulate"}),

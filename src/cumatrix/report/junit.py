@@ -57,6 +57,7 @@ def _case(cell: CellResult) -> ET.Element:
             ("host", cell.host),
             ("driver_string", cell.fingerprint.get("driver_string")),
             ("runtime_version", cell.fingerprint.get("runtime_version")),
+            ("runtime_not_used", cell.fingerprint.get("runtime_not_used")),
         ],
     )
     if cell.status == "fail":

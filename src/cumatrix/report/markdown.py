@@ -154,6 +154,9 @@ def _mismatches(run: RunData) -> list[str]:
         )
         if cell.expected.reason:
             out.append(f"  <br>prediction: {md_inline(cell.expected.reason)}")
+        not_used = cell.fingerprint.get("runtime_not_used")
+        if isinstance(not_used, str):  # a fact on a failed cell: it failed with a runtime not the cell's
+            out.append(f"  <br>the cell's runtime was not used: {md_inline(not_used)}")
         if cell.stderr_tail.strip() and n < _MAX_STDERR_EXCERPTS:
             excerpt = shorten(clean(cell.stderr_tail).strip(), _STDERR_EXCERPT_CHARS)
             # A fenced block no output can close, indented into the list item: the child's
@@ -165,6 +168,22 @@ def _mismatches(run: RunData) -> list[str]:
         out.append(f"- … and {len(failed) - _MAX_MISMATCHES_LISTED} more: see results.json")
     out.append("")
     return out
+
+
+def _other_runtime(run: RunData) -> list[str]:
+    """Cells that met their expectation with a runtime not the cell's (a failure a rule
+    predicted, judged although the cell's runtime was not used): the fact, beside each.  Failed
+    ones carry it in their mismatch; skipped ones in their outcome."""
+    cells = [c for c in run.cells if c.status == "pass" and isinstance(c.fingerprint.get("runtime_not_used"), str)]
+    if not cells:
+        return []
+    out = [f"<details><summary>Judged with a runtime not the cell's ({len(cells)})</summary>", ""]
+    for cell in cells[:_MAX_MISMATCHES_LISTED]:
+        out.append(f"- {md_code(cell.id)}: {md_inline(readable(cell.outcome_label))} — "
+                   f"{md_inline(str(cell.fingerprint['runtime_not_used']))}")
+    if len(cells) > _MAX_MISMATCHES_LISTED:
+        out.append(f"- … and {len(cells) - _MAX_MISMATCHES_LISTED} more: see results.json")
+    return [*out, "", "</details>", ""]
 
 
 def _grid_table(g: Grid) -> list[str]:
@@ -261,6 +280,7 @@ def to_markdown(run: RunData) -> str:
     if run.since is not None:  # what changed since the previous run of this matrix (history)
         lines += since_markdown(run.since)
     lines += _mismatches(run)
+    lines += _other_runtime(run)
     lines += _not_run(run)
     lines += _grids(run)
     lines += _speed(run)
