@@ -1,0 +1,87 @@
+"""Code compiled at run time against the driver's JIT: which PTX a cell's processes could have
+handed the driver, and what a driver of the cell's version does with it.
+
+A driver compiles PTX up to the ISA version of its own CUDA release and refuses newer PTX with
+``CUDA_ERROR_UNSUPPORTED_PTX_VERSION`` (222): the table is :mod:`cumatrix.binary.ptx`'s
+(NVIDIA's PTX ISA release notes).  An emulated driver refuses the same (the interposer reads
+the PTX before the real driver's JIT sees it: docs/emulation.md).
+
+The evidence is the PTX producers the cell's processes mapped, as the kernel's record of their
+mappings names them (NVRTC, nvJitLink, each with its CUDA major from the SONAME, the full
+version where the file name carries one): a producer of CUDA X.Y emits PTX of the newest ISA
+X.Y knows.  Mapping a producer does not prove that its PTX reached the driver (CuPy maps NVRTC
+before it compiles anything), so this explains a failure and predicts it only where every
+PTX such a producer emits is beyond the driver's ceiling.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from cumatrix.binary.ptx import isa_table, ptx_ceiling
+from cumatrix.core.model import Cell, CudaVersion, Expected
+
+__all__ = ["PtxProducer", "jit_refusal", "ptx_producers"]
+
+#: The libraries that turn CUDA C++ or NVVM IR into PTX at run time, by SONAME.
+_PRODUCER_RE = re.compile(r"^lib(?P<name>nvrtc|nvJitLink)\.so\.(?P<major>\d+)$")
+_VERSION_RE = re.compile(r"^(\d+)\.(\d+)")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PtxProducer:
+    """A PTX producer some process of the cell mapped."""
+
+    name: str  # "NVRTC" or "nvJitLink"
+    soname: str
+    major: int
+    version: CudaVersion | None  # where the file name says more than the SONAME
+
+    def label(self) -> str:
+        return f"{self.name} {self.version or self.major} ({self.soname})"
+
+    def oldest_isa(self) -> tuple[int, int] | None:
+        """The oldest PTX ISA this producer emits by default: its release's, where the version
+        is known; else the first ISA of its major (CUDA 13.0's 9.0 for any NVRTC 13)."""
+        table = isa_table()
+        if self.version is not None:
+            return ptx_ceiling(int(self.version))
+        first = [isa for isa, cuda in table.items() if cuda[0] == self.major]
+        return min(first) if first else None
+
+
+def ptx_producers(libraries: tuple[tuple[str | None, str | None], ...]) -> tuple[PtxProducer, ...]:
+    """The PTX producers among mapped libraries, each given as (SONAME, version or None)."""
+    out: dict[str, PtxProducer] = {}
+    for soname, version in libraries:
+        m = _PRODUCER_RE.match(soname or "")
+        if not m or not soname:
+            continue
+        major = int(m["major"])
+        v = _VERSION_RE.match(version or "")
+        cv = CudaVersion(int(v.group(1)), int(v.group(2))) if v and int(v.group(1)) == major else None
+        name = "NVRTC" if m["name"] == "nvrtc" else "nvJitLink"
+        out[soname] = PtxProducer(name=name, soname=soname, major=major, version=cv)
+    return tuple(out[k] for k in sorted(out))
+
+
+def jit_refusal(cell: Cell, driver: int, producers: tuple[PtxProducer, ...]) -> str | None:
+    """Why driver ``driver`` refuses the PTX of one of ``producers``, as a report line
+    (``jit: PTX ISA 9.0 refused by driver 12.8 ...``); ``None`` when none is beyond its ceiling."""
+    ceiling = ptx_ceiling(driver)
+    if ceiling is None:
+        return None
+    for p in producers:
+        isa = p.oldest_isa()
+        if isa is not None and isa > ceiling:
+            kind = "emulated driver" if cell.driver.startswith("emulated-") else "driver"
+            return (f"jit: PTX ISA {isa[0]}.{isa[1]} refused by driver {CudaVersion.from_int(driver)}: the "
+                    f"program mapped {p.label()}, whose PTX is ISA {isa[0]}.{isa[1]} or newer; the {kind}'s JIT "
+                    f"compiles up to {ceiling[0]}.{ceiling[1]} (CUDA_ERROR_UNSUPPORTED_PTX_VERSION, 222)")
+    return None
+
+
+def refused_expectation(reason: str, outcomes: frozenset[str]) -> Expected:
+    """The expectation of a cell whose PTX the driver refuses."""
+    return Expected(outcomes=outcomes, reason=reason, rule="jit-ptx-too-new")
