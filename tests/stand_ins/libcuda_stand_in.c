@@ -103,6 +103,18 @@ CUresult cuLinkAddFile_v2(void *state, int type, const char *path, unsigned int 
     return loaded(0);
 }
 
+/* What cuGetProcAddress hands out for these two is not the export's address, as a real
+ * driver's answer need not be: the interposer must stand in front of what it was given. */
+static CUresult gpa_module_load_data(void **module, const void *image) {
+    (void)image;
+    return loaded(module);
+}
+static CUresult gpa_link_add_data(void *state, int type, void *data, size_t size, const char *name, unsigned int n,
+                                  int *options, void **values) {
+    (void)state; (void)type; (void)data; (void)size; (void)name; (void)n; (void)options; (void)values;
+    return loaded(0);
+}
+
 /* In no PFN_ typedef: the interposer keeps exports of unknown introduction version. */
 int cuStandInUntyped(void) { return 42; }
 
@@ -132,13 +144,13 @@ CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version, unsign
     else if (strcmp(symbol, "cuDriverGetVersion") == 0) p = (void *)cuDriverGetVersion;
     else if (strcmp(symbol, "cuMemcpyAsync") == 0) { intro = 4000; p = (void *)cuMemcpyAsync; }
     else if (strcmp(symbol, "cuGetErrorName") == 0) { intro = 6000; p = (void *)cuGetErrorName; }
-    else if (strcmp(symbol, "cuModuleLoadData") == 0) p = (void *)cuModuleLoadData;
+    else if (strcmp(symbol, "cuModuleLoadData") == 0) p = (void *)gpa_module_load_data;
     else if (strcmp(symbol, "cuModuleLoadDataEx") == 0) p = (void *)cuModuleLoadDataEx;
     else if (strcmp(symbol, "cuModuleLoadFatBinary") == 0) p = (void *)cuModuleLoadFatBinary;
     else if (strcmp(symbol, "cuModuleLoad") == 0) p = (void *)cuModuleLoad;
     else if (strcmp(symbol, "cuLibraryLoadData") == 0) { intro = 12000; p = (void *)cuLibraryLoadData; }
     else if (strcmp(symbol, "cuLibraryLoadFromFile") == 0) { intro = 12000; p = (void *)cuLibraryLoadFromFile; }
-    else if (strcmp(symbol, "cuLinkAddData") == 0) { intro = 5050; p = (void *)cuLinkAddData_v2; }
+    else if (strcmp(symbol, "cuLinkAddData") == 0) { intro = 5050; p = (void *)gpa_link_add_data; }
     else if (strcmp(symbol, "cuLinkAddFile") == 0) { intro = 5050; p = (void *)cuLinkAddFile_v2; }
     else {
         *pfn = 0;

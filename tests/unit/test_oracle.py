@@ -527,7 +527,8 @@ def test_ptx_under_emulation_is_judged_against_the_ceiling() -> None:
     cell = _kernel_cell("kernel", "ptx", "emulated-12.4")
     host = on("13.0")
     e = expect(cell, host, runtime_version=None)
-    assert e.rule == "ptx-ceiling" and "PTX ISA 8.4" in e.reason
+    assert e.rule == "ptx-ceiling"
+    assert "PTX ISA 8.4" in e.reason
     got = reconcile(cell, Observed(outcome="cuda-error:222"), host, e)
     assert verdict(e, got)[0] == "pass"
 

@@ -52,12 +52,14 @@ def test_producers_from_mapped_sonames() -> None:
 def test_refusal_names_both_versions() -> None:
     nvrtc13 = ptx_producers((("libnvrtc.so.13", "13.0.88"),))
     why = jit_refusal(_cell("emulated-12.8"), 12080, nvrtc13)
-    assert why is not None and why.startswith("jit: PTX ISA 9.0 refused by driver 12.8")
+    assert why is not None
+    assert why.startswith("jit: PTX ISA 9.0 refused by driver 12.8")
     assert jit_refusal(_cell("host"), 13000, nvrtc13) is None
     nvrtc128 = ptx_producers((("libnvrtc.so.12", "12.8.93"),))
     assert jit_refusal(_cell("emulated-12.9"), 12090, nvrtc128) is None
     refused = jit_refusal(_cell("emulated-12.4"), 12040, nvrtc128)
-    assert refused is not None and refused.startswith("jit: PTX ISA 8.7 refused by driver 12.4")
+    assert refused is not None
+    assert refused.startswith("jit: PTX ISA 8.7 refused by driver 12.4")
     # a bare major of 12 says nothing against a 12.x driver
     assert jit_refusal(_cell("emulated-12.4"), 12040, ptx_producers((("libnvrtc.so.12", None),))) is None
 

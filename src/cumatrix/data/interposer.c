@@ -320,8 +320,8 @@ LINK_ADD_FILE(cuLinkAddFile_v2)
 #endif
 
 /* This file's own load and link entry points, each with the real one it stands in front of. */
-struct jit_entry { const char *name; void *own; void **real; };
-#define JIT(NAME) {#NAME, (void *)NAME, (void **)&real_##NAME},
+struct jit_entry { const char *name; void **real; };
+#define JIT(NAME) {#NAME, (void **)&real_##NAME},
 static const struct jit_entry jit_entries[] = {
 #if HAS_cuModuleLoadData
     JIT(cuModuleLoadData)
@@ -353,28 +353,76 @@ static const struct jit_entry jit_entries[] = {
 #if HAS_cuLinkAddFile_v2
     JIT(cuLinkAddFile_v2)
 #endif
+    {0, 0},
+};
+
+/* The same checks in front of the entry points cuGetProcAddress hands out: the driver's
+ * answer there need not be the address of its export of that name (and for cuLinkAddData it
+ * depends on the version asked), so each keeps the pointer the real driver returned. */
+static int (*via_cuModuleLoadData)(CUmod *, const void *);
+static int gpa_cuModuleLoadData(CUmod *module, const void *image) {
+    int isa = refused_version(image, 0);
+    return isa ? refuse("cuModuleLoadData", isa) : via_cuModuleLoadData(module, image);
+}
+static int (*via_cuModuleLoadDataEx)(CUmod *, const void *, JIT_OPTIONS);
+static int gpa_cuModuleLoadDataEx(CUmod *module, const void *image, unsigned int n, int *options, void **values) {
+    int isa = refused_version(image, 0);
+    return isa ? refuse("cuModuleLoadDataEx", isa) : via_cuModuleLoadDataEx(module, image, n, options, values);
+}
+static int (*via_cuModuleLoadFatBinary)(CUmod *, const void *);
+static int gpa_cuModuleLoadFatBinary(CUmod *module, const void *fat) {
+    int isa = refused_version(fat, 0);
+    return isa ? refuse("cuModuleLoadFatBinary", isa) : via_cuModuleLoadFatBinary(module, fat);
+}
+static int (*via_cuModuleLoad)(CUmod *, const char *);
+static int gpa_cuModuleLoad(CUmod *module, const char *fname) {
+    int isa = refused_file(fname);
+    return isa ? refuse("cuModuleLoad", isa) : via_cuModuleLoad(module, fname);
+}
+static int (*via_cuLibraryLoadData)(CUmod *, const void *, LIB_OPTIONS);
+static int gpa_cuLibraryLoadData(CUmod *library, const void *code, int *jo, void **jv, unsigned int nj, int *lo,
+                                 void **lv, unsigned int nl) {
+    int isa = refused_version(code, 0);
+    return isa ? refuse("cuLibraryLoadData", isa) : via_cuLibraryLoadData(library, code, jo, jv, nj, lo, lv, nl);
+}
+static int (*via_cuLibraryLoadFromFile)(CUmod *, const char *, LIB_OPTIONS);
+static int gpa_cuLibraryLoadFromFile(CUmod *library, const char *file, int *jo, void **jv, unsigned int nj,
+                                     int *lo, void **lv, unsigned int nl) {
+    int isa = refused_file(file);
+    return isa ? refuse("cuLibraryLoadFromFile", isa)
+               : via_cuLibraryLoadFromFile(library, file, jo, jv, nj, lo, lv, nl);
+}
+static int (*via_cuLinkAddData)(void *, int, void *, size_t, const char *, JIT_OPTIONS);
+static int gpa_cuLinkAddData(void *state, int type, void *data, size_t size, const char *name, unsigned int n,
+                             int *options, void **values) {
+    int isa = refused_link_input(type, data, size);
+    return isa ? refuse("cuLinkAddData", isa) : via_cuLinkAddData(state, type, data, size, name, n, options, values);
+}
+static int (*via_cuLinkAddFile)(void *, int, const char *, JIT_OPTIONS);
+static int gpa_cuLinkAddFile(void *state, int type, const char *path, unsigned int n, int *options, void **values) {
+    int isa = refused_link_file(type, path);
+    return isa ? refuse("cuLinkAddFile", isa) : via_cuLinkAddFile(state, type, path, n, options, values);
+}
+
+/* The names cuGetProcAddress is asked for that lead to a load or link entry point. */
+struct jit_base { const char *name; void **via; void *own; };
+#define JIT_BASE(NAME) {#NAME, (void **)&via_##NAME, (void *)gpa_##NAME},
+static const struct jit_base jit_bases[] = {
+    JIT_BASE(cuModuleLoad) JIT_BASE(cuModuleLoadData) JIT_BASE(cuModuleLoadDataEx) JIT_BASE(cuModuleLoadFatBinary)
+    JIT_BASE(cuLibraryLoadData) JIT_BASE(cuLibraryLoadFromFile) JIT_BASE(cuLinkAddData) JIT_BASE(cuLinkAddFile)
     {0, 0, 0},
 };
 
-/* The names cuGetProcAddress is asked for that lead to a load or link entry point. */
-static const char *const jit_bases[] = {"cuModuleLoad", "cuModuleLoadData", "cuModuleLoadDataEx",
-                                        "cuModuleLoadFatBinary", "cuLibraryLoadData", "cuLibraryLoadFromFile",
-                                        "cuLinkAddData", "cuLinkAddFile", 0};
-
-static int is_jit_base(const char *symbol) {
-    for (int i = 0; jit_bases[i]; i++)
-        if (strcmp(symbol, jit_bases[i]) == 0) return 1;
+static const struct jit_base *jit_base_of(const char *symbol) {
+    for (int i = 0; jit_bases[i].name; i++)
+        if (strcmp(symbol, jit_bases[i].name) == 0) return &jit_bases[i];
     return 0;
 }
 
-/* Replace a real load or link entry point handed out by cuGetProcAddress with this file's
- * check in front of it (whichever _vN the real driver chose for the version asked). */
-static void jit_entry(void **pfn) {
-    for (int i = 0; jit_entries[i].name; i++)
-        if (*jit_entries[i].real && *jit_entries[i].real == *pfn) {
-            *pfn = jit_entries[i].own;
-            return;
-        }
+/* Keep the real entry point cuGetProcAddress answered with, and hand out the check in front of it. */
+static void jit_entry(const struct jit_base *base, void **pfn) {
+    *base->via = *pfn;
+    *pfn = base->own;
 }
 
 static void jit_load(void) {
@@ -468,12 +516,13 @@ int cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, unsigne
         if (symbolStatus) *symbolStatus = 0;
         return 0;
     }
-    if (is_jit_base(symbol)) {
+    const struct jit_base *jit = jit_base_of(symbol);
+    if (jit) {
         /* Asked of the real driver first, so that what it says about the version holds; the
          * pointer handed out is then this file's own check in front of the same entry. */
         if (!real_gpa_v2) cumatrix_unresolved();
         int rc = real_gpa_v2(symbol, pfn, cudaVersion, flags, symbolStatus);
-        if (rc == 0 && *pfn) jit_entry(pfn);
+        if (rc == 0 && *pfn) jit_entry(jit, pfn);
         return rc;
     }
     if (!real_gpa_v2) cumatrix_unresolved();
@@ -489,10 +538,11 @@ int cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, unsigned l
     /* No status to report here: the real driver, asked at the capped version, answers for
      * hidden symbols as it does below their introduction. */
     if (own_entry(symbol, cudaVersion, pfn)) return 0;
-    if (is_jit_base(symbol)) {
+    const struct jit_base *jit = jit_base_of(symbol);
+    if (jit) {
         if (!real_gpa) cumatrix_unresolved();
         int rc = real_gpa(symbol, pfn, cudaVersion, flags);
-        if (rc == 0 && *pfn) jit_entry(pfn);
+        if (rc == 0 && *pfn) jit_entry(jit, pfn);
         return rc;
     }
     if (!real_gpa) cumatrix_unresolved();
