@@ -314,7 +314,15 @@ class Orchestrator:
         if seen.driver_mapped is False:
             return expected
         return oracle.expect_jit(cell, self.host(), expected,
-                                 tuple((lib.soname, lib.version) for lib in seen.libraries))
+                                 tuple((lib.soname, lib.version) for lib in seen.libraries),
+                                 device_code=seen.device_code, arch=self._gpu_arch())
+
+    def _gpu_arch(self) -> int | None:
+        """The SM number of the host's first GPU (90 for compute capability 9.0), if known."""
+        gpus = self.host_fingerprint().get("gpus")
+        first = gpus[0] if isinstance(gpus, list) and gpus and isinstance(gpus[0], dict) else {}
+        major, _, minor = str(first.get("compute_capability", "")).partition(".")
+        return int(major) * 10 + int(minor) if major.isdigit() and minor.isdigit() else None
 
     def _facts(self, cell: Cell, seen: observe.Observation | None) -> Facts:
         res = self.provisioner.resolved(cell.runtime)

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from cumatrix.binary.fatbin import read_fatbin
+from cumatrix.binary.fatbin import file_device_code, read_fatbin
 from cumatrix.binary.ptx import ptx_version
 from cumatrix.core.model import CudaVersion
+from cumatrix.predict.jit import no_usable_code
 from cumatrix.provision import drivers as D
 from cumatrix.provision import headers as H
 from cumatrix.provision.runtimes import fetch_wheel, headers_for
@@ -114,6 +115,38 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                    check=True, capture_output=True, timeout=300)
     out["nvcc.ptx"] = d / "nvcc.ptx"
     return out
+
+
+@pytest.fixture(scope="module")
+def programs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Executables built by nvcc: machine code for sm_100 only, and for sm_90 plus its PTX."""
+    d = tmp_path_factory.mktemp("programs")
+    (d / "k.cu").write_text(KERNEL + "int main() { return 0; }\n")
+    out = {}
+    for name, gencode in (("add1-sm100", "arch=compute_100,code=sm_100"),
+                          ("add1-sm90", "arch=compute_90,code=[sm_90,compute_90]")):
+        subprocess.run([_nvcc(), "-gencode", gencode, "-o", str(d / name), str(d / "k.cu")],
+                       check=True, capture_output=True, timeout=300)
+        out[name] = d / name
+    return out
+
+
+def test_device_code_of_a_mapped_program(programs: dict[str, Path]) -> None:
+    """What the observation reads of each object a cell mapped, and what the oracle makes of it."""
+    sm100 = file_device_code(str(programs["add1-sm100"]))
+    assert {c.label() for c in sm100} == {"sm_100"}
+    found = no_usable_code(((str(programs["add1-sm100"]), sm100),), 90, 13000)
+    assert found is not None
+    assert found[0] == "no-kernel-image"
+    assert "add1-sm100 has no code for sm_90 (it has sm_100)" in found[1]
+    sm90 = file_device_code(str(programs["add1-sm90"]))
+    assert {c.label() for c in sm90} == {"compute_90 (PTX ISA 9.0)", "sm_90"}
+    assert no_usable_code(((str(programs["add1-sm90"]), sm90),), 90, 12040) is None
+    # the PTX alone would not do on a 12.x driver: on sm_100 only the PTX serves, and it is 9.0
+    refused = no_usable_code(((str(programs["add1-sm90"]), sm90),), 100, 12080)
+    assert refused is not None
+    assert refused[0] == "jit-ptx-too-new"
+    assert file_device_code(str(STAND_INS / "libcuda_stand_in.c")) == ()  # no ELF file: nothing
 
 
 def test_the_ptx_reader_on_real_compilers(images: dict[str, Path]) -> None:

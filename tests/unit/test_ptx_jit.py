@@ -3,10 +3,11 @@ PTX of the producers a cell mapped (:mod:`cumatrix.binary.ptx`, :mod:`cumatrix.p
 
 from __future__ import annotations
 
+from cumatrix.binary.fatbin import DeviceCode
 from cumatrix.binary.fatbin import ptx_isa_cuda as gate_table
 from cumatrix.binary.ptx import isa_table, ptx_ceiling, ptx_version
 from cumatrix.core.model import Case, Cell, CudaVersion
-from cumatrix.predict.jit import jit_refusal, ptx_producers
+from cumatrix.predict.jit import jit_refusal, no_usable_code, ptx_producers
 from cumatrix.predict.oracle import HostFacts, expect, expect_jit
 
 # NVIDIA PTX ISA reference, "Release Notes" (docs/facts.md section 12): ISA -> first CUDA.
@@ -75,3 +76,40 @@ def test_a_command_that_mapped_a_newer_nvrtc_is_predicted_to_fail() -> None:
     same = expect(_cell("host"), host, runtime_version=None)
     assert expect_jit(_cell("host"), host, same, libs) == same
     assert str(CudaVersion(12, 8)) == "12.8"
+
+
+def _obj(*codes: DeviceCode) -> tuple[tuple[str, tuple[DeviceCode, ...]], ...]:
+    return (("/opt/app/bin/add1", codes),)
+
+
+def test_no_usable_code_names_the_object_and_its_architectures() -> None:
+    sm100 = _obj(DeviceCode(kind="sass", arch=100))
+    found = no_usable_code(sm100, 90, 13000)
+    assert found is not None
+    assert found[0] == "no-kernel-image"
+    assert found[1] == ("device code: add1 has no code for sm_90 (it has sm_100): a launch there fails with "
+                        "cudaErrorNoKernelImageForDevice (209) on every driver")
+    assert no_usable_code(_obj(DeviceCode(kind="sass", arch=90)), 90, 12040) is None
+    assert no_usable_code(_obj(DeviceCode(kind="sass", arch=90, variant="a")), 90, 12040) is None
+    assert no_usable_code(_obj(DeviceCode(kind="sass", arch=90, variant="a")), 100, 13000) is not None
+    assert no_usable_code(_obj(DeviceCode(kind="sass", arch=100, variant="f")), 103, 13000) is None
+    # PTX only: the driver must compile it
+    ptx90 = _obj(DeviceCode(kind="ptx", arch=90, isa=(9, 0)))
+    assert no_usable_code(ptx90, 90, 13000) is None
+    refused = no_usable_code(ptx90, 90, 12080)
+    assert refused is not None
+    assert refused[0] == "jit-ptx-too-new"
+    assert refused[1].startswith("jit: PTX ISA 9.0 refused by driver 12.8: add1's only code for sm_90 is PTX")
+    assert no_usable_code((), 90, 12080) is None
+
+
+def test_a_command_whose_code_misses_the_gpu_is_predicted_to_fail_on_every_driver() -> None:
+    host = HostFacts(driver_version=13000)
+    sm100 = _obj(DeviceCode(kind="sass", arch=100))
+    cell = _cell("host")
+    got = expect_jit(cell, host, expect(cell, host, runtime_version=None), (), device_code=sm100, arch=90)
+    assert (got.outcomes, got.rule) == (frozenset({"exit:1"}), "no-kernel-image")
+    assert "add1 has no code for sm_90 (it has sm_100)" in got.reason
+    # without the GPU's architecture nothing is predicted
+    prior = expect(cell, host, runtime_version=None)
+    assert expect_jit(cell, host, prior, (), device_code=sm100, arch=None) == prior

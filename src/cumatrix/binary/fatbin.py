@@ -25,7 +25,11 @@ from __future__ import annotations
 import re
 import struct
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Literal
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
 
 from cumatrix.binary.ptx import ptx_isa_cuda, ptx_version
 
@@ -33,6 +37,7 @@ __all__ = [
     "DeviceCode",
     "FatbinError",
     "covering",
+    "file_device_code",
     "parse_arch",
     "ptx_isa_cuda",
     "read_fatbin",
@@ -194,3 +199,20 @@ def read_fatbin(stream: IO[bytes], start: int, size: int) -> tuple[DeviceCode, .
             entry += ehs + padded
         pos = cend
     return tuple(out)
+
+
+def file_device_code(path: str) -> tuple[DeviceCode, ...]:
+    """The entries of the ``.nv_fatbin`` section of the ELF file at ``path``: none where it has
+    no such section, is no ELF file, cannot be read or does not parse (the observation of a
+    cell reads what its processes mapped, and a file it cannot read says nothing of them)."""
+    try:
+        with Path(path).open("rb") as fh:
+            if fh.read(4) != b"\x7fELF":
+                return ()
+            elf = ELFFile(fh)
+            section = elf.get_section_by_name(".nv_fatbin")
+            if section is None or section["sh_type"] == "SHT_NOBITS":
+                return ()
+            return read_fatbin(fh, section["sh_offset"], section["sh_size"])
+    except (OSError, ELFError, FatbinError, ValueError):
+        return ()

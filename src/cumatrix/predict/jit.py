@@ -19,10 +19,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from cumatrix.binary.ptx import isa_table, ptx_ceiling
+from cumatrix.binary.fatbin import DeviceCode, covering
+from cumatrix.binary.ptx import isa_table, ptx_ceiling, ptx_isa_cuda
 from cumatrix.core.model import Cell, CudaVersion, Expected
 
-__all__ = ["PtxProducer", "jit_refusal", "ptx_producers"]
+__all__ = ["PtxProducer", "jit_refusal", "no_usable_code", "ptx_producers"]
 
 #: The libraries that turn CUDA C++ or NVVM IR into PTX at run time, by SONAME.
 _PRODUCER_RE = re.compile(r"^lib(?P<name>nvrtc|nvJitLink)\.so\.(?P<major>\d+)$")
@@ -79,6 +80,36 @@ def jit_refusal(cell: Cell, driver: int, producers: tuple[PtxProducer, ...]) -> 
             return (f"jit: PTX ISA {isa[0]}.{isa[1]} refused by driver {CudaVersion.from_int(driver)}: the "
                     f"program mapped {p.label()}, whose PTX is ISA {isa[0]}.{isa[1]} or newer; the {kind}'s JIT "
                     f"compiles up to {ceiling[0]}.{ceiling[1]} (CUDA_ERROR_UNSUPPORTED_PTX_VERSION, 222)")
+    return None
+
+
+def no_usable_code(objects: tuple[tuple[str, tuple[DeviceCode, ...]], ...], arch: int,
+                   driver: int) -> tuple[str, str] | None:
+    """(rule, report line) for the first object whose fat binaries have nothing a GPU of SM
+    ``arch`` on driver ``driver`` can run: no SASS for it and no PTX (``no-kernel-image``:
+    cudaErrorNoKernelImageForDevice, 209, on every driver), or PTX only, all newer than the
+    driver's JIT (``jit-ptx-too-new``); ``None`` when every object has code for it."""
+    gpu = f"sm_{arch}"
+    ceiling = ptx_ceiling(driver)
+    for path, codes in objects:
+        sass, ptx = covering(codes, arch)
+        if sass:
+            continue
+        name = path.rpartition("/")[2]
+        have = ", ".join(sorted({c.label() for c in codes}))
+        if not ptx:
+            return ("no-kernel-image",
+                    (f"device code: {name} has no code for {gpu} (it has {have}): a launch there fails "
+                     "with cudaErrorNoKernelImageForDevice (209) on every driver"))
+        usable = [c for c in ptx if c.isa is None or ceiling is None or c.isa <= ceiling]
+        if not usable:
+            isa = min(c.isa for c in ptx if c.isa is not None)
+            need = ptx_isa_cuda(isa)
+            need_text = f"{need[0]}.{need[1]}" if need else "newer"
+            return ("jit-ptx-too-new",
+                    (f"jit: PTX ISA {isa[0]}.{isa[1]} refused by driver {CudaVersion.from_int(driver)}: {name}'s "
+                     f"only code for {gpu} is PTX ({have}), which needs a {need_text} driver "
+                     "(CUDA_ERROR_UNSUPPORTED_PTX_VERSION, 222)"))
     return None
 
 

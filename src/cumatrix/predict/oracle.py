@@ -11,9 +11,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from cumatrix.binary.fatbin import DeviceCode
 from cumatrix.binary.ptx import ptx_ceiling
 from cumatrix.core.model import Cell, CudaVersion, Expected, Matrix
-from cumatrix.predict.jit import jit_refusal, ptx_producers
+from cumatrix.predict.jit import jit_refusal, no_usable_code, ptx_producers
 from cumatrix.predict.rules import (
     cuda_major,
     emulation_newer_than_host,
@@ -349,8 +350,15 @@ def expect_program(cell: Cell, host: HostFacts, prior: Expected, *, runtime_vers
 
 
 def expect_jit(cell: Cell, host: HostFacts, prior: Expected,
-               libraries: tuple[tuple[str | None, str | None], ...]) -> Expected:
-    """The expectation once the PTX producers the cell's processes mapped are known.
+               libraries: tuple[tuple[str | None, str | None], ...], *,
+               device_code: tuple[tuple[str, tuple[DeviceCode, ...]], ...] = (),
+               arch: int | None = None) -> Expected:
+    """The expectation once the device code and PTX producers the cell's processes mapped are known.
+
+    ``device_code`` holds the fat binaries of the mapped objects, ``arch`` the GPU's SM number:
+    an object with no code the GPU can run on this driver
+    (:func:`cumatrix.predict.jit.no_usable_code`) predicts the command's failure, naming the
+    object and what it has.
 
     ``libraries`` are the mapped CUDA libraries as (SONAME, version).  A producer whose PTX
     is newer than the (effective) driver's JIT ceiling (:func:`cumatrix.predict.jit.jit_refusal`)
@@ -362,6 +370,11 @@ def expect_jit(cell: Cell, host: HostFacts, prior: Expected,
     d = effective_driver(cell, host)
     if d is None or prior.rule == "matrix-override":
         return prior
+    if cell.kind == "command" and prior.rule == "command-default" and arch is not None:
+        found = no_usable_code(device_code, arch, d)
+        if found is not None:
+            return Expected(outcomes=PROGRAM_REFUSED, reason=f"{found[1]}; the program exits 1 on the error",
+                            rule=found[0])
     why = jit_refusal(cell, d, ptx_producers(libraries))
     if why is None:
         return prior
