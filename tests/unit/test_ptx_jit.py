@@ -113,3 +113,11 @@ def test_a_command_whose_code_misses_the_gpu_is_predicted_to_fail_on_every_drive
     # without the GPU's architecture nothing is predicted
     prior = expect(cell, host, runtime_version=None)
     assert expect_jit(cell, host, prior, (), device_code=sm100, arch=None) == prior
+
+
+def test_libnvvm_counts_only_with_its_release() -> None:
+    got = ptx_producers((("libnvvm.so.4", "13.0.88"), ("libnvvm.so.3", None)))
+    assert [p.label() for p in got] == ["libNVVM 13.0 (libnvvm.so.4)"]
+    why = jit_refusal(_cell("emulated-12.9"), 12090, got)
+    assert why is not None
+    assert why.startswith("jit: PTX ISA 9.0 refused by driver 12.9")

@@ -8,7 +8,7 @@ the PTX before the real driver's JIT sees it: docs/emulation.md).
 
 The evidence is the PTX producers the cell's processes mapped, as the kernel's record of their
 mappings names them (NVRTC, nvJitLink, each with its CUDA major from the SONAME, the full
-version where the file name carries one): a producer of CUDA X.Y emits PTX of the newest ISA
+version where the file name or the wheel carries one; libNVVM by that version alone): a producer of CUDA X.Y emits PTX of the newest ISA
 X.Y knows.  Mapping a producer does not prove that its PTX reached the driver (CuPy maps NVRTC
 before it compiles anything), so this explains a failure and predicts it only where every
 PTX such a producer emits is beyond the driver's ceiling.
@@ -25,8 +25,11 @@ from cumatrix.core.model import Cell, CudaVersion, Expected
 
 __all__ = ["PtxProducer", "jit_refusal", "no_usable_code", "ptx_producers"]
 
-#: The libraries that turn CUDA C++ or NVVM IR into PTX at run time, by SONAME.
-_PRODUCER_RE = re.compile(r"^lib(?P<name>nvrtc|nvJitLink)\.so\.(?P<major>\d+)$")
+#: The libraries that turn CUDA C++ or NVVM IR into PTX at run time, by SONAME.  NVRTC's and
+#: nvJitLink's SONAME carries their CUDA major; libNVVM's (``libnvvm.so.4``) does not, so its
+#: release comes from its file name or its wheel's metadata, or it says nothing.
+_PRODUCER_RE = re.compile(r"^lib(?P<name>nvrtc|nvJitLink|nvvm)\.so\.(?P<major>\d+)$")
+_NAMES = {"nvrtc": "NVRTC", "nvJitLink": "nvJitLink", "nvvm": "libNVVM"}
 _VERSION_RE = re.compile(r"^(\d+)\.(\d+)")
 
 
@@ -59,11 +62,15 @@ def ptx_producers(libraries: tuple[tuple[str | None, str | None], ...]) -> tuple
         m = _PRODUCER_RE.match(soname or "")
         if not m or not soname:
             continue
-        major = int(m["major"])
         v = _VERSION_RE.match(version or "")
+        if m["name"] == "nvvm":
+            if not v:
+                continue
+            major = int(v.group(1))
+        else:
+            major = int(m["major"])
         cv = CudaVersion(int(v.group(1)), int(v.group(2))) if v and int(v.group(1)) == major else None
-        name = "NVRTC" if m["name"] == "nvrtc" else "nvJitLink"
-        out[soname] = PtxProducer(name=name, soname=soname, major=major, version=cv)
+        out[soname] = PtxProducer(name=_NAMES[m["name"]], soname=soname, major=major, version=cv)
     return tuple(out[k] for k in sorted(out))
 
 
