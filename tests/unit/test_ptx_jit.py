@@ -7,7 +7,7 @@ from cumatrix.binary.fatbin import DeviceCode
 from cumatrix.binary.fatbin import ptx_isa_cuda as gate_table
 from cumatrix.binary.ptx import isa_table, ptx_ceiling, ptx_version
 from cumatrix.core.model import Case, Cell, CudaVersion
-from cumatrix.predict.jit import jit_refusal, no_usable_code, ptx_producers
+from cumatrix.predict.jit import jit_refusal, no_usable_code, ptx_producers, unknown_machine_code
 from cumatrix.predict.oracle import HostFacts, expect, expect_jit
 
 # NVIDIA PTX ISA reference, "Release Notes" (docs/facts.md section 12): ISA -> first CUDA.
@@ -115,9 +115,17 @@ def test_a_command_whose_code_misses_the_gpu_is_predicted_to_fail_on_every_drive
     assert expect_jit(cell, host, prior, (), device_code=sm100, arch=None) == prior
 
 
-def test_libnvvm_counts_only_with_its_release() -> None:
+def test_libnvvm_and_nvjitlink_make_machine_code_nobody_documents() -> None:
+    """numba-cuda's path: libNVVM's PTX may become a cubin through nvJitLink and never meet the
+    driver's JIT; a CUDA 13 cubin on a 12.x driver follows no documented rule."""
     got = ptx_producers((("libnvvm.so.4", "13.0.88"), ("libnvvm.so.3", None)))
     assert [p.label() for p in got] == ["libNVVM 13.0 (libnvvm.so.4)"]
-    why = jit_refusal(_cell("emulated-12.9"), 12090, got)
+    assert jit_refusal(_cell("emulated-12.9"), 12090, got) is None
+    why = unknown_machine_code(12090, got)
     assert why is not None
-    assert why.startswith("jit: PTX ISA 9.0 refused by driver 12.9")
+    assert "not documented" in why
+    assert unknown_machine_code(13000, got) is None
+    host = HostFacts(driver_version=13000)
+    cell = _cell("emulated-12.8")
+    e = expect_jit(cell, host, expect(cell, host, runtime_version=None), (("libnvJitLink.so.13", "13.0.88"),))
+    assert (e.outcomes, e.rule) == (frozenset({"cannot-emulate"}), "jit-machine-code-undocumented")

@@ -23,7 +23,7 @@ from cumatrix.binary.fatbin import DeviceCode, covering
 from cumatrix.binary.ptx import isa_table, ptx_ceiling, ptx_isa_cuda
 from cumatrix.core.model import Cell, CudaVersion, Expected
 
-__all__ = ["PtxProducer", "jit_refusal", "no_usable_code", "ptx_producers"]
+__all__ = ["PtxProducer", "jit_refusal", "no_usable_code", "ptx_producers", "unknown_machine_code"]
 
 #: The libraries that turn CUDA C++ or NVVM IR into PTX at run time, by SONAME.  NVRTC's and
 #: nvJitLink's SONAME carries their CUDA major; libNVVM's (``libnvvm.so.4``) does not, so its
@@ -75,18 +75,38 @@ def ptx_producers(libraries: tuple[tuple[str | None, str | None], ...]) -> tuple
 
 
 def jit_refusal(cell: Cell, driver: int, producers: tuple[PtxProducer, ...]) -> str | None:
-    """Why driver ``driver`` refuses the PTX of one of ``producers``, as a report line
-    (``jit: PTX ISA 9.0 refused by driver 12.8 ...``); ``None`` when none is beyond its ceiling."""
+    """Why driver ``driver`` refuses the PTX of an NVRTC among ``producers``, as a report line
+    (``jit: PTX ISA 9.0 refused by driver 12.8 ...``); ``None`` when none is beyond its ceiling.
+
+    Only NVRTC predicts: its PTX is handed to the driver's JIT (measured, docs/facts.md section
+    11).  libNVVM's PTX may instead be linked into a cubin by nvJitLink, which never reaches the
+    JIT (:func:`unknown_machine_code`).
+    """
     ceiling = ptx_ceiling(driver)
     if ceiling is None:
         return None
     for p in producers:
         isa = p.oldest_isa()
-        if isa is not None and isa > ceiling:
+        if p.name == "NVRTC" and isa is not None and isa > ceiling:
             kind = "emulated driver" if cell.driver.startswith("emulated-") else "driver"
             return (f"jit: PTX ISA {isa[0]}.{isa[1]} refused by driver {CudaVersion.from_int(driver)}: the "
                     f"program mapped {p.label()}, whose PTX is ISA {isa[0]}.{isa[1]} or newer; the {kind}'s JIT "
                     f"compiles up to {ceiling[0]}.{ceiling[1]} (CUDA_ERROR_UNSUPPORTED_PTX_VERSION, 222)")
+    return None
+
+
+def unknown_machine_code(driver: int, producers: tuple[PtxProducer, ...]) -> str | None:
+    """Why a cell that mapped nvJitLink or libNVVM of a newer CUDA major than the emulated
+    ``driver`` cannot be emulated, or ``None``.  Such a program may link its PTX into a cubin
+    itself (numba-cuda does, through nvJitLink) and hand the driver machine code built by a
+    newer major's toolchain: whether a driver of an older major loads it, NVIDIA does not
+    document, and the real driver behind the interposer loads it."""
+    major = driver // 1000
+    for p in producers:
+        if p.name in ("nvJitLink", "libNVVM") and p.major > major:
+            return (f"jit: the program mapped {p.label()}, which may link its code into a cubin of CUDA "
+                    f"{p.major}; whether a driver {CudaVersion.from_int(driver)} loads machine code of a newer "
+                    "major's toolchain is not documented, and the real driver behind the interposer does")
     return None
 
 

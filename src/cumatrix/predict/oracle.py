@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from cumatrix.binary.fatbin import DeviceCode
 from cumatrix.binary.ptx import ptx_ceiling
 from cumatrix.core.model import Cell, CudaVersion, Expected, Matrix
-from cumatrix.predict.jit import jit_refusal, no_usable_code, ptx_producers
+from cumatrix.predict.jit import jit_refusal, no_usable_code, ptx_producers, unknown_machine_code
 from cumatrix.predict.rules import (
     cuda_major,
     emulation_newer_than_host,
@@ -364,7 +364,9 @@ def expect_jit(cell: Cell, host: HostFacts, prior: Expected,
     is newer than the (effective) driver's JIT ceiling (:func:`cumatrix.predict.jit.jit_refusal`)
     predicts the refusal: ``cuda-error:222`` for the reference's PTX kernel, and for a command
     whose prediction rested on no rule (``command-default``) the failure a program makes of
-    it (it exits 1 on the error).  A matrix override, or a rule already predicting a failure
+    it (it exits 1 on the error).  nvJitLink or libNVVM of a newer major under an emulated
+    driver make such a command ``cannot-emulate`` (:func:`cumatrix.predict.jit.unknown_machine_code`).
+    A matrix override, or a rule already predicting a failure
     (a CUDA 13 runtime on a 12.x driver fails before any PTX is loaded), keeps ``prior``.
     """
     d = effective_driver(cell, host)
@@ -375,8 +377,12 @@ def expect_jit(cell: Cell, host: HostFacts, prior: Expected,
         if found is not None:
             return Expected(outcomes=PROGRAM_REFUSED, reason=f"{found[1]}; the program exits 1 on the error",
                             rule=found[0])
-    why = jit_refusal(cell, d, ptx_producers(libraries))
+    producers = ptx_producers(libraries)
+    why = jit_refusal(cell, d, producers)
     if why is None:
+        unknown = unknown_machine_code(d, producers) if cell.driver.startswith("emulated-") else None
+        if unknown is not None and cell.kind == "command" and prior.rule == "command-default":
+            return _expect("cannot-emulate", reason=unknown, rule="jit-machine-code-undocumented")
         return prior
     if cell.kind == "swap" and prior.rule == "ptx-ceiling":
         return _expect("cuda-error:222", reason=why, rule="jit-ptx-too-new")
