@@ -3,10 +3,14 @@ PTX of the producers a cell mapped (:mod:`cumatrix.binary.ptx`, :mod:`cumatrix.p
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from cumatrix.binary.fatbin import DeviceCode
 from cumatrix.binary.fatbin import ptx_isa_cuda as gate_table
 from cumatrix.binary.ptx import isa_table, ptx_ceiling, ptx_version
 from cumatrix.core.model import Case, Cell, CudaVersion
+from cumatrix.load.matrix import cells
+from cumatrix.load.matrix import load as load_matrix
 from cumatrix.predict.jit import jit_refusal, no_usable_code, ptx_producers, unknown_machine_code
 from cumatrix.predict.oracle import HostFacts, expect, expect_jit
 
@@ -129,3 +133,18 @@ def test_libnvvm_and_nvjitlink_make_machine_code_nobody_documents() -> None:
     cell = _cell("emulated-12.8")
     e = expect_jit(cell, host, expect(cell, host, runtime_version=None), (("libnvJitLink.so.13", "13.0.88"),))
     assert (e.outcomes, e.rule) == (frozenset({"cannot-emulate"}), "jit-machine-code-undocumented")
+
+
+def test_the_jit_matrix_runs_each_program_on_the_real_and_three_emulated_drivers() -> None:
+    root = Path(__file__).resolve().parents[2]
+    m = load_matrix(root / "examples" / "h200-jit.yaml")
+    got = cells(m)
+    assert {c.driver for c in got} == {"host", "emulated-12.4", "emulated-12.8", "emulated-12.9"}
+    assert len(got) == 7 * 4
+    for c in got:
+        program = c.need_case().argv[-1]
+        # Python programs are committed; the C programs' sources and their build script are
+        if program.endswith(".py"):
+            assert (root / program).is_file(), program
+    assert (root / "examples" / "jit" / "add1.cu").is_file()
+    assert " jit) stage jit " in (root / "scripts" / "gpu" / "all.sh").read_text()
