@@ -145,11 +145,13 @@ static uint64_t rd64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); ret
 /* The PTX ISA version a fat binary would have the driver compile for the device: 0 when it has
  * SASS the device runs, or PTX the emulated driver accepts, or no code for the device at all
  * (the real driver then answers as an old one would); else the oldest PTX version it offers.
- * `end` bounds the reading when the size is known (a file), else the headers are trusted, as
- * the driver trusts them.  The entry layout is cumatrix.binary.fatbin's. */
+ * `end` bounds the reading when the size is known (a file: every container in it is read);
+ * else the image is one container (what cuModuleLoadData and a registered wrapper hand over),
+ * whose header is trusted as the driver trusts it, and nothing past it is read.  The entry
+ * layout is cumatrix.binary.fatbin's. */
 static int fatbin_refused_version(const unsigned char *p, const unsigned char *end) {
     int arch = device_arch(), oldest = 0;
-    for (int containers = 0; containers < 4096; containers++) {
+    for (int containers = 0; containers < (end ? 4096 : 1); containers++) {
         if (end && p + 16 > end) break;
         if (rd32(p) != FATBIN_MAGIC) break;
         uint32_t header = (uint32_t)(p[6] | p[7] << 8);
