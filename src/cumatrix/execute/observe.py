@@ -37,6 +37,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -518,10 +519,26 @@ def _device_code(mapped: Sequence[MappedLibrary],
     every GPU their release supports; the program's own code is what may not)."""
     out = []
     for path in dict.fromkeys(m.path for m in mapped if not is_cuda_library(m.name) and "/" in m.path):
-        codes = file_device_code(str(host_path(path, roots)))
+        codes = _device_code_of(host_path(path, roots))
         if codes:
             out.append((path, codes))
     return tuple(out)
+
+
+def _device_code_of(path: Path) -> tuple[DeviceCode, ...]:
+    try:
+        st = path.stat()
+    except OSError:
+        return ()
+    return _device_code_by_identity(str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=8192)
+def _device_code_by_identity(path: str, dev: int, ino: int, size: int,  # noqa: ARG001
+                             mtime_ns: int) -> tuple[DeviceCode, ...]:  # noqa: ARG001
+    # (dev, ino, size, mtime_ns) are the cache key only: a file version is read once per
+    # process (a matrix maps the same libraries in every cell).
+    return file_device_code(path)
 
 
 def _static_runtimes(mapped: Sequence[MappedLibrary], roots: Mapping[str, Path],
