@@ -16,6 +16,7 @@ import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,6 +28,7 @@ from cumatrix.provision import drivers as D
 from cumatrix.provision import headers as H
 from cumatrix.provision.runtimes import fetch_wheel, headers_for
 from helpers.build import run_gcc
+from helpers.results import read_cells
 
 STAND_INS = Path(__file__).resolve().parents[1] / "stand_ins"
 KERNEL = 'extern "C" __global__ void add1(int *x) { x[threadIdx.x] += 1; }\n'
@@ -262,3 +264,20 @@ def test_tables_carry_the_ceiling_and_the_jit_entry_points(interposers: dict[str
     assert "#define HAS_cuModuleLoadData 1" in tables["12.4"]
     assert "#define HAS_cuLinkAddData 0" in tables["12.4"]  # the stand-in exports only _v2
     assert "X(cuModuleLoadData," not in tables["12.4"]  # the interposer's own, not forwarded
+
+
+def test_a_cell_records_the_device_code_of_what_it_mapped(programs: dict[str, Path], write_matrix: Any,
+                                                          cli: Any, tmp_path: Path) -> None:
+    """The observation reads the fat binaries of the objects a cell's processes mapped (here the
+    nvcc-built executable itself): what the oracle weighs against the GPU."""
+    m = write_matrix(f"""
+        version: 1
+        runtimes: {{cu13.0: {{wheel: nvidia-cuda-runtime==13.0.96}}}}
+        drivers: [host]
+        probe: false
+        cases:
+          - {{name: sm100, argv: [{programs["add1-sm100"]}]}}
+    """)
+    cli("run", m, "--out", tmp_path / "out")
+    [rec] = read_cells(tmp_path / "out").values()
+    assert rec["fingerprint"]["device_code"] == {str(programs["add1-sm100"]): ["sm_100"]}
