@@ -303,11 +303,26 @@ class Orchestrator:
         return replace(job, image=docker.prepare_runtime(rt, self.wheel_dir).tag)
 
     def _program_expectation(self, cell: Cell, expected: Expected, seen: observe.Observation | None) -> Expected:
-        """A command cell, re-predicted from the runtime its processes really used."""
-        if seen is None or cell.kind != "command":
+        """A cell re-predicted from what its processes really mapped: a command from the runtime
+        it used; any cell from the PTX producers it mapped (NVRTC, nvJitLink) against the
+        driver's JIT ceiling."""
+        if seen is None:
             return expected
-        return oracle.expect_program(cell, self.host(), expected, runtime_version=seen.runtime.version,
-                                     evidence=seen.runtime.evidence, driver_used=seen.driver_mapped)
+        if cell.kind == "command":
+            expected = oracle.expect_program(cell, self.host(), expected, runtime_version=seen.runtime.version,
+                                             evidence=seen.runtime.evidence, driver_used=seen.driver_mapped)
+        if seen.driver_mapped is False:
+            return expected
+        return oracle.expect_jit(cell, self.host(), expected,
+                                 tuple((lib.soname, lib.version) for lib in seen.libraries),
+                                 device_code=seen.device_code, arch=self._gpu_arch())
+
+    def _gpu_arch(self) -> int | None:
+        """The SM number of the host's first GPU (90 for compute capability 9.0), if known."""
+        gpus = self.host_fingerprint().get("gpus")
+        first = gpus[0] if isinstance(gpus, list) and gpus and isinstance(gpus[0], dict) else {}
+        major, _, minor = str(first.get("compute_capability", "")).partition(".")
+        return int(major) * 10 + int(minor) if major.isdigit() and minor.isdigit() else None
 
     def _facts(self, cell: Cell, seen: observe.Observation | None) -> Facts:
         res = self.provisioner.resolved(cell.runtime)

@@ -506,7 +506,8 @@ def _kernel_cell(policy: str, image: str = "cubin", driver: str = "host", stream
     [pytest.param("kernel", "cubin", "host", {"ok:kernel", "skipped:no-nvrtc"}, id="kernel-cubin-real-driver"),
      pytest.param("kernel", "cubin", "emulated-12.4", {"ok:kernel", "skipped:no-nvrtc"}, id="kernel-cubin-needs-no-jit"),
      pytest.param("kernel", "ptx", "host", {"ok:kernel", "skipped:no-nvrtc"}, id="kernel-ptx-real-driver"),
-     pytest.param("kernel", "ptx", "emulated-12.4", {"cannot-emulate"}, id="kernel-ptx-under-emulation"),
+     pytest.param("kernel", "ptx", "emulated-12.4", {"ok:kernel", "cuda-error:222", "skipped:no-nvrtc"},
+                  id="kernel-ptx-under-emulation"),
      pytest.param("fastest", "cubin", "host", {"ok:kernel", "ok:batch", "ok:fallback"}, id="fastest-new-driver"),
      pytest.param("fastest", "cubin", "emulated-12.4", {"ok:kernel", "ok:fallback"}, id="fastest-old-driver"),
      pytest.param("copy-engine-only", "cubin", "host", {"ok:batch"}, id="copy-engine-only-batch"),
@@ -520,13 +521,16 @@ def test_kernel_path_rows(policy: str, image: str, driver: str, expected: set[st
     assert "\n" not in e.reason
 
 
-def test_ptx_under_emulation_is_reconciled_to_cannot_emulate() -> None:
+def test_ptx_under_emulation_is_judged_against_the_ceiling() -> None:
+    """The interposer refuses PTX beyond the emulated driver's JIT: a run that compiled it no
+    longer reads as "cannot emulate" (it was, before the ceiling); a refusal is predicted."""
     cell = _kernel_cell("kernel", "ptx", "emulated-12.4")
     host = on("13.0")
     e = expect(cell, host, runtime_version=None)
-    got = reconcile(cell, Observed(outcome="ok", path="kernel"), host, e)
-    assert got.outcome == "cannot-emulate"
-    assert verdict(e, got)[0] == "skip"
+    assert e.rule == "ptx-ceiling"
+    assert "PTX ISA 8.4" in e.reason
+    got = reconcile(cell, Observed(outcome="cuda-error:222"), host, e)
+    assert verdict(e, got)[0] == "pass"
 
 
 @pytest.mark.parametrize(("direction", "driver", "stream", "expected"), [

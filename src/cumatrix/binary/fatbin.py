@@ -25,12 +25,19 @@ from __future__ import annotations
 import re
 import struct
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO, Literal
+
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+
+from cumatrix.binary.ptx import ptx_isa_cuda, ptx_version
 
 __all__ = [
     "DeviceCode",
     "FatbinError",
     "covering",
+    "file_device_code",
     "parse_arch",
     "ptx_isa_cuda",
     "read_fatbin",
@@ -49,19 +56,6 @@ _FLAG_COMPRESSED_ZSTD = 0x8000
 _FLAG_ARCH_SPECIFIC = 0x100000  # sm_90a, sm_100a
 _FLAG_FAMILY = 0x200000  # sm_100f
 _MAX_ENTRIES = 1 << 20  # a bound on a crafted file, far above any real one (cuBLASLt: ~5k)
-
-# PTX ISA version -> the CUDA release that introduced it, hence the oldest driver whose JIT
-# compiler accepts it (PTX ISA reference, "Release Notes" table).  A driver older than this
-# fails the load with CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222), measured on an H200.
-_PTX_ISA_CUDA: dict[tuple[int, int], tuple[int, int]] = {
-    (6, 0): (9, 0), (6, 1): (9, 1), (6, 2): (9, 2), (6, 3): (10, 0), (6, 4): (10, 1),
-    (6, 5): (10, 2), (7, 0): (11, 0), (7, 1): (11, 1), (7, 2): (11, 2), (7, 3): (11, 3),
-    (7, 4): (11, 4), (7, 5): (11, 5), (7, 6): (11, 6), (7, 7): (11, 7), (7, 8): (11, 8),
-    (8, 0): (12, 0), (8, 1): (12, 1), (8, 2): (12, 2), (8, 3): (12, 3), (8, 4): (12, 4),
-    (8, 5): (12, 5), (8, 6): (12, 7), (8, 7): (12, 8), (8, 8): (12, 9), (9, 0): (13, 0),
-    (9, 1): (13, 1), (9, 2): (13, 2),
-}
-_PTX_VERSION_RE = re.compile(rb"^\s*\.version\s+(\d+)\.(\d+)", re.MULTILINE)
 
 Variant = Literal["", "a", "f"]
 
@@ -114,12 +108,6 @@ class DeviceCode:
                    compressed=bool(data.get("compressed", False)))
 
 
-def ptx_isa_cuda(isa: tuple[int, int]) -> tuple[int, int] | None:
-    """The CUDA version (major, minor) whose driver first accepts PTX ISA ``isa``; ``None``
-    when the version is newer than this table (then no known driver accepts it)."""
-    return _PTX_ISA_CUDA.get(isa)
-
-
 def parse_arch(text: str) -> tuple[int, Variant]:
     """``"9.0"``, ``"9.0a"``, ``"90"``, ``"sm_90a"`` -> ``(90, "a")``.
 
@@ -160,9 +148,9 @@ def _ptx_isa(stream: IO[bytes], payload: int, size: int, version: int,
              compressed: bool) -> tuple[int, int] | None:
     if not compressed and size > 0:
         head = _read_exact(stream, payload, min(size, 4096))
-        m = _PTX_VERSION_RE.search(head)
-        if m:
-            return int(m.group(1)), int(m.group(2))
+        isa = ptx_version(head)
+        if isa is not None:
+            return isa
     if version:
         return version >> 16, version & 0xFFFF
     return None
@@ -211,3 +199,20 @@ def read_fatbin(stream: IO[bytes], start: int, size: int) -> tuple[DeviceCode, .
             entry += ehs + padded
         pos = cend
     return tuple(out)
+
+
+def file_device_code(path: str) -> tuple[DeviceCode, ...]:
+    """The entries of the ``.nv_fatbin`` section of the ELF file at ``path``: none where it has
+    no such section, is no ELF file, cannot be read or does not parse (the observation of a
+    cell reads what its processes mapped, and a file it cannot read says nothing of them)."""
+    try:
+        with Path(path).open("rb") as fh:
+            if fh.read(4) != b"\x7fELF":
+                return ()
+            elf = ELFFile(fh)
+            section = elf.get_section_by_name(".nv_fatbin")
+            if section is None or section["sh_type"] == "SHT_NOBITS":
+                return ()
+            return read_fatbin(fh, section["sh_offset"], section["sh_size"])
+    except (OSError, ELFError, FatbinError, ValueError):
+        return ()

@@ -11,14 +11,25 @@
  *   FORWARDED(X)              X(name, index) for each export forwarded unchanged
  *   HIDDEN(X)                 X("base") for each cuGetProcAddress name introduced after
  *                             EMULATED_VERSION
+ *   PTX_CEILING               the newest PTX ISA the emulated driver's JIT compiles, as
+ *                             major * 100 + minor (807 for 8.7; 0: no ceiling), from
+ *                             cumatrix/data/ptx_isa.json
+ *   HAS_<entry point>         1 for each load or link entry point the real driver exports and
+ *                             the emulated one keeps (cuModuleLoadData, cuLinkAddData_v2, ...):
+ *                             those are this file's own, checked against PTX_CEILING
  *
  * Exports introduced after EMULATED_VERSION are simply not defined here, so a binary that
  * links one directly fails to load exactly as on an older driver (docs/facts.md section 4).
+ * PTX handed to a load or link entry point (directly, or as the only code a fat binary has
+ * for the device) whose .version is newer than PTX_CEILING is refused with
+ * CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222) without calling the real driver, whose newer JIT
+ * would compile it (docs/facts.md section 12).
  * Without CUMATRIX_TABLES the file compiles as it stands (an emulated 12.0 forwarding
  * nothing), so it can be read and checked as C.  x86-64 only (the trampolines).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +44,17 @@
 #define N_FORWARDED 0
 #define FORWARDED(X)
 #define HIDDEN(X)
+#define PTX_CEILING 800
+#define HAS_cuModuleLoad 1
+#define HAS_cuModuleLoadData 1
+#define HAS_cuModuleLoadDataEx 1
+#define HAS_cuModuleLoadFatBinary 1
+#define HAS_cuLibraryLoadData 1
+#define HAS_cuLibraryLoadFromFile 1
+#define HAS_cuLinkAddData 1
+#define HAS_cuLinkAddData_v2 1
+#define HAS_cuLinkAddFile 1
+#define HAS_cuLinkAddFile_v2 1
 #endif
 
 #define NAME_STRING(name, index) #name,
@@ -53,6 +75,369 @@ __attribute__((visibility("hidden"))) void cumatrix_unresolved(void) {
     abort();
 }
 
+/* ------------------------------------------------------------------ the JIT's PTX ceiling
+ *
+ * A driver compiles PTX up to the ISA version of its own CUDA release and refuses newer PTX
+ * with CUDA_ERROR_UNSUPPORTED_PTX_VERSION (PTX ISA release notes; numba-cuda issues 163 and
+ * 262, JAX issue 19821).  The real driver behind this file is newer, so PTX that the emulated
+ * driver would refuse is refused here, before the real JIT sees it.  Machine code (cubins,
+ * SASS in a fat binary) goes to the real driver untouched.
+ */
+#define CUDA_ERROR_UNSUPPORTED_PTX_VERSION 222
+#define ELF_MAGIC 0x464c457fu          /* "\x7fELF": a cubin */
+#define FATBIN_MAGIC 0xba55ed50u       /* a fat binary's container */
+#define FATBIN_WRAPPER_MAGIC 0x466243b1u /* __fatBinC_Wrapper_t: { magic, version, data, ... } */
+#define PTX_SCAN_LIMIT 65536           /* .version opens a PTX module: only comments before it */
+
+/* The .version of PTX text (major * 100 + minor), reading at most n bytes or up to a NUL; 0 when
+ * there is none. */
+static int ptx_text_version(const char *p, size_t n) {
+    if (n > PTX_SCAN_LIMIT) n = PTX_SCAN_LIMIT;
+    int line_start = 1;
+    for (size_t i = 0; i < n && p[i]; i++) {
+        char c = p[i];
+        if (c == '\n') {
+            line_start = 1;
+            continue;
+        }
+        if (line_start && (c == ' ' || c == '\t' || c == '\r')) continue;
+        if (line_start && c == '.' && n - i > 9 && strncmp(p + i, ".version", 8) == 0 &&
+            (p[i + 8] == ' ' || p[i + 8] == '\t')) {
+            size_t j = i + 8;
+            while (j < n && (p[j] == ' ' || p[j] == '\t')) j++;
+            int major = 0, minor = 0, digits = 0;
+            while (j < n && p[j] >= '0' && p[j] <= '9') major = major * 10 + (p[j++] - '0'), digits++;
+            if (!digits || j >= n || p[j++] != '.') return 0;
+            digits = 0;
+            while (j < n && p[j] >= '0' && p[j] <= '9') minor = minor * 10 + (p[j++] - '0'), digits++;
+            return digits ? major * 100 + minor : 0;
+        }
+        line_start = 0;
+    }
+    return 0;
+}
+
+static int (*real_ctx_get_device)(int *);
+static int (*real_device_get_attribute)(int *, int, int);
+
+/* The SM number of the current context's device (90 for 9.0), else device 0's; 0 if unknown. */
+static int device_arch(void) {
+    int dev = 0, major = 0, minor = 0;
+    if (!real_device_get_attribute) return 0;
+    if (!real_ctx_get_device || real_ctx_get_device(&dev) != 0) dev = 0;
+    /* CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR (75) and _MINOR (76) */
+    if (real_device_get_attribute(&major, 75, dev) != 0 || real_device_get_attribute(&minor, 76, dev) != 0) return 0;
+    return major * 10 + minor;
+}
+
+/* Whether code for SM `code` (variant 'a', 'f' or 0) serves SM `arch`: CUDA C++ Programming
+ * Guide, "Binary Compatibility", "PTX Compatibility", "Feature Availability" (the same rule as
+ * cumatrix.binary.fatbin.DeviceCode.runs_on). */
+static int runs_on(int sass, int code, char variant, int arch) {
+    if (variant == 'a') return arch == code;
+    if (sass || variant == 'f') return arch / 10 == code / 10 && arch >= code;
+    return arch >= code;
+}
+
+static uint32_t rd32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
+static uint64_t rd64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
+
+/* The PTX ISA version a fat binary would have the driver compile for the device: 0 when it has
+ * SASS the device runs, or PTX the emulated driver accepts, or no code for the device at all
+ * (the real driver then answers as an old one would); else the oldest PTX version it offers.
+ * `end` bounds the reading when the size is known (a file: every container in it is read);
+ * else the image is one container (what cuModuleLoadData and a registered wrapper hand over),
+ * whose header is trusted as the driver trusts it, and nothing past it is read.  The entry
+ * layout is cumatrix.binary.fatbin's. */
+static int fatbin_refused_version(const unsigned char *p, const unsigned char *end) {
+    int arch = device_arch(), oldest = 0;
+    for (int containers = 0; containers < (end ? 4096 : 1); containers++) {
+        if (end && p + 16 > end) break;
+        if (rd32(p) != FATBIN_MAGIC) break;
+        uint32_t header = (uint32_t)(p[6] | p[7] << 8);
+        uint64_t body = rd64(p + 8);
+        const unsigned char *e = p + header, *cend = p + header + body;
+        if (end && cend > end) return 0;
+        while (e + 64 <= cend) {
+            uint32_t kind = (uint32_t)(e[0] | e[1] << 8), ehs = rd32(e + 4), padded = rd32(e + 8);
+            uint32_t version = rd32(e + 24), sm = rd32(e + 28);
+            uint64_t flags = rd64(e + 40);
+            if (ehs < 64) return 0;
+            char variant = (flags & 0x100000) ? 'a' : (flags & 0x200000) ? 'f' : 0;
+            if (kind == 2 && (!arch || runs_on(1, (int)sm, variant, arch))) return 0;
+            if (kind == 1 && (!arch || runs_on(0, (int)sm, variant, arch))) {
+                int isa = (int)((version >> 16) * 100 + (version & 0xffff));
+                if (!version && !(flags & (0x2000 | 0x8000)))
+                    isa = ptx_text_version((const char *)e + ehs, padded);
+                if (!isa || isa <= PTX_CEILING) return 0;
+                if (!oldest || isa < oldest) oldest = isa;
+            }
+            e += ehs + padded;
+        }
+        p = cend;
+    }
+    return oldest;
+}
+
+/* The PTX version to refuse an image for (0: hand it to the real driver).  `n` is the image's
+ * size where known (0: read up to the NUL that ends PTX text, or as the headers say). */
+static int refused_version(const void *image, size_t n) {
+    const unsigned char *p = (const unsigned char *)image;
+    if (!p || PTX_CEILING == 0 || (n && n < 4)) return 0;
+    uint32_t magic = rd32(p);
+    if (magic == ELF_MAGIC) return 0;
+    if (magic == FATBIN_WRAPPER_MAGIC) {
+        const unsigned char *data;
+        memcpy(&data, p + 8, sizeof data);
+        return data ? fatbin_refused_version(data, 0) : 0;
+    }
+    if (magic == FATBIN_MAGIC) return fatbin_refused_version(p, n ? p + n : 0);
+    int isa = ptx_text_version((const char *)p, n ? n : PTX_SCAN_LIMIT);
+    return isa > PTX_CEILING ? isa : 0;
+}
+
+/* A file's contents, NUL-terminated (NULL when it cannot be read: the real driver then says why). */
+static unsigned char *read_file(const char *path, size_t *n) {
+    FILE *f = path ? fopen(path, "rb") : 0;
+    if (!f) return 0;
+    unsigned char *buf = 0;
+    size_t cap = 0, len = 0;
+    for (;;) {
+        if (len + 65536 + 1 > cap) {
+            cap = cap ? cap * 2 : 131072;
+            unsigned char *grown = realloc(buf, cap);
+            if (!grown) { free(buf); fclose(f); return 0; }
+            buf = grown;
+        }
+        size_t got = fread(buf + len, 1, 65536, f);
+        len += got;
+        if (got < 65536) break;
+    }
+    fclose(f);
+    buf[len] = 0;
+    *n = len;
+    return buf;
+}
+
+static int refused_file(const char *path) {
+    size_t n = 0;
+    unsigned char *buf = read_file(path, &n);
+    int isa = buf ? refused_version(buf, n) : 0;
+    free(buf);
+    return isa;
+}
+
+/* cuLinkAdd*: CU_JIT_INPUT_PTX (1) and CU_JIT_INPUT_FATBINARY (2) are read; cubins, host
+ * objects and libraries (0, 3, 4) and NVVM IR (5) go to the real driver. */
+static int refused_link_input(int type, const void *data, size_t size) {
+    return (type == 1 || type == 2) ? refused_version(data, size) : 0;
+}
+
+static int refused_link_file(int type, const char *path) {
+    return (type == 1 || type == 2) ? refused_file(path) : 0;
+}
+
+/* Said once per refusal on stderr, as the driver's JIT log would be: a person reading the
+ * cell's output sees why.  Not evidence: the return code is the behaviour. */
+static int refuse(const char *entry, int isa) {
+    fprintf(stderr, "cumatrix emulated driver %d.%d: %s: PTX ISA %d.%d is newer than this driver's "
+            "JIT compiles (%d.%d): CUDA_ERROR_UNSUPPORTED_PTX_VERSION\n", EMULATED_VERSION / 1000,
+            (EMULATED_VERSION % 1000) / 10, entry, isa / 100, isa % 100, PTX_CEILING / 100, PTX_CEILING % 100);
+    return CUDA_ERROR_UNSUPPORTED_PTX_VERSION;
+}
+
+typedef void *CUmod;
+#define JIT_OPTIONS unsigned int, int *, void **
+#define LIB_OPTIONS int *, void **, unsigned int, int *, void **, unsigned int
+
+#if HAS_cuModuleLoadData
+static int (*real_cuModuleLoadData)(CUmod *, const void *);
+int cuModuleLoadData(CUmod *module, const void *image) {
+    int isa = refused_version(image, 0);
+    return isa ? refuse("cuModuleLoadData", isa) : real_cuModuleLoadData(module, image);
+}
+#endif
+#if HAS_cuModuleLoadDataEx
+static int (*real_cuModuleLoadDataEx)(CUmod *, const void *, JIT_OPTIONS);
+int cuModuleLoadDataEx(CUmod *module, const void *image, unsigned int n, int *options, void **values) {
+    int isa = refused_version(image, 0);
+    return isa ? refuse("cuModuleLoadDataEx", isa) : real_cuModuleLoadDataEx(module, image, n, options, values);
+}
+#endif
+#if HAS_cuModuleLoadFatBinary
+static int (*real_cuModuleLoadFatBinary)(CUmod *, const void *);
+int cuModuleLoadFatBinary(CUmod *module, const void *fat) {
+    int isa = refused_version(fat, 0);
+    return isa ? refuse("cuModuleLoadFatBinary", isa) : real_cuModuleLoadFatBinary(module, fat);
+}
+#endif
+#if HAS_cuModuleLoad
+static int (*real_cuModuleLoad)(CUmod *, const char *);
+int cuModuleLoad(CUmod *module, const char *fname) {
+    int isa = refused_file(fname);
+    return isa ? refuse("cuModuleLoad", isa) : real_cuModuleLoad(module, fname);
+}
+#endif
+#if HAS_cuLibraryLoadData
+static int (*real_cuLibraryLoadData)(CUmod *, const void *, LIB_OPTIONS);
+int cuLibraryLoadData(CUmod *library, const void *code, int *jo, void **jv, unsigned int nj, int *lo, void **lv,
+                      unsigned int nl) {
+    int isa = refused_version(code, 0);
+    return isa ? refuse("cuLibraryLoadData", isa) : real_cuLibraryLoadData(library, code, jo, jv, nj, lo, lv, nl);
+}
+#endif
+#if HAS_cuLibraryLoadFromFile
+static int (*real_cuLibraryLoadFromFile)(CUmod *, const char *, LIB_OPTIONS);
+int cuLibraryLoadFromFile(CUmod *library, const char *file, int *jo, void **jv, unsigned int nj, int *lo, void **lv,
+                          unsigned int nl) {
+    int isa = refused_file(file);
+    return isa ? refuse("cuLibraryLoadFromFile", isa)
+               : real_cuLibraryLoadFromFile(library, file, jo, jv, nj, lo, lv, nl);
+}
+#endif
+#define LINK_ADD_DATA(NAME)                                                                            \
+    static int (*real_##NAME)(void *, int, void *, size_t, const char *, JIT_OPTIONS);                  \
+    int NAME(void *state, int type, void *data, size_t size, const char *name, unsigned int n, int *options, \
+             void **values) {                                                                         \
+        int isa = refused_link_input(type, data, size);                                               \
+        return isa ? refuse(#NAME, isa) : real_##NAME(state, type, data, size, name, n, options, values); \
+    }
+#define LINK_ADD_FILE(NAME)                                                                            \
+    static int (*real_##NAME)(void *, int, const char *, JIT_OPTIONS);                                 \
+    int NAME(void *state, int type, const char *path, unsigned int n, int *options, void **values) {   \
+        int isa = refused_link_file(type, path);                                                      \
+        return isa ? refuse(#NAME, isa) : real_##NAME(state, type, path, n, options, values);         \
+    }
+#if HAS_cuLinkAddData
+LINK_ADD_DATA(cuLinkAddData)
+#endif
+#if HAS_cuLinkAddData_v2
+LINK_ADD_DATA(cuLinkAddData_v2)
+#endif
+#if HAS_cuLinkAddFile
+LINK_ADD_FILE(cuLinkAddFile)
+#endif
+#if HAS_cuLinkAddFile_v2
+LINK_ADD_FILE(cuLinkAddFile_v2)
+#endif
+
+/* This file's own load and link entry points, each with the real one it stands in front of. */
+struct jit_entry { const char *name; void **real; };
+#define JIT(NAME) {#NAME, (void **)&real_##NAME},
+static const struct jit_entry jit_entries[] = {
+#if HAS_cuModuleLoadData
+    JIT(cuModuleLoadData)
+#endif
+#if HAS_cuModuleLoadDataEx
+    JIT(cuModuleLoadDataEx)
+#endif
+#if HAS_cuModuleLoadFatBinary
+    JIT(cuModuleLoadFatBinary)
+#endif
+#if HAS_cuModuleLoad
+    JIT(cuModuleLoad)
+#endif
+#if HAS_cuLibraryLoadData
+    JIT(cuLibraryLoadData)
+#endif
+#if HAS_cuLibraryLoadFromFile
+    JIT(cuLibraryLoadFromFile)
+#endif
+#if HAS_cuLinkAddData
+    JIT(cuLinkAddData)
+#endif
+#if HAS_cuLinkAddData_v2
+    JIT(cuLinkAddData_v2)
+#endif
+#if HAS_cuLinkAddFile
+    JIT(cuLinkAddFile)
+#endif
+#if HAS_cuLinkAddFile_v2
+    JIT(cuLinkAddFile_v2)
+#endif
+    {0, 0},
+};
+
+/* The same checks in front of the entry points cuGetProcAddress hands out: the driver's
+ * answer there need not be the address of its export of that name (and for cuLinkAddData it
+ * depends on the version asked), so each keeps the pointer the real driver returned. */
+static int (*via_cuModuleLoadData)(CUmod *, const void *);
+static int gpa_cuModuleLoadData(CUmod *module, const void *image) {
+    int isa = refused_version(image, 0);
+    return isa ? refuse("cuModuleLoadData", isa) : via_cuModuleLoadData(module, image);
+}
+static int (*via_cuModuleLoadDataEx)(CUmod *, const void *, JIT_OPTIONS);
+static int gpa_cuModuleLoadDataEx(CUmod *module, const void *image, unsigned int n, int *options, void **values) {
+    int isa = refused_version(image, 0);
+    return isa ? refuse("cuModuleLoadDataEx", isa) : via_cuModuleLoadDataEx(module, image, n, options, values);
+}
+static int (*via_cuModuleLoadFatBinary)(CUmod *, const void *);
+static int gpa_cuModuleLoadFatBinary(CUmod *module, const void *fat) {
+    int isa = refused_version(fat, 0);
+    return isa ? refuse("cuModuleLoadFatBinary", isa) : via_cuModuleLoadFatBinary(module, fat);
+}
+static int (*via_cuModuleLoad)(CUmod *, const char *);
+static int gpa_cuModuleLoad(CUmod *module, const char *fname) {
+    int isa = refused_file(fname);
+    return isa ? refuse("cuModuleLoad", isa) : via_cuModuleLoad(module, fname);
+}
+static int (*via_cuLibraryLoadData)(CUmod *, const void *, LIB_OPTIONS);
+static int gpa_cuLibraryLoadData(CUmod *library, const void *code, int *jo, void **jv, unsigned int nj, int *lo,
+                                 void **lv, unsigned int nl) {
+    int isa = refused_version(code, 0);
+    return isa ? refuse("cuLibraryLoadData", isa) : via_cuLibraryLoadData(library, code, jo, jv, nj, lo, lv, nl);
+}
+static int (*via_cuLibraryLoadFromFile)(CUmod *, const char *, LIB_OPTIONS);
+static int gpa_cuLibraryLoadFromFile(CUmod *library, const char *file, int *jo, void **jv, unsigned int nj,
+                                     int *lo, void **lv, unsigned int nl) {
+    int isa = refused_file(file);
+    return isa ? refuse("cuLibraryLoadFromFile", isa)
+               : via_cuLibraryLoadFromFile(library, file, jo, jv, nj, lo, lv, nl);
+}
+static int (*via_cuLinkAddData)(void *, int, void *, size_t, const char *, JIT_OPTIONS);
+static int gpa_cuLinkAddData(void *state, int type, void *data, size_t size, const char *name, unsigned int n,
+                             int *options, void **values) {
+    int isa = refused_link_input(type, data, size);
+    return isa ? refuse("cuLinkAddData", isa) : via_cuLinkAddData(state, type, data, size, name, n, options, values);
+}
+static int (*via_cuLinkAddFile)(void *, int, const char *, JIT_OPTIONS);
+static int gpa_cuLinkAddFile(void *state, int type, const char *path, unsigned int n, int *options, void **values) {
+    int isa = refused_link_file(type, path);
+    return isa ? refuse("cuLinkAddFile", isa) : via_cuLinkAddFile(state, type, path, n, options, values);
+}
+
+/* The names cuGetProcAddress is asked for that lead to a load or link entry point. */
+struct jit_base { const char *name; void **via; void *own; };
+#define JIT_BASE(NAME) {#NAME, (void **)&via_##NAME, (void *)gpa_##NAME},
+static const struct jit_base jit_bases[] = {
+    JIT_BASE(cuModuleLoad) JIT_BASE(cuModuleLoadData) JIT_BASE(cuModuleLoadDataEx) JIT_BASE(cuModuleLoadFatBinary)
+    JIT_BASE(cuLibraryLoadData) JIT_BASE(cuLibraryLoadFromFile) JIT_BASE(cuLinkAddData) JIT_BASE(cuLinkAddFile)
+    {0, 0, 0},
+};
+
+static const struct jit_base *jit_base_of(const char *symbol) {
+    for (int i = 0; jit_bases[i].name; i++)
+        if (strcmp(symbol, jit_bases[i].name) == 0) return &jit_bases[i];
+    return 0;
+}
+
+/* Keep the real entry point cuGetProcAddress answered with, and hand out the check in front of it. */
+static void jit_entry(const struct jit_base *base, void **pfn) {
+    *base->via = *pfn;
+    *pfn = base->own;
+}
+
+static void jit_load(void) {
+    for (int i = 0; jit_entries[i].name; i++) {
+        void *p = real_handle ? dlsym(real_handle, jit_entries[i].name) : 0;
+        *jit_entries[i].real = p ? p : (void *)cumatrix_unresolved;
+    }
+    if (real_handle) {
+        real_ctx_get_device = (int (*)(int *))dlsym(real_handle, "cuCtxGetDevice");
+        real_device_get_attribute = (int (*)(int *, int, int))dlsym(real_handle, "cuDeviceGetAttribute");
+    }
+}
+
 __attribute__((constructor)) static void cumatrix_load(void) {
     if (real_handle) return;
     /* By absolute path, RTLD_LOCAL: the interposer must never find itself. */
@@ -69,6 +454,7 @@ __attribute__((constructor)) static void cumatrix_load(void) {
         real_gpa_v2 = (int (*)(const char *, void **, int, unsigned long long, int *))dlsym(real_handle,
                                                                                               "cuGetProcAddress_v2");
     }
+    jit_load();
 }
 
 static int is_hidden(const char *symbol) {
@@ -132,6 +518,15 @@ int cuGetProcAddress_v2(const char *symbol, void **pfn, int cudaVersion, unsigne
         if (symbolStatus) *symbolStatus = 0;
         return 0;
     }
+    const struct jit_base *jit = jit_base_of(symbol);
+    if (jit) {
+        /* Asked of the real driver first, so that what it says about the version holds; the
+         * pointer handed out is then this file's own check in front of the same entry. */
+        if (!real_gpa_v2) cumatrix_unresolved();
+        int rc = real_gpa_v2(symbol, pfn, cudaVersion, flags, symbolStatus);
+        if (rc == 0 && *pfn) jit_entry(jit, pfn);
+        return rc;
+    }
     if (!real_gpa_v2) cumatrix_unresolved();
     return real_gpa_v2(symbol, pfn, cudaVersion, flags, symbolStatus);
 }
@@ -145,6 +540,13 @@ int cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, unsigned l
     /* No status to report here: the real driver, asked at the capped version, answers for
      * hidden symbols as it does below their introduction. */
     if (own_entry(symbol, cudaVersion, pfn)) return 0;
+    const struct jit_base *jit = jit_base_of(symbol);
+    if (jit) {
+        if (!real_gpa) cumatrix_unresolved();
+        int rc = real_gpa(symbol, pfn, cudaVersion, flags);
+        if (rc == 0 && *pfn) jit_entry(jit, pfn);
+        return rc;
+    }
     if (!real_gpa) cumatrix_unresolved();
     return real_gpa(symbol, pfn, cudaVersion, flags);
 }

@@ -120,7 +120,7 @@ _SUFFIX_RE = re.compile(r"\.so\.(\d+(?:\.\d+)+)$")
 _CUDA_RE = re.compile(
     r"^lib(?:cudart|cuda|nvrtc(?:-builtins)?|cublas(?:Lt)?|nccl|cudnn\w*|nvJitLink|cufft\w*|curand"
     r"|cusparse\w*|cusolver\w*|cupti|nvToolsExt|nvjpeg|npp\w+|cufile\w*|nvshmem\w*|nvidia-ml"
-    r"|nvidia-ptxjitcompiler)\.so(?:\.|$)")
+    r"|nvidia-ptxjitcompiler|nvvm)\.so(?:\.|$)")
 
 
 def is_cuda_library(name: str) -> bool:

@@ -37,10 +37,12 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Literal
 
+from cumatrix.binary.fatbin import DeviceCode, file_device_code
 from cumatrix.binary.staticcudart import StaticRuntime, static_runtime_in
 from cumatrix.core.cache import cache_dir
 from cumatrix.core.errors import CumatrixError
@@ -396,6 +398,9 @@ class Observation:
     #: Paths the audit log claims were mapped that the kernel never saw (ignored).
     unbacked: tuple[str, ...] = ()
     static_runtimes: tuple[StaticRuntime, ...] = ()
+    #: The device code of each mapped object outside NVIDIA's libraries that carries any
+    #: (path, its fat binaries' entries), read with the gate's reader.
+    device_code: tuple[tuple[str, tuple[DeviceCode, ...]], ...] = ()
 
     def fingerprint(self) -> dict[str, object]:
         """The record's ``libraries`` (each with where it came from and how the loader found it),
@@ -418,6 +423,8 @@ class Observation:
             out["audit_claims_not_backed"] = list(self.unbacked[:20])
         if self.static_runtimes:
             out["static_runtimes"] = [r.to_json() for r in self.static_runtimes]
+        if self.device_code:
+            out["device_code"] = {path: sorted({c.label() for c in codes}) for path, codes in self.device_code}
         return out
 
 
@@ -504,7 +511,35 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
                        not_used=runtime_not_used(cell, mapped, mode=mode, statics=statics) if cell is not None else None,
                        provenance=provs, leak=leak, leak_detail=detail,
                        source=source, source_note=note, driver_mapped=driver, unbacked=unbacked,
-                       static_runtimes=statics)
+                       static_runtimes=statics, device_code=_device_code(every, roots))
+
+
+def _device_code(mapped: Sequence[MappedLibrary],
+                 roots: Mapping[str, Path]) -> tuple[tuple[str, tuple[DeviceCode, ...]], ...]:
+    """The fat binaries of the mapped objects that are not NVIDIA's own libraries (those cover
+    every GPU their release supports; the program's own code is what may not)."""
+    out = []
+    for path in dict.fromkeys(m.path for m in mapped if not is_cuda_library(m.name) and "/" in m.path):
+        codes = _device_code_of(host_path(path, roots))
+        if codes:
+            out.append((path, codes))
+    return tuple(out)
+
+
+def _device_code_of(path: Path) -> tuple[DeviceCode, ...]:
+    try:
+        st = path.stat()
+    except OSError:
+        return ()
+    return _device_code_by_identity(str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=8192)
+def _device_code_by_identity(path: str, dev: int, ino: int, size: int,  # noqa: ARG001
+                             mtime_ns: int) -> tuple[DeviceCode, ...]:  # noqa: ARG001
+    # (dev, ino, size, mtime_ns) are the cache key only: a file version is read once per
+    # process (a matrix maps the same libraries in every cell).
+    return file_device_code(path)
 
 
 def _by_content(lib: MappedLibrary, roots: Mapping[str, Path]) -> MappedLibrary:

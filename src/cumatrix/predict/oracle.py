@@ -11,7 +11,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from cumatrix.binary.fatbin import DeviceCode
+from cumatrix.binary.ptx import ptx_ceiling
 from cumatrix.core.model import FAILS, Cell, CudaVersion, Expected, Matrix
+from cumatrix.predict.jit import jit_refusal, no_usable_code, ptx_producers, unknown_machine_code
 from cumatrix.predict.rules import (
     cuda_major,
     emulation_newer_than_host,
@@ -206,10 +209,13 @@ def _kernel_policy(policy: str, image: str, d: int, legacy: bool, emulated: bool
     """proc-address with the copy kernel in play (compiled at run time with NVRTC)."""
     if policy == "kernel":
         if image == "ptx" and emulated:
-            return _expect("cannot-emulate",
-                            reason="PTX goes to the real driver's JIT through the interposer, which accepts what an older driver "
-                                   "would refuse (cudaErrorUnsupportedPtxVersion, 222)",
-                            rule="ptx-under-emulation")
+            # The interposer refuses PTX newer than the emulated driver's JIT, as that driver
+            # does; which NVRTC the reference loads is known only once it ran (expect_jit).
+            ceiling = ptx_ceiling(d)
+            top = f"PTX ISA {ceiling[0]}.{ceiling[1]}" if ceiling else "no PTX ISA this table knows"
+            return _expect("ok:kernel", "cuda-error:222", "skipped:no-nvrtc", rule="ptx-ceiling",
+                           reason=f"policy kernel, PTX: driver {_v(d)}'s JIT compiles up to {top}; PTX from a newer NVRTC "
+                                  "is refused (cudaErrorUnsupportedPtxVersion, 222), by the emulated driver as by a real one")
         how = ("PTX JIT-compiled by the driver (PTX from an NVRTC newer than the driver fails with 222)" if image == "ptx"
                else "machine code for the device's own architecture: no JIT, so the driver's PTX version does not matter")
         return _expect("ok:kernel", "skipped:no-nvrtc", reason=f"policy kernel: {how}",
@@ -341,6 +347,49 @@ def expect_program(cell: Cell, host: HostFacts, prior: Expected, *, runtime_vers
                         reason=f"the program's CUDA 12 runtime{seen} detects the interposer (error 103) when the "
                                f"emulated version {_v(d)} differs from the real driver's",
                         rule="program-interposer-detected")
+    return prior
+
+
+def expect_jit(cell: Cell, host: HostFacts, prior: Expected,
+               libraries: tuple[tuple[str | None, str | None], ...], *,
+               device_code: tuple[tuple[str, tuple[DeviceCode, ...]], ...] = (),
+               arch: int | None = None) -> Expected:
+    """The expectation once the device code and PTX producers the cell's processes mapped are known.
+
+    ``device_code`` holds the fat binaries of the mapped objects, ``arch`` the GPU's SM number:
+    an object with no code the GPU can run on this driver
+    (:func:`cumatrix.predict.jit.no_usable_code`) predicts the command's failure, naming the
+    object and what it has.
+
+    ``libraries`` are the mapped CUDA libraries as (SONAME, version).  A producer whose PTX
+    is newer than the (effective) driver's JIT ceiling (:func:`cumatrix.predict.jit.jit_refusal`)
+    predicts the refusal: ``cuda-error:222`` for the reference's PTX kernel, and for a command
+    whose prediction rested on no rule (``command-default``) the failure a program makes of
+    it (it exits 1 on the error).  nvJitLink or libNVVM of a newer major under an emulated
+    driver make such a command ``cannot-emulate`` (:func:`cumatrix.predict.jit.unknown_machine_code`).
+    A matrix override, or a rule already predicting a failure
+    (a CUDA 13 runtime on a 12.x driver fails before any PTX is loaded), keeps ``prior``.
+    """
+    d = effective_driver(cell, host)
+    if d is None or prior.rule == "matrix-override":
+        return prior
+    if cell.kind == "command" and prior.rule == "command-default" and arch is not None:
+        found = no_usable_code(device_code, arch, d)
+        if found is not None:
+            return Expected(outcomes=PROGRAM_REFUSED, reason=f"{found[1]}; the program exits 1 on the error",
+                            rule=found[0])
+    producers = ptx_producers(libraries)
+    why = jit_refusal(cell, d, producers)
+    if why is None:
+        unknown = unknown_machine_code(d, producers) if cell.driver.startswith("emulated-") else None
+        if unknown is not None and cell.kind == "command" and prior.rule == "command-default":
+            return _expect("cannot-emulate", reason=unknown, rule="jit-machine-code-undocumented")
+        return prior
+    if cell.kind == "swap" and prior.rule == "ptx-ceiling":
+        return _expect("cuda-error:222", reason=why, rule="jit-ptx-too-new")
+    if cell.kind == "command" and prior.rule == "command-default":
+        return Expected(outcomes=PROGRAM_REFUSED, reason=f"{why}; the program exits 1 on the error",
+                        rule="jit-ptx-too-new")
     return prior
 
 
