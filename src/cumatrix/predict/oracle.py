@@ -364,8 +364,8 @@ def expect_jit(cell: Cell, host: HostFacts, prior: Expected,
     ``libraries`` are the mapped CUDA libraries as (SONAME, version).  A producer whose PTX
     is newer than the (effective) driver's JIT ceiling (:func:`cumatrix.predict.jit.jit_refusal`)
     predicts the refusal: ``cuda-error:222`` for the reference's PTX kernel, and for a command
-    whose prediction rested on no rule (``command-default``) the failure a program makes of
-    it (it exits 1 on the error).  nvJitLink or libNVVM of a newer major under an emulated
+    whose prediction rested on no rule (``command-default``) any failure (``fails``: how a
+    program reports the error is its own).  nvJitLink or libNVVM of a newer major under an emulated
     driver make such a command ``cannot-emulate`` (:func:`cumatrix.predict.jit.unknown_machine_code`).
     A matrix override, or a rule already predicting a failure
     (a CUDA 13 runtime on a 12.x driver fails before any PTX is loaded), keeps ``prior``.
@@ -376,7 +376,7 @@ def expect_jit(cell: Cell, host: HostFacts, prior: Expected,
     if cell.kind == "command" and prior.rule == "command-default" and arch is not None:
         found = no_usable_code(device_code, arch, d)
         if found is not None:
-            return Expected(outcomes=PROGRAM_REFUSED, reason=f"{found[1]}; the program exits 1 on the error",
+            return Expected(outcomes=PROGRAM_REFUSED, reason=f"{found[1]}; how the program reports it is its own",
                             rule=found[0])
     producers = ptx_producers(libraries)
     why = jit_refusal(cell, d, producers)
@@ -388,7 +388,7 @@ def expect_jit(cell: Cell, host: HostFacts, prior: Expected,
     if cell.kind == "swap" and prior.rule == "ptx-ceiling":
         return _expect("cuda-error:222", reason=why, rule="jit-ptx-too-new")
     if cell.kind == "command" and prior.rule == "command-default":
-        return Expected(outcomes=PROGRAM_REFUSED, reason=f"{why}; the program exits 1 on the error",
+        return Expected(outcomes=PROGRAM_REFUSED, reason=f"{why}; how the program reports it is its own",
                         rule="jit-ptx-too-new")
     return prior
 
