@@ -315,11 +315,11 @@ def _exit_status(code: int, args: argparse.Namespace, mpath: Path, out: Path, ru
         print(f"cumatrix: EMPTY — {what}; nothing ran" + ("" if args.allow_empty else f"; {empty_hint}"),
               file=sys.stderr)
         return 0 if args.allow_empty else EXIT_NOTHING_RAN
-    if run is None:
-        if code in (0, 1):  # the run's results cannot be read back: nothing it did can be taken as a pass
-            print(f"cumatrix: the results in {out}/ could not be read back; exit 3", file=sys.stderr)
-            return HarnessError.exit_code
+    if code not in (0, 1, 5):  # pytest's own error (3): not a verdict on the cells
         return code
+    if run is None:  # the run's results cannot be read back: nothing it did can be taken as a pass
+        print(f"cumatrix: the results in {out}/ could not be read back; exit 3", file=sys.stderr)
+        return HarnessError.exit_code
     # deferred: cumatrix.report costs ~110 ms and ~85 modules (jinja2), which --help and validate do without
     from cumatrix.report.headline import exit_status
 
