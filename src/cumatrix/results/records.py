@@ -258,7 +258,11 @@ REFUSED = "record edited"
 
 
 def _refused(cell_id: str, reason: str, was: CellRecord | None = None) -> CellRecord:
-    """The record of a cell whose stored record was refused: a failure of the run, with why."""
+    """The record of a cell whose stored record was refused: a failure of the run, with why.
+
+    Not the judge's decision to make again: what it would judge (the expectation, the
+    observation) is what the refused record claims, and a forged expectation of
+    ``harness-error`` would pass.  A record the harness did not write is a failure."""
     claimed = f"; it claimed {was.status} ({was.observed.outcome})" if was is not None else ""
     why = f"{REFUSED}: results.jsonl holds no record of this cell that the harness wrote: {reason}{claimed}"
     return CellRecord(
