@@ -62,7 +62,7 @@ else
   code=1
 fi
 
-headline="$(grep -E '^cumatrix: (PASS|FAIL|INCOMPLETE|SKIPPED|EMPTY) — ' "$log" | tail -n 1)"
+headline="$(grep -E '^cumatrix: (PASS|FAIL|INCOMPLETE|NOTHING TESTED|EMPTY) — ' "$log" | tail -n 1)"
 [ -n "$headline" ] || headline="$(tail -n 1 "$log")"
 reports="$(realpath -m "$out")"
 

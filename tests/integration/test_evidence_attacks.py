@@ -533,9 +533,8 @@ def test_resume_reruns_a_cell_whose_runtime_wheel_changed_under_its_name(tmp_pat
 
 def test_the_headline_counts_a_probe_that_ran_and_then_skipped(tmp_path: Path, cli: Any, wheel_cache: Path) -> None:
     """A probe on a host without a driver loads its runtime (its process ran) and then skips its
-    GPU part: the headline counts it among the cells that ran, and says it was then skipped,
-    apart from cells skipped before any process started.  Without a driver here, the probe
-    skips; with one, it passes: the counts add up either way."""
+    GPU part: it ran, but tested nothing; the headline counts it as skipped, not tested.
+    Without a driver here, the probe skips; with one, it passes: the counts add up either way."""
     proc, got = _run(cli, tmp_path, f"""
         runtimes: {{cu12.9: {{wheel: {CU129}}}}}
         drivers: [host]
@@ -550,9 +549,10 @@ def test_the_headline_counts_a_probe_that_ran_and_then_skipped(tmp_path: Path, c
     assert counts["total"] == 2
     if probe["status"] == "skip":
         assert counts["skipped_after_running"] == 1
-        assert "2 of 2 cells ran: 1 met expectations, 1 were then skipped (1 skipped:no-cuda-driver)" in said, said
+        assert counts["tested"] == 1
+        assert "1 of 2 cells tested: all met expectations; 1 skipped (1 skipped:no-cuda-driver" in said, said
     else:
-        assert "all 2 cells ran and met expectations" in said, said
+        assert "2 of 2 cells tested: all met expectations; 0 skipped; 0 not run" in said, said
 
 
 def _pure_wheel(directory: Path, name: str, version: str, files: dict[str, str], requires: tuple[str, ...] = ()) -> Path:

@@ -66,7 +66,7 @@ def test_run_as_a_host_takes_the_plans_share_and_records_the_plan(planned: Path,
     doc = _doc(tmp_path / "merged")
     assert doc["not_run"] == []
     assert doc["missing_hosts"] == []
-    assert doc["verdict"] in ("PASS", "SKIPPED")
+    assert doc["verdict"] == "PASS"  # the host cells (commands) are tested on both hosts
     assert len(doc["cells"]) == 9  # host cells on both hosts, emulated cells on drv550
 
 

@@ -39,9 +39,11 @@ def test_results_json_validates_against_shipped_schema(tmp_path: Path) -> None:
     _validate(doc)
     assert doc["schema"] == 1
     assert doc["verdict"] == "FAIL"
-    # the 34 skipped cells (cannot-emulate) ran their process before they were skipped
-    assert doc["counts"] == {"total": 126, "pass": 90, "fail": 2, "skip": 34, "not_run": 0, "ran": 126,
+    # the 34 skipped cells (cannot-emulate) ran their process before they were skipped: they
+    # ran, but tested nothing
+    assert doc["counts"] == {"total": 126, "pass": 90, "fail": 2, "skip": 34, "not_run": 0, "tested": 92, "ran": 126,
                              "skipped_after_running": 34}
+    assert doc["headline"].startswith("cumatrix: FAIL — 92 of 126 cells tested: 2 did not meet expectations; ")
     assert doc["run"]["matrix_sha256"] == "a" * 64
     assert doc["run"]["finished"] == "2026-12-02T13:04:40Z"
     assert doc["run"]["host_fingerprint"]["driver_string"] == "580.159.04"
@@ -176,30 +178,44 @@ def _as_skipped(rec: dict[str, object], reason: str) -> dict[str, object]:
 
 
 def test_a_run_in_which_no_cell_ran_is_not_a_pass(tmp_path: Path) -> None:
-    """Every cell skipped (a GPU runner whose driver vanished): SKIPPED everywhere, never PASS."""
+    """Every cell skipped (a GPU runner whose driver vanished): NOTHING TESTED everywhere, never PASS."""
     recs = sample_records()
     cells = [_as_skipped(r, "skipped:no-cuda-driver") if r["type"] == "cell" else r for r in recs]
     d = _run_dir(tmp_path, "run", cells)
     run = load_records(d / "results.jsonl")
     n = len(run.cells)
-    assert run.verdict == "SKIPPED"
-    assert run.counts.ran == 0
+    assert run.verdict == "NOTHING TESTED"
+    assert run.counts.tested == 0
     write_all(run, d)
-    line = f"no cell ran: all {n} skipped ({n} skipped:no-cuda-driver)"
-    assert (d / "summary.md").read_text().splitlines()[0] == f"**cumatrix: SKIPPED** — {line}"
+    line = (f"0 of {n} cells tested; {n} skipped ({n} skipped:no-cuda-driver: no CUDA driver, the GPU cells were "
+            "not tested); 0 not run")
+    assert (d / "summary.md").read_text().splitlines()[0] == f"**cumatrix: NOTHING TESTED** — {line}"
     doc = json.loads((d / "results.json").read_text())
     _validate(doc)
-    assert doc["verdict"] == "SKIPPED"
+    assert doc["verdict"] == "NOTHING TESTED"
     props = {p.get("name"): p.get("value") for p in ET.parse(d / "junit.xml").getroot().find("testsuite").iter("property")}  # type: ignore[union-attr]
-    assert props["verdict"] == "SKIPPED"
+    assert props["verdict"] == "NOTHING TESTED"
     assert line in (props["headline"] or "")
     page = (d / "index.html").read_text()
-    assert "SKIPPED" in page
+    assert "NOTHING TESTED" in page
     assert line in page
     assert "PASS" not in page.split("<body", 1)[1].split("</header>")[0]
 
 
-def test_headline_says_how_many_ran_and_why_the_others_did_not(tmp_path: Path) -> None:
+def test_a_cell_skipped_after_its_process_ran_tested_nothing(tmp_path: Path) -> None:
+    """A probe that loaded its runtime and found no driver ran, but tested nothing: a run of
+    such cells alone is NOTHING TESTED, not a PASS of cells that 'ran'."""
+    recs = sample_records()
+    cells = [dict(r, status="skip", mismatch=None, observed={"outcome": "cannot-emulate", "exit_status": 0})
+             if r["type"] == "cell" else r for r in recs]
+    d = _run_dir(tmp_path, "run", cells)
+    run = load_records(d / "results.jsonl")
+    assert run.counts.ran == len(run.cells)
+    assert run.counts.tested == 0
+    assert run.verdict == "NOTHING TESTED"
+
+
+def test_headline_says_how_many_were_tested_skipped_and_not_run(tmp_path: Path) -> None:
     # The sample's two mismatches and one pass become GPU cells skipped for want of a driver,
     # beside the sample's cannot-emulate cells.
     recs = sample_records()
@@ -210,16 +226,15 @@ def test_headline_says_how_many_ran_and_why_the_others_did_not(tmp_path: Path) -
     d = _run_dir(tmp_path, "run", recs)
     run = load_records(d / "results.jsonl")
     c = run.counts
-    # The sample's cannot-emulate cells ran (their runtime detected the interposer) and were
-    # then skipped: they count as cells that ran; the three skipped by hand (no process) do not.
     assert run.verdict == "PASS"
-    assert c.ran == c.passed + c.partial == len(run.cells) - 3
-    assert dict(c.skip_reasons) == {"skipped:no-cuda-driver": 3}
-    from cumatrix.report.markdown import headline
+    assert c.tested == c.passed == len(run.cells) - 3 - c.partial
+    assert dict(c.all_skip_reasons) == {"skipped:no-cuda-driver": 3, "cannot-emulate": c.partial}
+    from cumatrix.report.headline import headline
 
     assert headline(run) == (
-        f"cumatrix: PASS — {c.ran} of {c.total} cells ran: {c.passed} met expectations, {c.partial} were then "
-        f"skipped ({c.partial} cannot-emulate); 3 did not run: 3 skipped:no-cuda-driver"
+        f"cumatrix: PASS — {c.tested} of {c.total} cells tested: all met expectations; {c.skipped} skipped "
+        f"({c.partial} cannot-emulate: the real driver cannot stand in for the emulated one there; 3 for 1 other "
+        "reason); 0 not run"
     )
 
 
@@ -265,8 +280,8 @@ def test_summary_verdict_mismatches_grid_and_speed(tmp_path: Path) -> None:
     md = (d / "summary.md").read_text()
     lines = md.splitlines()
     assert lines[0] == (
-        "**cumatrix: FAIL** — 2 of the 126 cells that ran did not meet expectations (126 in the matrix); "
-        "34 ran and were then skipped: 34 cannot-emulate"
+        "**cumatrix: FAIL** — 92 of 126 cells tested: 2 did not meet expectations; 34 skipped (34 cannot-emulate: "
+        "the real driver cannot stand in for the emulated one there); 0 not run"
     )
     assert md.index("Mismatches (2)") < md.index("Outcomes by driver") < md.index("Bandwidth")
     assert "9-param call into a 13.x runtime" in md

@@ -5,16 +5,21 @@ happened, where (``file:line:col`` when there is a place), and how to fix it.
 
 Exit codes of every ``cumatrix`` command:
 
-* **0**: every cell met its expectation (or the command did what it was asked);
-* **1**: some cell did not meet its expectation (the code under test, not the harness);
+* **0**: at least one cell was tested (ran the code under test and was judged) and every tested
+  cell met its expectation (or the command did what it was asked);
+* **1**: some cell did not meet its expectation (the code under test, not the harness), or its
+  record was refused: ``harness-error``, a record of ``results.jsonl`` that the run did not write
+  as it stands (edited, put back from another run, or taken out); ``merge``: a host of the plan
+  left cells unrun;
 * **2**: bad input or usage: a matrix file, a catalog, a command-line value, an ``--out``
   that another run holds (:class:`ConfigError`, :class:`UsageError`, :class:`OutDirBusy`);
 * **3**: the run cannot happen here: an environment problem found before any cell
   (``--out`` unwritable, a file, or on a full filesystem; a missing compiler or base
   image: :class:`EnvironmentProblem`) or a failure of cumatrix itself (:class:`HarnessError`);
-* **5**: nothing ran: ``cumatrix run`` selected no cell (``-k`` matched none) or every selected
-  cell was skipped (no GPU, ...), so nothing was tested; pytest's code for "no tests collected".
-  ``--allow-empty`` turns it into 0.
+* **5**: nothing tested: ``cumatrix run`` selected no cell (``-k`` matched none), or every cell
+  of a run (or a merge) was skipped or not run (no GPU, ...), a cell skipped after its process
+  ran included: the verdict is ``NOTHING TESTED``, never a pass; pytest's code for "no tests
+  collected".  ``--allow-empty`` turns it into 0.
 
 ``cumatrix repro --bug`` exits 3 when this host cannot run the entry (no GPU, an older driver):
 it writes the report's skeleton and the command to run on a host that can.
@@ -27,7 +32,7 @@ from dataclasses import dataclass
 
 from cumatrix.core.suggest import did_you_mean as _nearest
 
-#: Exit code of a run in which nothing ran: no cell selected, or every cell skipped.
+#: Exit code of a run in which nothing was tested: no cell selected, or every cell skipped or not run.
 EXIT_NOTHING_RAN = 5
 
 

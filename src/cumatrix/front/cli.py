@@ -16,6 +16,7 @@ from typing import Any
 
 from cumatrix import __version__
 from cumatrix.core.errors import (
+    EXIT_NOTHING_RAN,
     ConfigError,
     CumatrixError,
     UsageError,
@@ -62,8 +63,9 @@ examples:
   cumatrix merge out-h200 out-a100 --out merged   # one report from the runs of two hosts
   cumatrix merge out/* --out merged --matrix matrix.yaml   # every cell of matrix.yaml is expected
 
-exit status: 0 every planned cell ran and met its expectation; 1 a cell did not, or a host of
-the plan left cells unrun (named); 2 bad input.
+exit status: 0 every planned cell ran and every tested one met its expectation; 1 a cell did
+not, or a host of the plan left cells unrun (named); 2 bad input; 5 no cell was tested (every
+one skipped), 0 with --allow-empty.
 """,
     "doctor": """\
 examples:
@@ -213,7 +215,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     # deferred: cumatrix.report costs ~110 ms and ~85 modules (jinja2); only the commands that write reports
     from cumatrix.report import load_records, write_all
-    from cumatrix.report.markdown import headline
+    from cumatrix.report.headline import headline
 
     d = Path(args.dir)
     if not (d / "results.jsonl").is_file():
@@ -230,7 +232,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_merge(args: argparse.Namespace) -> int:
     # deferred: cumatrix.report costs ~110 ms and ~85 modules (jinja2); only the commands that write reports
     from cumatrix.report import write_all
-    from cumatrix.report.markdown import headline
+    from cumatrix.report.headline import headline
     from cumatrix.report.merge import merge_runs
 
     dirs = [Path(d) for d in args.dirs]
@@ -260,20 +262,23 @@ def cmd_merge(args: argparse.Namespace) -> int:
     for p in write_all(run, out):
         print(p)
     print(headline(run), file=sys.stderr)
-    return merge_status(run)
+    return merge_status(run, allow_empty=bool(getattr(args, "allow_empty", False)))
 
 
-def merge_status(run: Any) -> int:
-    """0 when the merged runs are a PASS (or every cell skipped, as ``run`` exits then); 1 when
-    a cell missed its expectation or a planned cell was not run, naming each host that left
-    cells unrun."""
+def merge_status(run: Any, *, allow_empty: bool = False) -> int:
+    """The merge's exit status, as ``run``'s comes from its records (:func:`exit_status`): 1
+    when a cell missed its expectation or a planned cell was not run, naming each host that
+    left cells unrun; 5 when no cell was tested (0 with ``--allow-empty``); else 0."""
     # deferred: cumatrix.report costs ~110 ms and ~85 modules (jinja2); only the commands that write reports
-    from cumatrix.report.markdown import not_run_by_host
+    from cumatrix.report.headline import exit_status, not_run_by_host
 
     who = not_run_by_host(run)
     if who:
         print(f"cumatrix: merge incomplete: {who}", file=sys.stderr)
-    return 1 if run.verdict in ("FAIL", "INCOMPLETE") else 0
+    status = exit_status(run, allow_empty=allow_empty)
+    if status == EXIT_NOTHING_RAN:
+        print("cumatrix: merge: no cell was tested: exit 5; --allow-empty makes it 0", file=sys.stderr)
+    return status
 
 
 # --------------------------------------------------------------------------- doctor, build
@@ -356,6 +361,8 @@ def add_misc(sub: Any) -> None:
     p.add_argument("--matrix", metavar="FILE",
                    help="the matrix the runs ran: every cell it (or its hosts: plan) means to run is expected; "
                         "for runs that did not record their plan")
+    p.add_argument("--allow-empty", action="store_true",
+                   help="exit 0, not 5, when no cell of the runs was tested (every one skipped)")
     add_history_options(p)
     p.set_defaults(func=cmd_merge)
     add_history_parsers(sub)

@@ -26,6 +26,7 @@ from cumatrix.core.errors import ConfigError, CumatrixError
 from cumatrix.core.record import STATUSES, CellRecord
 from cumatrix.front.plugin_select import REUSE, options, out_dir, plan_json, selected
 from cumatrix.orchestrate import Orchestrator, end_record, run_header
+from cumatrix.results.records import RunData, Seal
 from cumatrix.results.store import LazyDigests, Store, cell_digests
 
 #: The attribute of a pytest report that carries a cell's record (JSON) across workers.
@@ -35,17 +36,23 @@ REPORT_ATTR = "cumatrix_record"
 STORED = "stored"
 #: The --out directory whose reports a ``--cumatrix-reports-after`` session left to its caller.
 PENDING_OUT = pytest.StashKey[Path]()
+#: What the session's writer wrote (cell id -> signature), to read the results back against.
+WRITTEN = pytest.StashKey[dict[str, str]]()
 
 
 class ReportsLeft:
     """A plugin ``cumatrix run`` passes to ``pytest.main``: after the session, ``out`` is the
-    directory whose reports it left to the caller (``--cumatrix-reports-after``), or None."""
+    directory whose reports it left to the caller (``--cumatrix-reports-after``), or None, and
+    ``seal`` what the results there must show (the records this session wrote)."""
 
     def __init__(self) -> None:
         self.out: Path | None = None
+        self.seal: Seal | None = None
 
     def pytest_unconfigure(self, config: pytest.Config) -> None:
         self.out = config.stash.get(PENDING_OUT, None)
+        written = config.stash.get(WRITTEN, None)
+        self.seal = Seal(written=written) if written is not None else None
 
 
 @dataclass(slots=True)
@@ -68,6 +75,7 @@ class RunSession:
         self.store: Store | None = None
         self.digests: LazyDigests | None = None
         self.progress: _Progress | None = None
+        self.headline: str | None = None
 
     def _write(self, line: str) -> None:
         tr = self.config.pluginmanager.get_plugin("terminalreporter")
@@ -131,7 +139,7 @@ class RunSession:
         if not quiet or stored["status"] == "fail":
             self._write(progress_text(prog.done, prog.total, prog.t0, stored))
 
-    def pytest_sessionfinish(self, exitstatus: int) -> None:
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         out = out_dir(self.config)
         store = self.store
         if out is None or store is None:
@@ -142,25 +150,26 @@ class RunSession:
             store.close()
         if options(self.config).reports_after:
             self.config.stash[PENDING_OUT] = out
-            return
-        try:
-            write_reports(out)
-        except CumatrixError as e:
-            self._write(f"cumatrix: reports not written: {e}")
-
-    def pytest_terminal_summary(self, terminalreporter: Any, config: pytest.Config) -> None:
-        """The run's headline last: how many cells ran and why the others did not."""
-        out = out_dir(config)
-        if out is None or not (out / "results.jsonl").is_file() or options(config).reports_after:
+            self.config.stash[WRITTEN] = dict(store.sealed)
             return
         # deferred: cumatrix.report costs ~55 ms and ~35 modules (jinja2), paid by every pytest process that loads the plugin
-        from cumatrix.report import load_records
-        from cumatrix.report.markdown import headline
+        from cumatrix.report.headline import headline
 
         try:
-            terminalreporter.write_line(headline(load_records(out / "results.jsonl")))
+            run = write_reports(out, Seal(written=dict(store.sealed)))
         except CumatrixError as e:
-            terminalreporter.write_line(f"cumatrix: no headline: {e}")
+            self.headline = f"cumatrix: reports not written, no headline: {e}"
+            return
+        self.headline = headline(run)
+        if run.verdict == "FAIL" and exitstatus == pytest.ExitCode.OK:
+            # The records, read back, hold a failure pytest's items did not (a record refused):
+            # the exit status says what the reports say.
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        """The run's headline last: how many cells were tested, skipped and not run."""
+        if self.headline is not None:
+            terminalreporter.write_line(self.headline)
 
 
 def from_worker(raw: str, nodeid: str) -> dict[str, Any]:
@@ -177,13 +186,15 @@ def from_worker(raw: str, nodeid: str) -> dict[str, Any]:
     return checked
 
 
-def write_reports(out: Path) -> list[Path]:
-    """Every report of the run in ``out``, from its ``results.jsonl``."""
+def write_reports(out: Path, seal: Seal | None = None) -> RunData:
+    """Every report of the run in ``out``, from its ``results.jsonl`` read once (checked
+    against ``seal``); returns the run as read, for the headline and the exit status."""
     # deferred: cumatrix.report costs ~55 ms and ~35 modules (jinja2), paid by every pytest process that loads the plugin
     from cumatrix.report import load_records, write_all
 
-    run = load_records(out / "results.jsonl")
-    return write_all(run, out)
+    run = load_records(out / "results.jsonl", seal=seal)
+    write_all(run, out)
+    return run
 
 
 def progress_text(done: int, total: int, t0: float, stored: Mapping[str, Any]) -> str:

@@ -20,6 +20,7 @@ from cumatrix.core.errors import (
     ConfigError,
     CumatrixError,
     EnvironmentProblem,
+    HarnessError,
     UsageError,
 )
 from cumatrix.core.options import BACKENDS, DEFAULT_BACKEND, DEFAULT_MATRIX, DEFAULT_OUT, DEFAULT_TIMEOUT, RunOptions
@@ -39,8 +40,9 @@ examples:
   cumatrix run --lf                         # only the cells that failed last time in --out
   cumatrix run --json > results.json        # the results document on stdout
 
-exit: 0 every cell met its expectation; 1 some did not; 2 bad input; 3 cannot run here;
-5 no cell ran (none selected, or all skipped: nothing was tested); --allow-empty makes 5 a 0.
+exit: 0 every tested cell met its expectation; 1 some did not (or its record was edited); 2 bad
+input; 3 cannot run here; 5 nothing tested (no cell selected, or every one skipped or not run);
+--allow-empty makes 5 a 0.
 
 outcome words: ok (path batch|fallback|kernel|n/a), cuda-error:N, undefined-symbol:SYM,
 build-error, crash:SIGNAME, exit:N, timeout, cannot-emulate, refused, skipped:REASON,
@@ -92,11 +94,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     failed_before = _previously_failed(out, args) if (args.last_failed or args.failed_first) else None
     _preflight(opts, m, mpath, quiet=bool(args.quiet))
-    code, pending = _run_pytest(args, mpath, out, failed_before)
+    code, pending, seal = _run_pytest(args, mpath, out, failed_before)
     gcpause.end()  # the run's items (frozen as its loop started) are garbage now, for _write_reports
     run = None
     if pending is not None and not (code == 5 and not args.resume):  # no cell selected: no reports of nothing
-        run = _write_reports(args, pending)
+        run = _write_reports(args, pending, seal)
     status = _exit_status(code, args, mpath, out, run)
     if args.json:
         _print_run_json(out, run)
@@ -129,8 +131,9 @@ def _checked(args: argparse.Namespace, mpath: Path) -> Any:
 
 
 def _run_pytest(args: argparse.Namespace, mpath: Path, out: Path,
-                failed_before: set[str] | None) -> tuple[int, Path | None]:
-    """pytest's exit code, and the --out directory whose reports it left to this command."""
+                failed_before: set[str] | None) -> tuple[int, Path | None, Any]:
+    """pytest's exit code, the --out directory whose reports it left to this command, and
+    what the results there must show (the records the session wrote: ``records.Seal``)."""
     # deferred: pytest and the plugin's session cost ~100 ms and ~200 modules (the plugin ~400 ms), which --help and validate do without
     import pytest
 
@@ -150,7 +153,7 @@ def _run_pytest(args: argparse.Namespace, mpath: Path, out: Path,
         if args.json:  # stdout carries the JSON document alone: pytest's lines go to stderr
             stack.enter_context(contextlib.redirect_stdout(sys.stderr))
         code = int(pytest.main([*_pytest_args(args, mpath, out), *extra], plugins=[left]))
-    return code, left.out
+    return code, left.out, left.seal
 
 
 def _previously_failed(out: Path, args: argparse.Namespace) -> set[str] | None:
@@ -189,22 +192,25 @@ def _print_run_json(out: Path, run: Any) -> None:
         from cumatrix.results.records import SCHEMA_VERSION
 
         sys.stdout.write(dumps({"schema": SCHEMA_VERSION, "generator": f"cumatrix {__version__}", "verdict": "EMPTY",
-                                "counts": {"total": 0, "pass": 0, "fail": 0, "skip": 0, "not_run": 0},
+                                "headline": "cumatrix: EMPTY — the matrix selection has no cells; nothing ran",
+                                "counts": {"total": 0, "pass": 0, "fail": 0, "skip": 0, "not_run": 0, "tested": 0},
                                 "cells": []}))
     sys.stdout.flush()
 
 
-def _write_reports(args: argparse.Namespace, out: Path) -> Any:
+def _write_reports(args: argparse.Namespace, out: Path, seal: Any) -> Any:
     """The reports, written once pytest has returned: its items and reports (a few KB a
     cell) are freed first, so a run's memory peaks at the larger of the two, not their sum.
-    Returns the run read back (``None`` when the reports could not be written)."""
+    The records are read once, each checked against what the run wrote (``seal``); the
+    headline and the exit status come from the same run.  Returns the run read back
+    (``None`` when the reports could not be written)."""
     gc.collect()
     # deferred: cumatrix.report costs ~110 ms and ~85 modules (jinja2), which --help and validate do without
     from cumatrix.report import load_records, write_all
-    from cumatrix.report.markdown import headline
+    from cumatrix.report.headline import headline
 
     try:
-        run = load_records(out / "results.jsonl")
+        run = load_records(out / "results.jsonl", seal=seal)
         write_all(record(args, run, kind="run"), out)
     except CumatrixError as e:
         print(f"cumatrix: reports not written: {e}", file=sys.stderr)
@@ -296,34 +302,38 @@ def _pytest_args(args: argparse.Namespace, mpath: Path, out: Path) -> list[str]:
 
 
 def _exit_status(code: int, args: argparse.Namespace, mpath: Path, out: Path, run: Any = None) -> int:
+    """The exit status of the run: from its records as read back (the same run as the
+    reports and the headline), pytest's own code only where there are none."""
     empty_hint = "exit 5: nothing was tested; --allow-empty makes it 0"
-    if code == 5:  # no tests ran
-        if args.resume:
-            # deferred: cumatrix.report costs ~110 ms and ~85 modules (jinja2), which --help and validate do without
-            from cumatrix.report import load_records
-
-            failed = load_records(out / "results.jsonl").counts.failed
-            print("cumatrix: every selected cell already has a result; nothing left to run"
-                  + (f" ({failed} of them did not meet expectations)" if failed else ""), file=sys.stderr)
-            return 1 if failed else 0
-        what = (f"no cell of {mpath} matches -k {args.keyword!r}" if args.keyword else f"{mpath}: no cells to run")
-        print(f"cumatrix: EMPTY — {what}; nothing ran" + ("" if args.allow_empty else f"; {empty_hint}"),
-              file=sys.stderr)
-        return 0 if args.allow_empty else EXIT_NOTHING_RAN
-    if code in (0, 1):
-        print(f"cumatrix: results in {out}/ (results.json, junit.xml, summary.md, index.html)", file=sys.stderr)
-        if code == 0 and run is not None and run.verdict == "SKIPPED" and not args.allow_empty:
-            # Every cell skipped (a GPU runner whose driver vanished): nothing was tested, which
-            # CI must be able to tell from a pass.
-            print(f"cumatrix: no cell ran, every one was skipped: {empty_hint}", file=sys.stderr)
-            return EXIT_NOTHING_RAN
-        return code
     if code == 2:
         print(f"cumatrix: interrupted; finished cells are kept in {out}/results.jsonl (resume with --resume)", file=sys.stderr)
         return 130
     if code == 4:
         return 2
-    return code
+    if code == 5 and run is None:  # no cell selected
+        what = (f"no cell of {mpath} matches -k {args.keyword!r}" if args.keyword else f"{mpath}: no cells to run")
+        print(f"cumatrix: EMPTY — {what}; nothing ran" + ("" if args.allow_empty else f"; {empty_hint}"),
+              file=sys.stderr)
+        return 0 if args.allow_empty else EXIT_NOTHING_RAN
+    if code not in (0, 1, 5):  # pytest's own error (3): not a verdict on the cells
+        return code
+    if run is None:  # the run's results cannot be read back: nothing it did can be taken as a pass
+        print(f"cumatrix: the results in {out}/ could not be read back; exit 3", file=sys.stderr)
+        return HarnessError.exit_code
+    # deferred: cumatrix.report costs ~110 ms and ~85 modules (jinja2), which --help and validate do without
+    from cumatrix.report.headline import exit_status
+
+    if code == 5:  # --resume: every selected cell already had a result
+        print("cumatrix: every selected cell already has a result; nothing left to run", file=sys.stderr)
+    print(f"cumatrix: results in {out}/ (results.json, junit.xml, summary.md, index.html)", file=sys.stderr)
+    status = exit_status(run, allow_empty=args.allow_empty)
+    if code == 1 and status != 1:
+        # A cell pytest saw fail has no failing record: the records do not hold what ran.
+        print(f"cumatrix: a cell failed, but {out}/results.jsonl does not record it; exit 1", file=sys.stderr)
+        return 1
+    if status == EXIT_NOTHING_RAN:
+        print(f"cumatrix: {empty_hint}", file=sys.stderr)
+    return status
 
 
 def add_run(sub: Any) -> None:

@@ -29,7 +29,7 @@ import jinja2
 from markupsafe import Markup
 
 from cumatrix.report.grid import LEGEND, Entry, Grid, entries, glossary, grids, timed
-from cumatrix.report.markdown import headline
+from cumatrix.report.headline import headline
 from cumatrix.report.since import html_data
 from cumatrix.report.text import clean
 from cumatrix.results.records import CATEGORIES, CellResult, RunData, Timings

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TextIO
 
 from cumatrix import __version__
+from cumatrix.report.headline import headline
 from cumatrix.results.records import SCHEMA_VERSION, RunData, axes_from_id
 
 
@@ -47,12 +48,14 @@ def _head(run: RunData) -> dict[str, object]:
         "schema": SCHEMA_VERSION,
         "generator": f"cumatrix {__version__}",
         "verdict": run.verdict,
+        "headline": headline(run),
         "counts": {
             "total": c.total,
             "pass": c.passed,
             "fail": c.failed,
             "skip": c.skipped,
             "not_run": c.not_run,
+            "tested": c.tested,  # pass + fail: the cells that ran the code under test and were judged
             "ran": c.ran,  # pass + fail + the skipped cells a process of which ran
             "skipped_after_running": c.partial,
         },

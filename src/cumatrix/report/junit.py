@@ -11,7 +11,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from cumatrix.report.grid import readable
-from cumatrix.report.markdown import headline
+from cumatrix.report.headline import headline
 from cumatrix.report.since import junit_properties
 from cumatrix.report.since import text as since_text
 from cumatrix.report.static import static_record, static_suites

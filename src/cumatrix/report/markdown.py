@@ -12,39 +12,16 @@ import html
 from pathlib import Path
 
 from cumatrix.report.grid import LEGEND, SYMBOLS, Grid, glossary, grids, readable, timed
+from cumatrix.report.headline import headline
 from cumatrix.report.since import markdown as since_markdown
 from cumatrix.report.static import static_markdown, static_record
 from cumatrix.report.text import clean, md_code, md_fenced, md_inline, shorten
-from cumatrix.results.records import CellResult, Counts, RunData
+from cumatrix.results.records import CellResult, RunData
 
 #: GitHub caps a step summary at 1 MiB; stay well under it.
 _MAX_MISMATCHES_LISTED = 100
 _MAX_STDERR_EXCERPTS = 30
 _STDERR_EXCERPT_CHARS = 1500
-
-
-def why_not_run(run: RunData) -> str:
-    """Why the cells that did not run did not: ``264 skipped:no-cuda-driver, 18 cannot-emulate``."""
-    c = run.counts
-    parts = [f"{n} {reason}" for reason, n in c.skip_reasons]
-    if c.not_run:
-        by_host = not_run_by_host(run) if run.merged or run.missing_hosts else ""
-        cause = by_host or ("the run was interrupted first" if run.interrupted else "no host ran them")
-        parts.append(f"{c.not_run} not run ({cause})")
-    return ", ".join(parts)
-
-
-def not_run_by_host(run: RunData) -> str:
-    """Which host of the plan left cells unrun: ``host a100-550 never ran (12 cells)``."""
-    out = []
-    for host, n, planned in run.incomplete_hosts():
-        if host in run.missing_hosts:
-            out.append(f"host {host} never ran its {n} planned cells")
-        else:
-            out.append(f"host {host} did not run {n} of its {planned} planned cells")
-    return "; ".join(out)
-
-
 _MAX_NOT_RUN_LISTED = 50
 
 
@@ -60,42 +37,6 @@ def _not_run(run: RunData) -> list[str]:
         out.append(f"- … and {len(where) - _MAX_NOT_RUN_LISTED} more: see results.json")
     out.append("")
     return out
-def _partial(c: Counts) -> str:
-    """``34 cannot-emulate``: why the cells that ran were then skipped."""
-    return ", ".join(f"{n} {reason}" for reason, n in c.partial_reasons)
-
-
-def headline(run: RunData) -> str:
-    """Verdict and counts as plain text: how many cells ran (a cell ran when a process of it
-    did: those that ran and were then skipped, such as a probe that loaded its runtime and
-    found no driver, included; the grid shows them as skipped), and why the others did not."""
-    c = run.counts
-    v = run.verdict
-    why = why_not_run(run)
-    rest = f"; {c.did_not_run} did not run: {why}" if c.did_not_run else ""
-    then = f"; {c.partial} ran and were then skipped: {_partial(c)}" if c.partial else ""
-    if v == "FAIL":
-        tail = f"{c.failed} of the {c.ran} cells that ran did not meet expectations ({c.total} in the matrix){then}{rest}"
-    elif v == "INCOMPLETE":
-        lead = "run interrupted; " if run.interrupted else ""
-        met = (f"{c.judged} met expectations, {c.partial} were then skipped ({_partial(c)})" if c.partial
-               else "and met expectations")
-        tail = f"{lead}{c.ran} of {c.total} cells ran{':' if c.partial else ''} {met}{rest}"
-    elif v == "EMPTY":
-        tail = "the matrix selection has no cells; nothing ran"
-    elif v == "SKIPPED":
-        if c.partial:
-            tail = f"all {c.total} cells skipped: {c.partial} after running ({_partial(c)}){rest}"
-        else:
-            tail = f"no cell ran: all {c.total} skipped ({why})"
-    elif c.partial:
-        tail = (f"{c.ran} of {c.total} cells ran: {c.judged} met expectations, {c.partial} were then skipped "
-                f"({_partial(c)}){rest}")
-    elif c.did_not_run:
-        tail = f"{c.ran} of {c.total} cells ran, all met expectations{rest}"
-    else:
-        tail = f"all {c.total} cells ran and met expectations"
-    return f"cumatrix: {v} — {tail}"
 
 
 def verdict_line(run: RunData) -> str:

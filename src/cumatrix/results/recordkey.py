@@ -1,4 +1,5 @@
-"""The harness's signature on the records it writes, so that ``--resume`` keeps only those.
+"""The harness's signature on the records it writes: ``--resume`` keeps only those, and a run's
+reports, headline and exit status refuse a cell record that does not carry it.
 
 A record edited by hand (a ``fail`` turned into ``pass``) or written by anything else carries
 no valid signature and is run again.  The key is the user's own: 32 random bytes in
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cumatrix.core.errors import CumatrixError
+from cumatrix.results.digests import dumps
 
 FIELD = "mac"
 KEY_BYTES = 32
@@ -77,8 +79,6 @@ def _read_private(path: Path) -> bytes:
 
 
 def _body(record: Mapping[str, Any]) -> bytes:
-    from cumatrix.results.store import dumps  # deferred: import circle, results.store imports this module
-
     return dumps({k: v for k, v in record.items() if k != FIELD}).encode()
 
 
@@ -94,3 +94,31 @@ def signed(record: Mapping[str, Any]) -> bool:
         return False
     want = hmac.new(record_key(), _body(record), hashlib.sha256).hexdigest()
     return hmac.compare_digest(mac, want)
+
+
+#: Why a record is refused: it carries no signature, or one that does not match its bytes.
+UNSEALED = "it carries no seal of this harness (written by something other than cumatrix)"
+MISMATCHED = ("its seal does not match its content (edited after cumatrix wrote it, or sealed by another "
+              "user or machine)")
+
+
+def line_problem(line: bytes, record: Mapping[str, Any]) -> str | None:
+    """Why the record ``line`` of a results file holds (``record``, as parsed) does not carry
+    this user's signature, or None when it does.
+
+    Checked on the line's bytes: the signature is over the record's one encoding without its
+    ``mac`` member, which is the line with that member taken out (the encoding sorts keys, and
+    ``mac`` never comes first).  A line that is not the harness's encoding of its content (a
+    record re-encoded, reordered or edited) is refused, as is a ``mac`` moved into a nested
+    object: what is left then still holds a top-level ``mac``, which no signed body does.
+    About 4 us a record, against 80 us to re-encode it."""
+    mac = record.get(FIELD)
+    if not isinstance(mac, str):
+        return UNSEALED
+    member = f',"{FIELD}":{dumps(mac)}'.encode()
+    at = line.find(member)
+    if at < 0:
+        return MISMATCHED
+    body = line[:at] + line[at + len(member):]
+    want = hmac.new(record_key(), body, hashlib.sha256).hexdigest()
+    return None if hmac.compare_digest(mac.encode(), want.encode()) else MISMATCHED

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from cumatrix.core.errors import ConfigError, Problem
-from cumatrix.core.model import Spread, Timings
+from cumatrix.core.model import Expected, Observed, Spread, Timings
 from cumatrix.core.planned import PlannedCells, planned_from_json
 from cumatrix.core.record import (
     CATEGORIES,
@@ -27,6 +27,7 @@ from cumatrix.core.record import (
     _Reader,
     axes_from_id,
 )
+from cumatrix.results import recordkey
 
 if TYPE_CHECKING:
     from cumatrix.results.historydiff import Diff
@@ -34,8 +35,8 @@ if TYPE_CHECKING:
 #: The reports' name for a cell record (the same type).
 CellResult = CellRecord
 
-__all__ = ["CATEGORIES", "SCHEMA_VERSION", "Category", "CellRecord", "CellResult", "Counts", "RunData", "RunInfo",
-           "Spread", "Status", "Timings", "axes_from_id", "load_records"]
+__all__ = ["CATEGORIES", "SCHEMA_VERSION", "VERDICTS", "Category", "CellRecord", "CellResult", "Counts", "RunData",
+           "RunInfo", "Seal", "Spread", "Status", "Timings", "Verdict", "axes_from_id", "load_records"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -105,8 +106,29 @@ class Counts:
         return self.passed + self.failed
 
     @property
+    def tested(self) -> int:
+        """Cells that ran the code under test and were judged against their expectation (pass
+        or fail).  A cell skipped after its process ran (a probe that loaded its runtime and
+        found no driver) tested nothing: it is a skip, not a test."""
+        return self.passed + self.failed
+
+    @property
     def did_not_run(self) -> int:
         return self.skipped - self.partial + self.not_run
+
+    @property
+    def all_skip_reasons(self) -> tuple[tuple[str, int], ...]:
+        """(outcome word, cells) of every skipped cell, whether a process of it ran or not,
+        most frequent first."""
+        merged = dict(self.skip_reasons)
+        for reason, n in self.partial_reasons:
+            merged[reason] = merged.get(reason, 0) + n
+        return tuple(sorted(merged.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+#: The verdicts of a run, as every report and the exit status name them.
+Verdict = Literal["PASS", "FAIL", "INCOMPLETE", "NOTHING TESTED", "EMPTY"]
+VERDICTS: tuple[Verdict, ...] = ("PASS", "FAIL", "INCOMPLETE", "NOTHING TESTED", "EMPTY")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -181,19 +203,20 @@ class RunData:
         )
 
     @property
-    def verdict(self) -> Literal["PASS", "FAIL", "INCOMPLETE", "SKIPPED", "EMPTY"]:
-        """FAIL if a cell missed its expectation, INCOMPLETE if some were not run, SKIPPED if
-        none ran at all (every cell skipped: a GPU runner whose driver vanished must not
-        read as a pass), EMPTY if the selection had no cells."""
+    def verdict(self) -> Verdict:
+        """FAIL if a cell missed its expectation; EMPTY if the selection had no cells; NOTHING
+        TESTED if no cell ran the code under test and met its expectation (every cell skipped
+        or not run: a GPU runner whose driver vanished must not read as a pass); INCOMPLETE if
+        some were tested and passed but others were not run; else PASS."""
         c = self.counts
         if c.failed:
             return "FAIL"
-        if c.not_run:
-            return "INCOMPLETE"
         if c.total == 0:
             return "EMPTY"
-        if c.ran == 0:
-            return "SKIPPED"
+        if c.passed == 0:
+            return "NOTHING TESTED"
+        if c.not_run:
+            return "INCOMPLETE"
         return "PASS"
 
     @property
@@ -211,10 +234,58 @@ class RunData:
         return last.interrupted is None or last.interrupted
 
 
-# --------------------------------------------------------------------------- cell ids
-
-
 # --------------------------------------------------------------------------- loading
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Seal:
+    """What a run's own results must show to be taken as they are: every cell record carries
+    the harness's signature (:mod:`cumatrix.results.recordkey`) and, where the run's writer
+    says what it wrote (``written``: cell id -> signature of the latest record it holds of
+    that cell), is that very record.  A record that fails is refused: the cell is reported as
+    ``harness-error`` with the reason, never as what the record claimed.
+
+    A cell of an unsandboxed run can write its own run's ``results.jsonl``: a forged ``pass``
+    carries no signature; a sealed record of an earlier run, replayed, is not what this run
+    wrote; a record taken out is missing from what this run wrote.
+    """
+
+    written: Mapping[str, str] | None = None
+
+
+#: The reason a refused record's cell gives, before what was wrong with it.
+REFUSED = "record edited"
+
+
+def _refused(cell_id: str, reason: str, was: CellRecord | None = None) -> CellRecord:
+    """The record of a cell whose stored record was refused: a failure of the run, with why.
+
+    Not the judge's decision to make again: what it would judge (the expectation, the
+    observation) is what the refused record claims, and a forged expectation of
+    ``harness-error`` would pass.  A record the harness did not write is a failure."""
+    claimed = f"; it claimed {was.status} ({was.observed.outcome})" if was is not None else ""
+    why = f"{REFUSED}: results.jsonl holds no record of this cell that the harness wrote: {reason}{claimed}"
+    return CellRecord(
+        id=cell_id,
+        axes=was.axes if was is not None else axes_from_id(cell_id),
+        host=was.host if was is not None else None,
+        expected=was.expected if was is not None else Expected(outcomes=frozenset(), reason=""),
+        observed=Observed(outcome="harness-error", detail=why),
+        status="fail",
+        mismatch=why,
+    )
+
+
+def _sealed(seal: Seal, raw: str, rec: Mapping[str, object], cell: CellRecord) -> CellRecord:
+    """``cell``, or the record that refuses it when its line does not carry what ``seal`` asks."""
+    problem = recordkey.line_problem(raw.encode("utf-8"), rec)
+    if problem is None and seal.written is not None:
+        mine = seal.written.get(cell.id)
+        if mine is None:
+            problem = "this run did not write it (a record put there from elsewhere)"
+        elif mine != rec.get(recordkey.FIELD):
+            problem = "it is not the record this run wrote of the cell (an earlier record, put back)"
+    return cell if problem is None else _refused(cell.id, problem, cell)
 
 
 def _run_info(r: _Reader) -> RunInfo:
@@ -240,8 +311,11 @@ def _run_info(r: _Reader) -> RunInfo:
 _RUN_HEADER_RE = re.compile(r'^\s*\{.*"type"\s*:\s*"run"')
 
 
-def load_records(jsonl: Path) -> RunData:
+def load_records(jsonl: Path, *, seal: Seal | None = None) -> RunData:
     """Read a ``results.jsonl`` into :class:`RunData`.
+
+    ``seal``: the run that wrote the file reads it back; every cell record is checked as
+    :class:`Seal` says, and one that fails is refused (``harness-error``, with the reason).
 
     A last line cut mid-write (a killed run), or a cut line directly followed by the run
     header of a resumed run, is ignored with a warning in ``RunData.warnings``.  Any other
@@ -254,7 +328,7 @@ def load_records(jsonl: Path) -> RunData:
     except OSError as e:
         raise ConfigError(f"{source}: cannot read results: {e.strerror or e}") from e
     with f:
-        return _read(source, _numbered(f))
+        return _read(source, _numbered(f), seal)
 
 
 def _numbered(f: Iterable[bytes]) -> Iterator[tuple[int, str, str | None]]:
@@ -272,7 +346,7 @@ def _numbered(f: Iterable[bytes]) -> Iterator[tuple[int, str, str | None]]:
         yield (*prev, None)
 
 
-def _read(source: str, numbered: Iterable[tuple[int, str, str | None]]) -> RunData:
+def _read(source: str, numbered: Iterable[tuple[int, str, str | None]], seal: Seal | None = None) -> RunData:
     warnings: list[str] = []
     runs: list[RunInfo] = []
     cells: dict[str, CellResult] = {}
@@ -307,6 +381,8 @@ def _read(source: str, numbered: Iterable[tuple[int, str, str | None]]) -> RunDa
             runs.append(_run_info(r))
         elif kind == "cell":
             cell = CellRecord.from_json(rec, source=source, line=lineno, shared=shared)
+            if seal is not None:
+                cell = _sealed(seal, line, rec, cell)
             cells.pop(cell.id, None)  # a resumed run's record wins, placed where it ran last
             cells[cell.id] = cell
         elif kind == "end":
@@ -323,7 +399,16 @@ def _read(source: str, numbered: Iterable[tuple[int, str, str | None]]) -> RunDa
 
     if not runs:
         raise ConfigError(f"{source}: no run header in this results file (is it a cumatrix results.jsonl?)")
+    if seal is not None:
+        _taken_out(seal, cells)
     return _assemble(runs, cells, warnings, extra)
+
+
+def _taken_out(seal: Seal, cells: dict[str, CellResult]) -> None:
+    """A cell whose record the run wrote but the file no longer holds is refused too."""
+    for cid in seal.written or ():
+        if cid not in cells:
+            cells[cid] = _refused(cid, "the record this run wrote was taken out of the file")
 
 
 def _assemble(

@@ -256,6 +256,9 @@ class Store:
         self._unsynced = 0
         self._timer: threading.Timer | None = None
         self._users = 0
+        #: cell id -> signature of the latest record of it this writer holds (appended, or kept
+        #: by :meth:`resume`): what the run reads its results back against (``records.Seal``).
+        self.sealed: dict[str, str] = {}
 
     @classmethod
     def open(cls, out_dir: Path, *, fresh: bool, holder: str | None = None) -> Store:
@@ -348,6 +351,7 @@ class Store:
         reader = _Reader(digests)
         reader.read(raw)
         reuse = reader.reusable()
+        self.sealed.update({cid: str(reader.latest[cid][1][recordkey.FIELD]) for cid in reuse})
         changed = tuple(cid for cid in reader.latest if cid not in reuse and cid not in reader.unsigned)
         kept = reader.compacted(reuse)
         text = "".join(dumps(r) + "\n" for r in kept).encode()
@@ -412,6 +416,8 @@ class Store:
             record = recordkey.sign({**record, "digest": digest})
         line = (dumps(record) + "\n").encode()
         with self._mutex:
+            if digest is not None and record.get("type") == "cell":
+                self.sealed[str(record["id"])] = str(record[recordkey.FIELD])
             if self._lock_fd is None:  # not the run's writer: open, write, close
                 self._write_once(line)
                 return
