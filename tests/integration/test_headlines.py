@@ -108,6 +108,10 @@ def test_the_readme_first_command_says_in_its_first_line_that_the_gpu_cells_were
     summary, _, props, doc = _first_lines(out)
     assert "the GPU cells were not tested" in summary
     assert props["headline"] == doc["headline"] == line
+    # The terminal's first line, before any cell runs, says so too (the headline is at the end).
+    first = r.stderr.splitlines()[0]
+    assert re.fullmatch(r"cumatrix: no CUDA driver on this host: [1-9]\d* of \d+ cells need a GPU and will be "
+                        r"skipped, NOT tested; run on a GPU host to test them", first), r.stderr[:2000]
 
 
 # --------------------------------------------------------------------------- one source of truth

@@ -242,7 +242,25 @@ def _preflight(opts: RunOptions, m: Any, mpath: Path, *, quiet: bool) -> None:
     from cumatrix.orchestrate import Orchestrator
 
     with Orchestrator(matrix=m, wheel_dir=opts.wheel_dir, policy=opts.policy) as orch:
+        _say_untested(m, orch, require_gpu=opts.require_gpu)
         _preflight_local(m, mpath, orch, quiet=quiet)
+
+
+def _say_untested(m: Any, orch: Any, *, require_gpu: bool) -> None:
+    """The run's first line, on a host without a CUDA driver: how many cells will be skipped,
+    not tested, and how to test them.  The headline at the end counts them again; a reader who
+    stops at the first line must not take the cells that follow for a GPU run."""
+    if orch.host().driver_version is not None:
+        return
+    # deferred: the prediction rules cost ~20 ms, which --help and validate do without
+    from cumatrix.predict.oracle import expect
+
+    every = _matrix.cells(m)
+    gpu = sum(1 for c in every if expect(c, orch.host(), runtime_version=None).rule == "no-driver")
+    if gpu:
+        what = "each is an error (--require-gpu)" if require_gpu else "run on a GPU host to test them"
+        print(f"cumatrix: no CUDA driver on this host: {gpu} of {len(every)} cells need a GPU and will be "
+              f"skipped, NOT tested; {what}", file=sys.stderr, flush=True)
 
 
 def _preflight_local(m: Any, mpath: Path, orch: Any, *, quiet: bool) -> None:
