@@ -175,7 +175,11 @@ def test_a_cell_that_rewrites_its_runs_results_cannot_turn_them_green(
     last = cells["cu12.9/host/last"]
     assert last["observed"]["outcome"] == "harness-error"
     assert "taken out" in last["mismatch"]
-    assert cells["cu12.9/host/first"]["status"] == "pass"
+    # The cell before it passed; where the harness started the forger ahead of its turn (while
+    # the first cell's record was still to be written), that record went to the replaced file too
+    # and is refused the same way: never lost, never a pass the harness did not seal.
+    first = cells["cu12.9/host/first"]
+    assert first["status"] == "pass" or "taken out" in (first["mismatch"] or ""), first
 
 
 @pytest.mark.network
