@@ -188,23 +188,29 @@ def cmd_submit(args: argparse.Namespace) -> int:
     out = Path(args.out)
     sp = slurm.write_scripts(mpath, out, run_args=slurm.check_args(args.run_arg, "--run-arg"),
                              sbatch_args=slurm.check_args(args.sbatch_arg, "--sbatch-arg"))
-    array, merge = slurm.submit(sp)
-    print(f"cumatrix: slurm: array job {array} ({len(sp.tasks)} hosts: {', '.join(t.host for t in sp.tasks)}), "
+    submission = slurm.new_submission()
+    array, merge = slurm.submit(sp, submission)
+    print(f"cumatrix: slurm: submission {submission}: array job {array} ({len(sp.tasks)} hosts: {', '.join(t.host for t in sp.tasks)}), "
           f"merge job {merge}; scripts in {sp.array_script.parent}", file=sys.stderr, flush=True)
     try:
         final = slurm.wait(sp, array, merge, poll=args.poll)
     except KeyboardInterrupt:
         print(f"cumatrix: stopped waiting; the jobs go on (scancel {array} {merge} to stop them)", file=sys.stderr)
         return 130
-    bad = [f"{h} {s}" for h, s in final.items() if h != "merge" and s.split()[0] != "COMPLETED"]
+    bad = {h: s for h, s in final.items() if h != "merge" and s.split()[0] != "COMPLETED"}
     if bad:
-        print(f"cumatrix: slurm: host tasks that did not complete: {', '.join(bad)}", file=sys.stderr)
+        print(f"cumatrix: slurm: host tasks that did not complete: {', '.join(f'{h} {s}' for h, s in bad.items())}",
+              file=sys.stderr)
     dirs = [sp.host_dir(t.host) for t in sp.tasks if (sp.host_dir(t.host) / "results.jsonl").is_file()]
     if not dirs:
         print(f"cumatrix: merge: no host wrote results ({', '.join(t.host for t in sp.tasks)}); see the job logs in "
               f"{sp.array_script.parent}", file=sys.stderr)
         return 1
-    return cmd_merge(argparse.Namespace(dirs=[str(d) for d in dirs], out=str(sp.merged_dir), matrix=str(mpath)))
+    # Only this submission's results: a task that failed before it wrote any leaves the last
+    # submission's in its directory, and those are not tonight's (the host is not-run, named).
+    return cmd_merge(argparse.Namespace(dirs=[str(d) for d in dirs], out=str(sp.merged_dir), matrix=str(mpath),
+                                        submission=submission,
+                                        notes={h: f"its task ended {s}" for h, s in bad.items()}))
 
 
 # --------------------------------------------------------------------------- reports
@@ -234,6 +240,8 @@ def cmd_merge(args: argparse.Namespace) -> int:
     from cumatrix.report.merge import merge_runs
 
     dirs = [Path(d) for d in args.dirs]
+    if args.submission is not None:
+        _matrix.check_name(args.submission, "--submission")
     for d in dirs:
         if not (d / "results.jsonl").is_file():
             raise UsageError(f"{d}: no results.jsonl here (merge takes the --out directories of runs)")
@@ -254,7 +262,11 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
         plan = planned_cells(_matrix.load(_matrix_arg(args.matrix)))
     check_history(args)
-    run = record(args, merge_runs(dirs, host_names=None, plan=plan), kind="merge")
+    merged = merge_runs(dirs, host_names=None, plan=plan, submission=args.submission, notes=args.notes)
+    for w in merged.warnings:
+        if " not-run: " in w:
+            print(f"cumatrix: merge: {w}", file=sys.stderr)
+    run = record(args, merged, kind="merge")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for p in write_all(run, out):
@@ -356,8 +368,11 @@ def add_misc(sub: Any) -> None:
     p.add_argument("--matrix", metavar="FILE",
                    help="the matrix the runs ran: every cell it (or its hosts: plan) means to run is expected; "
                         "for runs that did not record their plan")
+    p.add_argument("--submission", metavar="ID",
+                   help="take only the runs of this submission (`cumatrix run --submission ID`, which the Slurm "
+                        "scripts pass): a directory holding another submission's results leaves its host not-run")
     add_history_options(p)
-    p.set_defaults(func=cmd_merge)
+    p.set_defaults(func=cmd_merge, notes=None)
     add_history_parsers(sub)
 
     p = sub.add_parser("doctor", help="check every tool and service a feature needs; say how to fix each",

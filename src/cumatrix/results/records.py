@@ -59,6 +59,8 @@ class RunInfo:
     #: The cells the matrix means to run and on which host (None: a run written before runs
     #: recorded it), for a merge to name the cells that no host ran.
     plan: PlannedCells | None = None
+    #: The submission of a plan this run was one host of (``cumatrix submit``); None: none.
+    submission: str | None = None
 
     def to_json(self) -> dict[str, object]:
         """The header as a JSON object (``results.json`` ``runs[]``)."""
@@ -77,6 +79,7 @@ class RunInfo:
             "cells_total": self.cells_total,
             "source": self.source,
             "plan": self.plan.to_json() if self.plan is not None else None,
+            "submission": self.submission,
         }
 
 
@@ -234,6 +237,7 @@ def _run_info(r: _Reader) -> RunInfo:
         cells=cells,
         source=r.source,
         plan=planned_from_json(r.rec.get("plan")),
+        submission=r.text("submission"),
     )
 
 
