@@ -41,8 +41,27 @@ def _step(tmp_path: Path, cli_env: Callable[..., dict[str, str]], **inputs: str)
     env.update({f"CUMATRIX_{k.upper()}": v for k, v in inputs.items()})
     proc = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
                           check=False)
-    outputs = dict(line.split("=", 1) for line in out_file.read_text().splitlines())
-    return proc.returncode, outputs, summary.read_text() + proc.stderr
+    return proc.returncode, github_outputs(out_file.read_text()), summary.read_text() + proc.stderr
+
+
+def github_outputs(text: str) -> dict[str, str]:
+    """``$GITHUB_OUTPUT`` read as the runner reads it: ``NAME=VALUE`` lines and ``NAME<<DELIM``
+    blocks; a name given twice keeps its last value."""
+    outputs: dict[str, str] = {}
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
+        if "<<" in line and ("=" not in line or line.index("<<") < line.index("=")):
+            name, delim = line.split("<<", 1)
+            end = lines.index(delim, i)
+            outputs[name] = "\n".join(lines[i:end])
+            i = end + 1
+        elif "=" in line:
+            name, value = line.split("=", 1)
+            outputs[name] = value
+    return outputs
 
 
 def test_run_as_a_host_then_merge_names_the_host_that_never_ran(tmp_path: Path, wheel_cache: Path,
@@ -98,3 +117,20 @@ def test_args_that_do_not_split_are_exit_2(tmp_path: Path, cli_env: Callable[...
     code, _, text = _step(tmp_path, cli_env, args="--timeout 'unclosed")
     assert code == 2
     assert "cannot split" in text
+
+
+def test_an_input_with_a_newline_cannot_add_an_output_of_its_own(tmp_path: Path, wheel_cache: Path,
+                                                                 cli_env: Callable[..., dict[str, str]]) -> None:
+    """An `out` input holding a newline and `exit-code=0` after it: the step's outputs hold one
+    exit code, the real one, and the input is refused (exit 2) before anything runs."""
+    (tmp_path / "matrix.yaml").write_text(MATRIX.replace("[sh, -c, \"exit 0\"]", "[sh, -c, \"exit 3\"]"))
+    _, out, text = _step(tmp_path, cli_env, out="runs\nexit-code=0", require_gpu_input="false", fail="false")
+    assert out["exit-code"] == "2", (out, text)
+    assert "control character" in out["headline"]
+    assert not (tmp_path / "runs\nexit-code=0").exists()
+    # Every output is written in the multi-line form, each once: a value cannot add a line.
+    _, out, text = _step(tmp_path, cli_env, out="runs", require_gpu_input="false", fail="false")
+    assert out["exit-code"] == "1", (out, text)
+    assert "\n" not in out["reports-dir"]
+    raw = (tmp_path / "github_output").read_text()
+    assert raw.count("exit-code<<ghadelimiter_") == 1
