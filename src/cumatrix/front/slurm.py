@@ -139,8 +139,8 @@ exec {_q(cm)} merge "${{dirs[@]}}" --matrix {_q([matrix])} --submission "$submis
 """
     updates = "".join(_update_line(t) for t in tasks if t.partition or t.constraint)
     held = "--hold " if updates else ""
-    logs = _q([f"--output={d}/%x-%A_%a.out"])
-    merge_logs = _q([f"--output={d}/%x-%j.out"])
+    logs = _q([f"--output={_pattern(d)}/%x-%A_%a.out"])
+    merge_logs = _q([f"--output={_pattern(d)}/%x-%j.out"])
     chdir = _q([f"--chdir={out}"])
     submit = f"""#!/bin/bash
 # Submit the nightly of the plan: the host array, then the merge after it, both under a new
@@ -161,6 +161,12 @@ echo "submission $submission: array job $array, merge job ${{merge%%;*}}; result
         paths.append(p)
     return SlurmPlan(matrix=matrix, out=out, tasks=tasks, array_script=paths[0], merge_script=paths[1],
                      submit_script=paths[2])
+
+
+def _pattern(d: Path) -> str:
+    """``d`` in a Slurm file-name pattern: a ``%`` of the directory's own name doubled (Slurm
+    reads ``%%`` as ``%``), so that only the pattern's own ``%x``, ``%A``... are replaced."""
+    return str(d).replace("%", "%%")
 
 
 def new_submission() -> str:
@@ -211,14 +217,14 @@ def submit(plan: SlurmPlan, submission: str, *, sbatch_args: Sequence[str] = ())
     hold = ["--hold"] if updates else []
     d = plan.array_script.parent
     common = [f"--export=ALL,CUMATRIX_SUBMISSION={submission}", f"--chdir={plan.out}"]
-    array = _call([sbatch, "--parsable", *hold, *common, f"--output={d}/%x-%A_%a.out", *sbatch_args,
+    array = _call([sbatch, "--parsable", *hold, *common, f"--output={_pattern(d)}/%x-%A_%a.out", *sbatch_args,
                    str(plan.array_script)]).strip().split(";")[0]
     try:
         for t in updates:
             _call([scontrol, "update", *_update_args(t, array)])
         if updates:
             _call([scontrol, "release", array])
-        merge = _call([sbatch, "--parsable", f"--dependency=afterany:{array}", *common, f"--output={d}/%x-%j.out",
+        merge = _call([sbatch, "--parsable", f"--dependency=afterany:{array}", *common, f"--output={_pattern(d)}/%x-%j.out",
                        *sbatch_args, str(plan.merge_script)]).strip().split(";")[0]
     except SlurmError:
         subprocess.run([_tool("scancel"), array], capture_output=True, check=False)  # no half-submitted nightly
