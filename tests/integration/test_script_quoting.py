@@ -217,3 +217,15 @@ def test_submit_sh_through_the_real_slurm_runs_only_the_intended_commands(
     finally:
         shutil.rmtree(rec, ignore_errors=True)
     assert not any(Path.cwd().glob("pwned*"))
+
+
+def test_a_runner_label_with_a_newline_is_refused_at_its_line_and_column(tmp_path: Path,
+                                                                         cli: Callable[..., Any]) -> None:
+    """A label goes into the workflow's `runs-on` through `plan --format github`; a newline in it
+    is bad input at its place in the file."""
+    (tmp_path / "m.yaml").write_text(MATRIX.replace('partition: drv550}', 'partition: drv550, label: "gpu\\nx"}'))
+    proc = cli("plan", "m.yaml", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout
+    assert "m.yaml:9:" in proc.stderr
+    assert "control character" in proc.stderr
+    assert proc.stdout == ""
