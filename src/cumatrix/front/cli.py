@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cumatrix import __version__
+from cumatrix.core import sinks
 from cumatrix.core.errors import (
     ConfigError,
     CumatrixError,
@@ -468,6 +469,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.print_help()
         return 2
     try:
+        if args.command in STORED_DATA_COMMANDS:
+            with sinks.guarded():
+                return _run(args)
+        return _run(args)
+    except KeyboardInterrupt:
+        print("cumatrix: interrupted", file=sys.stderr)
+        return 130
+
+
+#: Commands that print what records, host directories and the history hold: their output
+#: passes through the terminal sink (escape sequences removed, controls shown as \xNN).
+STORED_DATA_COMMANDS = frozenset({"diff", "history", "merge", "report", "repro", "submit"})
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
         return int(args.func(args))
     except ConfigError as e:
         print(str(e), file=sys.stderr)
@@ -475,6 +492,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CumatrixError as e:
         print(f"cumatrix: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print("cumatrix: interrupted", file=sys.stderr)
-        return 130
