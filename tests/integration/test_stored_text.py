@@ -9,7 +9,10 @@ other control characters as ``\\xNN``: no ESC, BEL or CSI byte reaches the termi
 from __future__ import annotations
 
 import json
+import resource
 import shutil
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from subprocess import CompletedProcess
@@ -17,6 +20,7 @@ from subprocess import CompletedProcess
 import pytest
 
 from cumatrix.core.sinks import terminal
+from cumatrix.results.records import MAX_LINE_BYTES
 
 MATRIX = """
 runtimes:
@@ -83,3 +87,48 @@ def test_the_terminal_sink_removes_every_escape_and_shows_other_controls() -> No
     assert terminal("a\x9b2Jb") == "ab"  # 8-bit CSI
     assert terminal("a\rb\x00c\x7f\x85") == "a\\x0db\\x00c\\x7f\\x85"
     assert terminal("tab\tand\nnewline, é, ✓") == "tab\tand\nnewline, é, ✓"
+
+
+def _limited(gib: int) -> Callable[[], None]:
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (gib << 30, gib << 30))
+    return limit
+
+
+@pytest.mark.network  # the cells provision a runtime wheel (cached after the first)
+def test_a_huge_results_file_in_a_host_directory_is_exit_2_naming_it_and_the_last_merge_stays(
+        tmp_path: Path, wheel_cache: Path, cli: Callable[..., CompletedProcess[str]],
+        cli_env: Callable[..., dict[str, str]]) -> None:
+    """A 6 GiB sparse results.jsonl (one line of NUL bytes) uploaded as a host's directory: the
+    merge, in a process allowed 2 GiB of address space, refuses it naming the file (exit 2, no
+    traceback, no MemoryError), and the merged reports already there are left as they were.
+    A line over the line bound in an ordinary-sized file is refused the same way, at its line."""
+    (tmp_path / "m.yaml").write_text(MATRIX)
+    p = cli("run", "m.yaml", "--host", "h1", "--out", "a", "-q", "--no-history", cwd=tmp_path)
+    assert p.returncode == 1, p.stderr
+    merged = cli("merge", "a", "--out", "merged", "--no-history", cwd=tmp_path)
+    assert merged.returncode == 1, merged.stderr
+    before = (tmp_path / "merged" / "results.json").read_bytes()
+    (tmp_path / "b").mkdir()
+    with (tmp_path / "b" / "results.jsonl").open("wb") as f:
+        f.truncate(6 << 30)
+    proc = subprocess.run([sys.executable, "-m", "cumatrix", "merge", "a", "b", "--out", "merged", "--no-history"],
+                          cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300, check=False,
+                          preexec_fn=_limited(2))
+    assert proc.returncode == 2, proc.stderr
+    assert f"{Path('b') / 'results.jsonl'}: {6 << 30} bytes, more than a results file may hold" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "MemoryError" not in proc.stderr
+    assert (tmp_path / "merged" / "results.json").read_bytes() == before
+    # One line past the line bound, in a file well under the file bound.
+    header = (tmp_path / "a" / "results.jsonl").read_text().splitlines()[0].replace('"h1"', '"h2"')
+    with (tmp_path / "b" / "results.jsonl").open("w") as f:
+        f.write(header + "\n")
+        f.write('{"schema": 1, "type": "cell", "id": "' + "x" * (MAX_LINE_BYTES + 10) + '"}\n')
+    proc = subprocess.run([sys.executable, "-m", "cumatrix", "merge", "a", "b", "--out", "merged", "--no-history"],
+                          cwd=tmp_path, env=cli_env(), capture_output=True, text=True, timeout=300, check=False,
+                          preexec_fn=_limited(2))
+    assert proc.returncode == 2, proc.stderr
+    assert f"{Path('b') / 'results.jsonl'}:2:1: a line of more than {MAX_LINE_BYTES} bytes" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert (tmp_path / "merged" / "results.json").read_bytes() == before

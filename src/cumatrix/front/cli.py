@@ -239,6 +239,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     from cumatrix.report import write_all
     from cumatrix.report.markdown import headline
     from cumatrix.report.merge import merge_runs
+    from cumatrix.results.records import is_blank
 
     dirs = [Path(d) for d in args.dirs]
     if args.submission is not None:
@@ -248,7 +249,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
             raise UsageError(f"{d}: no results.jsonl here (merge takes the --out directories of runs)")
     # A run killed as it started (a scheduler's task cancelled, a runner lost) leaves an empty
     # results.jsonl: its host ran nothing, which the merge reports; it is not bad input.
-    empty = [d for d in dirs if not (d / "results.jsonl").read_bytes().strip()]
+    empty = [d for d in dirs if is_blank(d / "results.jsonl")]
     for d in empty:
         print(f"cumatrix: merge: {d}/results.jsonl is empty (the run was stopped before it began); "
               "its host ran nothing", file=sys.stderr)
