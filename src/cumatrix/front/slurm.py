@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cumatrix.core.errors import CumatrixError, EnvironmentProblem, UsageError
+from cumatrix.core.private import write_new
 from cumatrix.front.plan import assign
 from cumatrix.load import matrix as _matrix
 
@@ -156,8 +157,7 @@ echo "submission $submission: array job $array, merge job ${{merge%%;*}}; result
     paths = []
     for name, text in (("array.sbatch", array), ("merge.sbatch", merge), ("submit.sh", submit)):
         p = d / name
-        p.write_text(text, encoding="utf-8")
-        p.chmod(0o755)
+        write_new(p, text, replace=True, mode=0o755)  # a new file renamed into place: never through a link
         paths.append(p)
     return SlurmPlan(matrix=matrix, out=out, tasks=tasks, array_script=paths[0], merge_script=paths[1],
                      submit_script=paths[2])
