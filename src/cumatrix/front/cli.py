@@ -174,6 +174,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
               f"`bash {sp.submit_script}` or `cumatrix submit --slurm {args.matrix} --out {args.out or DEFAULT_OUT}`",
               file=sys.stderr)
         return 0
+    if args.format == "k8s":
+        # deferred: the manifests' writer (PyYAML's emitter), only for --format k8s
+        from cumatrix.front import k8s
+
+        kp = k8s.write_manifests(_matrix_arg(args.matrix), Path(args.out or DEFAULT_OUT), image=args.image,
+                                 claim=args.claim, run_args=args.run_arg)
+        print(kp.nightly)
+        print(kp.merge)
+        print(f"cumatrix: submission {kp.submission}: {len(kp.jobs)} Jobs ({', '.join(kp.jobs)}); "
+              f"`kubectl apply -f {kp.nightly}`, wait for them, then `kubectl apply -f {kp.merge}` "
+              "(docs/nightly-k8s.md)", file=sys.stderr)
+        return 0
     data = plan.plan(_matrix_arg(args.matrix))
     print(json.dumps(data if args.format == "json" else plan.github_matrix(data), indent=None if args.format == "github" else 2))
     return 0
@@ -336,11 +348,16 @@ def add_misc(sub: Any) -> None:
                        description="Print which cells each host of `hosts:` runs, as a GitHub Actions strategy matrix or JSON.",
                        epilog=EPILOGS["plan"], formatter_class=raw)
     p.add_argument("matrix", help="matrix file with a hosts: section")
-    p.add_argument("--format", choices=("github", "json", "slurm"), default="github",
+    p.add_argument("--format", choices=("github", "json", "slurm", "k8s"), default="github",
                    help="github: strategy.matrix JSON; json: each host's share; slurm: write a job-array "
-                        "script (a task per host), the merge job after it and submit.sh under OUT/slurm/")
-    p.add_argument("--out", metavar="DIR", help=f"slurm: where scripts and results go (default: {DEFAULT_OUT})")
+                        "script (a task per host), the merge job after it and submit.sh under OUT/slurm/; k8s: an "
+                        "Indexed Job per host and the merge Job under OUT/k8s/ (docs/nightly-k8s.md)")
+    p.add_argument("--out", metavar="DIR", help=f"slurm, k8s: where scripts go (default: {DEFAULT_OUT})")
     _slurm_options(p)
+    p.add_argument("--image", default=f"cumatrix:{__version__}", metavar="IMAGE",
+                   help="k8s: the container image the Jobs run (cumatrix and the code under test in it)")
+    p.add_argument("--claim", default="cumatrix-results", metavar="NAME",
+                   help="k8s: the PersistentVolumeClaim every Job mounts at /results (ReadWriteMany)")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("submit", help="run a matrix's hosts as a Slurm job array, wait, merge",
