@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -134,3 +135,31 @@ def test_an_input_with_a_newline_cannot_add_an_output_of_its_own(tmp_path: Path,
     assert "\n" not in out["reports-dir"]
     raw = (tmp_path / "github_output").read_text()
     assert raw.count("exit-code<<ghadelimiter_") == 1
+
+
+def test_a_stored_id_cannot_close_the_diff_sections_code_fence(tmp_path: Path, wheel_cache: Path,
+                                                                 cli_env: Callable[..., dict[str, str]]) -> None:
+    """A host directory whose cell id carries a line of three backticks and a heading after it:
+    in the job summary's "since the last recorded run" section the id stays inside the code
+    block (its fence is longer than any backtick run in it)."""
+    (tmp_path / "matrix.yaml").write_text(MATRIX)
+    history = str(tmp_path / "h.sqlite")
+    code, _, text = _step(tmp_path, cli_env, host="drv580", out="runs/drv580", require_gpu_input="false",
+                          history_file=history)
+    assert code == 0, text
+    up = tmp_path / "up" / "drv580"
+    shutil.copytree(tmp_path / "runs" / "drv580", up)
+    hostile = "cu12.9/host/b\n```\n# injected heading"
+    lines = []
+    for line in (up / "results.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("id") == "cu12.9/host/b":
+            rec["id"] = hostile
+        lines.append(json.dumps(rec))
+    (up / "results.jsonl").write_text("\n".join(lines) + "\n")
+    _, _, summary = _step(tmp_path, cli_env, merge_from="up/*", out="merged", history_file=history, fail="false")
+    section = summary.split("### Since the last recorded run\n\n", 1)[1].splitlines()
+    fence = section[0]
+    assert set(fence) == {"`"}, section
+    end = section.index(fence, 1)
+    assert any(line.startswith("# injected heading") for line in section[1:end]), section
