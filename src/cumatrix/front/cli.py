@@ -487,7 +487,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.print_help()
         return 2
     try:
-        if args.command in STORED_DATA_COMMANDS:
+        # --json output is for programs: JSON escapes every C0 control (ESC included) itself,
+        # and a \xNN of the terminal sink would make it invalid JSON.
+        if args.command in STORED_DATA_COMMANDS and not getattr(args, "json", False):
             with sinks.guarded():
                 return _run(args)
         return _run(args)
