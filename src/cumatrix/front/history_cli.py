@@ -112,7 +112,7 @@ def since_for(args: argparse.Namespace, run: RunData) -> RunData:
     if path is None or not path.is_file() or not run.runs:
         return run
     try:
-        with History.open(path, create=False) as hist:
+        with History.open(path, create=False, busy_timeout=CHECK_WAIT_S) as hist:  # a comparison is not worth a wait
             uid = run.header.run_id  # as append stores it: a resumed run keeps its first id
             row = hist.conn.execute("SELECT max(id) FROM runs WHERE run_uid = ?", (uid,)).fetchone()[0]
             if row is None:
