@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from helpers.wheels import make_wheel
+
 PEER = "cumatrixpeer"
 
 
@@ -113,3 +115,23 @@ def test_plan_slurm_replaces_a_planted_script_link_without_writing_its_target(sh
     assert victim.read_text() == "echo mine\n"
     assert not (slurm_dir / "submit.sh").is_symlink()
     assert "sbatch --parsable" in (slurm_dir / "submit.sh").read_text()
+
+
+def test_gate_reports_replace_planted_links_without_writing_their_targets(shared: Path,
+                                                                          cli: Callable[..., Any]) -> None:
+    """`gate --out` into a directory another user may write: its three report files, planted as
+    links to a file of the user who runs the gate, are replaced; the file is untouched."""
+    wheel = make_wheel(shared / "dist", "plain", {"plain/__init__.py": b""})
+    out = shared / "gate-out"
+    out.mkdir()
+    out.chmod(0o777)  # shared, not sticky
+    victim = shared / "victim.txt"
+    victim.write_text("mine\n")
+    for name in ("summary.md", "static.json", "junit.xml"):
+        _as_peer("ln", "-s", victim, out / name)
+    r = cli("gate", wheel, "--static-only", "--out", out, cwd=shared)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert victim.read_text() == "mine\n"
+    for name in ("summary.md", "static.json", "junit.xml"):
+        assert not (out / name).is_symlink()
+    assert (out / "summary.md").read_text().startswith("## Static audit")
