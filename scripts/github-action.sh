@@ -16,6 +16,36 @@ out="${CUMATRIX_OUT:-out}"
 log="$(mktemp "${RUNNER_TEMP:-/tmp}/cumatrix-log.XXXXXX")"
 trap 'rm -f "$log"' EXIT
 
+# An output is written in GitHub's multi-line form (NAME<<DELIMITER) with a delimiter of 128
+# random bits: a value holding a newline (an input, a path) cannot add a line of its own, such
+# as a second `exit-code=0` after the real one.
+# https://docs.github.com/en/actions/reference/workflows-and-actions/workflow-commands#multiline-strings
+emit() {
+  local delim
+  delim="ghadelimiter_$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
+  if [[ "$2" == *"$delim"* ]]; then
+    echo "cumatrix action: output $1 holds its own delimiter; not written" >&2
+    return 1
+  fi
+  if [ -n "${GITHUB_OUTPUT:-}" ]; then
+    printf '%s<<%s\n%s\n%s\n' "$1" "$delim" "$2" "$delim" >> "$GITHUB_OUTPUT"
+  else
+    printf '%s=%s\n' "$1" "$2"
+  fi
+}
+
+# A name or a path with a control character (a newline, an escape) is refused: it cannot be
+# shown in a log or passed on faithfully.  Exit 2, as cumatrix's own bad input.
+for input in CUMATRIX_MATRIX CUMATRIX_HOST CUMATRIX_OUT CUMATRIX_MERGE_FROM CUMATRIX_HISTORY_FILE; do
+  if [[ "${!input:-}" == *[[:cntrl:]]* ]]; then
+    msg="cumatrix action: input ${input#CUMATRIX_} ${!input@Q} holds a control character; rename it"
+    echo "$msg" >&2
+    emit headline "$msg"
+    emit exit-code 2
+    exit 2
+  fi
+done
+
 if [ -n "${CUMATRIX_HISTORY_FILE:-}" ]; then
   # Where the history feature is installed, runs and merges are recorded here ($CUMATRIX_HISTORY).
   export CUMATRIX_HISTORY="$CUMATRIX_HISTORY_FILE"
@@ -66,13 +96,6 @@ headline="$(grep -E '^cumatrix: (PASS|FAIL|INCOMPLETE|NOTHING TESTED|EMPTY) — 
 [ -n "$headline" ] || headline="$(tail -n 1 "$log")"
 reports="$(realpath -m "$out")"
 
-emit() {
-  if [ -n "${GITHUB_OUTPUT:-}" ]; then
-    printf '%s=%s\n' "$1" "$2" >> "$GITHUB_OUTPUT"
-  else
-    printf '%s=%s\n' "$1" "$2"
-  fi
-}
 emit headline "$headline"
 emit exit-code "$code"
 emit reports-dir "$reports"
@@ -87,8 +110,10 @@ fi
 # cumatrix without it, or a history with one run, leaves the section out.
 if [ -n "${CUMATRIX_HISTORY_FILE:-}" ] && cumatrix diff --help >/dev/null 2>&1; then
   if diff_text="$(cumatrix diff --history "$CUMATRIX_HISTORY_FILE" 2>&1)"; then
-    # shellcheck disable=SC2016  # the backticks are a Markdown code fence, not a command
-    printf '\n### Since the last recorded run\n\n```\n%s\n```\n' "$diff_text" >> "$summary"
+    # A fence longer than any run of backticks in the text: a stored cell id cannot close it.
+    longest="$(printf '%s' "$diff_text" | grep -o '`\+' | awk '{ if (length($0) > m) m = length($0) } END { print m + 0 }')"
+    fence="$(printf '%*s' "$(( longest < 3 ? 3 : longest + 1 ))" '' | tr ' ' '`')"
+    printf '\n### Since the last recorded run\n\n%s\n%s\n%s\n' "$fence" "$diff_text" "$fence" >> "$summary"
   else
     echo "cumatrix action: no diff: $diff_text" >&2
   fi

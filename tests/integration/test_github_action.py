@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -41,8 +42,27 @@ def _step(tmp_path: Path, cli_env: Callable[..., dict[str, str]], **inputs: str)
     env.update({f"CUMATRIX_{k.upper()}": v for k, v in inputs.items()})
     proc = subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
                           check=False)
-    outputs = dict(line.split("=", 1) for line in out_file.read_text().splitlines())
-    return proc.returncode, outputs, summary.read_text() + proc.stderr
+    return proc.returncode, github_outputs(out_file.read_text()), summary.read_text() + proc.stderr
+
+
+def github_outputs(text: str) -> dict[str, str]:
+    """``$GITHUB_OUTPUT`` read as the runner reads it: ``NAME=VALUE`` lines and ``NAME<<DELIM``
+    blocks; a name given twice keeps its last value."""
+    outputs: dict[str, str] = {}
+    lines = text.split("\n")
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
+        if "<<" in line and ("=" not in line or line.index("<<") < line.index("=")):
+            name, delim = line.split("<<", 1)
+            end = lines.index(delim, i)
+            outputs[name] = "\n".join(lines[i:end])
+            i = end + 1
+        elif "=" in line:
+            name, value = line.split("=", 1)
+            outputs[name] = value
+    return outputs
 
 
 def test_run_as_a_host_then_merge_names_the_host_that_never_ran(tmp_path: Path, wheel_cache: Path,
@@ -98,3 +118,48 @@ def test_args_that_do_not_split_are_exit_2(tmp_path: Path, cli_env: Callable[...
     code, _, text = _step(tmp_path, cli_env, args="--timeout 'unclosed")
     assert code == 2
     assert "cannot split" in text
+
+
+def test_an_input_with_a_newline_cannot_add_an_output_of_its_own(tmp_path: Path, wheel_cache: Path,
+                                                                 cli_env: Callable[..., dict[str, str]]) -> None:
+    """An `out` input holding a newline and `exit-code=0` after it: the step's outputs hold one
+    exit code, the real one, and the input is refused (exit 2) before anything runs."""
+    (tmp_path / "matrix.yaml").write_text(MATRIX.replace("[sh, -c, \"exit 0\"]", "[sh, -c, \"exit 3\"]"))
+    _, out, text = _step(tmp_path, cli_env, out="runs\nexit-code=0", require_gpu_input="false", fail="false")
+    assert out["exit-code"] == "2", (out, text)
+    assert "control character" in out["headline"]
+    assert not (tmp_path / "runs\nexit-code=0").exists()
+    # Every output is written in the multi-line form, each once: a value cannot add a line.
+    _, out, text = _step(tmp_path, cli_env, out="runs", require_gpu_input="false", fail="false")
+    assert out["exit-code"] == "1", (out, text)
+    assert "\n" not in out["reports-dir"]
+    raw = (tmp_path / "github_output").read_text()
+    assert raw.count("exit-code<<ghadelimiter_") == 1
+
+
+def test_a_stored_id_cannot_close_the_diff_sections_code_fence(tmp_path: Path, wheel_cache: Path,
+                                                                 cli_env: Callable[..., dict[str, str]]) -> None:
+    """A host directory whose cell id carries a line of three backticks and a heading after it:
+    in the job summary's "since the last recorded run" section the id stays inside the code
+    block (its fence is longer than any backtick run in it)."""
+    (tmp_path / "matrix.yaml").write_text(MATRIX)
+    history = str(tmp_path / "h.sqlite")
+    code, _, text = _step(tmp_path, cli_env, host="drv580", out="runs/drv580", require_gpu_input="false",
+                          history_file=history)
+    assert code == 0, text
+    up = tmp_path / "up" / "drv580"
+    shutil.copytree(tmp_path / "runs" / "drv580", up)
+    hostile = "cu12.9/host/b\n```\n# injected heading"
+    lines = []
+    for line in (up / "results.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("id") == "cu12.9/host/b":
+            rec["id"] = hostile
+        lines.append(json.dumps(rec))
+    (up / "results.jsonl").write_text("\n".join(lines) + "\n")
+    _, _, summary = _step(tmp_path, cli_env, merge_from="up/*", out="merged", history_file=history, fail="false")
+    section = summary.split("### Since the last recorded run\n\n", 1)[1].splitlines()
+    fence = section[0]
+    assert set(fence) == {"`"}, section
+    end = section.index(fence, 1)
+    assert any(line.startswith("# injected heading") for line in section[1:end]), section

@@ -10,6 +10,7 @@ driver (run by both hosts) and an emulated driver (run by the older host only).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -100,7 +101,8 @@ def test_plan_slurm_writes_an_array_and_a_dependent_merge(tmp_path: Path, cli: C
     assert "#SBATCH --array=0-1" in array
     assert "#SBATCH --time=30" in array
     assert "hosts=(drv550 drv580)" in array  # oldest driver first, as `plan --format json` orders them
-    assert f"run {m} --host \"$host\" --out {tmp_path / 'out'}/\"$host\" --timeout 60" in array
+    assert f"run {m} --host \"$host\" --submission \"$submission\" --out {tmp_path / 'out'}/\"$host\" --timeout 60" \
+        in array
     submit = (d / "submit.sh").read_text()
     assert "sbatch --parsable --hold" in submit
     assert "--dependency=afterany:$array" in submit
@@ -216,3 +218,40 @@ def test_submit_without_a_slurm_client_is_exit_3_and_a_matrix_without_hosts_exit
     proc = cli("submit", m, "--out", tmp_path / "o3", cwd=tmp_path)
     assert proc.returncode == 2
     assert "--slurm" in proc.stderr
+
+
+def test_a_host_whose_task_failed_tonight_is_not_run_not_last_nights_results(
+        slurm: None, tmp_path: Path, wheel_cache: Path, cli: Callable[..., Any]) -> None:
+    """Last night both hosts ran and passed.  Tonight drv550's task fails before it writes
+    anything (another run holds its directory's lock): its directory still holds last night's
+    results, and the merge must not take them as tonight's."""
+    m = _matrix(tmp_path)
+    out = tmp_path / "nightly"
+    first = cli("submit", "--slurm", m, "--out", out, "--poll", "0.5", cwd=tmp_path, timeout=600)
+    assert first.returncode == 0, first.stdout + first.stderr
+    last_night = json.loads((out / "drv550" / "results.jsonl").read_text().splitlines()[0])
+    lock = os.open(out / "drv550" / ".cumatrix.lock", os.O_RDWR)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a run still writing there: tonight's run refuses
+        proc = cli("submit", "--slurm", m, "--out", out, "--poll", "0.5", cwd=tmp_path, timeout=600)
+    finally:
+        os.close(lock)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "drv550 FAILED" in proc.stderr
+    assert "PASS" not in proc.stderr
+    reason = next(line for line in proc.stderr.splitlines() if "host drv550 not-run" in line)
+    assert "its task ended FAILED" in reason
+    doc = json.loads((out / "merged" / "results.json").read_text())
+    assert doc["verdict"] == "INCOMPLETE"
+    assert doc["missing_hosts"] == ["drv550"]
+    assert {c["host"] for c in doc["cells"]} == {"drv580"}
+    assert {e["host"] for e in doc["not_run"]} == {"drv550"}
+    assert len(doc["not_run"]) == 6  # every cell the plan gives drv550
+    assert any("host drv550 not-run" in w for w in doc["warnings"])
+    # The merge job Slurm ran (merge.sbatch) decided the same from the same headers.
+    tonight = json.loads((out / "drv580" / "results.jsonl").read_text().splitlines()[0])["submission"]
+    assert tonight != last_night["submission"]
+    assert last_night["plan"]["plan_id"]
+    assert f"holds the results of submission {last_night['submission']}" in reason
+    merge_logs = [p.read_text() for p in (out / "slurm").glob("cumatrix-merge-*.out")]
+    assert any(f"not of submission {tonight}" in text for text in merge_logs), merge_logs

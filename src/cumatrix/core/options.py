@@ -123,7 +123,7 @@ class _PytestConfig(Protocol):
 _PYTEST_NAMES = {
     "cumatrix_out": "out", "cumatrix_resume": "resume", "cumatrix_wheel_dir": "wheel_dir",
     "cumatrix_backend": "backend", "cumatrix_timeout": "timeout", "cumatrix_base_image": "base_image",
-    "cumatrix_host": "host", "cumatrix_require_gpu": "require_gpu", "cumatrix_keyword": "keyword",
+    "cumatrix_host": "host", "cumatrix_submission": "submission", "cumatrix_require_gpu": "require_gpu", "cumatrix_keyword": "keyword",
     "cumatrix_only": "only", "cumatrix_first": "first", "cumatrix_reports_after": "reports_after",
     "cumatrix_sandbox": "sandbox", "cumatrix_pass_env": "pass_env",
     "cumatrix_sandbox_write_limit": "sandbox_write_limit",
@@ -131,7 +131,7 @@ _PYTEST_NAMES = {
 #: argparse dest -> RunOptions field (the CLI's subcommands share these names).
 _CLI_NAMES = {
     "out": "out", "resume": "resume", "wheel_dir": "wheel_dir", "backend": "backend", "timeout": "timeout",
-    "base_image": "base_image", "host": "host", "require_gpu": "require_gpu", "keyword": "keyword",
+    "base_image": "base_image", "host": "host", "submission": "submission", "require_gpu": "require_gpu", "keyword": "keyword",
     "sandbox": "sandbox", "pass_env": "pass_env", "sandbox_write_limit": "sandbox_write_limit",
 }
 
@@ -160,6 +160,8 @@ class RunOptions:
     timeout: float = DEFAULT_TIMEOUT
     base_image: str | None = None
     host: str | None = None
+    #: The submission of a plan this run is one host of (recorded in the run header).
+    submission: str | None = None
     require_gpu: bool = False
     keyword: str | None = None
     only: Path | None = None
@@ -181,6 +183,7 @@ class RunOptions:
             backend=str(get("backend") or DEFAULT_BACKEND),
             timeout=float(str(timeout)) if timeout else DEFAULT_TIMEOUT,
             base_image=_text(get("base_image")), host=_text(get("host")),
+            submission=_text(get("submission")),
             require_gpu=bool(get("require_gpu")) or env.get("CUMATRIX_REQUIRE_GPU", "") == "1",
             keyword=_text(get("keyword")), only=_path(get("only")), first=_path(get("first")),
             reports_after=bool(get("reports_after")),

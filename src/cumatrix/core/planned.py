@@ -6,6 +6,8 @@ plan is made from a matrix's ``hosts:`` is :mod:`cumatrix.front.plan`.
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 
 
@@ -23,8 +25,16 @@ class PlannedCells:
 
     def to_json(self) -> dict[str, object]:
         """The ``plan`` object of a run header."""
-        return {"matrix_sha256": self.matrix_sha256,
+        return {"matrix_sha256": self.matrix_sha256, "plan_id": self.plan_id,
                 "hosts": [{"host": h, "cells": list(ids)} for h, ids in self.hosts]}
+
+    @property
+    def plan_id(self) -> str:
+        """The plan's identity: the first 16 hex digits of the sha256 of its matrix digest and
+        its host-to-cells assignment.  Two runs recorded the same plan exactly when their ids are
+        equal, whatever else the matrix file holds."""
+        body = json.dumps([self.matrix_sha256, [[h, list(ids)] for h, ids in self.hosts]], separators=(",", ":"))
+        return hashlib.sha256(body.encode()).hexdigest()[:16]
 
     def for_host(self, name: str) -> tuple[str, ...] | None:
         """The cell ids the plan gives host ``name``; None when it names no such host."""

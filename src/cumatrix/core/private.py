@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import secrets
 import stat
 import threading
 from collections.abc import Iterator
@@ -90,6 +91,26 @@ def replace_new(path: Path, mode: int = 0o644) -> int:
     with contextlib.suppress(FileNotFoundError):
         Path(path).unlink()
     return create_new(path, mode)
+
+
+def write_new(path: Path, text: str, *, replace: bool = False, mode: int = 0o644) -> None:
+    """Write ``text`` to a file created at ``path``, never through a link: without ``replace``
+    only where nothing is (``O_EXCL``: a file, or a link, dangling or not, is FileExistsError);
+    with it, into a new file beside ``path`` renamed over it (a link there is replaced, its
+    target untouched)."""
+    dest = Path(path)
+    target = dest.with_name(f".{dest.name}.{secrets.token_hex(6)}.tmp") if replace else dest
+    fd = create_new(target, mode)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        if replace:
+            target.replace(dest)
+    except BaseException:
+        if replace:
+            with contextlib.suppress(OSError):
+                target.unlink()
+        raise
 
 
 def open_nofollow(path: Path, flags: int, mode: int = 0o644) -> int:

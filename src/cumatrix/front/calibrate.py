@@ -28,6 +28,7 @@ from typing import Any
 
 from cumatrix.core.cache import default_table
 from cumatrix.core.options import RunOptions, SandboxPolicy
+from cumatrix.core.private import write_new
 
 DIRECTIONS = ("d2h", "h2d", "d2d")
 #: 4 KiB .. 2 MiB, the block sizes KV caches use (a page of tokens x heads x head dim).
@@ -334,8 +335,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         return 1
     rows = [CalibrationRow(**r) for r in result["table"]]
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(table_text(rows))
-    out.with_suffix(".json").write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+    write_new(out, table_text(rows), replace=True)  # new files renamed into place: never through a link
+    write_new(out.with_suffix(".json"), json.dumps(result, indent=1, sort_keys=True) + "\n", replace=True)
     print(f"{'dir':4} {'block':>8} {'blocks':>6}  " + "  ".join(f"{p:>8}" for p in PATHS) + "  best")
     by_key: dict[tuple[str, int, int], dict[str, float | None]] = {}
     for m in result["measurements"]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cumatrix import __version__
+from cumatrix.core import sinks
 from cumatrix.core.errors import (
     EXIT_NOTHING_RAN,
     ConfigError,
@@ -175,6 +176,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
               f"`bash {sp.submit_script}` or `cumatrix submit --slurm {args.matrix} --out {args.out or DEFAULT_OUT}`",
               file=sys.stderr)
         return 0
+    if args.format == "k8s":
+        # deferred: the manifests' writer (PyYAML's emitter), only for --format k8s
+        from cumatrix.front import k8s
+
+        kp = k8s.write_manifests(_matrix_arg(args.matrix), Path(args.out or DEFAULT_OUT), image=args.image,
+                                 claim=args.claim, run_args=args.run_arg)
+        print(kp.nightly)
+        print(kp.merge)
+        print(f"cumatrix: submission {kp.submission}: {len(kp.jobs)} Jobs ({', '.join(kp.jobs)}); "
+              f"`kubectl apply -f {kp.nightly}`, wait for them, then `kubectl apply -f {kp.merge}` "
+              "(docs/nightly-k8s.md)", file=sys.stderr)
+        return 0
     data = plan.plan(_matrix_arg(args.matrix))
     print(json.dumps(data if args.format == "json" else plan.github_matrix(data), indent=None if args.format == "github" else 2))
     return 0
@@ -190,23 +203,29 @@ def cmd_submit(args: argparse.Namespace) -> int:
     out = Path(args.out)
     sp = slurm.write_scripts(mpath, out, run_args=slurm.check_args(args.run_arg, "--run-arg"),
                              sbatch_args=slurm.check_args(args.sbatch_arg, "--sbatch-arg"))
-    array, merge = slurm.submit(sp)
-    print(f"cumatrix: slurm: array job {array} ({len(sp.tasks)} hosts: {', '.join(t.host for t in sp.tasks)}), "
+    submission = slurm.new_submission()
+    array, merge = slurm.submit(sp, submission)
+    print(f"cumatrix: slurm: submission {submission}: array job {array} ({len(sp.tasks)} hosts: {', '.join(t.host for t in sp.tasks)}), "
           f"merge job {merge}; scripts in {sp.array_script.parent}", file=sys.stderr, flush=True)
     try:
         final = slurm.wait(sp, array, merge, poll=args.poll)
     except KeyboardInterrupt:
         print(f"cumatrix: stopped waiting; the jobs go on (scancel {array} {merge} to stop them)", file=sys.stderr)
         return 130
-    bad = [f"{h} {s}" for h, s in final.items() if h != "merge" and s.split()[0] != "COMPLETED"]
+    bad = {h: s for h, s in final.items() if h != "merge" and s.split()[0] != "COMPLETED"}
     if bad:
-        print(f"cumatrix: slurm: host tasks that did not complete: {', '.join(bad)}", file=sys.stderr)
+        print(f"cumatrix: slurm: host tasks that did not complete: {', '.join(f'{h} {s}' for h, s in bad.items())}",
+              file=sys.stderr)
     dirs = [sp.host_dir(t.host) for t in sp.tasks if (sp.host_dir(t.host) / "results.jsonl").is_file()]
     if not dirs:
         print(f"cumatrix: merge: no host wrote results ({', '.join(t.host for t in sp.tasks)}); see the job logs in "
               f"{sp.array_script.parent}", file=sys.stderr)
         return 1
-    return cmd_merge(argparse.Namespace(dirs=[str(d) for d in dirs], out=str(sp.merged_dir), matrix=str(mpath)))
+    # Only this submission's results: a task that failed before it wrote any leaves the last
+    # submission's in its directory, and those are not tonight's (the host is not-run, named).
+    return cmd_merge(argparse.Namespace(dirs=[str(d) for d in dirs], out=str(sp.merged_dir), matrix=str(mpath),
+                                        submission=submission,
+                                        notes={h: f"its task ended {s}" for h, s in bad.items()}))
 
 
 # --------------------------------------------------------------------------- reports
@@ -234,14 +253,17 @@ def cmd_merge(args: argparse.Namespace) -> int:
     from cumatrix.report import write_all
     from cumatrix.report.headline import headline
     from cumatrix.report.merge import merge_runs
+    from cumatrix.results.records import is_blank
 
     dirs = [Path(d) for d in args.dirs]
+    if args.submission is not None:
+        _matrix.check_name(args.submission, "--submission")
     for d in dirs:
         if not (d / "results.jsonl").is_file():
             raise UsageError(f"{d}: no results.jsonl here (merge takes the --out directories of runs)")
     # A run killed as it started (a scheduler's task cancelled, a runner lost) leaves an empty
     # results.jsonl: its host ran nothing, which the merge reports; it is not bad input.
-    empty = [d for d in dirs if not (d / "results.jsonl").read_bytes().strip()]
+    empty = [d for d in dirs if is_blank(d / "results.jsonl")]
     for d in empty:
         print(f"cumatrix: merge: {d}/results.jsonl is empty (the run was stopped before it began); "
               "its host ran nothing", file=sys.stderr)
@@ -256,7 +278,11 @@ def cmd_merge(args: argparse.Namespace) -> int:
 
         plan = planned_cells(_matrix.load(_matrix_arg(args.matrix)))
     check_history(args)
-    run = record(args, merge_runs(dirs, host_names=None, plan=plan), kind="merge")
+    merged = merge_runs(dirs, host_names=None, plan=plan, submission=args.submission, notes=args.notes)
+    for w in merged.warnings:
+        if " not-run: " in w:
+            print(f"cumatrix: merge: {w}", file=sys.stderr)
+    run = record(args, merged, kind="merge")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for p in write_all(run, out):
@@ -327,11 +353,16 @@ def add_misc(sub: Any) -> None:
                        description="Print which cells each host of `hosts:` runs, as a GitHub Actions strategy matrix or JSON.",
                        epilog=EPILOGS["plan"], formatter_class=raw)
     p.add_argument("matrix", help="matrix file with a hosts: section")
-    p.add_argument("--format", choices=("github", "json", "slurm"), default="github",
+    p.add_argument("--format", choices=("github", "json", "slurm", "k8s"), default="github",
                    help="github: strategy.matrix JSON; json: each host's share; slurm: write a job-array "
-                        "script (a task per host), the merge job after it and submit.sh under OUT/slurm/")
-    p.add_argument("--out", metavar="DIR", help=f"slurm: where scripts and results go (default: {DEFAULT_OUT})")
+                        "script (a task per host), the merge job after it and submit.sh under OUT/slurm/; k8s: an "
+                        "Indexed Job per host and the merge Job under OUT/k8s/ (docs/nightly-k8s.md)")
+    p.add_argument("--out", metavar="DIR", help=f"slurm, k8s: where scripts go (default: {DEFAULT_OUT})")
     _slurm_options(p)
+    p.add_argument("--image", default=f"cumatrix:{__version__}", metavar="IMAGE",
+                   help="k8s: the container image the Jobs run (cumatrix and the code under test in it)")
+    p.add_argument("--claim", default="cumatrix-results", metavar="NAME",
+                   help="k8s: the PersistentVolumeClaim every Job mounts at /results (ReadWriteMany)")
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("submit", help="run a matrix's hosts as a Slurm job array, wait, merge",
@@ -363,8 +394,11 @@ def add_misc(sub: Any) -> None:
                         "for runs that did not record their plan")
     p.add_argument("--allow-empty", action="store_true",
                    help="exit 0, not 5, when no cell of the runs was tested (every one skipped)")
+    p.add_argument("--submission", metavar="ID",
+                   help="take only the runs of this submission (`cumatrix run --submission ID`, which the Slurm "
+                        "scripts pass): a directory holding another submission's results leaves its host not-run")
     add_history_options(p)
-    p.set_defaults(func=cmd_merge)
+    p.set_defaults(func=cmd_merge, notes=None)
     add_history_parsers(sub)
 
     p = sub.add_parser("doctor", help="check every tool and service a feature needs; say how to fix each",
@@ -460,6 +494,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.print_help()
         return 2
     try:
+        # --json output is for programs: JSON escapes every C0 control (ESC included) itself,
+        # and a \xNN of the terminal sink would make it invalid JSON.
+        if args.command in STORED_DATA_COMMANDS and not getattr(args, "json", False):
+            with sinks.guarded():
+                return _run(args)
+        return _run(args)
+    except KeyboardInterrupt:
+        print("cumatrix: interrupted", file=sys.stderr)
+        return 130
+
+
+#: Commands that print what records, host directories and the history hold: their output
+#: passes through the terminal sink (escape sequences removed, controls shown as \xNN).
+STORED_DATA_COMMANDS = frozenset({"diff", "history", "merge", "report", "repro", "submit"})
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
         return int(args.func(args))
     except ConfigError as e:
         print(str(e), file=sys.stderr)
@@ -467,6 +519,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except CumatrixError as e:
         print(f"cumatrix: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print("cumatrix: interrupted", file=sys.stderr)
-        return 130

@@ -36,6 +36,7 @@ from cumatrix.core.cache import cache_root
 from cumatrix.core.errors import CumatrixError, UsageError
 from cumatrix.core.model import CudaVersion
 from cumatrix.core.options import RunOptions
+from cumatrix.core.private import write_new
 from cumatrix.execute import spawn
 from cumatrix.front.gate_args import add_gate_parser
 from cumatrix.front.gate_dynamic import (
@@ -103,9 +104,10 @@ def _default_min_runtime(runtime_majors: tuple[int, ...] | None) -> CudaVersion:
 def _write_outputs(out: Path, audits: Sequence[WheelAudit], record: dict[str, object],
                    verbose: bool = False) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.md").write_text(findings_markdown(audits, verbose=verbose), encoding="utf-8")
-    (out / "static.json").write_text(dumps(record), encoding="utf-8")
-    (out / "junit.xml").write_text(findings_junit(audits), encoding="utf-8")
+    # Each a new file renamed into place: a link planted in --out is replaced, never written through.
+    write_new(out / "summary.md", findings_markdown(audits, verbose=verbose), replace=True)
+    write_new(out / "static.json", dumps(record), replace=True)
+    write_new(out / "junit.xml", findings_junit(audits), replace=True)
 
 
 def gate_main(args: argparse.Namespace) -> int:

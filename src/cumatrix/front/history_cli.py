@@ -12,7 +12,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cumatrix.core.errors import UsageError
-from cumatrix.results.history import History, HistoryError, default_path, git_commit
+from cumatrix.results.history import (
+    BUSY_TIMEOUT_S,
+    History,
+    HistoryError,
+    HistoryLocked,
+    default_path,
+    git_commit,
+    is_lock,
+    lock_text,
+)
 from cumatrix.results.historydiff import DEFAULT_WINDOW, diff, resolve, to_text
 
 if TYPE_CHECKING:
@@ -50,12 +59,23 @@ def history_path(args: argparse.Namespace) -> Path | None:
     return Path(given) if given else default_path()
 
 
+#: How long the check before a run waits for a locked history: the run does not wait on it
+#: (it records itself at the end, when the lock has gone).
+CHECK_WAIT_S = 2.0
+
+
 def check_history(args: argparse.Namespace) -> None:
-    """Open (create, migrate) the history before any work: a bad file is exit 2 up front."""
+    """Open (create, migrate) the history before any work: a bad file is exit 2 up front.  A
+    locked one is a warning naming the lock: the run goes on and records itself at its end,
+    when the lock has been released (else the record is reported as skipped)."""
     path = history_path(args)
     if path is not None:
-        with History.open(path):
-            pass
+        try:
+            with History.open(path, busy_timeout=CHECK_WAIT_S):
+                pass
+        except HistoryLocked as e:
+            print(f"cumatrix: warning: {e}; the run goes on and is recorded at its end once the lock is released",
+                  file=sys.stderr)
 
 
 def record(args: argparse.Namespace, run: RunData, *, kind: str) -> RunData:
@@ -73,7 +93,14 @@ def record(args: argparse.Namespace, run: RunData, *, kind: str) -> RunData:
             if not earlier:
                 return run
             return replace(run, since=diff(hist, earlier[0], b, trends=True))
-    except (HistoryError, sqlite3.Error, OSError) as e:
+    except HistoryLocked as e:
+        print(f"cumatrix: warning: run not recorded in the history (skipped): {e}", file=sys.stderr)
+        return run
+    except sqlite3.Error as e:
+        why = lock_text(path, BUSY_TIMEOUT_S) if is_lock(e) else str(e)
+        print(f"cumatrix: warning: run not recorded in the history {path} (skipped): {why}", file=sys.stderr)
+        return run
+    except (HistoryError, OSError) as e:
         print(f"cumatrix: warning: run not recorded in the history {path}: {e}", file=sys.stderr)
         return run
 
@@ -85,7 +112,7 @@ def since_for(args: argparse.Namespace, run: RunData) -> RunData:
     if path is None or not path.is_file() or not run.runs:
         return run
     try:
-        with History.open(path, create=False) as hist:
+        with History.open(path, create=False, busy_timeout=CHECK_WAIT_S) as hist:  # a comparison is not worth a wait
             uid = run.header.run_id  # as append stores it: a resumed run keeps its first id
             row = hist.conn.execute("SELECT max(id) FROM runs WHERE run_uid = ?", (uid,)).fetchone()[0]
             if row is None:

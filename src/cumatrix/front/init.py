@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import ast
 import configparser
+import os
 import re
 import tomllib
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any
 
 from cumatrix.core.errors import UsageError
 from cumatrix.core.options import DEFAULT_MATRIX
+from cumatrix.core.private import write_new
 from cumatrix.load.requirements import KNOWN_WHEELS
 
 MATRIX_FILE = DEFAULT_MATRIX
@@ -171,13 +173,20 @@ def cmd_init(args: argparse.Namespace) -> int:
     d = Path(args.dir)
     project = find_project(d)
     targets = {d / MATRIX_FILE: matrix_text(project), d / WORKFLOW_FILE: workflow_text(project)}
-    existing = [str(p) for p in targets if p.exists()]
+    # lexists: a link counts as there even when it leads nowhere (a dangling link was written
+    # through, to wherever it pointed).
+    existing = [str(p) for p in targets if os.path.lexists(p)]
     if existing and not args.force:
         raise UsageError(f"{', '.join(existing)} exist{'s' if len(existing) == 1 else ''}: not overwriting "
                          "(--force replaces them)")
     for p, text in targets.items():
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text, encoding="utf-8")
+        try:
+            write_new(p, text, replace=args.force)  # never through a link; --force replaces the link itself
+        except FileExistsError:
+            raise UsageError(f"{p} appeared while init ran: not overwriting (--force replaces it)") from None
+        except OSError as e:
+            raise UsageError(f"{p}: cannot write it: {e.strerror or e}") from None
         print(f"cumatrix: wrote {p}")
     wheels = f"; wheels in dist/: {', '.join(project.wheels)}" if project.wheels else ""
     print(f"cumatrix: package {project.name} (from {project.found_in}, imported as {project.module}){wheels}")

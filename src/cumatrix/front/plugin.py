@@ -59,6 +59,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="base image for runtime images (docker backend)")
     g.addoption("--cumatrix-host", default=None, metavar="NAME",
                 help="tag every result with this host name (for merging runs of many hosts)")
+    g.addoption("--cumatrix-submission", default=None, metavar="ID",
+                help="record this submission id in the run header (a merge of that submission takes "
+                     "only runs that carry it)")
     g.addoption("--cumatrix-require-gpu", action="store_true", default=False,
                 help="a cell skipped for want of a GPU fails (nightly jobs on GPU runners); "
                      "also CUMATRIX_REQUIRE_GPU=1")

@@ -112,7 +112,8 @@ class RunSession:
                     self._write(f"cumatrix: warning: {w}")
             store.append(run_header(m, [c.id for c in cells], backend=opts.backend,
                                     argv=list(config.invocation_params.args), host=opts.host,
-                                    fingerprint=fp, run_id=uuid.uuid4().hex[:12], plan=plan_json(config, m)))
+                                    fingerprint=fp, run_id=uuid.uuid4().hex[:12], plan=plan_json(config, m),
+                                    submission=opts.submission))
             self.progress = _Progress(total=len(cells), t0=time.monotonic())
         self.digests = digests
 

@@ -22,6 +22,7 @@ from cumatrix.core.errors import UsageError, did_you_mean
 from cumatrix.core.jobs import Job
 from cumatrix.core.model import NO_RUNTIME, Cell, CudaVersion, Kind, Matrix, is_neutral, is_ok, outcome_kind
 from cumatrix.core.options import RunOptions
+from cumatrix.core.private import write_new
 from cumatrix.execute.observe import ENFORCE_ENV, LOG_ENV
 from cumatrix.front.repro_args import add_repro_parser
 from cumatrix.front.repro_native import GDB_TIMEOUT_EXTRA, NativeTrace, find_debugger, gdb_backtrace, parse_maps
@@ -147,7 +148,7 @@ def _report_name(ident: str) -> str:
 def _write(out: Path, name: str, text: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     p = out / name
-    p.write_text(text)
+    write_new(p, text, replace=True)  # a new file renamed into place: never through a planted link
     return p
 
 

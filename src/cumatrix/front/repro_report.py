@@ -12,6 +12,7 @@ from cumatrix.front.repro_native import NativeTrace, find_debugger, parse_maps
 from cumatrix.judge.reproduce import shown
 from cumatrix.load.catalog import Bug
 from cumatrix.orchestrate import Orchestrator
+from cumatrix.report.text import clean
 
 
 @dataclass(kw_only=True)
@@ -42,7 +43,9 @@ class CellRun:
 
 
 def _fence(text: str, lang: str = "") -> list[str]:
-    body = text.rstrip() or "(empty)"
+    # What a child printed is shown, never obeyed: escapes stripped, controls as \xNN (the
+    # Markdown sink's cleaning), in a fence longer than any backtick run in it.
+    body = clean(text).rstrip() or "(empty)"
     ticks = "```"
     while ticks in body:
         ticks += "`"
@@ -74,7 +77,7 @@ def _env_table(runner: Orchestrator, runs: list[CellRun]) -> list[str]:
         if f.get("image"):
             rows.append((f"image of {r.cell.id}", f"{f['image']} ({f.get('image_id')})"))
     out = ["| | |", "|---|---|"]
-    out += [f"| {k} | {str(v).replace('|', '/')} |" for k, v in rows]
+    out += [f"| {k} | {clean(str(v)).replace(chr(10), ' ').replace('|', '/')} |" for k, v in rows]
     return out
 
 

@@ -111,6 +111,8 @@ def _checked(args: argparse.Namespace, mpath: Path) -> Any:
         args.timeout = _matrix.check_timeout(args.timeout)
     if args.host is not None:
         _matrix.check_name(args.host, "--host")
+    if args.submission is not None:
+        _matrix.check_name(args.submission, "--submission")
     if args.keyword:
         KeywordExpression.compile(args.keyword)  # a malformed -k is bad input (exit 2) before anything runs
     if args.last_failed and args.failed_first:
@@ -304,7 +306,7 @@ def _pytest_args(args: argparse.Namespace, mpath: Path, out: Path) -> list[str]:
     options = (("--cumatrix-keyword", args.keyword), ("-n", args.numprocesses), ("--cumatrix-wheel-dir", args.wheel_dir),
                ("--cumatrix-timeout", str(args.timeout) if args.timeout is not None else None),
                ("--cumatrix-base-image", args.base_image), ("--cumatrix-host", args.host),
-               ("--junitxml", args.junitxml))
+               ("--cumatrix-submission", args.submission), ("--junitxml", args.junitxml))
     for flag, value in options:
         if value:
             pargs += [flag, value]
@@ -371,6 +373,9 @@ def add_run(sub: Any) -> None:
     p.add_argument("--host", metavar="NAME",
                    help="run as this host: tag results with its name (for `cumatrix merge`) and, when the "
                         "matrix has a hosts: section, run only the cells `cumatrix plan` gives it")
+    p.add_argument("--submission", metavar="ID",
+                   help="record this submission id in the run header: `cumatrix merge --submission ID` "
+                        "takes only runs that carry it (the Slurm scripts pass one per submission)")
     p.add_argument("--junitxml", metavar="FILE", help="also write pytest's own JUnit file")
     p.add_argument("--require-gpu", action="store_true",
                    help="a cell skipped for want of a GPU fails (nightly jobs on GPU runners; also "

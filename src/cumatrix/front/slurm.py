@@ -10,16 +10,18 @@ submitted held, each task updated, then released: one array can span partitions 
 
 from __future__ import annotations
 
+import secrets
 import shlex
 import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from cumatrix.core.errors import CumatrixError, EnvironmentProblem, UsageError
+from cumatrix.core.private import write_new
 from cumatrix.front.plan import assign
 from cumatrix.load import matrix as _matrix
 
@@ -71,7 +73,7 @@ def cumatrix_command() -> list[str]:
     return [sys.executable, "-m", "cumatrix"]
 
 
-def _q(words: Sequence[str | Path]) -> str:
+def _q(words: Iterable[str | Path]) -> str:
     return " ".join(shlex.quote(str(w)) for w in words)
 
 
@@ -79,9 +81,18 @@ def write_scripts(matrix: Path, out: Path, *, run_args: Sequence[str] = (), sbat
                   job_name: str = "cumatrix") -> SlurmPlan:
     """Plan ``matrix`` over its ``hosts:`` and write ``out/slurm/{array.sbatch, merge.sbatch,
     submit.sh}``.  Paths in the scripts are absolute: a job starts in whatever directory
-    Slurm gives it."""
+    Slurm gives it.
+
+    Every value is a word quoted for the shell (:func:`shlex.quote`), never inside double
+    quotes or a comment, where ``$(...)`` in a directory's name would run; a value that cannot
+    be written into a script line at all (a control character in the matrix's path or in
+    ``out``) is refused, naming it.  Paths go to sbatch on its command line (``--chdir``,
+    ``--output``), not as ``#SBATCH`` lines, which sbatch reads with rules of its own.
+    """
     matrix = matrix.resolve()
     out = out.resolve()
+    check_text(str(matrix), "the matrix's path")
+    check_text(str(out), "--out")
     m = _matrix.load(matrix)
     cells = _matrix.cells(m)
     tasks = tuple(HostTask(index=i, host=h.name, cells=sum(1 for c in cells if c.driver in ds),
@@ -90,57 +101,77 @@ def write_scripts(matrix: Path, out: Path, *, run_args: Sequence[str] = (), sbat
     d = out / "slurm"
     d.mkdir(parents=True, exist_ok=True)
     cm = cumatrix_command()
-    hosts = " ".join(shlex.quote(t.host) for t in tasks)
-    extra = "".join(f"#SBATCH {a}\n" for a in sbatch_args)
+    hosts = _q(t.host for t in tasks)
+    extra = "".join(f"#SBATCH {check_text(a, '--sbatch-arg')}\n" for a in sbatch_args)
+    merged = out / "merged"
+    nobody = (f"cumatrix: merge: no host wrote results of this submission ({' '.join(t.host for t in tasks)}); "
+              f"see the array's logs in {d}")
     array = f"""#!/bin/bash
-# One task per host of the plan of {matrix.name} (`cumatrix plan --format slurm`).
-# Task i runs the cells the plan gives host i; its results go to {out}/HOST.
+# One task per host of the plan (`cumatrix plan --format slurm`): task i runs the cells the
+# plan gives host i, its results in OUT/HOST.  Submit with submit.sh (or `cumatrix submit
+# --slurm`): it sets CUMATRIX_SUBMISSION, the id each host's run records.
 #SBATCH --job-name={job_name}
 #SBATCH --array=0-{len(tasks) - 1}
-#SBATCH --chdir={out}
-#SBATCH --output={d}/%x-%A_%a.out
 {extra}set -u
+submission="${{CUMATRIX_SUBMISSION:?submit with submit.sh or cumatrix submit --slurm (CUMATRIX_SUBMISSION is unset)}}"
+cd {_q([out])}
 hosts=({hosts})
 host="${{hosts[$SLURM_ARRAY_TASK_ID]}}"
 echo "cumatrix: array task $SLURM_ARRAY_TASK_ID runs as host $host on $(hostname)"
-exec {_q(cm)} run {shlex.quote(str(matrix))} --host "$host" --out {shlex.quote(str(out))}/"$host" {_q(run_args)}
+exec {_q(cm)} run {_q([matrix])} --host "$host" --submission "$submission" --out {_q([out])}/"$host" {_q(run_args)}
 """
     merge = f"""#!/bin/bash
 # The merge of every host's run: submitted with --dependency=afterany on the array, so it runs
-# whatever became of the hosts; a host with no results is named by the merge (exit 1).
+# whatever became of the hosts; a host with no results of this submission is named by the
+# merge (exit 1).
 #SBATCH --job-name={job_name}-merge
-#SBATCH --chdir={out}
-#SBATCH --output={d}/%x-%j.out
 {extra}set -u
+submission="${{CUMATRIX_SUBMISSION:?submit with submit.sh or cumatrix submit --slurm (CUMATRIX_SUBMISSION is unset)}}"
+cd {_q([out])}
 dirs=()
 for h in {hosts}; do
-  [ -s {shlex.quote(str(out))}/"$h"/results.jsonl ] && dirs+=({shlex.quote(str(out))}/"$h")
+  [ -s {_q([out])}/"$h"/results.jsonl ] && dirs+=({_q([out])}/"$h")
 done
 if [ "${{#dirs[@]}}" -eq 0 ]; then
-  echo "cumatrix: merge: no host wrote results ({hosts}); see the array's logs in {d}" >&2
+  echo {_q([nobody])} >&2
   exit 1
 fi
-exec {_q(cm)} merge "${{dirs[@]}}" --matrix {shlex.quote(str(matrix))} --out {shlex.quote(str(out / "merged"))}
+exec {_q(cm)} merge "${{dirs[@]}}" --matrix {_q([matrix])} --submission "$submission" --out {_q([merged])}
 """
     updates = "".join(_update_line(t) for t in tasks if t.partition or t.constraint)
     held = "--hold " if updates else ""
+    logs = _q([f"--output={_pattern(d)}/%x-%A_%a.out"])
+    merge_logs = _q([f"--output={_pattern(d)}/%x-%j.out"])
+    chdir = _q([f"--chdir={out}"])
     submit = f"""#!/bin/bash
-# Submit the nightly of {matrix.name}: the host array, then the merge after it.
+# Submit the nightly of the plan: the host array, then the merge after it, both under a new
+# submission id (each host's run records it; the merge takes only results that carry it).
 # (`cumatrix submit --slurm` does the same, waits, and exits with the merge's status.)
 set -euo pipefail
-array=$(sbatch --parsable {held}{shlex.quote(str(d / "array.sbatch"))})
+submission="s$(date -u +%Y%m%d%H%M%S)-$(od -An -N6 -tx1 /dev/urandom | tr -d ' \\n')"
+array=$(sbatch --parsable {held}--export="ALL,CUMATRIX_SUBMISSION=$submission" {chdir} {logs} {_q([d / "array.sbatch"])})
 array=${{array%%;*}}
-{updates}{"scontrol release " + chr(36) + "array" + chr(10) if updates else ""}merge=$(sbatch --parsable --dependency=afterany:$array {shlex.quote(str(d / "merge.sbatch"))})
-echo "array job $array, merge job ${{merge%%;*}}; results in {out}/merged"
+{updates}{"scontrol release " + chr(36) + "array" + chr(10) if updates else ""}merge=$(sbatch --parsable --dependency=afterany:$array --export="ALL,CUMATRIX_SUBMISSION=$submission" {chdir} {merge_logs} {_q([d / "merge.sbatch"])})
+echo "submission $submission: array job $array, merge job ${{merge%%;*}}; results in "{_q([merged])}
 """
     paths = []
     for name, text in (("array.sbatch", array), ("merge.sbatch", merge), ("submit.sh", submit)):
         p = d / name
-        p.write_text(text, encoding="utf-8")
-        p.chmod(0o755)
+        write_new(p, text, replace=True, mode=0o755)  # a new file renamed into place: never through a link
         paths.append(p)
     return SlurmPlan(matrix=matrix, out=out, tasks=tasks, array_script=paths[0], merge_script=paths[1],
                      submit_script=paths[2])
+
+
+def _pattern(d: Path) -> str:
+    """``d`` in a Slurm file-name pattern: a ``%`` of the directory's own name doubled (Slurm
+    reads ``%%`` as ``%``), so that only the pattern's own ``%x``, ``%A``... are replaced."""
+    return str(d).replace("%", "%%")
+
+
+def new_submission() -> str:
+    """A fresh submission id: when (UTC) and 48 random bits, a name ``check_name`` accepts."""
+    return f"s{time.strftime('%Y%m%d%H%M%S', time.gmtime())}-{secrets.token_hex(6)}"
 
 
 def _update_line(t: HostTask) -> str:
@@ -178,20 +209,23 @@ def _call(argv: list[str]) -> str:
     return proc.stdout
 
 
-def submit(plan: SlurmPlan, *, sbatch_args: Sequence[str] = ()) -> tuple[str, str]:
+def submit(plan: SlurmPlan, submission: str, *, sbatch_args: Sequence[str] = ()) -> tuple[str, str]:
     """Submit the array (held while each task gets its partition and constraint) and the merge
-    after it; return (array job id, merge job id)."""
+    after it, both under ``submission``; return (array job id, merge job id)."""
     sbatch, scontrol = _tool("sbatch"), _tool("scontrol")
     updates = [t for t in plan.tasks if t.partition or t.constraint]
     hold = ["--hold"] if updates else []
-    array = _call([sbatch, "--parsable", *hold, *sbatch_args, str(plan.array_script)]).strip().split(";")[0]
+    d = plan.array_script.parent
+    common = [f"--export=ALL,CUMATRIX_SUBMISSION={submission}", f"--chdir={plan.out}"]
+    array = _call([sbatch, "--parsable", *hold, *common, f"--output={_pattern(d)}/%x-%A_%a.out", *sbatch_args,
+                   str(plan.array_script)]).strip().split(";")[0]
     try:
         for t in updates:
             _call([scontrol, "update", *_update_args(t, array)])
         if updates:
             _call([scontrol, "release", array])
-        merge = _call([sbatch, "--parsable", f"--dependency=afterany:{array}", *sbatch_args,
-                       str(plan.merge_script)]).strip().split(";")[0]
+        merge = _call([sbatch, "--parsable", f"--dependency=afterany:{array}", *common, f"--output={_pattern(d)}/%x-%j.out",
+                       *sbatch_args, str(plan.merge_script)]).strip().split(";")[0]
     except SlurmError:
         subprocess.run([_tool("scancel"), array], capture_output=True, check=False)  # no half-submitted nightly
         raise
@@ -266,7 +300,15 @@ def _final(state: str) -> bool:
 
 def check_args(words: Sequence[str], flag: str) -> list[str]:
     """Words for the scripts: no newline could end a #SBATCH line or a command early."""
-    for w in words:
-        if "\n" in w or "\r" in w or "\0" in w:
-            raise UsageError(f"{flag} {w!r}: no newlines in an argument")
-    return list(words)
+    return [check_text(w, flag) for w in words]
+
+
+def check_text(value: str, what: str) -> str:
+    """``value`` when it can stand on one line of a script: no control character (a newline
+    would end a ``#SBATCH`` line or a command early, an escape would rewrite a terminal that
+    shows the script).  Quoting is the writer's job; this is what quoting cannot carry."""
+    bad = next((ch for ch in value if ord(ch) < 0x20 or ord(ch) == 0x7F), None)
+    if bad is not None:
+        raise UsageError(f"{what} {value!r}: a control character ({bad!r}) cannot be written into a script line; "
+                         "rename it")
+    return value

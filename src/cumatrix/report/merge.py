@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
-from cumatrix.core.errors import ConfigError
+from cumatrix.core.errors import ConfigError, CumatrixError
 from cumatrix.core.planned import PlannedCells
 from cumatrix.results.records import CellResult, RunData, RunInfo, load_records
 
 
 def merge_runs(dirs: list[Path], *, host_names: list[str] | None = None,
-               plan: PlannedCells | None = None) -> RunData:
+               plan: PlannedCells | None = None, submission: str | None = None,
+               notes: Mapping[str, str] | None = None) -> RunData:
     """Merge the ``results.jsonl`` of each directory into one :class:`RunData`.
 
     Every run must be of the same matrix (by sha256), else :class:`ConfigError` naming
@@ -23,6 +25,12 @@ def merge_runs(dirs: list[Path], *, host_names: list[str] | None = None,
     runs recorded, else from the cells their headers list.  Every planned cell that its host
     did not run is ``not run``, with that host; a host of the plan with no run among ``dirs``
     is in ``missing_hosts``.
+
+    ``submission`` (``merge --submission``): only runs that recorded that submission id (and,
+    with ``plan``, that plan's id) are merged; a directory that holds another submission's
+    results (last night's, left where tonight's task failed before it wrote any) is left out,
+    its host not-run with the reason in the warnings, after its note in ``notes`` (``{host:
+    what the scheduler says of its task}``).  :class:`NothingToMerge` when no run is left.
     """
     if not dirs:
         raise ConfigError("merge: no run directories given")
@@ -30,6 +38,10 @@ def merge_runs(dirs: list[Path], *, host_names: list[str] | None = None,
         raise ConfigError(f"merge: {len(host_names)} host names for {len(dirs)} run directories")
 
     loaded = [_load(d, host_names[i] if host_names else None) for i, d in enumerate(dirs)]
+    refused = _refused(loaded, plan, submission, notes or {})
+    loaded = [entry for entry in loaded if entry[2] not in refused]
+    if not loaded:
+        raise NothingToMerge("merge: no run to merge: " + "; ".join(f"host {h}: {why}" for h, why in refused.items()))
     _check_same_matrix(loaded)
     _check_distinct_hosts(loaded)
     if plan is not None and plan.matrix_sha256 != loaded[0][1].header.matrix_sha256:
@@ -38,7 +50,37 @@ def merge_runs(dirs: list[Path], *, host_names: list[str] | None = None,
                           f"(sha256 {first.header.matrix_sha256}): name the matrix file these runs ran")
     if plan is None:
         plan = next((info.plan for _, run, _ in loaded for info in run.runs if info.plan is not None), None)
-    return _combine(loaded, plan)
+    run = _combine(loaded, plan)
+    return replace(run, warnings=tuple(f"host {h} not-run: {why}" for h, why in refused.items()) + run.warnings)
+
+
+class NothingToMerge(CumatrixError):
+    """Every run given belongs to another submission or to a host that did not run: exit 1,
+    each host named with its reason."""
+
+    exit_code = 1
+
+
+def _refused(loaded: list[tuple[Path, RunData, str]], plan: PlannedCells | None, submission: str | None,
+             notes: Mapping[str, str]) -> dict[str, str]:
+    """``{host: reason}`` of the runs that are not of this submission of this plan."""
+    refused: dict[str, str] = {}
+    for jsonl, run, host in loaded:
+        why = _foreign(jsonl, run, plan, submission) if submission is not None else None
+        if why is not None:
+            refused[host] = f"{notes[host]}; {why}" if host in notes else why
+    return refused
+
+
+def _foreign(jsonl: Path, run: RunData, plan: PlannedCells | None, submission: str) -> str | None:
+    for info in run.runs:
+        if info.submission != submission:
+            theirs = f"submission {info.submission}" if info.submission else "a run of no submission"
+            return (f"{jsonl} holds the results of {theirs} (started {info.started or 'at an unknown time'}), "
+                    f"not of submission {submission}")
+        if plan is not None and info.plan is not None and info.plan.plan_id != plan.plan_id:
+            return f"{jsonl} ran plan {info.plan.plan_id}, not this submission's plan {plan.plan_id}"
+    return None
 
 
 def _load(d: Path, host: str | None) -> tuple[Path, RunData, str]:

@@ -87,6 +87,28 @@ class HistoryError(UsageError):
     """The history file cannot be used: not a history database, newer schema, unknown run (exit 2)."""
 
 
+class HistoryLocked(HistoryError):
+    """Another process holds the history's write lock past the busy timeout.  Not bad input:
+    a run goes on without it (a warning), and records itself when the lock is released."""
+
+
+def is_lock(e: sqlite3.Error) -> bool:
+    return getattr(e, "sqlite_errorname", "") in ("SQLITE_BUSY", "SQLITE_LOCKED") or "locked" in str(e)
+
+
+def lock_text(path: Path, waited: float) -> str:
+    """What holds ``path``, as far as its side files tell: a rollback journal is a writer in
+    rollback-journal mode mid-transaction; a WAL file, a writer in WAL mode."""
+    journal, wal = path.with_name(path.name + "-journal"), path.with_name(path.name + "-wal")
+    if journal.exists():
+        holder = f"a writer in rollback-journal mode holds it (its journal {journal} is there)"
+    elif wal.exists():
+        holder = "another process holds its write lock (WAL mode)"
+    else:
+        holder = "another process holds a lock on it"
+    return f"{path}: the history database is locked: {holder}; waited {waited:g} s"
+
+
 def default_path() -> Path:
     """``$CUMATRIX_HISTORY``, else ``$XDG_DATA_HOME/cumatrix/history.sqlite``, else
     ``~/.local/share/cumatrix/history.sqlite``."""
@@ -209,12 +231,13 @@ class History:
 
     @classmethod
     @contextmanager
-    def open(cls, path: Path, *, create: bool = True) -> Iterator[History]:
+    def open(cls, path: Path, *, create: bool = True, busy_timeout: float = BUSY_TIMEOUT_S) -> Iterator[History]:
         """Open (and create, migrate) the history at ``path``.
 
         :class:`HistoryError` (exit 2) for a path that is a directory, a file that is not a
         history database, or one written by a newer cumatrix; with ``create=False``, for a
-        file that does not exist.
+        file that does not exist.  :class:`HistoryLocked` when another process holds it
+        locked for longer than ``busy_timeout`` seconds, naming the lock.
         """
         if path.is_dir():
             raise HistoryError(f"--history {path}: is a directory; name a file")
@@ -224,19 +247,19 @@ class History:
                                    f"--history or ${ENV})")
             _make_parent(path)
         try:
-            conn = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
+            conn = sqlite3.connect(str(path), timeout=busy_timeout, isolation_level=None)
         except sqlite3.Error as e:
             raise HistoryError(f"{path}: cannot open the history: {e}") from e
         try:
             hist = cls(path, conn)
-            hist._setup()
+            hist._setup(busy_timeout)
             yield hist
         finally:
             conn.close()
 
-    def _setup(self) -> None:
+    def _setup(self, busy_timeout: float) -> None:
         try:
-            self.conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            self.conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
             if self._version() < SCHEMA_VERSION:  # a reader of an up-to-date file takes no write lock
                 with self._write():
                     version = self._version()  # again, under the lock: another process may have migrated
@@ -255,6 +278,8 @@ class History:
                 self.conn.execute("PRAGMA journal_mode = WAL")
             self.conn.execute("PRAGMA synchronous = NORMAL")
         except sqlite3.DatabaseError as e:
+            if is_lock(e):  # a lock is not a sign of a foreign file: say what holds it
+                raise HistoryLocked(lock_text(self.path, busy_timeout)) from e
             raise HistoryError(f"{self.path}: not a cumatrix history database ({e}); "
                                "name another file with --history") from e
 

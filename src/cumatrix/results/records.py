@@ -8,12 +8,14 @@ not know (a later gate may add ``static`` findings) are carried through untouche
 
 from __future__ import annotations
 
+import itertools
 import json
+import os
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, BinaryIO, Literal
 
 from cumatrix.core.errors import ConfigError, Problem
 from cumatrix.core.model import Expected, Observed, Spread, Timings
@@ -60,6 +62,8 @@ class RunInfo:
     #: The cells the matrix means to run and on which host (None: a run written before runs
     #: recorded it), for a merge to name the cells that no host ran.
     plan: PlannedCells | None = None
+    #: The submission of a plan this run was one host of (``cumatrix submit``); None: none.
+    submission: str | None = None
 
     def to_json(self) -> dict[str, object]:
         """The header as a JSON object (``results.json`` ``runs[]``)."""
@@ -78,6 +82,7 @@ class RunInfo:
             "cells_total": self.cells_total,
             "source": self.source,
             "plan": self.plan.to_json() if self.plan is not None else None,
+            "submission": self.submission,
         }
 
 
@@ -305,10 +310,19 @@ def _run_info(r: _Reader) -> RunInfo:
         cells=cells,
         source=r.source,
         plan=planned_from_json(r.rec.get("plan")),
+        submission=r.text("submission"),
     )
 
 
 _RUN_HEADER_RE = re.compile(r'^\s*\{.*"type"\s*:\s*"run"')
+
+#: The most a ``results.jsonl`` may hold, per line (a record: a cell's stderr tail is kept to a
+#: few kilobytes, so a real record is far smaller) and per file (10,000 cells of the largest
+#: records real runs write fit many times over).  A file from another host's directory is
+#: untrusted: past either bound it is refused (exit 2, naming the file) before more of it is
+#: read, instead of being read whole into memory.
+MAX_LINE_BYTES = 16 * 1024 * 1024
+MAX_FILE_BYTES = 2 * 1024 * 1024 * 1024
 
 
 def load_records(jsonl: Path, *, seal: Seal | None = None) -> RunData:
@@ -328,7 +342,41 @@ def load_records(jsonl: Path, *, seal: Seal | None = None) -> RunData:
     except OSError as e:
         raise ConfigError(f"{source}: cannot read results: {e.strerror or e}") from e
     with f:
-        return _read(source, _numbered(f), seal)
+        size = os.fstat(f.fileno()).st_size
+        if size > MAX_FILE_BYTES:
+            raise ConfigError(f"{source}: {size} bytes, more than a results file may hold ({MAX_FILE_BYTES} bytes); "
+                              "not read (is it a cumatrix results.jsonl?)")
+        return _read(source, _numbered(_bounded_lines(source, f)), seal)
+
+
+def is_blank(jsonl: Path) -> bool:
+    """Whether ``jsonl`` holds nothing but white space (a run killed as it started), read a
+    block at a time up to the first other byte: a file of any size is not read whole."""
+    with jsonl.open("rb") as f:
+        if os.fstat(f.fileno()).st_size > MAX_FILE_BYTES:
+            return False  # not blank: load_records refuses it, naming it
+        while block := f.read(65536):
+            if block.strip():
+                return False
+    return True
+
+
+def _bounded_lines(source: str, f: BinaryIO) -> Iterator[bytes]:
+    """The lines of ``f``, none read past :data:`MAX_LINE_BYTES`, nor the file past
+    :data:`MAX_FILE_BYTES` (a file that grows while it is read)."""
+    total = 0
+    for lineno in itertools.count(1):
+        raw = f.readline(MAX_LINE_BYTES + 1)
+        if not raw:
+            return
+        total += len(raw)
+        if len(raw) > MAX_LINE_BYTES:
+            raise ConfigError([Problem(source, lineno, 1, f"a line of more than {MAX_LINE_BYTES} bytes: not a "
+                                                          "cumatrix record; the file is not read further")])
+        if total > MAX_FILE_BYTES:
+            raise ConfigError(f"{source}: more than a results file may hold ({MAX_FILE_BYTES} bytes); "
+                              "not read further")
+        yield raw
 
 
 def _numbered(f: Iterable[bytes]) -> Iterator[tuple[int, str, str | None]]:
