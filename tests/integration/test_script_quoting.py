@@ -84,8 +84,15 @@ def _pwned(*dirs: Path) -> list[Path]:
 
 
 def _write(monkeypatch: pytest.MonkeyPatch, recorder: Path, matrix: Path, out: Path,
-           run_args: list[str]) -> slurm.SlurmPlan:
+           run_args: list[str]) -> slurm.SlurmPlan | None:
+    """The scripts, or ``None`` where ``out`` holds a backslash, which Slurm's --output cannot
+    carry: then the refusal is checked (exit 2's error, naming it) and nothing is written."""
     monkeypatch.setattr(slurm, "cumatrix_command", lambda: [str(recorder)])
+    if "\\" in str(out):
+        with pytest.raises(UsageError, match="backslash"):
+            slurm.write_scripts(matrix, out, run_args=run_args)
+        assert not (out / "slurm").exists()
+        return None
     return slurm.write_scripts(matrix, out, run_args=run_args)
 
 
@@ -103,6 +110,8 @@ def test_bash_runs_only_the_intended_command_whatever_the_names(out_name: str, m
                                                                                                  recorder):
         recorded = Path(rec)
         sp = _write(monkeypatch, recorder, matrix, out, run_args)
+        if sp is None:
+            return
         env = {"PATH": os.environ["PATH"], "CUMATRIX_SUBMISSION": "s1", "HOME": str(root)}
         for i in range(len(HOSTS)):
             proc = subprocess.run(["bash", str(sp.array_script)], cwd=root, env={**env, "SLURM_ARRAY_TASK_ID": str(i)},
@@ -183,6 +192,7 @@ def _slurm_up() -> str | None:
 @settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(out_name=NAME, matrix_name=NAME, run_args=st.lists(WORD, max_size=2))
 @example(out_name="$(touch pwned) `touch pwned2` 'q' \"d\" %A%%", matrix_name="m;touch pwned4;", run_args=["`touch pwned2`"])
+@example(out_name="\\", matrix_name="?$(touch pwned)", run_args=[])
 def test_submit_sh_through_the_real_slurm_runs_only_the_intended_commands(
         out_name: str, matrix_name: str, run_args: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     problem = _slurm_up()
@@ -196,6 +206,8 @@ def test_submit_sh_through_the_real_slurm_runs_only_the_intended_commands(
     try:
         with _workspace(rec, out_name, matrix_name) as (root, matrix, out, recorder):
             sp = _write(monkeypatch, recorder, matrix, out, run_args)
+            if sp is None:
+                return
             for h in HOSTS:  # results for the merge job to find (the recorder writes none)
                 (sp.out / h).mkdir(parents=True, exist_ok=True)
                 (sp.out / h / "results.jsonl").write_text("{}\n")

@@ -93,6 +93,11 @@ def write_scripts(matrix: Path, out: Path, *, run_args: Sequence[str] = (), sbat
     out = out.resolve()
     check_text(str(matrix), "the matrix's path")
     check_text(str(out), "--out")
+    if "\\" in str(out):
+        # Slurm reads a backslash in a file-name pattern (--output) as "replace nothing" and drops
+        # it: the log's directory then does not exist and every task fails before it starts.
+        raise UsageError(f"--out {str(out)!r}: a backslash cannot reach Slurm's --output (its file-name patterns "
+                         "read it as an escape and drop it); choose a directory without one")
     m = _matrix.load(matrix)
     cells = _matrix.cells(m)
     tasks = tuple(HostTask(index=i, host=h.name, cells=sum(1 for c in cells if c.driver in ds),
