@@ -20,14 +20,18 @@ falls back to what the rtld-audit log claims, named as such in its record.
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import io
 import os
 import re
 import stat
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 #: The most a tracer may write for one cell; past it the record is marked incomplete.
 MAX_TRACE_BYTES = 16 << 20
@@ -90,7 +94,10 @@ class KernelTrace:
     """The tracer's record of one cell."""
 
     traced: bool  # the tree was traced; False: ptrace was refused (``note`` says why) or no tracer ran
-    complete: bool  # the tracer wrote its last line (it was not killed, nothing was cut)
+    #: The tracer wrote its last line: every process of the tree was followed from its first
+    #: instruction (none could escape with CLONE_UNTRACED) to its end (those that outlived the
+    #: first, to their kill), and nothing was cut.
+    complete: bool
     note: str | None = None
     processes: tuple[TracedProcess, ...] = ()
     objects: tuple[TracedObject, ...] = ()
@@ -120,7 +127,8 @@ UNTRACED = KernelTrace(traced=False, complete=False, note="no tracer (the spawn 
 
 
 def parse_trace(raw: bytes, *, overflow: bool = False) -> KernelTrace:
-    """Read the tracer's lines (see ``csrc/spawn.c``); a torn last line is dropped."""
+    """Read the tracer's lines (see ``csrc/spawn.c``); a torn last line is dropped.  ``l`` (the
+    first process ended; what it left is followed on until ``z``) says nothing more here."""
     lines = raw.decode(errors="replace").split("\n")[:-1]
     traced = False
     complete = False
@@ -270,32 +278,130 @@ def _same(o: TracedObject, path: str) -> bool:
 
 
 class UnsafeFile(OSError):
-    """A file on a cell's side that is not a plain file of ours (a FIFO, a link, a device)."""
+    """A file on a cell's side that is not a plain file of ours (a FIFO, a link, a device), or
+    one that could not be read within its bounds."""
 
 
-def read_cell_file(path: Path, *, limit: int = 64 << 20) -> bytes:
-    """Read a file a cell could have replaced: never following a link, never blocking on a
-    FIFO, refusing anything but a regular file; at most ``limit`` bytes.
+#: How long the harness spends reading one file a cell names before it gives up on it.
+CELL_READ_SECONDS = 30.0
+#: The most the harness reads of one file a cell names (an ELF header reader reads a little of it).
+CELL_READ_LIMIT = 8 << 30
+
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
+
+
+class _Bounded(io.RawIOBase):
+    """A regular file's descriptor read with a byte bound and a deadline (checked at each read)."""
+
+    def __init__(self, fd: int, name: str, *, limit: int, deadline: float) -> None:
+        super().__init__()
+        self._fd, self.name, self._left, self._deadline = fd, name, limit, deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return os.lseek(self._fd, offset, whence)
+
+    def tell(self) -> int:
+        return os.lseek(self._fd, 0, os.SEEK_CUR)
+
+    def readinto(self, buffer: Any) -> int:
+        if time.monotonic() > self._deadline:
+            raise UnsafeFile(f"{self.name}: not read within {CELL_READ_SECONDS:g} s")
+        view = memoryview(buffer).cast("B")
+        want = min(len(view), self._left)
+        if want <= 0 < len(view):
+            raise UnsafeFile(f"{self.name}: larger than the harness reads of a cell's file")
+        n = os.readv(self._fd, [view[:want]])
+        self._left -= n
+        return n
+
+    def close(self) -> None:
+        if not self.closed and self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        super().close()
+
+
+def open_cell_file(path: str | os.PathLike[str], *, links: bool = False, limit: int = CELL_READ_LIMIT,
+                   seconds: float = CELL_READ_SECONDS) -> io.BufferedReader:
+    """Open, for reading, a file a cell names or could have replaced (a path the kernel said was
+    mapped, an audit log's requester, anything under the cell's directories, another host's
+    results): never blocking on a FIFO, never opening a device, never following a link the
+    cell put there meanwhile; a regular file only (``fstat``), read with a byte bound and a
+    deadline.
+
+    ``links``: the path may name a file through links (the loader's ``libcudart.so.12``): they
+    are resolved first without opening anything, and the file they resolve to is opened
+    without following one.  ``FileNotFoundError`` where nothing is there; :class:`UnsafeFile`
+    (its text says ``not a regular file``) for anything but a regular file.
+    """
+    name = os.fspath(path)
+    target = os.path.realpath(name) if links else name
+    # Checked before the open too: opening a device or a FIFO is what must not happen (a tape
+    # rewinds, a FIFO's open waits for a writer); the fstat after it closes the race.
+    mode = os.lstat(target).st_mode
+    if stat.S_ISLNK(mode):
+        raise OSError(errno.ELOOP, f"{name}: a symbolic link, not followed")
+    _regular(name, mode)
+    fd = os.open(target, _OPEN_FLAGS)
+    try:
+        _regular(name, os.fstat(fd).st_mode)
+        raw = _Bounded(fd, name, limit=limit, deadline=time.monotonic() + seconds)
+    except BaseException:
+        os.close(fd)
+        raise
+    return io.BufferedReader(raw, buffer_size=1 << 16)
+
+
+def _regular(name: str, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        raise UnsafeFile(f"{name}: not a regular file ({stat.filemode(mode)})")
+
+
+def read_cell_file(path: Path | str, *, limit: int = 64 << 20, links: bool = False,
+                   seconds: float = CELL_READ_SECONDS) -> bytes:
+    """Read a file a cell could have replaced (:func:`open_cell_file`): at most ``limit`` bytes.
 
     ``FileNotFoundError`` where it does not exist; :class:`UnsafeFile` where it is not a
-    regular file.
+    regular file or was not read in ``seconds``.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafeFile(f"{path} is not a regular file (mode {stat.filemode(st.st_mode)})")
-        chunks = []
-        left = limit
+    chunks = []
+    left = limit
+    with open_cell_file(path, links=links, limit=limit, seconds=seconds) as f:
         while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
+            chunk = f.read1(min(left, 1 << 20))
             if not chunk:
                 break
             chunks.append(chunk)
             left -= len(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+    return b"".join(chunks)
+
+
+def cell_file_sha256(path: str) -> str:
+    """The sha256 of a file a cell names (:func:`open_cell_file`, links resolved), hashed once
+    per file version."""
+    real = os.path.realpath(path)
+    st = os.lstat(real)
+    _regular(path, st.st_mode)
+    return _cell_sha256(real, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=8192)
+def _cell_sha256(path: str, dev: int, ino: int, size: int, mtime_ns: int) -> str:  # noqa: ARG001
+    # (dev, ino, size, mtime_ns) are the cache key only: a file version is hashed once.
+    h = hashlib.sha256()
+    with open_cell_file(path) as f:
+        while chunk := f.read1(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------- content keys

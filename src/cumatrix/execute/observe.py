@@ -59,6 +59,7 @@ from cumatrix.execute.mapped import (
     read_log,
     read_mapped,
     soname_from_file,
+    special_files,
     version_from_name,
 )
 
@@ -399,6 +400,9 @@ class Observation:
     #: Paths the audit log claims were mapped that the kernel never saw (ignored).
     unbacked: tuple[str, ...] = ()
     static_runtimes: tuple[StaticRuntime, ...] = ()
+    #: Why the kernel's record does not cover the whole tree to its end (None: it does, or
+    #: nothing traced it): a pass is then not taken on what was seen.
+    incomplete: str | None = None
 
     def fingerprint(self) -> dict[str, object]:
         """The record's ``libraries`` (each with where it came from and how the loader found it),
@@ -444,6 +448,7 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
     """
     log = read_log(plan.log)
     unbacked: tuple[str, ...] = ()
+    incomplete: str | None = None
     note = log.problem
     if trace is not None and trace.traced:
         source = "kernel"
@@ -470,9 +475,10 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
             rows += [(pid, "", path) for pid in o.pids]
         every = described(rows, roots=roots, cuda_only=False, soname_from_file=True)
         unbacked = tuple(unbacked_list)
-        extra = "; ".join(trace.notes)
+        extra = "; ".join(trace.notes + special_files(o.path.removesuffix(" (deleted)") for o in trace.objects))
         if not trace.complete:
-            extra = "; ".join(x for x in ("the tracer's record is incomplete (it was killed)", extra) if x)
+            incomplete = "the tracer's record is incomplete (it was killed, or its record was cut)"
+            extra = "; ".join(x for x in (incomplete, extra) if x)
         note = "; ".join(x for x in (note, extra) if x) or None
     else:
         source = "rtld-audit"
@@ -503,7 +509,7 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
                        not_used=runtime_not_used(cell, mapped, mode=mode, statics=statics) if cell is not None else None,
                        provenance=provs, leak=leak, leak_detail=detail,
                        source=source, source_note=note, driver_mapped=driver, unbacked=unbacked,
-                       static_runtimes=statics)
+                       static_runtimes=statics, incomplete=incomplete)
 
 
 def _static_runtimes(mapped: Sequence[MappedLibrary], roots: Mapping[str, Path],

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from cumatrix.core.jobs import ChildResult, Verdict
-from cumatrix.core.model import ChildFacts, Observed, Timings
+from cumatrix.core.model import ChildFacts, Kind, Observed, Timings, outcome_kind
 from cumatrix.core.witness import loader_undefined_symbol
 from cumatrix.execute import observe, provenance
 from cumatrix.execute.local import HARNESS_PROBLEM
@@ -104,16 +104,23 @@ def with_audit(observed: Observed, seen: observe.Observation | None) -> Observed
     (the host's toolkit, the loader cache, a stray ``LD_LIBRARY_PATH``) fails:
     ``runtime-leak:PATH``, saying how the loader found it.  One that used a runtime of another
     soname than the cell's, its own, did not run under the cell's name:
-    ``skipped:runtime-not-used``, naming what it loaded and from where."""
+    ``skipped:runtime-not-used``, naming what it loaded and from where.  Where the kernel's
+    record of the tree is incomplete, a passing outcome is ``harness-error``: it would rest on
+    part of the tree only."""
     if seen is None or observed.outcome == "harness-error":
         return observed
     if seen.leak is not None:
         return replace(observed, outcome=f"{provenance.OUTCOME_PREFIX}{seen.leak.path}", path=None,
                        detail=f"{seen.leak_detail}; the process's own outcome: {observed.outcome}")
-    if seen.not_used is None:
-        return observed
-    return replace(observed, outcome=observe.OUTCOME_NOT_USED, path=None,
-                   detail=f"{seen.not_used}; the process's own outcome: {observed.outcome}")
+    if seen.not_used is not None:
+        return replace(observed, outcome=observe.OUTCOME_NOT_USED, path=None,
+                       detail=f"{seen.not_used}; the process's own outcome: {observed.outcome}")
+    if seen.incomplete is not None and outcome_kind(observed.outcome) is Kind.OK:
+        # What was seen passed, but not all of the tree was seen: no pass on that strength.
+        return replace(observed, outcome="harness-error", path=None,
+                       detail=f"{seen.incomplete}: the cell is not judged on part of its processes; "
+                              f"the process's own outcome: {observed.outcome}")
+    return observed
 
 
 def _from_verdict(res: ChildResult, v: Verdict) -> Observed:
