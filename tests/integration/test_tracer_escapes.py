@@ -137,6 +137,29 @@ def test_a_process_outliving_the_first_is_followed(tmp_path: Path, cli_env: Any,
     _ran_cu13(rec)
 
 
+def test_a_runtime_unloaded_before_exit_is_seen(tmp_path: Path, cli_env: Any, cu13: Path) -> None:
+    """Attack: dlopen libcudart.so.13, call it, dlclose it, exit 0.  Before: nothing mapped it
+    at any moment the maps were read (exec, exit): ``ok``, no library recorded.  Now every
+    file mapped executable stops the tracer when it is mapped (the seccomp filter on ``mmap``
+    with ``PROT_EXEC``), and the file is on the record."""
+    exe = _build(tmp_path, "unload", """
+        #include <dlfcn.h>
+        #include <stdio.h>
+        int main(int argc, char **argv) {
+            (void)argc;
+            void *h = dlopen(argv[1], RTLD_NOW);
+            int (*get)(int *) = h ? (int (*)(int *))dlsym(h, "cudaRuntimeGetVersion") : 0;
+            int v = 0;
+            if (get) get(&v);
+            fprintf(stderr, "runtime %d\\n", v);
+            if (h) dlclose(h);
+            return v ? 0 : 3;
+        }
+        """)
+    rec = _run(cli_env, tmp_path, f"{{name: unload, argv: [{exe}, {cu13}]}}")
+    _ran_cu13(rec)
+
+
 def test_a_fifo_renamed_over_a_mapped_runtime_does_not_stall_the_harness(tmp_path: Path, cli_env: Any,
                                                                         cu13: Path) -> None:
     """Attack: load a runtime from the cell's own directory, then rename a FIFO over its path.

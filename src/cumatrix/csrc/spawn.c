@@ -100,6 +100,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <limits.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
@@ -338,6 +339,35 @@ static void exe_of(pid_t pid, char *buf, size_t size) {
     for (char *c = buf; *c; c++) if (*c == '\n' || *c == '\t') *c = '?';
 }
 
+/* SECCOMP_RET_DATA of the filter's stops: an execve (or another ABI's call), an executable mapping. */
+#define EXEC_STOP 0
+#define MMAP_EXEC 1
+
+/* The file PID is about to map executable (the mmap's descriptor, read at the call's entry
+ * while the process waits): written as an "m" line, as if read from its maps. */
+static void mapping_made(pid_t pid) {
+#ifdef PTRACE_GET_SYSCALL_INFO
+    struct __ptrace_syscall_info info;
+    memset(&info, 0, sizeof info);
+    if (ptrace(PTRACE_GET_SYSCALL_INFO, pid, (void *)sizeof info, &info) <= 0 || info.op != PTRACE_SYSCALL_INFO_SECCOMP)
+        return;
+    int fd = (int)info.seccomp.args[4];
+    char name[64], path[4096];
+    snprintf(name, sizeof name, "/proc/%d/fd/%d", (int)pid, fd);
+    struct stat st;
+    ssize_t n = readlink(name, path, sizeof path - 1);
+    if (n <= 0 || stat(name, &st) != 0) return;  /* stat of the link: the open file itself, no path walked */
+    path[n] = 0;
+    for (char *c = path; *c; c++) if (*c == '\n' || *c == '\t') *c = '?';
+    unsigned long long dev = ((unsigned long long)major(st.st_dev) << 20) | minor(st.st_dev);
+    if (seen_before((int)pid, dev, (unsigned long long)st.st_ino, path)) return;
+    out_line("m\t%d\t%02x:%02x\t%llu\t%s\n", (int)pid, major(st.st_dev), minor(st.st_dev),
+             (unsigned long long)st.st_ino, path);
+#else
+    (void)pid;
+#endif
+}
+
 /* The filter every traced process carries: execve and execveat stop in the tracer first
  * (SECCOMP_RET_TRACE), while the old image is still mapped.  Another ABI's system calls
  * (a 32-bit program on a 64-bit kernel) all ask the tracer: its numbers differ. */
@@ -371,8 +401,17 @@ static int install_exec_filter(void) {
          * refused, so that every process of the tree is traced from its first instruction. */
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone, 0, 3),
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])),  /* the flags' low word */
-        BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, CLONE_UNTRACED, 0, 1),
+        BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, CLONE_UNTRACED, 0, 7),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+        /* A file mapped executable (prot has PROT_EXEC, fd is not -1) asks the tracer first,
+         * which records the file then: a library unloaded before any maps are read is on the
+         * record too.  Anonymous executable memory (a JIT's) stops nothing. */
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_mmap, 0, 5),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[2])),
+        BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, PROT_EXEC, 0, 3),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[4])),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0xffffffffu, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRACE | MMAP_EXEC),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
     struct sock_fprog fprog = {(unsigned short)(sizeof prog / sizeof prog[0]), prog};
@@ -592,6 +631,7 @@ static int trace_tree(pid_t leader) {
         live_add(pid);
         if (!WIFSTOPPED(st)) continue;
         int sig = WSTOPSIG(st), event = (unsigned)st >> 16, deliver = 0;
+        unsigned long msg = EXEC_STOP;
         if (event == PTRACE_EVENT_EXIT) {
             unsigned long how = 0;
             ptrace(PTRACE_GETEVENTMSG, pid, 0, &how);
@@ -603,6 +643,8 @@ static int trace_tree(pid_t leader) {
             struct pid_note *n = note_of(pid, 0);
             if (!(n && n->maybe_thread && sibling_of_live_leader(pid))) snapshot(pid);
             out_line("x\t%d\t%lu\t%s\n", (int)pid, how, exe);
+        } else if (event == PTRACE_EVENT_SECCOMP && (ptrace(PTRACE_GETEVENTMSG, pid, 0, &msg), msg == MMAP_EXEC)) {
+            mapping_made(pid);
         } else if (event == PTRACE_EVENT_SECCOMP) {
             /* An execve's entry: the old image's last moment (the leader's first is this
              * program's own code, nothing of the cell's).  The new image is written at the
