@@ -31,7 +31,8 @@
  * /proc/PID/maps and writes every mapped file (device, inode, path) to FD, which no process
  * of the tree inherits.  The same filter refuses clone(CLONE_UNTRACED) (EPERM: a process no
  * tracer hears of) and clone3 (ENOSYS: its flags are out of a filter's reach; the C library
- * falls back to clone).  Processes that outlive the first are followed: they run on, traced,
+ * falls back to clone), and stops each mmap of a file with PROT_EXEC, whose file is written
+ * then (a library unloaded before exit is on the record).  Processes that outlive the first are followed: they run on, traced,
  * for LEFT_GRACE_MS, then are killed, and the record ends only when no traced process is
  * left.  What a cell's
  * processes mapped then comes from the kernel, read by a process the cell cannot write to:
