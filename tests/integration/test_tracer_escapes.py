@@ -160,6 +160,35 @@ def test_a_runtime_unloaded_before_exit_is_seen(tmp_path: Path, cli_env: Any, cu
     _ran_cu13(rec)
 
 
+def test_a_runtime_loaded_from_a_memfd_is_judged_by_its_bytes(tmp_path: Path, cli_env: Any, cu13: Path) -> None:
+    """Attack: copy libcudart.so.13 into a memfd and dlopen it through /proc/self/fd/N.  Before:
+    the record named ``/memfd:rt (deleted)``, which the harness can neither read nor name:
+    ``ok``, ``runtime_version: None``.  Now the tracer reads its SONAME from its bytes when it
+    is mapped, and the cell is judged on the CUDA 13 runtime it ran."""
+    exe = _build(tmp_path, "memfd", """
+        #define _GNU_SOURCE
+        #include <dlfcn.h>
+        #include <fcntl.h>
+        #include <stdio.h>
+        #include <sys/mman.h>
+        #include <unistd.h>
+        """ + _LOAD + """
+        int main(int argc, char **argv) {
+            (void)argc;
+            int src = open(argv[1], O_RDONLY), mem = memfd_create("rt", 0);
+            char buf[65536], path[64];
+            ssize_t n;
+            while ((n = read(src, buf, sizeof buf)) > 0)
+                if (write(mem, buf, (size_t)n) != n) return 4;
+            snprintf(path, sizeof path, "/proc/self/fd/%d", mem);
+            return load(path);
+        }
+        """)
+    rec = _run(cli_env, tmp_path, f"{{name: memfd, argv: [{exe}, {cu13}]}}")
+    _ran_cu13(rec)
+    assert rec["fingerprint"]["runtime_version"] == 13000, rec["fingerprint"]
+
+
 def test_a_fifo_renamed_over_a_mapped_runtime_does_not_stall_the_harness(tmp_path: Path, cli_env: Any,
                                                                         cu13: Path) -> None:
     """Attack: load a runtime from the cell's own directory, then rename a FIFO over its path.

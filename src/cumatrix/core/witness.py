@@ -83,6 +83,9 @@ class TracedObject:
     device: str  # MAJOR:MINOR, hex, as the kernel prints it
     inode: int
     pids: tuple[int, ...] = ()
+    #: Its DT_SONAME, read by the tracer from its bytes when it was mapped, where it had no name
+    #: on disk (a memfd, a removed file); None: the harness reads the file by its path.
+    soname: str | None = None
 
     @property
     def name(self) -> str:
@@ -137,6 +140,7 @@ def parse_trace(raw: bytes, *, overflow: bool = False) -> KernelTrace:
     procs: dict[int, dict[str, object]] = {}
     objects: dict[tuple[str, str, int], list[int]] = {}
     resolved: dict[str, str] = {}
+    sonames: dict[tuple[str, int], str] = {}
     resolved_inside = False
 
     def proc(pid: int) -> dict[str, object]:
@@ -165,8 +169,10 @@ def parse_trace(raw: bytes, *, overflow: bool = False) -> KernelTrace:
             elif tag == "x" and len(parts) >= 4:
                 p = proc(int(parts[1]))
                 p["status"], p["exe"] = int(parts[2]), parts[3] or None
-            elif tag == "r" and len(parts) >= 3:
-                resolved.setdefault(parts[1], parts[2])
+            elif tag in ("r", "s") and len(parts) >= 3 + (tag == "s"):
+                # r: a log's path resolved in the container; s: a nameless file's SONAME.
+                (resolved.setdefault(parts[1], parts[2]) if tag == "r"
+                 else sonames.setdefault((parts[1], int(parts[2])), parts[3]))
             elif tag == "c":
                 resolved_inside = True
             elif tag == "z":
@@ -175,7 +181,8 @@ def parse_trace(raw: bytes, *, overflow: bool = False) -> KernelTrace:
             continue  # a line the tracer did not write this way: ignored
     processes = tuple(TracedProcess(pid=pid, images=tuple(v["images"]), status=v["status"],  # type: ignore[arg-type]
                                     exe=v["exe"]) for pid, v in procs.items())  # type: ignore[arg-type]
-    objs = tuple(TracedObject(path=p, device=d, inode=i, pids=tuple(pids)) for (p, d, i), pids in objects.items())
+    objs = tuple(TracedObject(path=p, device=d, inode=i, pids=tuple(pids), soname=sonames.get((d, i)))
+                 for (p, d, i), pids in objects.items())
     if overflow:
         notes.append(f"the tracer's record passed {MAX_TRACE_BYTES} bytes; the rest was not read")
     return KernelTrace(traced=traced, complete=complete and not overflow, note=note, processes=processes,

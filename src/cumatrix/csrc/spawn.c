@@ -44,6 +44,8 @@
  *   e <pid> <exe>                      the process's image after an execve (written at its next
  *                                      execve or its exit: no stop is spent on the exec itself)
  *   m <pid> <dev> <inode> <path>       a file the process mapped (each (pid, dev, inode) once)
+ *   s <dev> <inode> <soname>           the DT_SONAME of a file mapped executable that had no
+ *                                      name on disk (a memfd, a removed file), read from its bytes
  *   x <pid> <wait status> <exe>        the process ended (its status as waitpid reports it)
  *   l <leader's wait status>           the first process ended (what it left is followed on)
  *   z <leader's wait status>           the end: every process of the tree has ended, and
@@ -344,6 +346,58 @@ static void exe_of(pid_t pid, char *buf, size_t size) {
 #define EXEC_STOP 0
 #define MMAP_EXEC 1
 
+/* DT_SONAME of the 64-bit little-endian ELF file open as FD, into OUT (empty: none read).
+ * Read from the bytes themselves, for a file that has no name on disk (a memfd, a file
+ * removed since): the harness can read nothing of it once the process is gone. */
+static void soname_of(int fd, char *out, size_t size) {
+    out[0] = 0;
+    unsigned char eh[64];
+    if (pread(fd, eh, sizeof eh, 0) != (ssize_t)sizeof eh || memcmp(eh, "\177ELF", 4) != 0 || eh[4] != 2 || eh[5] != 1)
+        return;
+    unsigned long long phoff;
+    unsigned short phentsize, phnum;
+    memcpy(&phoff, eh + 0x20, 8);
+    memcpy(&phentsize, eh + 0x36, 2);
+    memcpy(&phnum, eh + 0x38, 2);
+    if (phentsize < 56 || phnum == 0 || phnum > 256) return;
+    unsigned long long dyn_off = 0, dyn_size = 0, load_vaddr[16], load_off[16], load_size[16];
+    int loads = 0;
+    for (unsigned i = 0; i < phnum; i++) {
+        unsigned char ph[56];
+        if (pread(fd, ph, sizeof ph, (off_t)(phoff + (unsigned long long)i * phentsize)) != (ssize_t)sizeof ph) return;
+        unsigned int type;
+        unsigned long long off, vaddr, filesz;
+        memcpy(&type, ph, 4);
+        memcpy(&off, ph + 8, 8);
+        memcpy(&vaddr, ph + 16, 8);
+        memcpy(&filesz, ph + 32, 8);
+        if (type == 2) { dyn_off = off; dyn_size = filesz; }
+        else if (type == 1 && loads < 16) { load_vaddr[loads] = vaddr; load_off[loads] = off; load_size[loads] = filesz; loads++; }
+    }
+    unsigned long long strtab = 0, soname = (unsigned long long)-1;
+    for (unsigned long long at = 0; at + 16 <= dyn_size && at < (1u << 20); at += 16) {
+        long long tag;
+        unsigned long long val;
+        unsigned char d[16];
+        if (pread(fd, d, sizeof d, (off_t)(dyn_off + at)) != (ssize_t)sizeof d) return;
+        memcpy(&tag, d, 8);
+        memcpy(&val, d + 8, 8);
+        if (tag == 0) break;
+        if (tag == 5) strtab = val;       /* DT_STRTAB (an address) */
+        else if (tag == 14) soname = val; /* DT_SONAME (an offset in it) */
+    }
+    if (soname == (unsigned long long)-1) return;
+    for (int i = 0; i < loads; i++)
+        if (strtab >= load_vaddr[i] && strtab < load_vaddr[i] + load_size[i]) {
+            ssize_t n = pread(fd, out, size - 1, (off_t)(strtab - load_vaddr[i] + load_off[i] + soname));
+            if (n <= 0) { out[0] = 0; return; }
+            out[n] = 0;
+            for (char *c = out; *c; c++)
+                if ((unsigned char)*c < 0x21 || *c == 0x7f) { out[0] = 0; return; }  /* a name, or nothing */
+            return;
+        }
+}
+
 /* The file PID is about to map executable (the mmap's descriptor, read at the call's entry
  * while the process waits): written as an "m" line, as if read from its maps. */
 static void mapping_made(pid_t pid) {
@@ -364,6 +418,19 @@ static void mapping_made(pid_t pid) {
     if (seen_before((int)pid, dev, (unsigned long long)st.st_ino, path)) return;
     out_line("m\t%d\t%02x:%02x\t%llu\t%s\n", (int)pid, major(st.st_dev), minor(st.st_dev),
              (unsigned long long)st.st_ino, path);
+    size_t len = strlen(path);
+    if (S_ISREG(st.st_mode) && len > 10 && strcmp(path + len - 10, " (deleted)") == 0) {
+        /* No name on disk (a memfd, a removed file): its SONAME is read now, from its bytes
+         * (the descriptor reopened; a regular file: nothing here can wait). */
+        char so[256];
+        int rfd = open(name, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+        if (rfd >= 0) {
+            soname_of(rfd, so, sizeof so);
+            close(rfd);
+            if (so[0]) out_line("s\t%02x:%02x\t%llu\t%s\n", major(st.st_dev), minor(st.st_dev),
+                                (unsigned long long)st.st_ino, so);
+        }
+    }
 #else
     (void)pid;
 #endif

@@ -472,7 +472,8 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
             path = logged.get((o.device, o.inode), real)
             if not real.rpartition("/")[2].startswith(path.rpartition("/")[2]):
                 path = real
-            rows += [(pid, "", path) for pid in o.pids]
+            # A nameless file's SONAME (a memfd's) comes from the tracer, read from its bytes.
+            rows += [(pid, o.soname or "", path) for pid in o.pids]
         every = described(rows, roots=roots, cuda_only=False, soname_from_file=True)
         unbacked = tuple(unbacked_list)
         extra = "; ".join(trace.notes + special_files(o.path.removesuffix(" (deleted)") for o in trace.objects))
