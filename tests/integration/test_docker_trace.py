@@ -232,3 +232,21 @@ def test_a_docker_cells_library_unloaded_before_exit_is_on_the_record(backend: A
     assert res.trace.complete, res.trace
     assert any(o.path.removesuffix(" (deleted)") == unloaded for o in res.trace.objects), \
         (unloaded, [o.path for o in res.trace.objects])
+
+
+def test_a_docker_cells_library_loaded_from_a_memfd_is_named_by_its_bytes(backend: Any) -> None:
+    """Attack: copy a library into a memfd and load it through /proc/self/fd/N: the kernel names
+    it ``/memfd:NAME (deleted)``, which nothing outside the container can read.  The tracer
+    reads its SONAME from its bytes when it is mapped."""
+    code = ("import ctypes, glob, os; "
+            "path = next(p for p in sorted(glob.glob('/usr/lib/x86_64-linux-gnu/lib*.so.*')) "
+            "if os.path.basename(p).startswith(('libbz2', 'liblzma', 'libsqlite3', 'libffi', 'libexpat'))); "
+            "fd = os.memfd_create('lib'); os.write(fd, open(path, 'rb').read()); "
+            "ctypes.CDLL(f'/proc/self/fd/{fd}'); print(os.path.basename(os.path.realpath(path)))")
+    res = backend.run_job(_job(backend, "python3", "-c", code))
+    assert res.returncode == 0, res.stderr_tail
+    assert res.trace is not None
+    memfds = [o for o in res.trace.objects if o.path.startswith("/memfd:lib")]
+    assert memfds, [o.path for o in res.trace.objects]
+    assert memfds[0].soname is not None
+    assert res.stdout_tail.strip().startswith(memfds[0].soname), (res.stdout_tail, memfds[0])
