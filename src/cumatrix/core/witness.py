@@ -111,6 +111,9 @@ class KernelTrace:
     #: The tracer resolved the log's paths itself: they name files of another file system than
     #: the harness's, and are never looked up here.
     resolved_inside: bool = False
+    #: Processes still running when the first one ended (followed by the tracer until they
+    #: ended or were killed with the cell).
+    left: int = 0
 
     def mapped_by(self, pid: int) -> tuple[TracedObject, ...]:
         return tuple(o for o in self.objects if pid in o.pids)
@@ -142,6 +145,7 @@ def parse_trace(raw: bytes, *, overflow: bool = False) -> KernelTrace:
     resolved: dict[str, str] = {}
     sonames: dict[tuple[str, int], str] = {}
     resolved_inside = False
+    left = 0
 
     def proc(pid: int) -> dict[str, object]:
         return procs.setdefault(pid, {"images": [], "status": None, "exe": None})
@@ -173,8 +177,9 @@ def parse_trace(raw: bytes, *, overflow: bool = False) -> KernelTrace:
                 # r: a log's path resolved in the container; s: a nameless file's SONAME.
                 (resolved.setdefault(parts[1], parts[2]) if tag == "r"
                  else sonames.setdefault((parts[1], int(parts[2])), parts[3]))
-            elif tag == "c":
-                resolved_inside = True
+            elif tag in ("c", "l"):
+                resolved_inside |= tag == "c"
+                left = int(parts[2]) if tag == "l" and len(parts) >= 3 else left
             elif tag == "z":
                 complete = True
         except ValueError:
@@ -187,7 +192,7 @@ def parse_trace(raw: bytes, *, overflow: bool = False) -> KernelTrace:
         notes.append(f"the tracer's record passed {MAX_TRACE_BYTES} bytes; the rest was not read")
     return KernelTrace(traced=traced, complete=complete and not overflow, note=note, processes=processes,
                        objects=objs, notes=tuple(notes), resolved=tuple(resolved.items()),
-                       resolved_inside=resolved_inside)
+                       resolved_inside=resolved_inside, left=left)
 
 
 class TraceChannel:

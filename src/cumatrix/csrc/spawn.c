@@ -47,7 +47,7 @@
  *   s <dev> <inode> <soname>           the DT_SONAME of a file mapped executable that had no
  *                                      name on disk (a memfd, a removed file), read from its bytes
  *   x <pid> <wait status> <exe>        the process ended (its status as waitpid reports it)
- *   l <leader's wait status>           the first process ended (what it left is followed on)
+ *   l <leader's wait status> <n>       the first process ended, leaving n processes (followed on)
  *   z <leader's wait status>           the end: every process of the tree has ended, and
  *                                      every line before it is complete
  *
@@ -505,6 +505,19 @@ static void traced_child_setup(int go_fd) {
 static int options = PTRACE_O_TRACEFORK | PTRACE_O_TRACEVFORK | PTRACE_O_TRACECLONE |
                      PTRACE_O_TRACEEXIT | PTRACE_O_TRACESECCOMP;
 
+/* The process PID is a thread of (its thread group's id); -1 where it is gone. */
+static long tgid_of(pid_t pid) {
+    char name[64], line[256];
+    snprintf(name, sizeof name, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(name, "re");
+    if (!f) return -1;
+    long tgid = -1;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "Tgid:", 5)) { tgid = atol(line + 5); break; }
+    fclose(f);
+    return tgid;
+}
+
 /* Whether PID is a thread (not the first) of a process whose first thread still runs. */
 static int sibling_of_live_leader(pid_t pid) {
     char name[64], line[256];
@@ -681,15 +694,17 @@ static int trace_tree(pid_t leader) {
             if (pid == leader) {
                 leader_status = st;
                 leader_gone = 1;
-                out_line("l\t%d\n", st);
                 /* What it left is read now (it may be killed before its own exit is seen
                  * whole), then followed until it ends. */
+                int left = 0;
                 for (int i = 0; i < n_live; i++)
                     if (live[i] > 0) {
                         exe_of(live[i], exe, sizeof exe);
                         exec_done(live[i], exe);  /* an image it exec'd since its last stop */
                         snapshot(live[i]);
+                        left += tgid_of(live[i]) == live[i];
                     }
+                out_line("l\t%d\t%d\n", st, left);
                 out_flush();
                 if (record_mode) grace_over = 1;  /* a container's tracer kills them at once, as before */
                 else start_grace();
