@@ -115,6 +115,48 @@ def test_a_clone_untraced_child_is_refused(tmp_path: Path, cli_env: Any, cu13: P
     _ran_cu13(rec)
 
 
+_CLONE32 = """
+    .globl _start
+    .text
+_start:
+    movl $120, %eax          /* i386 clone */
+    movl $0x00800011, %ebx   /* CLONE_UNTRACED | SIGCHLD */
+    xorl %ecx, %ecx          /* no new stack: fork-like */
+    xorl %edx, %edx
+    xorl %esi, %esi
+    xorl %edi, %edi
+    int $0x80
+    testl %eax, %eax
+    js refused
+    movl $1, %eax            /* exit(0), in the child and in the parent: the clone was made */
+    xorl %ebx, %ebx
+    int $0x80
+refused:
+    movl $1, %eax            /* exit(7) */
+    movl $7, %ebx
+    int $0x80
+"""
+
+
+def test_a_32_bit_clone_untraced_ends_the_cell_as_a_harness_error(tmp_path: Path, cli_env: Any) -> None:
+    """Attack: a 32-bit program (whose system call numbers the filter cannot tell apart) calls
+    clone(CLONE_UNTRACED).  Before: the child ran untraced and the cell was ``ok``.  Now the
+    tracer, stopped at each of its calls, kills it before the call runs, and the cell is a
+    ``harness-error`` naming the attempt."""
+    src = tmp_path / "clone32.S"
+    src.write_text(_CLONE32)
+    exe = tmp_path / "clone32"
+    built = subprocess.run([gcc(), "-m32", "-nostdlib", "-static", "-o", str(exe), str(src)], capture_output=True,
+                           text=True, check=False)
+    if built.returncode != 0:
+        pytest.skip(f"no 32-bit linking here: {built.stderr.strip()[-200:]}")
+    if subprocess.run([str(exe)], check=False).returncode != 0:
+        pytest.skip("this kernel runs no 32-bit programs")
+    rec = _run(cli_env, tmp_path, f"{{name: clone32, argv: [{exe}]}}")
+    assert rec["observed"]["outcome"] == "harness-error", rec["observed"]
+    assert "clone with CLONE_UNTRACED" in rec["observed"]["detail"], rec["observed"]
+
+
 def test_a_process_outliving_the_first_is_followed(tmp_path: Path, cli_env: Any, cu13: Path) -> None:
     """Attack: the first process exits at once; its child, 100 ms later, loads libcudart.so.13.
     Before: the tracer stopped with the first process, the child ran untraced, and the cell

@@ -111,6 +111,9 @@ class KernelTrace:
     #: The tracer resolved the log's paths itself: they name files of another file system than
     #: the harness's, and are never looked up here.
     resolved_inside: bool = False
+    #: Attempts to make a process no tracer hears of that the tracer stopped by killing the
+    #: process (another ABI's clone; the native one is refused with EPERM by the filter).
+    escapes: tuple[str, ...] = ()
     #: Processes still running when the first one ended (followed by the tracer until they
     #: ended or were killed with the cell).
     left: int = 0
@@ -132,9 +135,33 @@ class KernelTrace:
 UNTRACED = KernelTrace(traced=False, complete=False, note="no tracer (the spawn helper could not be built)")
 
 
+@dataclass(kw_only=True, slots=True)
+class _Side:
+    """What a record says beside processes and objects, gathered line by line."""
+
+    resolved: dict[str, str] = field(default_factory=dict)
+    sonames: dict[tuple[str, int], str] = field(default_factory=dict)
+    resolved_inside: bool = False
+    left: int = 0
+    escapes: list[str] = field(default_factory=list)
+
+    def take(self, tag: str, parts: list[str]) -> None:
+        """r: a log's path resolved in the container; c: the log's paths were; s: a nameless
+        file's SONAME; l: the first process ended, leaving N; u: an escape, stopped."""
+        if tag == "r" and len(parts) >= 3:
+            self.resolved.setdefault(parts[1], parts[2])
+        elif tag == "c":
+            self.resolved_inside = True
+        elif tag == "s" and len(parts) >= 4:
+            self.sonames.setdefault((parts[1], int(parts[2])), parts[3])
+        elif tag == "l" and len(parts) >= 3:
+            self.left = int(parts[2])
+        elif tag == "u" and len(parts) >= 3:
+            self.escapes.append(f"process {int(parts[1])} tried {parts[2]}")
+
+
 def parse_trace(raw: bytes, *, overflow: bool = False) -> KernelTrace:
-    """Read the tracer's lines (see ``csrc/spawn.c``); a torn last line is dropped.  ``l`` (the
-    first process ended; what it left is followed on until ``z``) says nothing more here."""
+    """Read the tracer's lines (see ``csrc/spawn.c``); a torn last line is dropped."""
     lines = raw.decode(errors="replace").split("\n")[:-1]
     traced = False
     complete = False
@@ -142,10 +169,7 @@ def parse_trace(raw: bytes, *, overflow: bool = False) -> KernelTrace:
     notes: list[str] = []
     procs: dict[int, dict[str, object]] = {}
     objects: dict[tuple[str, str, int], list[int]] = {}
-    resolved: dict[str, str] = {}
-    sonames: dict[tuple[str, int], str] = {}
-    resolved_inside = False
-    left = 0
+    side = _Side()
 
     def proc(pid: int) -> dict[str, object]:
         return procs.setdefault(pid, {"images": [], "status": None, "exe": None})
@@ -173,26 +197,21 @@ def parse_trace(raw: bytes, *, overflow: bool = False) -> KernelTrace:
             elif tag == "x" and len(parts) >= 4:
                 p = proc(int(parts[1]))
                 p["status"], p["exe"] = int(parts[2]), parts[3] or None
-            elif tag in ("r", "s") and len(parts) >= 3 + (tag == "s"):
-                # r: a log's path resolved in the container; s: a nameless file's SONAME.
-                (resolved.setdefault(parts[1], parts[2]) if tag == "r"
-                 else sonames.setdefault((parts[1], int(parts[2])), parts[3]))
-            elif tag in ("c", "l"):
-                resolved_inside |= tag == "c"
-                left = int(parts[2]) if tag == "l" and len(parts) >= 3 else left
             elif tag == "z":
                 complete = True
+            else:
+                side.take(tag, parts)
         except ValueError:
             continue  # a line the tracer did not write this way: ignored
     processes = tuple(TracedProcess(pid=pid, images=tuple(v["images"]), status=v["status"],  # type: ignore[arg-type]
                                     exe=v["exe"]) for pid, v in procs.items())  # type: ignore[arg-type]
-    objs = tuple(TracedObject(path=p, device=d, inode=i, pids=tuple(pids), soname=sonames.get((d, i)))
+    objs = tuple(TracedObject(path=p, device=d, inode=i, pids=tuple(pids), soname=side.sonames.get((d, i)))
                  for (p, d, i), pids in objects.items())
     if overflow:
         notes.append(f"the tracer's record passed {MAX_TRACE_BYTES} bytes; the rest was not read")
     return KernelTrace(traced=traced, complete=complete and not overflow, note=note, processes=processes,
-                       objects=objs, notes=tuple(notes), resolved=tuple(resolved.items()),
-                       resolved_inside=resolved_inside, left=left)
+                       objects=objs, notes=tuple(notes), resolved=tuple(side.resolved.items()),
+                       resolved_inside=side.resolved_inside, left=side.left, escapes=tuple(side.escapes))
 
 
 class TraceChannel:

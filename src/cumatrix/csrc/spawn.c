@@ -47,6 +47,8 @@
  *   s <dev> <inode> <soname>           the DT_SONAME of a file mapped executable that had no
  *                                      name on disk (a memfd, a removed file), read from its bytes
  *   x <pid> <wait status> <exe>        the process ended (its status as waitpid reports it)
+ *   u <pid> <what>                     an attempt to make an untraced process (another ABI's
+ *                                      clone): the process was killed before the call ran
  *   l <leader's wait status> <n>       the first process ended, leaving n processes (followed on)
  *   z <leader's wait status>           the end: every process of the tree has ended, and
  *                                      every line before it is complete
@@ -436,6 +438,35 @@ static void mapping_made(pid_t pid) {
 #endif
 }
 
+/* A process of another ABI (a 32-bit program; x32) stops the tracer at each of its system
+ * calls (the filter cannot tell its numbers apart): its clone with CLONE_UNTRACED, or its
+ * clone3, would make a process no tracer hears of.  The process is killed at that stop
+ * (the call never runs) and the attempt is written as a "u" line.  1: killed. */
+static int refused_other_abi(pid_t pid, unsigned int native) {
+#ifdef PTRACE_GET_SYSCALL_INFO
+    struct __ptrace_syscall_info info;
+    memset(&info, 0, sizeof info);
+    if (ptrace(PTRACE_GET_SYSCALL_INFO, pid, (void *)sizeof info, &info) <= 0 || info.op != PTRACE_SYSCALL_INFO_SECCOMP)
+        return 0;
+    unsigned long long nr = info.seccomp.nr, flags = info.seccomp.args[0];
+    int clone = 0, clone3 = 0;
+#if defined(__x86_64__)
+    if (info.arch == AUDIT_ARCH_I386) { clone = nr == 120; clone3 = nr == 435; }
+    else if (info.arch == native && nr >= 0x40000000) { clone = nr == 0x40000000 + 56; clone3 = nr == 0x40000000 + 435; }
+#else
+    (void)native; (void)nr;
+#endif
+    if (!(clone3 || (clone && (flags & CLONE_UNTRACED)))) return 0;
+    kill(pid, SIGKILL);  /* a pending SIGKILL: the call is skipped when the stop ends */
+    out_line("u\t%d\t%s of another ABI: the process was killed\n", (int)pid,
+             clone3 ? "clone3" : "clone with CLONE_UNTRACED");
+    return 1;
+#else
+    (void)pid; (void)native;
+    return 0;
+#endif
+}
+
 /* The filter every traced process carries: execve and execveat stop in the tracer first
  * (SECCOMP_RET_TRACE), while the old image is still mapped.  Another ABI's system calls
  * (a 32-bit program on a 64-bit kernel) all ask the tracer: its numbers differ. */
@@ -672,6 +703,13 @@ static void resolve_claims(void) {
 
 /* Trace the tree rooted at LEADER until the leader ends; its wait status. */
 static int trace_tree(pid_t leader) {
+#if defined(__x86_64__)
+    const unsigned int native_arch = AUDIT_ARCH_X86_64;
+#elif defined(__aarch64__)
+    const unsigned int native_arch = AUDIT_ARCH_AARCH64;
+#else
+    const unsigned int native_arch = 0;
+#endif
     int leader_status = -1, leader_execd = 0, leader_gone = 0, killed = 0;
     char exe[4096];
     for (;;) {
@@ -728,6 +766,8 @@ static int trace_tree(pid_t leader) {
             out_line("x\t%d\t%lu\t%s\n", (int)pid, how, exe);
         } else if (event == PTRACE_EVENT_SECCOMP && (ptrace(PTRACE_GETEVENTMSG, pid, 0, &msg), msg == MMAP_EXEC)) {
             mapping_made(pid);
+        } else if (event == PTRACE_EVENT_SECCOMP && refused_other_abi(pid, native_arch)) {
+            /* killed: its exit stop follows */
         } else if (event == PTRACE_EVENT_SECCOMP) {
             /* An execve's entry: the old image's last moment (the leader's first is this
              * program's own code, nothing of the cell's).  The new image is written at the

@@ -403,6 +403,9 @@ class Observation:
     #: Why the kernel's record does not cover the whole tree to its end (None: it does, or
     #: nothing traced it): a pass is then not taken on what was seen.
     incomplete: str | None = None
+    #: An attempt to make a process no tracer hears of, stopped by killing its process: the
+    #: cell is a harness error naming it.
+    escaped: str | None = None
 
     def fingerprint(self) -> dict[str, object]:
         """The record's ``libraries`` (each with where it came from and how the loader found it),
@@ -510,7 +513,8 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
                        not_used=runtime_not_used(cell, mapped, mode=mode, statics=statics) if cell is not None else None,
                        provenance=provs, leak=leak, leak_detail=detail,
                        source=source, source_note=note, driver_mapped=driver, unbacked=unbacked,
-                       static_runtimes=statics, incomplete=incomplete)
+                       static_runtimes=statics, incomplete=incomplete,
+                       escaped="; ".join(trace.escapes) if trace is not None and trace.escapes else None)
 
 
 def _static_runtimes(mapped: Sequence[MappedLibrary], roots: Mapping[str, Path],

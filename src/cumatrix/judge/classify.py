@@ -109,6 +109,10 @@ def with_audit(observed: Observed, seen: observe.Observation | None) -> Observed
     part of the tree only."""
     if seen is None or observed.outcome == "harness-error":
         return observed
+    if seen.escaped is not None:
+        return replace(observed, outcome="harness-error", path=None,
+                       detail=f"{seen.escaped}: an attempt to run a process untraced; "
+                              f"the process's own outcome: {observed.outcome}")
     if seen.leak is not None:
         return replace(observed, outcome=f"{provenance.OUTCOME_PREFIX}{seen.leak.path}", path=None,
                        detail=f"{seen.leak_detail}; the process's own outcome: {observed.outcome}")
