@@ -211,6 +211,7 @@ def test_a_docker_cells_leftover_process_is_followed_to_its_end(backend: Any) ->
     it ends (killed with the cell), and its end is on the record."""
     res = backend.run_job(_job(backend, "sh", "-c", "sleep 30 & exit 0"))
     assert res.returncode == 0
+    assert res.duration_s < 20, res.duration_s  # killed with the cell, not waited for
     assert res.trace is not None
     assert res.trace.complete, res.trace
     # The child (killed at once, before or after its exec of sleep) ended by SIGKILL, on the record.

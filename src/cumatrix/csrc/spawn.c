@@ -753,6 +753,9 @@ static int trace_tree(pid_t leader) {
         if (!WIFSTOPPED(st)) continue;
         int sig = WSTOPSIG(st), event = (unsigned)st >> 16, deliver = 0;
         unsigned long msg = EXEC_STOP;
+        /* Once what the leader left has been killed, a process attached since (a fork's child
+         * whose first stop came after that round) is killed too, at its first stop. */
+        if (killed && event != PTRACE_EVENT_EXIT) kill(pid, SIGKILL);
         if (event == PTRACE_EVENT_EXIT) {
             unsigned long how = 0;
             ptrace(PTRACE_GETEVENTMSG, pid, 0, &how);
