@@ -32,3 +32,17 @@ def test_a_record_is_complete_only_with_its_last_line() -> None:
     head = b"t\t1\ne\t2\t/bin/sh\nx\t2\t0\t/bin/sh\nl\t0\n"
     assert not parse_trace(head).complete
     assert parse_trace(head + b"z\t0\n").complete
+
+
+def test_the_maps_order_is_kept_and_what_only_an_mmap_saw_follows() -> None:
+    """The maps' lines give the objects' order (the first static runtime, the first libcudart
+    are taken in it, as before the mmap stops); a file only an mmap stop saw comes last."""
+    raw = (b"t\t1\n"
+           b"M\t2\tfe:00\t7\t/gone/libcudart.so.13\n"
+           b"M\t2\tfe:00\t5\t/lib/libc.so.6\n"
+           b"m\t2\tfe:00\t9\t/bin/prog\n"
+           b"m\t2\tfe:00\t5\t/lib/libc.so.6\n"
+           b"x\t2\t0\t/bin/prog\nl\t0\t0\nz\t0\n")
+    got = parse_trace(raw)
+    assert [o.path for o in got.objects] == ["/bin/prog", "/lib/libc.so.6", "/gone/libcudart.so.13"]
+    assert got.objects[2].pids == (2,)

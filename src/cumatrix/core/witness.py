@@ -144,6 +144,8 @@ class _Side:
     resolved_inside: bool = False
     left: int = 0
     escapes: list[str] = field(default_factory=list)
+    #: (path, device, inode, pid) of each file seen mapped executable at its mmap ("M").
+    mapped_at_mmap: list[tuple[str, str, int, int]] = field(default_factory=list)
 
     def take(self, tag: str, parts: list[str]) -> None:
         """r: a log's path resolved in the container; c: the log's paths were; s: a nameless
@@ -158,6 +160,8 @@ class _Side:
             self.left = int(parts[2])
         elif tag == "u" and len(parts) >= 3:
             self.escapes.append(f"process {int(parts[1])} tried {parts[2]}")
+        elif tag == "M" and len(parts) >= 5:
+            self.mapped_at_mmap.append((parts[4], parts[2], int(parts[3]), int(parts[1])))
 
 
 def parse_trace(raw: bytes, *, overflow: bool = False) -> KernelTrace:
@@ -203,6 +207,12 @@ def parse_trace(raw: bytes, *, overflow: bool = False) -> KernelTrace:
                 side.take(tag, parts)
         except ValueError:
             continue  # a line the tracer did not write this way: ignored
+    # The maps' lines give the order (as before the mmap stops); what only an mmap stop saw
+    # (a library unloaded before any maps were read, a memfd) follows.
+    for path, dev, ino, pid in side.mapped_at_mmap:
+        seen = objects.setdefault((path, dev, ino), [])
+        if pid not in seen:
+            seen.append(pid)
     processes = tuple(TracedProcess(pid=pid, images=tuple(v["images"]), status=v["status"],  # type: ignore[arg-type]
                                     exe=v["exe"]) for pid, v in procs.items())  # type: ignore[arg-type]
     objs = tuple(TracedObject(path=p, device=d, inode=i, pids=tuple(pids), soname=side.sonames.get((d, i)))

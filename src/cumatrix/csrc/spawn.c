@@ -44,6 +44,7 @@
  *   e <pid> <exe>                      the process's image after an execve (written at its next
  *                                      execve or its exit: no stop is spent on the exec itself)
  *   m <pid> <dev> <inode> <path>       a file the process mapped (each (pid, dev, inode) once)
+ *   M <pid> <dev> <inode> <path>       a file the process is mapping executable, at its mmap
  *   s <dev> <inode> <soname>           the DT_SONAME of a file mapped executable that had no
  *                                      name on disk (a memfd, a removed file), read from its bytes
  *   x <pid> <wait status> <exe>        the process ended (its status as waitpid reports it)
@@ -417,8 +418,11 @@ static void mapping_made(pid_t pid) {
     path[n] = 0;
     for (char *c = path; *c; c++) if (*c == '\n' || *c == '\t') *c = '?';
     unsigned long long dev = ((unsigned long long)major(st.st_dev) << 20) | minor(st.st_dev);
-    if (seen_before((int)pid, dev, (unsigned long long)st.st_ino, path)) return;
-    out_line("m\t%d\t%02x:%02x\t%llu\t%s\n", (int)pid, major(st.st_dev), minor(st.st_dev),
+    /* Its own line ("M") and its own entries in the table (-pid): the maps read later still
+     * list every object in their order, and those lines alone keep the record's order as it
+     * was; what only this stop saw (unloaded since, a memfd) comes after them. */
+    if (seen_before(-(int)pid, dev, (unsigned long long)st.st_ino, path)) return;
+    out_line("M\t%d\t%02x:%02x\t%llu\t%s\n", (int)pid, major(st.st_dev), minor(st.st_dev),
              (unsigned long long)st.st_ino, path);
     size_t len = strlen(path);
     if (S_ISREG(st.st_mode) && len > 10 && strcmp(path + len - 10, " (deleted)") == 0) {
