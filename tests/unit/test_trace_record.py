@@ -1,4 +1,5 @@
-"""A cell whose kernel record does not cover its whole tree is never a pass on what was seen."""
+"""The tracer's record as the harness reads it: complete only with its last line, the maps' order kept,
+and a cell whose record does not cover its whole tree never a pass on what was seen."""
 
 from __future__ import annotations
 
