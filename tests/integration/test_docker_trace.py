@@ -187,3 +187,67 @@ def test_a_cell_that_floods_its_log_still_has_its_record(backend: Any) -> None:
     assert res.trace is not None, res.trace
     assert res.trace.traced, res.trace
     assert res.trace.complete, res.trace
+
+
+# --------------------------------------------------------------------------- escapes (issue: every process, every load)
+
+
+def test_a_docker_cells_clone_untraced_is_refused(backend: Any) -> None:
+    """Attack: a process of the container's tree calls ``clone(CLONE_UNTRACED)`` (a raw system
+    call, so that no C library wrapper is in the way).  Before: a child no tracer heard of.
+    Now the helper's seccomp filter refuses it with EPERM, and the record is complete."""
+    code = ("import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+            "r = libc.syscall(56, 0x00800000 | 17, 0, 0, 0, 0); "  # SYS_clone, CLONE_UNTRACED | SIGCHLD
+            "os._exit(0) if r == 0 else print('clone', r, ctypes.get_errno())")
+    res = backend.run_job(_job(backend, "python3", "-c", code))
+    assert res.stdout_tail.split() == ["clone", "-1", "1"], (res.stdout_tail, res.stderr_tail)  # EPERM
+    assert res.trace is not None
+    assert res.trace.traced
+    assert res.trace.complete, res.trace
+
+
+def test_a_docker_cells_leftover_process_is_followed_to_its_end(backend: Any) -> None:
+    """The container's first process exits, leaving a child running: the child is traced until
+    it ends (killed with the cell), and its end is on the record."""
+    res = backend.run_job(_job(backend, "sh", "-c", "sleep 30 & exit 0"))
+    assert res.returncode == 0
+    assert res.duration_s < 20, res.duration_s  # killed with the cell, not waited for
+    assert res.trace is not None
+    assert res.trace.complete, res.trace
+    # The child (killed at once, before or after its exec of sleep) ended by SIGKILL, on the record.
+    assert any(p.signal == 9 for p in res.trace.processes), res.trace.processes
+
+
+def test_a_docker_cells_library_unloaded_before_exit_is_on_the_record(backend: Any) -> None:
+    """Attack: load a library, then dlclose it before exit: no maps read at exec or exit show
+    it.  Each file mapped executable is recorded when it is mapped."""
+    code = ("import ctypes, glob, os; "
+            "path = next(p for p in sorted(glob.glob('/usr/lib/x86_64-linux-gnu/lib*.so.*')) "
+            "if os.path.basename(p).startswith(('libbz2', 'liblzma', 'libsqlite3', 'libffi', 'libexpat'))); "
+            "h = ctypes.CDLL(path); ctypes.CDLL(None).dlclose(ctypes.c_void_p(h._handle)); "
+            "print(os.path.realpath(path))")
+    res = backend.run_job(_job(backend, "python3", "-c", code))
+    assert res.returncode == 0, res.stderr_tail
+    unloaded = res.stdout_tail.strip()
+    assert res.trace is not None
+    assert res.trace.complete, res.trace
+    assert any(o.path.removesuffix(" (deleted)") == unloaded for o in res.trace.objects), \
+        (unloaded, [o.path for o in res.trace.objects])
+
+
+def test_a_docker_cells_library_loaded_from_a_memfd_is_named_by_its_bytes(backend: Any) -> None:
+    """Attack: copy a library into a memfd and load it through /proc/self/fd/N: the kernel names
+    it ``/memfd:NAME (deleted)``, which nothing outside the container can read.  The tracer
+    reads its SONAME from its bytes when it is mapped."""
+    code = ("import ctypes, glob, os; "
+            "path = next(p for p in sorted(glob.glob('/usr/lib/x86_64-linux-gnu/lib*.so.*')) "
+            "if os.path.basename(p).startswith(('libbz2', 'liblzma', 'libsqlite3', 'libffi', 'libexpat'))); "
+            "fd = os.memfd_create('lib'); os.write(fd, open(path, 'rb').read()); "
+            "ctypes.CDLL(f'/proc/self/fd/{fd}'); print(os.path.basename(os.path.realpath(path)))")
+    res = backend.run_job(_job(backend, "python3", "-c", code))
+    assert res.returncode == 0, res.stderr_tail
+    assert res.trace is not None
+    memfds = [o for o in res.trace.objects if o.path.startswith("/memfd:lib")]
+    assert memfds, [o.path for o in res.trace.objects]
+    assert memfds[0].soname is not None
+    assert res.stdout_tail.strip().startswith(memfds[0].soname), (res.stdout_tail, memfds[0])

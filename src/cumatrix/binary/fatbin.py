@@ -22,11 +22,12 @@ Compatibility" and "PTX Compatibility"; "Feature Availability" for ``a`` and ``f
 
 from __future__ import annotations
 
+import contextlib
 import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Literal
+from typing import IO, BinaryIO, Literal
 
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
@@ -201,12 +202,15 @@ def read_fatbin(stream: IO[bytes], start: int, size: int) -> tuple[DeviceCode, .
     return tuple(out)
 
 
-def file_device_code(path: str) -> tuple[DeviceCode, ...]:
-    """The entries of the ``.nv_fatbin`` section of the ELF file at ``path``: none where it has
-    no such section, is no ELF file, cannot be read or does not parse (the observation of a
-    cell reads what its processes mapped, and a file it cannot read says nothing of them)."""
+def file_device_code(path: str | BinaryIO) -> tuple[DeviceCode, ...]:
+    """The entries of the ``.nv_fatbin`` section of the ELF file at ``path`` (or an open,
+    seekable binary file: a caller reading a file a cell could replace opens it its own safe
+    way): none where it has no such section, is no ELF file, cannot be read or does not parse
+    (the observation of a cell reads what its processes mapped, and a file it cannot read says
+    nothing of them)."""
     try:
-        with Path(path).open("rb") as fh:
+        with contextlib.ExitStack() as stack:
+            fh = stack.enter_context(Path(path).open("rb")) if isinstance(path, str) else path
             if fh.read(4) != b"\x7fELF":
                 return ()
             elf = ELFFile(fh)

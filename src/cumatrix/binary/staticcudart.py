@@ -28,7 +28,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from cumatrix.binary.elf import elf_strings
-from cumatrix.core.witness import file_sha256
+from cumatrix.core.witness import cell_file_sha256, open_cell_file
 
 MARK = "libcudart_static_"
 ERROR_NAME = "cudaErrorCudartUnloading"
@@ -127,7 +127,8 @@ def _has_marker(path: str, dev: int, ino: int, size: int, mtime_ns: int) -> bool
 def has_bytes(path: str, needles: tuple[bytes, ...]) -> bool:
     """Whether the file holds any of ``needles`` (memory-mapped, no copy)."""
     try:
-        with Path(path).open("rb") as f:
+        # The paths looked into are a cell's mapped files: opened as a cell's (no FIFO waited on).
+        with open_cell_file(path, links=True) as f:
             if os.fstat(f.fileno()).st_size < 64:
                 return False
             with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
@@ -148,7 +149,7 @@ def static_runtime_in(path: str, intros: Callable[[], Mapping[str, int]]) -> Sta
     if not _may_hold_runtime(path):
         return None
     try:
-        digest = file_sha256(path)
+        digest = cell_file_sha256(path)
     except OSError:
         return None
     if digest in _BY_HASH:
@@ -161,7 +162,7 @@ def static_runtime_in(path: str, intros: Callable[[], Mapping[str, int]]) -> Sta
 
 def _inspect(path: str, digest: str, intros: Callable[[], Mapping[str, int]]) -> StaticRuntime | None:
     try:
-        with Path(path).open("rb") as fh:
+        with open_cell_file(path, links=True) as fh:
             names = elf_strings(ELFFile(fh), ("cu", MARK))
     except (OSError, ELFError, ValueError):
         return None

@@ -20,14 +20,18 @@ falls back to what the rtld-audit log claims, named as such in its record.
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import io
 import os
 import re
 import stat
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 #: The most a tracer may write for one cell; past it the record is marked incomplete.
 MAX_TRACE_BYTES = 16 << 20
@@ -79,6 +83,9 @@ class TracedObject:
     device: str  # MAJOR:MINOR, hex, as the kernel prints it
     inode: int
     pids: tuple[int, ...] = ()
+    #: Its DT_SONAME, read by the tracer from its bytes when it was mapped, where it had no name
+    #: on disk (a memfd, a removed file); None: the harness reads the file by its path.
+    soname: str | None = None
 
     @property
     def name(self) -> str:
@@ -90,7 +97,10 @@ class KernelTrace:
     """The tracer's record of one cell."""
 
     traced: bool  # the tree was traced; False: ptrace was refused (``note`` says why) or no tracer ran
-    complete: bool  # the tracer wrote its last line (it was not killed, nothing was cut)
+    #: The tracer wrote its last line: every process of the tree was followed from its first
+    #: instruction (none could escape with CLONE_UNTRACED) to its end (those that outlived the
+    #: first, to their kill), and nothing was cut.
+    complete: bool
     note: str | None = None
     processes: tuple[TracedProcess, ...] = ()
     objects: tuple[TracedObject, ...] = ()
@@ -101,6 +111,12 @@ class KernelTrace:
     #: The tracer resolved the log's paths itself: they name files of another file system than
     #: the harness's, and are never looked up here.
     resolved_inside: bool = False
+    #: Attempts to make a process no tracer hears of that the tracer stopped by killing the
+    #: process (another ABI's clone; the native one is refused with EPERM by the filter).
+    escapes: tuple[str, ...] = ()
+    #: Processes still running when the first one ended (followed by the tracer until they
+    #: ended or were killed with the cell).
+    left: int = 0
 
     def mapped_by(self, pid: int) -> tuple[TracedObject, ...]:
         return tuple(o for o in self.objects if pid in o.pids)
@@ -119,6 +135,35 @@ class KernelTrace:
 UNTRACED = KernelTrace(traced=False, complete=False, note="no tracer (the spawn helper could not be built)")
 
 
+@dataclass(kw_only=True, slots=True)
+class _Side:
+    """What a record says beside processes and objects, gathered line by line."""
+
+    resolved: dict[str, str] = field(default_factory=dict)
+    sonames: dict[tuple[str, int], str] = field(default_factory=dict)
+    resolved_inside: bool = False
+    left: int = 0
+    escapes: list[str] = field(default_factory=list)
+    #: (path, device, inode, pid) of each file seen mapped executable at its mmap ("M").
+    mapped_at_mmap: list[tuple[str, str, int, int]] = field(default_factory=list)
+
+    def take(self, tag: str, parts: list[str]) -> None:
+        """r: a log's path resolved in the container; c: the log's paths were; s: a nameless
+        file's SONAME; l: the first process ended, leaving N; u: an escape, stopped."""
+        if tag == "r" and len(parts) >= 3:
+            self.resolved.setdefault(parts[1], parts[2])
+        elif tag == "c":
+            self.resolved_inside = True
+        elif tag == "s" and len(parts) >= 4:
+            self.sonames.setdefault((parts[1], int(parts[2])), parts[3])
+        elif tag == "l" and len(parts) >= 3:
+            self.left = int(parts[2])
+        elif tag == "u" and len(parts) >= 3:
+            self.escapes.append(f"process {int(parts[1])} tried {parts[2]}")
+        elif tag == "M" and len(parts) >= 5:
+            self.mapped_at_mmap.append((parts[4], parts[2], int(parts[3]), int(parts[1])))
+
+
 def parse_trace(raw: bytes, *, overflow: bool = False) -> KernelTrace:
     """Read the tracer's lines (see ``csrc/spawn.c``); a torn last line is dropped."""
     lines = raw.decode(errors="replace").split("\n")[:-1]
@@ -128,8 +173,7 @@ def parse_trace(raw: bytes, *, overflow: bool = False) -> KernelTrace:
     notes: list[str] = []
     procs: dict[int, dict[str, object]] = {}
     objects: dict[tuple[str, str, int], list[int]] = {}
-    resolved: dict[str, str] = {}
-    resolved_inside = False
+    side = _Side()
 
     def proc(pid: int) -> dict[str, object]:
         return procs.setdefault(pid, {"images": [], "status": None, "exe": None})
@@ -157,22 +201,27 @@ def parse_trace(raw: bytes, *, overflow: bool = False) -> KernelTrace:
             elif tag == "x" and len(parts) >= 4:
                 p = proc(int(parts[1]))
                 p["status"], p["exe"] = int(parts[2]), parts[3] or None
-            elif tag == "r" and len(parts) >= 3:
-                resolved.setdefault(parts[1], parts[2])
-            elif tag == "c":
-                resolved_inside = True
             elif tag == "z":
                 complete = True
+            else:
+                side.take(tag, parts)
         except ValueError:
             continue  # a line the tracer did not write this way: ignored
+    # The maps' lines give the order (as before the mmap stops); what only an mmap stop saw
+    # (a library unloaded before any maps were read, a memfd) follows.
+    for path, dev, ino, pid in side.mapped_at_mmap:
+        seen = objects.setdefault((path, dev, ino), [])
+        if pid not in seen:
+            seen.append(pid)
     processes = tuple(TracedProcess(pid=pid, images=tuple(v["images"]), status=v["status"],  # type: ignore[arg-type]
                                     exe=v["exe"]) for pid, v in procs.items())  # type: ignore[arg-type]
-    objs = tuple(TracedObject(path=p, device=d, inode=i, pids=tuple(pids)) for (p, d, i), pids in objects.items())
+    objs = tuple(TracedObject(path=p, device=d, inode=i, pids=tuple(pids), soname=side.sonames.get((d, i)))
+                 for (p, d, i), pids in objects.items())
     if overflow:
         notes.append(f"the tracer's record passed {MAX_TRACE_BYTES} bytes; the rest was not read")
     return KernelTrace(traced=traced, complete=complete and not overflow, note=note, processes=processes,
-                       objects=objs, notes=tuple(notes), resolved=tuple(resolved.items()),
-                       resolved_inside=resolved_inside)
+                       objects=objs, notes=tuple(notes), resolved=tuple(side.resolved.items()),
+                       resolved_inside=side.resolved_inside, left=side.left, escapes=tuple(side.escapes))
 
 
 class TraceChannel:
@@ -270,32 +319,130 @@ def _same(o: TracedObject, path: str) -> bool:
 
 
 class UnsafeFile(OSError):
-    """A file on a cell's side that is not a plain file of ours (a FIFO, a link, a device)."""
+    """A file on a cell's side that is not a plain file of ours (a FIFO, a link, a device), or
+    one that could not be read within its bounds."""
 
 
-def read_cell_file(path: Path, *, limit: int = 64 << 20) -> bytes:
-    """Read a file a cell could have replaced: never following a link, never blocking on a
-    FIFO, refusing anything but a regular file; at most ``limit`` bytes.
+#: How long the harness spends reading one file a cell names before it gives up on it.
+CELL_READ_SECONDS = 30.0
+#: The most the harness reads of one file a cell names (an ELF header reader reads a little of it).
+CELL_READ_LIMIT = 8 << 30
+
+_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
+
+
+class _Bounded(io.RawIOBase):
+    """A regular file's descriptor read with a byte bound and a deadline (checked at each read)."""
+
+    def __init__(self, fd: int, name: str, *, limit: int, deadline: float) -> None:
+        super().__init__()
+        self._fd, self.name, self._left, self._deadline = fd, name, limit, deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return os.lseek(self._fd, offset, whence)
+
+    def tell(self) -> int:
+        return os.lseek(self._fd, 0, os.SEEK_CUR)
+
+    def readinto(self, buffer: Any) -> int:
+        if time.monotonic() > self._deadline:
+            raise UnsafeFile(f"{self.name}: not read within {CELL_READ_SECONDS:g} s")
+        view = memoryview(buffer).cast("B")
+        want = min(len(view), self._left)
+        if want <= 0 < len(view):
+            raise UnsafeFile(f"{self.name}: larger than the harness reads of a cell's file")
+        n = os.readv(self._fd, [view[:want]])
+        self._left -= n
+        return n
+
+    def close(self) -> None:
+        if not self.closed and self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        super().close()
+
+
+def open_cell_file(path: str | os.PathLike[str], *, links: bool = False, limit: int = CELL_READ_LIMIT,
+                   seconds: float = CELL_READ_SECONDS) -> io.BufferedReader:
+    """Open, for reading, a file a cell names or could have replaced (a path the kernel said was
+    mapped, an audit log's requester, anything under the cell's directories, another host's
+    results): never blocking on a FIFO, never opening a device, never following a link the
+    cell put there meanwhile; a regular file only (``fstat``), read with a byte bound and a
+    deadline.
+
+    ``links``: the path may name a file through links (the loader's ``libcudart.so.12``): they
+    are resolved first without opening anything, and the file they resolve to is opened
+    without following one.  ``FileNotFoundError`` where nothing is there; :class:`UnsafeFile`
+    (its text says ``not a regular file``) for anything but a regular file.
+    """
+    name = os.fspath(path)
+    target = os.path.realpath(name) if links else name
+    # Checked before the open too: opening a device or a FIFO is what must not happen (a tape
+    # rewinds, a FIFO's open waits for a writer); the fstat after it closes the race.
+    mode = os.lstat(target).st_mode
+    if stat.S_ISLNK(mode):
+        raise OSError(errno.ELOOP, f"{name}: a symbolic link, not followed")
+    _regular(name, mode)
+    fd = os.open(target, _OPEN_FLAGS)
+    try:
+        _regular(name, os.fstat(fd).st_mode)
+        raw = _Bounded(fd, name, limit=limit, deadline=time.monotonic() + seconds)
+    except BaseException:
+        os.close(fd)
+        raise
+    return io.BufferedReader(raw, buffer_size=1 << 16)
+
+
+def _regular(name: str, mode: int) -> None:
+    if not stat.S_ISREG(mode):
+        raise UnsafeFile(f"{name}: not a regular file ({stat.filemode(mode)})")
+
+
+def read_cell_file(path: Path | str, *, limit: int = 64 << 20, links: bool = False,
+                   seconds: float = CELL_READ_SECONDS) -> bytes:
+    """Read a file a cell could have replaced (:func:`open_cell_file`): at most ``limit`` bytes.
 
     ``FileNotFoundError`` where it does not exist; :class:`UnsafeFile` where it is not a
-    regular file.
+    regular file or was not read in ``seconds``.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0))
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UnsafeFile(f"{path} is not a regular file (mode {stat.filemode(st.st_mode)})")
-        chunks = []
-        left = limit
+    chunks = []
+    left = limit
+    with open_cell_file(path, links=links, limit=limit, seconds=seconds) as f:
         while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
+            chunk = f.read1(min(left, 1 << 20))
             if not chunk:
                 break
             chunks.append(chunk)
             left -= len(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
+    return b"".join(chunks)
+
+
+def cell_file_sha256(path: str) -> str:
+    """The sha256 of a file a cell names (:func:`open_cell_file`, links resolved), hashed once
+    per file version."""
+    real = os.path.realpath(path)
+    st = os.lstat(real)
+    _regular(path, st.st_mode)
+    return _cell_sha256(real, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=8192)
+def _cell_sha256(path: str, dev: int, ino: int, size: int, mtime_ns: int) -> str:  # noqa: ARG001
+    # (dev, ino, size, mtime_ns) are the cache key only: a file version is hashed once.
+    h = hashlib.sha256()
+    with open_cell_file(path) as f:
+        while chunk := f.read1(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------- content keys

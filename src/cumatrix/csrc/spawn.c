@@ -29,7 +29,12 @@
  * before each execve (a seccomp filter that asks the tracer, inherited by every process and
  * impossible to remove) and, for those still running, when the first process ends, it reads
  * /proc/PID/maps and writes every file mapped executable (device, inode, path) to FD, which no process
- * of the tree inherits.  What a cell's
+ * of the tree inherits.  The same filter refuses clone(CLONE_UNTRACED) (EPERM: a process no
+ * tracer hears of) and clone3 (ENOSYS: its flags are out of a filter's reach; the C library
+ * falls back to clone), and stops each mmap of a file with PROT_EXEC, whose file is written
+ * then (a library unloaded before exit is on the record).  Processes that outlive the first are followed: they run on, traced,
+ * for LEFT_GRACE_MS, then are killed, and the record ends only when no traced process is
+ * left.  What a cell's
  * processes mapped then comes from the kernel, read by a process the cell cannot write to:
  * this one is not dumpable (its /proc files are root's), a traced process cannot be traced
  * again, and the dynamic loader's environment (LD_AUDIT, LD_PRELOAD) plays no part.  Lines:
@@ -39,8 +44,15 @@
  *   e <pid> <exe>                      the process's image after an execve (written at its next
  *                                      execve or its exit: no stop is spent on the exec itself)
  *   m <pid> <dev> <inode> <path>       a file the process mapped (each (pid, dev, inode) once)
+ *   M <pid> <dev> <inode> <path>       a file the process is mapping executable, at its mmap
+ *   s <dev> <inode> <soname>           the DT_SONAME of a file mapped executable that had no
+ *                                      name on disk (a memfd, a removed file), read from its bytes
  *   x <pid> <wait status> <exe>        the process ended (its status as waitpid reports it)
- *   z <leader's wait status>           the end: every line before it is complete
+ *   u <pid> <what>                     an attempt to make an untraced process (another ABI's
+ *                                      clone): the process was killed before the call ran
+ *   l <leader's wait status> <n>       the first process ended, leaving n processes (followed on)
+ *   z <leader's wait status>           the end: every process of the tree has ended, and
+ *                                      every line before it is complete
  *
  * Fields are separated by tabs; paths end at the newline (a path holding one is escaped
  * by the kernel as \012).
@@ -94,8 +106,10 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <limits.h>
 #include <sys/syscall.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -335,6 +349,132 @@ static void exe_of(pid_t pid, char *buf, size_t size) {
     for (char *c = buf; *c; c++) if (*c == '\n' || *c == '\t') *c = '?';
 }
 
+/* SECCOMP_RET_DATA of the filter's stops: an execve (or another ABI's call), an executable mapping. */
+#define EXEC_STOP 0
+#define MMAP_EXEC 1
+
+/* DT_SONAME of the 64-bit little-endian ELF file open as FD, into OUT (empty: none read).
+ * Read from the bytes themselves, for a file that has no name on disk (a memfd, a file
+ * removed since): the harness can read nothing of it once the process is gone. */
+static void soname_of(int fd, char *out, size_t size) {
+    out[0] = 0;
+    unsigned char eh[64];
+    if (pread(fd, eh, sizeof eh, 0) != (ssize_t)sizeof eh || memcmp(eh, "\177ELF", 4) != 0 || eh[4] != 2 || eh[5] != 1)
+        return;
+    unsigned long long phoff;
+    unsigned short phentsize, phnum;
+    memcpy(&phoff, eh + 0x20, 8);
+    memcpy(&phentsize, eh + 0x36, 2);
+    memcpy(&phnum, eh + 0x38, 2);
+    if (phentsize < 56 || phnum == 0 || phnum > 256) return;
+    unsigned long long dyn_off = 0, dyn_size = 0, load_vaddr[16], load_off[16], load_size[16];
+    int loads = 0;
+    for (unsigned i = 0; i < phnum; i++) {
+        unsigned char ph[56];
+        if (pread(fd, ph, sizeof ph, (off_t)(phoff + (unsigned long long)i * phentsize)) != (ssize_t)sizeof ph) return;
+        unsigned int type;
+        unsigned long long off, vaddr, filesz;
+        memcpy(&type, ph, 4);
+        memcpy(&off, ph + 8, 8);
+        memcpy(&vaddr, ph + 16, 8);
+        memcpy(&filesz, ph + 32, 8);
+        if (type == 2) { dyn_off = off; dyn_size = filesz; }
+        else if (type == 1 && loads < 16) { load_vaddr[loads] = vaddr; load_off[loads] = off; load_size[loads] = filesz; loads++; }
+    }
+    unsigned long long strtab = 0, soname = (unsigned long long)-1;
+    for (unsigned long long at = 0; at + 16 <= dyn_size && at < (1u << 20); at += 16) {
+        long long tag;
+        unsigned long long val;
+        unsigned char d[16];
+        if (pread(fd, d, sizeof d, (off_t)(dyn_off + at)) != (ssize_t)sizeof d) return;
+        memcpy(&tag, d, 8);
+        memcpy(&val, d + 8, 8);
+        if (tag == 0) break;
+        if (tag == 5) strtab = val;       /* DT_STRTAB (an address) */
+        else if (tag == 14) soname = val; /* DT_SONAME (an offset in it) */
+    }
+    if (soname == (unsigned long long)-1) return;
+    for (int i = 0; i < loads; i++)
+        if (strtab >= load_vaddr[i] && strtab < load_vaddr[i] + load_size[i]) {
+            ssize_t n = pread(fd, out, size - 1, (off_t)(strtab - load_vaddr[i] + load_off[i] + soname));
+            if (n <= 0) { out[0] = 0; return; }
+            out[n] = 0;
+            for (char *c = out; *c; c++)
+                if ((unsigned char)*c < 0x21 || *c == 0x7f) { out[0] = 0; return; }  /* a name, or nothing */
+            return;
+        }
+}
+
+/* The file PID is about to map executable (the mmap's descriptor, read at the call's entry
+ * while the process waits): written as an "m" line, as if read from its maps. */
+static void mapping_made(pid_t pid) {
+#ifdef PTRACE_GET_SYSCALL_INFO
+    struct __ptrace_syscall_info info;
+    memset(&info, 0, sizeof info);
+    if (ptrace(PTRACE_GET_SYSCALL_INFO, pid, (void *)sizeof info, &info) <= 0 || info.op != PTRACE_SYSCALL_INFO_SECCOMP)
+        return;
+    int fd = (int)info.seccomp.args[4];
+    char name[64], path[4096];
+    snprintf(name, sizeof name, "/proc/%d/fd/%d", (int)pid, fd);
+    struct stat st;
+    ssize_t n = readlink(name, path, sizeof path - 1);
+    if (n <= 0 || stat(name, &st) != 0) return;  /* stat of the link: the open file itself, no path walked */
+    path[n] = 0;
+    for (char *c = path; *c; c++) if (*c == '\n' || *c == '\t') *c = '?';
+    unsigned long long dev = ((unsigned long long)major(st.st_dev) << 20) | minor(st.st_dev);
+    /* Its own line ("M") and its own entries in the table (-pid): the maps read later still
+     * list every object in their order, and those lines alone keep the record's order as it
+     * was; what only this stop saw (unloaded since, a memfd) comes after them. */
+    if (seen_before(-(int)pid, dev, (unsigned long long)st.st_ino, path)) return;
+    out_line("M\t%d\t%02x:%02x\t%llu\t%s\n", (int)pid, major(st.st_dev), minor(st.st_dev),
+             (unsigned long long)st.st_ino, path);
+    size_t len = strlen(path);
+    if (S_ISREG(st.st_mode) && len > 10 && strcmp(path + len - 10, " (deleted)") == 0) {
+        /* No name on disk (a memfd, a removed file): its SONAME is read now, from its bytes
+         * (the descriptor reopened; a regular file: nothing here can wait). */
+        char so[256];
+        int rfd = open(name, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+        if (rfd >= 0) {
+            soname_of(rfd, so, sizeof so);
+            close(rfd);
+            if (so[0]) out_line("s\t%02x:%02x\t%llu\t%s\n", major(st.st_dev), minor(st.st_dev),
+                                (unsigned long long)st.st_ino, so);
+        }
+    }
+#else
+    (void)pid;
+#endif
+}
+
+/* A process of another ABI (a 32-bit program; x32) stops the tracer at each of its system
+ * calls (the filter cannot tell its numbers apart): its clone with CLONE_UNTRACED, or its
+ * clone3, would make a process no tracer hears of.  The process is killed at that stop
+ * (the call never runs) and the attempt is written as a "u" line.  1: killed. */
+static int refused_other_abi(pid_t pid, unsigned int native) {
+#ifdef PTRACE_GET_SYSCALL_INFO
+    struct __ptrace_syscall_info info;
+    memset(&info, 0, sizeof info);
+    if (ptrace(PTRACE_GET_SYSCALL_INFO, pid, (void *)sizeof info, &info) <= 0 || info.op != PTRACE_SYSCALL_INFO_SECCOMP)
+        return 0;
+    unsigned long long nr = info.seccomp.nr, flags = info.seccomp.args[0];
+    int clone = 0, clone3 = 0;
+#if defined(__x86_64__)
+    if (info.arch == AUDIT_ARCH_I386) { clone = nr == 120; clone3 = nr == 435; }
+    else if (info.arch == native && nr >= 0x40000000) { clone = nr == 0x40000000 + 56; clone3 = nr == 0x40000000 + 435; }
+#else
+    (void)native; (void)nr;
+#endif
+    if (!(clone3 || (clone && (flags & CLONE_UNTRACED)))) return 0;
+    kill(pid, SIGKILL);  /* a pending SIGKILL: the call is skipped when the stop ends */
+    out_line("u\t%d\t%s of another ABI: the process was killed\n", (int)pid,
+             clone3 ? "clone3" : "clone with CLONE_UNTRACED");
+    return 1;
+#else
+    (void)pid; (void)native;
+    return 0;
+#endif
+}
+
 /* The filter every traced process carries: execve and execveat stop in the tracer first
  * (SECCOMP_RET_TRACE), while the old image is still mapped.  Another ABI's system calls
  * (a 32-bit program on a 64-bit kernel) all ask the tracer: its numbers differ. */
@@ -359,6 +499,26 @@ static int install_exec_filter(void) {
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_execve, 1, 0),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_execveat, 0, 1),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRACE),
+        /* clone3 passes its flags in memory, which a filter cannot read: "not implemented",
+         * and the C library falls back to clone (glibc since 2.34, as under docker's default
+         * profile), whose flags it can. */
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone3, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+        /* CLONE_UNTRACED makes a process no tracer is told of (no clone event, no exit stop):
+         * refused, so that every process of the tree is traced from its first instruction. */
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_clone, 0, 3),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[0])),  /* the flags' low word */
+        BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, CLONE_UNTRACED, 0, 7),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+        /* A file mapped executable (prot has PROT_EXEC, fd is not -1) asks the tracer first,
+         * which records the file then: a library unloaded before any maps are read is on the
+         * record too.  Anonymous executable memory (a JIT's) stops nothing. */
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_mmap, 0, 5),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[2])),
+        BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, PROT_EXEC, 0, 3),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[4])),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0xffffffffu, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_TRACE | MMAP_EXEC),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
     struct sock_fprog fprog = {(unsigned short)(sizeof prog / sizeof prog[0]), prog};
@@ -384,6 +544,19 @@ static void traced_child_setup(int go_fd) {
 static int options = PTRACE_O_TRACEFORK | PTRACE_O_TRACEVFORK | PTRACE_O_TRACECLONE |
                      PTRACE_O_TRACEEXIT | PTRACE_O_TRACESECCOMP;
 
+/* The process PID is a thread of (its thread group's id); -1 where it is gone. */
+static long tgid_of(pid_t pid) {
+    char name[64], line[256];
+    snprintf(name, sizeof name, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(name, "re");
+    if (!f) return -1;
+    long tgid = -1;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "Tgid:", 5)) { tgid = atol(line + 5); break; }
+    fclose(f);
+    return tgid;
+}
+
 /* Whether PID is a thread (not the first) of a process whose first thread still runs. */
 static int sibling_of_live_leader(pid_t pid) {
     char name[64], line[256];
@@ -408,14 +581,34 @@ static int sibling_of_live_leader(pid_t pid) {
 }
 
 /* The traced processes alive (some slots 0): read once more when the leader ends. */
-#define MAX_LIVE 4096
+#define MAX_LIVE 65536
 static pid_t live[MAX_LIVE];
 static int n_live;
+
+static int live_lost;  /* a process past MAX_LIVE: not killed when the leader's grace ends */
 
 static void live_add(pid_t pid) {
     for (int i = 0; i < n_live; i++) if (live[i] == pid) return;
     for (int i = 0; i < n_live; i++) if (live[i] == 0) { live[i] = pid; return; }
     if (n_live < MAX_LIVE) live[n_live++] = pid;
+    else live_lost = 1;
+}
+
+/* After the leader ends, what it left runs on, traced, for LEFT_GRACE_MS (the harness gave
+ * such processes as long before it killed them); then it is killed, and followed to its end. */
+#define LEFT_GRACE_MS 500
+static volatile sig_atomic_t grace_over;
+static void on_grace_alarm(int sig) { (void)sig; grace_over = 1; }
+
+static void start_grace(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_grace_alarm;  /* no SA_RESTART: waitpid returns EINTR */
+    sigaction(SIGALRM, &sa, NULL);
+    struct itimerval t;
+    memset(&t, 0, sizeof t);
+    t.it_value.tv_usec = LEFT_GRACE_MS * 1000;
+    setitimer(ITIMER_REAL, &t, NULL);
 }
 
 static void live_drop(pid_t pid) {
@@ -518,25 +711,59 @@ static void resolve_claims(void) {
 
 /* Trace the tree rooted at LEADER until the leader ends; its wait status. */
 static int trace_tree(pid_t leader) {
-    int leader_status = -1, leader_execd = 0;
+#if defined(__x86_64__)
+    const unsigned int native_arch = AUDIT_ARCH_X86_64;
+#elif defined(__aarch64__)
+    const unsigned int native_arch = AUDIT_ARCH_AARCH64;
+#else
+    const unsigned int native_arch = 0;
+#endif
+    int leader_status = -1, leader_execd = 0, leader_gone = 0, killed = 0;
     char exe[4096];
     for (;;) {
+        if (grace_over && !killed) {
+            /* What the leader left has had its time: killed, each still followed to its exit. */
+            killed = 1;
+            for (int i = 0; i < n_live; i++)
+                if (live[i] > 0) kill(live[i], SIGKILL);
+        }
         int st;
         pid_t pid = waitpid(-1, &st, __WALL);
         if (pid < 0) {
             if (errno == EINTR) continue;
-            break;  /* ECHILD: nothing left (only the leader is our child) */
+            break;  /* ECHILD: not one traced process is left */
         }
         if (WIFEXITED(st) || WIFSIGNALED(st)) {
             live_drop(pid);
             struct pid_note *gone = note_of(pid, 0);
             if (gone) gone->exec_pending = gone->maybe_thread = 0;  /* the pid may come back as another */
-            if (pid == leader) { leader_status = st; break; }
+            if (pid == leader) {
+                leader_status = st;
+                leader_gone = 1;
+                /* What it left is read now (it may be killed before its own exit is seen
+                 * whole), then followed until it ends. */
+                int left = 0;
+                for (int i = 0; i < n_live; i++)
+                    if (live[i] > 0) {
+                        exe_of(live[i], exe, sizeof exe);
+                        exec_done(live[i], exe);  /* an image it exec'd since its last stop */
+                        snapshot(live[i]);
+                        left += tgid_of(live[i]) == live[i];
+                    }
+                out_line("l\t%d\t%d\n", st, left);
+                out_flush();
+                if (record_mode) grace_over = 1;  /* a container's tracer kills them at once, as before */
+                else start_grace();
+            }
             continue;
         }
         live_add(pid);
         if (!WIFSTOPPED(st)) continue;
         int sig = WSTOPSIG(st), event = (unsigned)st >> 16, deliver = 0;
+        unsigned long msg = EXEC_STOP;
+        /* Once what the leader left has been killed, a process attached since (a fork's child
+         * whose first stop came after that round) is killed too, at its first stop. */
+        if (killed && event != PTRACE_EVENT_EXIT) kill(pid, SIGKILL);
         if (event == PTRACE_EVENT_EXIT) {
             unsigned long how = 0;
             ptrace(PTRACE_GETEVENTMSG, pid, 0, &how);
@@ -548,6 +775,10 @@ static int trace_tree(pid_t leader) {
             struct pid_note *n = note_of(pid, 0);
             if (!(n && n->maybe_thread && sibling_of_live_leader(pid))) snapshot(pid);
             out_line("x\t%d\t%lu\t%s\n", (int)pid, how, exe);
+        } else if (event == PTRACE_EVENT_SECCOMP && (ptrace(PTRACE_GETEVENTMSG, pid, 0, &msg), msg == MMAP_EXEC)) {
+            mapping_made(pid);
+        } else if (event == PTRACE_EVENT_SECCOMP && refused_other_abi(pid, native_arch)) {
+            /* killed: its exit stop follows */
         } else if (event == PTRACE_EVENT_SECCOMP) {
             /* An execve's entry: the old image's last moment (the leader's first is this
              * program's own code, nothing of the cell's).  The new image is written at the
@@ -575,16 +806,12 @@ static int trace_tree(pid_t leader) {
         ptrace(PTRACE_CONT, pid, 0, deliver);
         if (out_len > sizeof out_buf / 2) out_flush();
     }
-    /* The leader is gone.  Processes it left are killed with the cell; what they map from
-     * here on cannot change its outcome, but what they have mapped is read now. */
-    for (int i = 0; i < n_live; i++)
-        if (live[i] > 0) {
-            exe_of(live[i], exe, sizeof exe);
-            exec_done(live[i], exe);  /* an image it exec'd since its last stop */
-            snapshot(live[i]);
-        }
+    /* Every traced process has ended (waitpid: no child, no tracee left). */
+    if (!leader_gone) return -1;
+    if (live_lost)
+        out_line("n\tmore processes than the tracer follows (%d): some were not killed when the leader's grace ended\n", MAX_LIVE);
     if (record_mode) {
-        drain_tree();
+        drain_tree();  /* nothing is left; kept for a tracee the kernel still reports */
         resolve_claims();
     }
     out_line("z\t%d\n", leader_status);

@@ -227,8 +227,11 @@ def _drain_trace(chan: TraceChannel) -> KernelTrace:
 def _result(rc: int, plan: sandbox.Plan, scope: sandbox.Scope, *, timed_out: bool, out: _Capture, err: _Capture,
             verdict: Verdict | None, verr: str | None, start: float, trace: KernelTrace | None = None) -> ChildResult:
     extra = dict(plan.extra)
-    if scope.killed:
-        extra["killed_after"] = scope.killed  # processes the cell left running, killed with it
+    # Processes the cell left running, killed with it: by the harness, or followed to their end
+    # by the tracer (which kills them once its grace ends).
+    left = scope.killed + (trace.left if trace is not None and plan.trace is not None else 0)
+    if left:
+        extra["killed_after"] = left
     sig = -rc if rc < 0 else None
     if plan.signal_in_exit and sig is None and 128 < rc < 128 + 65:
         extra["exit_code_raw"] = rc  # bubblewrap reports a child killed by signal N as 128+N

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from cumatrix.core.witness import UnsafeFile, read_cell_file
+from cumatrix.core.witness import UnsafeFile, open_cell_file, read_cell_file
 
 
 def _basename(path: str) -> str:
@@ -147,7 +147,8 @@ def _record_index(directory: str) -> dict[str, str]:
         if dist is None:
             continue
         try:
-            record = (Path(info.path) / "RECORD").read_text(errors="replace")
+            # Under a cell's directories: read as a cell's file (no FIFO waited on).
+            record = read_cell_file(Path(info.path) / "RECORD", links=True).decode(errors="replace")
         except OSError:
             continue
         for line in record.splitlines():
@@ -160,7 +161,7 @@ def _record_index(directory: str) -> dict[str, str]:
 def _metadata_name_version(path: Path) -> str | None:
     name = version = None
     try:
-        with path.open(errors="replace") as f:
+        with open_cell_file(path, links=True) as raw, io.TextIOWrapper(raw, errors="replace") as f:
             for line in f:
                 if not line.strip():
                     break  # the headers end at the first blank line
@@ -256,7 +257,8 @@ def _read_soname(path: Path) -> str | None:
     from cumatrix.binary.elf import elf_soname
 
     try:
-        with path.open("rb") as fh:
+        # A path the kernel said was mapped: the cell may have put a FIFO or a device there since.
+        with open_cell_file(path, links=True) as fh:
             return elf_soname(ELFFile(fh))
     except (OSError, ELFError):
         return None
@@ -321,6 +323,20 @@ def described(rows: Iterable[tuple[int, str, str]], *, roots: Mapping[str, Path]
             continue
         out.append(describe(path, so, roots=roots, pids=who,
                             wheel_versions=is_cuda_library(so) or is_cuda_library(path)))
+    return tuple(out)
+
+
+def special_files(paths: Iterable[str]) -> tuple[str, ...]:
+    """A fact for each of ``paths`` (files the kernel said were mapped) that now names no regular
+    file (a FIFO or a device renamed over it): read as nothing, never waited on."""
+    out = []
+    for path in dict.fromkeys(paths):
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            continue  # gone, or unreachable: nothing to read either way
+        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            out.append(f"{path}: not a regular file ({stat.filemode(mode)}), not read")
     return tuple(out)
 
 

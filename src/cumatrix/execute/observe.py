@@ -47,7 +47,7 @@ from cumatrix.binary.staticcudart import StaticRuntime, static_runtime_in
 from cumatrix.core.cache import cache_dir
 from cumatrix.core.errors import CumatrixError
 from cumatrix.core.model import CudaVersion
-from cumatrix.core.witness import ClaimIndex, KernelTrace, claim_key
+from cumatrix.core.witness import ClaimIndex, KernelTrace, claim_key, open_cell_file
 from cumatrix.execute import provenance as _provenance
 from cumatrix.execute.mapped import (
     AuditLog,
@@ -62,6 +62,7 @@ from cumatrix.execute.mapped import (
     read_log,
     read_mapped,
     soname_from_file,
+    special_files,
     version_from_name,
 )
 
@@ -401,6 +402,12 @@ class Observation:
     #: The device code of each mapped object outside NVIDIA's libraries that carries any
     #: (path, its fat binaries' entries), read with the gate's reader.
     device_code: tuple[tuple[str, tuple[DeviceCode, ...]], ...] = ()
+    #: Why the kernel's record does not cover the whole tree to its end (None: it does, or
+    #: nothing traced it): a pass is then not taken on what was seen.
+    incomplete: str | None = None
+    #: An attempt to make a process no tracer hears of, stopped by killing its process: the
+    #: cell is a harness error naming it.
+    escaped: str | None = None
 
     def fingerprint(self) -> dict[str, object]:
         """The record's ``libraries`` (each with where it came from and how the loader found it),
@@ -450,6 +457,7 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
     """
     log = read_log(plan.log)
     unbacked: tuple[str, ...] = ()
+    incomplete: str | None = None
     note = log.problem
     if trace is not None and trace.traced:
         source = "kernel"
@@ -473,12 +481,14 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
             path = logged.get((o.device, o.inode), real)
             if not real.rpartition("/")[2].startswith(path.rpartition("/")[2]):
                 path = real
-            rows += [(pid, "", path) for pid in o.pids]
+            # A nameless file's SONAME (a memfd's) comes from the tracer, read from its bytes.
+            rows += [(pid, o.soname or "", path) for pid in o.pids]
         every = described(rows, roots=roots, cuda_only=False, soname_from_file=True)
         unbacked = tuple(unbacked_list)
-        extra = "; ".join(trace.notes)
+        extra = "; ".join(trace.notes + special_files(o.path.removesuffix(" (deleted)") for o in trace.objects))
         if not trace.complete:
-            extra = "; ".join(x for x in ("the tracer's record is incomplete (it was killed)", extra) if x)
+            incomplete = "the tracer's record is incomplete (it was killed, or its record was cut)"
+            extra = "; ".join(x for x in (incomplete, extra) if x)
         note = "; ".join(x for x in (note, extra) if x) or None
     else:
         source = "rtld-audit"
@@ -511,7 +521,8 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
                        not_used=runtime_not_used(cell, mapped, mode=mode, statics=statics) if cell is not None else None,
                        provenance=provs, leak=leak, leak_detail=detail,
                        source=source, source_note=note, driver_mapped=driver, unbacked=unbacked,
-                       static_runtimes=statics, device_code=_device_code(every, roots))
+                       static_runtimes=statics, device_code=_device_code(every, roots), incomplete=incomplete,
+                       escaped="; ".join(trace.escapes) if trace is not None and trace.escapes else None)
 
 
 def _device_code(mapped: Sequence[MappedLibrary],
@@ -538,8 +549,13 @@ def _device_code_of(path: Path) -> tuple[DeviceCode, ...]:
 def _device_code_by_identity(path: str, dev: int, ino: int, size: int,  # noqa: ARG001
                              mtime_ns: int) -> tuple[DeviceCode, ...]:  # noqa: ARG001
     # (dev, ino, size, mtime_ns) are the cache key only: a file version is read once per
-    # process (a matrix maps the same libraries in every cell).
-    return file_device_code(path)
+    # process (a matrix maps the same libraries in every cell).  The file is the cell's: opened
+    # as any file a cell could replace (no FIFO waited on, no link followed, bounded).
+    try:
+        with open_cell_file(path, links=True) as fh:
+            return file_device_code(fh)
+    except OSError:
+        return ()
 
 
 def _by_content(lib: MappedLibrary, roots: Mapping[str, Path]) -> MappedLibrary:

@@ -36,7 +36,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal, Protocol
 
-from cumatrix.core.witness import read_cell_file
+from cumatrix.core.witness import open_cell_file, read_cell_file
 
 #: How the loader found an object: one of the search steps the audit logs, ``path`` (it was
 #: requested by a path, e.g. a ``dlopen`` of an absolute path: no search), ``enforced`` (the
@@ -242,7 +242,9 @@ def _search_paths(obj: str) -> tuple[tuple[str, str, str], ...]:
 
     out: list[tuple[str, str, str]] = []
     try:
-        with Path(obj).open("rb") as fh:
+        # The requester is named by the cell's audit log: opened as a cell's file (no FIFO
+        # waited on, no device opened), so a FIFO renamed over it is a fact, not a wait.
+        with open_cell_file(obj, links=True) as fh:
             for sec in ELFFile(fh).iter_sections():
                 if not isinstance(sec, DynamicSection):
                     continue

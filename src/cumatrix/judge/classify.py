@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from cumatrix.core.jobs import ChildResult, Verdict
-from cumatrix.core.model import ChildFacts, Observed, Timings, is_neutral, is_ok
+from cumatrix.core.model import ChildFacts, Kind, Observed, Timings, is_neutral, is_ok, outcome_kind
 from cumatrix.core.witness import loader_undefined_symbol
 from cumatrix.execute import observe, provenance
 from cumatrix.execute.local import HARNESS_PROBLEM
@@ -106,12 +106,23 @@ def with_audit(observed: Observed, seen: observe.Observation | None) -> Observed
     soname than the cell's, its own, and succeeded did not test the cell's pairing:
     ``skipped:runtime-not-used``, naming what it loaded and from where.  One that failed
     keeps its own outcome and is judged against its prediction: a skip never hides a failure
-    (the runtime it used stays a fact on the record, ``runtime_not_used``)."""
+    (the runtime it used stays a fact on the record, ``runtime_not_used``).  Where the kernel's
+    record of the tree is incomplete, a passing outcome is ``harness-error``: it would rest on
+    part of the tree only."""
     if seen is None or observed.outcome == "harness-error":
         return observed
+    if seen.escaped is not None:
+        return replace(observed, outcome="harness-error", path=None,
+                       detail=f"{seen.escaped}: an attempt to run a process untraced; "
+                              f"the process's own outcome: {observed.outcome}")
     if seen.leak is not None:
         return replace(observed, outcome=f"{provenance.OUTCOME_PREFIX}{seen.leak.path}", path=None,
                        detail=f"{seen.leak_detail}; the process's own outcome: {observed.outcome}")
+    if seen.incomplete is not None and outcome_kind(observed.outcome) is Kind.OK:
+        # What was seen passed, but not all of the tree was seen: no pass on that strength.
+        return replace(observed, outcome="harness-error", path=None,
+                       detail=f"{seen.incomplete}: the cell is not judged on part of its processes; "
+                              f"the process's own outcome: {observed.outcome}")
     if seen.not_used is None or not succeeded(observed):
         return observed
     return replace(observed, outcome=observe.OUTCOME_NOT_USED, path=None,
