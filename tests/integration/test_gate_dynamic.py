@@ -243,6 +243,24 @@ def test_wheel_for_another_python_is_skipped(wheels: dict[str, Path], matrices: 
     assert cells["cu12.9/host/import-demo_clean"]["status"] == "pass"
 
 
+def test_a_gate_that_installed_nothing_is_not_green(wheels: dict[str, Path], matrices: dict[str, Path],
+                                                    cli: Cli, wheel_cache: Path, tmp_path: Path) -> None:
+    """Before, a wheel this Python cannot install ran none of its cells and the gate printed
+    `pass: 0 of 1 cells failed`, exit 0: a release gate that tested nothing was green."""
+    out = tmp_path / "out"
+    r = cli("gate", wheels["other_python"], "--matrix", matrices["one"], "--out", out, "--json", timeout=300)
+    assert r.returncode == 5, r.stdout + r.stderr
+    verdict = next(line for line in r.stderr.splitlines() if line.startswith("dynamic stage: NOTHING"))
+    assert "NOTHING TESTED — 0 of 1 cells ran (1 skipped: wheel-not-for-this-python)" in verdict
+    assert "cp27-cp27mu-manylinux1_x86_64" in verdict  # the Python to gate it under
+    assert "--static-only" in verdict
+    assert json.loads(r.stdout)["verdict"] == "NOTHING TESTED"
+    assert read_cells(out)["cu12.9/host/import-demo_old"]["status"] == "skip"
+    # The documented way to gate it here: the static audit alone.
+    r = cli("gate", wheels["other_python"], "--static-only", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_bad_dynamic_input_exits_2(wheels: dict[str, Path], cli: Cli, tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("version: 1\nruntimes: {cu12.9: {whee: x}}\ndrivers: [host]\n")

@@ -119,7 +119,10 @@ The summary lists each file's SASS and PTX (arch and PTX ISA version).
 
 exit status: 0 no error finding and every cell met its expectation, 1 an error
 finding or a failed cell, 2 bad input (missing or non-wheel file, malformed option,
-bad matrix).
+bad matrix), 5 the dynamic stage ran no cell (every one skipped: a wheel this
+Python cannot install, or no pairing this host supports): nothing was installed and
+imported, so the gate is not green; gate under a matching Python, or with
+--static-only to rely on the static audit alone.
 """
 
 

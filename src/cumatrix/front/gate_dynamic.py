@@ -22,11 +22,12 @@ import textwrap
 import time
 import uuid
 import zipfile
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from cumatrix.core.errors import CumatrixError, UsageError
+from cumatrix.core.errors import EXIT_NOTHING_RAN, CumatrixError, UsageError
 from cumatrix.core.jobs import Job
 from cumatrix.core.model import Case, Cell, Driver, Expected, Matrix, Runtime
 from cumatrix.core.options import DEFAULT_MATRIX, RunOptions, SandboxPolicy
@@ -359,7 +360,8 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path], static: 
     :class:`cumatrix.orchestrate.Orchestrator`.  Pairings NVIDIA does not support are
     recorded as ``skipped:unsupported-pairing``.  ``results.jsonl`` holds the static findings
     beside the cells, and every report is written from it once.  Returns 0 when every cell
-    met its expectation, 1 otherwise.
+    met its expectation, 1 when one did not, :data:`~cumatrix.core.errors.EXIT_NOTHING_RAN`
+    when every cell was skipped (nothing installed and imported: not green).
     """
     out = Path(args.out if args.out is not None else DEFAULT_OUT)
     backend: str = args.backend
@@ -391,7 +393,7 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path], static: 
                                 run_id=uuid.uuid4().hex[:12]))
         store.append(static)
         try:
-            failed = _run_cells(orch, cells, store)
+            failed, ran = _run_cells(orch, cells, store)
         finally:
             store.close()
     finally:
@@ -403,9 +405,36 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path], static: 
         args.gate_json["dynamic_out"] = out
     for rec in failed:
         print(f"FAIL {rec.id}: {rec.mismatch}")
+    reports = f"reports in {out}/ (summary.md, junit.xml, results.json, index.html)"
+    if not failed and not any(r.status != "skip" for r in ran):
+        # A release gate that installed and imported nothing is not green (issue: PASS over
+        # nothing tested): every cell was skipped, so say why and how to gate it for real.
+        print(nothing_tested(ran, gws) + f"; {reports}")
+        return EXIT_NOTHING_RAN
     print(f"dynamic stage: {'FAIL' if failed else 'pass'}: {len(failed)} of {len(cells)} cells "
-          f"failed; reports in {out}/ (summary.md, junit.xml, results.json, index.html)")
+          f"failed; {reports}")
     return 1 if failed else 0
+
+
+#: How to gate a wheel whose cells were all skipped for this reason, by ``skipped:<why>``.
+_HOW_TO_GATE = {
+    "wheel-not-for-this-python": (
+        "run the gate under a Python that can install the wheel ({tags}), or give the matrix an "
+        "environment runtime (`requirements:`) built with that Python"),
+    "unsupported-pairing": "give --matrix a runtime this host's driver supports",
+}
+
+
+def nothing_tested(records: Sequence[CellRecord], wheels: Sequence[GateWheel]) -> str:
+    """The verdict line of a dynamic stage in which every cell was skipped: how many, the
+    largest reason, and how to gate the wheels (or ``--static-only`` to rely on the static
+    audit alone)."""
+    reasons = Counter(r.observed.outcome.removeprefix("skipped:") for r in records)
+    top, count = reasons.most_common(1)[0] if reasons else ("no cells", 0)
+    tags = ", ".join(sorted({"-".join(w.path.name[: -len(".whl")].split("-")[-3:]) for w in wheels}))
+    how = _HOW_TO_GATE.get(top, "see each cell's reason in summary.md").format(tags=tags)
+    return (f"dynamic stage: NOTHING TESTED — 0 of {len(records)} cells ran ({count} skipped: {top}); "
+            f"{how}; or gate with --static-only to rely on the static audit alone (exit {EXIT_NOTHING_RAN})")
 
 
 def _install_wheels(args: argparse.Namespace, gws: Sequence[GateWheel], sites: Path, hooks: GateHooks,
@@ -433,8 +462,10 @@ def _install_wheels(args: argparse.Namespace, gws: Sequence[GateWheel], sites: P
         hooks.staged[w.name] = staged
 
 
-def _run_cells(orch: Orchestrator, cells: Sequence[Cell], store: Store) -> list[CellRecord]:
+def _run_cells(orch: Orchestrator, cells: Sequence[Cell], store: Store
+               ) -> tuple[list[CellRecord], list[CellRecord]]:
     failed: list[CellRecord] = []
+    ran: list[CellRecord] = []
     t0 = time.monotonic()
     done = 0
 
@@ -442,6 +473,7 @@ def _run_cells(orch: Orchestrator, cells: Sequence[Cell], store: Store) -> list[
         nonlocal done
         rec = run.record
         store.append(rec.to_store())
+        ran.append(rec)
         done += 1
         if rec.status == "fail":
             failed.append(rec)
@@ -457,4 +489,4 @@ def _run_cells(orch: Orchestrator, cells: Sequence[Cell], store: Store) -> list[
     finally:
         # A killed gate still leaves a report of what it finished.
         store.append(end_record(interrupted=interrupted))
-    return failed
+    return failed, ran
