@@ -23,7 +23,7 @@ from typing import IO, Any, cast
 from elftools.elf.elffile import ELFFile
 
 from cumatrix.audit.checks import DATA_SCANS, audit_one
-from cumatrix.audit.findings import AuditData, AuditSettings, Finding
+from cumatrix.audit.findings import AuditData, AuditSettings, Finding, Linkage
 from cumatrix.binary.elf import (
     ELF_MAGIC,
     MEMFD_MAX,
@@ -60,6 +60,7 @@ class _MemberResult:
     is_elf: bool
     findings: tuple[Finding, ...]
     codes: tuple[DeviceCode, ...]
+    link: Linkage | None = None  #: None where the file could not be read
 
 
 def _audit_member(wheel: Path, member: str, s: AuditSettings, data: AuditData,
@@ -137,13 +138,13 @@ def _audit_stream(member: str, stream: Any, size: int, s: AuditSettings, data: A
             if names is not None:
                 scanned = (names.resolve(elf) if hasattr(elf, "named_headers")
                            else scan_names(elf, DATA_SCANS))
-            findings, codes = audit_one(member, elf, s, data, abi_changed, scanned)
+            findings, codes, link = audit_one(member, elf, s, data, abi_changed, scanned)
         finally:
             stream.close()
     except Exception as e:  # noqa: BLE001 - a hostile file may break any parser in any way
         return _MemberResult(name=member, is_elf=True, findings=(_unreadable(member, e),),
                              codes=())
-    return _MemberResult(name=member, is_elf=True, findings=tuple(findings), codes=codes)
+    return _MemberResult(name=member, is_elf=True, findings=tuple(findings), codes=codes, link=link)
 
 
 #: The reader of a member's ELF file: :class:`FastELFFile` parses the section table once

@@ -26,7 +26,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from pathlib import Path
 
-from cumatrix.audit import runtime_evidence
+from cumatrix.audit import linkage, runtime_evidence
 from cumatrix.audit.checks import audit_elf, device_checks, elf_device_code
 from cumatrix.audit.findings import (
     RECORD_SCHEMA,
@@ -34,6 +34,7 @@ from cumatrix.audit.findings import (
     AuditSettings,
     FileDevice,
     Finding,
+    Linkage,
     Severity,
     StaticAudit,
     WheelAudit,
@@ -115,14 +116,18 @@ def audit_wheel(
     elves: list[str] = []
     findings: list[Finding] = []
     device: list[FileDevice] = []
+    links: dict[str, Linkage] = {}
     for m, _ in members:
         r = results[m]
         if not r.is_elf:
             continue
         elves.append(m)
         findings.extend(r.findings)
+        if r.link is not None:
+            links[m] = r.link
         if r.codes:
             device.append(FileDevice(file=m, codes=r.codes))
+    findings = linkage.wheel_checks(links, findings, s)
     globs = s.optional or optional
     if globs:
         findings = [
