@@ -139,3 +139,48 @@ def test_a_stub_that_opens_the_driver_is_not_underlinking(
     assert more.rc == 1, more.out
     assert "ERROR    underlinked-libcuda    cuInit" in more.out
     assert "needs driver entry points (cuInit) but" in more.out
+
+
+# STAND-INS for NVIDIA's libraries at link time only: they give the linker a soname, as the
+# toolkit's stubs/ do; the audit reads the soname from the extension's DT_NEEDED.
+LIBRARY_STUBS = {"libcublas.so.13": "int cublasCreate_v2(void **h) { return h == 0; }\n",
+                 "libcudnn.so.8": "int cudnnCreate(void **h) { return h == 0; }\n"}
+USES_LIBRARIES = """
+#include <dlfcn.h>
+extern int cublasCreate_v2(void **);
+extern int cudnnCreate(void **);
+int make(void **h) { return cublasCreate_v2(h) + cudnnCreate(h); }
+void *compiler(void) { return dlopen("libnvrtc.so.13", RTLD_NOW | RTLD_LOCAL); }
+"""
+
+
+@pytest.fixture(scope="module")
+def libraries(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("libraries")
+    for soname, src in LIBRARY_STUBS.items():
+        shared_library(d / "stubs" / (soname.split(".so")[0] + ".so"), src, f"-Wl,-soname,{soname}")
+    ext = shared_library(d / "demo_libs/_ext.so", USES_LIBRARIES, f"-L{d / 'stubs'}", "-lcublas", "-lcudnn",
+                         "-ldl")
+    return make_wheel(d / "dist", "demo_libs", {"demo_libs/__init__.py": b"from . import _ext\n",
+                                                "demo_libs/_ext.so": ext.read_bytes()}, tag=CP311_LINUX)
+
+
+def test_the_majors_of_other_cuda_libraries_are_judged(libraries: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Before, a file that needs cuBLAS 13 and cuDNN 8 and loads NVRTC 13, with no libcudart of
+    its own, was `ok` under --runtimes 12 and under --runtimes 13 with a 12.4 driver."""
+    r = gate(libraries, "--static-only", "--runtimes", "12", "--min-driver", "12.4", capsys=capsys)
+    assert r.rc == 1, r.out + r.err
+    assert "ERROR    library-major          libcublas.so.13" in r.out
+    assert "cuBLAS of CUDA 13 (data/cuda_libraries.json)" in " ".join(r.out.split())
+    assert "WARNING  library-major          libnvrtc.so.13" in r.out  # loaded by name: a warning
+    assert "libcudnn.so.8" not in r.out  # cuDNN 8 was built for CUDA 11 and 12
+    r13 = gate(libraries, "--static-only", "--runtimes", "13", "--min-driver", "12.4", capsys=capsys)
+    assert r13.rc == 1, r13.out
+    assert "ERROR    library-major          libcudnn.so.8" in r13.out  # no cuDNN 8 for CUDA 13
+    assert "ERROR    library-needs-newer-driver libcublas.so.13" in r13.out
+    # NVRTC needs no driver; what it builds does: a warning that says so.
+    assert "WARNING  library-needs-newer-driver libnvrtc.so.13" in r13.out
+    assert "needs no driver itself" in " ".join(r13.out.split())
+    fc = gate(libraries, "--static-only", "--runtimes", "12,13", "--min-driver", "13.0", capsys=capsys)
+    assert fc.rc == 0, fc.out

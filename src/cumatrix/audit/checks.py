@@ -24,6 +24,7 @@ from cumatrix.audit.findings import (
     Severity,
     _arch_key,
 )
+from cumatrix.audit.libraries import library_checks, library_uses
 from cumatrix.binary import staticcudart
 from cumatrix.binary.elf import (
     NameScan,
@@ -416,7 +417,7 @@ def device_checks(name: str, codes: tuple[DeviceCode, ...], s: AuditSettings) ->
 DATA_SCANS = (
     name_scan(("cu", _STATIC_CUDART_MARK)),
     NameScan(patterns=(runtime_evidence._SONAME_RE,),
-             before=tuple(b in (0, ord("/")) for b in range(256)), longest=39),
+             before=tuple(b in (0, ord("/")) for b in range(256)), longest=48),
 )
 
 
@@ -494,6 +495,8 @@ def audit_one(name: str, elf: ELFFile, s: AuditSettings, data: AuditData,
     out = _needs_libcuda(f, s)
     majors, found = _runtime_major_checks(f, s, data)
     out += majors
+    own = f.soname or name.rsplit("/", 1)[-1]
+    out += library_checks(name, library_uses(f.needed, f.sonames, own), (m for m, *_ in found), s)
     out += _driver_symbol_checks(f, s, data)
     out += _underlinked_checks(f, data)
     out += _runtime_floor_checks(f, s, data)
