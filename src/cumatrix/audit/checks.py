@@ -16,13 +16,13 @@ from functools import lru_cache
 from elftools.elf.elffile import ELFFile
 
 from cumatrix.audit import runtime_evidence
+from cumatrix.audit.coverage import device_checks, module_checks
 from cumatrix.audit.findings import (
     AuditData,
     AuditSettings,
     Finding,
     Linkage,
     Severity,
-    _arch_key,
 )
 from cumatrix.audit.libraries import library_checks, library_uses
 from cumatrix.binary import staticcudart
@@ -35,7 +35,7 @@ from cumatrix.binary.elf import (
     name_scan,
     scan_names,
 )
-from cumatrix.binary.fatbin import DeviceCode, covering, ptx_isa_cuda, read_fatbin
+from cumatrix.binary.fatbin import DeviceCode, read_fatbin
 from cumatrix.core.model import CudaVersion
 from cumatrix.predict.rules import major_newer_than_driver, rules
 
@@ -358,59 +358,6 @@ def _dispatch_checks(f: _Facts,
     return out
 
 
-def _arch_name(arch: int, variant: str) -> str:
-    return f"{arch // 10}.{arch % 10}{variant}"
-
-
-def device_checks(name: str, codes: tuple[DeviceCode, ...], s: AuditSettings) -> list[Finding]:
-    """Findings for the GPUs of ``s.arch_list`` that ``codes`` leaves uncovered."""
-    if s.arch_list is None or not codes:
-        return []
-    out: list[Finding] = []
-    for arch, _ in s.arch_list:
-        sass, ptx = covering(codes, arch)
-        gpu = _arch_name(arch, "")
-        have = ", ".join(sorted({c.label() for c in codes}, key=_arch_key))
-        if sass:
-            continue
-        if not ptx:
-            out.append(Finding(
-                file=name, severity="error", code="no-device-code", subject=f"sm_{arch}",
-                message=(f"no SASS that runs on compute capability {gpu} and no PTX to compile "
-                         f"for it (the file has {have}): a kernel launch there fails with `no "
-                         "kernel image is available for execution on the device`"),
-                fix=(f"add -gencode arch=compute_{arch},code=sm_{arch} (or PTX of an older arch "
-                     "for JIT: code=compute_XY)"),
-            ))
-            continue
-        # A GPU of this generation runs no driver older than the first that supports it, so
-        # the PTX must JIT on that driver, not on an older --min-driver.
-        gen = runtime_evidence.arch_min_cuda(arch)
-        floor = max(s.min_driver, gen) if gen is not None else s.min_driver
-        raised = (f"; a compute capability {gpu} GPU needs "
-                  f"{runtime_evidence.min_driver_text(floor)} anyway, so that is the floor here"
-                  if floor > s.min_driver else "")
-        usable = [c for c in ptx if c.isa is not None and (cv := ptx_isa_cuda(c.isa)) is not None
-                  and CudaVersion(*cv) <= floor]
-        if usable:
-            continue
-        newest = min(ptx, key=lambda c: c.isa or (99, 99))
-        isa = newest.isa
-        need = ptx_isa_cuda(isa) if isa else None
-        need_text = (f"a CUDA {need[0]}.{need[1]} driver" if need
-                     else "a driver newer than any this audit knows")
-        out.append(Finding(
-            file=name, severity="error", code="ptx-too-new", subject=f"sm_{arch}",
-            message=(f"the only code for compute capability {gpu} is {newest.label()}, which "
-                     f"needs {need_text} to JIT-compile, newer than --min-driver "
-                     f"{s.min_driver}{raised}: the load fails with "
-                     "CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222) there"),
-            fix=(f"add SASS for sm_{arch}, or build the PTX with a toolkit no newer than "
-                 f"CUDA {floor}"),
-        ))
-    return out
-
-
 #: The two scans of a file's loaded data, made in one reading: names starting with ``cu`` or
 #: the static runtime's object-name mark (:func:`cumatrix.binary.elf.elf_strings`), and CUDA
 #: sonames alone or at the end of a path (:func:`cumatrix.audit.runtime_evidence.elf_sonames`).
@@ -503,4 +450,5 @@ def audit_one(name: str, elf: ELFFile, s: AuditSettings, data: AuditData,
     out += _dispatch_checks(f, abi_changed)
     codes = elf_device_code(elf)
     out += device_checks(name, codes, s)
+    out += module_checks(name, elf, s, out)
     return out, codes, _linkage(f, found, data)

@@ -27,7 +27,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from cumatrix.audit import linkage, runtime_evidence
-from cumatrix.audit.checks import audit_elf, device_checks, elf_device_code
+from cumatrix.audit.checks import audit_elf, elf_device_code
+from cumatrix.audit.coverage import device_checks
 from cumatrix.audit.findings import (
     RECORD_SCHEMA,
     AuditData,
