@@ -400,11 +400,14 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path], static: 
         orch.close()
         if first is not orch:  # the copy with hooks has its own provisioner; both hold temporary files
             first.close()
-    write_all(record(args, load_records(out / JSONL), kind="gate"), out)
+    write_all(record(args, load_records(out / JSONL), kind="gate", series=history_series(matrix, gws)), out)
     if isinstance(getattr(args, "gate_json", None), dict):
         args.gate_json["dynamic_out"] = out
     for rec in failed:
         print(f"FAIL {rec.id}: {rec.mismatch}")
+        hint = missing_dependency(rec, args.constraints, gws)
+        if hint:
+            print(f"  {hint}")
     reports = f"reports in {out}/ (summary.md, junit.xml, results.json, index.html)"
     if not failed and not any(r.status != "skip" for r in ran):
         # A release gate that installed and imported nothing is not green (issue: PASS over
@@ -414,6 +417,34 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path], static: 
     print(f"dynamic stage: {'FAIL' if failed else 'pass'}: {len(failed)} of {len(cells)} cells "
           f"failed; {reports}")
     return 1 if failed else 0
+
+
+def history_series(matrix: Matrix, wheels: Sequence[GateWheel]) -> str:
+    """The history series of a gate run: its matrix and the wheels gated, each by name,
+    version and tag, so each wheel (and each version of it) has a series of its own."""
+    keys = sorted("-".join([*parts[:2], *parts[-3:]]) for w in wheels
+                  if (parts := w.path.name[: -len(".whl")].split("-")))
+    return hashlib.sha256(dumps({"matrix": matrix.sha256, "wheels": keys}).encode()).hexdigest()
+
+
+_NO_MODULE_RE = re.compile(r"No module named '([A-Za-z0-9_.]+)'")
+
+
+def missing_dependency(rec: CellRecord, constraints: Path | None, wheels: Sequence[GateWheel]) -> str | None:
+    """For an import cell that failed on a module outside the wheels gated, with the wheel
+    installed alone (no ``--constraints``): how to give the cells its dependencies."""
+    text = "\n".join(filter(None, (rec.observed.detail, rec.stderr_tail, rec.stdout_tail, rec.mismatch)))
+    m = _NO_MODULE_RE.search(text)
+    if m is None or constraints is not None:
+        return None
+    top = m.group(1).split(".")[0]
+    if any(top in w.packages for w in wheels):
+        return None  # a module of the wheel itself: a packaging bug, not a dependency
+    return (f"hint: {top!r} is not in the wheel, which was installed without its dependencies: pass "
+            "--constraints FILE (pip constraints, e.g. `pip freeze > constraints.txt`) to install "
+            "them in every cell, with --wheel-dir DIR to take them from a directory instead of the "
+            "index; with the local backend, a module installed in the Python that runs cumatrix is "
+            "found too")
 
 
 #: How to gate a wheel whose cells were all skipped for this reason, by ``skipped:<why>``.
