@@ -168,27 +168,55 @@ def _import_names(node: ast.Import | ast.ImportFrom, package: str) -> list[str]:
     return [base, *(f"{base}.{a.name}" for a in node.names)]
 
 
-def _imports(tree: ast.AST, package: str) -> list[tuple[str, int, bool]]:
-    """(absolute module, line, guarded) of every import; guarded: inside a ``try:`` body
-    whose handlers catch ImportError (or a base of it)."""
-    guarded: set[int] = set()
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Try):
+_GUARDING = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
+
+
+def _catches_import_error(node: ast.Try) -> bool:
+    catches: set[str] = set()
+    for h in node.handlers:
+        types = h.type.elts if isinstance(h.type, ast.Tuple) else [h.type]
+        catches |= {t.id for t in types if isinstance(t, ast.Name)}
+        if h.type is None:
+            catches.add("ImportError")
+    return bool(catches & _GUARDING)
+
+
+def _children(node: ast.AST, guarded: bool) -> list[tuple[ast.AST, bool]]:
+    """The statements (and the handlers and match cases that hold statements) directly
+    inside ``node``, in field order, each with whether it is guarded."""
+    guards = isinstance(node, ast.Try) and _catches_import_error(node)
+    out: list[tuple[ast.AST, bool]] = []
+    for name, value in ast.iter_fields(node):
+        if not isinstance(value, list):
             continue
-        catches = set()
-        for h in node.handlers:
-            types = h.type.elts if isinstance(h.type, ast.Tuple) else [h.type]
-            catches |= {t.id for t in types if isinstance(t, ast.Name)}
-            if h.type is None:
-                catches.add("ImportError")
-        if catches & {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}:
-            guarded |= {id(sub) for stmt in node.body for sub in ast.walk(stmt)}
-    return [(name, node.lineno, id(node) in guarded)
-            for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
-            for name in _import_names(node, package)]
+        inner = guarded or (guards and name == "body")
+        out += [(v, inner) for v in value
+                if isinstance(v, (ast.stmt, ast.ExceptHandler, ast.match_case))]
+    return out
 
 
-def _python_trees(wheel: Path, wanted: re.Pattern[bytes]) -> Iterator[tuple[str, ast.AST]]:
+def _imports(tree: ast.Module, package: str) -> list[tuple[str, int, bool]]:
+    """(absolute module, line, guarded) of every import; guarded: inside a ``try:`` body
+    whose handlers catch ImportError (or a base of it).
+
+    Imports are statements, so only statements (and the handlers and cases that hold them)
+    are visited, breadth first in the order of :func:`ast.walk`: expressions, most of a
+    module's nodes, are never walked (walking them all was most of the optional-import
+    analysis of a framework wheel)."""
+    out: list[tuple[str, int, bool]] = []
+    level: list[tuple[ast.AST, bool]] = _children(tree, False)
+    while level:
+        deeper: list[tuple[ast.AST, bool]] = []
+        for node, guarded in level:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                out += [(name, node.lineno, guarded) for name in _import_names(node, package)]
+            else:
+                deeper += _children(node, guarded)
+        level = deeper
+    return out
+
+
+def _python_trees(wheel: Path, wanted: re.Pattern[bytes]) -> Iterator[tuple[str, ast.Module]]:
     """The parsed ``.py`` members of ``wheel`` whose text matches ``wanted``."""
     with zipfile.ZipFile(wheel) as zf:
         for info in zf.infolist():
