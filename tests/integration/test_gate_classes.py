@@ -354,5 +354,10 @@ def test_coverage_is_per_module(mixed: Path, capsys: pytest.CaptureFixture[str])
     assert "1 of 2 kernel modules (fat binary containers)" in text
     assert "e.g. kernel _Z10scale_rowsPf" in text
     assert "sm_90 " not in text.split("ERROR", 1)[1]  # 9.0 is covered by every module
+    # One cause, one line: 10.0 and 12.0 lack code in the same module.
+    both = gate(mixed, "--static-only", "--min-driver", "13.0", "--arch-list", "9.0 10.0 12.0", capsys=capsys)
+    assert both.out.count("ERROR") == 1, both.out
+    assert "ERROR    no-device-code         sm_100, sm_120" in both.out
+    assert "the same for compute capability 12.0" in " ".join(both.out.split())
     ok = gate(mixed, "--static-only", "--min-driver", "13.0", "--arch-list", "8.0 9.0", capsys=capsys)
     assert ok.rc == 0, ok.out
