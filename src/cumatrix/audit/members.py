@@ -26,7 +26,7 @@ from cumatrix.audit.checks import DATA_SCANS, audit_one
 from cumatrix.audit.findings import AuditData, AuditSettings, Finding, Linkage
 from cumatrix.binary.elf import (
     ELF_MAGIC,
-    MEMFD_MAX,
+    SPOOL_MAX,
     check_bounds,
     data_start,
     member_magic,
@@ -98,7 +98,7 @@ def _streamed(info: zipfile.ZipInfo) -> bool:
     than a core's share of the wheel's ELF data (the other cores would wait for it; a smaller
     one's second process takes a core from another member's audit)."""
     return (info.compress_type == zipfile.ZIP_DEFLATED and not info.flag_bits & 0x1
-            and max(_STREAM_MIN, _PLAN.get("share", 0)) <= info.file_size <= MEMFD_MAX
+            and max(_STREAM_MIN, _PLAN.get("share", 0)) <= info.file_size <= SPOOL_MAX
             and hasattr(os, "fork"))
 
 
