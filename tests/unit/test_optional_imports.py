@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import ast
 import textwrap
+from pathlib import Path
 
-from cumatrix.audit.static import _imports
+import pytest
+
+from cumatrix.audit.findings import Finding
+from cumatrix.audit.static import _imports, optional_import_notes
+from helpers.wheels import make_wheel
 
 SOURCE = textwrap.dedent("""\
     import a
@@ -49,3 +54,20 @@ def test_imports_come_in_the_order_of_ast_walk() -> None:
     walked = [n.lineno for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
     seen = list(dict.fromkeys(line for _, line, _ in _imports(tree, "pkg.sub")))
     assert seen == walked
+
+
+def test_the_analysis_is_cached_by_content(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gate run again on the same wheel reads the analysis from the cache, keyed by what the
+    zip's directory says of every .py member; a changed .py is analysed again."""
+    monkeypatch.delenv("CUMATRIX_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    failing = [Finding(file="demo/_ext.so", severity="error", code="needs-libcuda", subject="libcuda.so.1",
+                       message="", fix="")]
+    guarded = b"try:\n    from . import _ext\nexcept ImportError:\n    _ext = None\n"
+    wheel = make_wheel(tmp_path / "a", "demo", {"demo/__init__.py": guarded, "demo/_ext.so": b"\x7fELF"})
+    first = optional_import_notes(wheel, failing)
+    assert [n.code for n in first] == ["optional-import"]
+    assert len(list((tmp_path / "cache" / "cumatrix" / "gate-imports").glob("*.json"))) == 1
+    assert optional_import_notes(wheel, failing) == first
+    plain = make_wheel(tmp_path / "b", "demo", {"demo/__init__.py": b"from . import _ext\n", "demo/_ext.so": b"\x7fELF"})
+    assert optional_import_notes(plain, failing) == []  # another content, another entry

@@ -16,8 +16,12 @@ This module keeps the names the rest of cumatrix imports from it.
 from __future__ import annotations
 
 import ast
+import contextlib
 import fnmatch
+import hashlib
 import itertools
+import json
+import os
 import re
 import time
 import zipfile
@@ -50,6 +54,8 @@ from cumatrix.audit.output import (
     format_findings,
     junit_suites,
 )
+from cumatrix.core.cache import cache_root
+from cumatrix.core.errors import CumatrixError
 from cumatrix.core.model import CudaVersion
 from cumatrix.provision import headers, runtimes
 
@@ -231,6 +237,36 @@ def _python_trees(wheel: Path, wanted: re.Pattern[bytes]) -> Iterator[tuple[str,
                 continue
 
 
+def _cached_imports(wheel: Path, modules: list[str]
+                    ) -> tuple[Path | None, tuple[dict[str, tuple[str, int]], set[str]] | None]:
+    """The cache file of this analysis, keyed by content (every ``.py`` member's name, CRC-32
+    and size, read from the zip's directory, and the modules asked about), and what it holds.
+    A gate run again on the same wheel (a release re-run, a fixed finding) parses nothing."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            pys = sorted((i.filename, i.CRC, i.file_size) for i in zf.infolist() if i.filename.endswith(".py"))
+        path = cache_root() / "gate-imports" / (
+            hashlib.sha256(json.dumps([pys, modules]).encode()).hexdigest()[:32] + ".json")
+    except (OSError, zipfile.BadZipFile, CumatrixError):
+        return None, None  # no cache here (the analysis reports the unreadable zip itself)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        return path, ({k: (str(v[0]), int(v[1])) for k, v in doc["found"].items()}, set(doc["plain"]))
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return path, None  # not stored yet, or unreadable: analysed again and stored
+
+
+def _store_imports(path: Path | None, found: Mapping[str, tuple[str, int]], plain: set[str]) -> None:
+    if path is None:
+        return
+    # A cache that cannot be written costs the next run the parse again, nothing more.
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"found": found, "plain": sorted(plain)}), encoding="utf-8")
+        tmp.replace(path)
+
+
 def optional_import_notes(wheel: Path, findings: Sequence[Finding]) -> list[Finding]:
     """A note for each file with an error finding that the wheel's Python code imports only
     inside ``try/except ImportError``: the project may treat it as optional."""
@@ -243,21 +279,26 @@ def optional_import_notes(wheel: Path, findings: Sequence[Finding]) -> list[Find
     wanted = re.compile(rb"^[ \t]*(?:from|import)[ \t][^\n]*\b(?:"
                         + b"|".join(re.escape(s.encode()) for s in sorted(stems)) + rb")\b",
                         re.MULTILINE)
-    found: dict[str, tuple[str, int]] = {}
-    plain: set[str] = set()  # imported somewhere without a guard: not optional
-    try:
-        for filename, tree in _python_trees(wheel, wanted):
-            parts = filename[:-3].split("/")
-            package = ".".join(parts if parts[-1] == "__init__" else parts[:-1]).removesuffix(".__init__")
-            for mod, line, guarded in _imports(tree, package):
-                if mod not in modules:
-                    continue
-                if not guarded:
-                    plain.add(mod)
-                elif mod not in found:
-                    found[mod] = (filename, line)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
-        return []
+    key, cached = _cached_imports(wheel, sorted(modules))
+    if cached is not None:
+        found, plain = cached
+    else:
+        found = {}
+        plain = set()  # imported somewhere without a guard: not optional
+        try:
+            for filename, tree in _python_trees(wheel, wanted):
+                parts = filename[:-3].split("/")
+                package = ".".join(parts if parts[-1] == "__init__" else parts[:-1]).removesuffix(".__init__")
+                for mod, line, guarded in _imports(tree, package):
+                    if mod not in modules:
+                        continue
+                    if not guarded:
+                        plain.add(mod)
+                    elif mod not in found:
+                        found[mod] = (filename, line)
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+            return []
+        _store_imports(key, found, plain)
     out: list[Finding] = []
     for mod, (py, line) in sorted(found.items()):
         if mod in plain:
