@@ -190,7 +190,8 @@ from cumatrix.binary.fatbin import parse_arch
 from cumatrix.core.model import CudaVersion
 wheel_dir = Path(sys.argv[2]) if sys.argv[2] else None
 data = load_audit_data(wheel_dir=wheel_dir)
-s = AuditSettings(min_driver=CudaVersion(12, 8), runtimes=(12,), min_runtime=CudaVersion(12, 8),
+runtimes = tuple(int(m) for m in (sys.argv[3] if len(sys.argv) > 3 else "12").split(","))
+s = AuditSettings(min_driver=CudaVersion(12, 8), runtimes=runtimes, min_runtime=CudaVersion(12, 8),
                   arch_list=tuple(parse_arch(a) for a in "8.0 9.0 10.0 12.0".split()))
 def cpu():
     return sum(r.ru_utime + r.ru_stime for r in (resource.getrusage(resource.RUSAGE_SELF),
@@ -210,11 +211,50 @@ print(json.dumps({
 """
 
 
+HUGE_SOURCE = r"""
+__asm__(".section .rodata\n.global pad\npad:\n.incbin \"pad.bin\"\n.previous");
+extern const char pad[];
+const char *name = "libcudart.so.12";
+const char *get(void) { return pad; }
+"""
+
+
+def _huge_wheel(dest: Path) -> Path:
+    """A wheel whose one ELF member inflates to over 1 GiB, built once into ``dest``."""
+    wheel = dest / "hugedemo-1.0-cp311-cp311-linux_x86_64.whl"
+    if wheel.is_file():
+        return wheel
+    import random  # only here: the one kind that builds its wheel
+
+    rnd = random.Random(1)
+    words = [bytes(rnd.choice(b"abcdefghijklmnop_") for _ in range(rnd.randint(3, 12))) for _ in range(4000)]
+    with tempfile.TemporaryDirectory(dir=dest) as tmp:
+        work = Path(tmp)
+        with (work / "pad.bin").open("wb") as f:
+            for _ in range(1100):  # text-like half, random quarter, zeros: ~3:1 deflated
+                text = b" ".join(rnd.choice(words) for _ in range(70000))[: 1 << 19]
+                f.write((text + os.urandom(1 << 18)).ljust(1 << 20, b"\0"))
+        so = _gcc(work, "_huge.so", HUGE_SOURCE)
+        part = wheel.with_suffix(".part")
+        with zipfile.ZipFile(part, "w", zipfile.ZIP_DEFLATED, compresslevel=6) as zf:
+            zf.writestr("hugedemo/__init__.py", "")
+            zf.write(so, "hugedemo/_huge.so")
+            zf.writestr("hugedemo-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: hugedemo\nVersion: 1.0\n")
+            zf.writestr("hugedemo-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nGenerator: cumatrix-benchmark\n"
+                        "Root-Is-Purelib: false\nTag: cp311-cp311-linux_x86_64\n")
+            zf.writestr("hugedemo-1.0.dist-info/RECORD", "")
+        part.rename(wheel)
+    return wheel
+
+
 def _cached_wheel(spec: str) -> Path:
-    """``spec``'s wheel in the user cache, downloaded once with ``pip download``."""
+    """``spec``'s wheel in the user cache, downloaded once with ``pip download`` (built once,
+    for ``synthetic:huge``)."""
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     dest = base / "cumatrix" / "bench-wheels"
     dest.mkdir(parents=True, exist_ok=True)
+    if spec == "synthetic:huge":
+        return _huge_wheel(dest)
     name, _, version = spec.partition("==")
     stem = f"{name.replace('-', '_')}-{version}-"
     found = sorted(dest.glob(f"{stem}*.whl"))
@@ -230,18 +270,25 @@ def _cached_wheel(spec: str) -> Path:
     return found[0]
 
 
-#: (kind, pip requirement) of the --kinds benchmark.
+#: (kind, pip requirement or ``synthetic:huge``, --runtimes) of the --kinds benchmark.
 KINDS = (
-    ("cubin-heavy", "flashinfer-cubin==0.4.0"),
-    ("one big member", "nvidia-cufft-cu12==11.4.1.4"),
-    ("framework-like", "cupy-cuda12x==13.6.0"),
+    ("cubin-heavy", "flashinfer-cubin==0.4.0", "12"),
+    ("one big member", "nvidia-cufft-cu12==11.4.1.4", "12"),
+    ("framework-like", "cupy-cuda12x==13.6.0", "12"),
+    # One member that inflates to 1.15 GB (gcc-built, 1100 MiB of .rodata compressing ~3:1).
+    ("member over 1 GiB", "synthetic:huge", "12"),
+    # CuPy for CUDA 12 gated as a CUDA 13 wheel: every extension is an error, so the
+    # optional-import analysis of its Python code runs.
+    ("error path", "cupy-cuda12x==13.6.0", "13"),
 )
 KIND_TARGET_MB = 200.0
 
 
 def kinds(args: argparse.Namespace) -> int:
-    """The three kinds side by side; exit 0 only when every goal is met."""
-    wheels = [(kind, _cached_wheel(spec)) for kind, spec in KINDS]
+    """The kinds side by side (``--only``: some of them); exit 0 only when every goal is met."""
+    chosen = [k for k in KINDS if not args.only or k[0] in args.only]
+    wheels = [(kind, _cached_wheel(spec)) for kind, spec, _ in chosen]
+    majors = {kind: rts for kind, _, rts in chosen}
     wd = str(args.wheel_dir or "")
     _child("from cumatrix.audit.static import load_audit_data; import sys, pathlib; "
            "load_audit_data(wheel_dir=pathlib.Path(sys.argv[1]) if sys.argv[1] else None); "
@@ -256,7 +303,7 @@ def kinds(args: argparse.Namespace) -> int:
             c0 = _children_cpu()
             unzip_s[kind].append(_unzip_seconds(wheel))
             unzip_cpu[kind].append(_children_cpu() - c0)
-            audits[kind].append(_child(REAL_CHILD, str(wheel), wd))
+            audits[kind].append(_child(REAL_CHILD, str(wheel), wd, majors[kind]))
     ok = True
     if args.same_as:
         # The same wheels audited by the code of another commit: the findings must not move.
@@ -266,7 +313,7 @@ def kinds(args: argparse.Namespace) -> int:
                                      check=True, capture_output=True).stdout
             subprocess.run(["tar", "-x", "-C", base], input=archive, check=True)
             for kind, wheel in wheels:
-                ref = _child(REAL_CHILD, str(wheel), wd, src=str(Path(base) / "src"))
+                ref = _child(REAL_CHILD, str(wheel), wd, majors[kind], src=str(Path(base) / "src"))
                 same = ref["codes"] == audits[kind][-1]["codes"]
                 ok = ok and same
                 print(f"findings of {kind} against {args.same_as}: "
@@ -384,6 +431,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--kinds", action="store_true",
                     help="three kinds of wheel side by side (cubin-heavy, one big member, "
                          "framework-like)")
+    ap.add_argument("--only", action="append", default=[], metavar="KIND",
+                    help=f"with --kinds: only this kind (repeatable; of {', '.join(k for k, _, _ in KINDS)})")
     ap.add_argument("--same-as", metavar="REF", default=None,
                     help="with --kinds: also audit each wheel once with the code of git REF "
                          "and require identical findings")

@@ -311,3 +311,53 @@ def test_optional_import_only_when_every_import_is_guarded(
     assert r.rc == 1
     assert "underlinked-libcuda" in r.out
     assert "optional-import" not in r.out
+
+
+MODULES = {
+    # SASS for 8.0 and 9.0 only: no code a 10.0 GPU can run
+    "rows.cu": (("__global__ void scale_rows(float *p) { p[threadIdx.x] *= 2.0f; }\n"
+                "extern \"C\" int run_rows(float *p) { scale_rows<<<1, 32>>>(p); return (int)cudaGetLastError(); }\n"),
+                ("-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90")),
+    # SASS for 8.0 and PTX: the driver compiles it for any newer GPU
+    "fill.cu": (("__global__ void fill(int *p) { p[threadIdx.x] = threadIdx.x; }\n"
+                "extern \"C\" int run_fill(int *p) { fill<<<1, 32>>>(p); return (int)cudaGetLastError(); }\n"),
+                ("-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_80,code=compute_80")),
+}
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One library of two kernel modules (two translation units) built with different -gencode lists."""
+    if NVCC is None:
+        pytest.skip("nvcc is not on PATH (builds device code)")
+    d = tmp_path_factory.mktemp("mixed")
+    objects = []
+    for name, (src, flags) in MODULES.items():
+        (d / name).write_text(src)
+        obj = name.replace(".cu", ".o")
+        subprocess.run([NVCC, "-c", "-Xcompiler", "-fPIC", *flags, name, "-o", obj], cwd=d, check=True,
+                       capture_output=True)
+        objects.append(obj)
+    subprocess.run([NVCC, "-shared", *objects, "-o", "_mixed.so"], cwd=d, check=True, capture_output=True)
+    return make_wheel(d, "dev_mixed", {"dev_mixed/__init__.py": b"from . import _mixed\n",
+                                       "dev_mixed/_mixed.so": (d / "_mixed.so").read_bytes()}, tag=CP311_LINUX)
+
+
+def test_coverage_is_per_module(mixed: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Before, coverage was the union over the file: fill's PTX "covered" 10.0 for scale_rows
+    too, and the gate passed a library whose scale_rows has no kernel image on a 10.0 GPU."""
+    r = gate(mixed, "--static-only", "--min-driver", "13.0", "--arch-list", "8.0 9.0 10.0", capsys=capsys)
+    assert r.rc == 1, r.out + r.err
+    text = " ".join(r.out.split())
+    assert "ERROR no-device-code sm_100" in text
+    # The CUDA runtime's own module (no kernel) is not counted; one kernel of the failing module is named.
+    assert "1 of 2 kernel modules (fat binary containers)" in text
+    assert "e.g. kernel _Z10scale_rowsPf" in text
+    assert "sm_90 " not in text.split("ERROR", 1)[1]  # 9.0 is covered by every module
+    # One cause, one line: 10.0 and 12.0 lack code in the same module.
+    both = gate(mixed, "--static-only", "--min-driver", "13.0", "--arch-list", "9.0 10.0 12.0", capsys=capsys)
+    assert both.out.count("ERROR") == 1, both.out
+    assert "ERROR    no-device-code         sm_100, sm_120" in both.out
+    assert "the same for compute capability 12.0" in " ".join(both.out.split())
+    ok = gate(mixed, "--static-only", "--min-driver", "13.0", "--arch-list", "8.0 9.0", capsys=capsys)
+    assert ok.rc == 0, ok.out

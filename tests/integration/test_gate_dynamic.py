@@ -24,6 +24,7 @@ from cumatrix.core.model import Case, Cell
 from cumatrix.front.gate import unsupported_pairing, wheel_packages
 from cumatrix.predict.oracle import HostFacts
 from cumatrix.provision import runtimes
+from cumatrix.results.history import History
 from helpers.build import shared_library
 from helpers.results import read_cells, read_records
 from helpers.wheels import make_wheel
@@ -95,6 +96,10 @@ def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
                                             b'    f.write(f"o\\t{os.getpid()}\\tlibcudart.so.13\\t/opt/x/libcudart.so.13\\n")\n'
                                             b'raise ImportError("demo_auditforger cannot import")\n',
         }, top_level=True, tag=PLATFORM_TAG),
+        # needs a dependency that nothing installs (the cells run without --constraints)
+        "needs_dep": make_wheel(d, "demo_needsdep", {
+            "demo_needsdep/__init__.py": b"import cumatrix_absent_dependency\n",
+        }, top_level=True, tag=PLATFORM_TAG, requires=["cumatrix-absent-dependency>=1"]),
         # for an interpreter no test runs on: pip refuses it here
         "other_python": make_wheel(d, "demo_old", {"demo_old/__init__.py": b""}, top_level=True,
                                    tag="cp27-cp27mu-manylinux1_x86_64"),
@@ -162,8 +167,10 @@ def test_the_gate_run_is_recorded_in_the_history(clean_run: tuple[subprocess.Com
     run_id = json.loads((out / "results.json").read_text())["run"]["run_id"]
     with History.open(history_file, create=False) as h:
         stored = h.run(run_id)
-    assert (stored.kind, stored.failed, stored.digest) == (
-        "gate", 0, json.loads((out / "results.json").read_text())["run"]["matrix_sha256"])
+    assert (stored.kind, stored.failed) == ("gate", 0)
+    # Keyed by the matrix and the wheels gated (test_each_wheel_has_its_own_history_series),
+    # not by the matrix alone.
+    assert stored.digest != json.loads((out / "results.json").read_text())["run"]["matrix_sha256"]
 
 
 def test_libcuda_wheel_fails_without_a_driver(wheels: dict[str, Path], matrices: dict[str, Path],
@@ -241,6 +248,50 @@ def test_wheel_for_another_python_is_skipped(wheels: dict[str, Path], matrices: 
     assert old["observed"]["outcome"] == "skipped:wheel-not-for-this-python"  # type: ignore[index]
     assert "matching interpreter" in str(old["observed"]["detail"])  # type: ignore[index]
     assert cells["cu12.9/host/import-demo_clean"]["status"] == "pass"
+
+
+def test_a_gate_that_installed_nothing_is_not_green(wheels: dict[str, Path], matrices: dict[str, Path],
+                                                    cli: Cli, wheel_cache: Path, tmp_path: Path) -> None:
+    """Before, a wheel this Python cannot install ran none of its cells and the gate printed
+    `pass: 0 of 1 cells failed`, exit 0: a release gate that tested nothing was green."""
+    out = tmp_path / "out"
+    r = cli("gate", wheels["other_python"], "--matrix", matrices["one"], "--out", out, "--json", timeout=300)
+    assert r.returncode == 5, r.stdout + r.stderr
+    verdict = next(line for line in r.stderr.splitlines() if line.startswith("dynamic stage: NOTHING"))
+    assert "NOTHING TESTED — 0 of 1 cells ran (1 skipped: wheel-not-for-this-python)" in verdict
+    assert "cp27-cp27mu-manylinux1_x86_64" in verdict  # the Python to gate it under
+    assert "--static-only" in verdict
+    assert json.loads(r.stdout)["verdict"] == "NOTHING TESTED"
+    assert read_cells(out)["cu12.9/host/import-demo_old"]["status"] == "skip"
+    # The documented way to gate it here: the static audit alone.
+    r = cli("gate", wheels["other_python"], "--static-only", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_missing_dependency_says_how_to_supply_it(wheels: dict[str, Path], matrices: dict[str, Path],
+                                                     cli: Cli, wheel_cache: Path, tmp_path: Path) -> None:
+    """Before, the cell failed with `No module named ...` and nothing said that --constraints exists."""
+    r = cli("gate", wheels["needs_dep"], "--matrix", matrices["one"], "--out", tmp_path / "out", timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    fail = r.stdout.split("FAIL cu12.9/host/import-demo_needsdep", 1)[1]
+    hint = " ".join(fail.split())
+    assert "hint: 'cumatrix_absent_dependency' is not in the wheel" in hint, r.stdout
+    assert "--constraints FILE" in hint
+
+
+def test_each_wheel_has_its_own_history_series(wheels: dict[str, Path], matrices: dict[str, Path],
+                                               cli: Cli, wheel_cache: Path, tmp_path: Path) -> None:
+    """Before, every gate run of one matrix shared one series: a wheel's report listed another
+    wheel's cells as newly not run."""
+    hist = tmp_path / "history.sqlite"
+    for name in ("clean", "other_python", "clean"):
+        cli("gate", wheels[name], "--matrix", matrices["one"], "--out", tmp_path / name,
+            "--history", hist, timeout=300)
+    with History.open(hist, create=False) as h:
+        runs = h.runs()
+    assert len(runs) == 3
+    assert runs[0].digest == runs[2].digest  # the same wheel again: its own series goes on
+    assert runs[1].digest != runs[0].digest
 
 
 def test_bad_dynamic_input_exits_2(wheels: dict[str, Path], cli: Cli, tmp_path: Path) -> None:

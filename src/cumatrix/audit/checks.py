@@ -16,23 +16,26 @@ from functools import lru_cache
 from elftools.elf.elffile import ELFFile
 
 from cumatrix.audit import runtime_evidence
+from cumatrix.audit.coverage import device_checks, module_checks
 from cumatrix.audit.findings import (
     AuditData,
     AuditSettings,
     Finding,
+    Linkage,
     Severity,
-    _arch_key,
 )
+from cumatrix.audit.libraries import library_checks, library_uses
 from cumatrix.binary import staticcudart
 from cumatrix.binary.elf import (
     NameScan,
     elf_defined_symbols,
     elf_needed,
+    elf_soname,
     elf_undefined_symbols,
     name_scan,
     scan_names,
 )
-from cumatrix.binary.fatbin import DeviceCode, covering, ptx_isa_cuda, read_fatbin
+from cumatrix.binary.fatbin import DeviceCode, read_fatbin
 from cumatrix.core.model import CudaVersion
 from cumatrix.predict.rules import major_newer_than_driver, rules
 
@@ -54,6 +57,8 @@ _MAJOR_EVIDENCE = staticcudart.MAJOR_EVIDENCE
 # Version queries a file can make before choosing a major-dependent ABI.
 _DRIVER_VERSION_QUERIES = ("cudaDriverGetVersion", "cuDriverGetVersion")
 _RUNTIME_VERSION_QUERIES = ("cudaRuntimeGetVersion",)
+# Exported by every libcudart.so (and by no program that merely links one).
+_RUNTIME_API = "cudaRuntimeGetVersion"
 
 
 def _driver_base(symbol: str) -> str:
@@ -114,6 +119,13 @@ class _Facts:
     sonames: frozenset[str] = frozenset()  #: libcudart.so.N / libcuda.so.1 named in data
     search_paths: tuple[str, ...] = ()  #: DT_RPATH and DT_RUNPATH entries
     requires: tuple[str, ...] = ()  #: the wheel's Requires-Dist lines
+    soname: str | None = None
+
+    @property
+    def is_libcudart(self) -> bool:
+        """The file is a CUDA runtime library itself (a vendored, perhaps renamed, libcudart):
+        it carries the runtime and exports its API."""
+        return self.static_runtime and _RUNTIME_API in self.exported
 
 
 def _needs_libcuda(f: _Facts, s: AuditSettings) -> list[Finding]:
@@ -143,8 +155,10 @@ def _runtime_majors(f: _Facts, data: AuditData) -> list[tuple[int, str, str]]:
     if f.static_runtime:
         major = _static_runtime_major(set(f.cuda_strings), data.runtime_introductions)
         if major is not None:
-            out.append((major, f"static libcudart {major}",
-                        f"a statically linked CUDA {major} runtime (libcudart_static)"))
+            how = (f"a CUDA {major} runtime (this file is a libcudart, by its content and exports, "
+                   "whatever its name)" if f.is_libcudart
+                   else f"a statically linked CUDA {major} runtime (libcudart_static)")
+            out.append((major, f"static libcudart {major}", how))
     return out
 
 
@@ -159,7 +173,9 @@ def _runtime_loads(f: _Facts, data: AuditData) -> list[runtime_evidence.RuntimeL
                                           search_paths=f.search_paths, requires=f.requires)
 
 
-def _runtime_major_checks(f: _Facts, s: AuditSettings, data: AuditData) -> list[Finding]:
+def _runtime_major_checks(f: _Facts, s: AuditSettings, data: AuditData
+                          ) -> tuple[list[Finding], list[tuple[int, str, str, Severity]]]:
+    """The findings on every runtime ``f`` needs, and those runtimes (major, subject, how, worst)."""
     out: list[Finding] = []
     found: list[tuple[int, str, str, Severity]] = [
         (major, subject, how, "error") for major, subject, how in _runtime_majors(f, data)]
@@ -168,38 +184,47 @@ def _runtime_major_checks(f: _Facts, s: AuditSettings, data: AuditData) -> list[
     found += [(r.major, r.subject, r.how, "error" if r.agreed else "warning")
               for r in _runtime_loads(f, data)]
     for major, subject, how, worst in found:
-        if s.runtimes is not None and major not in s.runtimes:
-            declared = ",".join(str(r) for r in s.runtimes)
-            out.append(Finding(
-                file=f.name, severity=worst, code="runtime-major", subject=subject,
-                message=(f"{how}: this file loads only next to a CUDA {major} runtime, outside "
-                         f"the declared runtime majors ({declared})"),
-                fix=(f"build it against a CUDA {declared} runtime, publish one wheel per CUDA "
-                     "major, or declare the major with --runtimes"),
-            ))
-        if not major_newer_than_driver(int(CudaVersion(major, 0)), int(s.min_driver)):
-            continue
-        drv = _min_driver_for_major(major)
-        drv_text = f"a CUDA {major}.0 driver (>= {drv})" if drv else f"a CUDA {major}.0 driver"
-        if s.forward_compat:
-            out.append(Finding(
-                file=f.name, severity="note", code="runtime-needs-newer-driver",
-                subject=subject,
-                message=(f"{how} needs {drv_text}, newer than --min-driver {s.min_driver}; "
-                         "accepted with --forward-compat: only data-centre GPUs with NVIDIA's "
-                         f"cuda-compat package for CUDA {major} run it on an older driver"),
-                fix=(f"document that drivers below CUDA {major}.0 need the cuda-compat package "
-                     "(data-centre GPUs only)"),
-            ))
-            continue
+        out += runtime_major_findings(f.name, major, subject, how, worst, s)
+    return out, found
+
+
+def runtime_major_findings(name: str, major: int, subject: str, how: str, worst: Severity,
+                           s: AuditSettings) -> list[Finding]:
+    """``runtime-major`` and ``runtime-needs-newer-driver`` for file ``name`` needing a CUDA
+    ``major`` runtime (``how`` says why), at most ``worst`` severe."""
+    out: list[Finding] = []
+    if s.runtimes is not None and major not in s.runtimes:
+        declared = ",".join(str(r) for r in s.runtimes)
         out.append(Finding(
-            file=f.name, severity=worst, code="runtime-needs-newer-driver", subject=subject,
-            message=(f"{how} needs {drv_text}, newer than --min-driver {s.min_driver}: on older "
-                     "drivers every CUDA call fails with cudaErrorInsufficientDriver (35)"),
-            fix=(f"raise --min-driver to {major}.0, build against a CUDA "
-                 f"{s.min_driver.major} runtime, or, for data-centre GPUs with cuda-compat "
-                 "only, pass --forward-compat"),
+            file=name, severity=worst, code="runtime-major", subject=subject,
+            message=(f"{how}: this file loads only next to a CUDA {major} runtime, outside "
+                     f"the declared runtime majors ({declared})"),
+            fix=(f"build it against a CUDA {declared} runtime, publish one wheel per CUDA "
+                 "major, or declare the major with --runtimes"),
         ))
+    if not major_newer_than_driver(int(CudaVersion(major, 0)), int(s.min_driver)):
+        return out
+    drv = _min_driver_for_major(major)
+    drv_text = f"a CUDA {major}.0 driver (>= {drv})" if drv else f"a CUDA {major}.0 driver"
+    if s.forward_compat:
+        out.append(Finding(
+            file=name, severity="note", code="runtime-needs-newer-driver",
+            subject=subject,
+            message=(f"{how} needs {drv_text}, newer than --min-driver {s.min_driver}; "
+                     "accepted with --forward-compat: only data-centre GPUs with NVIDIA's "
+                     f"cuda-compat package for CUDA {major} run it on an older driver"),
+            fix=(f"document that drivers below CUDA {major}.0 need the cuda-compat package "
+                 "(data-centre GPUs only)"),
+        ))
+        return out
+    out.append(Finding(
+        file=name, severity=worst, code="runtime-needs-newer-driver", subject=subject,
+        message=(f"{how} needs {drv_text}, newer than --min-driver {s.min_driver}: on older "
+                 "drivers every CUDA call fails with cudaErrorInsufficientDriver (35)"),
+        fix=(f"raise --min-driver to {major}.0, build against a CUDA "
+             f"{s.min_driver.major} runtime, or, for data-centre GPUs with cuda-compat "
+             "only, pass --forward-compat"),
+    ))
     return out
 
 
@@ -227,17 +252,21 @@ def _underlinked_checks(f: _Facts, data: AuditData) -> list[Finding]:
     if any(_LIBCUDA_RE.match(lib) for lib in f.needed):
         return []
     syms = sorted(s for s in f.undefined if s in data.introductions)
-    if not syms:
-        return []
+    return [underlinked_finding(f.name, syms)] if syms else []
+
+
+def underlinked_finding(name: str, syms: list[str]) -> Finding:
+    """``underlinked-libcuda`` for file ``name`` with undefined driver entry points ``syms``
+    (sorted) that nothing it links defines."""
     shown = ", ".join(syms[:5]) + (f" and {len(syms) - 5} more" if len(syms) > 5 else "")
-    return [Finding(
-        file=f.name, severity="error", code="underlinked-libcuda", subject=syms[0],
+    return Finding(
+        file=name, severity="error", code="underlinked-libcuda", subject=syms[0],
         message=(f"needs driver entry points ({shown}) but has no DT_NEEDED libcuda.so.1: "
                  f"importing it fails with `undefined symbol: {syms[0]}` unless something else "
                  "loaded libcuda with RTLD_GLOBAL first (Mooncake issue 724)"),
         fix=("resolve them at run time with cuGetProcAddress (dlopen libcuda.so.1 first), or "
              "link libcuda (-lcuda) so the loader finds them"),
-    )]
+    )
 
 
 @lru_cache(maxsize=8)
@@ -329,66 +358,13 @@ def _dispatch_checks(f: _Facts,
     return out
 
 
-def _arch_name(arch: int, variant: str) -> str:
-    return f"{arch // 10}.{arch % 10}{variant}"
-
-
-def device_checks(name: str, codes: tuple[DeviceCode, ...], s: AuditSettings) -> list[Finding]:
-    """Findings for the GPUs of ``s.arch_list`` that ``codes`` leaves uncovered."""
-    if s.arch_list is None or not codes:
-        return []
-    out: list[Finding] = []
-    for arch, _ in s.arch_list:
-        sass, ptx = covering(codes, arch)
-        gpu = _arch_name(arch, "")
-        have = ", ".join(sorted({c.label() for c in codes}, key=_arch_key))
-        if sass:
-            continue
-        if not ptx:
-            out.append(Finding(
-                file=name, severity="error", code="no-device-code", subject=f"sm_{arch}",
-                message=(f"no SASS that runs on compute capability {gpu} and no PTX to compile "
-                         f"for it (the file has {have}): a kernel launch there fails with `no "
-                         "kernel image is available for execution on the device`"),
-                fix=(f"add -gencode arch=compute_{arch},code=sm_{arch} (or PTX of an older arch "
-                     "for JIT: code=compute_XY)"),
-            ))
-            continue
-        # A GPU of this generation runs no driver older than the first that supports it, so
-        # the PTX must JIT on that driver, not on an older --min-driver.
-        gen = runtime_evidence.arch_min_cuda(arch)
-        floor = max(s.min_driver, gen) if gen is not None else s.min_driver
-        raised = (f"; a compute capability {gpu} GPU needs "
-                  f"{runtime_evidence.min_driver_text(floor)} anyway, so that is the floor here"
-                  if floor > s.min_driver else "")
-        usable = [c for c in ptx if c.isa is not None and (cv := ptx_isa_cuda(c.isa)) is not None
-                  and CudaVersion(*cv) <= floor]
-        if usable:
-            continue
-        newest = min(ptx, key=lambda c: c.isa or (99, 99))
-        isa = newest.isa
-        need = ptx_isa_cuda(isa) if isa else None
-        need_text = (f"a CUDA {need[0]}.{need[1]} driver" if need
-                     else "a driver newer than any this audit knows")
-        out.append(Finding(
-            file=name, severity="error", code="ptx-too-new", subject=f"sm_{arch}",
-            message=(f"the only code for compute capability {gpu} is {newest.label()}, which "
-                     f"needs {need_text} to JIT-compile, newer than --min-driver "
-                     f"{s.min_driver}{raised}: the load fails with "
-                     "CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222) there"),
-            fix=(f"add SASS for sm_{arch}, or build the PTX with a toolkit no newer than "
-                 f"CUDA {floor}"),
-        ))
-    return out
-
-
 #: The two scans of a file's loaded data, made in one reading: names starting with ``cu`` or
 #: the static runtime's object-name mark (:func:`cumatrix.binary.elf.elf_strings`), and CUDA
 #: sonames alone or at the end of a path (:func:`cumatrix.audit.runtime_evidence.elf_sonames`).
 DATA_SCANS = (
     name_scan(("cu", _STATIC_CUDART_MARK)),
     NameScan(patterns=(runtime_evidence._SONAME_RE,),
-             before=tuple(b in (0, ord("/")) for b in range(256)), longest=39),
+             before=tuple(b in (0, ord("/")) for b in range(256)), longest=48),
 )
 
 
@@ -404,7 +380,18 @@ def _gather(name: str, elf: ELFFile, data: AuditData,
         cuda_strings=frozenset(cuda), cu_strings=frozenset(cu),
         static_runtime=_is_static_runtime(names, cuda, data),
         sonames=frozenset(sonames), search_paths=runtime_evidence.elf_search_paths(elf),
-        requires=data.requires,
+        requires=data.requires, soname=elf_soname(elf),
+    )
+
+
+def _linkage(f: _Facts, found: list[tuple[int, str, str, Severity]], data: AuditData) -> Linkage:
+    own = [major for major, subject, _, _ in found if subject.startswith("static libcudart")]
+    return Linkage(
+        needed=f.needed, search_paths=f.search_paths, soname=f.soname,
+        runtime_major=own[0] if own else None, runtime_is_shared=f.is_libcudart,
+        judged=frozenset(major for major, *_ in found),
+        driver_undefined=tuple(sorted(x for x in f.undefined if x in data.introductions)),
+        exported=frozenset(x for x in f.exported if x.startswith("cu")),
     )
 
 
@@ -440,23 +427,28 @@ def audit_elf(
     """
     s = settings or AuditSettings(min_driver=min_driver, runtimes=runtimes, strict=strict)
     d = data or AuditData(introductions=introductions, abi_changes={}, sources=())
-    findings, _ = audit_one(name, elf, s, replace(d, introductions=introductions), abi_changed)
+    findings, _, _ = audit_one(name, elf, s, replace(d, introductions=introductions), abi_changed)
     return findings
 
 
 def audit_one(name: str, elf: ELFFile, s: AuditSettings, data: AuditData,
               abi_changed: Mapping[str, tuple[str, str]] | AbstractSet[str],
               scanned: list[set[str]] | None = None
-              ) -> tuple[list[Finding], tuple[DeviceCode, ...]]:
-    """Every check on one ELF file: its findings and its device code.  ``scanned``: what
-    :data:`DATA_SCANS` found in its data, when the reader already scanned it."""
+              ) -> tuple[list[Finding], tuple[DeviceCode, ...], Linkage]:
+    """Every check on one ELF file: its findings, its device code and what the wheel-level
+    checks need of it (:mod:`cumatrix.audit.linkage`).  ``scanned``: what :data:`DATA_SCANS`
+    found in its data, when the reader already scanned it."""
     f = _gather(name, elf, data, scanned)
     out = _needs_libcuda(f, s)
-    out += _runtime_major_checks(f, s, data)
+    majors, found = _runtime_major_checks(f, s, data)
+    out += majors
+    own = f.soname or name.rsplit("/", 1)[-1]
+    out += library_checks(name, library_uses(f.needed, f.sonames, own), (m for m, *_ in found), s)
     out += _driver_symbol_checks(f, s, data)
     out += _underlinked_checks(f, data)
     out += _runtime_floor_checks(f, s, data)
     out += _dispatch_checks(f, abi_changed)
     codes = elf_device_code(elf)
     out += device_checks(name, codes, s)
-    return out, codes
+    out += module_checks(name, elf, s, out)
+    return out, codes, _linkage(f, found, data)

@@ -48,6 +48,22 @@ class Finding:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Linkage:
+    """What the wheel-level checks need of one ELF file (:mod:`cumatrix.audit.linkage`): the
+    libraries it asks the loader for and where the loader looks, what it defines, and which
+    CUDA runtime it is or carries, read from its content."""
+
+    needed: tuple[str, ...] = ()
+    search_paths: tuple[str, ...] = ()  #: DT_RPATH and DT_RUNPATH entries
+    soname: str | None = None
+    runtime_major: int | None = None  #: the CUDA runtime this file is or carries (content, not name)
+    runtime_is_shared: bool = False  #: the file is a libcudart itself (it exports the runtime API)
+    judged: frozenset[int] = frozenset()  #: runtime majors the file's own checks already judged
+    driver_undefined: tuple[str, ...] = ()  #: undefined driver entry points (known cu* names)
+    exported: frozenset[str] = frozenset()  #: defined cu*/cuda* symbols
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class FileDevice:
     """The device code one ELF file carries (files without ``.nv_fatbin`` have none)."""
 

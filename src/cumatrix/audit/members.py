@@ -23,10 +23,10 @@ from typing import IO, Any, cast
 from elftools.elf.elffile import ELFFile
 
 from cumatrix.audit.checks import DATA_SCANS, audit_one
-from cumatrix.audit.findings import AuditData, AuditSettings, Finding
+from cumatrix.audit.findings import AuditData, AuditSettings, Finding, Linkage
 from cumatrix.binary.elf import (
     ELF_MAGIC,
-    MEMFD_MAX,
+    SPOOL_MAX,
     check_bounds,
     data_start,
     member_magic,
@@ -60,6 +60,7 @@ class _MemberResult:
     is_elf: bool
     findings: tuple[Finding, ...]
     codes: tuple[DeviceCode, ...]
+    link: Linkage | None = None  #: None where the file could not be read
 
 
 def _audit_member(wheel: Path, member: str, s: AuditSettings, data: AuditData,
@@ -97,7 +98,7 @@ def _streamed(info: zipfile.ZipInfo) -> bool:
     than a core's share of the wheel's ELF data (the other cores would wait for it; a smaller
     one's second process takes a core from another member's audit)."""
     return (info.compress_type == zipfile.ZIP_DEFLATED and not info.flag_bits & 0x1
-            and max(_STREAM_MIN, _PLAN.get("share", 0)) <= info.file_size <= MEMFD_MAX
+            and max(_STREAM_MIN, _PLAN.get("share", 0)) <= info.file_size <= SPOOL_MAX
             and hasattr(os, "fork"))
 
 
@@ -137,13 +138,13 @@ def _audit_stream(member: str, stream: Any, size: int, s: AuditSettings, data: A
             if names is not None:
                 scanned = (names.resolve(elf) if hasattr(elf, "named_headers")
                            else scan_names(elf, DATA_SCANS))
-            findings, codes = audit_one(member, elf, s, data, abi_changed, scanned)
+            findings, codes, link = audit_one(member, elf, s, data, abi_changed, scanned)
         finally:
             stream.close()
     except Exception as e:  # noqa: BLE001 - a hostile file may break any parser in any way
         return _MemberResult(name=member, is_elf=True, findings=(_unreadable(member, e),),
                              codes=())
-    return _MemberResult(name=member, is_elf=True, findings=tuple(findings), codes=codes)
+    return _MemberResult(name=member, is_elf=True, findings=tuple(findings), codes=codes, link=link)
 
 
 #: The reader of a member's ELF file: :class:`FastELFFile` parses the section table once

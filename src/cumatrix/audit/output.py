@@ -42,12 +42,42 @@ def _fold_line(code: str, found: Sequence[Finding]) -> str:
             f"{first.message}; fix: {first.fix})")
 
 
+_DEVICE_CODES = ("no-device-code", "ptx-too-new")
+_SM_RE = re.compile(r"^sm_(\d+)(\d)$")
+
+
+def _gpu(subject: str) -> str:
+    m = _SM_RE.match(subject)
+    return f"{m.group(1)}.{m.group(2)}" if m else subject
+
+
+def fold_gpus(found: Sequence[Finding]) -> list[list[Finding]]:
+    """``found`` (one file's findings) in groups: the device-code findings that differ only in
+    their GPU are one group, one cause on one line; every other finding is its own."""
+    groups: list[list[Finding]] = []
+    keyed: dict[tuple[str, str, str, str], list[Finding]] = {}
+    for f in found:
+        if f.code not in _DEVICE_CODES or not _SM_RE.match(f.subject):
+            groups.append([f])
+            continue
+        gpu = _gpu(f.subject)
+        key = (f.severity, f.code, f.message.replace(gpu, "{gpu}").replace(f.subject, "{sm}"),
+               f.fix.replace(f.subject, "{sm}").replace(f.subject.removeprefix("sm_"), "{arch}"))
+        if key in keyed:
+            keyed[key].append(f)
+        else:
+            keyed[key] = [f]
+            groups.append(keyed[key])
+    return groups
+
+
 def format_findings(audits: Sequence[WheelAudit], *, width: int = 100,
                     verbose: bool = False) -> str:
     """A findings table per ELF file of each wheel, for a terminal.
 
     Notes of one code that occur more than once in a wheel are folded into one line with a
-    count at the end of that wheel (:func:`folded_notes`); ``verbose`` lists each of them.
+    count at the end of that wheel (:func:`folded_notes`), and a file's device-code findings
+    that differ only in their GPU into one (:func:`fold_gpus`); ``verbose`` lists each.
     """
     lines: list[str] = []
     wrap = textwrap.TextWrapper(width=width, initial_indent=" " * 13,
@@ -76,11 +106,13 @@ def format_findings(audits: Sequence[WheelAudit], *, width: int = 100,
                 lines.append(f"  {file}: ok{tail}{code}")
                 continue
             lines.append(f"  {file}{code}")
-            for f in shown:
-                lines.append(f"    {f.severity.upper():<8} {f.code:<22} {f.subject}"
+            for group in (fold_gpus(shown) if not verbose else [[f] for f in shown]):
+                f = group[0]
+                lines.append(f"    {f.severity.upper():<8} {f.code:<22} {', '.join(g.subject for g in group)}"
                              + ("  [optional file]" if f.optional else ""))
-                lines.extend(_wrap(wrap, f.message))
-                lines.extend(_wrap(fixwrap, f.fix))
+                more = ", ".join(_gpu(g.subject) for g in group[1:])
+                lines.extend(_wrap(wrap, f.message + (f"; the same for compute capability {more}" if more else "")))
+                lines.extend(_wrap(fixwrap, f.fix.replace(f.subject, ", ".join(g.subject for g in group))))
         for fcode, found in folded.items():
             lines.append(f"  NOTE     {fcode} x{len(found)} (-v lists each)")
             lines.extend(_wrap(wrap, _fold_line(fcode, found)))

@@ -36,8 +36,11 @@ from cumatrix.predict.rules import rules
 EXPORTS_FILE = "data/cudart_exports.json"
 _EXPORTS_SCHEMA = 1
 
-# A soname as a C string: libcudart.so, libcudart.so.12, libcudart.so.11.0, libcuda.so.1.
-_SONAME_RE = re.compile(rb"lib(cudart|cuda)\.so(?:\.[0-9]{1,3}){0,3}\x00")
+# A soname as a C string: libcudart.so, libcudart.so.12, libcudart.so.11.0, libcuda.so.1, and
+# the CUDA libraries of data/cuda_libraries.json (libcublas.so.13, libnvrtc.so.12, ...).
+_SONAME_RE = re.compile(rb"lib(cudart|cuda|cublas(?:Lt)?|cufftw?|curand|cusolver(?:Mg)?|cusparse"
+                        rb"|npp[a-z]{1,4}|nvjpeg|cupti|cudnn(?:_[a-z_]{1,20})?|nvrtc(?:-builtins)?"
+                        rb"|nvJitLink)\.so(?:\.[0-9]{1,3}){0,3}\x00")
 _LIBCUDART_SONAME_RE = re.compile(r"^libcudart\.so(?:\.(\d+))?")
 # $ORIGIN/../nvidia/cu13/lib (CUDA 13 wheels), .../nvidia/cuda_runtime/lib (11.x and 12.x).
 _TREE_RE = re.compile(r"nvidia/(?:cu(\d+)|(cuda_runtime))/lib")
@@ -129,7 +132,7 @@ def min_driver_text(cuda: CudaVersion) -> str:
 
 
 def elf_sonames(elf: ELFFile) -> frozenset[str]:
-    """CUDA sonames (``libcudart.so.N``, ``libcuda.so.1``) named as C strings in the loaded,
+    """CUDA sonames (``libcudart.so.N``, ``libcuda.so.1``, ``libcublas.so.N``...) named as C strings in the loaded,
     non-executable data of ``elf`` (``.rodata`` and the like: what ``dlopen`` is passed)."""
     found: set[str] = set()
     for buf in data_chunks(elf, keep=40):

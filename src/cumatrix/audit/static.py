@@ -16,8 +16,12 @@ This module keeps the names the rest of cumatrix imports from it.
 from __future__ import annotations
 
 import ast
+import contextlib
 import fnmatch
+import hashlib
 import itertools
+import json
+import os
 import re
 import time
 import zipfile
@@ -26,14 +30,16 @@ from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from pathlib import Path
 
-from cumatrix.audit import runtime_evidence
-from cumatrix.audit.checks import audit_elf, device_checks, elf_device_code
+from cumatrix.audit import linkage, runtime_evidence
+from cumatrix.audit.checks import audit_elf, elf_device_code
+from cumatrix.audit.coverage import device_checks
 from cumatrix.audit.findings import (
     RECORD_SCHEMA,
     AuditData,
     AuditSettings,
     FileDevice,
     Finding,
+    Linkage,
     Severity,
     StaticAudit,
     WheelAudit,
@@ -48,6 +54,8 @@ from cumatrix.audit.output import (
     format_findings,
     junit_suites,
 )
+from cumatrix.core.cache import cache_root
+from cumatrix.core.errors import CumatrixError
 from cumatrix.core.model import CudaVersion
 from cumatrix.provision import headers, runtimes
 
@@ -115,14 +123,18 @@ def audit_wheel(
     elves: list[str] = []
     findings: list[Finding] = []
     device: list[FileDevice] = []
+    links: dict[str, Linkage] = {}
     for m, _ in members:
         r = results[m]
         if not r.is_elf:
             continue
         elves.append(m)
         findings.extend(r.findings)
+        if r.link is not None:
+            links[m] = r.link
         if r.codes:
             device.append(FileDevice(file=m, codes=r.codes))
+    findings = linkage.wheel_checks(links, findings, s)
     globs = s.optional or optional
     if globs:
         findings = [
@@ -162,27 +174,55 @@ def _import_names(node: ast.Import | ast.ImportFrom, package: str) -> list[str]:
     return [base, *(f"{base}.{a.name}" for a in node.names)]
 
 
-def _imports(tree: ast.AST, package: str) -> list[tuple[str, int, bool]]:
-    """(absolute module, line, guarded) of every import; guarded: inside a ``try:`` body
-    whose handlers catch ImportError (or a base of it)."""
-    guarded: set[int] = set()
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Try):
+_GUARDING = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
+
+
+def _catches_import_error(node: ast.Try) -> bool:
+    catches: set[str] = set()
+    for h in node.handlers:
+        types = h.type.elts if isinstance(h.type, ast.Tuple) else [h.type]
+        catches |= {t.id for t in types if isinstance(t, ast.Name)}
+        if h.type is None:
+            catches.add("ImportError")
+    return bool(catches & _GUARDING)
+
+
+def _children(node: ast.AST, guarded: bool) -> list[tuple[ast.AST, bool]]:
+    """The statements (and the handlers and match cases that hold statements) directly
+    inside ``node``, in field order, each with whether it is guarded."""
+    guards = isinstance(node, ast.Try) and _catches_import_error(node)
+    out: list[tuple[ast.AST, bool]] = []
+    for name, value in ast.iter_fields(node):
+        if not isinstance(value, list):
             continue
-        catches = set()
-        for h in node.handlers:
-            types = h.type.elts if isinstance(h.type, ast.Tuple) else [h.type]
-            catches |= {t.id for t in types if isinstance(t, ast.Name)}
-            if h.type is None:
-                catches.add("ImportError")
-        if catches & {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}:
-            guarded |= {id(sub) for stmt in node.body for sub in ast.walk(stmt)}
-    return [(name, node.lineno, id(node) in guarded)
-            for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
-            for name in _import_names(node, package)]
+        inner = guarded or (guards and name == "body")
+        out += [(v, inner) for v in value
+                if isinstance(v, (ast.stmt, ast.ExceptHandler, ast.match_case))]
+    return out
 
 
-def _python_trees(wheel: Path, wanted: re.Pattern[bytes]) -> Iterator[tuple[str, ast.AST]]:
+def _imports(tree: ast.Module, package: str) -> list[tuple[str, int, bool]]:
+    """(absolute module, line, guarded) of every import; guarded: inside a ``try:`` body
+    whose handlers catch ImportError (or a base of it).
+
+    Imports are statements, so only statements (and the handlers and cases that hold them)
+    are visited, breadth first in the order of :func:`ast.walk`: expressions, most of a
+    module's nodes, are never walked (walking them all was most of the optional-import
+    analysis of a framework wheel)."""
+    out: list[tuple[str, int, bool]] = []
+    level: list[tuple[ast.AST, bool]] = _children(tree, False)
+    while level:
+        deeper: list[tuple[ast.AST, bool]] = []
+        for node, guarded in level:
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                out += [(name, node.lineno, guarded) for name in _import_names(node, package)]
+            else:
+                deeper += _children(node, guarded)
+        level = deeper
+    return out
+
+
+def _python_trees(wheel: Path, wanted: re.Pattern[bytes]) -> Iterator[tuple[str, ast.Module]]:
     """The parsed ``.py`` members of ``wheel`` whose text matches ``wanted``."""
     with zipfile.ZipFile(wheel) as zf:
         for info in zf.infolist():
@@ -197,6 +237,36 @@ def _python_trees(wheel: Path, wanted: re.Pattern[bytes]) -> Iterator[tuple[str,
                 continue
 
 
+def _cached_imports(wheel: Path, modules: list[str]
+                    ) -> tuple[Path | None, tuple[dict[str, tuple[str, int]], set[str]] | None]:
+    """The cache file of this analysis, keyed by content (every ``.py`` member's name, CRC-32
+    and size, read from the zip's directory, and the modules asked about), and what it holds.
+    A gate run again on the same wheel (a release re-run, a fixed finding) parses nothing."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            pys = sorted((i.filename, i.CRC, i.file_size) for i in zf.infolist() if i.filename.endswith(".py"))
+        path = cache_root() / "gate-imports" / (
+            hashlib.sha256(json.dumps([pys, modules]).encode()).hexdigest()[:32] + ".json")
+    except (OSError, zipfile.BadZipFile, CumatrixError):
+        return None, None  # no cache here (the analysis reports the unreadable zip itself)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        return path, ({k: (str(v[0]), int(v[1])) for k, v in doc["found"].items()}, set(doc["plain"]))
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return path, None  # not stored yet, or unreadable: analysed again and stored
+
+
+def _store_imports(path: Path | None, found: Mapping[str, tuple[str, int]], plain: set[str]) -> None:
+    if path is None:
+        return
+    # A cache that cannot be written costs the next run the parse again, nothing more.
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(mode=0o700, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"found": found, "plain": sorted(plain)}), encoding="utf-8")
+        tmp.replace(path)
+
+
 def optional_import_notes(wheel: Path, findings: Sequence[Finding]) -> list[Finding]:
     """A note for each file with an error finding that the wheel's Python code imports only
     inside ``try/except ImportError``: the project may treat it as optional."""
@@ -209,21 +279,26 @@ def optional_import_notes(wheel: Path, findings: Sequence[Finding]) -> list[Find
     wanted = re.compile(rb"^[ \t]*(?:from|import)[ \t][^\n]*\b(?:"
                         + b"|".join(re.escape(s.encode()) for s in sorted(stems)) + rb")\b",
                         re.MULTILINE)
-    found: dict[str, tuple[str, int]] = {}
-    plain: set[str] = set()  # imported somewhere without a guard: not optional
-    try:
-        for filename, tree in _python_trees(wheel, wanted):
-            parts = filename[:-3].split("/")
-            package = ".".join(parts if parts[-1] == "__init__" else parts[:-1]).removesuffix(".__init__")
-            for mod, line, guarded in _imports(tree, package):
-                if mod not in modules:
-                    continue
-                if not guarded:
-                    plain.add(mod)
-                elif mod not in found:
-                    found[mod] = (filename, line)
-    except (zipfile.BadZipFile, OSError, EOFError, ValueError):
-        return []
+    key, cached = _cached_imports(wheel, sorted(modules))
+    if cached is not None:
+        found, plain = cached
+    else:
+        found = {}
+        plain = set()  # imported somewhere without a guard: not optional
+        try:
+            for filename, tree in _python_trees(wheel, wanted):
+                parts = filename[:-3].split("/")
+                package = ".".join(parts if parts[-1] == "__init__" else parts[:-1]).removesuffix(".__init__")
+                for mod, line, guarded in _imports(tree, package):
+                    if mod not in modules:
+                        continue
+                    if not guarded:
+                        plain.add(mod)
+                    elif mod not in found:
+                        found[mod] = (filename, line)
+        except (zipfile.BadZipFile, OSError, EOFError, ValueError):
+            return []
+        _store_imports(key, found, plain)
     out: list[Finding] = []
     for mod, (py, line) in sorted(found.items()):
         if mod in plain:

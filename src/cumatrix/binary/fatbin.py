@@ -37,11 +37,14 @@ from cumatrix.binary.ptx import ptx_isa_cuda, ptx_version
 __all__ = [
     "DeviceCode",
     "FatbinError",
+    "FatbinModule",
     "covering",
     "file_device_code",
+    "module_kernel",
     "parse_arch",
     "ptx_isa_cuda",
     "read_fatbin",
+    "read_fatbin_modules",
 ]
 
 FATBIN_MAGIC = 0xBA55ED50
@@ -220,3 +223,83 @@ def file_device_code(path: str | BinaryIO) -> tuple[DeviceCode, ...]:
             return read_fatbin(fh, section["sh_offset"], section["sh_size"])
     except (OSError, ELFError, FatbinError, ValueError):
         return ()
+
+
+# ------------------------------------------------------------------ one module at a time
+# Each translation unit nvcc compiles registers its own fat binary container
+# (__cudaRegisterFatBinary), so a container is a module: a kernel launched from it runs only
+# where one of *its* entries runs.  These functions leave the whole-section reading above as
+# it is and read the same containers one by one.
+
+_SASS_KERNEL_RE = re.compile(rb"\.text\.([A-Za-z_$][\w$.]{0,255})\x00")
+_PTX_ENTRY_RE = re.compile(rb"\.entry\s+([A-Za-z_$][\w$]{0,255})")
+_NAME_SCAN = 4 << 20  # bytes of a payload searched for a kernel name
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FatbinModule:
+    """One fat binary container of a ``.nv_fatbin`` section: the device code of one module."""
+
+    offset: int  #: of the container in the stream
+    size: int  #: the container's bytes, header included
+    codes: tuple[DeviceCode, ...]
+
+
+def read_fatbin_modules(stream: IO[bytes], start: int, size: int) -> tuple[FatbinModule, ...]:
+    """The containers of the fat binaries in ``stream[start:start + size]``, each with its
+    entries (:func:`read_fatbin` of that container alone).  Raises :class:`FatbinError` as
+    :func:`read_fatbin` does."""
+    out: list[FatbinModule] = []
+    pos, end = start, start + size
+    while pos + _CONTAINER.size <= end:
+        magic, _, header_size, body = _CONTAINER.unpack(_read_exact(stream, pos, _CONTAINER.size))
+        if magic == 0:
+            if out:
+                break  # padding at the end of the section
+            pos += 8  # alignment padding before a container
+            continue
+        if magic != FATBIN_MAGIC or header_size < _CONTAINER.size or pos + header_size + body > end:
+            raise FatbinError(f"no fat binary container at offset {pos - start:#x} of .nv_fatbin")
+        length = header_size + body
+        out.append(FatbinModule(offset=pos, size=length, codes=read_fatbin(stream, pos, length)))
+        pos += length
+    return tuple(out)
+
+
+def module_kernel(stream: IO[bytes], module: FatbinModule) -> str | None:
+    """A kernel of ``module`` as its uncompressed code names it (a cubin's ``.text.<kernel>``
+    section, a PTX ``.entry``); ``""`` when its code, all of it read, has no kernel (the CUDA
+    runtime's own module: nothing to launch); ``None`` when that cannot be told (compressed)."""
+    head = _CONTAINER.unpack(_read_exact(stream, module.offset, _CONTAINER.size))[2]
+    entry, cend = module.offset + head, module.offset + module.size
+    known = True
+    while entry + _ENTRY.size <= cend:
+        kind, _, ehs, padded, _, csize, _, _, _, _, _, flags, _, usize = _ENTRY.unpack(
+            _read_exact(stream, entry, _ENTRY.size))
+        if ehs < _ENTRY.size or entry + ehs + padded > cend:
+            return None
+        payload: bytes | None = None
+        if flags & _FLAG_COMPRESSED_ZSTD and 0 < csize <= padded and usize <= _NAME_SCAN:
+            payload = _zstd(_read_exact(stream, entry + ehs, csize), usize)
+        elif not flags & (_FLAG_COMPRESSED_LZ4 | _FLAG_COMPRESSED_ZSTD) and padded <= _NAME_SCAN:
+            payload = _read_exact(stream, entry + ehs, padded)
+        if payload is None:
+            known = False  # LZ4 (CUDA before 12.8), or too large to read for a name
+        else:
+            m = (_SASS_KERNEL_RE if kind == _KIND_SASS else _PTX_ENTRY_RE).search(payload)
+            if m:
+                return m.group(1).decode("ascii")
+        entry += ehs + padded
+    return "" if known else None
+
+
+def _zstd(data: bytes, size: int) -> bytes | None:
+    """``data`` inflated (a zstd frame of at most ``size`` bytes), or ``None`` if it is not one."""
+    # Imported here: only a module that fails a coverage check is ever inflated, and the
+    # audit reads the rest of a fat binary's headers without it.
+    import zstandard
+
+    try:
+        return zstandard.ZstdDecompressor().decompress(data, max_output_size=size)
+    except zstandard.ZstdError:
+        return None

@@ -33,7 +33,7 @@ from cumatrix.audit.static import (
 )
 from cumatrix.binary.zipnames import bad_utf8_name, describe
 from cumatrix.core.cache import cache_root
-from cumatrix.core.errors import CumatrixError, UsageError
+from cumatrix.core.errors import EXIT_NOTHING_RAN, CumatrixError, UsageError
 from cumatrix.core.model import CudaVersion
 from cumatrix.core.options import RunOptions
 from cumatrix.core.private import write_new
@@ -111,7 +111,8 @@ def _write_outputs(out: Path, audits: Sequence[WheelAudit], record: dict[str, ob
 
 
 def gate_main(args: argparse.Namespace) -> int:
-    """Run ``cumatrix gate``; returns the exit status (0 pass, 1 error finding, 2 bad input).
+    """Run ``cumatrix gate``; returns the exit status (0 pass, 1 error finding, 2 bad input,
+    5 a dynamic stage in which no cell ran).
 
     ``-q``: only the verdict lines and failures; ``--json``: one JSON document on stdout
     (docs/json-output.md), every other line on stderr."""
@@ -133,13 +134,14 @@ def gate_main(args: argparse.Namespace) -> int:
             status = e.exit_code
     if quiet and not as_json:
         # The lines a reader of a quiet gate needs: findings that fail, FAIL cells, the verdicts.
-        keep = ("static audit:", "ERROR", "FAIL", "dynamic stage: pass", "dynamic stage: FAIL")
+        keep = ("static audit:", "ERROR", "FAIL", "dynamic stage: pass", "dynamic stage: FAIL",
+                "dynamic stage: NOTHING TESTED")
         for line in buf.getvalue().splitlines():
             if line.lstrip().startswith(keep):
                 print(line)
     if as_json:
         doc: dict[str, object] = {"schema": "cumatrix-gate/1", "exit_code": status,
-                                  "verdict": {0: "PASS", 1: "FAIL"}.get(status, "ERROR"),
+                                  "verdict": {0: "PASS", 1: "FAIL", EXIT_NOTHING_RAN: "NOTHING TESTED"}.get(status, "ERROR"),
                                   "static": collected.get("static"), "dynamic": None}
         out = collected.get("dynamic_out")
         if isinstance(out, Path) and (out / "results.json").is_file():

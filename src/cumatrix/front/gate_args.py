@@ -95,6 +95,12 @@ what the static audit reports (per ELF file, read from the zip without extractin
                          nvidia/cuNN/lib and the wheel's Requires-Dist on
                          nvidia-cuda-runtime*: an error where path and dependency
                          agree, a warning where only a string hints at it
+  library-major          a CUDA library (cuBLAS, cuFFT, cuDNN, NVRTC, nvJitLink...)
+                         needed or loaded whose CUDA majors (data/cuda_libraries.json)
+                         are all outside --runtimes: error (warning when only loaded)
+  library-needs-newer-driver
+                         that library's CUDA major needs a newer driver than
+                         --min-driver: error (NVRTC, nvJitLink: warning)
   runtime-symbol-too-new undefined cuda* symbol first exported by a libcudart newer
                          than --min-runtime: error
   abi-lookup             string naming a runtime function whose ABI changed between
@@ -119,7 +125,10 @@ The summary lists each file's SASS and PTX (arch and PTX ISA version).
 
 exit status: 0 no error finding and every cell met its expectation, 1 an error
 finding or a failed cell, 2 bad input (missing or non-wheel file, malformed option,
-bad matrix).
+bad matrix), 5 the dynamic stage ran no cell (every one skipped: a wheel this
+Python cannot install, or no pairing this host supports): nothing was installed and
+imported, so the gate is not green; gate under a matching Python, or with
+--static-only to rely on the static audit alone.
 """
 
 

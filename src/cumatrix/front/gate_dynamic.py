@@ -22,11 +22,12 @@ import textwrap
 import time
 import uuid
 import zipfile
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from cumatrix.core.errors import CumatrixError, UsageError
+from cumatrix.core.errors import EXIT_NOTHING_RAN, CumatrixError, UsageError
 from cumatrix.core.jobs import Job
 from cumatrix.core.model import Case, Cell, Driver, Expected, Matrix, Runtime
 from cumatrix.core.options import DEFAULT_MATRIX, RunOptions, SandboxPolicy
@@ -359,7 +360,8 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path], static: 
     :class:`cumatrix.orchestrate.Orchestrator`.  Pairings NVIDIA does not support are
     recorded as ``skipped:unsupported-pairing``.  ``results.jsonl`` holds the static findings
     beside the cells, and every report is written from it once.  Returns 0 when every cell
-    met its expectation, 1 otherwise.
+    met its expectation, 1 when one did not, :data:`~cumatrix.core.errors.EXIT_NOTHING_RAN`
+    when every cell was skipped (nothing installed and imported: not green).
     """
     out = Path(args.out if args.out is not None else DEFAULT_OUT)
     backend: str = args.backend
@@ -391,21 +393,79 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path], static: 
                                 run_id=uuid.uuid4().hex[:12]))
         store.append(static)
         try:
-            failed = _run_cells(orch, cells, store)
+            failed, ran = _run_cells(orch, cells, store)
         finally:
             store.close()
     finally:
         orch.close()
         if first is not orch:  # the copy with hooks has its own provisioner; both hold temporary files
             first.close()
-    write_all(record(args, load_records(out / JSONL), kind="gate"), out)
+    write_all(record(args, load_records(out / JSONL), kind="gate", series=history_series(matrix, gws)), out)
     if isinstance(getattr(args, "gate_json", None), dict):
         args.gate_json["dynamic_out"] = out
     for rec in failed:
         print(f"FAIL {rec.id}: {rec.mismatch}")
+        hint = missing_dependency(rec, args.constraints, gws)
+        if hint:
+            print(f"  {hint}")
+    reports = f"reports in {out}/ (summary.md, junit.xml, results.json, index.html)"
+    if not failed and not any(r.status != "skip" for r in ran):
+        # A release gate that installed and imported nothing is not green (issue: PASS over
+        # nothing tested): every cell was skipped, so say why and how to gate it for real.
+        print(nothing_tested(ran, gws) + f"; {reports}")
+        return EXIT_NOTHING_RAN
     print(f"dynamic stage: {'FAIL' if failed else 'pass'}: {len(failed)} of {len(cells)} cells "
-          f"failed; reports in {out}/ (summary.md, junit.xml, results.json, index.html)")
+          f"failed; {reports}")
     return 1 if failed else 0
+
+
+def history_series(matrix: Matrix, wheels: Sequence[GateWheel]) -> str:
+    """The history series of a gate run: its matrix and the wheels gated, each by name,
+    version and tag, so each wheel (and each version of it) has a series of its own."""
+    keys = sorted("-".join([*parts[:2], *parts[-3:]]) for w in wheels
+                  if (parts := w.path.name[: -len(".whl")].split("-")))
+    return hashlib.sha256(dumps({"matrix": matrix.sha256, "wheels": keys}).encode()).hexdigest()
+
+
+_NO_MODULE_RE = re.compile(r"No module named '([A-Za-z0-9_.]+)'")
+
+
+def missing_dependency(rec: CellRecord, constraints: Path | None, wheels: Sequence[GateWheel]) -> str | None:
+    """For an import cell that failed on a module outside the wheels gated, with the wheel
+    installed alone (no ``--constraints``): how to give the cells its dependencies."""
+    text = "\n".join(filter(None, (rec.observed.detail, rec.stderr_tail, rec.stdout_tail, rec.mismatch)))
+    m = _NO_MODULE_RE.search(text)
+    if m is None or constraints is not None:
+        return None
+    top = m.group(1).split(".")[0]
+    if any(top in w.packages for w in wheels):
+        return None  # a module of the wheel itself: a packaging bug, not a dependency
+    return (f"hint: {top!r} is not in the wheel, which was installed without its dependencies: pass "
+            "--constraints FILE (pip constraints, e.g. `pip freeze > constraints.txt`) to install "
+            "them in every cell, with --wheel-dir DIR to take them from a directory instead of the "
+            "index; with the local backend, a module installed in the Python that runs cumatrix is "
+            "found too")
+
+
+#: How to gate a wheel whose cells were all skipped for this reason, by ``skipped:<why>``.
+_HOW_TO_GATE = {
+    "wheel-not-for-this-python": (
+        "run the gate under a Python that can install the wheel ({tags}), or give the matrix an "
+        "environment runtime (`requirements:`) built with that Python"),
+    "unsupported-pairing": "give --matrix a runtime this host's driver supports",
+}
+
+
+def nothing_tested(records: Sequence[CellRecord], wheels: Sequence[GateWheel]) -> str:
+    """The verdict line of a dynamic stage in which every cell was skipped: how many, the
+    largest reason, and how to gate the wheels (or ``--static-only`` to rely on the static
+    audit alone)."""
+    reasons = Counter(r.observed.outcome.removeprefix("skipped:") for r in records)
+    top, count = reasons.most_common(1)[0] if reasons else ("no cells", 0)
+    tags = ", ".join(sorted({"-".join(w.path.name[: -len(".whl")].split("-")[-3:]) for w in wheels}))
+    how = _HOW_TO_GATE.get(top, "see each cell's reason in summary.md").format(tags=tags)
+    return (f"dynamic stage: NOTHING TESTED — 0 of {len(records)} cells ran ({count} skipped: {top}); "
+            f"{how}; or gate with --static-only to rely on the static audit alone (exit {EXIT_NOTHING_RAN})")
 
 
 def _install_wheels(args: argparse.Namespace, gws: Sequence[GateWheel], sites: Path, hooks: GateHooks,
@@ -433,8 +493,10 @@ def _install_wheels(args: argparse.Namespace, gws: Sequence[GateWheel], sites: P
         hooks.staged[w.name] = staged
 
 
-def _run_cells(orch: Orchestrator, cells: Sequence[Cell], store: Store) -> list[CellRecord]:
+def _run_cells(orch: Orchestrator, cells: Sequence[Cell], store: Store
+               ) -> tuple[list[CellRecord], list[CellRecord]]:
     failed: list[CellRecord] = []
+    ran: list[CellRecord] = []
     t0 = time.monotonic()
     done = 0
 
@@ -442,6 +504,7 @@ def _run_cells(orch: Orchestrator, cells: Sequence[Cell], store: Store) -> list[
         nonlocal done
         rec = run.record
         store.append(rec.to_store())
+        ran.append(rec)
         done += 1
         if rec.status == "fail":
             failed.append(rec)
@@ -457,4 +520,4 @@ def _run_cells(orch: Orchestrator, cells: Sequence[Cell], store: Store) -> list[
     finally:
         # A killed gate still leaves a report of what it finished.
         store.append(end_record(interrupted=interrupted))
-    return failed
+    return failed, ran

@@ -78,16 +78,16 @@ def check_history(args: argparse.Namespace) -> None:
                   file=sys.stderr)
 
 
-def record(args: argparse.Namespace, run: RunData, *, kind: str) -> RunData:
+def record(args: argparse.Namespace, run: RunData, *, kind: str, series: str | None = None) -> RunData:
     """Append ``run`` to the history; returns it with ``since`` set when a previous run of its
-    matrix is stored.  A history that cannot be written is a warning, not the run's failure:
+    series (its matrix, or ``series``: :meth:`History.append`) is stored.  A history that cannot be written is a warning, not the run's failure:
     the cells ran and their reports must still be written."""
     path = history_path(args)
     if path is None:
         return run
     try:
         with History.open(path) as hist:
-            rid = hist.append(run, kind=kind, commit=git_commit())
+            rid = hist.append(run, kind=kind, commit=git_commit(), series=series)
             b = hist.run(str(rid))
             earlier = hist.runs(digest=b.digest, upto=rid - 1, limit=1)
             if not earlier:

@@ -304,8 +304,12 @@ class History:
 
     # ------------------------------------------------------------------ writing
 
-    def append(self, run: RunData, *, kind: str, commit: str | None, recorded: str | None = None) -> int:
-        """Store ``run`` (a :class:`~cumatrix.report.RunData`); returns its history id."""
+    def append(self, run: RunData, *, kind: str, commit: str | None, recorded: str | None = None,
+               series: str | None = None) -> int:
+        """Store ``run`` (a :class:`~cumatrix.report.RunData`); returns its history id.
+
+        ``series``: the digest that keys the run's series (default: its matrix's sha256); the
+        gate keys each wheel's runs apart, so one wheel's cells are never another's history."""
         head = run.header
         c = run.counts
         host = ", ".join(run.hosts) if run.merged else (head.host or str(head.host_fingerprint.get("hostname") or ""))
@@ -321,7 +325,7 @@ class History:
                 "INSERT INTO runs(run_uid, kind, recorded, started, finished, matrix, digest, host, fingerprint, "
                 "harness_version, git_commit, verdict, n_pass, n_fail, n_skip, n_not_run) "
                 "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                (head.run_id, kind, now, run.started, run.finished, head.matrix, head.matrix_sha256, host,
+                (head.run_id, kind, now, run.started, run.finished, head.matrix, series or head.matrix_sha256, host,
                  json.dumps(dict(head.host_fingerprint), sort_keys=True, default=str), head.harness_version, commit,
                  run.verdict, c.passed, c.failed, c.skipped, c.not_run))
             run_id = int(cur.lastrowid or 0)
