@@ -1,4 +1,6 @@
-"""Ship the reference C sources (``cumatrix/native/``) and the runtime Dockerfile inside the package.
+"""Ship the reference C sources (``cumatrix/native/``), the runtime Dockerfile and the default
+matrix (``cumatrix/data/matrix.yaml``: what ``cumatrix run`` runs where no matrix.yaml is) inside
+the package.
 
 ``reference/`` at the top of the repository is the source of truth; a wheel or a
 non-editable install carries a copy so that ``cumatrix build`` works anywhere.
@@ -27,6 +29,7 @@ class BuildPyWithReference(build_py):
         data.mkdir(parents=True, exist_ok=True)
         for name in ("runtime.Dockerfile", "env-runtime.Dockerfile"):
             shutil.copy2(Path(__file__).parent / "containers" / name, data / name)
+        shutil.copy2(Path(__file__).parent / "matrix.yaml", data / "matrix.yaml")
 
 
 setup(cmdclass={"build_py": BuildPyWithReference})
