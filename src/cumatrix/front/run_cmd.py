@@ -245,6 +245,7 @@ def _preflight(opts: RunOptions, m: Any, mpath: Path, *, quiet: bool) -> None:
     cache_root()  # this user's alone, or exit 3 before anything from it runs
     with Store.open(opts.out or Path(DEFAULT_OUT), fresh=False):
         pass
+    _say_missing_evidence()
     _check_compiler(m)
     if opts.backend == "docker":
         # deferred: the docker SDK costs ~80 ms and ~200 modules; only the docker backend needs it
@@ -276,6 +277,16 @@ def _preflight_local(m: Any, mpath: Path, orch: Any, *, quiet: bool) -> None:
             if not quiet:
                 print(f"cumatrix: runtime {rt.name}: {rt.source}", file=sys.stderr)
             orch.provisioner.runtime(rt.name)
+
+
+def _say_missing_evidence() -> None:
+    """First, before any cell: what no cell of this run will be observed by (every record names
+    it too), so that a run without its compiled parts never passes as if observed in full."""
+    # deferred: the audit's module costs the provisioner's imports, which --help and validate do without
+    from cumatrix.execute.cellaudit import missing_evidence
+
+    for m in missing_evidence():
+        print(f"cumatrix: WARNING: evidence missing on this host: {m}", file=sys.stderr)
 
 
 def _check_compiler(m: Any) -> None:

@@ -51,6 +51,9 @@ class Facts:
     #: What the rtld-audit saw (``libraries``, ``runtime_file``, ``runtime_version``,
     #: ``runtime_evidence``, ``runtime_origin``): the runtime really used, which wins over the one offered.
     observed: Mapping[str, object] = field(default_factory=dict)
+    #: The evidence no cell here could have (``trace``, ``audit``: a compiled part neither
+    #: installed nor buildable), each with why; recorded on every cell it concerns.
+    missing_evidence: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -163,6 +166,9 @@ def fingerprint(observed: Observed, child: ChildResult | None, facts: Facts) -> 
             seen_version if isinstance(seen_version, int) else None)
     if child is not None and child.trace is not None:
         audit["trace"] = child.trace.to_json()
+    if facts.missing_evidence:
+        audit["missing_evidence"] = [m.split(":", 1)[0] for m in facts.missing_evidence]
+        audit["missing_evidence_why"] = list(facts.missing_evidence)
     return {**audit,
         "backend": facts.backend,
         "driver_version": pick(cf.driver_version, hfp.get("driver_version")),
