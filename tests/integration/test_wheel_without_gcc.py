@@ -39,12 +39,11 @@ def _compilers() -> list[str]:
     found = set()
     for d in os.environ.get("PATH", "").split(os.pathsep):
         try:
-            names = os.listdir(d)
+            entries = list(Path(d).iterdir())
         except OSError:
             continue
-        for n in names:
-            p = Path(d) / n
-            if _COMPILER.fullmatch(n) and os.access(p, os.X_OK):
+        for p in entries:
+            if _COMPILER.fullmatch(p.name) and os.access(p, os.X_OK):
                 found.add(str(p.resolve()))
     return sorted(found)
 
