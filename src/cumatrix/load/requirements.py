@@ -5,7 +5,10 @@ Pure parsing, shared by the loader (which checks a matrix) and provisioning (whi
 
 from __future__ import annotations
 
+import json
 import re
+from functools import cache
+from importlib import resources
 
 _REQ_RE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*(?P<version>[0-9][0-9A-Za-z.+-]*)$")
 
@@ -19,6 +22,16 @@ KNOWN_WHEELS: dict[str, str] = {
     "13.0": "nvidia-cuda-runtime==13.0.96",
     "13.5": "nvidia-cuda-runtime==13.5.37",
 }
+
+
+@cache
+def cuda_releases() -> tuple[str, ...]:
+    """The CUDA releases cumatrix knows, oldest first: those of NVIDIA's driver table
+    (``data/nvidia.json``'s ``min_driver``, with its sources) and those whose runtime wheels it
+    knows.  ``emulated-X.Y`` must name one of them."""
+    table = json.loads(resources.files("cumatrix").joinpath("data", "nvidia.json").read_text(encoding="utf-8"))
+    versions = {*table["min_driver"], *KNOWN_WHEELS}
+    return tuple(sorted(versions, key=lambda v: tuple(int(p) for p in v.split("."))))
 
 
 def parse_requirement(text: str) -> tuple[str, str]:
