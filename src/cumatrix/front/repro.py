@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from cumatrix.child.swapcell import MAPS_ENV
+from cumatrix.core.cache import cache_location
 from cumatrix.core.errors import UsageError, did_you_mean
 from cumatrix.core.jobs import Job
 from cumatrix.core.model import NO_RUNTIME, Cell, CudaVersion, Kind, Matrix, is_neutral, is_ok, outcome_kind
@@ -76,11 +77,30 @@ def standalone_command(runner: Orchestrator, job: Job) -> str:
         for k, v in env.items():
             parts += ["-e", f"{k}={v}"]
         parts.append(job.image or "IMAGE")
-        return " ".join(shlex.quote(p) for p in [*parts, *job.argv])
+        return _portable([*parts, *job.argv])
     if job.lib_path:
         env["LD_LIBRARY_PATH"] = os.pathsep.join(job.lib_path)
     env.setdefault("PYTHONFAULTHANDLER", "1")
-    return " ".join(shlex.quote(p) for p in ["env", *(f"{k}={v}" for k, v in env.items()), *job.argv])
+    return _portable(["env", *(f"{k}={v}" for k, v in env.items()), *job.argv])
+
+
+#: How the standalone command finds cumatrix's cache: as cumatrix does (core.cache.cache_location).
+_CACHE_SH = 'CUMATRIX_CACHE="${CUMATRIX_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cumatrix}"'
+
+
+def _portable(words: list[str]) -> str:
+    """``words`` as one shell command that names no cache path of this machine: the cache's
+    root (runtimes, builds, the audit library) is ``$CUMATRIX_CACHE``, found as cumatrix finds it,
+    so the command runs for another user, or on another host, whose cache holds the same files
+    (``cumatrix fetch`` and a run of the cell there put them in it)."""
+    root = str(cache_location())
+    if not any(root in w for w in words):
+        return " ".join(shlex.quote(w) for w in words)
+
+    def word(w: str) -> str:
+        return '"$CUMATRIX_CACHE"'.join(shlex.quote(p) if p else "" for p in w.split(root))
+
+    return f"{_CACHE_SH}; " + " ".join(word(w) for w in words)
 
 
 def run_one(runner: Orchestrator, cell: Cell) -> CellRun:
