@@ -106,3 +106,17 @@ def test_pull_requests_run_the_ci_test_command() -> None:
     runs = [str(s.get("run", "")) for job in wf["jobs"].values() for s in job["steps"]]
     assert any(".ci/run" in r for r in runs)
     assert any(".ci/package" in r for r in runs)
+
+
+def test_every_action_is_pinned_by_commit_sha() -> None:
+    # A tag can be moved to other code; a commit cannot. Our own action (`./`) is the checkout.
+    from cumatrix.front.init import Project, workflow_text
+
+    texts = {p.name: p.read_text() for p in (ROOT / ".github" / "workflows").glob("*.yml")}
+    texts["init"] = workflow_text(Project(name="p", module="p", found_in="--name", wheels=("dist/p.whl",), python=True))
+    texts["nightly-github.md"] = (ROOT / "docs" / "nightly-github.md").read_text()
+    for name, text in texts.items():
+        for ref in re.findall(r"uses:\s*([^\s#]+)", text):
+            if ref.startswith(("./", "OWNER/")):
+                continue
+            assert re.fullmatch(r"[\w.-]+/[\w./-]+@[0-9a-f]{40}", ref), f"{name}: {ref} is not pinned by SHA"
