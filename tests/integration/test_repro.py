@@ -84,6 +84,21 @@ def test_gpu_entry_without_gpu_exits_3_with_a_skeleton_report(cli: Cli, tmp_path
 
 
 @pytest.mark.network
+@pytest.mark.skipif(HAS_GPU, reason="this host has an NVIDIA driver: the entry runs instead")
+def test_a_static_bug_reproduces_from_its_binaries_without_a_gpu(cli: Cli, wheel_cache: Path, tmp_path: Path) -> None:
+    # The undefined symbol is visible in the binary: no GPU is needed to see the bad variant link
+    # cuMemcpyBatchAsync (CUDA 12.8) directly and the good one not, against a CUDA 12.4 driver.
+    r = cli("repro", "--bug", "vllm-undefined-symbol", "--out", tmp_path, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "vllm-undefined-symbol: reproduced" in r.stdout
+    assert "bad variant links cuMemcpyBatchAsync directly" in r.stdout
+    assert "good variant links no driver symbol newer than that" in r.stdout
+    text = (tmp_path / "vllm-undefined-symbol.md").read_text()
+    assert text.startswith("# vllm-undefined-symbol: reproduced")
+    assert "the evidence was read from the built binaries" in text
+
+
+@pytest.mark.network
 def test_cuda13_build_bug_reproduces_here(cli: Cli, wheel_cache: Path, tmp_path: Path) -> None:
     r = cli("repro", "--bug", "vllm-cuda13-build", "--out", "reports/repro", cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
