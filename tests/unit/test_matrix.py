@@ -31,6 +31,9 @@ BAD = [
     ("skipped-emulated-release", RT + "drivers: [host, emulated-12.7]\n", 3, 17, r"no CUDA 12\.7 release"),
     ("bad-requirement", "runtimes:\n  cu12: {wheel: 'nvidia-cuda-runtime-cu12>=12'}\ndrivers: [host]\n", 2, 17,
      r"not a pinned requirement: 'nvidia-cuda-runtime-cu12>=12'"),
+    # PEP 508 as packaging reads it: a version that is no version is not a pin (a regular expression let it by).
+    ("not-a-version", "runtimes:\n  cu12: {wheel: 'nvidia-cuda-runtime-cu12==12.9..79'}\ndrivers: [host]\n", 2, 17,
+     r"not a pinned requirement: 'nvidia-cuda-runtime-cu12==12\.9\.\.79'"),
     ("duplicate-case", RT + "drivers: [host]\ncases:\n  - {name: a, argv: [true]}\n  - {name: a, argv: [false]}\n",
      6, 12, r"duplicate case name 'a' \(first defined on line 5\)"),
     ("duplicate-workload", RT + "drivers: [host]\nbuilds: ['13.0']\nvariants: [loop]\nworkloads:\n"
