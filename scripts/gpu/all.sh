@@ -4,7 +4,8 @@
 # Stages (default: reference drivers clients gate sandbox kernel): reference, drivers (the
 # H200 matrices, then a cell-by-cell comparison with the committed reports/gpu-h200*), clients
 # (the host's torch/CuPy/JAX/cuda-bindings), gate (nvcc-built wheels), sandbox (bubblewrap),
-# kernel, nightly (the default matrix.yaml, as a user's first GPU run), tests (pytest -m gpu), repro (the bug catalog), swap (the swap benchmark).
+# kernel, nightly (the default matrix.yaml, as a user's first GPU run), tests (pytest -m gpu), repro (the bug catalog), swap (the swap benchmark),
+# wheel (the platform wheel from ./.dist installed as a user would, every cell observed from it).
 # Runtime wheels from ./.wheels, extra Python packages from ./.whl, bubblewrap from ./.bwrap.
 # CUMATRIX_EVIDENCE_ROOT=DIR runs from a copy of the checkout in DIR.
 # Everything lands under $OUT/e/ and is packed into $OUT/evidence.tgz after every stage, so a
@@ -56,6 +57,7 @@ for s in ${*:-reference drivers clients gate sandbox kernel}; do
     tests) stage tests 200 python3 -m pytest -p no:cacheprovider -c /dev/null --rootdir . -q -m gpu tests/gpu \
              -o markers=gpu --junitxml "$E/gpu-tests.xml" ;;
     repro) stage repro 150 python3 -m cumatrix repro --all --out "$E/repro" ;;
+    wheel) stage wheel 200 env OUT="$E" bash scripts/gpu/wheel.sh ;;
     swap) stage swap 330 env OUT="$E" SWAP_SWEEP="${SWAP_SWEEP:-0}" bash scripts/gpu/swap.sh ;;
     *) echo "unknown stage $s" ;;
   esac
