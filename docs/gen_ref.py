@@ -240,7 +240,8 @@ OUTCOME_MEANINGS = {
                       "interposer): neither pass nor fail.",
     "refused": "The container toolkit refused to start the image (its `NVIDIA_REQUIRE_CUDA` is not met).",
     "skipped": "`skipped:REASON`: the cell did not run here (`skipped:no-cuda-driver`, "
-               "`skipped:needs-docker`, `skipped:runtime-not-used`, ...): neither pass nor fail.",
+               "`skipped:needs-docker`, `skipped:no-compiler`, `skipped:runtime-not-used`, ...): "
+               "neither pass nor fail.",
     "harness-error": "cumatrix itself failed for this cell (a sandbox that was asked for and is missing, a "
                      "malformed verdict): not the code under test.",
     "runtime-leak": "`runtime-leak:PATH`: the process used the CUDA runtime at PATH, from outside both its own "

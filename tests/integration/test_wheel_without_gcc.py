@@ -74,7 +74,7 @@ def _records(out: Path) -> dict[str, dict[str, object]]:
 def _env(tmp: Path, wheel_cache: Path) -> dict[str, str]:
     wheels = tmp / "wheels"
     wheels.mkdir()
-    for w in (wheel_cache / "wheels").glob("nvidia_cuda_runtime_cu12-12.9.79-*.whl"):
+    for w in (wheel_cache / "wheels").glob("nvidia_cuda_runtime*.whl"):  # the default matrix's too
         shutil.copy2(w, wheels / w.name)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PYTHONPATH"))}
     env["XDG_CACHE_HOME"] = str(tmp / "fresh-cache")  # nothing compiled before is found
@@ -121,6 +121,27 @@ def test_the_platform_wheel_observes_in_full_without_a_compiler(tmp_path: Path, 
     # Nothing was compiled on this host: the cache holds no spawn helper or audit library.
     assert not (tmp_path / "fresh-cache" / "cumatrix" / "bin").exists()
     assert not (tmp_path / "fresh-cache" / "cumatrix" / "audit").exists()
+
+    # The default matrix bundled with the package, in an empty directory (one runtime's cells,
+    # for time): the command cell observed in full; the reference variants, compiled here, are
+    # skipped:no-compiler, and the run says so first.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    d = without_compiler([venv / "bin" / "cumatrix", "run", "-k", "cu12.9 and not emulated", "--out", "o"],
+                         tmp=tmp_path, env=env, cwd=empty)
+    assert d.returncode == 0, d.stdout[-3000:] + d.stderr[-3000:]
+    assert "default matrix bundled with cumatrix" in d.stderr.splitlines()[0]
+    assert "skipped:no-compiler" in d.stderr
+    recs = _records(empty / "o")
+    case = recs["cu12.9/host/import-ctypes"]
+    assert case["status"] == "pass"
+    fp = case["fingerprint"]
+    assert isinstance(fp, dict)
+    assert fp.get("mappings_from") == "kernel"
+    assert fp.get("trace")
+    swaps = [r for cid, r in recs.items() if len(cid.split("/")) >= 4]  # runtime/driver/variant/headers/...
+    assert swaps
+    assert {r["observed"]["outcome"] for r in swaps} == {"skipped:no-compiler"}
 
 
 def test_without_the_compiled_parts_the_run_says_what_is_missing(tmp_path: Path, wheel_cache: Path) -> None:
