@@ -8,7 +8,8 @@ observed outcome); everything after it renders the record.  The rules, in order:
    ``--smoke`` commands: dash does not ``exec`` the last command);
 2. an outcome that means "this pairing cannot be emulated" becomes ``cannot-emulate``;
 3. neutral outcomes (``skipped:*``, ``cannot-emulate``) neither pass nor fail, except
-   ``skipped:no-cuda-driver`` under ``require_gpu`` (a GPU runner whose driver vanished);
+   ``skipped:no-cuda-driver`` and ``skipped:no-compiler`` under ``require_gpu`` (a GPU runner
+   whose driver vanished, or that cannot build its GPU cells);
 4. a probe's own facts must agree with the runtime provisioned and NVIDIA's table;
 5. otherwise the cell passes when the observed outcome is in the expected set.
 """
@@ -73,6 +74,10 @@ def decide(cell: Cell, expected: Expected, observed: Observed, facts: Facts) -> 
             return Verdict(status="fail", observed=observed,
                            mismatch="--require-gpu: this cell needs a GPU and the host has no usable NVIDIA driver "
                                     f"({observed.detail or 'no driver'})")
+        if facts.require_gpu and observed.outcome == "skipped:no-compiler":
+            # A GPU runner without gcc would otherwise pass a nightly whose GPU cells never built.
+            return Verdict(status="fail", observed=observed,
+                           mismatch=f"--require-gpu: this GPU cell could not be built here ({observed.detail})")
         return Verdict(status="skip", mismatch=None, observed=observed)
     if not expected.admits(observed.outcome, observed.path):
         return Verdict(status="fail", mismatch=_mismatch(expected, observed), observed=observed)
