@@ -1,20 +1,55 @@
-"""Ship the reference C sources (``cumatrix/native/``) and the runtime Dockerfile inside the package.
+"""Ship the reference C sources (``cumatrix/native/``), the runtime Dockerfile, the default
+matrix (``cumatrix/data/matrix.yaml``: what ``cumatrix run`` runs where no matrix.yaml is) and
+the compiled spawn helper and rtld-audit library (``cumatrix/libexec/``) inside the package.
 
 ``reference/`` at the top of the repository is the source of truth; a wheel or a
-non-editable install carries a copy so that ``cumatrix build`` works anywhere.
+non-editable install carries a copy so that ``cumatrix build`` works anywhere.  The spawn
+helper and the audit library are compiled here, with the compiler of the machine that builds
+the wheel, so that a host without one (most GPU runners' images) has the same evidence as a
+checkout; the wheel is then a platform wheel (``py3-none-linux_*``, made ``manylinux_*`` by
+auditwheel in the release workflow).  ``CUMATRIX_PURE_WHEEL=1`` builds the pure wheel instead:
+the helpers are then compiled on the host at first use, as from a checkout.
 """
 
+import os
 import shutil
+import subprocess
+import sys
+import sysconfig
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Distribution, setup
+from setuptools.command.bdist_wheel import bdist_wheel
 from setuptools.command.build_py import build_py
+
+HERE = Path(__file__).parent
+# The flags observe.py and spawn.py compile with at first use: the same program either way.
+AUDIT_CFLAGS = ["-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror"]
+PURE = os.environ.get("CUMATRIX_PURE_WHEEL") == "1"
+
+
+def _compile(out: Path) -> None:
+    """cumatrix-spawn (static where the C library allows it: it then starts without the dynamic
+    loader, as spawn.py builds it) and libcumatrix_audit.so into ``out``."""
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise SystemExit("building a cumatrix wheel compiles csrc/spawn.c and csrc/audit.c: no C compiler "
+                         "(cc, gcc or $CC) found; install gcc, or set CUMATRIX_PURE_WHEEL=1 for a pure wheel "
+                         "whose helpers are compiled on the host at first use")
+    out.mkdir(parents=True, exist_ok=True)
+    csrc = HERE / "src" / "cumatrix" / "csrc"
+    spawn = [cc, "-O2", "-o", str(out / "cumatrix-spawn"), str(csrc / "spawn.c")]
+    if subprocess.run([*spawn[:2], "-static", *spawn[2:]], check=False, capture_output=True).returncode != 0:
+        subprocess.run(spawn, check=True)
+    subprocess.run([cc, *AUDIT_CFLAGS, "-o", str(out / "libcumatrix_audit.so"), str(csrc / "audit.c")], check=True)
+    (out / "cumatrix-spawn").chmod(0o755)
+    (out / "libcumatrix_audit.so").chmod(0o755)
 
 
 class BuildPyWithReference(build_py):
     def run(self) -> None:
         super().run()
-        src = Path(__file__).parent / "reference"
+        src = HERE / "reference"
         dst = Path(self.build_lib) / "cumatrix" / "native"
         dst.mkdir(parents=True, exist_ok=True)
         if not src.is_dir():
@@ -26,7 +61,30 @@ class BuildPyWithReference(build_py):
         data = Path(self.build_lib) / "cumatrix" / "data"
         data.mkdir(parents=True, exist_ok=True)
         for name in ("runtime.Dockerfile", "env-runtime.Dockerfile"):
-            shutil.copy2(Path(__file__).parent / "containers" / name, data / name)
+            shutil.copy2(HERE / "containers" / name, data / name)
+        shutil.copy2(HERE / "matrix.yaml", data / "matrix.yaml")
+        if not PURE and not self.editable_mode:
+            _compile(Path(self.build_lib) / "cumatrix" / "libexec")
 
 
-setup(cmdclass={"build_py": BuildPyWithReference})
+class BinaryDistribution(Distribution):
+    """Built in the platform's tree and installed to platlib, as auditwheel wants binaries to be."""
+
+    def has_ext_modules(self) -> bool:
+        return not PURE
+
+
+class PlatformWheel(bdist_wheel):
+    """``py3-none-<platform>``: compiled programs, no extension module (any CPython 3 loads it)."""
+
+    def get_tag(self) -> tuple[str, str, str]:
+        if PURE:
+            return super().get_tag()
+        plat = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+        return "py3", "none", plat
+
+
+if sys.platform != "linux" and not PURE:
+    raise SystemExit("cumatrix runs on Linux only (its helpers trace processes with ptrace and /proc)")
+
+setup(distclass=BinaryDistribution, cmdclass={"build_py": BuildPyWithReference, "bdist_wheel": PlatformWheel})

@@ -242,7 +242,7 @@ OUTCOME_MEANINGS = {
                       "keeps its outcome and is judged.",
     "refused": "The container toolkit refused to start the image (its `NVIDIA_REQUIRE_CUDA` is not met).",
     "skipped": "`skipped:REASON`: the cell did not run here (`skipped:no-cuda-driver`, "
-               "`skipped:needs-docker`, ...), or ran and did not test its pairing "
+               "`skipped:needs-docker`, `skipped:no-compiler`, ...), or ran and did not test its pairing "
                "(`skipped:runtime-not-used`: a program that succeeded with a runtime not the cell's): "
                "neither pass nor fail. A program that failed is never a skip.",
     "harness-error": "cumatrix itself failed for this cell (a sandbox that was asked for and is missing, a "

@@ -6,7 +6,8 @@
 # Inputs come as environment variables (the action sets them from its inputs):
 #   CUMATRIX_MATRIX, CUMATRIX_HOST, CUMATRIX_REQUIRE_GPU_INPUT (true/false), CUMATRIX_OUT,
 #   CUMATRIX_ARGS (extra words for `cumatrix run`, split as a shell would), CUMATRIX_MERGE_FROM
-#   (a glob of run directories: merge them instead of running), CUMATRIX_HISTORY_FILE,
+#   (a glob of run directories: merge them instead of running), CUMATRIX_GATE (a glob of wheels:
+#   gate them instead of running), CUMATRIX_HISTORY_FILE,
 #   CUMATRIX_FAIL (true: this step fails when cumatrix does).
 # Outside GitHub Actions (GITHUB_OUTPUT unset) the outputs are printed instead.
 set -uo pipefail
@@ -62,7 +63,23 @@ if [ -n "${CUMATRIX_ARGS:-}" ]; then
   mapfile -d '' extra < "$log"
 fi
 
-if [ -n "${CUMATRIX_MERGE_FROM:-}" ]; then
+if [ -n "${CUMATRIX_GATE:-}" ]; then
+  # Gate mode: the wheels the glob names, through `cumatrix gate` (static audit, then every
+  # runtime x driver pairing of the matrix where one exists), instead of a run.
+  shopt -s nullglob
+  # shellcheck disable=SC2206  # the input is a glob, expanded here on purpose
+  wheels=(${CUMATRIX_GATE})
+  shopt -u nullglob
+  if [ "${#wheels[@]}" -gt 0 ]; then
+    cmd=(cumatrix gate "${wheels[@]}" --out "$out")
+    [ -f "$matrix" ] && cmd+=(--matrix "$matrix")
+    cmd+=("${extra[@]}")
+  else
+    echo "cumatrix gate: no wheel matches ${CUMATRIX_GATE@Q}: build the wheels first" | tee "$log" >&2
+    cmd=()
+    code=2
+  fi
+elif [ -n "${CUMATRIX_MERGE_FROM:-}" ]; then
   shopt -s nullglob
   # shellcheck disable=SC2206  # the input is a glob, expanded here on purpose
   dirs=(${CUMATRIX_MERGE_FROM})
@@ -89,7 +106,7 @@ if [ "${#cmd[@]}" -gt 0 ]; then
   "${cmd[@]}" 2>&1 | tee "$log"
   code=${PIPESTATUS[0]}
 else
-  code=1
+  code=${code:-1}
 fi
 
 headline="$(grep -E '^cumatrix: (PASS|FAIL|INCOMPLETE|NOTHING TESTED|EMPTY) — ' "$log" | tail -n 1)"
@@ -107,8 +124,10 @@ else
   printf '%s\n' "$headline" >> "$summary"
 fi
 # `cumatrix diff` (the history feature) compares this run with the last one recorded; a
-# cumatrix without it, or a history with one run, leaves the section out.
-if [ -n "${CUMATRIX_HISTORY_FILE:-}" ] && cumatrix diff --help >/dev/null 2>&1; then
+# cumatrix without it, or a history with one run, leaves the section out, and so does a
+# summary.md that has its own "since the last run" section already (written once, not twice).
+if [ -n "${CUMATRIX_HISTORY_FILE:-}" ] && cumatrix diff --help >/dev/null 2>&1 \
+    && ! grep -q '^### Since the last run' "$out/summary.md" 2>/dev/null; then
   if diff_text="$(cumatrix diff --history "$CUMATRIX_HISTORY_FILE" 2>&1)"; then
     # A fence longer than any run of backticks in the text: a stored cell id cannot close it.
     longest="$(printf '%s' "$diff_text" | grep -o '`\+' | awk '{ if (length($0) > m) m = length($0) } END { print m + 0 }')"

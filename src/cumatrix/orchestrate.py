@@ -32,7 +32,7 @@ from cumatrix.core.model import NO_RUNTIME, Cell, Expected, Matrix, Observed
 from cumatrix.core.options import DEFAULT_TIMEOUT, SandboxPolicy
 from cumatrix.core.record import CellRecord, Status
 from cumatrix.execute import observe
-from cumatrix.execute.cellaudit import Audit, CellAuditor
+from cumatrix.execute.cellaudit import Audit, CellAuditor, missing_evidence
 from cumatrix.execute.local import LocalChild, SpawnMode, run_local, start_local
 from cumatrix.host.fingerprint import host_fingerprint
 from cumatrix.judge.classify import classify, harness_error, not_run, with_audit
@@ -101,6 +101,7 @@ class Orchestrator:
     #: What a local cell's child sees of the host (the run's options; None: the environment's).
     policy: SandboxPolicy | None = None
     _host_fp: dict[str, object] | None = None
+    _missing: tuple[str, ...] | None = None
     _docker: DockerBackend | None = None
     _provisioner: Provisioner | None = field(default=None, repr=False)
     _auditor: CellAuditor | None = field(default=None, repr=False)
@@ -116,6 +117,12 @@ class Orchestrator:
                 fp["docker"] = self.docker().fingerprint()
             self._host_fp = fp
         return self._host_fp
+
+    def missing_evidence(self) -> tuple[str, ...]:
+        """What no cell of this run can be observed by here (no compiled helper), looked up once."""
+        if self._missing is None:
+            self._missing = missing_evidence()
+        return self._missing
 
     def host(self) -> oracle.HostFacts:
         dv = self.host_fingerprint().get("driver_version")
@@ -330,7 +337,9 @@ class Orchestrator:
                      host_label=self.host_label, provisioned_runtime=res.version if res else None,
                      provisioned_runtime_file=str(res.libcudart) if res else None, require_gpu=self.require_gpu,
                      shell_wrapped=bool(self.hooks and self.hooks.shell_wrapped(cell)),
-                     observed=seen.fingerprint() if seen is not None else {})
+                     observed=seen.fingerprint() if seen is not None else {},
+                     # a cell observed in part never looks like one observed in full
+                     missing_evidence=self.missing_evidence())
 
     def run_all(self, cells: Iterable[Cell], on_record: Callable[[CellRun], None]) -> None:
         """Run ``cells`` one after another, handing each finished cell to ``on_record``."""

@@ -285,12 +285,76 @@ def test_init_writes_a_matrix_and_a_workflow_and_refuses_to_overwrite(cli: Cli, 
     assert "--force" in again.stderr
     assert (tmp_path / "matrix.yaml").stat().st_mtime_ns == before
     assert cli("init", "--force", cwd=tmp_path).returncode == 0
-    bare = tmp_path / "bare"
+
+
+@pytest.mark.network
+def test_run_with_no_matrix_here_runs_the_bundled_default_and_says_so(cli: Cli, wheel_cache: Path,
+                                                                       tmp_path: Path) -> None:
+    # A fresh install in an empty directory: the default matrix `run --help` names travels with
+    # the package (one of its cells, to keep this short).
+    out = tmp_path / "o"
+    r = cli("run", "-k", "cu12.9/host/import-ctypes", "--out", out, "-q", cwd=tmp_path)
+    assert r.returncode == 0, r.stdout + r.stderr
+    first = r.stderr.splitlines()[0]
+    assert first.startswith("cumatrix: no matrix.yaml in ")
+    assert "default matrix bundled with cumatrix" in first
+    assert _ids(out) == ["cu12.9/host/import-ctypes"]
+    assert "no such matrix file" not in r.stderr
+    # A matrix.yaml in the directory is still the one that runs, and a named file that is missing is exit 2.
+    (tmp_path / "matrix.yaml").write_text(MATRIX)
+    here = cli("validate", "--list", "matrix.yaml", cwd=tmp_path)
+    assert here.returncode == 0
+    missing = cli("run", "nosuch.yaml", cwd=tmp_path)
+    assert missing.returncode == 2
+    assert "nosuch.yaml: no such matrix file" in missing.stderr
+
+
+def _install_command_of_the_readme() -> str:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("## Install", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    return next(ln.split("#", 1)[0].strip() for ln in block.splitlines() if "install cumatrix" in ln)
+
+
+def test_init_workflow_installs_cumatrix_as_the_readme_does(cli: Cli, tmp_path: Path) -> None:
+    import yaml
+
+    import cumatrix
+
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "mypkg"\n')
+    assert cli("init", cwd=tmp_path).returncode == 0
+    wf = yaml.safe_load((tmp_path / ".github" / "workflows" / "cumatrix-nightly.yml").read_text())
+    runs = [str(s.get("run", "")) for s in wf["jobs"]["run"]["steps"]]
+    readme = _install_command_of_the_readme()  # "pip install cumatrix"
+    pinned = readme.replace("cumatrix", f'"cumatrix=={cumatrix.__version__}"')
+    install = next(r for r in runs if "install" in r and "cumatrix" in r)
+    assert f"python -m {pinned}" in install, install
+    assert not any("install . cumatrix" in r for r in runs)
+    assert any(r.strip() == "python -m pip install ." for r in runs)  # the project, as its own step
+
+
+def test_init_names_a_project_and_works_without_a_python_one(cli: Cli, tmp_path: Path) -> None:
+    import yaml
+
+    bare = tmp_path / "my-cuda-lib"
     bare.mkdir()
     r = cli("init", cwd=bare)
-    assert r.returncode == 2
-    assert "no package name found" in r.stderr
-    assert "Traceback" not in r.stderr
+    assert r.returncode == 0, r.stderr
+    assert "package my-cuda-lib (from the directory's name" in r.stdout
+    assert cli("validate", bare / "matrix.yaml").returncode == 0
+    wf = yaml.safe_load((bare / ".github" / "workflows" / "cumatrix-nightly.yml").read_text())
+    runs = [str(s.get("run", "")) for s in wf["jobs"]["run"]["steps"]]
+    assert not any(r.strip() == "python -m pip install ." for r in runs)  # nothing for pip to install
+    named = tmp_path / "named"
+    named.mkdir()
+    (named / "pyproject.toml").write_text('[project]\nname = "declared"\n')
+    r = cli("init", "--name", "other.name", cwd=named)
+    assert r.returncode == 0, r.stderr
+    assert "package other.name (from --name, imported as other_name)" in r.stdout
+    assert '"import other_name"' in (named / "matrix.yaml").read_text()
+    bad = cli("init", "--name", "no/slash", "--force", cwd=named)
+    assert bad.returncode == 2
+    assert "--name 'no/slash'" in bad.stderr
+    assert "Traceback" not in bad.stderr
 
 
 def test_init_reads_setup_py_without_running_it(cli: Cli, tmp_path: Path) -> None:

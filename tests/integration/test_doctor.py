@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CHECKS = ["python", "gcc", "runtimes", "gpu", "nvcc", "docker daemon", "base image", "debootstrap", "chromium"]
+CHECKS = ["python", "gcc", "runtimes", "gpu", "nvcc", "docker daemon", "base image", "debootstrap", "chromium",
+          "evidence", "gdb"]
 
 
 def test_doctor_json_lists_every_check_and_its_exit_status_follows_them(
@@ -50,6 +51,11 @@ def test_doctor_names_a_missing_compiler_with_its_fix(cli: Callable[..., subproc
     assert "apt-get install gcc" in r.stdout
     assert "[MISS] chromium" in r.stdout
     assert "apt-get install chromium" in r.stdout
+    assert "[MISS] gdb" in r.stdout  # every optional tool a feature needs: repro's backtraces
+    assert "apt-get install gdb" in r.stdout
+    # No compiler, and this checkout carries no compiled audit library: the cells would run observed in part.
+    assert "[MISS] evidence       audit missing" in r.stdout
+    assert "install a platform wheel of cumatrix" in r.stdout
     assert "required check(s) failed: gcc" in r.stdout
     assert "Traceback" not in r.stderr
 

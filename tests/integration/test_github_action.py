@@ -163,3 +163,33 @@ def test_a_stored_id_cannot_close_the_diff_sections_code_fence(tmp_path: Path, w
     assert set(fence) == {"`"}, section
     end = section.index(fence, 1)
     assert any(line.startswith("# injected heading") for line in section[1:end]), section
+
+
+def test_gate_mode_gates_the_wheels_a_glob_names(tmp_path: Path, cli_env: Callable[..., dict[str, str]]) -> None:
+    import zipfile
+
+    (tmp_path / "dist").mkdir()
+    with zipfile.ZipFile(tmp_path / "dist" / "demo_pure-1.0-py3-none-any.whl", "w") as zf:
+        zf.writestr("demo_pure/__init__.py", "")
+        zf.writestr("demo_pure-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: demo_pure\nVersion: 1.0\n")
+        zf.writestr("demo_pure-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr("demo_pure-1.0.dist-info/RECORD", "")
+    code, out, summary = _step(tmp_path, cli_env, gate="dist/*.whl", args="--static-only", out="gate-out")
+    assert code == 0, summary
+    assert out["exit-code"] == "0"
+    assert out["headline"].startswith("static audit: pass")
+    assert "demo_pure-1.0-py3-none-any.whl" in summary  # the gate's summary.md went to the job summary
+    assert (tmp_path / "gate-out" / "summary.md").is_file()
+    code, out, summary = _step(tmp_path, cli_env, gate="nowhere/*.whl")
+    assert code == 2
+    assert "no wheel matches" in out["headline"]
+
+
+def test_the_history_section_is_written_once_into_the_summary(tmp_path: Path, wheel_cache: Path,
+                                                              cli_env: Callable[..., dict[str, str]]) -> None:
+    (tmp_path / "matrix.yaml").write_text(MATRIX)
+    hist = str(tmp_path / "hist" / "h.sqlite")
+    for _ in range(2):
+        code, _, summary = _step(tmp_path, cli_env, host="drv580", require_gpu_input="false", history_file=hist)
+        assert code == 0, summary
+    assert summary.count("### Since the last") == 1, summary

@@ -21,7 +21,8 @@ drivers: [host]
 probe: false
 cases:
   - {name: fine, argv: [python3, -c, "pass"]}
-  - {name: segv, argv: [python3, -c, "import ctypes; ctypes.string_at(0)"], timeout: 60}
+  - {name: segv, argv: [python3, -c, "import ctypes; ctypes.string_at(0)"], timeout: 60,
+     python: harness}  # a bare python3 is the PATH's (a pyenv shim is a script gdb cannot run)
 expect:
   - {case: segv, outcome: "crash:SIGSEGV", reason: "reads address 0"}
 """
@@ -83,6 +84,21 @@ def test_gpu_entry_without_gpu_exits_3_with_a_skeleton_report(cli: Cli, tmp_path
 
 
 @pytest.mark.network
+@pytest.mark.skipif(HAS_GPU, reason="this host has an NVIDIA driver: the entry runs instead")
+def test_a_static_bug_reproduces_from_its_binaries_without_a_gpu(cli: Cli, wheel_cache: Path, tmp_path: Path) -> None:
+    # The undefined symbol is visible in the binary: no GPU is needed to see the bad variant link
+    # cuMemcpyBatchAsync (CUDA 12.8) directly and the good one not, against a CUDA 12.4 driver.
+    r = cli("repro", "--bug", "vllm-undefined-symbol", "--out", tmp_path, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "vllm-undefined-symbol: reproduced" in r.stdout
+    assert "bad variant links cuMemcpyBatchAsync directly" in r.stdout
+    assert "good variant links no driver symbol newer than that" in r.stdout
+    text = (tmp_path / "vllm-undefined-symbol.md").read_text()
+    assert text.startswith("# vllm-undefined-symbol: reproduced")
+    assert "the evidence was read from the built binaries" in text
+
+
+@pytest.mark.network
 def test_cuda13_build_bug_reproduces_here(cli: Cli, wheel_cache: Path, tmp_path: Path) -> None:
     r = cli("repro", "--bug", "vllm-cuda13-build", "--out", "reports/repro", cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -123,11 +139,19 @@ def test_crashing_cell_report_backtrace_and_standalone_command(cli: Cli, matrix_
         assert "libc.so.6" in text
         assert "(the debugger's run, not kernel-traced: the debugger is the tree's tracer" in text
     command = text.split("### Standalone command", 1)[1].split("```sh\n", 1)[1].split("\n```", 1)[0]
-    assert command.startswith("env ")
+    assert " env " in command
     assert "LD_LIBRARY_PATH=" in command
     assert "string_at(0)" in command
-    # The standalone command, run by a shell with none of the harness around it, segfaults again.
+    # It names no path of this machine's cache: the runtime's directory is found as cumatrix finds it.
+    from cumatrix.core.cache import cache_location
+
+    assert str(cache_location()) not in command
+    assert command.startswith('CUMATRIX_CACHE="${CUMATRIX_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cumatrix}"; env ')
+    assert '"$CUMATRIX_CACHE"' in command
+    # The standalone command, run by a shell with none of the harness around it (a user's shell:
+    # PATH, HOME and, where set, XDG_CACHE_HOME), segfaults again.
+    shell = {k: os.environ[k] for k in ("PATH", "HOME", "XDG_CACHE_HOME", "CUMATRIX_CACHE") if k in os.environ}
     again = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120,
-                           env={"PATH": os.environ["PATH"]}, check=False)
+                           env=shell, check=False)
     assert again.returncode in (-11, 139), (again.returncode, again.stderr)
     assert "Segmentation fault" in again.stderr

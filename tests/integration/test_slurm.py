@@ -255,3 +255,24 @@ def test_a_host_whose_task_failed_tonight_is_not_run_not_last_nights_results(
     assert f"holds the results of submission {last_night['submission']}" in reason
     merge_logs = [p.read_text() for p in (out / "slurm").glob("cumatrix-merge-*.out")]
     assert any(f"not of submission {tonight}" in text for text in merge_logs), merge_logs
+
+
+def test_plan_slurm_refuses_a_host_that_names_no_partition(tmp_path: Path, cli: Callable[..., Any]) -> None:
+    # Without partition: or constraint:, drv550's task would run on any node, drv580's among them.
+    m = _matrix(tmp_path)
+    loose = tmp_path / "loose.yaml"
+    loose.write_text(m.read_text().replace('  drv550: {driver: "550.163", partition: drv550}',
+                                           '  drv550: {driver: "550.163"}'))
+    proc = cli("plan", loose, "--format", "slurm", "--out", tmp_path / "o", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "hosts: drv550 names no `partition:` or `constraint:`" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "o" / "slurm" / "array.sbatch").exists()
+    # One host alone: the partition's default is where it runs, and the plan says so.
+    alone = tmp_path / "alone.yaml"
+    alone.write_text(loose.read_text().replace('  drv580: {driver: "580.159", partition: drv580, constraint: drv580}\n',
+                                               ""))
+    proc = cli("plan", alone, "--format", "slurm", "--out", tmp_path / "o2", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "warning: " in proc.stderr
+    assert "drv550 names no `partition:`" in proc.stderr

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from cumatrix.provision.runtimes import cuda_version_of_release
+from helpers.sandbox import require_bwrap
 
 pytestmark = pytest.mark.network  # the matrix's runtimes come from real wheels (cached)
 
@@ -39,20 +40,38 @@ def test_the_tutorial_example_runs_as_written(tmp_path: Path, wheel_cache: Path,
     (tmp_path / "cudaver.c").write_text(_block("c", "PyInit_cudaver"))
     matrix = _block("yaml", "cudaver")
     (tmp_path / "cudaver.yaml").write_text(matrix)
-    # `python` and `python3` on the page are this interpreter: the extension is built for it, and
-    # the case's bare `python3` (the harness's, as the page says) imports it.
+    # `python` on the page is the activated venv's: this interpreter, for the build only.  The run
+    # gets no such help: the case's bare `python3` is the harness's because it says `python: harness`.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name in ("python", "python3"):
-        (bin_dir / name).symlink_to(sys.executable)
+    (bin_dir / "python").symlink_to(sys.executable)
     path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', os.defpath)}"
     build = subprocess.run(["bash", "-euc", _block("sh", "gcc -shared")], cwd=tmp_path, capture_output=True,
                            text=True, timeout=120, env={**os.environ, "PATH": path}, check=False)
     assert build.returncode == 0, build.stderr
-    proc = cli("run", "cudaver.yaml", "--out", "out", cwd=tmp_path, env={"PATH": path})
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    # The page's commands, as written: validate, the run, and the run in the sandbox.
+    commands = [ln.split("#", 1)[0].split() for ln in _block("sh", "cumatrix run cudaver.yaml").splitlines()
+                if ln.startswith("cumatrix ")]
+    assert [c[:2] for c in commands] == [["cumatrix", "validate"], ["cumatrix", "run"], ["cumatrix", "run"]]
+    outs = []
+    for argv in commands:
+        if "--sandbox" in argv:
+            require_bwrap()
+            # A root harness runs a sandboxed cell as an unprivileged user: the project's
+            # directory must be readable to it, as a reader's checkout is (pytest's are 0700).
+            for d in (tmp_path, tmp_path.parent):
+                d.chmod(0o755)
+        proc = cli(*argv[1:], cwd=tmp_path)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        if argv[1] == "run":
+            outs.append(tmp_path / argv[argv.index("--out") + 1])
+    assert len(outs) == 2
+    for out in outs:
+        _check_records(out, matrix)
 
-    records = {r["id"]: r for r in map(json.loads, (tmp_path / "out" / "results.jsonl").read_text().splitlines())
+
+def _check_records(out: Path, matrix: str) -> None:
+    records = {r["id"]: r for r in map(json.loads, (out / "results.jsonl").read_text().splitlines())
                if r.get("type") == "cell"}
     wheels = dict(re.findall(r"^  (cu[\d.]+): \{wheel: ([^}]+)\}$", matrix, re.MULTILINE))
     assert set(wheels) == {"cu12.4", "cu12.9", "cu13.0"}

@@ -19,7 +19,8 @@ from cumatrix.provision.facts import NotRun, NotRunWhy
 
 #: The outcome words each fact has always been recorded as (the outcome names are a contract).
 CONTRACT = {
-    "needs-docker": "skipped:needs-docker", "no-driver": "skipped:no-cuda-driver", "build-failed": "build-error",
+    "needs-docker": "skipped:needs-docker", "no-driver": "skipped:no-cuda-driver", "no-compiler": "skipped:no-compiler",
+    "build-failed": "build-error",
     "emulation-impossible": "harness-error", "install-failed": "exit:1",
     "wheel-not-for-this-python": "skipped:wheel-not-for-this-python",
     "unsupported-pairing": "skipped:unsupported-pairing", "harness-failed": "harness-error",

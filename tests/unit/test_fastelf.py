@@ -140,3 +140,24 @@ def test_string_scan_per_prefix_matches_alternation(elves: dict[str, bytes]) -> 
             assert fast == slow, (name, tables)
     so = elf_strings(FastELFFile(io.BytesIO(elves["m.so"])), ("cu", "dl"), string_tables=True)
     assert {"cudaMemcpyBatchAsync", "cuInit", "dlsym"} <= so
+
+
+def test_the_pyelftools_whose_internals_it_reads_is_pinned() -> None:
+    # FastELFFile overrides pyelftools' private methods: an upgrade must come with this test
+    # (and the equivalence tests above) passing on it, PYELFTOOLS_TESTED and the pin raised.
+    import tomllib
+
+    import elftools
+    from packaging.requirements import Requirement
+
+    from cumatrix.binary.fastelf import PYELFTOOLS_TESTED, reader
+
+    assert elftools.__version__ in PYELFTOOLS_TESTED, (
+        f"pyelftools {elftools.__version__} is not among the releases FastELFFile was checked against")
+    assert reader() is FastELFFile
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    (pin,) = [Requirement(d) for d in project["project"]["dependencies"] if d.startswith("pyelftools")]
+    assert all(pin.specifier.contains(v) for v in PYELFTOOLS_TESTED)
+    newest = max(PYELFTOOLS_TESTED, key=lambda v: tuple(map(int, v.split("."))))
+    major, minor = map(int, newest.split("."))
+    assert not pin.specifier.contains(f"{major}.{minor + 1}"), "pyproject must pin pyelftools below the next release"

@@ -25,8 +25,15 @@ BAD = [
      "workloads: [{name: w, direction: d2h, block_bytes: 4096, blocks: 4}]\n", 4, 10,
      r"builds\[0\]: expected a CUDA version MAJOR\.MINOR .*got str '12\.x'"),
     ("bad-emulated-driver", RT + "drivers: [host, emulated-twelve]\n", 3, 17, r"malformed emulated driver 'emulated-twelve'"),
+    # Well-formed, but no such CUDA release: no driver to emulate (12.7 was never released).
+    ("no-such-emulated-release", RT + "drivers: [host, emulated-12.44]\n", 3, 17,
+     r"emulated-12\.44: there is no CUDA 12\.44 release to emulate.*known: 12\.0, 12\.1, "),
+    ("skipped-emulated-release", RT + "drivers: [host, emulated-12.7]\n", 3, 17, r"no CUDA 12\.7 release"),
     ("bad-requirement", "runtimes:\n  cu12: {wheel: 'nvidia-cuda-runtime-cu12>=12'}\ndrivers: [host]\n", 2, 17,
      r"not a pinned requirement: 'nvidia-cuda-runtime-cu12>=12'"),
+    # PEP 508 as packaging reads it: a version that is no version is not a pin (a regular expression let it by).
+    ("not-a-version", "runtimes:\n  cu12: {wheel: 'nvidia-cuda-runtime-cu12==12.9..79'}\ndrivers: [host]\n", 2, 17,
+     r"not a pinned requirement: 'nvidia-cuda-runtime-cu12==12\.9\.\.79'"),
     ("duplicate-case", RT + "drivers: [host]\ncases:\n  - {name: a, argv: [true]}\n  - {name: a, argv: [false]}\n",
      6, 12, r"duplicate case name 'a' \(first defined on line 5\)"),
     ("duplicate-workload", RT + "drivers: [host]\nbuilds: ['13.0']\nvariants: [loop]\nworkloads:\n"

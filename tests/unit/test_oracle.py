@@ -545,3 +545,13 @@ def test_beside_compute_policy_rows(direction: str, driver: str, stream: str, ex
     cell = Cell(kind="swap", runtime="none", driver=driver, variant="proc-address", family="driver",
                 build=CudaVersion(13, 0), workload=w)
     assert set(expect(cell, on("13.0"), runtime_version=None).outcomes) == expected
+
+
+def test_a_cell_skipped_for_want_of_a_compiler_fails_a_run_that_requires_the_gpu() -> None:
+    cell = swap("direct-link")
+    e = Expected(outcomes=frozenset({"ok"}), reason="r")
+    skipped = Observed(outcome="skipped:no-compiler", detail="no gcc on PATH")
+    assert decide(cell, e, skipped, Facts(host=HostFacts(driver_version=13000))).status == "skip"
+    v = decide(cell, e, skipped, Facts(host=HostFacts(driver_version=13000), require_gpu=True))
+    assert v.status == "fail"
+    assert "could not be built here (no gcc on PATH)" in str(v.mismatch)

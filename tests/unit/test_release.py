@@ -59,11 +59,17 @@ def test_release_workflow_builds_checks_and_publishes_on_tags() -> None:
     wf = yaml.safe_load((ROOT / ".github" / "workflows" / "release.yml").read_text())
     on = wf.get("on", wf.get(True))
     assert on["push"]["tags"] == ["v*"]
-    build, publish = wf["jobs"]["build"], wf["jobs"]["publish"]
+    build, test, publish = wf["jobs"]["build"], wf["jobs"]["test"], wf["jobs"]["publish"]
     runs = " ".join(str(s.get("run", "")) for s in build["steps"])
-    assert "python -m build" in runs
+    assert "-m build" in runs
     assert "twine check --strict" in runs
-    assert publish["needs"] == "build"
+    assert "auditwheel repair --plat manylinux_" in runs  # the glibc floor, in the tag
+    assert build["container"].startswith("quay.io/pypa/manylinux_")
+    tests = " ".join(str(s.get("run", "")) for s in test["steps"])
+    assert "CUMATRIX_TEST_WHEEL" in tests  # the tests run against the built wheel
+    assert "test_wheel_without_gcc.py" in tests
+    assert test["needs"] == "build"
+    assert publish["needs"] == ["build", "test"]  # nothing is published that the tests did not pass
     assert "refs/tags/v" in publish["if"]
     assert publish["permissions"] == {"id-token": "write"}  # trusted publishing, no token
     uses = [str(s.get("uses", "")) for s in publish["steps"]]
@@ -91,3 +97,26 @@ def test_sdist_and_wheel_pass_twine_check(tmp_path: Path) -> None:
     assert f"\nVersion: {cumatrix.__version__}\n" in meta
     assert "\nClassifier: Framework :: Pytest\n" in meta
     assert "\nProject-URL: Repository, " in meta
+
+
+def test_pull_requests_run_the_ci_test_command() -> None:
+    wf = yaml.safe_load((ROOT / ".github" / "workflows" / "tests.yml").read_text())
+    on = wf.get("on", wf.get(True))
+    assert "pull_request" in on
+    runs = [str(s.get("run", "")) for job in wf["jobs"].values() for s in job["steps"]]
+    assert any(".ci/run" in r for r in runs)
+    assert any(".ci/package" in r for r in runs)
+
+
+def test_every_action_is_pinned_by_commit_sha() -> None:
+    # A tag can be moved to other code; a commit cannot. Our own action (`./`) is the checkout.
+    from cumatrix.front.init import Project, workflow_text
+
+    texts = {p.name: p.read_text() for p in (ROOT / ".github" / "workflows").glob("*.yml")}
+    texts["init"] = workflow_text(Project(name="p", module="p", found_in="--name", wheels=("dist/p.whl",), python=True))
+    texts["nightly-github.md"] = (ROOT / "docs" / "nightly-github.md").read_text()
+    for name, text in texts.items():
+        for ref in re.findall(r"uses:\s*([^\s#]+)", text):
+            if ref.startswith(("./", "OWNER/")):
+                continue
+            assert re.fullmatch(r"[\w.-]+/[\w./-]+@[0-9a-f]{40}", ref), f"{name}: {ref} is not pinned by SHA"

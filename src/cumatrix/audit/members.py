@@ -33,7 +33,7 @@ from cumatrix.binary.elf import (
     open_member,
     scan_names,
 )
-from cumatrix.binary.fastelf import FastELFFile
+from cumatrix.binary.fastelf import reader as fastelf_reader
 from cumatrix.binary.fatbin import DeviceCode
 from cumatrix.binary.streamscan import StreamedNames, StreamUnavailable, stream_member
 
@@ -148,8 +148,9 @@ def _audit_stream(member: str, stream: Any, size: int, s: AuditSettings, data: A
 
 
 #: The reader of a member's ELF file: :class:`FastELFFile` parses the section table once
-#: (same values as pyelftools' :class:`ELFFile`, which the equivalence test swaps in).
-ELF_READER: Callable[[Any], ELFFile] = FastELFFile
+#: (same values as pyelftools' :class:`ELFFile`, which the equivalence test swaps in), on a
+#: pyelftools whose internals it was checked against (:data:`fastelf.PYELFTOOLS_TESTED`).
+ELF_READER: Callable[[Any], ELFFile] = fastelf_reader()
 
 
 #: The zip entries of the wheel being audited, by member name: read once by candidates in

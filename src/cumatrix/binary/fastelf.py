@@ -26,7 +26,14 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import Section
 from elftools.elf.structs import ELFStructs
 
-__all__ = ["FastELFFile"]
+__all__ = ["PYELFTOOLS_TESTED", "FastELFFile", "reader"]
+
+#: The pyelftools releases whose internals this reader is checked against (its equivalence
+#: tests pass there): it overrides ``_get_section_header``, ``_identify_file``,
+#: ``_parse_elf_header`` and reads ``construct`` structures, none of them public API.
+#: pyproject.toml pins pyelftools below the next release; tests/unit/test_fastelf.py fails on
+#: any other, and :func:`reader` falls back to pyelftools' own ELFFile there.
+PYELFTOOLS_TESTED = ("0.33",)
 
 _SHDR_FORMAT = {32: "IIIIIIIIII", 64: "IIQQQQIIQQ"}
 
@@ -270,3 +277,13 @@ class FastELFFile(ELFFile):
                 self._sections[n] = section
             return section
         return super().get_section(n, type)
+
+
+def reader() -> Any:
+    """:class:`FastELFFile` on a pyelftools it was checked against, else pyelftools' own
+    :class:`ELFFile` (slower, the same values)."""
+    # deferred: the version is needed once, by the audit's members module
+    import elftools
+
+    return FastELFFile if elftools.__version__ in PYELFTOOLS_TESTED else ELFFile
+

@@ -24,7 +24,7 @@ from cumatrix.core.jobs import Job
 from cumatrix.core.model import NO_RUNTIME, Cell
 from cumatrix.core.private import replace_new
 from cumatrix.core.witness import KernelTrace
-from cumatrix.execute import observe, provenance
+from cumatrix.execute import observe, provenance, spawn
 from cumatrix.provision.cell import Provisioner
 
 if TYPE_CHECKING:
@@ -166,3 +166,22 @@ class CellAuditor:
             if inside:
                 return observe.CellRuntime(soname=Path(inside).name, version=version, path=inside)
         return None
+
+
+def missing_evidence() -> tuple[str, ...]:
+    """What this host cannot observe of a local cell (no compiled spawn helper or audit library,
+    in the install or buildable), each with what goes missing and how to get it back; empty
+    where every cell is observed in full."""
+    missing = []
+    if spawn.spawn_shim() is None:
+        missing.append("trace: the spawn helper (csrc/spawn.c) is neither in this install nor buildable here "
+                       "(no C compiler): the kernel's record of what each process mapped, the process-tree "
+                       "trace and the cell's containment are missing; install a platform wheel of cumatrix, "
+                       "or gcc")
+    try:
+        observe.build_audit_library()
+    except observe.AuditError as e:
+        missing.append(f"audit: the rtld-audit library (csrc/audit.c) is neither in this install nor buildable "
+                       f"here ({str(e).splitlines()[0]}): what each process loaded, and the cell's runtime "
+                       "enforced over a bundled copy, are missing")
+    return tuple(missing)

@@ -455,7 +455,8 @@ class DockerBackend:
         return self._run(job, ref, facts, with_gpu=True)
 
     def _mounts(self, job: Job, with_gpu: bool) -> list[docker.types.Mount] | str:
-        paths = dict.fromkeys([str(package_root()), *job.mounts, *job.writable])
+        paths = dict.fromkeys([str(package_root()), *job.mounts, *job.writable,
+                               *results.workdir(job, others_read=self.user == NOBODY)])
         mounts = []
         for p in paths:
             if not Path(p).exists():
@@ -560,6 +561,7 @@ class DockerBackend:
                     memswap_limit=self.mem_limit, pids_limit=self.pids_limit, labels=self._labels(job.cell_id),
                     nano_cpus=int(self.cpus * 1e9), user=self.user, cap_drop=["ALL"],
                     security_opt=["no-new-privileges"], read_only=True, tmpfs={"/tmp": TMPFS_OPTIONS},
+                    working_dir=next(iter(results.workdir(job, others_read=self.user == NOBODY)), None),
                     stdin_open=False, tty=False, detach=True,
                     log_config=docker.types.LogConfig(type="json-file", config={"max-size": "64m", "max-file": "1"}),
                     **kwargs)

@@ -14,7 +14,7 @@ import docker.errors
 import requests.exceptions
 
 from cumatrix.core.errors import DaemonUnavailable
-from cumatrix.core.jobs import ChildResult
+from cumatrix.core.jobs import ChildResult, Job
 from cumatrix.core.witness import KernelTrace, tracing_enabled
 from cumatrix.execute import docker_trace, sandbox
 from cumatrix.execute.local import _Capture
@@ -134,3 +134,18 @@ def harness_error(message: str, **extra: object) -> ChildResult:
     return ChildResult(returncode=None, signal=None, timed_out=False, stdout_tail="", stderr_tail=message,
                        verdict=None, verdict_error=None,
                        duration_s=0.0, extra={**extra, "harness_error": message, "backend": "docker"})
+
+
+def workdir(job: Job, *, others_read: bool) -> tuple[str, ...]:
+    """A command cell's working directory: the one it has on the local backend (the directory
+    the run started in), mounted read-only at the same path, so that the same matrix reads the
+    same files on both backends (its relative paths, a module beside it).  None for the
+    harness's own children; none for ``/``, which the image's root stands for; and none where
+    the containers' user (``others_read``: not this one) could not read it anyway: the cell then
+    starts in the image's working directory, as docs/docker.md says."""
+    if job.kind != "command":
+        return ()
+    cwd = str(Path.cwd())
+    if cwd == "/" or (others_read and not world_readable(cwd)):
+        return ()
+    return (cwd,)

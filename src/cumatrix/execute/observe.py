@@ -65,6 +65,7 @@ from cumatrix.execute.mapped import (
     special_files,
     version_from_name,
 )
+from cumatrix.execute.prebuilt import AUDIT, prebuilt
 
 # Re-exported: the log and the objects it names are read by cumatrix.execute.mapped.
 __all__ = ["AuditLog", "MappedLibrary", "cuda_libraries", "describe", "is_cuda_library", "owning_wheel", "read_log",
@@ -73,7 +74,7 @@ __all__ = ["AuditLog", "MappedLibrary", "cuda_libraries", "describe", "is_cuda_l
 #: The environment variables the audit library reads (csrc/audit.c).
 LOG_ENV = "CUMATRIX_AUDIT_LOG"
 ENFORCE_ENV = "CUMATRIX_AUDIT_ENFORCE"
-LIBRARY_NAME = "libcumatrix_audit.so"
+LIBRARY_NAME = AUDIT
 
 #: How a cell treats its runtime: ``enforced`` (the default: the cell's file answers every
 #: request for its SONAME) or ``offered`` (observe only: test what the program brings).
@@ -145,7 +146,11 @@ _BUILT: dict[tuple[Path | None, str, str | None], Path] = {}
 
 
 def build_audit_library(*, cache: Path | None = None, cc: str = "gcc") -> Path:
-    """Compile ``csrc/audit.c`` (once per source and compiler) and return the library's path."""
+    """The library a platform wheel carries, else ``csrc/audit.c`` compiled (once per source and
+    compiler); its path."""
+    shipped = prebuilt(AUDIT) if cache is None and cc == "gcc" else None
+    if shipped is not None:
+        return shipped
     key = (cache, cc, os.environ.get("PATH"))
     known = _BUILT.get(key)
     if known is not None and known.is_file():  # removed meanwhile (cumatrix clean): built again

@@ -21,6 +21,7 @@ from pathlib import Path
 from cumatrix.core.cache import cache_dir
 from cumatrix.core.errors import EnvironmentProblem
 from cumatrix.execute.childenv import _ENVIRON_SEEN, _SECRET_RE, _pattern
+from cumatrix.execute.prebuilt import SPAWN, prebuilt
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -35,7 +36,8 @@ _LOCK = threading.RLock()  # the watcher's start asks for the shim from within c
 
 
 def spawn_shim() -> Path | None:
-    """The compiled ``cumatrix-spawn``, built once per source and machine; None without a compiler."""
+    """The compiled ``cumatrix-spawn``: the one a platform wheel carries, else built once per source
+    and machine; None without either."""
     with _LOCK:
         if "shim" in _SHIM:
             return _SHIM["shim"]
@@ -52,6 +54,9 @@ def forget_shim() -> None:
 def _build_shim() -> Path | None:
     if os.environ.get("CUMATRIX_NO_SPAWN_SHIM"):
         return None
+    shipped = prebuilt(SPAWN)
+    if shipped is not None and os.access(shipped, os.X_OK):
+        return shipped
     try:
         source = _SPAWN_SOURCE.read_bytes()
     except OSError:

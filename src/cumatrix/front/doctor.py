@@ -2,8 +2,9 @@
 
 Each check says which features need it, what it found, and one fix a person can type.
 What the default ``cumatrix run`` needs (Python, gcc, the matrix's runtimes) is
-*required*: when one fails, ``doctor`` exits 1.  The rest (a GPU, nvcc, the Docker daemon
-and the base image, debootstrap, Chromium) only switch features on; ``--require FEATURE``
+*required*, as are the compiled parts that observe each cell: when one fails, ``doctor`` exits 1.
+The rest (a GPU, nvcc, the Docker daemon and the base image, debootstrap, Chromium, gdb) only
+switch features on; ``--require FEATURE``
 makes any of them required, for a CI job that relies on it.
 """
 
@@ -29,7 +30,7 @@ from cumatrix.provision.runtimes import find_wheel, parse_requirement
 Status = Literal["ok", "missing", "warn"]
 
 #: Features a check can switch on, for ``--require``.
-FEATURES = ("run", "swap", "gpu", "docker", "base-image", "browser", "nvcc", "debootstrap")
+FEATURES = ("run", "swap", "gpu", "docker", "base-image", "browser", "nvcc", "debootstrap", "debugger")
 _REQUIRED_BY_DEFAULT = frozenset({"run", "swap"})
 _BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 _PIP_TIMEOUT_S = 30
@@ -85,6 +86,33 @@ def check_python() -> Check:
 def check_gcc() -> Check:
     return _tool("gcc", ("swap",), ["--version"],
                  "apt-get install gcc (swap cells, `cumatrix build` and emulated drivers compile C)")
+
+
+def check_evidence() -> Check:
+    """The spawn helper and the rtld-audit library: shipped in a platform wheel, else compiled
+    here at first use; without both, cells run observed in part (and their records say so)."""
+    # deferred: the audit's module costs the provisioner's imports, which the other checks do without
+    from cumatrix.execute import prebuilt
+    from cumatrix.execute.cellaudit import missing_evidence
+
+    missing = missing_evidence()
+    if missing:
+        return Check(name="evidence", features=("run",), status="missing",
+                     found="; ".join(m.split(":", 1)[0] + " missing" for m in missing),
+                     fix="install a platform wheel of cumatrix (it carries them), or gcc to compile them here")
+    shipped = all(prebuilt.prebuilt(n) is not None for n in (prebuilt.SPAWN, prebuilt.AUDIT))
+    return Check(name="evidence", features=("run",), status="ok",
+                 found="spawn helper and audit library " + (f"in {prebuilt.LIBEXEC}" if shipped
+                                                            else "compiled here (in the cache)"))
+
+
+def check_gdb() -> Check:
+    # repro_native: gdb, else cuda-gdb, for a crash's native backtrace
+    for name in ("gdb", "cuda-gdb"):
+        if shutil.which(name):
+            return _tool(name, ("debugger",), ["--version"], "")
+    return Check(name="gdb", features=("debugger",), status="missing", found="neither gdb nor cuda-gdb on PATH",
+                 fix="apt-get install gdb (`cumatrix repro --debugger` and the bug catalog's crash backtraces)")
 
 
 def check_nvcc() -> Check:
@@ -227,6 +255,7 @@ def run_checks(matrix: Path | None, wheel_dir: Path | None, fp: Mapping[str, Any
         check_nvcc, lambda: docker_check, lambda: check_base_image(docker_check.status == "ok"),
         check_debootstrap, check_browser,
     ]
+    steps.extend([check_evidence, check_gdb])
     return [step() for step in steps]
 
 

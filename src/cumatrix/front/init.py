@@ -1,9 +1,12 @@
 """``cumatrix init``: a starting ``matrix.yaml`` and a nightly GitHub workflow for the project
 in the current directory.
 
-The package's name comes from ``pyproject.toml`` (``[project] name``), else ``setup.cfg``
-(``[metadata] name``), else ``setup.py`` (a literal ``name=`` argument); a built wheel in
-``dist/`` is gated by the workflow.  Existing files are never overwritten without ``--force``.
+The package's name comes from ``--name``, else ``pyproject.toml`` (``[project] name``), else
+``setup.cfg`` (``[metadata] name``), else ``setup.py`` (a literal ``name=`` argument); a directory
+with none of these (a C or C++ project) gets a matrix whose case loads each runtime, to be replaced
+by the project's own command.  A built wheel in ``dist/`` is gated by the workflow.  The workflow
+installs cumatrix as the README's "Install" section does, pinned to the version that wrote it.
+Existing files are never overwritten without ``--force``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cumatrix import __version__
 from cumatrix.core.errors import UsageError
 from cumatrix.core.options import DEFAULT_MATRIX
 from cumatrix.core.private import write_new
@@ -34,9 +38,10 @@ _START_RUNTIMES = ("12.4", "12.9", "13.0")
 class Project:
     """What ``init`` found about the project in a directory."""
 
-    name: str  # the distribution name as declared
+    name: str  # the distribution name as declared (or given by --name)
     module: str  # the import name guessed from it
-    found_in: str  # pyproject.toml, setup.cfg or setup.py
+    found_in: str  # pyproject.toml, setup.cfg, setup.py, --name or the directory's name
+    python: bool  # a Python project (pip can install it), as opposed to, say, a C library
     wheels: tuple[str, ...]  # dist/*.whl, relative
 
 
@@ -81,22 +86,56 @@ def _from_setup_py(d: Path) -> str | None:
     return None
 
 
-def find_project(d: Path) -> Project:
-    """The project in ``d``; :class:`UsageError` when no packaging file names it."""
+#: How the README's "Install" section installs cumatrix; the workflow ``init`` writes pins it
+#: to the version that wrote it (a test holds the README and this to the same command).
+INSTALL_COMMAND = "pip install cumatrix"
+
+
+def find_project(d: Path, *, name: str | None = None) -> Project:
+    """The project in ``d``: ``name`` if given, else the one its packaging file names, else
+    (no Python project here) the directory's own name."""
+    wheels = tuple(sorted(str(p.relative_to(d)) for p in (d / "dist").glob("*.whl"))) \
+        if (d / "dist").is_dir() else ()
+    found: tuple[str, str] | None = None
     for where, fn in (("pyproject.toml", _from_pyproject), ("setup.cfg", _from_setup_cfg), ("setup.py", _from_setup_py)):
-        name = fn(d)
-        if name:
-            wheels = tuple(sorted(str(p.relative_to(d)) for p in (d / "dist").glob("*.whl"))) \
-                if (d / "dist").is_dir() else ()
-            module = re.sub(r"[-.]+", "_", name).lower()
-            return Project(name=name, module=module, found_in=where, wheels=wheels)
-    raise UsageError(f"{d}: no package name found (looked for [project] name in pyproject.toml, [metadata] name in "
-                     "setup.cfg, name= in setup.py); run `cumatrix init` in the project's root directory")
+        declared = fn(d)
+        if declared:
+            found = (declared, where)
+            break
+    python = found is not None or any((d / f).is_file() for f in ("pyproject.toml", "setup.cfg", "setup.py"))
+    if name is not None:
+        if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", name):
+            raise UsageError(f"--name {name!r}: a project name is letters, digits, '.', '_' and '-' "
+                             "(starting and ending with a letter or digit)")
+        found = (name, "--name")
+    elif found is None:
+        base = re.sub(r"[^A-Za-z0-9._-]+", "-", d.resolve().name).strip("-._")
+        if not base:
+            raise UsageError(f"{d}: no project name found (no pyproject.toml, setup.cfg or setup.py, and the "
+                             "directory's name is not one); name it with --name NAME")
+        found = (base, "the directory's name")
+    module = re.sub(r"[-.]+", "_", found[0]).lower()
+    return Project(name=found[0], module=module, found_in=found[1], wheels=wheels, python=python)
 
 
 def matrix_text(project: Project) -> str:
     """The starting matrix: the package imported under a few CUDA runtimes and the host's driver."""
     runtimes = "\n".join(f"  cu{v}: {{wheel: {KNOWN_WHEELS[v]}}}" for v in _START_RUNTIMES)
+    if not project.python:
+        return f"""\
+# cumatrix matrix for {project.name} (written by `cumatrix init`; edit freely).
+# Each case runs once per runtime x driver pairing, in its own process, with that CUDA
+# runtime as the libcudart it loads ($CUMATRIX_CUDART names it).  Replace the case's argv
+# with your program's command (relative paths are from this file's directory).
+# `cumatrix validate {MATRIX_FILE}` checks this file; `cumatrix run` runs it.
+version: 1
+runtimes:
+{runtimes}
+drivers: [host, emulated-12.4]
+cases:
+  - {{name: load-runtime, argv: [python3, -c, "import ctypes, os; ctypes.CDLL(os.environ['CUMATRIX_CUDART'])"],
+     timeout: 120, python: harness}}
+"""
     return f"""\
 # cumatrix matrix for {project.name} (written by `cumatrix init`; edit freely).
 # Each case runs once per runtime x driver pairing, in its own process, with that CUDA
@@ -116,6 +155,13 @@ cases:
 
 def workflow_text(project: Project) -> str:
     """A nightly workflow: install, doctor, run the matrix on a GPU runner, gate the wheel."""
+    # The README's command, pinned: a nightly that follows whatever is newest on the index would
+    # change its judge under the project's feet.
+    install = INSTALL_COMMAND.replace("cumatrix", f'"cumatrix=={__version__}"')
+    project_step = "" if not project.python else f"""\
+      - name: install {project.name}
+        run: python -m pip install .
+"""
     gate = ""
     if project.wheels:
         gate = """
@@ -145,13 +191,13 @@ jobs:
     runs-on: [self-hosted, linux, x64]
     timeout-minutes: 120
     steps:
-      - uses: actions/checkout@v4
-      - name: install
+      - uses: actions/checkout@11bd71901bbe5b1630ceea73d27597364c9af683  # v4.2.2
+      - name: install cumatrix
         run: |
           python3 -m venv .venv
-          .venv/bin/python -m pip install . cumatrix
+          .venv/bin/python -m {install}
           echo "$PWD/.venv/bin" >> "$GITHUB_PATH"
-      - run: cumatrix doctor
+{project_step}      - run: cumatrix doctor
       - run: cumatrix validate {MATRIX_FILE} --check-wheels
       - name: run
         run: cumatrix run {MATRIX_FILE} --require-gpu --out out
@@ -160,7 +206,7 @@ jobs:
         run: if [ -f out/summary.md ]; then cat out/summary.md >> "$GITHUB_STEP_SUMMARY"; fi
 {gate}      - name: upload
         if: always()
-        uses: actions/upload-artifact@v4
+        uses: actions/upload-artifact@ea165f8d65b6e75b540449e92b4886f43607fa02  # v4.6.2
         with:
           name: cumatrix-results
           path: out
@@ -171,7 +217,7 @@ jobs:
 def cmd_init(args: argparse.Namespace) -> int:
     """Write the two files; exit 2 (writing neither) when one exists and --force is not given."""
     d = Path(args.dir)
-    project = find_project(d)
+    project = find_project(d, name=args.name)
     targets = {d / MATRIX_FILE: matrix_text(project), d / WORKFLOW_FILE: workflow_text(project)}
     # lexists: a link counts as there even when it leads nowhere (a dangling link was written
     # through, to wherever it pointed).
@@ -198,12 +244,15 @@ def add_init_parser(sub: Any) -> None:
     """Register ``cumatrix init``."""
     p = sub.add_parser("init", help="write a starting matrix.yaml and a nightly GitHub workflow for this project",
                        description="Write matrix.yaml (the package imported under a few CUDA runtimes) and "
-                                   f"{WORKFLOW_FILE} for the Python project in the current directory. The package "
-                                   "name comes from pyproject.toml, setup.cfg or setup.py; a wheel in dist/ adds a "
-                                   "gate step. Existing files are kept unless --force.",
-                       epilog="examples:\n  cumatrix init           # in the project's root\n"
-                              "  cumatrix init --force   # replace both files",
+                                   f"{WORKFLOW_FILE} for the project in the current directory. The name "
+                                   "comes from --name, pyproject.toml, setup.cfg or setup.py, else the directory; "
+                                   "a wheel in dist/ adds a gate step. Existing files are kept unless --force.",
+                       epilog="examples:\n  cumatrix init                  # in the project's root\n"
+                              "  cumatrix init --name mylib     # a C/C++ project, or another name\n"
+                              "  cumatrix init --force          # replace both files",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--dir", default=".", metavar="DIR", help="the project's root (default: .)")
+    p.add_argument("--name", metavar="NAME", help="the project's name (default: the one pyproject.toml, setup.cfg "
+                   "or setup.py declares, else the directory's name)")
     p.add_argument("--force", action="store_true", help="overwrite matrix.yaml and the workflow if they exist")
     p.set_defaults(func=cmd_init)

@@ -15,9 +15,15 @@ import os
 import re
 import shlex
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
+from elftools.elf.elffile import ELFFile
+
+from cumatrix.audit.static import load_audit_data
+from cumatrix.binary.elf import elf_undefined_symbols
 from cumatrix.child.swapcell import MAPS_ENV
+from cumatrix.core.cache import cache_location
 from cumatrix.core.errors import UsageError, did_you_mean
 from cumatrix.core.jobs import Job
 from cumatrix.core.model import NO_RUNTIME, Cell, CudaVersion, Kind, Matrix, is_neutral, is_ok, outcome_kind
@@ -27,7 +33,7 @@ from cumatrix.execute.observe import ENFORCE_ENV, LOG_ENV
 from cumatrix.front.repro_args import add_repro_parser
 from cumatrix.front.repro_native import GDB_TIMEOUT_EXTRA, NativeTrace, find_debugger, gdb_backtrace, parse_maps
 from cumatrix.front.repro_report import CellRun, _env_table, _fence, bug_report, cell_report
-from cumatrix.judge.reproduce import BugVerdict, judge_bug, judge_build_only
+from cumatrix.judge.reproduce import BugVerdict, judge_bug, judge_build_only, judge_static
 from cumatrix.load import matrix as _matrix
 from cumatrix.load.catalog import Bug, Catalog, load_catalog
 from cumatrix.load.matrix import cells
@@ -77,11 +83,30 @@ def standalone_command(runner: Orchestrator, job: Job) -> str:
         for k, v in env.items():
             parts += ["-e", f"{k}={v}"]
         parts.append(job.image or "IMAGE")
-        return " ".join(shlex.quote(p) for p in [*parts, *job.argv])
+        return _portable([*parts, *job.argv])
     if job.lib_path:
         env["LD_LIBRARY_PATH"] = os.pathsep.join(job.lib_path)
     env.setdefault("PYTHONFAULTHANDLER", "1")
-    return " ".join(shlex.quote(p) for p in ["env", *(f"{k}={v}" for k, v in env.items()), *job.argv])
+    return _portable(["env", *(f"{k}={v}" for k, v in env.items()), *job.argv])
+
+
+#: How the standalone command finds cumatrix's cache: as cumatrix does (core.cache.cache_location).
+_CACHE_SH = 'CUMATRIX_CACHE="${CUMATRIX_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cumatrix}"'
+
+
+def _portable(words: list[str]) -> str:
+    """``words`` as one shell command that names no cache path of this machine: the cache's
+    root (runtimes, builds, the audit library) is ``$CUMATRIX_CACHE``, found as cumatrix finds it,
+    so the command runs for another user, or on another host, whose cache holds the same files
+    (``cumatrix fetch`` and a run of the cell there put them in it)."""
+    root = str(cache_location())
+    if not any(root in w for w in words):
+        return " ".join(shlex.quote(w) for w in words)
+
+    def word(w: str) -> str:
+        return '"$CUMATRIX_CACHE"'.join(shlex.quote(p) if p else "" for p in w.split(root))
+
+    return f"{_CACHE_SH}; " + " ".join(word(w) for w in words)
 
 
 def run_one(runner: Orchestrator, cell: Cell) -> CellRun:
@@ -222,6 +247,31 @@ def _build_only(args: argparse.Namespace, runner: Orchestrator, bug: Bug) -> int
     return 0 if v.reproduced else 1
 
 
+def _too_new(library: Path, driver: int, introductions: Mapping[str, int]) -> tuple[str, ...]:
+    """The driver entry points ``library`` links directly that a driver of ``driver`` lacks."""
+    with library.open("rb") as f:
+        undefined = set(elf_undefined_symbols(ELFFile(f)))
+    return tuple(sorted(s for s in undefined if introductions.get(s, 0) > driver))
+
+
+def _static_only(args: argparse.Namespace, runner: Orchestrator, bug: Bug, driver: CudaVersion) -> int:
+    """Without a GPU, for a bug whose evidence is in the binaries: both variants built, their
+    directly linked driver symbols read and dated against the emulated driver (what the gate's
+    static audit does), and the judge decides from that."""
+    intros = load_audit_data(wheel_dir=runner.wheel_dir).introductions
+    found: dict[str, tuple[str, ...] | None] = {}
+    for which, c in (("bad", bug.bad), ("good", bug.good)):
+        res = _build.build_variant(c.variant, c.family, _runtimes.headers_for(c.build, wheel_dir=runner.wheel_dir))
+        found[which] = _too_new(res.library, int(driver), intros) if res.ok and res.library else None
+    v = judge_static(bug, driver=str(driver), bad=found["bad"], good=found["good"])
+    note = ("This host has no NVIDIA GPU or driver: the evidence was read from the built binaries (the symbols "
+            "each links directly, dated by the CUDA headers), not from loading them; on a GPU host both cells run.")
+    p = _write(Path(args.out), _report_name(bug.id),
+               bug_report(runner, bug, None, None, v.word, v.why, note, _build_logs(runner, bug)))
+    print(f"{bug.id}: {v.word} ({v.why}; static evidence only: no GPU here)\nreport: {p}")
+    return 0 if v.reproduced else 1
+
+
 def repro_bug(args: argparse.Namespace, bug: Bug) -> int:
     """Run one catalog entry; write ``<out>/<id>.md``; 0 reproduced, 1 not, 3 cannot run here
     (the report is then a skeleton holding the command to run on a host that can)."""
@@ -231,6 +281,8 @@ def repro_bug(args: argparse.Namespace, bug: Bug) -> int:
     if host.driver_version is None:
         if bug.needs.build_only_without_gpu:
             return _build_only(args, runner, bug)
+        if bug.needs.static_without_gpu and bug.bad.driver.emulated is not None:
+            return _static_only(args, runner, bug, bug.bad.driver.emulated)
         return _cannot_run_here(args, runner, bug, NO_GPU)
     if bug.needs.driver_min is not None and host.driver_version < int(bug.needs.driver_min):
         return _cannot_run_here(args, runner, bug, f"needs a driver for CUDA {bug.needs.driver_min} or newer; this "

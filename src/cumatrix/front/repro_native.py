@@ -18,6 +18,7 @@ from pathlib import Path
 from cumatrix.child.swapcell import MAPS_BEGIN, MAPS_END, MAPS_ENV
 from cumatrix.core.jobs import ChildResult, Job
 from cumatrix.core.options import SandboxPolicy
+from cumatrix.execute.childenv import child_env
 from cumatrix.execute.observe import LOG_ENV
 from cumatrix.orchestrate import run_debugger
 
@@ -67,7 +68,9 @@ def debugger_job(job: Job, gdb: str, *, extra_s: float = GDB_TIMEOUT_EXTRA) -> J
     run writes the audit's log to ``/dev/null`` (the audit still enforces the cell's runtime)
     and mounts only what still exists.  Swap children list the libraries they mapped."""
     argv = list(job.argv)
-    exe = shutil.which(argv[0]) if not Path(argv[0]).is_absolute() else argv[0]
+    # Found on the cell's own PATH (less the harness's venv, its `python: harness` first), as the
+    # cell found it: the harness's PATH may give another python3 (a pyenv shim, a script gdb cannot run).
+    exe = shutil.which(argv[0], path=child_env(job).get("PATH")) if not Path(argv[0]).is_absolute() else argv[0]
     argv[0] = exe or argv[0]
     env = dict(job.env)
     if LOG_ENV in env:

@@ -32,7 +32,7 @@ from cumatrix.load.keyword import KeywordExpression
 
 EPILOG_RUN = """\
 examples:
-  cumatrix run                              # the bundled matrix.yaml, results in ./out
+  cumatrix run                              # ./matrix.yaml, else the bundled default; results in ./out
   cumatrix run matrix.yaml -n 2 --out out   # two cells at a time
   cumatrix run -k 'cu12.9 and probe'        # select cells by id, as pytest -k
   cumatrix run --resume --out out           # finish a run that was interrupted
@@ -51,12 +51,33 @@ A cell passes when what it did is in its expected set.
 """
 
 
+def bundled_matrix() -> Path:
+    """The default matrix that travels with the package: ``matrix.yaml`` at the top of the
+    source tree, or the copy ``setup.py`` puts in package data (``cumatrix/data/matrix.yaml``)."""
+    package = Path(__file__).resolve().parents[1]  # cumatrix/, this file being cumatrix/front/run_cmd.py
+    # The installed copy first: a wheel installed into a venv inside some checkout must not pick
+    # up whatever matrix.yaml happens to sit three directories above site-packages.
+    for cand in (package / "data" / DEFAULT_MATRIX, package.parents[1] / DEFAULT_MATRIX):
+        if cand.is_file():
+            return cand
+    raise HarnessError(f"the bundled default matrix is missing (looked for {package / 'data' / DEFAULT_MATRIX} "
+                       f"and {package.parents[1] / DEFAULT_MATRIX}); reinstall cumatrix")
+
+
 def matrix_arg(path: str | None) -> Path:
-    """The matrix file a command names (default ./matrix.yaml); exit 2 when there is none."""
-    p = Path(path or DEFAULT_MATRIX)
+    """The matrix file a command names, else ./matrix.yaml, else the bundled default (said on
+    stderr, so that --json's stdout stays one document); exit 2 when a named file is missing."""
+    if path is None:
+        here = Path(DEFAULT_MATRIX)
+        if here.is_file():
+            return here
+        bundled = bundled_matrix()
+        print(f"cumatrix: no {DEFAULT_MATRIX} in {Path.cwd()}: using the default matrix bundled with cumatrix "
+              f"({bundled}); name a matrix file to run your own", file=sys.stderr)
+        return bundled
+    p = Path(path)
     if not p.is_file():
-        hint = " (run from a directory holding matrix.yaml, or name a matrix file)" if path is None else ""
-        raise UsageError(f"{p}: no such matrix file{hint}")
+        raise UsageError(f"{p}: no such matrix file")
     return p
 
 #: pytest's own plugins a run of cells has no use for, each of which costs every cell's three
@@ -231,6 +252,7 @@ def _preflight(opts: RunOptions, m: Any, mpath: Path, *, quiet: bool) -> None:
     cache_root()  # this user's alone, or exit 3 before anything from it runs
     with Store.open(opts.out or Path(DEFAULT_OUT), fresh=False):
         pass
+    _say_missing_evidence()
     _check_compiler(m)
     if opts.backend == "docker":
         # deferred: the docker SDK costs ~80 ms and ~200 modules; only the docker backend needs it
@@ -282,14 +304,25 @@ def _preflight_local(m: Any, mpath: Path, orch: Any, *, quiet: bool) -> None:
             orch.provisioner.runtime(rt.name)
 
 
+def _say_missing_evidence() -> None:
+    """First, before any cell: what no cell of this run will be observed by (every record names
+    it too), so that a run without its compiled parts never passes as if observed in full."""
+    # deferred: the audit's module costs the provisioner's imports, which --help and validate do without
+    from cumatrix.execute.cellaudit import missing_evidence
+
+    for m in missing_evidence():
+        print(f"cumatrix: WARNING: evidence missing on this host: {m}", file=sys.stderr)
+
+
 def _check_compiler(m: Any) -> None:
-    """Swap cells (compiled variants) and emulated drivers (a generated libcuda) need gcc."""
+    """Swap cells (compiled variants) and emulated drivers (a generated libcuda) need gcc: without
+    it their cells are skipped:no-compiler, and the run says so first; the rest runs."""
     needs = [what for what, used in (("the reference variants", bool(m.variants and m.workloads)),
                                      ("emulated drivers", any(d.emulated for d in m.drivers))) if used]
     if needs and shutil.which("gcc") is None:
-        raise EnvironmentProblem(f"{m.path}: {' and '.join(needs)} are compiled with gcc at run time, and there is "
-                                 "no gcc on PATH: install it (apt-get install gcc), or run a matrix of "
-                                 "probes and cases only")
+        print(f"cumatrix: WARNING: {m.path}: {' and '.join(needs)} are compiled with gcc at run time, and there "
+              "is no gcc on PATH: their cells are skipped:no-compiler (install gcc: apt-get install gcc)",
+              file=sys.stderr)
 
 
 def _pytest_args(args: argparse.Namespace, mpath: Path, out: Path) -> list[str]:
@@ -357,10 +390,10 @@ def _exit_status(code: int, args: argparse.Namespace, mpath: Path, out: Path, ru
 
 
 def add_run(sub: Any) -> None:
-    p = sub.add_parser("run", help="run a matrix (default: ./matrix.yaml)", epilog=EPILOG_RUN,
+    p = sub.add_parser("run", help="run a matrix (default: ./matrix.yaml, else the bundled default matrix)", epilog=EPILOG_RUN,
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Run every cell of a matrix in its own process (or container) and judge it.")
-    p.add_argument("matrix", nargs="?", help="matrix file (default: matrix.yaml)")
+    p.add_argument("matrix", nargs="?", help="matrix file (default: ./matrix.yaml, else the default matrix bundled with cumatrix)")
     p.add_argument("--backend", choices=BACKENDS, default=DEFAULT_BACKEND,
                    help="local: a child process per cell (default); docker: a container per cell")
     p.add_argument("-k", dest="keyword", metavar="EXPR", help="only cells whose id matches EXPR (pytest -k syntax)")

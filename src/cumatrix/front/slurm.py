@@ -73,6 +73,21 @@ def cumatrix_command() -> list[str]:
     return [sys.executable, "-m", "cumatrix"]
 
 
+def _check_placement(matrix: Path, tasks: Sequence[HostTask]) -> None:
+    """A host with neither ``partition:`` nor ``constraint:`` gets whichever node Slurm picks:
+    with other hosts in the plan that may be another host's node (another driver), so the plan
+    is refused (exit 2); alone, it is said on stderr."""
+    loose = [t.host for t in tasks if not (t.partition or t.constraint)]
+    if not loose:
+        return
+    what = (f"{matrix}: hosts: {', '.join(loose)} name{'s' if len(loose) == 1 else ''} no `partition:` or "
+            "`constraint:`: its array task would run on whichever node Slurm gives it")
+    if len(tasks) > 1:
+        raise UsageError(f"{what}, perhaps another host's, with another driver; add `partition: P` (or "
+                         "`constraint: FEATURE`) to each host so every task lands on its own nodes")
+    print(f"cumatrix: warning: {what} (the partition's default); add `partition: P` to pin it", file=sys.stderr)
+
+
 def _q(words: Iterable[str | Path]) -> str:
     return " ".join(shlex.quote(str(w)) for w in words)
 
@@ -103,6 +118,7 @@ def write_scripts(matrix: Path, out: Path, *, run_args: Sequence[str] = (), sbat
     tasks = tuple(HostTask(index=i, host=h.name, cells=sum(1 for c in cells if c.driver in ds),
                            partition=h.partition, constraint=h.constraint)
                   for i, (h, ds) in enumerate(assign(m, matrix, cells)))
+    _check_placement(matrix, tasks)
     d = out / "slurm"
     d.mkdir(parents=True, exist_ok=True)
     cm = cumatrix_command()

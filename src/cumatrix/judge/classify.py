@@ -76,6 +76,7 @@ def classify(res: ChildResult, *, kind: str) -> Observed:
 _NOT_RUN: dict[NotRunWhy, str] = {
     "needs-docker": "skipped:needs-docker",
     "no-driver": "skipped:no-cuda-driver",
+    "no-compiler": "skipped:no-compiler",
     "build-failed": "build-error",
     "emulation-impossible": "harness-error",
     "install-failed": "exit:",

@@ -65,3 +65,20 @@ def judge_build_only(bug: Bug, *, bad: Observed, bad_log: str, good: Observed) -
            + (f" ({'contains' if contains in bad_log else 'lacks'} '{contains}')" if contains else "")
            + f"; good cell: {'builds' if good_ok else 'build-error'}")
     return BugVerdict(bad_ok=bad_ok, good_ok=good_ok, why=why)
+
+
+def judge_static(bug: Bug, *, driver: str, bad: tuple[str, ...] | None, good: tuple[str, ...] | None) -> BugVerdict:
+    """No GPU here, and the bug's evidence is in the binaries: ``bad`` and ``good`` are the
+    driver entry points each built variant links directly that are newer than ``driver`` (None:
+    it did not build).  The bad one must link the symbol its expected ``undefined-symbol:SYM``
+    names, the good one none: loading them under that driver fails, and does not, for that reason."""
+    want = [o.split(":", 1)[1] for o in bug.bad.outcomes if o.startswith("undefined-symbol:")]
+    bad_ok = bad is not None and any(w in bad for w in want)
+    good_ok = good is not None and not good
+    def said(links: tuple[str, ...] | None) -> str:
+        if links is None:
+            return "did not build"
+        return f"links {', '.join(links)} directly" if links else "links no driver symbol newer than that"
+    why = (f"read from the built binaries against a CUDA {driver} driver: bad variant {said(bad)}; "
+           f"good variant {said(good)}")
+    return BugVerdict(bad_ok=bad_ok, good_ok=good_ok, why=why)

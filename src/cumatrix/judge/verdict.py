@@ -10,9 +10,10 @@ observed outcome); everything after it renders the record.  The rules, in order:
    program that succeeded where emulation cannot vouch for it, or the interposer's own
    signature (error 103); any other failure keeps its outcome and is judged;
 3. neutral outcomes (``skipped:*``, ``cannot-emulate``) neither pass nor fail, except
-   ``skipped:no-cuda-driver`` under ``require_gpu`` (a GPU runner whose driver vanished);
-   only a cell whose program did not fail reaches this rule as neutral (a failed program's
-   ``runtime-not-used`` stays a fact, :func:`cumatrix.judge.classify.with_audit`);
+   ``skipped:no-cuda-driver`` and ``skipped:no-compiler`` under ``require_gpu`` (a GPU runner
+   whose driver vanished, or that cannot build its GPU cells); only a cell whose program did not
+   fail reaches this rule as neutral (a failed program's ``runtime-not-used`` stays a fact,
+   :func:`cumatrix.judge.classify.with_audit`);
 4. a probe's own facts must agree with the runtime provisioned and NVIDIA's table;
 5. otherwise the cell passes when the observed outcome is in the expected set.
 """
@@ -55,6 +56,9 @@ class Facts:
     #: What the rtld-audit saw (``libraries``, ``runtime_file``, ``runtime_version``,
     #: ``runtime_evidence``, ``runtime_origin``): the runtime really used, which wins over the one offered.
     observed: Mapping[str, object] = field(default_factory=dict)
+    #: The evidence no cell here could have (``trace``, ``audit``: a compiled part neither
+    #: installed nor buildable), each with why; recorded on every cell it concerns.
+    missing_evidence: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -74,6 +78,10 @@ def decide(cell: Cell, expected: Expected, observed: Observed, facts: Facts) -> 
             return Verdict(status="fail", observed=observed,
                            mismatch="--require-gpu: this cell needs a GPU and the host has no usable NVIDIA driver "
                                     f"({observed.detail or 'no driver'})")
+        if facts.require_gpu and observed.outcome == "skipped:no-compiler":
+            # A GPU runner without gcc would otherwise pass a nightly whose GPU cells never built.
+            return Verdict(status="fail", observed=observed,
+                           mismatch=f"--require-gpu: this GPU cell could not be built here ({observed.detail})")
         return Verdict(status="skip", mismatch=None, observed=observed)
     if not expected.admits(observed.outcome, observed.path):
         return Verdict(status="fail", mismatch=_mismatch(expected, observed), observed=observed)
@@ -175,6 +183,9 @@ def fingerprint(observed: Observed, child: ChildResult | None, facts: Facts) -> 
             seen_version if isinstance(seen_version, int) else None)
     if child is not None and child.trace is not None:
         audit["trace"] = child.trace.to_json()
+    if facts.missing_evidence:
+        audit["missing_evidence"] = [m.split(":", 1)[0] for m in facts.missing_evidence]
+        audit["missing_evidence_why"] = list(facts.missing_evidence)
     return {**audit,
         "backend": facts.backend,
         "driver_version": pick(cf.driver_version, hfp.get("driver_version")),

@@ -63,6 +63,9 @@ class BugNeeds:
     gpu: bool
     driver_min: CudaVersion | None = None
     build_only_without_gpu: bool = False
+    #: Without a GPU, the evidence is in the built binaries (a driver symbol newer than the
+    #: emulated driver, linked directly): read statically instead of loaded.
+    static_without_gpu: bool = False
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -219,6 +222,7 @@ def _bug(ctx: _Ctx, i: int, raw: Mapping[str, Any], workloads: Mapping[str, Work
         return None
     return Bug(id=raw["id"], title=raw["title"], refs=refs, bad=bad, good=good,
                needs=BugNeeds(gpu=needs["gpu"], build_only_without_gpu=needs.get("build_only_without_gpu", False),
+                              static_without_gpu=needs.get("static_without_gpu", False),
                               driver_min=_version(ctx, (*path, "needs", "driver_min"), dmin) if dmin is not None else None))
 
 

@@ -214,6 +214,10 @@ def parse_driver(text: str) -> Driver:
             raise ValueError(f"malformed emulated driver {text!r}: want emulated-MAJOR.MINOR, e.g. emulated-12.4") from None
         if v.major < 12:
             raise ValueError(f"{text}: emulation reads symbol versions from CUDA 12+ headers; use 12.0 or newer")
+        known = _runtimes.cuda_releases()
+        if str(v) not in known:  # emulated-12.44, emulated-12.7: no driver of that CUDA version exists
+            raise ValueError(f"{text}: there is no CUDA {v} release to emulate{version_hint(str(v), known)} "
+                             f"(known: {', '.join(known)})")
         return Driver(name=f"emulated-{v}", emulated=v)
     from cumatrix.core.suggest import driver_hint  # deferred: for a misspelt driver only
 

@@ -5,10 +5,11 @@ Pure parsing, shared by the loader (which checks a matrix) and provisioning (whi
 
 from __future__ import annotations
 
-import re
+import json
+from functools import cache
+from importlib import resources
 
-_REQ_RE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)\s*==\s*(?P<version>[0-9][0-9A-Za-z.+-]*)$")
-
+from packaging.requirements import InvalidRequirement, Requirement
 
 #: Requirements of the runtimes measured in docs/facts.md; ``headers X.Y`` picks from here.
 KNOWN_WHEELS: dict[str, str] = {
@@ -21,17 +22,35 @@ KNOWN_WHEELS: dict[str, str] = {
 }
 
 
+@cache
+def cuda_releases() -> tuple[str, ...]:
+    """The CUDA releases cumatrix knows, oldest first: those of NVIDIA's driver table
+    (``data/nvidia.json``'s ``min_driver``, with its sources) and those whose runtime wheels it
+    knows.  ``emulated-X.Y`` must name one of them."""
+    table = json.loads(resources.files("cumatrix").joinpath("data", "nvidia.json").read_text(encoding="utf-8"))
+    versions = {*table["min_driver"], *KNOWN_WHEELS}
+    return tuple(sorted(versions, key=lambda v: tuple(int(p) for p in v.split("."))))
+
+
+def _requirement(text: str) -> Requirement | None:
+    """``text`` as PEP 508 reads it (``packaging.requirements``), or None where it is not one."""
+    try:
+        return Requirement(text.strip())
+    except InvalidRequirement:
+        return None
+
+
 def parse_requirement(text: str) -> tuple[str, str]:
-    """``name==version`` -> (name, version); a pinned version is required."""
-    m = _REQ_RE.match(text.strip())
-    if not m:
+    """``name==version`` -> (name, version); a pinned version is required (no extras, markers,
+    URLs or other specifiers: the matrix names one wheel)."""
+    req = _requirement(text)
+    pins = list(req.specifier) if req is not None else []
+    if (req is None or req.url or req.extras or req.marker or len(pins) != 1 or pins[0].operator != "=="
+            or "*" in pins[0].version):
         raise ValueError(
             f"not a pinned requirement: {text!r} (want NAME==VERSION, e.g. nvidia-cuda-runtime-cu12==12.9.79)"
         )
-    return m.group("name"), m.group("version")
-
-
-_ENV_REQ = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(\[[A-Za-z0-9._,\s-]*\])?\s*([=<>!~][^;@]*)?(;[^@]*)?$")
+    return req.name, pins[0].version
 
 
 def check_env_requirement(text: str) -> str:
@@ -41,7 +60,8 @@ def check_env_requirement(text: str) -> str:
     hash covers only what is written here, and an option would reach uv's command line.
     """
     t = text.strip()
-    if not t or not _ENV_REQ.match(t):
+    req = _requirement(t) if t else None
+    if req is None or req.url:
         raise ValueError(f"not a requirement: {text!r} (want NAME[SPEC], e.g. cuda-bindings==12.9.*; "
                          "no options, paths or URLs)")
     return t

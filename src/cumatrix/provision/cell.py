@@ -13,8 +13,10 @@ What it provisions is cached on disk by content, so pytest-xdist workers share i
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -128,6 +130,11 @@ class Provisioner:
         rt = self.settings.matrix.runtime(cell.runtime) if cell.runtime != NO_RUNTIME else None
         if rt is not None and rt.image and self.settings.backend != "docker":
             return NotRun(why="needs-docker", detail=f"runtime {rt.name} is the image {rt.image}; run with --backend docker")
+        if cell.kind == "swap" and not _has_gcc(os.environ.get("PATH", "")):
+            # A platform wheel carries the observation's compiled parts, not the reference
+            # variants: they are built per header version of the matrix, here (docs/install.md).
+            return NotRun(why="no-compiler", detail="the reference variants are compiled with gcc at run time and "
+                          "there is no gcc on PATH: install gcc (apt-get install gcc)")
         if cell.kind == "swap" and self.host_driver is None:
             # Building needs no GPU: a variant that does not compile says so on any host.
             spec = self.swap_spec(cell, None)
@@ -141,6 +148,9 @@ class Provisioner:
             version = int(CudaVersion.parse(cell.driver[len("emulated-"):]))
             if emulation_newer_than_host(version, self.host_driver):
                 return NotRun(why="emulation-impossible", detail=emulate_newer_reason(version, self.host_driver))
+            if not self.has_interposer(cell.driver) and not _has_gcc(os.environ.get("PATH", "")):
+                return NotRun(why="no-compiler", detail=f"the interposer of {cell.driver} is generated and compiled "
+                              "with gcc at run time and there is no gcc on PATH: install gcc (apt-get install gcc)")
         return None
 
     def job(self, cell: Cell) -> Job | NotRun:
@@ -214,3 +224,10 @@ class Provisioner:
         if cell.variant == "proc-address":  # the only variant with a path policy
             spec["policy"] = w.policy
         return spec
+
+
+@functools.lru_cache(maxsize=8)
+def _has_gcc(path: str) -> bool:
+    """Whether ``gcc`` is on ``path`` (asked per cell; the answer only changes with PATH)."""
+    return shutil.which("gcc", path=path) is not None
+

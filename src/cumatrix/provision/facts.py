@@ -15,6 +15,7 @@ from typing import Literal
 NotRunWhy = Literal[
     "needs-docker",  # the runtime is a container image; the backend is not docker
     "no-driver",  # the cell needs an NVIDIA driver and the host has none
+    "no-compiler",  # the cell's variant or interposer is compiled here, and there is no gcc
     "build-failed",  # the cell's variant does not compile against its headers
     "emulation-impossible",  # an emulated driver newer than the real one
     "install-failed",  # the wheel under test did not install into the cell (exit_status: the installer's)

@@ -1,0 +1,85 @@
+"""One matrix, two backends, the same outcomes cell by cell (real dockerd, the base image from
+containers/build-base.sh).  A case reads the project's directory on both: a module imported
+from beside the matrix, a data file by a relative path; and cannot write there on either.  The
+interpreter is named by path: a bare ``python3`` is what each side's PATH finds (docs/tutorial.md).  Skipped where no daemon answers,
+unless ``CUMATRIX_REQUIRE_DOCKER=1``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.docker, pytest.mark.network]
+
+MATRIX = """\
+version: 1
+runtimes: {cu12.9: {wheel: nvidia-cuda-runtime-cu12==12.9.79}}
+drivers: [host]
+cases:
+  - {name: imports-the-project, argv: [/usr/bin/python3, -c, "import projmod; print(projmod.ANSWER)"],
+     env: {PYTHONPATH: .}}
+  - {name: reads-a-relative-path, argv: [cat, data/input.txt]}
+  - {name: exits-3, argv: [sh, -c, "exit 3"]}
+  - {name: writes-beside-the-matrix, argv: [sh, -c, "echo x > written-by-the-cell && cat written-by-the-cell"]}
+expect:
+  - {case: exits-3, outcome: "exit:3"}
+  - {case: writes-beside-the-matrix, outcome: "exit:2", reason: "the project is read-only to a cell"}
+"""
+
+
+@pytest.fixture(scope="module")
+def base_image() -> str:
+    try:
+        import docker
+
+        with contextlib.closing(docker.from_env(timeout=30)) as client:
+            client.ping()
+    except Exception as e:  # noqa: BLE001 - any failure to reach the daemon means: no docker here
+        if os.environ.get("CUMATRIX_REQUIRE_DOCKER") == "1":
+            pytest.fail(f"CUMATRIX_REQUIRE_DOCKER=1 but no Docker daemon answers: {e}")
+        pytest.skip(f"no Docker daemon answers ({type(e).__name__}); start one with `bash .ci/dockerd`")
+    repo = Path(__file__).resolve().parents[2]
+    proc = subprocess.run(["bash", str(repo / "containers" / "build-base.sh")], capture_output=True, text=True,
+                          timeout=900, check=False)
+    if proc.returncode != 0:
+        pytest.skip(f"containers/build-base.sh failed: {proc.stderr.strip()[-300:]}")
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def _outcomes(out: Path) -> dict[str, tuple[str, str]]:
+    recs = [json.loads(ln) for ln in (out / "results.jsonl").read_text().splitlines() if ln.strip()]
+    return {r["id"]: (r["status"], r["observed"]["outcome"]) for r in recs if r.get("type") == "cell"}
+
+
+def test_one_matrix_gives_the_same_outcomes_on_the_local_and_docker_backends(
+        tmp_path: Path, wheel_cache: Path, base_image: str, cli: Any) -> None:
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "projmod.py").write_text("ANSWER = 42\n")
+    (project / "data" / "input.txt").write_text("from the project\n")
+    (project / "matrix.yaml").write_text(textwrap.dedent(MATRIX))
+    for d in (tmp_path, project, project / "data"):  # the containers' user is not this one
+        d.chmod(0o755)
+    runs = {}
+    for backend, extra in (("local", ["--sandbox"]), ("docker", ["--base-image", base_image])):
+        out = tmp_path / f"out-{backend}"
+        proc = cli("run", "matrix.yaml", "--backend", backend, *extra, "--out", out, "-q", cwd=project,
+                   timeout=900)
+        assert (out / "results.jsonl").is_file(), proc.stdout + proc.stderr
+        runs[backend] = _outcomes(out)
+    local, in_docker = runs["local"], runs["docker"]
+    assert local["cu12.9/host/imports-the-project"] == ("pass", "ok")
+    assert local["cu12.9/host/reads-a-relative-path"] == ("pass", "ok")
+    assert local["cu12.9/host/exits-3"] == ("pass", "exit:3")
+    # Read-only on both: the sandbox's root and the container's mount refuse the write alike.
+    assert local["cu12.9/host/writes-beside-the-matrix"] == ("pass", "exit:2")
+    assert not (project / "written-by-the-cell").exists()
+    # Cell by cell, the same (the harness's own probe included).
+    assert in_docker == local
