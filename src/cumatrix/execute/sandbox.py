@@ -126,17 +126,21 @@ __all__ = [
     "Scope",
     "_cgroup2_home",
     "_preexec",
+    "BWRAP_ENV",
     "bubblewrap",
     "bwrap_argv",
     "bwrap_command",
     "child_env",
     "containment",
+    "describe",
     "die_with_parent",
     "dumpable",
+    "fix_for",
     "forget_shim",
     "gpu_nodes",
     "harden",
     "harness_paths",
+    "kept_paths",
     "limits",
     "parse_size",
     "prepare",
@@ -180,9 +184,12 @@ def bubblewrap() -> tuple[str | None, str]:
 
 
 def _find_bwrap() -> tuple[str | None, str]:
-    path = shutil.which("bwrap")
+    named = os.environ.get(BWRAP_ENV, "").strip()
+    path = named or shutil.which("bwrap")
+    if named and not (os.path.isfile(named) and os.access(named, os.X_OK)):
+        return None, f"${BWRAP_ENV}={named}: no such program"
     if path is None:
-        return None, "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+        return None, "bubblewrap is not installed"
     if os.geteuid() == 0 and shutil.which("setpriv") is None:
         return None, "the harness runs as root and setpriv (util-linux) is missing to drop the cell's uid"
     # The boundary itself, checked once: kernel settings and the host's sockets out of reach.
@@ -196,6 +203,62 @@ def _find_bwrap() -> tuple[str | None, str]:
         why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
         return None, f"{path} cannot create a sandbox here: {why}"
     return path, ""
+
+
+#: The bubblewrap to use where it is not on ``PATH`` (a copy unpacked from a ``.deb``).
+BWRAP_ENV = "CUMATRIX_BWRAP"
+
+
+def _sysctl(name: str) -> str | None:
+    try:
+        return Path("/proc/sys", *name.split(".")).read_text().strip()
+    except OSError:
+        return None
+
+
+def fix_for(why: str) -> str:
+    """What would let this host sandbox its cells, for the reason :func:`bubblewrap` gave."""
+    if "not installed" in why or "no such program" in why:
+        return f"install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap), or name one in ${BWRAP_ENV}"
+    if "setpriv" in why:
+        return "install util-linux's setpriv"
+    if _sysctl("kernel.apparmor_restrict_unprivileged_userns") == "1":
+        # Ubuntu 23.10+ (https://ubuntu.com/blog/ubuntu-23-10-restricted-unprivileged-user-namespaces)
+        return ("AppArmor restricts unprivileged user namespaces: allow them to bwrap with an AppArmor "
+                "profile ('userns,' for /usr/bin/bwrap), or sysctl -w kernel.apparmor_restrict_unprivileged_userns=0")
+    if _sysctl("kernel.unprivileged_userns_clone") == "0":
+        return "user namespaces are off: sysctl -w kernel.unprivileged_userns_clone=1"
+    if _sysctl("user.max_user_namespaces") == "0":
+        return "user namespaces are off: sysctl -w user.max_user_namespaces=10000"
+    return "let this user create user namespaces (or run bwrap setuid)"
+
+
+def describe(policy: Policy) -> tuple[str, str | None]:
+    """How a run's local cells are held, for its header and reports (``bubblewrap``, ``off``,
+    or ``none: why``), and the one line to print when a sandbox was wanted and there is none."""
+    if policy.sandbox == "off":
+        return "off", None
+    bwrap, why = bubblewrap()
+    if bwrap is not None:
+        return "bubblewrap", None
+    line = (f"cumatrix: cells run WITHOUT a sandbox (as this user, within reach of its files): {why}; "
+            f"fix: {fix_for(why)}; --no-sandbox says it is meant, --require-sandbox makes it an error")
+    return f"none: {why}", line
+
+
+def kept_paths() -> list[str]:
+    """What the harness keeps of its own that no cell may reach: the ``--resume`` signing key
+    (:mod:`cumatrix.results.recordkey`), the history (:mod:`cumatrix.results.history`) and the
+    cache (:func:`cumatrix.core.cache.cache_location`; the pieces a job names stay visible).
+    The same variables as those modules read, here because execute sits below them."""
+    env = os.environ
+    home = os.path.expanduser("~")
+    state = env.get("XDG_STATE_HOME") or os.path.join(home, ".local", "state")
+    data = env.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share")
+    out = [os.path.join(state, "cumatrix"), os.path.join(data, "cumatrix"), str(cache_location())]
+    if env.get("CUMATRIX_HISTORY"):
+        out.append(env["CUMATRIX_HISTORY"])
+    return [os.path.abspath(p) for p in out]
 
 
 #: Host directories every sandboxed cell reads (programs, their libraries, configuration, the
@@ -289,6 +352,16 @@ def _venv_base(cfg: str) -> tuple[str, ...]:
     return ()
 
 
+def _masks(kept: Iterable[str], points: list[str]) -> list[str]:
+    """The kept paths that exist and that a bind point shows (a point at or above them)."""
+    out: list[str] = []
+    for k in kept:
+        k = os.path.normpath(k)
+        if os.path.lexists(k) and k not in out and any(_under(k, p) for p in points):
+            out.append(k)
+    return out
+
+
 def bwrap_argv(bwrap: str, job: Job, env: dict[str, str], cwd: str, policy: Policy | None = None,
                write_dirs: Iterable[str] = ()) -> list[str]:
     """The bubblewrap command line that runs ``job.argv`` confined (see :func:`bwrap_command`),
@@ -345,26 +418,41 @@ def bwrap_command(bwrap: str, argv: list[str], *, cwd: str, policy: Policy | Non
     if root:
         _searchable(points)
     made = {"/tmp"}
+    # What the harness keeps (its key, history, cache, the run's records) masked where a
+    # bind point shows it: an empty tmpfs over a directory, /dev/null over a file, before
+    # what the job names inside it (sorted: a directory comes before what it holds).
+    masks = _masks([*kept_paths(), *policy.hidden], points)
 
     def above(p: str) -> None:
         # The directories above a bind point: made searchable (bubblewrap makes them 0700,
-        # which an unprivileged cell could not pass), and nothing of the host's in them.
+        # which an unprivileged cell could not pass), and nothing of the host's in them;
+        # those inside a mask are the mask's (empty) and made too.
         parts = p.strip("/").split("/")[:-1]
         for i in range(1, len(parts) + 1):
             d = "/" + "/".join(parts[:i])
-            if d not in made and not any(_under(d, q) for q in points if q != p):
+            shown = any(_under(d, q) for q in points if q != p) and not any(
+                _under(d, m) and m != d for m in masks)
+            if d not in made and not shown:
                 out.extend(["--perms", "0755", "--dir", d])
                 made.add(d)
 
-    for p in points:
+    for p in sorted([*points, *masks]):
         above(p)
-        out += ["--ro-bind", p, p]
+        if p in masks and os.path.isdir(p):
+            out += ["--perms", "0755", "--size", "4096", "--tmpfs", p]
+        elif p in masks:
+            out += ["--ro-bind", "/dev/null", p]
+        else:
+            out += ["--ro-bind", p, p]
     for hide in HIDDEN_ALWAYS[:-2]:  # a real directory (not a link to /run) under a bound one
         if any(_under(hide, p) for p in points) and os.path.isdir(hide) and not os.path.islink(hide):
             out += ["--perms", "0555", "--size", "4096", "--tmpfs", hide, "--remount-ro", hide]
     for f in write:  # the file alone, never its directory (a directory only where named)
         above(f)
         out += ["--bind", f, f]
+    for m in masks:
+        if os.path.isdir(m):
+            out += ["--remount-ro", m]
     out += ["--chdir", cwd, "--"]
     if root:
         setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
@@ -403,7 +491,7 @@ def prepare(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | N
             signal_in_exit = True
         elif policy.sandbox == "on":
             extra["sandbox"] = "none"
-            problem = f"--sandbox asked for a sandbox and there is none: {why}"
+            problem = f"--sandbox asked for a sandbox and there is none: {why}; fix: {fix_for(why)}"
         else:
             extra["sandbox"] = f"none: {why}"
     lims = limits(job) if policy.limits else []
