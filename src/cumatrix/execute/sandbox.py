@@ -256,8 +256,8 @@ def kept_paths() -> list[str]:
     state = env.get("XDG_STATE_HOME") or os.path.join(home, ".local", "state")
     data = env.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share")
     out = [os.path.join(state, "cumatrix"), os.path.join(data, "cumatrix"), str(cache_location())]
-    if env.get("CUMATRIX_HISTORY"):
-        out.append(env["CUMATRIX_HISTORY"])
+    if env.get("CUMATRIX_HISTORY"):  # a file anywhere: it and SQLite's files beside it
+        out += [env["CUMATRIX_HISTORY"] + tail for tail in ("", "-journal", "-wal", "-shm")]
     return [os.path.abspath(p) for p in out]
 
 
@@ -329,6 +329,11 @@ def _environments(paths: Iterable[str]) -> list[str]:
     out: list[str] = []
     for p in paths:
         if not p:
+            continue
+        if os.path.basename(p) == "shims" and os.path.isfile(os.path.join(os.path.dirname(p), "libexec", "pyenv")):
+            # pyenv's shims (a `python3` on PATH) run its libexec and read its versions: the
+            # whole installation, read-only (https://github.com/pyenv/pyenv#understanding-shims).
+            out.append(os.path.dirname(p))
             continue
         for root in (Path(p).parent, Path(p).parent.parent):
             if (root / "pyvenv.cfg").is_file():

@@ -30,6 +30,7 @@ from cumatrix.core.options import (
     DEFAULT_TIMEOUT,
     RUN_SANDBOX_DEFAULT,
     RunOptions,
+    SandboxPolicy,
 )
 from cumatrix.front.flags import add_cli_options
 from cumatrix.front.history_cli import add_history_options, check_history, record
@@ -229,6 +230,8 @@ def _preflight(opts: RunOptions, m: Any, mpath: Path, *, quiet: bool) -> None:
     from cumatrix.results.store import Store
 
     cache_root()  # this user's alone, or exit 3 before anything from it runs
+    if opts.backend == "local":
+        _require_sandbox(opts.for_matrix(m.sandbox))
     with Store.open(opts.out or Path(DEFAULT_OUT), fresh=False):
         pass
     _check_compiler(m)
@@ -244,17 +247,23 @@ def _preflight(opts: RunOptions, m: Any, mpath: Path, *, quiet: bool) -> None:
     from cumatrix.orchestrate import Orchestrator
 
     policy = opts.for_matrix(m.sandbox)
-    if policy.sandbox == "on":  # --require-sandbox: a host that cannot sandbox runs nothing
-        # deferred: the sandbox module is the execute stage's; only a run that requires it checks here
-        from cumatrix.execute import sandbox
-
-        held, _line = sandbox.describe(policy)
-        if held != "bubblewrap":
-            why = held.removeprefix("none: ")
-            raise EnvironmentProblem(f"--require-sandbox: this host cannot sandbox cells: {why}; "
-                                     f"fix: {sandbox.fix_for(why)}")
     with Orchestrator(matrix=m, wheel_dir=opts.wheel_dir, policy=policy) as orch:
         _preflight_local(m, mpath, orch, quiet=quiet)
+
+
+def _require_sandbox(policy: SandboxPolicy) -> None:
+    """``--require-sandbox`` (or ``--sandbox``, ``sandbox: on``): a host that cannot sandbox runs
+    nothing (exit 3), rather than every cell failing the same way."""
+    if policy.sandbox != "on":
+        return
+    # deferred: the sandbox module is the execute stage's; only a run that requires it checks here
+    from cumatrix.execute import sandbox
+
+    held, _line = sandbox.describe(policy)
+    if held != "bubblewrap":
+        why = held.removeprefix("none: ")
+        raise EnvironmentProblem(f"--require-sandbox: this host cannot sandbox cells: {why}; "
+                                 f"fix: {sandbox.fix_for(why)}")
 
 
 def _preflight_local(m: Any, mpath: Path, orch: Any, *, quiet: bool) -> None:
