@@ -121,7 +121,8 @@ def test_a_default_runs_cell_reaches_none_of_what_the_harness_keeps(tmp_path: Pa
     assert "forged" not in (tmp_path / "out" / "results.jsonl").read_text()
     # Of the cache, the cell sees only what its own job names (its runtime, the audit library),
     # read-only: not the wheels and builds of the rest.
-    assert (wheel_cache / "wheels").is_dir() and "wheels" not in said["cache"], said
+    assert (wheel_cache / "wheels").is_dir()
+    assert "wheels" not in said["cache"], said
     assert stat.S_IMODE(key.stat().st_mode) == 0o600
 
 
@@ -133,7 +134,8 @@ def test_the_header_and_every_report_say_the_cells_were_sandboxed(tmp_path: Path
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = tmp_path / "out"
     header = json.loads((out / "results.jsonl").read_text().splitlines()[0])
-    assert header["type"] == "run" and header["sandbox"] == "bubblewrap"
+    assert header["type"] == "run"
+    assert header["sandbox"] == "bubblewrap"
     assert json.loads((out / "results.json").read_text())["run"]["sandbox"] == "bubblewrap"
     assert "sandbox bubblewrap" in (out / "summary.md").read_text()
     assert 'name="sandbox" value="bubblewrap"' in (out / "junit.xml").read_text()
@@ -175,7 +177,9 @@ def test_where_the_host_cannot_sandbox_the_run_says_so_in_one_line(tmp_path: Pat
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if "WITHOUT a sandbox" in ln]
     assert len(lines) == 1, proc.stdout + proc.stderr
-    assert "Permission denied" in lines[0] and "fix:" in lines[0] and "--no-sandbox" in lines[0]
+    assert "Permission denied" in lines[0]
+    assert "fix:" in lines[0]
+    assert "--no-sandbox" in lines[0]
     header = json.loads((tmp_path / "out" / "results.jsonl").read_text().splitlines()[0])
     assert header["sandbox"].startswith("none: ")
     assert "sandbox none: " in (tmp_path / "out" / "summary.md").read_text()
@@ -186,6 +190,7 @@ def test_require_sandbox_makes_it_an_error(tmp_path: Path, cli: Any, wheel_cache
     env = {**_env(tmp_path), "CUMATRIX_BWRAP": str(_refusing_bwrap(tmp_path))}
     proc = cli("run", m, "--out", tmp_path / "out", "-q", "--require-sandbox", cwd=tmp_path, env=env)
     assert proc.returncode == 3, proc.stdout + proc.stderr
-    assert "--require-sandbox" in proc.stderr and "fix:" in proc.stderr
+    assert "--require-sandbox" in proc.stderr
+    assert "fix:" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "out" / "results.jsonl").exists()

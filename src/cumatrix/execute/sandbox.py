@@ -39,7 +39,7 @@ Knobs: ``CUMATRIX_SANDBOX`` (off | auto | on; read by :mod:`cumatrix.core.option
 
 # Paths stay strings here on purpose (ruff's PTH rules off for this module): they are what
 # bwrap's argv, /proc and the kernel take, and this runs for every cell.
-# ruff: noqa: PTH101, PTH109, PTH110, PTH112, PTH113, PTH114, PTH115, PTH116, PTH120
+# ruff: noqa: PTH100, PTH101, PTH109, PTH110, PTH111, PTH112, PTH113, PTH114, PTH115, PTH116, PTH118, PTH119, PTH120
 
 from __future__ import annotations
 
@@ -105,6 +105,7 @@ if TYPE_CHECKING:
 Policy = SandboxPolicy
 
 __all__ = [
+    "BWRAP_ENV",
     "CPU_SLACK_S",
     "ENV_ALLOW",
     "ENV_ALLOW_HARNESS",
@@ -126,7 +127,6 @@ __all__ = [
     "Scope",
     "_cgroup2_home",
     "_preexec",
-    "BWRAP_ENV",
     "bubblewrap",
     "bwrap_argv",
     "bwrap_command",
@@ -360,8 +360,8 @@ def _venv_base(cfg: str) -> tuple[str, ...]:
 def _masks(kept: Iterable[str], points: list[str]) -> list[str]:
     """The kept paths that exist and that a bind point shows (a point at or above them)."""
     out: list[str] = []
-    for k in kept:
-        k = os.path.normpath(k)
+    for path in kept:
+        k = os.path.normpath(path)
         if os.path.lexists(k) and k not in out and any(_under(k, p) for p in points):
             out.append(k)
     return out
@@ -381,6 +381,48 @@ def bwrap_argv(bwrap: str, job: Job, env: dict[str, str], cwd: str, policy: Poli
     writable = [os.path.normpath(p) for p in job.writable if os.path.isfile(p)]
     writable += [os.path.normpath(d) for d in write_dirs if os.path.isdir(d)]
     return bwrap_command(bwrap, list(job.argv), cwd=cwd, policy=policy, read=wanted, write=writable)
+
+
+def _views(points: list[str], masks: list[str], write: Iterable[str]) -> list[str]:
+    """bubblewrap's arguments for what the cell sees of the host beyond the system: ``points``
+    read-only, ``masks`` (what the harness keeps, where a point shows it) empty, the files in
+    ``write`` writable, and the host's socket directories hidden under a point."""
+    out: list[str] = []
+    made = {"/tmp"}
+
+    def above(p: str) -> None:
+        # The directories above a bind point: made searchable (bubblewrap makes them 0700,
+        # which an unprivileged cell could not pass), and nothing of the host's in them;
+        # those inside a mask are the mask's (empty) and made too.
+        parts = p.strip("/").split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            d = "/" + "/".join(parts[:i])
+            shown = any(_under(d, q) for q in points if q != p) and not any(
+                _under(d, m) and m != d for m in masks)
+            if d not in made and not shown:
+                out.extend(["--perms", "0755", "--dir", d])
+                made.add(d)
+
+    # A mask is an empty tmpfs over a directory, /dev/null over a file, mounted before what
+    # the job names inside it (sorted: a directory comes before what it holds), read-only last.
+    for p in sorted([*points, *masks]):
+        above(p)
+        if p in masks and os.path.isdir(p):
+            out += ["--perms", "0755", "--size", "4096", "--tmpfs", p]
+        elif p in masks:
+            out += ["--ro-bind", "/dev/null", p]
+        else:
+            out += ["--ro-bind", p, p]
+    for hide in HIDDEN_ALWAYS[:-2]:  # a real directory (not a link to /run) under a bound one
+        if any(_under(hide, p) for p in points) and os.path.isdir(hide) and not os.path.islink(hide):
+            out += ["--perms", "0555", "--size", "4096", "--tmpfs", hide, "--remount-ro", hide]
+    for f in write:  # the file alone, never its directory (a directory only where named)
+        above(f)
+        out += ["--bind", f, f]
+    for m in masks:
+        if os.path.isdir(m):
+            out += ["--remount-ro", m]
+    return out
 
 
 def bwrap_command(bwrap: str, argv: list[str], *, cwd: str, policy: Policy | None = None,
@@ -422,42 +464,7 @@ def bwrap_command(bwrap: str, argv: list[str], *, cwd: str, policy: Policy | Non
     points = _bind_points(read)
     if root:
         _searchable(points)
-    made = {"/tmp"}
-    # What the harness keeps (its key, history, cache, the run's records) masked where a
-    # bind point shows it: an empty tmpfs over a directory, /dev/null over a file, before
-    # what the job names inside it (sorted: a directory comes before what it holds).
-    masks = _masks([*kept_paths(), *policy.hidden], points)
-
-    def above(p: str) -> None:
-        # The directories above a bind point: made searchable (bubblewrap makes them 0700,
-        # which an unprivileged cell could not pass), and nothing of the host's in them;
-        # those inside a mask are the mask's (empty) and made too.
-        parts = p.strip("/").split("/")[:-1]
-        for i in range(1, len(parts) + 1):
-            d = "/" + "/".join(parts[:i])
-            shown = any(_under(d, q) for q in points if q != p) and not any(
-                _under(d, m) and m != d for m in masks)
-            if d not in made and not shown:
-                out.extend(["--perms", "0755", "--dir", d])
-                made.add(d)
-
-    for p in sorted([*points, *masks]):
-        above(p)
-        if p in masks and os.path.isdir(p):
-            out += ["--perms", "0755", "--size", "4096", "--tmpfs", p]
-        elif p in masks:
-            out += ["--ro-bind", "/dev/null", p]
-        else:
-            out += ["--ro-bind", p, p]
-    for hide in HIDDEN_ALWAYS[:-2]:  # a real directory (not a link to /run) under a bound one
-        if any(_under(hide, p) for p in points) and os.path.isdir(hide) and not os.path.islink(hide):
-            out += ["--perms", "0555", "--size", "4096", "--tmpfs", hide, "--remount-ro", hide]
-    for f in write:  # the file alone, never its directory (a directory only where named)
-        above(f)
-        out += ["--bind", f, f]
-    for m in masks:
-        if os.path.isdir(m):
-            out += ["--remount-ro", m]
+    out += _views(points, _masks([*kept_paths(), *policy.hidden], points), write)
     out += ["--chdir", cwd, "--"]
     if root:
         setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"

@@ -25,8 +25,8 @@ from cumatrix import __version__
 from cumatrix.core.errors import ConfigError, CumatrixError
 from cumatrix.core.options import SandboxPolicy
 from cumatrix.core.record import STATUSES, CellRecord
-from cumatrix.front.plugin_select import REUSE, options, out_dir, plan_json, selected
 from cumatrix.execute import sandbox
+from cumatrix.front.plugin_select import REUSE, options, out_dir, plan_json, selected
 from cumatrix.orchestrate import Orchestrator, end_record, run_header
 from cumatrix.results.store import LazyDigests, Store, cell_digests
 
