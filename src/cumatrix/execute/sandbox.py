@@ -357,6 +357,15 @@ def _venv_base(cfg: str) -> tuple[str, ...]:
     return ()
 
 
+def _enterable(path: str) -> bool:
+    """Whether an unprivileged uid may enter ``path`` (a bind point keeps its host mode; the
+    directories above it are the sandbox's own, searchable)."""
+    try:
+        return os.stat(path).st_mode & 0o001 != 0
+    except OSError:
+        return True  # bubblewrap says why
+
+
 def _masks(kept: Iterable[str], points: list[str]) -> list[str]:
     """The kept paths that exist and that a bind point shows (a point at or above them)."""
     out: list[str] = []
@@ -495,10 +504,16 @@ def prepare(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | N
     problem = None
     if policy.sandbox in ("auto", "on"):
         bwrap, why = bubblewrap()
-        if bwrap is not None:
+        here = cwd or os.getcwd()
+        if bwrap is not None and os.geteuid() == 0 and not _enterable(here):
+            extra["sandbox"] = "bubblewrap"
+            problem = (f"the sandbox runs the cell as uid {policy.uid} (nobody), which may not enter its working "
+                       f"directory {here} (mode {os.stat(here).st_mode & 0o777:o}): run from a directory others may "
+                       "read (chmod o+rx), or --no-sandbox")
+        elif bwrap is not None:
             env["TMPDIR"] = "/tmp"
             env["HOME"] = "/tmp"  # the host's home is not there: a writable one of the cell's own
-            argv = tuple(bwrap_argv(bwrap, job, env, cwd or os.getcwd(), policy))
+            argv = tuple(bwrap_argv(bwrap, job, env, here, policy))
             extra["sandbox"] = "bubblewrap"
             signal_in_exit = True
         elif policy.sandbox == "on":
