@@ -91,7 +91,7 @@ def test_a_run_is_sandboxed_by_default_and_the_matrix_may_say_otherwise() -> Non
     assert plain.policy.sandbox == "auto"
     assert RunOptions.from_cli(_run_args(), {}, sandbox_default="auto").policy.sandbox == "auto"
     assert plain.for_matrix(False).sandbox == "off"
-    assert plain.for_matrix("on").sandbox == "on"
+    assert plain.for_matrix("required").sandbox == "on"
     assert plain.for_matrix(None).sandbox == "auto"
     flagged = RunOptions.from_pytest(_Config(cumatrix_sandbox="on"), {})
     assert flagged.for_matrix(False).sandbox == "on"

@@ -111,13 +111,14 @@ def env_sandbox(value: str | None, default: str = "off") -> str:
 
 
 def matrix_sandbox(value: object) -> str | None:
-    """A matrix file's ``sandbox:`` (``false``/``off``, ``true``/``auto``, ``on``; the schema
-    checked it) as a mode; None: the file does not say."""
+    """A matrix file's ``sandbox:`` (``false``, ``true``/``auto``, ``required``; the schema
+    checked it; YAML reads a bare ``on``/``off`` as a boolean) as a mode; None: the file does
+    not say."""
     if value is None:
         return None
     if isinstance(value, bool):
         return "auto" if value else "off"
-    return str(value)
+    return "on" if value == "required" else str(value)
 
 
 def sandbox_policy(*, sandbox: str | None = None, pass_env: Iterable[str] | None = (),
