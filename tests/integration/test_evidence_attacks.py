@@ -77,13 +77,14 @@ def test_a_child_without_ld_audit_is_still_seen(tmp_path: Path, cli: Any, cu13: 
     the cell did not run its runtime."""
     gcc()
     script = tmp_path / "hide.sh"
-    script.write_text(f"env -u LD_AUDIT {PY} -c \"import ctypes; ctypes.CDLL('{cu13}')\"\n")
+    script.write_text("env -u LD_AUDIT \"$1\" -c \"import ctypes, sys; ctypes.CDLL(sys.argv[1])\" \"$2\"\n")
+    # The interpreter and the library named in argv: what a sandboxed cell (the default) sees.
     _proc, got = _run(cli, tmp_path, f"""
         runtimes: {{cu12.9: {{wheel: {CU129}}}}}
         drivers: [host]
         probe: false
         cases:
-          - {{name: hide, argv: [sh, {script}]}}
+          - {{name: hide, argv: [sh, {script}, {PY}, {cu13}]}}
         """)
     rec = got["hide"]
     assert rec["observed"]["outcome"] == "skipped:runtime-not-used", rec["observed"]
@@ -122,7 +123,7 @@ def test_a_fifo_for_a_log_does_not_block_the_harness(tmp_path: Path, cli: Any, w
         probe: false
         cases:
           - {{name: fifo, argv: [env, -u, LD_AUDIT, sh, -c, '{fifo}']}}
-        """, timeout=120)
+        """, "--no-sandbox", timeout=120)  # sandboxed (the default), the log is a bind: not replaceable
     assert time.monotonic() - t0 < 100
     rec = got["fifo"]
     assert rec["observed"]["outcome"] == "ok", proc.stderr
