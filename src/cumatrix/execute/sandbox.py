@@ -284,10 +284,11 @@ def _under(path: str, top: str) -> bool:
     return path == top or path.startswith(top.rstrip("/") + "/")
 
 
-def _bind_points(paths: Iterable[str]) -> list[str]:
+def _bind_points(paths: Iterable[str], masks: Iterable[str] = ()) -> list[str]:
     """Directories to bind so that every path is visible (a file: its directory), each once,
-    outermost first; none under what the system directories already show, none that is or
-    holds a host socket directory, never ``/``."""
+    outermost first (one under another only where one of ``masks`` lies between them); none
+    under what the system directories already show, none that is or holds a host socket
+    directory, never ``/``."""
     dirs = set()
     for p in paths:
         if not p or not p.startswith("/") or not os.path.exists(p):
@@ -300,9 +301,11 @@ def _bind_points(paths: Iterable[str]) -> list[str]:
         if any(_under(d, s) for s in SYSTEM_DIRS if os.path.lexists(s)):
             continue  # shown already (a path under /bin, a link to usr/bin, too)
         dirs.add(d)
+    hidden = list(masks)
     out: list[str] = []
     for d in sorted(dirs):
-        if not any(_under(d, o) for o in out):
+        # Shown by an outer point already, unless a mask between them hides it.
+        if not any(_under(d, o) and not any(_under(d, m) and _under(m, o) for m in hidden) for o in out):
             out.append(d)
     return out
 
@@ -470,10 +473,13 @@ def bwrap_command(bwrap: str, argv: list[str], *, cwd: str, policy: Policy | Non
     out += ["--perms", "1777", "--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
             "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys",
             "--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
-    points = _bind_points(read)
+    read = list(read)
+    masks = _masks([*kept_paths(), *policy.hidden], _bind_points(read))
+    # What a mask would hide of a job's own paths, bound again; a kept directory itself never.
+    points = [p for p in _bind_points(read, masks) if p not in masks]
     if root:
         _searchable(points)
-    out += _views(points, _masks([*kept_paths(), *policy.hidden], points), write)
+    out += _views(points, masks, write)
     out += ["--chdir", cwd, "--"]
     if root:
         setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
