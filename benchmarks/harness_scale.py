@@ -231,7 +231,9 @@ def validate_and_collect(work: Path, n: int, env: dict[str, str]) -> dict[str, f
     at = next(i for i, line in enumerate(lines) if line.startswith("  - "))
     m.write_text("".join(lines[:at]) + first + "".join(lines[at + 1:]))
     out: dict[str, float] = {}
-    run = [PYTHON, "-m", "cumatrix", "run", str(m), "-q", "--out", str(work / "collect-out")]
+    # Unsandboxed: the first cell stamps the time into the run's directory, which a sandboxed
+    # cell cannot write (the start-up before it is the same but for the sandbox's one check).
+    run = [PYTHON, "-m", "cumatrix", "run", str(m), "-q", "--out", str(work / "collect-out"), "--no-sandbox"]
     from cumatrix.core.cache import cache_root
 
     saved = cache_root() / "matrix"  # validated matrices kept between processes (nothing else)
