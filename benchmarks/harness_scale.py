@@ -6,7 +6,8 @@ One run measures, interleaved so that every configuration sees the same machine 
                such loops of N/2 side by side);
   cumatrix     ``cumatrix run`` of a matrix of 1 runtime x N cases, each case that same
                command (serial, and ``-n 2``), end to end: start-up, collection, the cells,
-               the store and the reports;
+               the store and the reports; sandboxed, as a run is by default where bubblewrap
+               runs (``cumatrix-nosb``: the same with ``--no-sandbox``);
   pytest       plain pytest (and pytest-xdist ``-n 2``) running N tests that each spawn
                that same command.
 
@@ -45,7 +46,7 @@ RUNTIME = "nvidia-cuda-runtime-cu12==12.0.146"
 PYTHON = sys.executable
 #: The one spawned command: the floor's loop, every cell and every pytest test run it.
 SPAWN = (PYTHON, "-c", "pass")
-CONFIGS = ("floor", "cumatrix", "pytest", "floor-n2", "cumatrix-n2", "xdist-n2")
+CONFIGS = ("floor", "cumatrix", "cumatrix-nosb", "pytest", "floor-n2", "cumatrix-n2", "xdist-n2")
 
 
 @dataclass
@@ -189,6 +190,7 @@ def commands(work: Path, n: int, wheel_dir: str | None) -> dict[str, list[str]]:
     cm = [PYTHON, "-m", "cumatrix", "run", str(m), "-q", *(["--wheel-dir", wheel_dir] if wheel_dir else [])]
     pt = [PYTHON, "-m", "pytest", str(t), "-q", "-p", "no:cacheprovider", "-c", os.devnull, "--rootdir", str(work)]
     return {"cumatrix": [*cm, "--out", str(work / f"out{n}")],
+            "cumatrix-nosb": [*cm, "--out", str(work / f"out{n}-nosb"), "--no-sandbox"],
             "cumatrix-n2": [*cm, "--out", str(work / f"out{n}-n2"), "-n", "2"],
             "pytest": pt, "xdist-n2": [*pt, "-n", "2"]}
 
@@ -229,7 +231,9 @@ def validate_and_collect(work: Path, n: int, env: dict[str, str]) -> dict[str, f
     at = next(i for i, line in enumerate(lines) if line.startswith("  - "))
     m.write_text("".join(lines[:at]) + first + "".join(lines[at + 1:]))
     out: dict[str, float] = {}
-    run = [PYTHON, "-m", "cumatrix", "run", str(m), "-q", "--out", str(work / "collect-out")]
+    # Unsandboxed: the first cell stamps the time into the run's directory, which a sandboxed
+    # cell cannot write (the start-up before it is the same but for the sandbox's one check).
+    run = [PYTHON, "-m", "cumatrix", "run", str(m), "-q", "--out", str(work / "collect-out"), "--no-sandbox"]
     from cumatrix.core.cache import cache_root
 
     saved = cache_root() / "matrix"  # validated matrices kept between processes (nothing else)
@@ -260,6 +264,7 @@ def summarise(samples: list[Sample], sizes: Sequence[int]) -> list[dict[str, obj
         rows.append({
             "cells": n, **{f"{c}_s": round(med[c], 3) for c in CONFIGS},
             "cumatrix_vs_floor": round(med["cumatrix"] / med["floor"], 3),
+            "nosb_vs_floor": round(med["cumatrix-nosb"] / med["floor"], 3),
             "pytest_vs_floor": round(med["pytest"] / med["floor"], 3),
             "cumatrix_n2_vs_floor_n2": round(med["cumatrix-n2"] / med["floor-n2"], 3),
             "xdist_n2_vs_floor_n2": round(med["xdist-n2"] / med["floor-n2"], 3),
@@ -293,6 +298,9 @@ def show(rows: list[dict[str, object]], pre: dict[str, float] | None, n_pre: int
         print(f"{r['cells']:>6} {r['cpu_cumatrix_vs_floor']:7.2f} {r['cpu_pytest_vs_floor']:7.2f} "
               f"{r['cpu_cumatrix_n2_vs_xdist_n2']:7.2f}   (floor {r['floor_cpu_s']:.2f} s, run {r['cumatrix_cpu_s']:.2f} s, "
               f"run-n2 {r['cumatrix-n2_cpu_s']:.2f} s, xdist-n2 {r['xdist-n2_cpu_s']:.2f} s)")
+    for r in rows:
+        print(f"{r['cells']:>6} --no-sandbox: {r['cumatrix-nosb_s']:.2f} s, {r['nosb_vs_floor']:.2f}x the floor "
+              f"(sandboxed {r['cumatrix_vs_floor']:.2f}x)")
     if rows:
         print("run/fl: cumatrix run / floor; pyt/fl: pytest / floor; xd: pytest-xdist -n 2; "
               "MB: peak of the harness's processes (controller + workers, summed)")
@@ -335,6 +343,9 @@ def main() -> int:
     load0 = os.getloadavg()[0]  # a busy machine stretches the wall times of every configuration
     with tempfile.TemporaryDirectory(prefix="cumatrix-scale-") as tmp:
         work = Path(tmp)
+        # A root harness's sandboxed cells run as nobody, which must enter the run's directory
+        # (mkdtemp makes it 0700: every cell would be a harness error, and fast).
+        work.chmod(0o755)
         write_matrix(work / "m1.yaml", 1)
         measure([PYTHON, "-m", "cumatrix", "run", str(work / "m1.yaml"), "-q", "--out", str(work / "warm"),
                  *(["--wheel-dir", a.wheel_dir] if a.wheel_dir else [])], cwd=work, env=env, sample=False)
@@ -348,7 +359,8 @@ def main() -> int:
                         wall, cpu = floor(n, parallel=2 if c == "floor-n2" else 1, cwd=work, env=env)
                         samples.append(Sample(c, n, rep, round(wall, 3), round(cpu, 3), 0.0, 0.0, 0, 0))
                     else:
-                        wall, cpu, mx, tree, procs, rc = measure(cmds[c], cwd=work, env=env, sample=True)
+                        wall, cpu, mx, tree, procs, rc = measure(cmds[c], cwd=work, env=env, sample=True,
+                                                                 ok=(0,) if c.startswith("cumatrix") else (0, 1))
                         samples.append(Sample(c, n, rep, round(wall, 3), round(cpu, 3), round(mx, 1), round(tree, 1),
                                               procs, rc))
                     print(f"  {n:>6} {c:12} rep {rep}: {samples[-1].wall_s:8.2f} s  cpu {samples[-1].cpu_s:8.2f} s  "

@@ -155,3 +155,29 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         remove_build_stages(client, label="cumatrix.test")
     finally:
         _close(client)
+
+
+# --------------------------------------------------------------------------- directories
+
+
+class _Searchable:
+    """pytest's ``tmp_path_factory`` whose directories (0700) are searchable by others, as a
+    checkout's are: a root harness sandboxes its cells by default and runs them as ``nobody``,
+    which must enter the directory a run starts in and read the scripts a test writes there.
+    ``tmp_path`` and ``pytester`` come from here too."""
+
+    def __init__(self, factory: pytest.TempPathFactory) -> None:
+        self._factory = factory
+
+    def mktemp(self, basename: str, numbered: bool = True) -> Path:
+        path = self._factory.mktemp(basename, numbered=numbered)
+        path.chmod(0o755)
+        return path
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._factory, name)
+
+
+@pytest.fixture(scope="session")
+def tmp_path_factory(tmp_path_factory: pytest.TempPathFactory) -> _Searchable:
+    return _Searchable(tmp_path_factory)

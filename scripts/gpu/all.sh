@@ -29,6 +29,12 @@ fi
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1 XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/cumatrix-cache}
 export CUMATRIX_WHEEL_DIR=$PWD/.wheels
 mkdir -p "$XDG_CACHE_HOME/cumatrix/wheels" && cp -n .wheels/*.whl "$XDG_CACHE_HOME/cumatrix/wheels/" 2>/dev/null
+# Cells are sandboxed by default (bubblewrap): the host's, else the Debian .deb carried in
+# ./.bwrap (`apt-get download bubblewrap`), unpacked once for every stage.
+if ! command -v bwrap >/dev/null && ls .bwrap/bubblewrap_*.deb >/dev/null 2>&1; then
+  mkdir -p /tmp/cumatrix-bwrap && dpkg -x .bwrap/bubblewrap_*.deb /tmp/cumatrix-bwrap
+  export PATH=/tmp/cumatrix-bwrap/usr/bin:$PATH
+fi
 NPROC=${NPROC:-8}
 pack() { tar -C "$OUT" -czf "$OUT/evidence.tgz.part" e && mv "$OUT/evidence.tgz.part" "$OUT/evidence.tgz"; }
 stage() {  # stage NAME SECONDS COMMAND...
@@ -41,22 +47,28 @@ stage() {  # stage NAME SECONDS COMMAND...
   tail -8 "$E/$name.log"
   pack
 }
-{ nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader; uname -r; } > "$E/host.txt" 2>&1
+held() {  # held OUTDIR: how the run's cells were held (the run header's "sandbox")
+  python3 -c 'import json, sys; print("=== " + sys.argv[2] + ": sandbox", json.load(open(sys.argv[1]))["run"].get("sandbox"))' \
+    "$1/results.json" "$(basename "$1")" 2>/dev/null | tee -a "$E/stages.txt"
+}
+{ nvidia-smi --query-gpu=name,driver_version,compute_cap --format=csv,noheader; uname -r; echo "bwrap: $(command -v bwrap) $(bwrap --version 2>&1)"; } > "$E/host.txt" 2>&1
 python3 -m cumatrix doctor --json > "$E/doctor.json" 2>&1
 for s in ${*:-reference drivers clients gate sandbox kernel}; do
   case $s in
     reference) stage reference 200 python3 -m cumatrix run examples/h200-reference.yaml --out "$E/gpu-h200" -q -n "$NPROC"
                python3 scripts/compare-runs.py reports/gpu-h200/results.json "$E/gpu-h200/results.json" \
-                 > "$E/gpu-h200/comparison.md"; head -3 "$E/gpu-h200/comparison.md"; pack ;;
+                 > "$E/gpu-h200/comparison.md"; head -3 "$E/gpu-h200/comparison.md"; held "$E/gpu-h200"; pack ;;
     drivers) stage drivers 120 python3 -m cumatrix run examples/h200-drivers.yaml --out "$E/gpu-h200-drivers" -q -n "$NPROC"
              python3 scripts/compare-runs.py reports/gpu-h200-drivers/results.json "$E/gpu-h200-drivers/results.json" \
-               > "$E/gpu-h200-drivers/comparison.md"; head -3 "$E/gpu-h200-drivers/comparison.md"; pack ;;
+               > "$E/gpu-h200-drivers/comparison.md"; head -3 "$E/gpu-h200-drivers/comparison.md"; held "$E/gpu-h200-drivers"; pack ;;
     clients) stage clients 200 env OUT="$E" bash scripts/gpu/clients.sh ;;
     gate) stage gate 200 env OUT="$E" bash scripts/gpu/gate.sh ;;
     programs) stage programs 200 env OUT="$E" bash scripts/gpu/programs.sh ;;
-    sandbox) stage sandbox 120 env OUT="$E" bash scripts/gpu/sandbox.sh ;;
-    nightly) stage nightly 300 python3 -m cumatrix run matrix.yaml --require-gpu --out "$E/gpu-h200-nightly" -q -n "$NPROC" ;;
-    kernel) stage kernel 120 python3 -m cumatrix run examples/h200-kernel.yaml --out "$E/gpu-h200-kernel" -q -n 2 ;;
+    sandbox) stage sandbox 300 env OUT="$E" bash scripts/gpu/sandbox.sh ;;
+    nightly) stage nightly 300 python3 -m cumatrix run matrix.yaml --require-gpu --out "$E/gpu-h200-nightly" -q -n "$NPROC"
+             held "$E/gpu-h200-nightly" ;;
+    kernel) stage kernel 120 python3 -m cumatrix run examples/h200-kernel.yaml --out "$E/gpu-h200-kernel" -q -n 2
+            held "$E/gpu-h200-kernel" ;;
     tests) stage tests 200 python3 -m pytest -p no:cacheprovider -c /dev/null --rootdir . -q -m gpu tests/gpu \
              -o markers=gpu --junitxml "$E/gpu-tests.xml" ;;
     repro) stage repro 150 python3 -m cumatrix repro --all --out "$E/repro" ;;

@@ -91,9 +91,15 @@ same = all(r.get("on", {}).get("outcome") == r.get("off", {}).get("outcome") for
 boxed = all(r.get("on", {}).get("extra", {}).get("sandbox") == "bubblewrap" for r in rows)
 print("SANDBOXED CELLS REACH THE GPU" if same and boxed and rows else "MISMATCH: see cells.json")
 PY
-# The same through the CLI, every probe and one swap family of two runtimes.
-CUMATRIX_SANDBOX=on python3 -m cumatrix run examples/h200-reference.yaml --wheel-dir .wheels --out "$S/run" -q \
+# The same through the CLI as a user runs it (sandboxed by default; --require-sandbox: exit 3
+# rather than an unsandboxed run where the host refuses), every probe and one swap family of
+# two runtimes.
+python3 -m cumatrix run examples/h200-reference.yaml --wheel-dir .wheels --out "$S/run" -q --require-sandbox \
   -k "(cu12.9 or cu13.0) and (probe or kv-16k-d2h)" 2>&1 | tail -20
 # The host's own CUDA programs (torch, CuPy, JAX, cuda-bindings) under the sandbox, real driver.
-CUMATRIX_SANDBOX=on python3 -m cumatrix run examples/h200-clients.yaml --wheel-dir .wheels --out "$S/clients" -q \
+python3 -m cumatrix run examples/h200-clients.yaml --wheel-dir .wheels --out "$S/clients" -q --require-sandbox \
   -k "host" 2>&1 | tail -20
+python3 -c 'import json, sys; [print(d, "sandbox:", json.load(open(f"{d}/results.json"))["run"]["sandbox"]) for d in sys.argv[1:]]' \
+  "$S/run" "$S/clients"
+# The sandbox's cost per cell here: 1,000 cells of `python3 -c pass` each way, interleaved.
+python3 benchmarks/sandbox_overhead.py -N 1000 --only 'python3 -c pass' 2>&1 | tee "$S/overhead.txt"

@@ -389,8 +389,12 @@ def run_debugger(job: Job, *, policy: SandboxPolicy | None = None) -> ChildResul
 
 def run_header(matrix: Matrix, cell_ids: list[str], *, backend: str, argv: list[str], host: str | None,
                fingerprint: dict[str, object], run_id: str,
-               plan: dict[str, object] | None = None, submission: str | None = None) -> dict[str, object]:
+               plan: dict[str, object] | None = None, submission: str | None = None,
+               sandbox: str | None = None) -> dict[str, object]:
     """The ``run`` record that opens a run's segment of ``results.jsonl``.
+
+    ``sandbox``: how the run's local cells were held (``bubblewrap``, ``off``, ``none: why``;
+    None: not local cells).
 
     ``plan`` (:meth:`cumatrix.core.planned.PlannedCells.to_json`): every cell the matrix means to
     run and on which host, so that a merge of several hosts' runs can name what none ran.
@@ -398,7 +402,7 @@ def run_header(matrix: Matrix, cell_ids: list[str], *, backend: str, argv: list[
     submit``, the Slurm scripts): a merge of that submission takes only runs that carry it.
     """
     return {"schema": 1, "type": "run", "run_id": run_id, "matrix": matrix.path, "matrix_sha256": matrix.sha256,
-            "started": utcnow(), "harness_version": __version__, "argv": argv, "backend": backend, "host": host,
+            "started": utcnow(), "harness_version": __version__, "argv": argv, "backend": backend, "sandbox": sandbox, "host": host,
             "host_fingerprint": fingerprint, "cells_total": len(cell_ids), "cells": cell_ids,
             **({"plan": plan} if plan is not None else {}),
             **({"submission": submission} if submission is not None else {}), "pid": os.getpid()}

@@ -238,10 +238,13 @@ def test_sigkill_of_the_harness_leaves_nothing_running(how: str, tmp_path: Path,
     (tmp_path / "daemon.py").write_text(DAEMON)
     m = tmp_path / "matrix.yaml"
     m.write_text(TREE.format(rt=RUNTIME, d=tmp_path, py=PY))
+    # Unsandboxed (as runs were by default when this was written): the cells write their host
+    # pids into the test's directory; a sandboxed cell has neither.
     if how.startswith("pytest"):
-        argv = [PY, "-m", "pytest", str(m), "-p", "no:cacheprovider", "-q", "--cumatrix-out", str(tmp_path / "out")]
+        argv = [PY, "-m", "pytest", str(m), "-p", "no:cacheprovider", "-q", "--cumatrix-out", str(tmp_path / "out"),
+                "--cumatrix-sandbox", "off"]
     else:
-        argv = [PY, "-m", "cumatrix", "run", str(m), "--out", str(tmp_path / "out"), "-q"]
+        argv = [PY, "-m", "cumatrix", "run", str(m), "--out", str(tmp_path / "out"), "-q", "--no-sandbox"]
         argv += ["-n", "2"] if "-n 2" in how else []
     harness = subprocess.Popen(argv, cwd=tmp_path, env=cli_env(), stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)

@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKS = ["python", "gcc", "runtimes", "gpu", "nvcc", "docker daemon", "base image", "debootstrap", "chromium",
-          "evidence", "gdb"]
+          "evidence", "gdb", "sandbox"]
 
 
 def test_doctor_json_lists_every_check_and_its_exit_status_follows_them(
@@ -58,6 +58,22 @@ def test_doctor_names_a_missing_compiler_with_its_fix(cli: Callable[..., subproc
     assert "install a platform wheel of cumatrix" in r.stdout
     assert "required check(s) failed: gcc" in r.stdout
     assert "Traceback" not in r.stderr
+
+
+def test_doctor_checks_that_cells_can_be_sandboxed(cli: Callable[..., subprocess.CompletedProcess[str]],
+                                                   tmp_path: Path) -> None:
+    """``run`` sandboxes by default: doctor says whether it can here, with the fix where it
+    cannot; ``--require sandbox`` makes that a failure (CI)."""
+    ok = json.loads(cli("doctor", "--json", cwd=tmp_path).stdout)
+    check = next(c for c in ok["checks"] if c["name"] == "sandbox")
+    if check["status"] != "ok":
+        pytest.skip(f"bubblewrap cannot run here: {check['found']}")
+    assert "bubblewrap" in check["found"]
+    r = cli("doctor", "--require", "sandbox", cwd=tmp_path, env={"CUMATRIX_BWRAP": str(tmp_path / "none")})
+    assert r.returncode == 1, r.stdout
+    line = next(ln for ln in r.stdout.splitlines() if "sandbox" in ln and "unsandboxed" in ln)
+    assert str(tmp_path / "none") in line
+    assert "fix (required: sandbox): install bubblewrap" in r.stdout
 
 
 def test_doctor_refuses_an_unknown_feature(cli: Callable[..., subprocess.CompletedProcess[str]]) -> None:

@@ -78,13 +78,14 @@ def test_a_child_without_ld_audit_is_still_seen(tmp_path: Path, cli: Any, cu13: 
     the cell did not run its runtime."""
     gcc()
     script = tmp_path / "hide.sh"
-    script.write_text(f"env -u LD_AUDIT {PY} -c \"import ctypes; ctypes.CDLL('{cu13}')\"\n")
+    script.write_text("env -u LD_AUDIT \"$1\" -c \"import ctypes, sys; ctypes.CDLL(sys.argv[1])\" \"$2\"\n")
+    # The interpreter and the library named in argv: what a sandboxed cell (the default) sees.
     _proc, got = _run(cli, tmp_path, f"""
         runtimes: {{cu12.9: {{wheel: {CU129}}}}}
         drivers: [host]
         probe: false
         cases:
-          - {{name: hide, argv: [sh, {script}]}}
+          - {{name: hide, argv: [sh, {script}, {PY}, {cu13}]}}
         """)
     rec = got["hide"]
     assert rec["observed"]["outcome"] == "skipped:runtime-not-used", rec["observed"]
@@ -126,8 +127,9 @@ def test_a_fifo_for_a_log_does_not_block_the_harness(tmp_path: Path, cli_env: An
         """).lstrip("\n"))
     # The harness is watched for the wait itself (a thread in a FIFO's open), not timed: how
     # long a loaded machine takes to run a cell is no measure of a wait that has no end.
-    rc, err, stalled = run_unstalled([PY, "-m", "cumatrix", "run", str(m), "--out", str(tmp_path / "out"), "-q"],
-                                     env=cli_env(), cwd=tmp_path, timeout=600)
+    # --no-sandbox: sandboxed (the default), the log is a bind the cell cannot replace.
+    rc, err, stalled = run_unstalled([PY, "-m", "cumatrix", "run", str(m), "--out", str(tmp_path / "out"), "-q",
+                                      "--no-sandbox"], env=cli_env(), cwd=tmp_path, timeout=600)
     assert not stalled, "the harness waited on the FIFO"
     rec = read_cells_by_case(tmp_path / "out")["fifo"]
     assert rec["observed"]["outcome"] == "ok", err

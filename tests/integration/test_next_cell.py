@@ -61,7 +61,8 @@ def test_cells_never_overlap_and_each_ends_before_the_next(tmp_path: Path, wheel
     m = tmp_path / "m.yaml"
     m.write_text(f"runtimes:\n  cu12.9: {{wheel: {RUNTIME}}}\ndrivers: [host]\nprobe: false\ncases:\n"
                  + "".join(f"  - {{name: c{i}, argv: [{PY}, {tmp_path / 'cell.py'}, {log}, '{i}']}}\n" for i in range(n)))
-    proc = cli("run", m, "--out", tmp_path / "out", "-q", cwd=tmp_path)
+    # Unsandboxed (the old default): the cells log to, and leave host pids in, the test's directory.
+    proc = cli("run", m, "--out", tmp_path / "out", "-q", "--no-sandbox", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     starts: dict[int, tuple[int, int]] = {}
     ends: dict[int, int] = {}
@@ -170,7 +171,8 @@ def test_pytest_x_ends_the_cell_started_ahead(pytester: pytest.Pytester, wheel_c
     """)
     out = pytester.path / "out"
     res = pytester.runpytest_subprocess(str(m), *_plugin_args(), "-p", "no:cacheprovider", "-x",
-                                        "--cumatrix-out", str(out), timeout=120)
+                                        "--cumatrix-out", str(out), "--cumatrix-sandbox", "off",  # a host pid file
+                                        timeout=120)
     res.assert_outcomes(failed=1)
     cells = [r["id"] for r in map(json.loads, (out / "results.jsonl").read_text().splitlines()) if r["type"] == "cell"]
     assert cells == ["cu12.9/host/fails"]

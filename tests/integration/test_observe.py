@@ -408,7 +408,9 @@ def test_run_records_what_each_cell_mapped(tmp_path: Path, rts: dict[str, R.Reso
           - {{name: own13, argv: ['{own13}']}}
           - {{name: no-cuda, argv: [true]}}
     """)
-    proc = cli("run", m, "--out", tmp_path / "out")  # type: ignore[operator]
+    # Unsandboxed (the old default): own13's RUNPATH is a runtime in the harness's cache, which a
+    # sandboxed cell does not see (its loader then finds the host's libcudart.so.13).
+    proc = cli("run", m, "--out", tmp_path / "out", "--no-sandbox")  # type: ignore[operator]
     assert proc.returncode == 0, proc.stdout + proc.stderr
     recs = read_cells(tmp_path / "out")
     cell_file = str(rts["cu12.9"].libcudart)

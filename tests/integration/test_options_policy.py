@@ -30,11 +30,12 @@ def test_sandbox_reaches_every_xdist_worker(tmp_path: Path, cli: Any, wheel_cach
     require_bwrap()
     monkeypatch.delenv("CUMATRIX_SANDBOX", raising=False)
     (tmp_path / "m.yaml").write_text(MATRIX)
-    proc = cli("run", tmp_path / "m.yaml", "--out", tmp_path / "on", "-n", "2", "--sandbox", cwd=tmp_path,
-               timeout=300)
+    # The default (sandboxed) and --no-sandbox, each in every worker.
+    proc = cli("run", tmp_path / "m.yaml", "--out", tmp_path / "on", "-n", "2", cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert set(_sandboxes(tmp_path / "on").values()) == {"bubblewrap"}
-    proc = cli("run", tmp_path / "m.yaml", "--out", tmp_path / "off", "-n", "2", cwd=tmp_path, timeout=300)
+    proc = cli("run", tmp_path / "m.yaml", "--out", tmp_path / "off", "-n", "2", "--no-sandbox", cwd=tmp_path,
+               timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert set(_sandboxes(tmp_path / "off").values()) == {None}
 

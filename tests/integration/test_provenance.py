@@ -110,7 +110,9 @@ def _run(tmp: Path, cli: Callable[..., subprocess.CompletedProcess[str]], cases:
         probe: false
         cases:
         """) + "\n".join(cases) + "\n")
-    proc = cli("run", matrix, "--out", tmp / out, env=env)
+    # Unsandboxed (the old default): the cases name their libraries inside `-c` code, which a
+    # sandboxed cell (shown what argv, PATH, PYTHONPATH and LD_LIBRARY_PATH name) does not see.
+    proc = cli("run", matrix, "--out", tmp / out, "--no-sandbox", env=env)
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     recs = read_cells_by_case(tmp / out)
     return proc.returncode, recs, tmp / out
@@ -204,7 +206,8 @@ def test_a_site_runtime_from_a_host_toolkit_is_the_cells_own(
     matrix = tmp_path / "site.yaml"
     matrix.write_text("version: 1\nruntimes: {host-toolkit: {site: true}}\ndrivers: [host]\nprobe: false\ncases:\n"
                       + "\n".join([_case("by-name", by_name), _case("linked", linked, runtime="offered")]) + "\n")
-    proc = cli("run", matrix, "--out", tmp_path / "out", env={"CUDA_HOME": str(tmp_path / "toolkit")})
+    proc = cli("run", matrix, "--out", tmp_path / "out", "--no-sandbox",  # as _run
+               env={"CUDA_HOME": str(tmp_path / "toolkit")})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     recs = read_cells_by_case(tmp_path / "out")
     for name in ("by-name", "linked"):

@@ -321,3 +321,18 @@ def test_option_validators_pass_good_values() -> None:
     assert M.check_timeout("2.5") == 2.5
     assert M.check_name("cu12.9", "--host") == "cu12.9"
     assert M.check_env_name("CUDA_VISIBLE_DEVICES") == "CUDA_VISIBLE_DEVICES"
+
+
+@pytest.mark.parametrize(("value", "mode"), [("false", "off"), ("true", "auto"), ("off", "off"),
+                                             ("required", "on"), ("auto", "auto")])
+def test_a_matrix_may_say_whether_its_cells_are_sandboxed(value: str, mode: str) -> None:
+    base = RT + "drivers: [host]\ncases:\n  - {name: a, argv: [true]}\n"
+    assert M.loads(base, "m.yaml").sandbox is None  # the run's default
+    assert M.loads(base + f"sandbox: {value}\n", "m.yaml").sandbox == mode
+
+
+def test_a_bad_sandbox_setting_is_bad_input_at_its_place() -> None:
+    with pytest.raises(ConfigError) as ei:
+        M.loads(RT + "drivers: [host]\ncases:\n  - {name: a, argv: [true]}\nsandbox: maybe\n", "m.yaml")
+    assert str(ei.value.problems[0]).startswith("m.yaml:6:10: sandbox: ")
+    assert "one of True, False, auto, required" in str(ei.value.problems[0])

@@ -50,7 +50,9 @@ def test_the_cli_and_pytest_give_the_same_options() -> None:
                      cumatrix_out="o", cumatrix_resume=True, cumatrix_base_image="img")
     from_cli, from_pytest = RunOptions.from_cli(args, {}), RunOptions.from_pytest(config, {})
     assert from_cli == from_pytest
-    assert from_cli.policy == SandboxPolicy(sandbox="on", pass_env=("A_*",), write_limit=8 << 20)
+    # The run's --out is hidden from its sandboxed cells (the policy names it).
+    assert from_cli.policy == SandboxPolicy(sandbox="on", pass_env=("A_*",), write_limit=8 << 20,
+                                            hidden=(str(Path("o").absolute()),))
     assert (from_cli.timeout, from_cli.wheel_dir, from_cli.out) == (12.0, Path("w"), Path("o"))
 
 
@@ -58,7 +60,8 @@ def test_the_environment_fills_what_no_option_gave() -> None:
     env = {"CUMATRIX_SANDBOX": "auto", "CUMATRIX_SANDBOX_WRITE_LIMIT": "64M", "CUMATRIX_SANDBOX_UID": "1234",
            "CUMATRIX_WHEEL_DIR": "/wheels", "CUMATRIX_REQUIRE_GPU": "1"}
     opts = RunOptions.from_cli(_run_args(), env)
-    assert opts.policy == SandboxPolicy(sandbox="auto", write_limit=64 << 20, uid=1234)
+    assert opts.policy == SandboxPolicy(sandbox="auto", write_limit=64 << 20, uid=1234,
+                                        hidden=(str(Path("out").absolute()),))
     assert opts.wheel_dir == Path("/wheels")
     assert opts.require_gpu
     # A flag wins over the environment.
@@ -79,3 +82,19 @@ def test_options_are_frozen() -> None:
         opts.timeout = 1.0  # type: ignore[misc]
     with pytest.raises(ValueError, match="off, auto or on"):
         SandboxPolicy(sandbox="maybe")
+
+
+def test_a_run_is_sandboxed_by_default_and_the_matrix_may_say_otherwise() -> None:
+    """``cumatrix run`` and ``pytest matrix.yaml``: ``auto`` unless an option, the environment
+    or the matrix's ``sandbox:`` says (in that order)."""
+    plain = RunOptions.from_pytest(_Config(), {})
+    assert plain.policy.sandbox == "auto"
+    assert RunOptions.from_cli(_run_args(), {}, sandbox_default="auto").policy.sandbox == "auto"
+    assert plain.for_matrix(False).sandbox == "off"
+    assert plain.for_matrix("required").sandbox == "on"
+    assert plain.for_matrix(None).sandbox == "auto"
+    flagged = RunOptions.from_pytest(_Config(cumatrix_sandbox="on"), {})
+    assert flagged.for_matrix(False).sandbox == "on"
+    from_env = RunOptions.from_pytest(_Config(), {"CUMATRIX_SANDBOX": "off"})
+    assert from_env.policy.sandbox == "off"
+    assert from_env.for_matrix(True).sandbox == "off"

@@ -194,6 +194,8 @@ class Matrix:
     expect: tuple[ExpectOverride, ...] = ()
     hosts: tuple[Host, ...] = ()
     probe: bool = True
+    #: ``sandbox:`` (off | auto | on); None: the run's default (see :mod:`cumatrix.core.options`).
+    sandbox: str | None = None
 
     def runtime(self, name: str) -> Runtime:
         for r in self.runtimes:

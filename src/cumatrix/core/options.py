@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -31,6 +31,11 @@ DEFAULT_BACKEND = "local"
 #: ``--sandbox``: ``off``; ``auto`` (bubblewrap where it runs, else without, and the result
 #: says so); ``on`` (a cell fails with a harness error where bubblewrap cannot run).
 SANDBOX_MODES = ("off", "auto", "on")
+#: What ``cumatrix run``, ``gate`` and ``pytest matrix.yaml`` do when neither an option, the
+#: environment nor the matrix says: every local cell sandboxed where bubblewrap runs.  A cell
+#: of the harness's own user could otherwise read the ``--resume`` key, rewrite the history
+#: and edit the run's records.
+RUN_SANDBOX_DEFAULT = "auto"
 #: What a sandboxed cell may write by default (``--sandbox-write-limit``).
 WRITE_LIMIT = 1 << 30
 #: The range ``--sandbox-write-limit`` accepts: a page to a tebibyte.
@@ -57,6 +62,10 @@ class SandboxPolicy:
     limits: bool = True
     write_limit: int = WRITE_LIMIT
     uid: int = NOBODY
+    #: Host paths the harness keeps (the run's ``--out``) that a sandboxed cell must not
+    #: reach even under a directory it is shown; the harness's own state (key, history,
+    #: cache) is hidden always.
+    hidden: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.sandbox not in SANDBOX_MODES:
@@ -90,24 +99,40 @@ def _env_size(environ: Mapping[str, str], name: str, default: int, high: int) ->
     return value if 0 < value <= high else default
 
 
-def env_sandbox(value: str | None) -> str:
-    """``$CUMATRIX_SANDBOX``: unset/0/off: off; auto: where bubblewrap runs; anything else: on."""
+def env_sandbox(value: str | None, default: str = "off") -> str:
+    """``$CUMATRIX_SANDBOX``: unset: ``default``; 0/off: off; auto: where bubblewrap runs;
+    anything else: on."""
     v = (value or "").strip().lower()
-    if v in ("", "0", "off", "no", "false"):
+    if not v:
+        return default
+    if v in ("0", "off", "no", "false"):
         return "off"
     return "auto" if v == "auto" else "on"
 
 
+def matrix_sandbox(value: object) -> str | None:
+    """A matrix file's ``sandbox:`` (``false``, ``true``/``auto``, ``required``; the schema
+    checked it; YAML reads a bare ``on``/``off`` as a boolean) as a mode; None: the file does
+    not say."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "auto" if value else "off"
+    return "on" if value == "required" else str(value)
+
+
 def sandbox_policy(*, sandbox: str | None = None, pass_env: Iterable[str] | None = (),
                    write_limit: int | None = None, limits: bool = True,
-                   environ: Mapping[str, str] | None = None) -> SandboxPolicy:
+                   environ: Mapping[str, str] | None = None, default: str = "off",
+                   hidden: Iterable[str] = ()) -> SandboxPolicy:
     """A :class:`SandboxPolicy` from option values; an option left None takes the
     environment's value (``$CUMATRIX_SANDBOX``, ``$CUMATRIX_SANDBOX_WRITE_LIMIT``), else the
-    default.  The uid always comes from ``$CUMATRIX_SANDBOX_UID`` (no flag sets it)."""
+    default (``default``: the front end's, e.g. :data:`RUN_SANDBOX_DEFAULT`).  The uid always
+    comes from ``$CUMATRIX_SANDBOX_UID`` (no flag sets it)."""
     env = os.environ if environ is None else environ
     return SandboxPolicy(
-        sandbox=sandbox if sandbox is not None else env_sandbox(env.get("CUMATRIX_SANDBOX")),
-        pass_env=tuple(pass_env or ()), limits=limits,
+        sandbox=sandbox if sandbox is not None else env_sandbox(env.get("CUMATRIX_SANDBOX"), default),
+        pass_env=tuple(pass_env or ()), limits=limits, hidden=tuple(hidden),
         write_limit=write_limit if write_limit is not None
         else _env_size(env, "CUMATRIX_SANDBOX_WRITE_LIMIT", WRITE_LIMIT, WRITE_LIMIT_RANGE[1]),
         uid=_env_size(env, "CUMATRIX_SANDBOX_UID", NOBODY, _UID_MAX))
@@ -168,11 +193,24 @@ class RunOptions:
     first: Path | None = None
     reports_after: bool = False
     policy: SandboxPolicy = field(default_factory=SandboxPolicy)
+    #: An option or ``$CUMATRIX_SANDBOX`` chose the sandbox (a matrix's ``sandbox:`` then
+    #: does not override it, see :meth:`for_matrix`).
+    sandbox_chosen: bool = False
+
+    def for_matrix(self, setting: object) -> SandboxPolicy:
+        """The policy for a matrix file's cells: its ``sandbox:`` where neither an option nor
+        the environment chose, else this run's."""
+        mode = matrix_sandbox(setting)
+        if mode is None or self.sandbox_chosen:
+            return self.policy
+        return replace(self.policy, sandbox=mode)
 
     @classmethod
-    def build(cls, values: Mapping[str, object], environ: Mapping[str, str] | None = None) -> RunOptions:
+    def build(cls, values: Mapping[str, object], environ: Mapping[str, str] | None = None, *,
+              sandbox_default: str = "off") -> RunOptions:
         """The one constructor: option values by field name (a value of None or a missing
-        key: not given) and the environment for what was not given."""
+        key: not given) and the environment for what was not given; ``sandbox_default``: the
+        front end's sandbox where neither says (:data:`RUN_SANDBOX_DEFAULT` for a run)."""
         env = os.environ if environ is None else environ
         get = values.get
         limit = get("sandbox_write_limit")
@@ -188,17 +226,23 @@ class RunOptions:
             keyword=_text(get("keyword")), only=_path(get("only")), first=_path(get("first")),
             reports_after=bool(get("reports_after")),
             policy=sandbox_policy(sandbox=_text(get("sandbox")), pass_env=_strings(get("pass_env")),
-                                  write_limit=int(str(limit)) if limit is not None else None, environ=env))
+                                  write_limit=int(str(limit)) if limit is not None else None, environ=env,
+                                  default=sandbox_default,
+                                  hidden=[str(Path(str(get("out"))).absolute())] if get("out") else ()),
+            sandbox_chosen=_text(get("sandbox")) is not None or bool(env.get("CUMATRIX_SANDBOX", "").strip()))
 
     @classmethod
-    def from_cli(cls, args: object, environ: Mapping[str, str] | None = None) -> RunOptions:
+    def from_cli(cls, args: object, environ: Mapping[str, str] | None = None, *,
+                 sandbox_default: str = "off") -> RunOptions:
         """From a subcommand's argparse namespace (options it lacks are not given)."""
-        return cls.build({name: getattr(args, dest, None) for dest, name in _CLI_NAMES.items()}, environ)
+        return cls.build({name: getattr(args, dest, None) for dest, name in _CLI_NAMES.items()}, environ,
+                         sandbox_default=sandbox_default)
 
     @classmethod
     def from_pytest(cls, config: _PytestConfig, environ: Mapping[str, str] | None = None) -> RunOptions:
-        """From a pytest session's ``--cumatrix-*`` options."""
-        return cls.build({name: config.getoption(dest, None) for dest, name in _PYTEST_NAMES.items()}, environ)
+        """From a pytest session's ``--cumatrix-*`` options: a run of cells, sandboxed by default."""
+        return cls.build({name: config.getoption(dest, None) for dest, name in _PYTEST_NAMES.items()}, environ,
+                         sandbox_default=RUN_SANDBOX_DEFAULT)
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> RunOptions:

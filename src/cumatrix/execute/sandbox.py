@@ -39,7 +39,7 @@ Knobs: ``CUMATRIX_SANDBOX`` (off | auto | on; read by :mod:`cumatrix.core.option
 
 # Paths stay strings here on purpose (ruff's PTH rules off for this module): they are what
 # bwrap's argv, /proc and the kernel take, and this runs for every cell.
-# ruff: noqa: PTH101, PTH109, PTH110, PTH112, PTH113, PTH114, PTH115, PTH116, PTH120
+# ruff: noqa: PTH100, PTH101, PTH109, PTH110, PTH111, PTH112, PTH113, PTH114, PTH115, PTH116, PTH118, PTH119, PTH120
 
 from __future__ import annotations
 
@@ -105,6 +105,7 @@ if TYPE_CHECKING:
 Policy = SandboxPolicy
 
 __all__ = [
+    "BWRAP_ENV",
     "CPU_SLACK_S",
     "ENV_ALLOW",
     "ENV_ALLOW_HARNESS",
@@ -131,12 +132,15 @@ __all__ = [
     "bwrap_command",
     "child_env",
     "containment",
+    "describe",
     "die_with_parent",
     "dumpable",
+    "fix_for",
     "forget_shim",
     "gpu_nodes",
     "harden",
     "harness_paths",
+    "kept_paths",
     "limits",
     "parse_size",
     "prepare",
@@ -180,9 +184,12 @@ def bubblewrap() -> tuple[str | None, str]:
 
 
 def _find_bwrap() -> tuple[str | None, str]:
-    path = shutil.which("bwrap")
+    named = os.environ.get(BWRAP_ENV, "").strip()
+    path = named or shutil.which("bwrap")
+    if named and not (os.path.isfile(named) and os.access(named, os.X_OK)):
+        return None, f"${BWRAP_ENV}={named}: no such program"
     if path is None:
-        return None, "bubblewrap is not installed (Debian/Ubuntu: apt-get install bubblewrap)"
+        return None, "bubblewrap is not installed"
     if os.geteuid() == 0 and shutil.which("setpriv") is None:
         return None, "the harness runs as root and setpriv (util-linux) is missing to drop the cell's uid"
     # The boundary itself, checked once: kernel settings and the host's sockets out of reach.
@@ -196,6 +203,62 @@ def _find_bwrap() -> tuple[str | None, str]:
         why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
         return None, f"{path} cannot create a sandbox here: {why}"
     return path, ""
+
+
+#: The bubblewrap to use where it is not on ``PATH`` (a copy unpacked from a ``.deb``).
+BWRAP_ENV = "CUMATRIX_BWRAP"
+
+
+def _sysctl(name: str) -> str | None:
+    try:
+        return Path("/proc/sys", *name.split(".")).read_text().strip()
+    except OSError:
+        return None
+
+
+def fix_for(why: str) -> str:
+    """What would let this host sandbox its cells, for the reason :func:`bubblewrap` gave."""
+    if "not installed" in why or "no such program" in why:
+        return f"install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap), or name one in ${BWRAP_ENV}"
+    if "setpriv" in why:
+        return "install util-linux's setpriv"
+    if _sysctl("kernel.apparmor_restrict_unprivileged_userns") == "1":
+        # Ubuntu 23.10+ (https://ubuntu.com/blog/ubuntu-23-10-restricted-unprivileged-user-namespaces)
+        return ("AppArmor restricts unprivileged user namespaces: allow them to bwrap with an AppArmor "
+                "profile ('userns,' for /usr/bin/bwrap), or sysctl -w kernel.apparmor_restrict_unprivileged_userns=0")
+    if _sysctl("kernel.unprivileged_userns_clone") == "0":
+        return "user namespaces are off: sysctl -w kernel.unprivileged_userns_clone=1"
+    if _sysctl("user.max_user_namespaces") == "0":
+        return "user namespaces are off: sysctl -w user.max_user_namespaces=10000"
+    return "let this user create user namespaces (or run bwrap setuid)"
+
+
+def describe(policy: Policy) -> tuple[str, str | None]:
+    """How a run's local cells are held, for its header and reports (``bubblewrap``, ``off``,
+    or ``none: why``), and the one line to print when a sandbox was wanted and there is none."""
+    if policy.sandbox == "off":
+        return "off", None
+    bwrap, why = bubblewrap()
+    if bwrap is not None:
+        return "bubblewrap", None
+    line = (f"cumatrix: cells run WITHOUT a sandbox (as this user, within reach of its files): {why}; "
+            f"fix: {fix_for(why)}; --no-sandbox says it is meant, --require-sandbox makes it an error")
+    return f"none: {why}", line
+
+
+def kept_paths() -> list[str]:
+    """What the harness keeps of its own that no cell may reach: the ``--resume`` signing key
+    (:mod:`cumatrix.results.recordkey`), the history (:mod:`cumatrix.results.history`) and the
+    cache (:func:`cumatrix.core.cache.cache_location`; the pieces a job names stay visible).
+    The same variables as those modules read, here because execute sits below them."""
+    env = os.environ
+    home = os.path.expanduser("~")
+    state = env.get("XDG_STATE_HOME") or os.path.join(home, ".local", "state")
+    data = env.get("XDG_DATA_HOME") or os.path.join(home, ".local", "share")
+    out = [os.path.join(state, "cumatrix"), os.path.join(data, "cumatrix"), str(cache_location())]
+    if env.get("CUMATRIX_HISTORY"):  # a file anywhere: it and SQLite's files beside it
+        out += [env["CUMATRIX_HISTORY"] + tail for tail in ("", "-journal", "-wal", "-shm")]
+    return [os.path.abspath(p) for p in out]
 
 
 #: Host directories every sandboxed cell reads (programs, their libraries, configuration, the
@@ -221,10 +284,11 @@ def _under(path: str, top: str) -> bool:
     return path == top or path.startswith(top.rstrip("/") + "/")
 
 
-def _bind_points(paths: Iterable[str]) -> list[str]:
+def _bind_points(paths: Iterable[str], masks: Iterable[str] = ()) -> list[str]:
     """Directories to bind so that every path is visible (a file: its directory), each once,
-    outermost first; none under what the system directories already show, none that is or
-    holds a host socket directory, never ``/``."""
+    outermost first (one under another only where one of ``masks`` lies between them); none
+    under what the system directories already show, none that is or holds a host socket
+    directory, never ``/``."""
     dirs = set()
     for p in paths:
         if not p or not p.startswith("/") or not os.path.exists(p):
@@ -237,9 +301,11 @@ def _bind_points(paths: Iterable[str]) -> list[str]:
         if any(_under(d, s) for s in SYSTEM_DIRS if os.path.lexists(s)):
             continue  # shown already (a path under /bin, a link to usr/bin, too)
         dirs.add(d)
+    hidden = list(masks)
     out: list[str] = []
     for d in sorted(dirs):
-        if not any(_under(d, o) for o in out):
+        # Shown by an outer point already, unless a mask between them hides it.
+        if not any(_under(d, o) and not any(_under(d, m) and _under(m, o) for m in hidden) for o in out):
             out.append(d)
     return out
 
@@ -267,6 +333,11 @@ def _environments(paths: Iterable[str]) -> list[str]:
     for p in paths:
         if not p:
             continue
+        if os.path.basename(p) == "shims" and os.path.isfile(os.path.join(os.path.dirname(p), "libexec", "pyenv")):
+            # pyenv's shims (a `python3` on PATH) run its libexec and read its versions: the
+            # whole installation, read-only (https://github.com/pyenv/pyenv#understanding-shims).
+            out.append(os.path.dirname(p))
+            continue
         for root in (Path(p).parent, Path(p).parent.parent):
             if (root / "pyvenv.cfg").is_file():
                 out.append(str(root))
@@ -289,6 +360,25 @@ def _venv_base(cfg: str) -> tuple[str, ...]:
     return ()
 
 
+def _enterable(path: str) -> bool:
+    """Whether an unprivileged uid may enter ``path`` (a bind point keeps its host mode; the
+    directories above it are the sandbox's own, searchable)."""
+    try:
+        return os.stat(path).st_mode & 0o001 != 0
+    except OSError:
+        return True  # bubblewrap says why
+
+
+def _masks(kept: Iterable[str], points: list[str]) -> list[str]:
+    """The kept paths that exist and that a bind point shows (a point at or above them)."""
+    out: list[str] = []
+    for path in kept:
+        k = os.path.normpath(path)
+        if os.path.lexists(k) and k not in out and any(_under(k, p) for p in points):
+            out.append(k)
+    return out
+
+
 def bwrap_argv(bwrap: str, job: Job, env: dict[str, str], cwd: str, policy: Policy | None = None,
                write_dirs: Iterable[str] = ()) -> list[str]:
     """The bubblewrap command line that runs ``job.argv`` confined (see :func:`bwrap_command`),
@@ -303,6 +393,48 @@ def bwrap_argv(bwrap: str, job: Job, env: dict[str, str], cwd: str, policy: Poli
     writable = [os.path.normpath(p) for p in job.writable if os.path.isfile(p)]
     writable += [os.path.normpath(d) for d in write_dirs if os.path.isdir(d)]
     return bwrap_command(bwrap, list(job.argv), cwd=cwd, policy=policy, read=wanted, write=writable)
+
+
+def _views(points: list[str], masks: list[str], write: Iterable[str]) -> list[str]:
+    """bubblewrap's arguments for what the cell sees of the host beyond the system: ``points``
+    read-only, ``masks`` (what the harness keeps, where a point shows it) empty, the files in
+    ``write`` writable, and the host's socket directories hidden under a point."""
+    out: list[str] = []
+    made = {"/tmp"}
+
+    def above(p: str) -> None:
+        # The directories above a bind point: made searchable (bubblewrap makes them 0700,
+        # which an unprivileged cell could not pass), and nothing of the host's in them;
+        # those inside a mask are the mask's (empty) and made too.
+        parts = p.strip("/").split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            d = "/" + "/".join(parts[:i])
+            shown = any(_under(d, q) for q in points if q != p) and not any(
+                _under(d, m) and m != d for m in masks)
+            if d not in made and not shown:
+                out.extend(["--perms", "0755", "--dir", d])
+                made.add(d)
+
+    # A mask is an empty tmpfs over a directory, /dev/null over a file, mounted before what
+    # the job names inside it (sorted: a directory comes before what it holds), read-only last.
+    for p in sorted([*points, *masks]):
+        above(p)
+        if p in masks and os.path.isdir(p):
+            out += ["--perms", "0755", "--size", "4096", "--tmpfs", p]
+        elif p in masks:
+            out += ["--ro-bind", "/dev/null", p]
+        else:
+            out += ["--ro-bind", p, p]
+    for hide in HIDDEN_ALWAYS[:-2]:  # a real directory (not a link to /run) under a bound one
+        if any(_under(hide, p) for p in points) and os.path.isdir(hide) and not os.path.islink(hide):
+            out += ["--perms", "0555", "--size", "4096", "--tmpfs", hide, "--remount-ro", hide]
+    for f in write:  # the file alone, never its directory (a directory only where named)
+        above(f)
+        out += ["--bind", f, f]
+    for m in masks:
+        if os.path.isdir(m):
+            out += ["--remount-ro", m]
+    return out
 
 
 def bwrap_command(bwrap: str, argv: list[str], *, cwd: str, policy: Policy | None = None,
@@ -341,30 +473,13 @@ def bwrap_command(bwrap: str, argv: list[str], *, cwd: str, policy: Policy | Non
     out += ["--perms", "1777", "--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
             "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys",
             "--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
-    points = _bind_points(read)
+    read = list(read)
+    masks = _masks([*kept_paths(), *policy.hidden], _bind_points(read))
+    # What a mask would hide of a job's own paths, bound again; a kept directory itself never.
+    points = [p for p in _bind_points(read, masks) if p not in masks]
     if root:
         _searchable(points)
-    made = {"/tmp"}
-
-    def above(p: str) -> None:
-        # The directories above a bind point: made searchable (bubblewrap makes them 0700,
-        # which an unprivileged cell could not pass), and nothing of the host's in them.
-        parts = p.strip("/").split("/")[:-1]
-        for i in range(1, len(parts) + 1):
-            d = "/" + "/".join(parts[:i])
-            if d not in made and not any(_under(d, q) for q in points if q != p):
-                out.extend(["--perms", "0755", "--dir", d])
-                made.add(d)
-
-    for p in points:
-        above(p)
-        out += ["--ro-bind", p, p]
-    for hide in HIDDEN_ALWAYS[:-2]:  # a real directory (not a link to /run) under a bound one
-        if any(_under(hide, p) for p in points) and os.path.isdir(hide) and not os.path.islink(hide):
-            out += ["--perms", "0555", "--size", "4096", "--tmpfs", hide, "--remount-ro", hide]
-    for f in write:  # the file alone, never its directory (a directory only where named)
-        above(f)
-        out += ["--bind", f, f]
+    out += _views(points, masks, write)
     out += ["--chdir", cwd, "--"]
     if root:
         setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
@@ -395,15 +510,21 @@ def prepare(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | N
     problem = None
     if policy.sandbox in ("auto", "on"):
         bwrap, why = bubblewrap()
-        if bwrap is not None:
+        here = cwd or os.getcwd()
+        if bwrap is not None and os.geteuid() == 0 and not _enterable(here):
+            extra["sandbox"] = "bubblewrap"
+            problem = (f"the sandbox runs the cell as uid {policy.uid} (nobody), which may not enter its working "
+                       f"directory {here} (mode {os.stat(here).st_mode & 0o777:o}): run from a directory others may "
+                       "read (chmod o+rx), or --no-sandbox")
+        elif bwrap is not None:
             env["TMPDIR"] = "/tmp"
             env["HOME"] = "/tmp"  # the host's home is not there: a writable one of the cell's own
-            argv = tuple(bwrap_argv(bwrap, job, env, cwd or os.getcwd(), policy))
+            argv = tuple(bwrap_argv(bwrap, job, env, here, policy))
             extra["sandbox"] = "bubblewrap"
             signal_in_exit = True
         elif policy.sandbox == "on":
             extra["sandbox"] = "none"
-            problem = f"--sandbox asked for a sandbox and there is none: {why}"
+            problem = f"--sandbox asked for a sandbox and there is none: {why}; fix: {fix_for(why)}"
         else:
             extra["sandbox"] = f"none: {why}"
     lims = limits(job) if policy.limits else []

@@ -30,7 +30,7 @@ from cumatrix.provision.runtimes import find_wheel, parse_requirement
 Status = Literal["ok", "missing", "warn"]
 
 #: Features a check can switch on, for ``--require``.
-FEATURES = ("run", "swap", "gpu", "docker", "base-image", "browser", "nvcc", "debootstrap", "debugger")
+FEATURES = ("run", "swap", "gpu", "docker", "base-image", "browser", "nvcc", "debootstrap", "debugger", "sandbox")
 _REQUIRED_BY_DEFAULT = frozenset({"run", "swap"})
 _BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 _PIP_TIMEOUT_S = 30
@@ -132,6 +132,20 @@ def check_debootstrap() -> Check:
         return Check(name="debootstrap", features=("debootstrap",), status="missing", found="not found",
                      fix="apt-get install debootstrap (containers/build-base.sh builds the base image with it)")
     return Check(name="debootstrap", features=("debootstrap",), status="ok", found=path)
+
+
+def check_sandbox() -> Check:
+    """bubblewrap that can create the cells' sandbox here (``run`` sandboxes by default and
+    says so in one line where it cannot; ``--require sandbox`` for CI, as ``run --require-sandbox``)."""
+    # deferred: the sandbox is the execute stage's, which the other checks do without
+    from cumatrix.execute import sandbox
+
+    path, why = sandbox.bubblewrap()
+    if path is None:
+        return Check(name="sandbox", features=("sandbox",), status="warn",
+                     found=f"cells would run unsandboxed, as this user: {why}", fix=sandbox.fix_for(why))
+    return Check(name="sandbox", features=("sandbox",), status="ok",
+                 found=f"{path}: {_first_line([path, '--version'])}; cells run under bubblewrap by default")
 
 
 def check_browser() -> Check:
@@ -253,7 +267,7 @@ def run_checks(matrix: Path | None, wheel_dir: Path | None, fp: Mapping[str, Any
     steps: list[Callable[[], Check]] = [
         check_python, check_gcc, lambda: check_runtimes(matrix, wheel_dir), lambda: check_gpu(fp),
         check_nvcc, lambda: docker_check, lambda: check_base_image(docker_check.status == "ok"),
-        check_debootstrap, check_browser,
+        check_debootstrap, check_browser, check_sandbox,
     ]
     steps.extend([check_evidence, check_gdb])
     return [step() for step in steps]

@@ -12,19 +12,24 @@ from cumatrix.core.options import SANDBOX_MODES, check_write_limit
 
 
 def add_cli_options(parser: argparse.ArgumentParser, *, default: str | None) -> None:
-    """``--sandbox`` / ``--no-sandbox`` and ``--pass-env NAME`` on a subcommand's parser.
+    """``--sandbox`` / ``--no-sandbox`` / ``--require-sandbox`` and ``--pass-env NAME`` on a
+    subcommand's parser.
 
-    ``default`` is ``auto`` for ``gate`` (bubblewrap where it runs) and None for ``run``
-    (off, unless ``$CUMATRIX_SANDBOX`` says otherwise).
+    ``default`` is ``auto`` for ``gate`` (bubblewrap where it runs) and None for ``run`` (the
+    matrix's ``sandbox:``, else ``$CUMATRIX_SANDBOX``, else bubblewrap where it runs).
     """
-    now = ("by default each cell runs under bubblewrap where it is installed and runs"
-           if default == "auto" else "off by default")
     g = parser.add_mutually_exclusive_group()
     g.add_argument("--sandbox", dest="sandbox", action="store_const", const="on", default=default,
-                   help=f"run each cell under bubblewrap: no network, a read-only root, a private /tmp, "
-                        f"the GPU's device nodes; a cell fails where bubblewrap cannot run ({now})")
+                   help="run each cell under bubblewrap: no network, a read-only root, a private /tmp, "
+                        "the GPU's device nodes, nothing of the harness's own state; a cell fails where "
+                        "bubblewrap cannot run (by default each cell is sandboxed where bubblewrap runs, "
+                        "and the run says so in one line where it cannot)")
+    g.add_argument("--require-sandbox", dest="sandbox", action="store_const", const="on",
+                   help="as --sandbox, and a host that cannot sandbox is an error before any cell runs "
+                        "(exit 3; for CI)")
     g.add_argument("--no-sandbox", dest="sandbox", action="store_const", const="off",
-                   help="run cells without bubblewrap (environment allowlist and limits still apply)")
+                   help="run cells without bubblewrap, as the harness's own user (environment allowlist "
+                        "and limits still apply; also `sandbox: false` in the matrix)")
     parser.add_argument("--pass-env", action="append", default=[], metavar="NAME",
                         help="also give cells this variable of the harness's environment (repeatable; "
                              "a glob such as 'MYAPP_*' works)")
@@ -44,8 +49,8 @@ def size_arg(text: str) -> int:
 def add_pytest_options(group: Any) -> None:
     """The same options for ``pytest matrix.yaml`` (a pytest option group)."""
     group.addoption("--cumatrix-sandbox", choices=SANDBOX_MODES, default=None,
-                    help="bubblewrap per cell: off (default; or $CUMATRIX_SANDBOX), auto (where it runs), "
-                         "on (required)")
+                    help="bubblewrap per cell: auto (default: where it runs; or the matrix's sandbox:, or "
+                         "$CUMATRIX_SANDBOX), off, on (required)")
     group.addoption("--cumatrix-pass-env", action="append", default=[], metavar="NAME",
                     help="also give cells this variable of the harness's environment (repeatable)")
     group.addoption("--cumatrix-sandbox-write-limit", type=size_arg, default=None, metavar="SIZE",

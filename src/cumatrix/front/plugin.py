@@ -89,7 +89,7 @@ def orchestrator_for(config: pytest.Config, m: Matrix) -> Orchestrator:
         opts = options(config)
         found[m.path] = Orchestrator(matrix=m, backend=opts.backend, wheel_dir=opts.wheel_dir,
                                      timeout=opts.timeout, base_image=opts.base_image, host_label=opts.host,
-                                     require_gpu=opts.require_gpu, policy=opts.policy)
+                                     require_gpu=opts.require_gpu, policy=opts.for_matrix(m.sandbox))
     return found[m.path]
 
 

@@ -23,7 +23,9 @@ import pytest
 
 from cumatrix import __version__
 from cumatrix.core.errors import ConfigError, CumatrixError
+from cumatrix.core.options import SandboxPolicy
 from cumatrix.core.record import STATUSES, CellRecord
+from cumatrix.execute import sandbox
 from cumatrix.front.plugin_select import REUSE, options, out_dir, plan_json, selected
 from cumatrix.orchestrate import Orchestrator, end_record, run_header
 from cumatrix.results.records import RunData, Seal
@@ -76,6 +78,7 @@ class RunSession:
         self.digests: LazyDigests | None = None
         self.progress: _Progress | None = None
         self.headline: str | None = None
+        self._said: set[str] = set()
 
     def _write(self, line: str) -> None:
         tr = self.config.pluginmanager.get_plugin("terminalreporter")
@@ -110,12 +113,24 @@ class RunSession:
                 config.stash[REUSE] = config.stash.get(REUSE, frozenset()) | plan.reuse
                 for w in plan.warnings:
                     self._write(f"cumatrix: warning: {w}")
-            store.append(run_header(m, [c.id for c in cells], backend=opts.backend,
+            held = self._sandbox_said(opts.backend, opts.for_matrix(m.sandbox))
+            store.append(run_header(m, [c.id for c in cells], backend=opts.backend, sandbox=held,
                                     argv=list(config.invocation_params.args), host=opts.host,
                                     fingerprint=fp, run_id=uuid.uuid4().hex[:12], plan=plan_json(config, m),
                                     submission=opts.submission))
             self.progress = _Progress(total=len(cells), t0=time.monotonic())
         self.digests = digests
+
+    def _sandbox_said(self, backend: str, policy: SandboxPolicy) -> str | None:
+        """How this run's local cells are held (its header says), and the one line, once,
+        where a sandbox was wanted and this host cannot give one."""
+        if backend != "local":
+            return None  # a container per cell (docker's own boundary)
+        held, line = sandbox.describe(policy)
+        if line is not None and line not in self._said:
+            self._said.add(line)
+            self._write(line)
+        return held
 
     @pytest.hookimpl(trylast=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:

@@ -23,7 +23,16 @@ from cumatrix.core.errors import (
     HarnessError,
     UsageError,
 )
-from cumatrix.core.options import BACKENDS, DEFAULT_BACKEND, DEFAULT_MATRIX, DEFAULT_OUT, DEFAULT_TIMEOUT, RunOptions
+from cumatrix.core.options import (
+    BACKENDS,
+    DEFAULT_BACKEND,
+    DEFAULT_MATRIX,
+    DEFAULT_OUT,
+    DEFAULT_TIMEOUT,
+    RUN_SANDBOX_DEFAULT,
+    RunOptions,
+    SandboxPolicy,
+)
 from cumatrix.front.flags import add_cli_options
 from cumatrix.front.history_cli import add_history_options, check_history, record
 from cumatrix.load import gcpause
@@ -109,7 +118,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     mpath = matrix_arg(args.matrix)
     m = _checked(args, mpath)
-    opts = RunOptions.from_cli(args)
+    opts = RunOptions.from_cli(args, sandbox_default=RUN_SANDBOX_DEFAULT)
     spawn.harden(opts.policy.pass_env)  # before any cell: nothing of this process for them to read
     check_history(args)  # a bad --history is exit 2 before anything is written
     out = Path(args.out)
@@ -250,6 +259,8 @@ def _preflight(opts: RunOptions, m: Any, mpath: Path, *, quiet: bool) -> None:
     from cumatrix.results.store import Store
 
     cache_root()  # this user's alone, or exit 3 before anything from it runs
+    if opts.backend == "local":
+        _require_sandbox(opts.for_matrix(m.sandbox))
     with Store.open(opts.out or Path(DEFAULT_OUT), fresh=False):
         pass
     _say_missing_evidence()
@@ -265,9 +276,25 @@ def _preflight(opts: RunOptions, m: Any, mpath: Path, *, quiet: bool) -> None:
     # deferred: the orchestrator costs ~215 ms and ~190 modules, which --help and validate do without
     from cumatrix.orchestrate import Orchestrator
 
-    with Orchestrator(matrix=m, wheel_dir=opts.wheel_dir, policy=opts.policy) as orch:
+    policy = opts.for_matrix(m.sandbox)
+    with Orchestrator(matrix=m, wheel_dir=opts.wheel_dir, policy=policy) as orch:
         _say_untested(m, orch, require_gpu=opts.require_gpu)
         _preflight_local(m, mpath, orch, quiet=quiet)
+
+
+def _require_sandbox(policy: SandboxPolicy) -> None:
+    """``--require-sandbox`` (or ``--sandbox``, ``sandbox: on``): a host that cannot sandbox runs
+    nothing (exit 3), rather than every cell failing the same way."""
+    if policy.sandbox != "on":
+        return
+    # deferred: the sandbox module is the execute stage's; only a run that requires it checks here
+    from cumatrix.execute import sandbox
+
+    held, _line = sandbox.describe(policy)
+    if held != "bubblewrap":
+        why = held.removeprefix("none: ")
+        raise EnvironmentProblem(f"--require-sandbox: this host cannot sandbox cells: {why}; "
+                                 f"fix: {sandbox.fix_for(why)}")
 
 
 def _say_untested(m: Any, orch: Any, *, require_gpu: bool) -> None:

@@ -38,6 +38,7 @@ from cumatrix.core.model import (
     Selector,
     Workload,
 )
+from cumatrix.core.options import matrix_sandbox
 from cumatrix.core.suggest import outcome_hint, version_hint
 from cumatrix.load import gcpause, saved
 from cumatrix.load import requirements as _runtimes
@@ -445,7 +446,8 @@ def loads(text: str, filename: str = "<matrix>", *, sha256: str | None = None) -
     if ctx.problems:
         raise ConfigError(ctx.problems)
     m = Matrix(path=filename, sha256=sha256 or hashlib.sha256(text.encode()).hexdigest(), version=1,
-               probe=data.get("probe", True), **built)
+               probe=data.get("probe", True),
+               sandbox=matrix_sandbox(data.get("sandbox")), **built)
     _check_size(ctx, m)  # before anything expands the cells
     if ctx.problems:
         raise ConfigError(ctx.problems)

@@ -251,6 +251,7 @@ def _meta(run: RunData) -> list[tuple[str, str]]:
         ("finished", run.finished or ("— (interrupted)" if run.interrupted else "—")),
         ("cumatrix", head.harness_version or "—"),
         ("backend", head.backend or "—"),
+        ("sandbox", head.sandbox or "—"),
     ]
     if run.merged:
         rows.append(("hosts", ", ".join(run.hosts)))

@@ -69,6 +69,7 @@ def _head(run: RunData) -> dict[str, object]:
             "harness_version": head.harness_version,
             "argv": list(head.argv),
             "backend": head.backend,
+            "sandbox": head.sandbox,
             "host": head.host,
             "host_fingerprint": dict(head.host_fingerprint),
             "cells_total": c.total,

@@ -119,6 +119,7 @@ def to_xml(run: RunData) -> ET.ElementTree:
             ("run_id", head.run_id),
             ("harness_version", head.harness_version),
             ("backend", head.backend),
+            ("sandbox", head.sandbox),
             ("hosts", ", ".join(run.hosts) or head.host),
             ("driver_string", head.host_fingerprint.get("driver_string")),
             ("started", run.started),

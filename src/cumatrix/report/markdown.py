@@ -61,6 +61,8 @@ def _meta(run: RunData) -> list[str]:
         bits.append(f"cumatrix {md_inline(head.harness_version)}")
     if head.backend:
         bits.append(f"backend {md_inline(head.backend)}")
+    if head.sandbox:
+        bits.append(f"sandbox {md_inline(head.sandbox)}")
     if run.merged or run.missing_hosts:
         bits.append("hosts " + ", ".join(md_inline(h) for h in run.hosts))
         if run.missing_hosts:

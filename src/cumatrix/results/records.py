@@ -54,6 +54,9 @@ class RunInfo:
     harness_version: str | None = None
     argv: tuple[str, ...] = ()
     backend: str | None = None
+    #: How its local cells were held: ``bubblewrap``, ``off``, ``none: why`` (None: not said,
+    #: a docker run or a run written before runs recorded it).
+    sandbox: str | None = None
     host: str | None = None
     host_fingerprint: Mapping[str, object] = field(default_factory=dict)
     cells_total: int = 0
@@ -77,6 +80,7 @@ class RunInfo:
             "harness_version": self.harness_version,
             "argv": list(self.argv),
             "backend": self.backend,
+            "sandbox": self.sandbox,
             "host": self.host,
             "host_fingerprint": dict(self.host_fingerprint),
             "cells_total": self.cells_total,
@@ -304,6 +308,7 @@ def _run_info(r: _Reader) -> RunInfo:
         harness_version=r.text("harness_version"),
         argv=r.strings("argv"),
         backend=r.text("backend"),
+        sandbox=r.text("sandbox"),
         host=r.text("host"),
         host_fingerprint=dict(r.obj("host_fingerprint")),
         cells_total=total if total is not None else len(cells),
