@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECKS = ["python", "gcc", "runtimes", "gpu", "nvcc", "docker daemon", "base image", "debootstrap", "chromium",
-          "evidence", "gdb", "sandbox"]
+          "sandbox", "evidence", "gdb"]
 
 
 def test_doctor_json_lists_every_check_and_its_exit_status_follows_them(

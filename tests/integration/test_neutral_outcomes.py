@@ -57,7 +57,9 @@ def _run(cli: Any, d: Path, body: str, timeout: float = 240) -> tuple[Any, dict[
     m = d / "m.yaml"
     m.write_text(textwrap.dedent(body).lstrip("\n"))
     out = d / "out"
-    proc = cli("run", m, "--out", out, "-q", cwd=d, timeout=timeout)
+    # --no-sandbox: the judge is the subject, and some cells open a runtime wheel of the cache by
+    # a path written into their program (the sandbox, the default, shows only what a job names).
+    proc = cli("run", m, "--out", out, "-q", "--no-sandbox", cwd=d, timeout=timeout)
     assert (out / "results.jsonl").exists(), proc.stderr
     return proc, read_cells_by_case(out)
 

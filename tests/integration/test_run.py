@@ -319,13 +319,17 @@ def test_environment_problems_are_exit_3_before_any_cell(tmp_path: Path, write_m
     assert proc.returncode == 3
     assert "is a file" in proc.stderr
     assert "Traceback" not in proc.stderr
-    # No C compiler: the variants cannot be built; one message, no cell run.
+    # No C compiler: the variants cannot be built.  The run says so before any cell (its first
+    # lines), and their cells are skipped, never a pass: nothing was tested, exit 5.
     bare = tmp_path / "bin"
     bare.mkdir()
     proc = cli("run", m, "--out", tmp_path / "o", cwd=tmp_path, env={"PATH": str(bare)})
-    assert proc.returncode == 3, proc.stderr
-    assert "no gcc on PATH" in proc.stderr, proc.stderr
-    assert not (tmp_path / "o" / "results.jsonl").exists() or "cell" not in (tmp_path / "o" / "results.jsonl").read_text()
+    assert proc.returncode == 5, proc.stderr
+    first = proc.stderr.split("cumatrix: runtime ", 1)[0]  # what is said before any runtime or cell
+    assert "no gcc on PATH" in first, proc.stderr
+    doc = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert doc["verdict"] == "NOTHING TESTED", doc["headline"]
+    assert all(c["status"] == "skip" for c in doc["cells"]), [c["observed"] for c in doc["cells"]]
 
 
 def test_resume_with_nothing_left_keeps_a_failure(tmp_path: Path, wheel_cache: Path, write_matrix: Any,

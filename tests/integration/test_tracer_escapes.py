@@ -44,8 +44,11 @@ def _run(cli_env: Any, d: Path, case: str, *, timeout: float = 300) -> dict[str,
           - {case}
         """).lstrip("\n"))
     out = d / "out"
-    rc, err, stalled = run_unstalled([sys.executable, "-m", "cumatrix", "run", str(m), "--out", str(out), "-q"],
-                                     env=cli_env(), cwd=d, timeout=timeout)
+    # --no-sandbox: the tracer is the subject, and these cells reach a runtime wheel of the cache
+    # and files of the test's directory by paths written into their programs (the sandbox, the
+    # default, shows a cell only what its job names), or rename over them (a FIFO's attack).
+    rc, err, stalled = run_unstalled([sys.executable, "-m", "cumatrix", "run", str(m), "--out", str(out), "-q",
+                                      "--no-sandbox"], env=cli_env(), cwd=d, timeout=timeout)
     assert not stalled, "the harness waited on a FIFO the cell made"
     assert (out / "results.jsonl").exists(), (rc, err)
     (rec,) = read_cells_by_case(out).values()

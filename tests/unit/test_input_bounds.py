@@ -141,7 +141,7 @@ def test_the_cell_bound_is_the_expansion(d: int, r: int, c: int, probe: bool) ->
 def test_a_matrix_of_too_many_cells_is_refused_before_expanding(tmp_path: Path, cli: Any) -> None:
     # 10 drivers x 1,000 runtimes x 10,000 cases: 10^8 cells from a few hundred kilobytes.
     text = ("runtimes:\n" + "".join(f"  r{i}: {{wheel: nvidia-cuda-runtime-cu12==12.9.79}}\n" for i in range(1000))
-            + "drivers: [host, " + ", ".join(f"emulated-12.{i}" for i in range(9)) + "]\nprobe: false\n"
+            + "drivers: [host, " + ", ".join(f"emulated-12.{i}" for i in (0, 1, 2, 3, 4, 5, 6, 8, 9)) + "]\nprobe: false\n"
             + "cases:\n" + "".join(f"  - {{name: c{i}, argv: [true]}}\n" for i in range(10000)))
     m = tmp_path / "m.yaml"
     m.write_text(text)

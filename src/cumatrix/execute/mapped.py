@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from cumatrix.core.witness import UnsafeFile, open_cell_file, read_cell_file
+from cumatrix.core.witness import open_cell_file, read_cell_file
 
 
 def _basename(path: str) -> str:
@@ -62,8 +62,10 @@ def exports_runtime(path: Path) -> bool | None:
         st = path.stat()
     except OSError:
         return None
-    if not stat.S_ISREG(st.st_mode):  # a FIFO or a device under a runtime's name: never opened
-        return False
+    if not stat.S_ISREG(st.st_mode):
+        # A FIFO or a device under a runtime's name (put there after the load: what was mapped
+        # cannot be read now) is never opened, and says nothing either way: unknown, not "no".
+        return None
     return _exports_runtime(os.path.realpath(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
@@ -79,9 +81,9 @@ def _exports_runtime(path: str, dev: int, ino: int, size: int, mtime_ns: int) ->
         # Read as any file a cell could have replaced: no link followed, no FIFO waited on.
         data = read_cell_file(Path(path))
         return RUNTIME_EXPORT in set(elf_defined_symbols(ELFFile(io.BytesIO(data))))
-    except (ELFError, UnsafeFile):
-        return False  # not an ELF file at all, or not a regular file
-    except OSError:
+    except ELFError:
+        return False  # not an ELF file at all
+    except OSError:  # UnsafeFile included: no longer a regular file, or not read in time
         return None
 
 
