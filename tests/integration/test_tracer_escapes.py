@@ -205,6 +205,46 @@ def test_a_runtime_unloaded_before_exit_is_seen(tmp_path: Path, cli_env: Any, cu
     _ran_cu13(rec)
 
 
+def test_a_runtime_made_executable_by_mprotect_is_seen(tmp_path: Path, cli_env: Any, cu13: Path) -> None:
+    """Attack: mmap libcudart.so.13 as data (PROT_READ, which stops nothing), make its text
+    executable with mprotect, unmap it, exit 0.  Before: no mmap with PROT_EXEC, and nothing
+    mapped at any moment the maps were read: ``ok``, no library recorded.  Now an mprotect that
+    adds PROT_EXEC stops the tracer too, and the file backing the range is on the record."""
+    exe = _build(tmp_path, "mprotect", """
+        #include <elf.h>
+        #include <fcntl.h>
+        #include <stdio.h>
+        #include <string.h>
+        #include <sys/mman.h>
+        #include <sys/stat.h>
+        #include <unistd.h>
+        int main(int argc, char **argv) {
+            (void)argc;
+            int fd = open(argv[1], O_RDONLY);
+            struct stat st;
+            if (fd < 0 || fstat(fd, &st) != 0) return 4;
+            unsigned char *base = mmap(0, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+            close(fd);
+            if (base == MAP_FAILED) return 5;
+            const Elf64_Ehdr *eh = (const Elf64_Ehdr *)base;
+            const Elf64_Phdr *ph = (const Elf64_Phdr *)(base + eh->e_phoff);
+            long page = sysconf(_SC_PAGESIZE);
+            int made = 0;
+            for (int i = 0; i < eh->e_phnum; i++) {
+                if (ph[i].p_type != PT_LOAD || !(ph[i].p_flags & PF_X)) continue;
+                size_t at = ph[i].p_offset & ~(size_t)(page - 1), len = ph[i].p_offset + ph[i].p_filesz - at;
+                if (mprotect(base + at, len, PROT_READ | PROT_EXEC) != 0) return 6;
+                made++;
+            }
+            printf("text made executable: %d segment(s)\\n", made);
+            munmap(base, (size_t)st.st_size);
+            return made ? 0 : 7;
+        }
+        """)
+    rec = _run(cli_env, tmp_path, f"{{name: mprotect, argv: [{exe}, {cu13}]}}")
+    _ran_cu13(rec)
+
+
 def test_a_runtime_loaded_from_a_memfd_is_judged_by_its_bytes(tmp_path: Path, cli_env: Any, cu13: Path) -> None:
     """Attack: copy libcudart.so.13 into a memfd and dlopen it through /proc/self/fd/N.  Before:
     the record named ``/memfd:rt (deleted)``, which the harness can neither read nor name:
