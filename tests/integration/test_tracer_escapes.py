@@ -4,6 +4,7 @@ runtime wheels, real FIFOs).  docs/threat-model.md names these tests."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -249,7 +250,8 @@ def test_a_runtime_loaded_from_a_memfd_is_judged_by_its_bytes(tmp_path: Path, cl
     """Attack: copy libcudart.so.13 into a memfd and dlopen it through /proc/self/fd/N.  Before:
     the record named ``/memfd:rt (deleted)``, which the harness can neither read nor name:
     ``ok``, ``runtime_version: None``.  Now the tracer reads its SONAME from its bytes when it
-    is mapped, and the cell is judged on the CUDA 13 runtime it ran."""
+    is mapped, and the cell is judged on the CUDA 13 runtime it ran; the SHA-256 of the bytes it
+    ran is on the record (the same as the wheel's file)."""
     exe = _build(tmp_path, "memfd", """
         #define _GNU_SOURCE
         #include <dlfcn.h>
@@ -272,6 +274,8 @@ def test_a_runtime_loaded_from_a_memfd_is_judged_by_its_bytes(tmp_path: Path, cl
     rec = _run(cli_env, tmp_path, f"{{name: memfd, argv: [{exe}, {cu13}]}}")
     _ran_cu13(rec)
     assert rec["fingerprint"]["runtime_version"] == 13000, rec["fingerprint"]
+    want = {"sha256": hashlib.sha256(cu13.read_bytes()).hexdigest(), "bytes": cu13.stat().st_size}
+    assert [{k: f[k] for k in want} for f in rec["fingerprint"]["nameless_files"]] == [want], rec["fingerprint"]
 
 
 def test_a_fifo_renamed_over_a_mapped_runtime_does_not_stall_the_harness(tmp_path: Path, cli_env: Any,
