@@ -251,3 +251,36 @@ def test_a_docker_cells_library_loaded_from_a_memfd_is_named_by_its_bytes(backen
     assert memfds, [o.path for o in res.trace.objects]
     assert memfds[0].soname is not None
     assert res.stdout_tail.strip().startswith(memfds[0].soname), (res.stdout_tail, memfds[0])
+
+
+def test_a_docker_cells_library_made_executable_by_mprotect_is_on_the_record(backend: Any) -> None:
+    """Attack: map a library as data (no PROT_EXEC: no mmap stop), make it executable with
+    mprotect, unmap it; the same with a memfd holding its bytes.  Before: neither was mapped
+    executable at any moment the maps were read.  Now the mprotect that adds PROT_EXEC stops
+    the tracer, which records the file backing the range, and the memfd's bytes by SHA-256."""
+    code = textwrap.dedent("""
+        import ctypes, glob, hashlib, os
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        path = os.path.realpath(next(p for p in sorted(glob.glob('/usr/lib/x86_64-linux-gnu/lib*.so.*'))
+                                if os.path.basename(p).startswith(('libbz2', 'liblzma', 'libsqlite3', 'libffi'))))
+        data = open(path, 'rb').read()
+        mem = os.memfd_create('lib')
+        os.write(mem, data)
+        for fd in (os.open(path, os.O_RDONLY), mem):
+            at = libc.mmap(None, 4096, 1, 2, fd, 0)  # PROT_READ, MAP_PRIVATE
+            assert libc.mprotect(at, 4096, 5) == 0, ctypes.get_errno()  # PROT_READ | PROT_EXEC
+            libc.munmap(at, 4096)
+        print(path, hashlib.sha256(data).hexdigest(), len(data))
+        """)
+    res = backend.run_job(_job(backend, "python3", "-c", code))
+    assert res.returncode == 0, res.stderr_tail
+    path, digest, size = res.stdout_tail.split()
+    assert res.trace is not None
+    assert res.trace.complete, res.trace
+    assert any(o.path == path for o in res.trace.objects), (path, [o.path for o in res.trace.objects])
+    memfds = [o for o in res.trace.objects if o.path.startswith("/memfd:lib")]
+    assert [o.digest for o in memfds] == [(digest, int(size))], memfds

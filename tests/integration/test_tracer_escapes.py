@@ -4,6 +4,7 @@ runtime wheels, real FIFOs).  docs/threat-model.md names these tests."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -205,11 +206,52 @@ def test_a_runtime_unloaded_before_exit_is_seen(tmp_path: Path, cli_env: Any, cu
     _ran_cu13(rec)
 
 
+def test_a_runtime_made_executable_by_mprotect_is_seen(tmp_path: Path, cli_env: Any, cu13: Path) -> None:
+    """Attack: mmap libcudart.so.13 as data (PROT_READ, which stops nothing), make its text
+    executable with mprotect, unmap it, exit 0.  Before: no mmap with PROT_EXEC, and nothing
+    mapped at any moment the maps were read: ``ok``, no library recorded.  Now an mprotect that
+    adds PROT_EXEC stops the tracer too, and the file backing the range is on the record."""
+    exe = _build(tmp_path, "mprotect", """
+        #include <elf.h>
+        #include <fcntl.h>
+        #include <stdio.h>
+        #include <string.h>
+        #include <sys/mman.h>
+        #include <sys/stat.h>
+        #include <unistd.h>
+        int main(int argc, char **argv) {
+            (void)argc;
+            int fd = open(argv[1], O_RDONLY);
+            struct stat st;
+            if (fd < 0 || fstat(fd, &st) != 0) return 4;
+            unsigned char *base = mmap(0, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+            close(fd);
+            if (base == MAP_FAILED) return 5;
+            const Elf64_Ehdr *eh = (const Elf64_Ehdr *)base;
+            const Elf64_Phdr *ph = (const Elf64_Phdr *)(base + eh->e_phoff);
+            long page = sysconf(_SC_PAGESIZE);
+            int made = 0;
+            for (int i = 0; i < eh->e_phnum; i++) {
+                if (ph[i].p_type != PT_LOAD || !(ph[i].p_flags & PF_X)) continue;
+                size_t at = ph[i].p_offset & ~(size_t)(page - 1), len = ph[i].p_offset + ph[i].p_filesz - at;
+                if (mprotect(base + at, len, PROT_READ | PROT_EXEC) != 0) return 6;
+                made++;
+            }
+            printf("text made executable: %d segment(s)\\n", made);
+            munmap(base, (size_t)st.st_size);
+            return made ? 0 : 7;
+        }
+        """)
+    rec = _run(cli_env, tmp_path, f"{{name: mprotect, argv: [{exe}, {cu13}]}}")
+    _ran_cu13(rec)
+
+
 def test_a_runtime_loaded_from_a_memfd_is_judged_by_its_bytes(tmp_path: Path, cli_env: Any, cu13: Path) -> None:
     """Attack: copy libcudart.so.13 into a memfd and dlopen it through /proc/self/fd/N.  Before:
     the record named ``/memfd:rt (deleted)``, which the harness can neither read nor name:
     ``ok``, ``runtime_version: None``.  Now the tracer reads its SONAME from its bytes when it
-    is mapped, and the cell is judged on the CUDA 13 runtime it ran."""
+    is mapped, and the cell is judged on the CUDA 13 runtime it ran; the SHA-256 of the bytes it
+    ran is on the record (the same as the wheel's file)."""
     exe = _build(tmp_path, "memfd", """
         #define _GNU_SOURCE
         #include <dlfcn.h>
@@ -232,6 +274,8 @@ def test_a_runtime_loaded_from_a_memfd_is_judged_by_its_bytes(tmp_path: Path, cl
     rec = _run(cli_env, tmp_path, f"{{name: memfd, argv: [{exe}, {cu13}]}}")
     _ran_cu13(rec)
     assert rec["fingerprint"]["runtime_version"] == 13000, rec["fingerprint"]
+    want = {"sha256": hashlib.sha256(cu13.read_bytes()).hexdigest(), "bytes": cu13.stat().st_size}
+    assert [{k: f[k] for k in want} for f in rec["fingerprint"]["nameless_files"]] == [want], rec["fingerprint"]
 
 
 def test_a_fifo_renamed_over_a_mapped_runtime_does_not_stall_the_harness(tmp_path: Path, cli_env: Any,

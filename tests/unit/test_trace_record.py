@@ -47,3 +47,20 @@ def test_the_maps_order_is_kept_and_what_only_an_mmap_saw_follows() -> None:
     got = parse_trace(raw)
     assert [o.path for o in got.objects] == ["/bin/prog", "/lib/libc.so.6", "/gone/libcudart.so.13"]
     assert got.objects[2].pids == (2,)
+
+
+def test_a_nameless_file_carries_its_soname_and_digest_into_the_fingerprint() -> None:
+    """A memfd mapped executable: the tracer read its SONAME and the SHA-256 of its bytes when it
+    was mapped (``s``, ``h``); both reach the object, and the digest the record's fingerprint."""
+    digest = "ab" * 32
+    raw = (b"t\t1\n"
+           b"M\t2\t00:01\t40\t/memfd:rt (deleted)\n"
+           b"s\t00:01\t40\tlibcudart.so.13\n"
+           b"h\t00:01\t40\t" + digest.encode() + b"\t123456\n"
+           b"x\t2\t0\t/bin/prog\nz\t0\n")
+    (obj,) = parse_trace(raw).objects
+    assert (obj.soname, obj.digest) == ("libcudart.so.13", (digest, 123456))
+    seen = Observation(libraries=(), runtime=_NONE, not_used=None, source="kernel",
+                       nameless=((obj.path, digest, 123456),))
+    assert seen.fingerprint()["nameless_files"] == [{"path": "/memfd:rt (deleted)", "sha256": digest,
+                                                     "bytes": 123456}]

@@ -86,6 +86,9 @@ class TracedObject:
     #: Its DT_SONAME, read by the tracer from its bytes when it was mapped, where it had no name
     #: on disk (a memfd, a removed file); None: the harness reads the file by its path.
     soname: str | None = None
+    #: (SHA-256 in hex, bytes hashed) of such a file's bytes, read by the tracer at the same
+    #: moment: what it ran is on the record even where no SONAME or version says it.
+    digest: tuple[str, int] | None = None
 
     @property
     def name(self) -> str:
@@ -141,6 +144,7 @@ class _Side:
 
     resolved: dict[str, str] = field(default_factory=dict)
     sonames: dict[tuple[str, int], str] = field(default_factory=dict)
+    digests: dict[tuple[str, int], tuple[str, int]] = field(default_factory=dict)
     resolved_inside: bool = False
     left: int = 0
     escapes: list[str] = field(default_factory=list)
@@ -149,13 +153,15 @@ class _Side:
 
     def take(self, tag: str, parts: list[str]) -> None:
         """r: a log's path resolved in the container; c: the log's paths were; s: a nameless
-        file's SONAME; l: the first process ended, leaving N; u: an escape, stopped."""
+        file's SONAME; h: its bytes' SHA-256; l: the first process ended, leaving N; u: an escape, stopped."""
         if tag == "r" and len(parts) >= 3:
             self.resolved.setdefault(parts[1], parts[2])
         elif tag == "c":
             self.resolved_inside = True
         elif tag == "s" and len(parts) >= 4:
             self.sonames.setdefault((parts[1], int(parts[2])), parts[3])
+        elif tag == "h" and len(parts) >= 5:
+            self.digests.setdefault((parts[1], int(parts[2])), (parts[3], int(parts[4])))
         elif tag == "l" and len(parts) >= 3:
             self.left = int(parts[2])
         elif tag == "u" and len(parts) >= 3:
@@ -215,7 +221,8 @@ def parse_trace(raw: bytes, *, overflow: bool = False) -> KernelTrace:
             seen.append(pid)
     processes = tuple(TracedProcess(pid=pid, images=tuple(v["images"]), status=v["status"],  # type: ignore[arg-type]
                                     exe=v["exe"]) for pid, v in procs.items())  # type: ignore[arg-type]
-    objs = tuple(TracedObject(path=p, device=d, inode=i, pids=tuple(pids), soname=side.sonames.get((d, i)))
+    objs = tuple(TracedObject(path=p, device=d, inode=i, pids=tuple(pids), soname=side.sonames.get((d, i)),
+                              digest=side.digests.get((d, i)))
                  for (p, d, i), pids in objects.items())
     if overflow:
         notes.append(f"the tracer's record passed {MAX_TRACE_BYTES} bytes; the rest was not read")

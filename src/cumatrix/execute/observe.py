@@ -413,6 +413,9 @@ class Observation:
     #: An attempt to make a process no tracer hears of, stopped by killing its process: the
     #: cell is a harness error naming it.
     escaped: str | None = None
+    #: Each file mapped executable that had no name on disk (a memfd, a removed file): its
+    #: path and the SHA-256 of its bytes (and how many), read by the tracer when it was mapped.
+    nameless: tuple[tuple[str, str, int], ...] = ()
 
     def fingerprint(self) -> dict[str, object]:
         """The record's ``libraries`` (each with where it came from and how the loader found it),
@@ -435,6 +438,8 @@ class Observation:
             out["audit_claims_not_backed"] = list(self.unbacked[:20])
         if self.static_runtimes:
             out["static_runtimes"] = [r.to_json() for r in self.static_runtimes]
+        if self.nameless:
+            out["nameless_files"] = [{"path": p, "sha256": h, "bytes": n} for p, h, n in self.nameless]
         if self.device_code:
             out["device_code"] = {path: sorted({c.label() for c in codes}) for path, codes in self.device_code}
         return out
@@ -527,7 +532,9 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
                        provenance=provs, leak=leak, leak_detail=detail,
                        source=source, source_note=note, driver_mapped=driver, unbacked=unbacked,
                        static_runtimes=statics, device_code=_device_code(every, roots), incomplete=incomplete,
-                       escaped="; ".join(trace.escapes) if trace is not None and trace.escapes else None)
+                       escaped="; ".join(trace.escapes) if trace is not None and trace.escapes else None,
+                       nameless=tuple((o.path, *o.digest) for o in trace.objects if o.digest)
+                       if trace is not None else ())
 
 
 def _device_code(mapped: Sequence[MappedLibrary],
