@@ -18,6 +18,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from packaging.tags import sys_tags
 from test_gate import SOURCES, STUB_LIBCUDA  # the static stage's gcc-built ELF files
 
 from cumatrix.core.model import Case, Cell
@@ -262,7 +263,14 @@ def test_a_gate_that_installed_nothing_is_not_green(wheels: dict[str, Path], mat
     assert "cp27-cp27mu-manylinux1_x86_64" in verdict  # the Python to gate it under
     assert "--static-only" in verdict
     assert json.loads(r.stdout)["verdict"] == "NOTHING TESTED"
-    assert read_cells(out)["cu12.9/host/import-demo_old"]["status"] == "skip"
+    cell = read_cells(out)["cu12.9/host/import-demo_old"]
+    assert cell["status"] == "skip"
+    # Decided from the tags (packaging.tags) before pip runs, not from pip's error text: pip is
+    # never started for it, and the reason names the wheel's tags and this interpreter's.
+    assert f"installing {wheels['other_python'].name}" not in r.stdout + r.stderr
+    own = str(next(iter(sys_tags())))
+    assert "tags (cp27-cp27mu-manylinux1_x86_64)" in str(cell["observed"]["detail"])  # type: ignore[index]
+    assert own in str(cell["observed"]["detail"])  # type: ignore[index]
     # The documented way to gate it here: the static audit alone.
     r = cli("gate", wheels["other_python"], "--static-only", timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -32,6 +32,7 @@ from cumatrix.core.jobs import Job
 from cumatrix.core.model import Case, Cell, Driver, Expected, Matrix, Runtime
 from cumatrix.core.options import DEFAULT_MATRIX, RunOptions, SandboxPolicy
 from cumatrix.core.record import CellRecord
+from cumatrix.core.wheelname import own_tags, wheel_name
 from cumatrix.execute.installer import run_installer
 from cumatrix.front.gate_args import DEFAULT_OUT
 from cumatrix.front.history_cli import record
@@ -126,11 +127,11 @@ def wheel_packages(wheel: Path) -> tuple[str, ...]:
 
 def _gate_wheels(wheels: Sequence[Path]) -> list[GateWheel]:
     out: list[GateWheel] = []
-    stems = [w.name.split("-") for w in wheels]
-    dists = [parts[0].lower() for parts in stems]
-    for w, parts, dist in zip(wheels, stems, dists, strict=True):
+    parsed = [wheel_name(w) for w in wheels]
+    dists = [p.dist for p in parsed]
+    for w, p, dist in zip(wheels, parsed, dists, strict=True):
         # Two versions of one distribution gated together need different case names.
-        name = dist if dists.count(dist) == 1 else f"{dist}-{parts[1] if len(parts) > 1 else ''}"
+        name = dist if dists.count(dist) == 1 else f"{dist}-{p.version}"
         name = _UNSAFE_RE.sub("_", name).strip("-.") or "wheel"
         if any(g.name == name for g in out):
             raise UsageError(f"{w}: gated twice (or two wheels of the same name and version)")
@@ -422,8 +423,7 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path], static: 
 def history_series(matrix: Matrix, wheels: Sequence[GateWheel]) -> str:
     """The history series of a gate run: its matrix and the wheels gated, each by name,
     version and tag, so each wheel (and each version of it) has a series of its own."""
-    keys = sorted("-".join([*parts[:2], *parts[-3:]]) for w in wheels
-                  if (parts := w.path.name[: -len(".whl")].split("-")))
+    keys = sorted(wheel_name(w.path).key for w in wheels)
     return hashlib.sha256(dumps({"matrix": matrix.sha256, "wheels": keys}).encode()).hexdigest()
 
 
@@ -462,7 +462,7 @@ def nothing_tested(records: Sequence[CellRecord], wheels: Sequence[GateWheel]) -
     audit alone)."""
     reasons = Counter(r.observed.outcome.removeprefix("skipped:") for r in records)
     top, count = reasons.most_common(1)[0] if reasons else ("no cells", 0)
-    tags = ", ".join(sorted({"-".join(w.path.name[: -len(".whl")].split("-")[-3:]) for w in wheels}))
+    tags = ", ".join(sorted({wheel_name(w.path).tag_text for w in wheels}))
     how = _HOW_TO_GATE.get(top, "see each cell's reason in summary.md").format(tags=tags)
     return (f"dynamic stage: NOTHING TESTED — 0 of {len(records)} cells ran ({count} skipped: {top}); "
             f"{how}; or gate with --static-only to rely on the static audit alone (exit {EXIT_NOTHING_RAN})")
@@ -474,23 +474,27 @@ def _install_wheels(args: argparse.Namespace, gws: Sequence[GateWheel], sites: P
         shutil.rmtree(sites)
     for w in gws:
         staged = sites / ".staged" / w.path.name[: -len(".whl")]
+        hooks.staged[w.name] = staged
+        if wheel_name(w.path).tags.isdisjoint(ours := own_tags()):
+            # dist/*.whl often holds one wheel per Python version; each is run by a
+            # matching interpreter, and the static audit above still covered this one.
+            # Decided from the tags (PEP 425) before pip runs: pip installs with this same
+            # interpreter, so its tags are the ones pip would accept.
+            why = (f"{w.path.name} is not installable by this Python ({sys.executable}): the wheel's "
+                   f"tags ({wheel_name(w.path).tag_text}) are none of this interpreter's (most "
+                   f"preferred: {ours[0]}): gate it with a matching interpreter")
+            print(f"  {why}; its cells are skipped", flush=True)
+            hooks.install_failed[w.name] = NotRun(why="wheel-not-for-this-python", detail=why)
+            continue
         how = f"with constraints {args.constraints}" if args.constraints else "without dependencies"
         print(f"installing {w.path.name} {how}", flush=True)
         rc, log = _pip_install(w.path, staged, args.constraints,
                                Path(args.wheel_dir) if getattr(args, "wheel_dir", None) else None, policy)
-        if rc != 0 and "is not a supported wheel on this platform" in log:
-            # dist/*.whl often holds one wheel per Python version; each is run by a
-            # matching interpreter, and the static audit above still covered this one.
-            why = (f"{w.path.name} is not installable by this Python ({sys.executable}, "
-                   f"{sys.implementation.cache_tag}): gate it with a matching interpreter")
-            print(f"  {why}; its cells are skipped", flush=True)
-            hooks.install_failed[w.name] = NotRun(why="wheel-not-for-this-python", detail=why)
-        elif rc != 0:
+        if rc != 0:
             print(f"  pip install failed (exit {rc}); every cell of {w.name} fails:\n"
                   + textwrap.indent(log[-2000:], "    "), flush=True)
             hooks.install_failed[w.name] = NotRun(
                 why="install-failed", exit_status=rc, detail=f"pip install of {w.path.name} failed: {log[-1500:]}")
-        hooks.staged[w.name] = staged
 
 
 def _run_cells(orch: Orchestrator, cells: Sequence[Cell], store: Store

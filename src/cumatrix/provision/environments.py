@@ -30,9 +30,12 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+
 from cumatrix.core.cache import cache_dir, cache_root
 from cumatrix.core.cache import wheel_dir as default_wheel_dir
 from cumatrix.core.errors import CumatrixError, RuntimeNotFound
+from cumatrix.core.wheelname import maybe_wheel_name
 from cumatrix.core.witness import file_sha256
 from cumatrix.load.requirements import check_env_requirement
 
@@ -103,11 +106,13 @@ def _pins(requirements: Sequence[str], extra_wheels: Sequence[Path], wheel_dir: 
 
 def _files_of(wheel_dir: Path, pins: Sequence[tuple[str, str]]) -> list[Path]:
     """The wheel files of ``wheel_dir`` carrying a pinned name and version (every platform tag)."""
-    wanted = set(pins)
+    wanted = {(canonicalize_name(n), v) for n, v in pins}
     found = []
     for w in sorted(wheel_dir.glob("*.whl")):
-        parts = w.name[: -len(".whl")].split("-")
-        if len(parts) >= 5 and (_normalise(parts[0]), parts[1]) in wanted:
+        parsed = maybe_wheel_name(w)
+        if parsed is None:
+            continue  # not a wheel's file name: pip would not have resolved to it either
+        if any(parsed.name == n and parsed.is_version(v) for n, v in wanted):
             found.append(w)
     return found
 

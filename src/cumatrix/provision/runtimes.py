@@ -32,10 +32,13 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from packaging.utils import canonicalize_name
+
 from cumatrix.core.cache import cache_dir
 from cumatrix.core.cache import wheel_dir as default_wheel_dir
 from cumatrix.core.errors import ConfigError, RuntimeNotFound
 from cumatrix.core.model import CudaVersion, Runtime
+from cumatrix.core.wheelname import maybe_wheel_name
 from cumatrix.load.requirements import KNOWN_WHEELS, check_env_requirement, parse_requirement
 from cumatrix.provision.environments import (
     build_environment,
@@ -113,9 +116,10 @@ def cuda_version_of_release(release: str) -> int:
 
 
 def find_wheel(directory: Path, name: str, version: str) -> Path | None:
-    prefix = f"{_normalise(name)}-{version}-"
+    want = canonicalize_name(name)
     for p in sorted(directory.glob("*.whl")):
-        if p.name.lower().startswith(prefix.lower()):
+        parsed = maybe_wheel_name(p)
+        if parsed is not None and parsed.name == want and parsed.is_version(version):
             return p
     return None
 
