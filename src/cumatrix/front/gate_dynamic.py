@@ -449,9 +449,10 @@ def missing_dependency(rec: CellRecord, constraints: Path | None, wheels: Sequen
 
 #: How to gate a wheel whose cells were all skipped for this reason, by ``skipped:<why>``.
 _HOW_TO_GATE = {
+    # Only the Python that runs the gate installs the wheels (environment runtimes are built
+    # with it too), so a matching interpreter is the one way to test such a wheel here.
     "wheel-not-for-this-python": (
-        "run the gate under a Python that can install the wheel ({tags}), or give the matrix an "
-        "environment runtime (`requirements:`) built with that Python"),
+        "run the gate under a Python that can install the wheel ({tags}), e.g. `python3.X -m cumatrix gate ...`"),
     "unsupported-pairing": "give --matrix a runtime this host's driver supports",
 }
 
