@@ -28,11 +28,15 @@ def data() -> AuditData:
 
 
 def test_truth_set_spans_the_classes() -> None:
-    # At least 15 wheels; CUDA 11, 12 and 13 builds; static, linked and dlopen'd runtimes.
+    # At least 15 wheels; CUDA 11, 12 and 13 builds; static, linked and dlopen'd runtimes; a
+    # runtime vendored under a hashed name, driver symbols bound through the wheel's own stub
+    # libraries, other CUDA libraries of a major outside --runtimes, and fat binary modules of
+    # mixed device-code coverage.
     assert len(ENTRIES) >= 15
     assert {c for e in ENTRIES for c in e["cuda"]} >= {"11", "12", "13"}
     assert {c for e in ENTRIES for c in e["classes"]} >= {"static", "dynamic", "dlopen",
-                                                          "sass", "ptx"}
+                                                          "sass", "ptx", "vendored", "stub",
+                                                          "library", "modules"}
     assert all(c.get("evidence") for e in ENTRIES for r in e["runs"] for c in r["checks"]
                if "exit" not in c)
 
