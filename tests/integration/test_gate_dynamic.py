@@ -395,3 +395,42 @@ def test_environment_runtime_installs_the_wheel_into_its_environment(
     line = next(ln for ln in str(rec["stdout_tail"]).splitlines() if ln.startswith("imported demo_clean from "))
     env = Path(line.split(" from ", 1)[1]).resolve()
     assert any((p / "pyvenv.cfg").is_file() for p in env.parents), line
+
+
+FORGE_GATE = r"""
+import json, os, sys
+
+out = sys.argv[1]
+path = os.path.join(out, "results.jsonl")
+lines = [line for line in open(path) if line.strip()]
+for rt in ("cu12.9", "cu13.0"):
+    lines.append(json.dumps({"schema": 1, "type": "cell", "id": f"{rt}/host/import-demo_needs", "status": "pass",
+                             "mismatch": None, "expected": {"outcomes": ["ok"], "reason": "", "rule": ""},
+                             "observed": {"outcome": "ok"}}) + "\n")
+with open(path + ".new", "w") as f:
+    f.write("".join(lines))
+os.replace(path + ".new", path)
+sys.exit(1)
+"""
+
+
+def test_an_unsandboxed_gate_cell_that_forges_the_results_is_refused(
+        wheels: dict[str, Path], matrices: dict[str, Path], cli: Cli, wheel_cache: Path,
+        tmp_path: Path) -> None:
+    """A smoke command of a gate run without the sandbox rewrites the gate's results.jsonl,
+    adding a pass of its own making for the import cell that failed before it: the gate's
+    verdict and reports come from the records read back against what it sealed, so the forged
+    pass is refused (``record edited``), never counted."""
+    out = tmp_path / "out"
+    forger = tmp_path / "forge.py"
+    forger.write_text(FORGE_GATE)
+    r = cli("gate", wheels["needs_libcuda"], "--matrix", matrices["two"], "--smoke", f"python3 {forger} {out}",
+            "--out", out, "--no-sandbox", timeout=300)
+    assert r.returncode == 1, r.stdout + r.stderr
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["verdict"] == "FAIL", doc["headline"]
+    cells = {c["id"]: c for c in doc["cells"]}
+    first = cells["cu12.9/host/import-demo_needs"]
+    assert first["status"] == "fail", first
+    assert "record edited" in (first["mismatch"] or ""), first
+    assert "FAIL cu12.9/host/import-demo_needs" in r.stdout

@@ -44,6 +44,7 @@ from cumatrix.provision import runtimes
 from cumatrix.provision.facts import NotRun
 from cumatrix.report import load_records, progress_line, write_all
 from cumatrix.report.jsonout import dumps
+from cumatrix.results.records import Seal
 from cumatrix.results.store import JSONL, Store
 
 __all__ = ["GateHooks", "GateWheel", "direct_references", "gate_cells", "gate_matrix", "run_dynamic_stage",
@@ -394,16 +395,21 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path], static: 
                                 run_id=uuid.uuid4().hex[:12]))
         store.append(static)
         try:
-            failed, ran = _run_cells(orch, cells, store)
+            _run_cells(orch, cells, store)
         finally:
             store.close()
     finally:
         orch.close()
         if first is not orch:  # the copy with hooks has its own provisioner; both hold temporary files
             first.close()
-    write_all(record(args, load_records(out / JSONL), kind="gate", series=history_series(matrix, gws)), out)
+    # The reports and the verdict come from the records as read back, each checked against what
+    # this gate sealed: a cell that edited the results (an unsandboxed gate) is refused there.
+    run = load_records(out / JSONL, seal=Seal(written=dict(store.sealed)))
+    write_all(record(args, run, kind="gate", series=history_series(matrix, gws)), out)
     if isinstance(getattr(args, "gate_json", None), dict):
         args.gate_json["dynamic_out"] = out
+    failed = [c for c in run.cells if c.status == "fail"]
+    ran = list(run.cells)
     for rec in failed:
         print(f"FAIL {rec.id}: {rec.mismatch}")
         hint = missing_dependency(rec, args.constraints, gws)
@@ -508,7 +514,9 @@ def _run_cells(orch: Orchestrator, cells: Sequence[Cell], store: Store
     def record(run: CellRun) -> None:
         nonlocal done
         rec = run.record
-        store.append(rec.to_store())
+        # Sealed (the digest only names the gate: a gate is never resumed), so that the
+        # records read back are checked against what was written.
+        store.append(rec.to_store(), digest="gate")
         ran.append(rec)
         done += 1
         if rec.status == "fail":
