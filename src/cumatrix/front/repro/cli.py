@@ -30,9 +30,9 @@ from cumatrix.core.model import NO_RUNTIME, Cell, CudaVersion, Kind, Matrix, is_
 from cumatrix.core.options import RunOptions
 from cumatrix.core.private import write_new
 from cumatrix.execute.observe import ENFORCE_ENV, LOG_ENV
-from cumatrix.front.repro_args import add_repro_parser
-from cumatrix.front.repro_native import GDB_TIMEOUT_EXTRA, NativeTrace, find_debugger, gdb_backtrace, parse_maps
-from cumatrix.front.repro_report import CellRun, _env_table, _fence, bug_report, cell_report
+from cumatrix.front.repro.args import add_repro_parser
+from cumatrix.front.repro.native import GDB_TIMEOUT_EXTRA, NativeTrace, find_debugger, gdb_backtrace, parse_maps
+from cumatrix.front.repro.report import CellRun, _env_table, _fence, bug_report, cell_report
 from cumatrix.judge.reproduce import BugVerdict, judge_bug, judge_build_only, judge_static
 from cumatrix.load import matrix as _matrix
 from cumatrix.load.catalog import Bug, Catalog, load_catalog
