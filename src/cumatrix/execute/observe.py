@@ -461,49 +461,65 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
     only when a mapped file carries a static runtime's marks) dates a static runtime.
     """
     log = read_log(plan.log)
-    unbacked: tuple[str, ...] = ()
-    incomplete: str | None = None
-    note = log.problem
     if trace is not None and trace.traced:
         source = "kernel"
-        # The audit log adds detail to what the kernel saw: the path as the loader opened it
-        # (through $ORIGIN, not normalised: where it came from is read from it), taken only
-        # where it is the same file under its own name (or a versioned link's: libcudart.so.12
-        # for libcudart.so.12.9.79), so that no link a process made can rename what it mapped.
-        # SONAMEs are read from the files, not from the log.
-        logged: dict[tuple[str, int], str] = {}
-        index = ClaimIndex.of(trace)
-        unbacked_list: list[str] = []
-        for path in dict.fromkeys(path for _, _, path in log.opened if "/" in path):
-            key = claim_key(path, trace, index)
-            if key is None:
-                unbacked_list.append(path)
-            else:
-                logged.setdefault(key, path)
-        rows = []
-        for o in trace.objects:
-            real = o.path.removesuffix(" (deleted)")
-            path = logged.get((o.device, o.inode), real)
-            if not real.rpartition("/")[2].startswith(path.rpartition("/")[2]):
-                path = real
-            # A nameless file's SONAME (a memfd's) comes from the tracer, read from its bytes.
-            rows += [(pid, o.soname or "", path) for pid in o.pids]
-        every = described(rows, roots=roots, cuda_only=False, soname_from_file=True)
-        unbacked = tuple(unbacked_list)
-        extra = "; ".join(trace.notes + special_files(o.path.removesuffix(" (deleted)") for o in trace.objects))
-        if not trace.complete:
-            incomplete = "the tracer's record is incomplete (it was killed, or its record was cut)"
-            extra = "; ".join(x for x in (incomplete, extra) if x)
-        note = "; ".join(x for x in (note, extra) if x) or None
+        every, unbacked, incomplete, extra = _kernel_mapped(log, trace, roots)
+        note = "; ".join(x for x in (log.problem, extra) if x) or None
     else:
-        source = "rtld-audit"
+        source, unbacked, incomplete = "rtld-audit", (), None
         why = (trace.note if trace is not None else None) or "no tracer for this backend"
-        note = "; ".join(x for x in (f"{AUDIT_ONLY}: {why}", note) if x)
+        note = "; ".join(x for x in (f"{AUDIT_ONLY}: {why}", log.problem) if x)
         every = described(log.opened, roots=roots, cuda_only=False)
     mapped = tuple(_by_content(m, roots) for m in cuda_libraries(every))
     statics = (_static_runtimes(every, roots, intros)
                if intros is not None and not any(is_runtime(m) for m in mapped) else ())
     driver = any(m.name.startswith("libcuda.so") for m in mapped)
+    mapped, seen = _cell_version(cell, mapped, statics)
+    provs, leak, detail = _provenances(plan, cell, mapped, setting)
+    return Observation(libraries=mapped, runtime=seen,
+                       not_used=runtime_not_used(cell, mapped, mode=mode, statics=statics) if cell is not None else None,
+                       provenance=provs, leak=leak, leak_detail=detail,
+                       source=source, source_note=note, driver_mapped=driver, unbacked=unbacked,
+                       static_runtimes=statics, device_code=_device_code(every, roots), incomplete=incomplete,
+                       escaped="; ".join(trace.escapes) if trace is not None and trace.escapes else None)
+
+
+def _kernel_mapped(log: AuditLog, trace: KernelTrace, roots: Mapping[str, Path]
+                   ) -> tuple[tuple[MappedLibrary, ...], tuple[str, ...], str | None, str]:
+    """Every object the kernel saw mapped, the log's paths it never saw, why the record is incomplete, notes."""
+    # The audit log adds detail to what the kernel saw: the path as the loader opened it
+    # (through $ORIGIN, not normalised: where it came from is read from it), taken only
+    # where it is the same file under its own name (or a versioned link's: libcudart.so.12
+    # for libcudart.so.12.9.79), so that no link a process made can rename what it mapped.
+    # SONAMEs are read from the files, not from the log.
+    logged: dict[tuple[str, int], str] = {}
+    index, unbacked = ClaimIndex.of(trace), []
+    for path in dict.fromkeys(path for _, _, path in log.opened if "/" in path):
+        key = claim_key(path, trace, index)
+        if key is None:
+            unbacked.append(path)
+        else:
+            logged.setdefault(key, path)
+    rows = []
+    for o in trace.objects:
+        real = o.path.removesuffix(" (deleted)")
+        path = logged.get((o.device, o.inode), real)
+        if not real.rpartition("/")[2].startswith(path.rpartition("/")[2]):
+            path = real
+        # A nameless file's SONAME (a memfd's) comes from the tracer, read from its bytes.
+        rows += [(pid, o.soname or "", path) for pid in o.pids]
+    every = described(rows, roots=roots, cuda_only=False, soname_from_file=True)
+    extra = "; ".join(trace.notes + special_files(o.path.removesuffix(" (deleted)") for o in trace.objects))
+    incomplete = None
+    if not trace.complete:
+        incomplete = "the tracer's record is incomplete (it was killed, or its record was cut)"
+        extra = "; ".join(x for x in (incomplete, extra) if x)
+    return every, tuple(unbacked), incomplete, extra
+
+
+def _cell_version(cell: CellRuntime | None, mapped: tuple[MappedLibrary, ...], statics: tuple[StaticRuntime, ...]
+                  ) -> tuple[tuple[MappedLibrary, ...], ObservedRuntime]:
+    """The libraries and the runtime used, the cell's own file with the version measured at provisioning."""
     if cell is not None and cell.path:
         # The cell's file inside an image is not readable here; its version is known anyway.
         own = str(CudaVersion.from_int(cell.version))
@@ -512,22 +528,23 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
     seen = observed_runtime(mapped, statics)
     if cell is not None and cell.path and seen.file and _provenance.same_file(seen.file, cell.path):
         seen = ObservedRuntime(file=seen.file, soname=seen.soname, version=cell.version, evidence=seen.evidence)
-    provs: tuple[_provenance.Provenance, ...] = ()
-    leak = detail = None
-    if setting is not None:
-        provs = _provenance.trace(mapped, _provenance.read_searches(plan.log), setting)
-        # Only a cell that offers a runtime of its own can say a runtime came from elsewhere.
-        # A file named like a runtime that is none (a text file, another library) leaks nothing.
-        runtimes = [p for p, m in zip(provs, mapped, strict=True) if is_runtime(m)]
-        leak = _provenance.leaked(runtimes) if cell is not None else None
-        if leak is not None:
-            detail = _provenance.leak_detail(leak, next((m.version for m in mapped if m.path == leak.path), None))
-    return Observation(libraries=mapped, runtime=seen,
-                       not_used=runtime_not_used(cell, mapped, mode=mode, statics=statics) if cell is not None else None,
-                       provenance=provs, leak=leak, leak_detail=detail,
-                       source=source, source_note=note, driver_mapped=driver, unbacked=unbacked,
-                       static_runtimes=statics, device_code=_device_code(every, roots), incomplete=incomplete,
-                       escaped="; ".join(trace.escapes) if trace is not None and trace.escapes else None)
+    return mapped, seen
+
+
+def _provenances(plan: AuditPlan, cell: CellRuntime | None, mapped: tuple[MappedLibrary, ...],
+                 setting: _provenance.Setting | None
+                 ) -> tuple[tuple[_provenance.Provenance, ...], _provenance.Provenance | None, str | None]:
+    """Each library's provenance (none without ``setting``), a runtime from outside program and cell, why."""
+    if setting is None:
+        return (), None, None
+    provs = _provenance.trace(mapped, _provenance.read_searches(plan.log), setting)
+    # Only a cell that offers a runtime of its own can say a runtime came from elsewhere.
+    # A file named like a runtime that is none (a text file, another library) leaks nothing.
+    runtimes = [p for p, m in zip(provs, mapped, strict=True) if is_runtime(m)]
+    leak = _provenance.leaked(runtimes) if cell is not None else None
+    if leak is None:
+        return provs, None, None
+    return provs, leak, _provenance.leak_detail(leak, next((m.version for m in mapped if m.path == leak.path), None))
 
 
 def _device_code(mapped: Sequence[MappedLibrary],
