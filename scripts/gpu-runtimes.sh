@@ -28,8 +28,8 @@ python3 -m cumatrix run scripts/gpu-runtimes.yaml --out "$out/run" -v 2>&1 | tee
 rm -f "$out/run/index.html"  # 5 files back at most: results.jsonl/json, junit.xml, summary.md
 echo "=== gpu tests ($(date -u +%H:%M:%S))"
 # load the plugin by hand only where no installed cumatrix registers it (twice is an error)
-plugin=(-p cumatrix.front.plugin)
-python3 -c "from importlib import metadata as m; import sys; sys.exit(0 if any(e.value == 'cumatrix.front.plugin' for e in
+plugin=(-p cumatrix.front.pytest_plugin.hooks)
+python3 -c "from importlib import metadata as m; import sys; sys.exit(0 if any(e.value == 'cumatrix.front.pytest_plugin.hooks' for e in
   m.entry_points(group='pytest11')) else 1)" && plugin=()
 python3 -m pytest -p no:cacheprovider -c /dev/null --rootdir . -q -m gpu tests/gpu "${plugin[@]}" -o markers=gpu \
   2>&1 | tee "$out/gpu-tests.log" | tail -40

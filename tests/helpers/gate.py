@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cumatrix.front.gate import add_gate_parser, gate_main
+from cumatrix.front.gate.cli import add_gate_parser, gate_main
 
 
 @dataclass(frozen=True)

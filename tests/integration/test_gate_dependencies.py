@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from cumatrix.front.gate import direct_references
+from cumatrix.front.gate.cli import direct_references
 from helpers.sandbox import require_bwrap
 from helpers.wheels import make_wheel
 
@@ -105,7 +105,7 @@ def test_pip_runs_in_the_sandbox_when_nothing_needs_the_network(tmp_path: Path, 
     import os
 
     from cumatrix.execute import sandbox
-    from cumatrix.front.gate import SITES_DIR
+    from cumatrix.front.gate.cli import SITES_DIR
 
     if os.geteuid() != 0:
         pytest.skip("the sandbox's own uid shows on the installed files only under a root harness")

@@ -22,7 +22,7 @@ from packaging.tags import sys_tags
 from test_gate import SOURCES, STUB_LIBCUDA  # the static stage's gcc-built ELF files
 
 from cumatrix.core.model import Case, Cell
-from cumatrix.front.gate import unsupported_pairing, wheel_packages
+from cumatrix.front.gate.cli import unsupported_pairing, wheel_packages
 from cumatrix.predict.oracle import HostFacts
 from cumatrix.provision import runtimes
 from cumatrix.results.history import History

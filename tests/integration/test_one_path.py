@@ -22,7 +22,7 @@ from cumatrix.core.jobs import Job
 from cumatrix.execute import sandbox
 from cumatrix.execute.local import DEBUGGER_EVIDENCE
 from cumatrix.front.calibrate import _measure
-from cumatrix.front.repro_native import gdb_backtrace
+from cumatrix.front.repro.native import gdb_backtrace
 from cumatrix.orchestrate import run_child
 from cumatrix.predict.oracle import expect_tool
 from cumatrix.provision.cell import PACKAGE_PARENT

@@ -12,6 +12,7 @@ import sys
 import tokenize
 from pathlib import Path
 
+import grimp
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,9 +127,64 @@ def test_the_architecture_page_names_every_module() -> None:
     for line in (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8").splitlines():
         m = re.match(r"\| `(\w+)` \| (.*?) \|", line)
         if m:
-            rows[m.group(1)] = set(re.findall(r"`(\w+\.py)`", m.group(2)))
+            rows[m.group(1)] = set(re.findall(r"`([\w/]+\.py)`", m.group(2)))
     src = ROOT / "src" / "cumatrix"
     missing = {pkg.name: sorted(have - rows.get(pkg.name, set()))
                for pkg in sorted(src.iterdir()) if (pkg / "__init__.py").is_file()
-               if (have := {f.name for f in pkg.glob("*.py") if f.name != "__init__.py"}) - rows.get(pkg.name, set())}
+               if (have := {f.relative_to(pkg).as_posix() for f in pkg.rglob("*.py") if f.name != "__init__.py"})
+               - rows.get(pkg.name, set())}
     assert not missing, f"modules docs/architecture.md does not name, by package: {missing}"
+
+
+def import_circles(graph: grimp.ImportGraph, package: str) -> list[list[str]]:
+    """The import circles among ``package``'s modules: each strongly connected set of more than one
+    module (Tarjan's algorithm), every import counted, those inside functions and under
+    TYPE_CHECKING too: each is an arrow a reader has to follow."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.find_modules_directly_imported_by(v)):
+            if not w.startswith(package):
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part: list[str] = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                part.append(w)
+                if w == v:
+                    break
+            if len(part) > 1:
+                circles.append(sorted(part))
+
+    for module in sorted(m for m in graph.modules if m.startswith(package)):
+        if module not in index:
+            visit(module)
+    return circles
+
+
+def test_no_import_circle_in_src() -> None:
+    """A module's imports lead only to modules that do not lead back: the layers contract holds
+    between packages, this within them (a command's parser never imports its command, the
+    history never imports the records that name a history diff)."""
+    graph = grimp.build_graph("cumatrix", cache_dir=None)
+    assert import_circles(graph, "cumatrix") == []
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    graph = grimp.ImportGraph()
+    for a, b in (("p.a", "p.b"), ("p.b", "p.c"), ("p.c", "p.a"), ("p.c", "p.d")):
+        graph.add_import(importer=a, imported=b)
+    assert import_circles(graph, "p") == [["p.a", "p.b", "p.c"]]

@@ -1,6 +1,7 @@
 """The code's own hygiene, checked like any other behaviour: ruff with the project's rules
-(cibuildwheel's families, complexity at most 15), ``mypy --strict``, and modules a reader can
-hold in their head (at most 600 lines)."""
+(cibuildwheel's families, complexity at most 15), ``mypy --strict``, modules a reader can
+hold in their head (at most 600 lines), and functions a reviewer can follow (radon's cyclomatic
+complexity at most 20: ruff's C901 does not count boolean operators, radon does)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from radon.complexity import cc_visit
 
 ROOT = Path(__file__).resolve().parents[2]
 SRC = ROOT / "src" / "cumatrix"
 #: The most lines one module of the harness may have.
 MAX_LINES = 600
+#: The highest cyclomatic complexity radon may give one function of the harness.
+MAX_COMPLEXITY = 20
+#: Functions above it, each with why it stays so for now (``module path::qualified name``).
+COMPLEXITY_EXCEPTIONS = {
+    # the strace output parser: being reworked for the mprotect tracing; split after that lands
+    "core/witness.py::parse_trace",
+}
 
 
 def _tool(name: str) -> list[str]:
@@ -41,3 +50,13 @@ def test_no_module_is_longer_than_the_limit() -> None:
     long = {str(p.relative_to(ROOT)): n for p in sorted(SRC.rglob("*.py"))
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines (split them by what they own): {long}"
+
+
+def test_no_function_is_more_complex_than_the_limit() -> None:
+    knots: dict[str, int] = {}
+    for path in sorted(SRC.rglob("*.py")):
+        for block in cc_visit(path.read_text(encoding="utf-8")):
+            name = f"{path.relative_to(SRC).as_posix()}::{block.fullname}"
+            if block.complexity > MAX_COMPLEXITY and name not in COMPLEXITY_EXCEPTIONS:
+                knots[name] = block.complexity
+    assert not knots, f"functions above radon complexity {MAX_COMPLEXITY} (split them): {knots}"

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from cumatrix.core.errors import ConfigError, UsageError
 from cumatrix.core.jobs import Job
 from cumatrix.core.model import OUTCOME_RE, VARIANT_FAMILIES
-from cumatrix.front import repro
+from cumatrix.front.repro import cli as repro
 from cumatrix.load import catalog
 from cumatrix.orchestrate import Orchestrator
 from cumatrix.provision import runtimes

@@ -87,42 +87,56 @@ def format_findings(audits: Sequence[WheelAudit], *, width: int = 100,
                                    subsequent_indent=" " * 18, break_on_hyphens=False,
                                    break_long_words=False)
     for a in audits:
-        n = len(a.elves)
-        lines.append(f"{a.wheel.name}: {n} ELF file{'s' if n != 1 else ''} audited in "
-                     f"{a.seconds:.2f} s: {_counts(a.errors, a.warnings)}")
-        if not a.elves:
-            lines.append("  no ELF files (a pure-Python wheel): nothing to audit")
-        device = {d.file: d for d in a.device}
-        folded = {} if verbose else folded_notes(a)
-        hidden = {id(f) for fs in folded.values() for f in fs}
-        for file, found in _by_file(a).items():
-            d = device.get(file)
-            code = (f"  [SASS {' '.join(d.sass) or '-'}; PTX {' '.join(d.ptx) or '-'}]"
-                    if d else "")
-            shown = [f for f in found if id(f) not in hidden]
-            if not shown:
-                n = len(found)
-                tail = f" ({n} note{'s' if n != 1 else ''} folded below)" if n else ""
-                lines.append(f"  {file}: ok{tail}{code}")
-                continue
-            lines.append(f"  {file}{code}")
-            for group in (fold_gpus(shown) if not verbose else [[f] for f in shown]):
-                f = group[0]
-                lines.append(f"    {f.severity.upper():<8} {f.code:<22} {', '.join(g.subject for g in group)}"
-                             + ("  [optional file]" if f.optional else ""))
-                more = ", ".join(_gpu(g.subject) for g in group[1:])
-                lines.extend(_wrap(wrap, f.message + (f"; the same for compute capability {more}" if more else "")))
-                lines.extend(_wrap(fixwrap, f.fix.replace(f.subject, ", ".join(g.subject for g in group))))
-        for fcode, found in folded.items():
-            lines.append(f"  NOTE     {fcode} x{len(found)} (-v lists each)")
-            lines.extend(_wrap(wrap, _fold_line(fcode, found)))
-        lines.append("")
+        lines += _wheel_findings(a, wrap, fixwrap, verbose=verbose)
     errors = sum(a.errors for a in audits)
     warnings = sum(a.warnings for a in audits)
     verdict = "FAIL" if errors else "pass"
     lines.append(f"static audit: {verdict}: {_counts(errors, warnings)} in "
                  f"{len(audits)} wheel{'s' if len(audits) != 1 else ''}")
     return "\n".join(lines) + "\n"
+
+
+def _wheel_findings(a: WheelAudit, wrap: textwrap.TextWrapper, fixwrap: textwrap.TextWrapper, *,
+                    verbose: bool) -> list[str]:
+    """One wheel's lines of :func:`format_findings`: each file's findings, then the folded notes."""
+    n = len(a.elves)
+    lines = [(f"{a.wheel.name}: {n} ELF file{'s' if n != 1 else ''} audited in "
+              f"{a.seconds:.2f} s: {_counts(a.errors, a.warnings)}")]
+    if not a.elves:
+        lines.append("  no ELF files (a pure-Python wheel): nothing to audit")
+    device = {d.file: d for d in a.device}
+    folded = {} if verbose else folded_notes(a)
+    hidden = {id(f) for fs in folded.values() for f in fs}
+    for file, found in _by_file(a).items():
+        d = device.get(file)
+        code = (f"  [SASS {' '.join(d.sass) or '-'}; PTX {' '.join(d.ptx) or '-'}]"
+                if d else "")
+        shown = [f for f in found if id(f) not in hidden]
+        if not shown:
+            n = len(found)
+            tail = f" ({n} note{'s' if n != 1 else ''} folded below)" if n else ""
+            lines.append(f"  {file}: ok{tail}{code}")
+            continue
+        lines.append(f"  {file}{code}")
+        for group in (fold_gpus(shown) if not verbose else [[f] for f in shown]):
+            lines += _finding_lines(group, wrap, fixwrap)
+    for fcode, found in folded.items():
+        lines.append(f"  NOTE     {fcode} x{len(found)} (-v lists each)")
+        lines.extend(_wrap(wrap, _fold_line(fcode, found)))
+    lines.append("")
+    return lines
+
+
+def _finding_lines(group: Sequence[Finding], wrap: textwrap.TextWrapper,
+                   fixwrap: textwrap.TextWrapper) -> list[str]:
+    """A finding (and those folded into it, for other GPUs): its line, message and fix."""
+    f = group[0]
+    lines = [f"    {f.severity.upper():<8} {f.code:<22} {', '.join(g.subject for g in group)}"
+             + ("  [optional file]" if f.optional else "")]
+    more = ", ".join(_gpu(g.subject) for g in group[1:])
+    lines.extend(_wrap(wrap, f.message + (f"; the same for compute capability {more}" if more else "")))
+    lines.extend(_wrap(fixwrap, f.fix.replace(f.subject, ", ".join(g.subject for g in group))))
+    return lines
 
 
 _QUOTED_RE = re.compile(r"`[^`]*`")

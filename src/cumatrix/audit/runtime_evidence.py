@@ -219,17 +219,7 @@ def runtime_loads(*, sonames: Iterable[str], stub_names: int, search_paths: Sequ
     named = sorted({s for s in sonames if s.startswith("libcudart.so")})
     if not named and not stub_names:
         return []
-    tree = tree_major(search_paths)
-    dep = runtime_requirement(requires)
-    evidence: list[str] = []
-    if tree:
-        evidence.append(f"{'RUNPATH/RPATH'} {tree[1]}")
-    if dep:
-        evidence.append(f"Requires-Dist {dep[1]}")
-    tree_m = tree[0] if tree else None
-    dep_m = dep[0] if dep else None
-    if tree and tree_m is None and dep_m in (11, 12):
-        tree_m = dep_m  # nvidia/cuda_runtime/lib is the 11.x and 12.x wheels' layout
+    tree_m, dep_m, evidence = _declared_majors(search_paths, requires)
     agreed = tree_m is not None and tree_m == dep_m
     out: list[RuntimeLoad] = []
     for soname in named:
@@ -251,3 +241,21 @@ def runtime_loads(*, sonames: Iterable[str], stub_names: int, search_paths: Sequ
             out.append(RuntimeLoad(major=major, subject=f"dlopen libcudart (CUDA {major})",
                                    how=how, agreed=agreed))
     return out
+
+
+def _declared_majors(search_paths: Sequence[str], requires: Sequence[str]
+                     ) -> tuple[int | None, int | None, list[str]]:
+    """The runtime major the file's search path names, the one its wheel's dependencies name
+    (None: none), and that evidence in words."""
+    tree = tree_major(search_paths)
+    dep = runtime_requirement(requires)
+    evidence: list[str] = []
+    if tree:
+        evidence.append(f"{'RUNPATH/RPATH'} {tree[1]}")
+    if dep:
+        evidence.append(f"Requires-Dist {dep[1]}")
+    tree_m = tree[0] if tree else None
+    dep_m = dep[0] if dep else None
+    if tree and tree_m is None and dep_m in (11, 12):
+        tree_m = dep_m  # nvidia/cuda_runtime/lib is the 11.x and 12.x wheels' layout
+    return tree_m, dep_m, evidence

@@ -61,7 +61,7 @@ from cumatrix.execute.docker_images import (
 )
 from cumatrix.execute.docker_images import dockerfile as find_dockerfile
 from cumatrix.execute.docker_images import process_token as _process_token
-from cumatrix.execute.protocol import FileChannel
+from cumatrix.execute.protocol import ENV_FD, ENV_FILE, FileChannel
 from cumatrix.provision.runtimes import (
     check_runtime_wheel,
     fetch_wheel,
@@ -533,7 +533,7 @@ class DockerBackend:
         if isinstance(mounts, str):
             return results.harness_error(mounts, image=ref, image_id=facts.image_id)
         environment = self._environment(job, facts, with_gpu)
-        for key in ("CUMATRIX_VERDICT_FD", "CUMATRIX_VERDICT_FILE"):
+        for key in (ENV_FD, ENV_FILE):
             environment.pop(key, None)
         if chan is not None:
             mounts.append(docker.types.Mount(target=chan.container_dir, source=str(chan.mount_dir), type="bind",

@@ -21,7 +21,7 @@ from typing import Literal
 from cumatrix.core.jobs import ChildResult, Job, Verdict
 from cumatrix.core.witness import UNTRACED, KernelTrace, TraceChannel
 from cumatrix.execute import sandbox
-from cumatrix.execute.protocol import PipeChannel, parse
+from cumatrix.execute.protocol import ENV_FD, ENV_FILE, PipeChannel, parse
 
 __all__ = ["DEBUGGER_EVIDENCE", "ChildResult", "Job", "SpawnMode", "run_local", "start_local"]
 
@@ -244,7 +244,7 @@ def _result(rc: int, plan: sandbox.Plan, scope: sandbox.Scope, *, timed_out: boo
 
 def _with_channel(job: Job, plan: sandbox.Plan) -> tuple[dict[str, str], sandbox.Plan, PipeChannel | None]:
     """The child's environment and fds: a harness child gets the verdict socket, nobody else does."""
-    env = {k: v for k, v in plan.env.items() if k not in ("CUMATRIX_VERDICT_FD", "CUMATRIX_VERDICT_FILE")}
+    env = {k: v for k, v in plan.env.items() if k not in (ENV_FD, ENV_FILE)}
     if not job.reports_verdict:
         return env, plan, None
     chan = PipeChannel()

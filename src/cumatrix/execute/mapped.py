@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from cumatrix.binary.fatbin import DeviceCode, file_device_code
 from cumatrix.core.witness import open_cell_file, read_cell_file
 
 
@@ -345,3 +346,26 @@ def special_files(paths: Iterable[str]) -> tuple[str, ...]:
 def cuda_libraries(mapped: Iterable[MappedLibrary]) -> tuple[MappedLibrary, ...]:
     """The CUDA libraries among ``mapped`` (libcudart, libcuda, libnvrtc, libcublas*, libnccl, ...)."""
     return tuple(m for m in mapped if is_cuda_library(m.name) or is_cuda_library(m.path))
+
+
+def device_code_of(path: Path) -> tuple[DeviceCode, ...]:
+    """The entries of the fat binaries of the mapped file at ``path`` (none where it has none or
+    cannot be read), read once per file version."""
+    try:
+        st = path.stat()
+    except OSError:
+        return ()
+    return _device_code_by_identity(str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=8192)
+def _device_code_by_identity(path: str, dev: int, ino: int, size: int,  # noqa: ARG001
+                             mtime_ns: int) -> tuple[DeviceCode, ...]:  # noqa: ARG001
+    # (dev, ino, size, mtime_ns) are the cache key only: a file version is read once per
+    # process (a matrix maps the same libraries in every cell).  The file is the cell's: opened
+    # as any file a cell could replace (no FIFO waited on, no link followed, bounded).
+    try:
+        with open_cell_file(path, links=True) as fh:
+            return file_device_code(fh)
+    except OSError:
+        return ()

@@ -37,17 +37,16 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-from cumatrix.binary.fatbin import DeviceCode, file_device_code
+from cumatrix.binary.fatbin import DeviceCode
 from cumatrix.binary.staticcudart import StaticRuntime, static_runtime_in
 from cumatrix.core.cache import cache_dir
 from cumatrix.core.errors import CumatrixError
 from cumatrix.core.model import CudaVersion
-from cumatrix.core.witness import ClaimIndex, KernelTrace, claim_key, open_cell_file
+from cumatrix.core.witness import ClaimIndex, KernelTrace, claim_key
 from cumatrix.execute import provenance as _provenance
 from cumatrix.execute.mapped import (
     AuditLog,
@@ -55,6 +54,7 @@ from cumatrix.execute.mapped import (
     cuda_libraries,
     describe,
     described,
+    device_code_of,
     exports_runtime,
     host_path,
     is_cuda_library,
@@ -466,67 +466,21 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
     only when a mapped file carries a static runtime's marks) dates a static runtime.
     """
     log = read_log(plan.log)
-    unbacked: tuple[str, ...] = ()
-    incomplete: str | None = None
-    note = log.problem
     if trace is not None and trace.traced:
         source = "kernel"
-        # The audit log adds detail to what the kernel saw: the path as the loader opened it
-        # (through $ORIGIN, not normalised: where it came from is read from it), taken only
-        # where it is the same file under its own name (or a versioned link's: libcudart.so.12
-        # for libcudart.so.12.9.79), so that no link a process made can rename what it mapped.
-        # SONAMEs are read from the files, not from the log.
-        logged: dict[tuple[str, int], str] = {}
-        index = ClaimIndex.of(trace)
-        unbacked_list: list[str] = []
-        for path in dict.fromkeys(path for _, _, path in log.opened if "/" in path):
-            key = claim_key(path, trace, index)
-            if key is None:
-                unbacked_list.append(path)
-            else:
-                logged.setdefault(key, path)
-        rows = []
-        for o in trace.objects:
-            real = o.path.removesuffix(" (deleted)")
-            path = logged.get((o.device, o.inode), real)
-            if not real.rpartition("/")[2].startswith(path.rpartition("/")[2]):
-                path = real
-            # A nameless file's SONAME (a memfd's) comes from the tracer, read from its bytes.
-            rows += [(pid, o.soname or "", path) for pid in o.pids]
-        every = described(rows, roots=roots, cuda_only=False, soname_from_file=True)
-        unbacked = tuple(unbacked_list)
-        extra = "; ".join(trace.notes + special_files(o.path.removesuffix(" (deleted)") for o in trace.objects))
-        if not trace.complete:
-            incomplete = "the tracer's record is incomplete (it was killed, or its record was cut)"
-            extra = "; ".join(x for x in (incomplete, extra) if x)
-        note = "; ".join(x for x in (note, extra) if x) or None
+        every, unbacked, incomplete, extra = _kernel_mapped(log, trace, roots)
+        note = "; ".join(x for x in (log.problem, extra) if x) or None
     else:
-        source = "rtld-audit"
+        source, unbacked, incomplete = "rtld-audit", (), None
         why = (trace.note if trace is not None else None) or "no tracer for this backend"
-        note = "; ".join(x for x in (f"{AUDIT_ONLY}: {why}", note) if x)
+        note = "; ".join(x for x in (f"{AUDIT_ONLY}: {why}", log.problem) if x)
         every = described(log.opened, roots=roots, cuda_only=False)
     mapped = tuple(_by_content(m, roots) for m in cuda_libraries(every))
     statics = (_static_runtimes(every, roots, intros)
                if intros is not None and not any(is_runtime(m) for m in mapped) else ())
     driver = any(m.name.startswith("libcuda.so") for m in mapped)
-    if cell is not None and cell.path:
-        # The cell's file inside an image is not readable here; its version is known anyway.
-        own = str(CudaVersion.from_int(cell.version))
-        mapped = tuple(dataclasses.replace(m, version=own, version_from="the cell's runtime (cudaRuntimeGetVersion)")
-                       if m.version is None and _provenance.same_file(m.path, cell.path) else m for m in mapped)
-    seen = observed_runtime(mapped, statics)
-    if cell is not None and cell.path and seen.file and _provenance.same_file(seen.file, cell.path):
-        seen = ObservedRuntime(file=seen.file, soname=seen.soname, version=cell.version, evidence=seen.evidence)
-    provs: tuple[_provenance.Provenance, ...] = ()
-    leak = detail = None
-    if setting is not None:
-        provs = _provenance.trace(mapped, _provenance.read_searches(plan.log), setting)
-        # Only a cell that offers a runtime of its own can say a runtime came from elsewhere.
-        # A file named like a runtime that is none (a text file, another library) leaks nothing.
-        runtimes = [p for p, m in zip(provs, mapped, strict=True) if is_runtime(m)]
-        leak = _provenance.leaked(runtimes) if cell is not None else None
-        if leak is not None:
-            detail = _provenance.leak_detail(leak, next((m.version for m in mapped if m.path == leak.path), None))
+    mapped, seen = _cell_version(cell, mapped, statics)
+    provs, leak, detail = _provenances(plan, cell, mapped, setting)
     return Observation(libraries=mapped, runtime=seen,
                        not_used=runtime_not_used(cell, mapped, mode=mode, statics=statics) if cell is not None else None,
                        provenance=provs, leak=leak, leak_detail=detail,
@@ -537,37 +491,79 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
                        if trace is not None else ())
 
 
+def _kernel_mapped(log: AuditLog, trace: KernelTrace, roots: Mapping[str, Path]
+                   ) -> tuple[tuple[MappedLibrary, ...], tuple[str, ...], str | None, str]:
+    """Every object the kernel saw mapped, the log's paths it never saw, why the record is incomplete, notes."""
+    # The audit log adds detail to what the kernel saw: the path as the loader opened it
+    # (through $ORIGIN, not normalised: where it came from is read from it), taken only
+    # where it is the same file under its own name (or a versioned link's: libcudart.so.12
+    # for libcudart.so.12.9.79), so that no link a process made can rename what it mapped.
+    # SONAMEs are read from the files, not from the log.
+    logged: dict[tuple[str, int], str] = {}
+    index, unbacked = ClaimIndex.of(trace), []
+    for path in dict.fromkeys(path for _, _, path in log.opened if "/" in path):
+        key = claim_key(path, trace, index)
+        if key is None:
+            unbacked.append(path)
+        else:
+            logged.setdefault(key, path)
+    rows = []
+    for o in trace.objects:
+        real = o.path.removesuffix(" (deleted)")
+        path = logged.get((o.device, o.inode), real)
+        if not real.rpartition("/")[2].startswith(path.rpartition("/")[2]):
+            path = real
+        # A nameless file's SONAME (a memfd's) comes from the tracer, read from its bytes.
+        rows += [(pid, o.soname or "", path) for pid in o.pids]
+    every = described(rows, roots=roots, cuda_only=False, soname_from_file=True)
+    extra = "; ".join(trace.notes + special_files(o.path.removesuffix(" (deleted)") for o in trace.objects))
+    incomplete = None
+    if not trace.complete:
+        incomplete = "the tracer's record is incomplete (it was killed, or its record was cut)"
+        extra = "; ".join(x for x in (incomplete, extra) if x)
+    return every, tuple(unbacked), incomplete, extra
+
+
+def _cell_version(cell: CellRuntime | None, mapped: tuple[MappedLibrary, ...], statics: tuple[StaticRuntime, ...]
+                  ) -> tuple[tuple[MappedLibrary, ...], ObservedRuntime]:
+    """The libraries and the runtime used, the cell's own file with the version measured at provisioning."""
+    if cell is not None and cell.path:
+        # The cell's file inside an image is not readable here; its version is known anyway.
+        own = str(CudaVersion.from_int(cell.version))
+        mapped = tuple(dataclasses.replace(m, version=own, version_from="the cell's runtime (cudaRuntimeGetVersion)")
+                       if m.version is None and _provenance.same_file(m.path, cell.path) else m for m in mapped)
+    seen = observed_runtime(mapped, statics)
+    if cell is not None and cell.path and seen.file and _provenance.same_file(seen.file, cell.path):
+        seen = ObservedRuntime(file=seen.file, soname=seen.soname, version=cell.version, evidence=seen.evidence)
+    return mapped, seen
+
+
+def _provenances(plan: AuditPlan, cell: CellRuntime | None, mapped: tuple[MappedLibrary, ...],
+                 setting: _provenance.Setting | None
+                 ) -> tuple[tuple[_provenance.Provenance, ...], _provenance.Provenance | None, str | None]:
+    """Each library's provenance (none without ``setting``), a runtime from outside program and cell, why."""
+    if setting is None:
+        return (), None, None
+    provs = _provenance.trace(mapped, _provenance.read_searches(plan.log), setting)
+    # Only a cell that offers a runtime of its own can say a runtime came from elsewhere.
+    # A file named like a runtime that is none (a text file, another library) leaks nothing.
+    runtimes = [p for p, m in zip(provs, mapped, strict=True) if is_runtime(m)]
+    leak = _provenance.leaked(runtimes) if cell is not None else None
+    if leak is None:
+        return provs, None, None
+    return provs, leak, _provenance.leak_detail(leak, next((m.version for m in mapped if m.path == leak.path), None))
+
+
 def _device_code(mapped: Sequence[MappedLibrary],
                  roots: Mapping[str, Path]) -> tuple[tuple[str, tuple[DeviceCode, ...]], ...]:
     """The fat binaries of the mapped objects that are not NVIDIA's own libraries (those cover
     every GPU their release supports; the program's own code is what may not)."""
     out = []
     for path in dict.fromkeys(m.path for m in mapped if not is_cuda_library(m.name) and "/" in m.path):
-        codes = _device_code_of(host_path(path, roots))
+        codes = device_code_of(host_path(path, roots))
         if codes:
             out.append((path, codes))
     return tuple(out)
-
-
-def _device_code_of(path: Path) -> tuple[DeviceCode, ...]:
-    try:
-        st = path.stat()
-    except OSError:
-        return ()
-    return _device_code_by_identity(str(path), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-@lru_cache(maxsize=8192)
-def _device_code_by_identity(path: str, dev: int, ino: int, size: int,  # noqa: ARG001
-                             mtime_ns: int) -> tuple[DeviceCode, ...]:  # noqa: ARG001
-    # (dev, ino, size, mtime_ns) are the cache key only: a file version is read once per
-    # process (a matrix maps the same libraries in every cell).  The file is the cell's: opened
-    # as any file a cell could replace (no FIFO waited on, no link followed, bounded).
-    try:
-        with open_cell_file(path, links=True) as fh:
-            return file_device_code(fh)
-    except OSError:
-        return ()
 
 
 def _by_content(lib: MappedLibrary, roots: Mapping[str, Path]) -> MappedLibrary:

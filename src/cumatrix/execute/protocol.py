@@ -29,6 +29,8 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+# The tag and the channel's names are defined once, in the child's module (which imports nothing
+# of the harness); the harness reads them from there.
 from cumatrix.child.channel import ENV_FD, ENV_FILE, MAX_BYTES, TAG, emit, encode, take_channel
 from cumatrix.core.cache import temp_prefix
 from cumatrix.core.jobs import Verdict
@@ -102,6 +104,10 @@ class PipeChannel:
     def env(self) -> tuple[tuple[str, str], ...]:
         return ((ENV_FD, str(self.write_fd)),)
 
+    # after_spawn and feed read like core/witness.py's TraceChannel: two channels, not one with
+    # a flag.  This one is a socket that only a harness child may hold, capped at a verdict's
+    # size; that one is the tracer helper's pipe, capped at a trace's size, and reads a
+    # different record.  What they share is six lines of buffering.
     def after_spawn(self) -> None:
         """Close the parent's copy of the write end (the child holds its own)."""
         if self.write_fd >= 0:

@@ -289,18 +289,7 @@ def _bind_points(paths: Iterable[str], masks: Iterable[str] = ()) -> list[str]:
     outermost first (one under another only where one of ``masks`` lies between them); none
     under what the system directories already show, none that is or holds a host socket
     directory, never ``/``."""
-    dirs = set()
-    for p in paths:
-        if not p or not p.startswith("/") or not os.path.exists(p):
-            continue
-        d = os.path.normpath(p if os.path.isdir(p) else os.path.dirname(p))
-        if d == "/" or any(_under(d, h) for h in HIDDEN_ALWAYS if h not in ("/dev",)):
-            continue
-        if d.startswith("/dev/") and not d.startswith("/dev/nvidia"):
-            continue
-        if any(_under(d, s) for s in SYSTEM_DIRS if os.path.lexists(s)):
-            continue  # shown already (a path under /bin, a link to usr/bin, too)
-        dirs.add(d)
+    dirs = {d for d in map(_bind_dir, paths) if d is not None}
     hidden = list(masks)
     out: list[str] = []
     for d in sorted(dirs):
@@ -308,6 +297,20 @@ def _bind_points(paths: Iterable[str], masks: Iterable[str] = ()) -> list[str]:
         if not any(_under(d, o) and not any(_under(d, m) and _under(m, o) for m in hidden) for o in out):
             out.append(d)
     return out
+
+
+def _bind_dir(p: str) -> str | None:
+    """The directory to bind for ``p`` (a file: its directory); None where none is bound."""
+    if not p or not p.startswith("/") or not os.path.exists(p):
+        return None
+    d = os.path.normpath(p if os.path.isdir(p) else os.path.dirname(p))
+    if d == "/" or any(_under(d, h) for h in HIDDEN_ALWAYS if h not in ("/dev",)):
+        return None
+    if d.startswith("/dev/") and not d.startswith("/dev/nvidia"):
+        return None
+    if any(_under(d, s) for s in SYSTEM_DIRS if os.path.lexists(s)):
+        return None  # shown already (a path under /bin, a link to usr/bin, too)
+    return d
 
 
 def _searchable(points: Iterable[str]) -> None:
@@ -505,28 +508,7 @@ def prepare(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | N
     if scope.cgroup is None:
         env[SCOPE_ENV] = scope.marker
     extra: dict[str, object] = {"containment": scope.mode}
-    argv: tuple[str, ...] = job.argv
-    signal_in_exit = False
-    problem = None
-    if policy.sandbox in ("auto", "on"):
-        bwrap, why = bubblewrap()
-        here = cwd or os.getcwd()
-        if bwrap is not None and os.geteuid() == 0 and not _enterable(here):
-            extra["sandbox"] = "bubblewrap"
-            problem = (f"the sandbox runs the cell as uid {policy.uid} (nobody), which may not enter its working "
-                       f"directory {here} (mode {os.stat(here).st_mode & 0o777:o}): run from a directory others may "
-                       "read (chmod o+rx), or --no-sandbox")
-        elif bwrap is not None:
-            env["TMPDIR"] = "/tmp"
-            env["HOME"] = "/tmp"  # the host's home is not there: a writable one of the cell's own
-            argv = tuple(bwrap_argv(bwrap, job, env, here, policy))
-            extra["sandbox"] = "bubblewrap"
-            signal_in_exit = True
-        elif policy.sandbox == "on":
-            extra["sandbox"] = "none"
-            problem = f"--sandbox asked for a sandbox and there is none: {why}; fix: {fix_for(why)}"
-        else:
-            extra["sandbox"] = f"none: {why}"
+    argv, signal_in_exit, problem = _sandboxed(job, env, policy, cwd, extra)
     lims = limits(job) if policy.limits else []
     if extra.get("sandbox") == "bubblewrap":
         lims.append(("fsize", policy.write_limit, policy.write_limit))
@@ -546,3 +528,28 @@ def prepare(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | N
                 signal_in_exit=signal_in_exit, problem=problem), scope
 
 
+def _sandboxed(job: Job, env: dict[str, str], policy: Policy, cwd: str | None,
+               extra: dict[str, object]) -> tuple[tuple[str, ...], bool, str | None]:
+    """The job's argv inside bubblewrap where the policy asks for a sandbox and one can run
+    (``env`` made the cell's, ``extra["sandbox"]`` says which), whether a signal shows in the
+    exit status, and why the cell cannot run as asked (None: it can)."""
+    if policy.sandbox not in ("auto", "on"):
+        return job.argv, False, None
+    bwrap, why = bubblewrap()
+    here = cwd or os.getcwd()
+    if bwrap is not None and os.geteuid() == 0 and not _enterable(here):
+        extra["sandbox"] = "bubblewrap"
+        return job.argv, False, (
+            f"the sandbox runs the cell as uid {policy.uid} (nobody), which may not enter its working "
+            f"directory {here} (mode {os.stat(here).st_mode & 0o777:o}): run from a directory others may "
+            "read (chmod o+rx), or --no-sandbox")
+    if bwrap is not None:
+        env["TMPDIR"] = "/tmp"
+        env["HOME"] = "/tmp"  # the host's home is not there: a writable one of the cell's own
+        extra["sandbox"] = "bubblewrap"
+        return tuple(bwrap_argv(bwrap, job, env, here, policy)), True, None
+    if policy.sandbox == "on":
+        extra["sandbox"] = "none"
+        return job.argv, False, f"--sandbox asked for a sandbox and there is none: {why}; fix: {fix_for(why)}"
+    extra["sandbox"] = f"none: {why}"
+    return job.argv, False, None

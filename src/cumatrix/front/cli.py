@@ -96,10 +96,10 @@ def _plugin_args() -> list[str]:
 
     try:
         eps = metadata.entry_points(group="pytest11")
-        installed = any(ep.value == "cumatrix.front.plugin" for ep in eps)
+        installed = any(ep.value == "cumatrix.front.pytest_plugin.hooks" for ep in eps)
     except (OSError, ValueError, KeyError, AttributeError):  # broken metadata of an unrelated distribution
         installed = False
-    return [] if installed else ["-p", "cumatrix.front.plugin"]
+    return [] if installed else ["-p", "cumatrix.front.pytest_plugin.hooks"]
 
 
 
@@ -448,10 +448,10 @@ def _slurm_options(p: argparse.ArgumentParser) -> None:
 
 def add_tools(sub: Any) -> None:
     # deferred: _TOOLS below
-    from cumatrix.front import calibrate, gate_args, repro_args
+    from cumatrix.front import calibrate, gate, repro
 
-    gate_args.add_gate_parser(sub)
-    repro_args.add_repro_parser(sub)
+    gate.add_parser(sub)
+    repro.add_parser(sub)
     p = calibrate.add_calibrate_parser(sub)
     if not p.epilog:
         p.epilog = EPILOG_CALIBRATE

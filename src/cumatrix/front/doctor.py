@@ -107,7 +107,7 @@ def check_evidence() -> Check:
 
 
 def check_gdb() -> Check:
-    # repro_native: gdb, else cuda-gdb, for a crash's native backtrace
+    # repro.native: gdb, else cuda-gdb, for a crash's native backtrace
     for name in ("gdb", "cuda-gdb"):
         if shutil.which(name):
             return _tool(name, ("debugger",), ["--version"], "")

@@ -137,23 +137,11 @@ def _require_file(args: argparse.Namespace) -> Path:
 
 def cmd_history(args: argparse.Namespace) -> int:
     """``cumatrix history [--prune ...] [--json]``."""
-    if (args.keep is not None or args.older_than is not None) and not args.prune:
-        raise UsageError("--keep and --older-than go with --prune")
-    if args.prune and args.keep is None and args.older_than is None:
-        raise UsageError("--prune needs --keep N or --older-than DAYS")
-    if args.keep is not None and args.keep < 1:
-        raise UsageError(f"--keep {args.keep}: must be at least 1")
-    if args.older_than is not None and not args.older_than >= 0:
-        raise UsageError(f"--older-than {args.older_than}: must be a number of days, 0 or more")
+    _check_prune_options(args)
     path = _require_file(args)
     with History.open(path, create=False) as hist:
         if args.prune:
-            gone = hist.prune(keep=args.keep, older_than_days=args.older_than)
-            if args.json:
-                print(json.dumps({"history": str(path), "deleted": gone}, indent=2))
-            else:
-                print(f"{path}: deleted {len(gone)} run{'s' if len(gone) != 1 else ''}"
-                      + (f" ({', '.join(f'#{i}' for i in gone)})" if 0 < len(gone) <= 20 else ""))
+            _prune(hist, path, args)
             return 0
         runs = hist.runs(limit=args.limit)
     if args.json:
@@ -169,6 +157,26 @@ def cmd_history(args: argparse.Namespace) -> int:
         print(f"{r.id:>5}  {r.run_uid:12}  {(r.started or r.recorded):20}  {r.kind:5}  {matrix[:34]:34}  "
               f"{r.host[:16]:16}  {r.passed:>5} {r.failed:>5} {r.skipped:>5} {r.not_run:>5}  {r.verdict}")
     return 0
+
+
+def _check_prune_options(args: argparse.Namespace) -> None:
+    if (args.keep is not None or args.older_than is not None) and not args.prune:
+        raise UsageError("--keep and --older-than go with --prune")
+    if args.prune and args.keep is None and args.older_than is None:
+        raise UsageError("--prune needs --keep N or --older-than DAYS")
+    if args.keep is not None and args.keep < 1:
+        raise UsageError(f"--keep {args.keep}: must be at least 1")
+    if args.older_than is not None and not args.older_than >= 0:
+        raise UsageError(f"--older-than {args.older_than}: must be a number of days, 0 or more")
+
+
+def _prune(hist: History, path: Path, args: argparse.Namespace) -> None:
+    gone = hist.prune(keep=args.keep, older_than_days=args.older_than)
+    if args.json:
+        print(json.dumps({"history": str(path), "deleted": gone}, indent=2))
+    else:
+        print(f"{path}: deleted {len(gone)} run{'s' if len(gone) != 1 else ''}"
+              + (f" ({', '.join(f'#{i}' for i in gone)})" if 0 < len(gone) <= 20 else ""))
 
 
 def cmd_diff(args: argparse.Namespace) -> int:

@@ -118,6 +118,11 @@ def find_project(d: Path, *, name: str | None = None) -> Project:
     return Project(name=found[0], module=module, found_in=found[1], wheels=wheels, python=python)
 
 
+def _matrix_body(runtimes: str, case: str) -> str:
+    """The matrix below its header comment: the runtimes, the host's and an emulated driver, one case."""
+    return f"version: 1\nruntimes:\n{runtimes}\ndrivers: [host, emulated-12.4]\ncases:\n{case}"
+
+
 def matrix_text(project: Project) -> str:
     """The starting matrix: the package imported under a few CUDA runtimes and the host's driver."""
     runtimes = "\n".join(f"  cu{v}: {{wheel: {KNOWN_WHEELS[v]}}}" for v in _START_RUNTIMES)
@@ -128,14 +133,10 @@ def matrix_text(project: Project) -> str:
 # runtime as the libcudart it loads ($CUMATRIX_CUDART names it).  Replace the case's argv
 # with your program's command (relative paths are from this file's directory).
 # `cumatrix validate {MATRIX_FILE}` checks this file; `cumatrix run` runs it.
-version: 1
-runtimes:
-{runtimes}
-drivers: [host, emulated-12.4]
-cases:
-  - {{name: load-runtime, argv: [python3, -c, "import ctypes, os; ctypes.CDLL(os.environ['CUMATRIX_CUDART'])"],
-     timeout: 120, python: harness}}
-"""
+""" + _matrix_body(runtimes, """\
+  - {name: load-runtime, argv: [python3, -c, "import ctypes, os; ctypes.CDLL(os.environ['CUMATRIX_CUDART'])"],
+     timeout: 120, python: harness}
+""")
     return f"""\
 # cumatrix matrix for {project.name} (written by `cumatrix init`; edit freely).
 # Each case runs once per runtime x driver pairing, in its own process, with that CUDA
@@ -143,14 +144,10 @@ cases:
 # `cumatrix run` runs it.  Install {project.name} into the Python that runs cumatrix first:
 # `python: harness` puts that interpreter first on the case's PATH (without it, a case's
 # `python3` is whatever the PATH outside the harness's environment finds).
-version: 1
-runtimes:
-{runtimes}
-drivers: [host, emulated-12.4]
-cases:
+""" + _matrix_body(runtimes, f"""\
   - {{name: import-{project.module.replace('_', '-')}, argv: [python3, -c, "import {project.module}"], timeout: 120,
      python: harness}}
-"""
+""")
 
 
 def workflow_text(project: Project) -> str:

@@ -102,7 +102,7 @@ def _run_plugin_args(*, xdist: bool) -> list[str]:
     """Our plugin (and xdist's, for ``-n``), loaded by name: a run sets
     ``PYTEST_DISABLE_PLUGIN_AUTOLOAD``, so what else the environment installed (hypothesis,
     coverage, ...) neither slows the cells nor changes how they run."""
-    args = ["-p", "cumatrix.front.plugin", *(["-p", "xdist.plugin"] if xdist else [])]
+    args = ["-p", "cumatrix.front.pytest_plugin.hooks", *(["-p", "xdist.plugin"] if xdist else [])]
     for name in _UNUSED_PLUGINS:
         args += ["-p", f"no:{name}"]
     return args
@@ -169,7 +169,7 @@ def _run_pytest(args: argparse.Namespace, mpath: Path, out: Path,
     # deferred: pytest and the plugin's session cost ~100 ms and ~200 modules (the plugin ~400 ms), which --help and validate do without
     import pytest
 
-    from cumatrix.front.plugin_session import ReportsLeft
+    from cumatrix.front.pytest_plugin.session import ReportsLeft
 
     os.environ["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"  # xdist's workers inherit it
     left = ReportsLeft()

@@ -38,7 +38,11 @@ class SlurmError(CumatrixError):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class HostTask:
-    """One array task: the host it runs as, and where Slurm should place it."""
+    """One array task: the host it runs as, and where Slurm should place it.
+
+    Not :class:`cumatrix.core.model.Host` again, though it carries its partition and
+    constraint: a task is an array index with its count of cells, what the scripts and the
+    placement check read, while a Host is the matrix's declaration (driver, label, CUDA)."""
 
     index: int
     host: str

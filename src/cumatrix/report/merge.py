@@ -134,23 +134,36 @@ def _combine(loaded: list[tuple[Path, RunData, str]], plan: PlannedCells | None)
         extra += list(run.extra)
     hosts = [h for _, _, h in loaded]
     cells.sort(key=lambda c: (order[c.id], hosts.index(c.host or "")))
-    ran_ids = {cid for cid, _ in ran}
-    not_run: list[tuple[str, str | None]] = []
-    missing: list[str] = []
     if plan is not None and plan.host_names:
-        planned_hosts = plan.host_names
-        for h in hosts:
-            if h not in planned_hosts:
-                warnings.append(f"host {h!r} is not a host of the plan ({', '.join(planned_hosts)}); its cells are "
-                                "merged as they are")
-        missing = [h for h in planned_hosts if h not in hosts]
-        for planned_host, ids in plan.hosts:
-            not_run += [(cid, planned_host) for cid in ids if (cid, planned_host or "") not in ran]
+        not_run, missing = _not_run_by_host(plan, hosts, ran, warnings)
     else:
-        any_host = {cid for _, ids in (plan.hosts if plan is not None else ()) for cid in ids}
-        headers = {c for _, run, _ in loaded for info in run.runs for c in info.cells}
-        not_run += [(cid, None) for cid in order if cid not in ran_ids and (cid in any_host or cid in headers)]
+        not_run, missing = _not_run_anywhere(loaded, plan, order, ran), []
     not_run.sort(key=lambda p: order[p[0]])
     return RunData(runs=tuple(runs), cells=tuple(cells), not_run=tuple(cid for cid, _ in not_run),
                    not_run_hosts=tuple(h for _, h in not_run), missing_hosts=tuple(missing), plan=plan,
                    warnings=tuple(warnings), extra=tuple(extra), hosts=tuple(hosts))
+
+
+def _not_run_by_host(plan: PlannedCells, hosts: list[str], ran: set[tuple[str, str]],
+                     warnings: list[str]) -> tuple[list[tuple[str, str | None]], list[str]]:
+    """A plan that names hosts: each planned ``(cell, host)`` that host did not run, and the
+    hosts of the plan with no run at all (a host outside the plan is warned of, in ``warnings``)."""
+    planned_hosts = plan.host_names
+    for h in hosts:
+        if h not in planned_hosts:
+            warnings.append(f"host {h!r} is not a host of the plan ({', '.join(planned_hosts)}); its cells are "
+                            "merged as they are")
+    missing = [h for h in planned_hosts if h not in hosts]
+    not_run: list[tuple[str, str | None]] = []
+    for planned_host, ids in plan.hosts:
+        not_run += [(cid, planned_host) for cid in ids if (cid, planned_host or "") not in ran]
+    return not_run, missing
+
+
+def _not_run_anywhere(loaded: list[tuple[Path, RunData, str]], plan: PlannedCells | None, order: dict[str, int],
+                      ran: set[tuple[str, str]]) -> list[tuple[str, str | None]]:
+    """No hosts planned: each cell planned, or named by a run's header, that no host ran."""
+    ran_ids = {cid for cid, _ in ran}
+    any_host = {cid for _, ids in (plan.hosts if plan is not None else ()) for cid in ids}
+    headers = {c for _, run, _ in loaded for info in run.runs for c in info.cells}
+    return [(cid, None) for cid in order if cid not in ran_ids and (cid in any_host or cid in headers)]

@@ -34,13 +34,61 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from cumatrix.core.errors import UsageError
 from cumatrix.core.record import CellRecord, axes_from_id
 
-if TYPE_CHECKING:  # the report package is not imported to append or diff
-    from cumatrix.results.records import RunData
+
+class _HeaderToStore(Protocol):
+    @property
+    def run_id(self) -> str: ...
+    @property
+    def matrix(self) -> str: ...
+    @property
+    def matrix_sha256(self) -> str: ...
+    @property
+    def harness_version(self) -> str | None: ...
+    @property
+    def host(self) -> str | None: ...
+    @property
+    def host_fingerprint(self) -> Mapping[str, object]: ...
+
+
+class _CountsToStore(Protocol):
+    @property
+    def passed(self) -> int: ...
+    @property
+    def failed(self) -> int: ...
+    @property
+    def skipped(self) -> int: ...
+    @property
+    def not_run(self) -> int: ...
+
+
+class RunToStore(Protocol):
+    """What :meth:`History.append` reads of a run: :class:`cumatrix.results.records.RunData`
+    has it all.  A protocol, not that class, because the records module names a history diff
+    (:class:`cumatrix.results.historydiff.Diff`), which reads this module: importing it here
+    would close a circle."""
+
+    @property
+    def header(self) -> _HeaderToStore: ...
+    @property
+    def counts(self) -> _CountsToStore: ...
+    @property
+    def hosts(self) -> tuple[str, ...]: ...
+    @property
+    def merged(self) -> bool: ...
+    @property
+    def cells(self) -> tuple[CellRecord, ...]: ...
+    @property
+    def started(self) -> str | None: ...
+    @property
+    def finished(self) -> str | None: ...
+    @property
+    def verdict(self) -> str: ...
+    def not_run_where(self) -> list[tuple[str, str | None]]: ...
 
 ENV = "CUMATRIX_HISTORY"
 #: Seconds a writer waits for another's transaction before giving up.
@@ -304,9 +352,9 @@ class History:
 
     # ------------------------------------------------------------------ writing
 
-    def append(self, run: RunData, *, kind: str, commit: str | None, recorded: str | None = None,
+    def append(self, run: RunToStore, *, kind: str, commit: str | None, recorded: str | None = None,
                series: str | None = None) -> int:
-        """Store ``run`` (a :class:`~cumatrix.report.RunData`); returns its history id.
+        """Store ``run`` (a :class:`~cumatrix.results.records.RunData`); returns its history id.
 
         ``series``: the digest that keys the run's series (default: its matrix's sha256); the
         gate keys each wheel's runs apart, so one wheel's cells are never another's history."""
@@ -314,12 +362,7 @@ class History:
         c = run.counts
         host = ", ".join(run.hosts) if run.merged else (head.host or str(head.host_fingerprint.get("hostname") or ""))
         now = recorded or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        rows: list[tuple[CellKey, str, CellRecord | None]] = []
-        for rec in run.cells:
-            rows.append((CellKey(name=rec.id, host=(rec.host or "") if run.merged else ""), rec.axes.get("kind", ""),
-                         rec))
-        for name, where in run.not_run_where():  # in a merge, the host that should have run it
-            rows.append((CellKey(name=name, host=(where or "") if run.merged else ""), _kind_of(name), None))
+        rows = _rows_of(run)
         with self._write():
             cur = self.conn.execute(
                 "INSERT INTO runs(run_uid, kind, recorded, started, finished, matrix, digest, host, fingerprint, "
@@ -329,28 +372,33 @@ class History:
                  json.dumps(dict(head.host_fingerprint), sort_keys=True, default=str), head.harness_version, commit,
                  run.verdict, c.passed, c.failed, c.skipped, c.not_run))
             run_id = int(cur.lastrowid or 0)
-            cell_ids = self._ids_of_cells([(k, kind_) for k, kind_, _ in rows])
-            labels = {cell.outcome_label if cell else NOT_RUN for _, _, cell in rows}
-            outcome_ids = self._ids_of_outcomes(labels)
-            prev = self.conn.execute("SELECT max(id) FROM runs WHERE digest = ? AND id < ?",
-                                     (head.matrix_sha256, run_id)).fetchone()[0]
-            before = {c: (s, o) for c, s, o in self.conn.execute(
-                "SELECT cell, status, outcome FROM results WHERE run = ?", (prev,))} if prev is not None else {}
-            results = []
-            records = []
-            for key, _, cell in rows:
-                cid = cell_ids[key]
-                status = STATUS_CODES[cell.status] if cell else STATUS_CODES[NOT_RUN]
-                outcome = outcome_ids[cell.outcome_label if cell else NOT_RUN]
-                t = cell.timings if cell else None
-                results.append((run_id, cid, status, outcome, t.gbps if t else None, t.speedup if t else None))
-                was = before.get(cid)
-                if cell is not None and (cell.status == "fail" or (was is not None and was != (status, outcome))):
-                    body = json.dumps(cell.to_json(), sort_keys=True, separators=(",", ":"), default=str)
-                    records.append((run_id, cid, zlib.compress(body.encode("utf-8"), 6)))
-            self.conn.executemany("INSERT OR REPLACE INTO results VALUES (?,?,?,?,?,?)", results)
-            self.conn.executemany("INSERT OR REPLACE INTO records VALUES (?,?,?)", records)
+            self._insert_results(run_id, head.matrix_sha256, rows)
         return run_id
+
+    def _insert_results(self, run_id: int, digest: str, rows: list[tuple[CellKey, str, CellRecord | None]]) -> None:
+        """Each cell's status, outcome and timings; its whole record only where it failed or
+        changed against the previous run of ``digest`` (so the history stays small)."""
+        cell_ids = self._ids_of_cells([(k, kind_) for k, kind_, _ in rows])
+        labels = {cell.outcome_label if cell else NOT_RUN for _, _, cell in rows}
+        outcome_ids = self._ids_of_outcomes(labels)
+        prev = self.conn.execute("SELECT max(id) FROM runs WHERE digest = ? AND id < ?",
+                                 (digest, run_id)).fetchone()[0]
+        before = {c: (s, o) for c, s, o in self.conn.execute(
+            "SELECT cell, status, outcome FROM results WHERE run = ?", (prev,))} if prev is not None else {}
+        results = []
+        records = []
+        for key, _, cell in rows:
+            cid = cell_ids[key]
+            status = STATUS_CODES[cell.status] if cell else STATUS_CODES[NOT_RUN]
+            outcome = outcome_ids[cell.outcome_label if cell else NOT_RUN]
+            t = cell.timings if cell else None
+            results.append((run_id, cid, status, outcome, t.gbps if t else None, t.speedup if t else None))
+            if _keeps_record(cell, before.get(cid), (status, outcome)):
+                assert cell is not None  # _keeps_record is false without one
+                body = json.dumps(cell.to_json(), sort_keys=True, separators=(",", ":"), default=str)
+                records.append((run_id, cid, zlib.compress(body.encode("utf-8"), 6)))
+        self.conn.executemany("INSERT OR REPLACE INTO results VALUES (?,?,?,?,?,?)", results)
+        self.conn.executemany("INSERT OR REPLACE INTO records VALUES (?,?,?)", records)
 
     def _ids_of_cells(self, keys: Sequence[tuple[CellKey, str]]) -> dict[CellKey, int]:
         known = {CellKey(name=n, host=h): i for i, n, h in self.conn.execute("SELECT id, name, host FROM cells")}
@@ -487,3 +535,19 @@ def _make_parent(path: Path) -> None:
     except OSError as e:
         raise HistoryError(f"--history {path}: cannot create {parent}: {e.strerror or e}") from e
 
+
+def _rows_of(run: RunToStore) -> list[tuple[CellKey, str, CellRecord | None]]:
+    """``(cell key, kind, record)`` of each cell of ``run``; None for a cell not run.  In a merge
+    a cell is keyed by its host (for one not run, the host that should have run it)."""
+    rows: list[tuple[CellKey, str, CellRecord | None]] = []
+    for rec in run.cells:
+        rows.append((CellKey(name=rec.id, host=(rec.host or "") if run.merged else ""), rec.axes.get("kind", ""),
+                     rec))
+    for name, where in run.not_run_where():
+        rows.append((CellKey(name=name, host=(where or "") if run.merged else ""), _kind_of(name), None))
+    return rows
+
+
+def _keeps_record(cell: CellRecord | None, was: tuple[int, int] | None, now: tuple[int, int]) -> bool:
+    """A cell's whole record is kept where it failed, or where its status or outcome changed."""
+    return cell is not None and (cell.status == "fail" or (was is not None and was != now))

@@ -219,8 +219,24 @@ def diff(hist: History, a: StoredRun, b: StoredRun, *, window: int = DEFAULT_WIN
     ra, rb = hist.rows(a.id), hist.rows(b.id)
     keys: CellKeys = hist.cell_keys()
     labels = hist.outcome_labels()
+    lists = _changes(ra, rb, keys, labels)
+    speed = _speed(hist, before_a, ra, rb, keys)
+    flaky = _flaky(hist, span, keys, labels)
+    trend, left_out = None, 0
+    if trends:
+        moved = keys.numbers(s.cell for s in speed)
+        trend, left_out = _trends(hist, [r.id for r in hist.runs(digest=b.digest, upto=b.id,
+                                                                   limit=max(window, TREND_RUNS))],
+                                  rb, keys, first=[cid for cid in rb if cid in moved])
+    return Diff(a=a, b=b, window=window, **{k: tuple(v) for k, v in lists.items()}, speed=tuple(speed),
+                flaky=tuple(flaky), trends=trend, trends_left_out=left_out)
 
-    def result(row: tuple[int, int, int, float | None, float | None] | None) -> Result | None:
+
+def _changes(ra: Mapping[int, Row], rb: Mapping[int, Row], keys: CellKeys,
+             labels: Mapping[int, str]) -> dict[str, list[Change]]:
+    """Each cell whose status or outcome differs between A's rows and B's, by list."""
+
+    def result(row: Row | None) -> Result | None:
         if row is None:
             return None
         return Result(status=STATUS_NAMES[row[1]], outcome=labels[row[2]], gbps=row[3], speedup=row[4])
@@ -234,7 +250,11 @@ def diff(hist: History, a: StoredRun, b: StoredRun, *, window: int = DEFAULT_WIN
         where = classify(before, after)
         if where is not None:
             lists[where].append(Change(cell=keys[cid], before=before, after=after))
-    speed = _speed(hist, before_a, ra, rb, keys)
+    return lists
+
+
+def _flaky(hist: History, span: list[int], keys: CellKeys, labels: Mapping[int, str]) -> list[Flaky]:
+    """The cells whose outcome flipped at least :data:`FLAKY_FLIPS` times in the runs ``span``."""
     flaky = []
     marks = ",".join("?" * len(span))
     # Only cells with more than one outcome among the runs of the window in which they ran
@@ -250,14 +270,7 @@ def diff(hist: History, a: StoredRun, b: StoredRun, *, window: int = DEFAULT_WIN
         if n >= FLAKY_FLIPS:
             flaky.append(Flaky(cell=keys[cid], flips=n, outcomes=tuple(seq)))
     flaky.sort(key=lambda f: (-f.flips, f.cell.name, f.cell.host))
-    trend, left_out = None, 0
-    if trends:
-        moved = keys.numbers(s.cell for s in speed)
-        trend, left_out = _trends(hist, [r.id for r in hist.runs(digest=b.digest, upto=b.id,
-                                                                   limit=max(window, TREND_RUNS))],
-                                  rb, keys, first=[cid for cid in rb if cid in moved])
-    return Diff(a=a, b=b, window=window, **{k: tuple(v) for k, v in lists.items()}, speed=tuple(speed),
-                flaky=tuple(flaky), trends=trend, trends_left_out=left_out)
+    return flaky
 
 
 Row = tuple[int, int, int, float | None, float | None]

@@ -8,7 +8,6 @@ xdist worker, which collects every cell, applies it to its items (:func:`select_
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
@@ -21,8 +20,13 @@ from cumatrix.load import matrix as _matrix
 from cumatrix.load.keyword import KeywordExpression
 from cumatrix.results.store import Store
 
-if TYPE_CHECKING:
-    from cumatrix.front.plugin import CellItem
+
+class CellItem(pytest.Item):
+    """What selection reads of a cell's item: its cell.  The item that runs it
+    (:class:`cumatrix.front.pytest_plugin.hooks.CellItem`) derives from this, so selection
+    needs nothing of the hooks module, which imports this one."""
+
+    cell: Cell
 
 MATRIX_SUFFIXES = (".yaml", ".yml")
 #: The run's options, built once per process from its pytest options (pytest_configure).

@@ -17,14 +17,6 @@ from cumatrix.front.history_cli import add_history_options
 DEFAULT_OUT = Path("gate-out")
 
 
-def _gate_main(args: argparse.Namespace) -> int:
-    # deferred: the gate (static audit with pyelftools, dynamic stage with the orchestrator and the
-    # reports) costs ~340 ms and ~200 modules, which --help and every other command do without
-    from cumatrix.front.gate import gate_main
-
-    return gate_main(args)
-
-
 # --------------------------------------------------------------------------- command line
 
 
@@ -199,5 +191,4 @@ def add_gate_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentPars
                         "results.json; docs/json-output.md); the usual lines go to stderr")
     add_history_options(p)
     add_cli_options(p, default="auto")
-    p.set_defaults(func=_gate_main)
     return p

@@ -2,7 +2,7 @@
 line per cell, the run's end record and its reports.
 
 :class:`RunSession` is a plugin object, one per session, registered on its config by
-:func:`cumatrix.front.plugin.pytest_configure`: what it holds (the store, the progress) is the
+:func:`cumatrix.front.pytest_plugin.hooks.pytest_configure`: what it holds (the store, the progress) is the
 session's, never the module's.  ``cumatrix run`` hands pytest a :class:`ReportsLeft` to learn
 which ``--out`` directory's reports the session left to it.
 """
@@ -26,7 +26,7 @@ from cumatrix.core.errors import ConfigError, CumatrixError
 from cumatrix.core.options import SandboxPolicy
 from cumatrix.core.record import STATUSES, CellRecord
 from cumatrix.execute import sandbox
-from cumatrix.front.plugin_select import REUSE, options, out_dir, plan_json, selected
+from cumatrix.front.pytest_plugin.selection import REUSE, options, out_dir, plan_json, selected
 from cumatrix.orchestrate import Orchestrator, end_record, run_header
 from cumatrix.results.records import RunData, Seal
 from cumatrix.results.store import LazyDigests, Store, cell_digests

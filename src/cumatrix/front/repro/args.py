@@ -9,17 +9,9 @@ from typing import Any
 from cumatrix.core.options import BACKENDS, DEFAULT_BACKEND, DEFAULT_MATRIX, DEFAULT_OUT
 
 
-def _cmd_repro(args: argparse.Namespace) -> int:
-    # deferred: repro (orchestrator, provisioning, catalog, reports) costs ~340 ms and ~190
-    # modules, which --help and every other command do without
-    from cumatrix.front.repro import cmd_repro
-
-    return cmd_repro(args)
-
-
-def add_repro_parser(sub: Any) -> None:
+def add_repro_parser(sub: Any) -> argparse.ArgumentParser:
     """Register ``cumatrix repro`` on the CLI's subparsers."""
-    p = sub.add_parser(
+    p: argparse.ArgumentParser = sub.add_parser(
         "repro", help="re-run one cell, or a known real-world bug, and write a bug report",
         description="Re-run one cell of a matrix alone (or a catalog entry: a bad cell that must show a known "
                     "bug's signature and a good cell that must pass), and write a Markdown bug report with a "
@@ -41,4 +33,4 @@ def add_repro_parser(sub: Any) -> None:
     p.add_argument("--backend", choices=BACKENDS, default=DEFAULT_BACKEND)
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR", help=f"reports go here (default: {DEFAULT_OUT}/)")
     p.add_argument("--wheel-dir", metavar="DIR", help="take runtime wheels from DIR; no network")
-    p.set_defaults(func=_cmd_repro)
+    return p

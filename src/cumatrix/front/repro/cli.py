@@ -30,9 +30,9 @@ from cumatrix.core.model import NO_RUNTIME, Cell, CudaVersion, Kind, Matrix, is_
 from cumatrix.core.options import RunOptions
 from cumatrix.core.private import write_new
 from cumatrix.execute.observe import ENFORCE_ENV, LOG_ENV
-from cumatrix.front.repro_args import add_repro_parser
-from cumatrix.front.repro_native import GDB_TIMEOUT_EXTRA, NativeTrace, find_debugger, gdb_backtrace, parse_maps
-from cumatrix.front.repro_report import CellRun, _env_table, _fence, bug_report, cell_report
+from cumatrix.front.repro.args import add_repro_parser
+from cumatrix.front.repro.native import GDB_TIMEOUT_EXTRA, NativeTrace, find_debugger, gdb_backtrace, parse_maps
+from cumatrix.front.repro.report import CellRun, _env_table, _fence, bug_report, cell_report
 from cumatrix.judge.reproduce import BugVerdict, judge_bug, judge_build_only, judge_static
 from cumatrix.load import matrix as _matrix
 from cumatrix.load.catalog import Bug, Catalog, load_catalog
@@ -241,9 +241,15 @@ def _build_only(args: argparse.Namespace, runner: Orchestrator, bug: Bug) -> int
     v = judge_build_only(bug, bad=bad.record.observed, bad_log=bad.detail, good=good.record.observed)
     note = ("This host has no NVIDIA GPU or driver: only the build step ran, for both variants. "
             "The build alone proves this bug; on a GPU host the good cell also runs.")
+    return _no_gpu_report(args, runner, bug, v, note, "build step only")
+
+
+def _no_gpu_report(args: argparse.Namespace, runner: Orchestrator, bug: Bug, v: BugVerdict, note: str,
+                   evidence: str) -> int:
+    """The bug report of a host without a GPU, from the builds alone; exit 0 where they reproduce the bug."""
     p = _write(Path(args.out), _report_name(bug.id),
                bug_report(runner, bug, None, None, v.word, v.why, note, _build_logs(runner, bug)))
-    print(f"{bug.id}: {v.word} ({v.why}; build step only: no GPU here)\nreport: {p}")
+    print(f"{bug.id}: {v.word} ({v.why}; {evidence}: no GPU here)\nreport: {p}")
     return 0 if v.reproduced else 1
 
 
@@ -266,10 +272,7 @@ def _static_only(args: argparse.Namespace, runner: Orchestrator, bug: Bug, drive
     v = judge_static(bug, driver=str(driver), bad=found["bad"], good=found["good"])
     note = ("This host has no NVIDIA GPU or driver: the evidence was read from the built binaries (the symbols "
             "each links directly, dated by the CUDA headers), not from loading them; on a GPU host both cells run.")
-    p = _write(Path(args.out), _report_name(bug.id),
-               bug_report(runner, bug, None, None, v.word, v.why, note, _build_logs(runner, bug)))
-    print(f"{bug.id}: {v.word} ({v.why}; static evidence only: no GPU here)\nreport: {p}")
-    return 0 if v.reproduced else 1
+    return _no_gpu_report(args, runner, bug, v, note, "static evidence only")
 
 
 def repro_bug(args: argparse.Namespace, bug: Bug) -> int:

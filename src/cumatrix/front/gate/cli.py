@@ -5,7 +5,7 @@ Stage one, the static audit, reads every ELF file of each wheel straight from th
 (:mod:`cumatrix.provision.headers`): which driver entry points the file links, which CUDA runtime major
 it needs, and which runtime entry points with a major-dependent ABI it names as strings.
 Stage two, the dynamic stage, installs the wheel into each runtime cell of a matrix and
-imports it there; it lives in :mod:`cumatrix.front.gate_dynamic`.
+imports it there; it lives in :mod:`cumatrix.front.gate.dynamic`.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from cumatrix.core.model import CudaVersion
 from cumatrix.core.options import RunOptions
 from cumatrix.core.private import write_new
 from cumatrix.execute import spawn
-from cumatrix.front.gate_args import add_gate_parser
-from cumatrix.front.gate_dynamic import (
+from cumatrix.front.gate.args import add_gate_parser
+from cumatrix.front.gate.dynamic import (
     SITES_DIR,
     direct_references,
     gate_matrix,

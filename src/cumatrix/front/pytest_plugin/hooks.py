@@ -3,7 +3,7 @@
 Each item runs its cell through :class:`~cumatrix.orchestrate.Orchestrator`.  The finished
 :class:`~cumatrix.core.record.CellRecord` crosses pytest-xdist workers inside pytest's own
 serialisable report (an extra attribute that survives xdist's round trip), so the
-controller alone writes the results store (:mod:`.plugin_session`) and JUnit works
+controller alone writes the results store (:mod:`.session`) and JUnit works
 unchanged.  A crashed cell is a failed report, never a lost one: cells run in their own
 child process.  The session's options are parsed once (:class:`~cumatrix.core.options.RunOptions`)
 and kept in ``config.stash``; the plugin holds no state of its own between sessions.
@@ -25,14 +25,15 @@ from cumatrix.core.record import CellRecord
 from cumatrix.execute import spawn
 from cumatrix.front import schedule as _schedule
 from cumatrix.front.flags import add_pytest_options
-from cumatrix.front.plugin_select import (
+from cumatrix.front.pytest_plugin import selection as _selection
+from cumatrix.front.pytest_plugin.selection import (
     MATRIX_SUFFIXES,
     OPTIONS,
     SELECTED,
     options,
     select_cells,
 )
-from cumatrix.front.plugin_session import REPORT_ATTR, RunSession
+from cumatrix.front.pytest_plugin.session import REPORT_ATTR, RunSession
 from cumatrix.front.xdist_units import CellUnitScheduling
 from cumatrix.load import gcpause
 from cumatrix.load import matrix as _matrix
@@ -147,7 +148,7 @@ class CellMismatch(Exception):
         self.record = record
 
 
-class CellItem(pytest.Item):
+class CellItem(_selection.CellItem):
     """One cell of a matrix."""
 
     def __init__(self, *, cell: Cell, matrix: Matrix, line: int = 0, **kw: Any) -> None:

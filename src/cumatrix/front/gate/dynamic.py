@@ -34,7 +34,7 @@ from cumatrix.core.options import DEFAULT_MATRIX, RunOptions, SandboxPolicy
 from cumatrix.core.record import CellRecord
 from cumatrix.core.wheelname import own_tags, wheel_name
 from cumatrix.execute.installer import run_installer
-from cumatrix.front.gate_args import DEFAULT_OUT
+from cumatrix.front.gate.args import DEFAULT_OUT
 from cumatrix.front.history_cli import record
 from cumatrix.load import matrix as _matrix
 from cumatrix.orchestrate import CellRun, Orchestrator, end_record, run_header

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from cumatrix import __version__
 from cumatrix.core.model import Cell, CudaVersion, Kind, outcome_kind
 from cumatrix.core.record import CellRecord
-from cumatrix.front.repro_native import NativeTrace, find_debugger, parse_maps
+from cumatrix.front.repro.native import NativeTrace, find_debugger, parse_maps
 from cumatrix.judge.reproduce import shown
 from cumatrix.load.catalog import Bug
 from cumatrix.orchestrate import Orchestrator
