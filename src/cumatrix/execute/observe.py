@@ -487,8 +487,12 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
                        source=source, source_note=note, driver_mapped=driver, unbacked=unbacked,
                        static_runtimes=statics, device_code=_device_code(every, roots), incomplete=incomplete,
                        escaped="; ".join(trace.escapes) if trace is not None and trace.escapes else None,
-                       nameless=tuple((o.path, *o.digest) for o in trace.objects if o.digest)
-                       if trace is not None else ())
+                       nameless=_nameless(trace))
+
+
+def _nameless(trace: KernelTrace | None) -> tuple[tuple[str, str, int], ...]:
+    """The files with no name on disk (a memfd) the tracer read, each with its bytes' digest."""
+    return tuple((o.path, *o.digest) for o in trace.objects if o.digest) if trace is not None else ()
 
 
 def _kernel_mapped(log: AuditLog, trace: KernelTrace, roots: Mapping[str, Path]

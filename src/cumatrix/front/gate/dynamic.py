@@ -408,8 +408,13 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path], static: 
     write_all(record(args, run, kind="gate", series=history_series(matrix, gws)), out)
     if isinstance(getattr(args, "gate_json", None), dict):
         args.gate_json["dynamic_out"] = out
-    failed = [c for c in run.cells if c.status == "fail"]
-    ran = list(run.cells)
+    return _verdict(args, run.cells, gws, out, len(cells))
+
+
+def _verdict(args: argparse.Namespace, ran: Sequence[CellRecord], gws: Sequence[GateWheel], out: Path,
+             total: int) -> int:
+    """Print the dynamic stage's verdict from the records read back; its exit status."""
+    failed = [c for c in ran if c.status == "fail"]
     for rec in failed:
         print(f"FAIL {rec.id}: {rec.mismatch}")
         hint = missing_dependency(rec, args.constraints, gws)
@@ -421,7 +426,7 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path], static: 
         # nothing tested): every cell was skipped, so say why and how to gate it for real.
         print(nothing_tested(ran, gws) + f"; {reports}")
         return EXIT_NOTHING_RAN
-    print(f"dynamic stage: {'FAIL' if failed else 'pass'}: {len(failed)} of {len(cells)} cells "
+    print(f"dynamic stage: {'FAIL' if failed else 'pass'}: {len(failed)} of {total} cells "
           f"failed; {reports}")
     return 1 if failed else 0
 
