@@ -170,64 +170,75 @@ class _Side:
             self.mapped_at_mmap.append((parts[4], parts[2], int(parts[3]), int(parts[1])))
 
 
+@dataclass(kw_only=True, slots=True)
+class _Tree:
+    """The processes and objects a record names, and whether it is whole, line by line."""
+
+    traced: bool = False
+    complete: bool = False
+    note: str | None = None
+    notes: list[str] = field(default_factory=list)
+    procs: dict[int, dict[str, object]] = field(default_factory=dict)
+    objects: dict[tuple[str, str, int], list[int]] = field(default_factory=dict)
+
+    def proc(self, pid: int) -> dict[str, object]:
+        return self.procs.setdefault(pid, {"images": [], "status": None, "exe": None})
+
+    def take(self, tag: str, parts: list[str]) -> bool:
+        """t: traced; n: a note; e: an image a process ran; m: an object mapped; x: a process's
+        exit; z: the record is whole.  False for a line of another tag."""
+        if tag == "t":
+            self.traced = True
+        elif tag == "n" and len(parts) >= 2:
+            if self.traced:
+                self.notes.append(parts[1])
+            else:
+                self.note = parts[1]
+        elif tag == "e" and len(parts) >= 3:
+            images = self.proc(int(parts[1]))["images"]
+            assert isinstance(images, list)
+            images.append(parts[2])
+        elif tag == "m" and len(parts) >= 5:
+            self.mapped(parts[4], parts[2], int(parts[3]), int(parts[1]))
+        elif tag == "x" and len(parts) >= 4:
+            p = self.proc(int(parts[1]))
+            p["status"], p["exe"] = int(parts[2]), parts[3] or None
+        elif tag == "z":
+            self.complete = True
+        else:
+            return False
+        return True
+
+    def mapped(self, path: str, dev: str, ino: int, pid: int) -> None:
+        pids = self.objects.setdefault((path, dev, ino), [])
+        if pid not in pids:
+            pids.append(pid)
+
+
 def parse_trace(raw: bytes, *, overflow: bool = False) -> KernelTrace:
     """Read the tracer's lines (see ``csrc/spawn.c``); a torn last line is dropped."""
-    lines = raw.decode(errors="replace").split("\n")[:-1]
-    traced = False
-    complete = False
-    note: str | None = None
-    notes: list[str] = []
-    procs: dict[int, dict[str, object]] = {}
-    objects: dict[tuple[str, str, int], list[int]] = {}
-    side = _Side()
-
-    def proc(pid: int) -> dict[str, object]:
-        return procs.setdefault(pid, {"images": [], "status": None, "exe": None})
-
-    for line in lines:
+    tree, side = _Tree(), _Side()
+    for line in raw.decode(errors="replace").split("\n")[:-1]:
         parts = line.split("\t")
-        tag = parts[0]
         try:
-            if tag == "t":
-                traced = True
-            elif tag == "n" and len(parts) >= 2:
-                if traced:
-                    notes.append(parts[1])
-                else:
-                    note = parts[1]
-            elif tag == "e" and len(parts) >= 3:
-                images = proc(int(parts[1]))["images"]
-                assert isinstance(images, list)
-                images.append(parts[2])
-            elif tag == "m" and len(parts) >= 5:
-                key = (parts[4], parts[2], int(parts[3]))
-                pids = objects.setdefault(key, [])
-                if int(parts[1]) not in pids:
-                    pids.append(int(parts[1]))
-            elif tag == "x" and len(parts) >= 4:
-                p = proc(int(parts[1]))
-                p["status"], p["exe"] = int(parts[2]), parts[3] or None
-            elif tag == "z":
-                complete = True
-            else:
-                side.take(tag, parts)
+            if not tree.take(parts[0], parts):
+                side.take(parts[0], parts)
         except ValueError:
             continue  # a line the tracer did not write this way: ignored
     # The maps' lines give the order (as before the mmap stops); what only an mmap stop saw
     # (a library unloaded before any maps were read, a memfd) follows.
     for path, dev, ino, pid in side.mapped_at_mmap:
-        seen = objects.setdefault((path, dev, ino), [])
-        if pid not in seen:
-            seen.append(pid)
+        tree.mapped(path, dev, ino, pid)
     processes = tuple(TracedProcess(pid=pid, images=tuple(v["images"]), status=v["status"],  # type: ignore[arg-type]
-                                    exe=v["exe"]) for pid, v in procs.items())  # type: ignore[arg-type]
+                                    exe=v["exe"]) for pid, v in tree.procs.items())  # type: ignore[arg-type]
     objs = tuple(TracedObject(path=p, device=d, inode=i, pids=tuple(pids), soname=side.sonames.get((d, i)),
                               digest=side.digests.get((d, i)))
-                 for (p, d, i), pids in objects.items())
+                 for (p, d, i), pids in tree.objects.items())
+    notes = list(tree.notes)
     if overflow:
         notes.append(f"the tracer's record passed {MAX_TRACE_BYTES} bytes; the rest was not read")
-    return KernelTrace(traced=traced, complete=complete and not overflow, note=note, processes=processes,
-                       objects=objs, notes=tuple(notes), resolved=tuple(side.resolved.items()),
+    return KernelTrace(traced=tree.traced, complete=tree.complete and not overflow, note=tree.note,
+                       processes=processes, objects=objs, notes=tuple(notes), resolved=tuple(side.resolved.items()),
                        resolved_inside=side.resolved_inside, left=side.left, escapes=tuple(side.escapes))
 
 
