@@ -138,14 +138,26 @@ def test_the_docker_backend_finds_the_base_image_by_its_label(client: object) ->
                           timeout=900, check=False)
     assert proc.returncode == 0, proc.stderr[-500:]
     built = proc.stdout.strip().splitlines()[-1]
-    found = find_base_image(client)
-    assert found is not None
-    labels = client.images.get(found).labels  # type: ignore[attr-defined]
-    assert "cumatrix.base" in labels
-    assert "cumatrix" not in labels
-    assert found == built or client.images.get(found).attrs["Created"] >= client.images.get(built).attrs["Created"]  # type: ignore[attr-defined]
-    with DockerBackend() as be:
-        assert be.base_image == found
+    import docker.errors
+
+    # Other tests on the same daemon (xdist workers: test_clean_images) make and remove images
+    # carrying the base label; one removed between the lookup and the inspection is looked up again.
+    for _ in range(10):
+        found = find_base_image(client)
+        assert found is not None
+        try:
+            image = client.images.get(found)  # type: ignore[attr-defined]
+            newest_or_built = found == built or image.attrs["Created"] >= client.images.get(built).attrs["Created"]  # type: ignore[attr-defined]
+            with DockerBackend() as be:
+                chosen = be.base_image
+        except docker.errors.ImageNotFound:
+            continue
+        if chosen == found:
+            break
+    assert "cumatrix.base" in image.labels
+    assert "cumatrix" not in image.labels
+    assert newest_or_built
+    assert chosen == found
 
 
 @pytest.mark.docker
