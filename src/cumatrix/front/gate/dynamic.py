@@ -509,10 +509,9 @@ def _install_wheels(args: argparse.Namespace, gws: Sequence[GateWheel], sites: P
                 why="install-failed", exit_status=rc, detail=f"pip install of {w.path.name} failed: {log[-1500:]}")
 
 
-def _run_cells(orch: Orchestrator, cells: Sequence[Cell], store: Store
-               ) -> tuple[list[CellRecord], list[CellRecord]]:
-    failed: list[CellRecord] = []
-    ran: list[CellRecord] = []
+def _run_cells(orch: Orchestrator, cells: Sequence[Cell], store: Store) -> None:
+    """Run ``cells``, each record sealed into ``store`` as it ends (the verdict is taken later,
+    from the records read back)."""
     t0 = time.monotonic()
     done = 0
 
@@ -522,10 +521,7 @@ def _run_cells(orch: Orchestrator, cells: Sequence[Cell], store: Store
         # Sealed (the digest only names the gate: a gate is never resumed), so that the
         # records read back are checked against what was written.
         store.append(rec.to_store(), digest="gate")
-        ran.append(rec)
         done += 1
-        if rec.status == "fail":
-            failed.append(rec)
         obs = rec.observed
         outcome = obs.outcome + (f" [{obs.path}]" if obs.path not in (None, "n/a") else "")
         print(progress_line(done, len(cells), time.monotonic() - t0, rec.id, rec.status, outcome),
@@ -538,4 +534,3 @@ def _run_cells(orch: Orchestrator, cells: Sequence[Cell], store: Store
     finally:
         # A killed gate still leaves a report of what it finished.
         store.append(end_record(interrupted=interrupted))
-    return failed, ran
