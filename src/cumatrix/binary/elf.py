@@ -429,16 +429,15 @@ def elf_soname(elf: ELFFile) -> str | None:
     return None
 
 
+_STB_LOCAL = 0
 _STB_WEAK = 2
 _MAX_DYNSYM = 256 << 20  # a bound on a crafted section size
 
 
 def _dynsym(elf: ELFFile) -> list[tuple[str, bool, bool]]:
-    """``(name, defined, weak)`` of every named dynamic symbol.
-
-    Read with ``struct`` in one pass over ``.dynsym`` and its string table: pyelftools'
-    per-symbol parsing took 3.9 s for the 15,756 symbols of vLLM's ``_C.abi3.so``.
-    """
+    """``(name, defined, weak)`` of every named non-local dynamic symbol (glibc's lookup skips local
+    ones), read with ``struct`` in one pass over ``.dynsym`` and its string table: pyelftools'
+    per-symbol parsing took 3.9 s for the 15,756 symbols of vLLM's ``_C.abi3.so``."""
     section = elf.get_section_by_name(".dynsym")
     if not isinstance(section, SymbolTableSection):
         return []
@@ -459,7 +458,7 @@ def _dynsym(elf: ELFFile) -> list[tuple[str, bool, bool]]:
     out: list[tuple[str, bool, bool]] = []
     for entry in fmt.iter_unpack(data[: len(data) - len(data) % fmt.size]):
         off = entry[iname]
-        if not off or off >= len(names):
+        if not off or off >= len(names) or entry[iinfo] >> 4 == _STB_LOCAL:
             continue
         stop = names.find(b"\0", off)
         name = names[off: stop if stop != -1 else len(names)].decode("utf-8", "replace")

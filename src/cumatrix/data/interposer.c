@@ -34,7 +34,57 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef CUMATRIX_TABLES
+#if defined(CUMATRIX_RUNTIME_CONFIG)
+/* The prebuilt variant (a platform wheel's cumatrix/libexec/libcumatrix_cuda.so): one build
+ * for every host and emulated version.  It defines a trampoline for every entry point in
+ * driver_entry_points.h, each resolved by dlsym on the real driver, and reads what the
+ * generated header would fix from the block below, which cumatrix writes into each per-host
+ * copy (finding it by its magic in .data); the exports this copy must not have (introduced
+ * after the emulated version, or absent from the real driver) are made local in that copy's
+ * .dynsym, and the dynamic linker and dlsym skip local symbols (glibc elf/dl-lookup.c,
+ * do_lookup_x: "Local symbols are ignored"), so they fail to link exactly as missing ones do. */
+#include <stddef.h>
+#include "driver_entry_points.h"
+#define CONFIG_MAGIC "cumatrix-interposer-config-v1"
+#define CONFIG_PATH_BYTES 4096
+#define CONFIG_HIDDEN_BYTES 32768
+struct cumatrix_config {
+    char magic[32];
+    int32_t emulated_version; /* EMULATED_VERSION */
+    int32_t ptx_ceiling;      /* PTX_CEILING */
+    int32_t has_gpa;          /* the real driver exports cuGetProcAddress */
+    int32_t has_gpa_v2;       /* ... and cuGetProcAddress_v2 */
+    char real_path[CONFIG_PATH_BYTES];
+    char hidden[CONFIG_HIDDEN_BYTES]; /* HIDDEN: NUL-terminated base names, then an empty one */
+};
+/* The layout cumatrix.provision.prebuilt_driver writes. */
+_Static_assert(offsetof(struct cumatrix_config, emulated_version) == 32, "config layout");
+_Static_assert(offsetof(struct cumatrix_config, real_path) == 48, "config layout");
+_Static_assert(offsetof(struct cumatrix_config, hidden) == 48 + CONFIG_PATH_BYTES, "config layout");
+/* Not static, not const: written into the file after the build, so never folded. */
+__attribute__((visibility("hidden"), used)) struct cumatrix_config cumatrix_config = {
+    CONFIG_MAGIC, 12000, 0, 1, 1, "", ""};
+#define EMULATED_VERSION (cumatrix_config.emulated_version)
+#define REAL_PATH (cumatrix_config.real_path)
+#define PTX_CEILING (cumatrix_config.ptx_ceiling)
+#define HAS_GET_PROC_ADDRESS 1
+#define HAS_GET_PROC_ADDRESS_V2 1
+#define GPA_EXPORTED (cumatrix_config.has_gpa)
+#define GPA_V2_EXPORTED (cumatrix_config.has_gpa_v2)
+#define N_FORWARDED 0
+#define FORWARDED(X)
+#define HIDDEN(X)
+#define HAS_cuModuleLoad 1
+#define HAS_cuModuleLoadData 1
+#define HAS_cuModuleLoadDataEx 1
+#define HAS_cuModuleLoadFatBinary 1
+#define HAS_cuLibraryLoadData 1
+#define HAS_cuLibraryLoadFromFile 1
+#define HAS_cuLinkAddData 1
+#define HAS_cuLinkAddData_v2 1
+#define HAS_cuLinkAddFile 1
+#define HAS_cuLinkAddFile_v2 1
+#elif defined(CUMATRIX_TABLES)
 #include CUMATRIX_TABLES
 #else
 #define EMULATED_VERSION 12000
@@ -55,6 +105,12 @@
 #define HAS_cuLinkAddData_v2 1
 #define HAS_cuLinkAddFile 1
 #define HAS_cuLinkAddFile_v2 1
+#endif
+
+#ifndef GPA_EXPORTED
+/* Compiled per host: cuGetProcAddress[_v2] is defined here only where the real driver has it. */
+#define GPA_EXPORTED 1
+#define GPA_V2_EXPORTED 1
 #endif
 
 #define NAME_STRING(name, index) #name,
@@ -438,6 +494,15 @@ static void jit_load(void) {
     }
 }
 
+#ifdef CUMATRIX_RUNTIME_CONFIG
+/* One slot per entry point of driver_entry_points.h, filled by the constructor. */
+#define ENTRY_SLOT(name) __attribute__((visibility("hidden"))) void *cumatrix_slot_##name;
+CUMATRIX_DRIVER_ENTRY_POINTS(ENTRY_SLOT)
+#define ENTRY_SLOT_ROW(name) {#name, &cumatrix_slot_##name},
+static const struct { const char *name; void **slot; } entry_slots[] = {
+    CUMATRIX_DRIVER_ENTRY_POINTS(ENTRY_SLOT_ROW){0, 0}};
+#endif
+
 __attribute__((constructor)) static void cumatrix_load(void) {
     if (real_handle) return;
     /* By absolute path, RTLD_LOCAL: the interposer must never find itself. */
@@ -449,6 +514,12 @@ __attribute__((constructor)) static void cumatrix_load(void) {
         void *p = real_handle ? dlsym(real_handle, forwarded_names[i]) : 0;
         cumatrix_real[i] = p ? p : (void *)cumatrix_unresolved;
     }
+#ifdef CUMATRIX_RUNTIME_CONFIG
+    for (int i = 0; entry_slots[i].name; i++) {
+        void *p = real_handle ? dlsym(real_handle, entry_slots[i].name) : 0;
+        *entry_slots[i].slot = p ? p : (void *)cumatrix_unresolved;
+    }
+#endif
     if (real_handle) {
         real_gpa = (int (*)(const char *, void **, int, unsigned long long))dlsym(real_handle, "cuGetProcAddress");
         real_gpa_v2 = (int (*)(const char *, void **, int, unsigned long long, int *))dlsym(real_handle,
@@ -458,6 +529,11 @@ __attribute__((constructor)) static void cumatrix_load(void) {
 }
 
 static int is_hidden(const char *symbol) {
+#ifdef CUMATRIX_RUNTIME_CONFIG
+    const char *end = cumatrix_config.hidden + CONFIG_HIDDEN_BYTES;
+    for (const char *p = cumatrix_config.hidden; p < end && *p; p += strnlen(p, (size_t)(end - p)) + 1)
+        if (strncmp(symbol, p, (size_t)(end - p)) == 0) return 1;
+#endif
     for (int i = 0; hidden_bases[i]; i++)
         if (strcmp(symbol, hidden_bases[i]) == 0) return 1;
     return 0;
@@ -487,14 +563,16 @@ static int own_entry(const char *symbol, int version, void **pfn) {
     }
     if (strcmp(symbol, "cuGetProcAddress") == 0) {
 #if HAS_GET_PROC_ADDRESS_V2
-        if (version >= 12000) {
+        if (version >= 12000 && GPA_V2_EXPORTED) {
             *pfn = (void *)cuGetProcAddress_v2;
             return 1;
         }
 #endif
 #if HAS_GET_PROC_ADDRESS
-        *pfn = (void *)cuGetProcAddress;
-        return 1;
+        if (GPA_EXPORTED) {
+            *pfn = (void *)cuGetProcAddress;
+            return 1;
+        }
 #endif
     }
     (void)version;
@@ -557,3 +635,9 @@ int cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, unsigned l
     ".globl " #name "\n.type " #name ", @function\n.p2align 4\n" #name ":\n"                       \
     "    jmp *cumatrix_real+8*" #index "(%rip)\n.size " #name ", .-" #name "\n"
 __asm__(".text\n" FORWARDED(TRAMPOLINE));
+#ifdef CUMATRIX_RUNTIME_CONFIG
+#define ENTRY_TRAMPOLINE(name)                                                                   \
+    ".globl " #name "\n.type " #name ", @function\n.p2align 4\n" #name ":\n"                       \
+    "    jmp *cumatrix_slot_" #name "(%rip)\n.size " #name ", .-" #name "\n"
+__asm__(".text\n" CUMATRIX_DRIVER_ENTRY_POINTS(ENTRY_TRAMPOLINE));
+#endif

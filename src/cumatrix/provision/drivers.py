@@ -14,6 +14,17 @@ as a real X.Y driver does (docs/facts.md section 12; docs/emulation.md).
 Forwarding needs no signatures: each export is a one-instruction x86-64 trampoline
 (``jmp *ptr(%rip)``) through a table filled by a constructor that ``dlopen``\\s the real driver
 by absolute path (so the interposer never finds itself).
+
+Where the host has no C compiler (most GPU runners' images), a platform wheel's prebuilt
+interposer serves instead (:mod:`cumatrix.provision.prebuilt_driver`): the same C file built
+once, at wheel-build time, with a trampoline for every entry point cumatrix knows of and a
+configuration block in ``.data``; the per-host copy gets the emulated version, the real
+driver's path, the PTX ceiling and the hidden ``cuGetProcAddress`` names written into that
+block, and every export it must not have made local in ``.dynsym`` (the dynamic linker and
+``dlsym`` skip local symbols), so it exports what the compiled one does and answers as it does.
+Names the real driver exports that the prebuilt was not built with are listed on the result
+(:attr:`Interposer.missing`), and every cell under it records them; with a compiler, the
+per-host build is used and nothing is missing.
 """
 
 from __future__ import annotations
@@ -37,6 +48,7 @@ from cumatrix.core.cache import cache_dir
 from cumatrix.core.errors import ConfigError, CumatrixError
 from cumatrix.core.model import CudaVersion
 from cumatrix.predict.rules import emulation_newer_than_host
+from cumatrix.provision import prebuilt_driver
 
 
 class InterposerError(CumatrixError):
@@ -110,6 +122,12 @@ class Interposer:
     exported: int  # how many symbols the interposer exports
     cache_hit: bool
     real_libcuda: Path
+    #: Made from the prebuilt interposer (no compiler here), not compiled on this host.
+    prebuilt: bool = False
+    #: Exports of the real driver (kept at this version) the prebuilt does not carry: a
+    #: program that links one fails to load under this interposer, as it would not under the
+    #: compiled one.  Always empty for a compiled interposer.
+    missing: tuple[str, ...] = ()
 
     @property
     def library(self) -> Path:
@@ -186,8 +204,11 @@ _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 def build_interposer(emulated: CudaVersion, *, real_libcuda: Path | None, introductions: Mapping[str, int],
                      real_driver_version: int, base_introductions: Mapping[str, int] | None = None,
                      cache: Path | None = None,
-                     cc: str = "gcc") -> Interposer:
+                     cc: str = "gcc", prebuilt: Path | None = None) -> Interposer:
     """Generate, compile (cached) and return a ``libcuda.so.1`` emulating driver ``emulated``.
+
+    Compiled with ``cc`` where it is on PATH; else (or when ``prebuilt`` names one) made from
+    the prebuilt interposer by patching a copy (:mod:`cumatrix.provision.prebuilt_driver`).
 
     ``introductions`` maps exported names to introduction versions
     (:func:`cumatrix.provision.headers.load_introductions`); ``base_introductions`` maps
@@ -197,17 +218,33 @@ def build_interposer(emulated: CudaVersion, *, real_libcuda: Path | None, introd
     runs no driver code.
 
     Raises :class:`ConfigError` when ``introductions`` is empty or ``emulated`` is newer than
-    the real driver, :class:`InterposerError` when there is no real driver, no compiler, or
-    the build fails.
+    the real driver, :class:`InterposerError` when there is no real driver, neither a compiler
+    nor a prebuilt interposer, or the build fails.
     """
     version = int(emulated)
-    real, cc_path = _check_build_inputs(emulated, real_libcuda, introductions, real_driver_version, cc)
+    real = _check_build_inputs(emulated, real_libcuda, introductions, real_driver_version)
     bases = dict(base_introductions) if base_introductions is not None else _bases_from(introductions)
     exports = tuple(n for n in exported_functions(real) if _NAME_RE.match(n))
     hidden = tuple(n for n in exports if introductions.get(n, 0) > version)
     kept = tuple(n for n in exports if n not in hidden)
     unknown = tuple(n for n in kept if n not in introductions)
     hidden_bases = tuple(sorted(b for b, v in bases.items() if v > version))
+    root = cache if cache is not None else cache_dir("drivers")
+    root.mkdir(parents=True, exist_ok=True)
+    cc_path = shutil.which(cc) if prebuilt is None else None
+    if cc_path is None:
+        prebuilt = prebuilt or prebuilt_driver.prebuilt_interposer()
+        if prebuilt is None:
+            raise InterposerError(
+                f"emulated-{emulated}: no C compiler {cc!r} on PATH and no prebuilt interposer in this "
+                "install; emulated drivers are compiled on the host at run time: install gcc (e.g. "
+                "apt-get install gcc), or a platform wheel of cumatrix"
+            )
+        config = prebuilt_driver.RuntimeConfig(
+            version=version, ptx_ceiling=ptx_ceiling_define(version), real_libcuda=real,
+            has_gpa="cuGetProcAddress" in kept, has_gpa_v2="cuGetProcAddress_v2" in kept,
+            hidden_bases=hidden_bases)
+        return _from_prebuilt(emulated, prebuilt, config, kept, hidden, root)
     tables = generate_tables(version=version, real_libcuda=real, exports=kept,
                              hidden_bases=hidden_bases, unknown=unknown)
     source = interposer_template()
@@ -216,8 +253,6 @@ def build_interposer(emulated: CudaVersion, *, real_libcuda: Path | None, introd
     key = "\n".join([source, tables, str(real), str(st.st_size), str(st.st_mtime_ns), _build_id(real),
                      _compiler_identity(cc_path)])
     digest = hashlib.sha256(key.encode()).hexdigest()[:20]
-    root = cache if cache is not None else cache_dir("drivers")
-    root.mkdir(parents=True, exist_ok=True)
     lib_dir = root / f"emulated-{emulated}-{digest}"
     cached = (lib_dir / "libcuda.so.1").is_file()
     if not cached:
@@ -227,8 +262,8 @@ def build_interposer(emulated: CudaVersion, *, real_libcuda: Path | None, introd
 
 
 def _check_build_inputs(emulated: CudaVersion, real_libcuda: Path | None, introductions: Mapping[str, int],
-                        real_driver_version: int, cc: str) -> tuple[Path, str]:
-    """The real driver (resolved) and the compiler's path, or the error that says what is missing."""
+                        real_driver_version: int) -> Path:
+    """The real driver (resolved), or the error that says what is missing."""
     if not introductions:
         raise ConfigError(
             f"emulated-{emulated}: no symbol introduction versions (the runtime headers have no "
@@ -250,13 +285,45 @@ def _check_build_inputs(emulated: CudaVersion, real_libcuda: Path | None, introd
             f"emulating {emulated} on a host whose driver is {CudaVersion.from_int(real_v)} cannot "
             "work: an interposer only hides what the real driver has"
         )
-    cc_path = shutil.which(cc)
-    if cc_path is None:
-        raise InterposerError(
-            f"emulated-{emulated}: no C compiler {cc!r} on PATH; emulated drivers are compiled on "
-            "the host at run time: install gcc (e.g. apt-get install gcc)"
-        )
-    return real, cc_path
+    return real
+
+
+def _from_prebuilt(emulated: CudaVersion, prebuilt: Path, config: prebuilt_driver.RuntimeConfig,
+                   kept: tuple[str, ...], hidden: tuple[str, ...], root: Path) -> Interposer:
+    """A patched copy of ``prebuilt`` (cached): it exports ``kept`` (and cuDriverGetVersion,
+    which the compiled one always defines) as far as it carries them, nothing else."""
+    carried = exported_functions(prebuilt)
+    keep = {*kept, "cuDriverGetVersion"}
+    hide = tuple(n for n in carried if n not in keep)
+    missing = tuple(n for n in kept if n not in carried)
+    try:
+        block = config.to_bytes()
+    except prebuilt_driver.PatchError as e:
+        raise InterposerError(f"emulated-{emulated}: {e}") from e
+    st = config.real_libcuda.stat()
+    key = b"\n".join([hashlib.sha256(prebuilt.read_bytes()).digest(), block, "\n".join(hide).encode(),
+                      f"{st.st_size} {st.st_mtime_ns} {_build_id(config.real_libcuda)}".encode()])
+    lib_dir = root / f"emulated-{emulated}-prebuilt-{hashlib.sha256(key).hexdigest()[:20]}"
+    cached = (lib_dir / "libcuda.so.1").is_file()
+    if not cached:
+        tmp = Path(tempfile.mkdtemp(prefix=".patch-", dir=root))
+        try:
+            prebuilt_driver.patch_interposer(prebuilt, tmp / "libcuda.so.1", config, hide)
+            (tmp / "libcuda.so.1").chmod(0o755)
+            (tmp / "interposer.txt").write_text(
+                f"emulated {emulated} from the prebuilt {prebuilt}, forwarding to {config.real_libcuda}\n"
+                + "".join(f"hidden: {n}\n" for n in hide) + "".join(f"missing: {n}\n" for n in missing))
+            tmp.rename(lib_dir)
+        except prebuilt_driver.PatchError as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise InterposerError(f"emulated-{emulated}: {e}") from e
+        except OSError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if not (lib_dir / "libcuda.so.1").is_file():
+                raise
+            cached = True  # another worker wrote the same one first
+    return Interposer(lib_dir=lib_dir, version=config.version, hidden=hidden, exported=len(kept) - len(missing),
+                      cache_hit=cached, real_libcuda=config.real_libcuda, prebuilt=True, missing=missing)
 
 
 def _compile(emulated: CudaVersion, cc_path: str, source: str, tables: str, root: Path, lib_dir: Path) -> str:
