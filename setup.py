@@ -1,12 +1,14 @@
 """Ship the reference C sources (``cumatrix/native/``), the runtime Dockerfile, the default
 matrix (``cumatrix/data/matrix.yaml``: what ``cumatrix run`` runs where no matrix.yaml is) and
-the compiled spawn helper and rtld-audit library (``cumatrix/libexec/``) inside the package.
+the compiled spawn helper, rtld-audit library and prebuilt driver interposer
+(``cumatrix/libexec/``) inside the package.
 
 ``reference/`` at the top of the repository is the source of truth; a wheel or a
 non-editable install carries a copy so that ``cumatrix build`` works anywhere.  The spawn
-helper and the audit library are compiled here, with the compiler of the machine that builds
-the wheel, so that a host without one (most GPU runners' images) has the same evidence as a
-checkout; the wheel is then a platform wheel (``py3-none-linux_*``, made ``manylinux_*`` by
+helper, the audit library and the interposer are compiled here, with the compiler of the
+machine that builds the wheel, so that a host without one (most GPU runners' images) has the
+same evidence and the same emulated drivers as a checkout (the interposer is then configured
+per host by patching a copy: cumatrix.provision.prebuilt_driver); the wheel is then a platform wheel (``py3-none-linux_*``, made ``manylinux_*`` by
 auditwheel in the release workflow).  ``CUMATRIX_PURE_WHEEL=1`` builds the pure wheel instead:
 the helpers are then compiled on the host at first use, as from a checkout.
 """
@@ -26,24 +28,31 @@ HERE = Path(__file__).parent
 # The flags observe.py and spawn.py compile with at first use: the same program either way.
 AUDIT_CFLAGS = ["-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror"]
 PURE = os.environ.get("CUMATRIX_PURE_WHEEL") == "1"
+# The same as cumatrix.provision.prebuilt_driver.COMPILE_FLAGS (a test compares them): the
+# interposer with a trampoline per known entry point and its configuration read at run time.
+INTERPOSER_FLAGS = ["-shared", "-fPIC", "-O2", "-Wl,-soname,libcuda.so.1", "-DCUMATRIX_RUNTIME_CONFIG"]
 
 
 def _compile(out: Path) -> None:
     """cumatrix-spawn (static where the C library allows it: it then starts without the dynamic
-    loader, as spawn.py builds it) and libcumatrix_audit.so into ``out``."""
+    loader, as spawn.py builds it), libcumatrix_audit.so and libcumatrix_cuda.so (the driver
+    interposer) into ``out``."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if cc is None:
-        raise SystemExit("building a cumatrix wheel compiles csrc/spawn.c and csrc/audit.c: no C compiler "
-                         "(cc, gcc or $CC) found; install gcc, or set CUMATRIX_PURE_WHEEL=1 for a pure wheel "
-                         "whose helpers are compiled on the host at first use")
+        raise SystemExit("building a cumatrix wheel compiles csrc/spawn.c, csrc/audit.c and data/interposer.c: "
+                         "no C compiler (cc, gcc or $CC) found; install gcc, or set CUMATRIX_PURE_WHEEL=1 for a "
+                         "pure wheel whose helpers are compiled on the host at first use")
     out.mkdir(parents=True, exist_ok=True)
     csrc = HERE / "src" / "cumatrix" / "csrc"
     spawn = [cc, "-O2", "-o", str(out / "cumatrix-spawn"), str(csrc / "spawn.c")]
     if subprocess.run([*spawn[:2], "-static", *spawn[2:]], check=False, capture_output=True).returncode != 0:
         subprocess.run(spawn, check=True)
     subprocess.run([cc, *AUDIT_CFLAGS, "-o", str(out / "libcumatrix_audit.so"), str(csrc / "audit.c")], check=True)
-    (out / "cumatrix-spawn").chmod(0o755)
-    (out / "libcumatrix_audit.so").chmod(0o755)
+    data = HERE / "src" / "cumatrix" / "data"
+    subprocess.run([cc, *INTERPOSER_FLAGS, "-o", str(out / "libcumatrix_cuda.so"), str(data / "interposer.c"),
+                    "-ldl"], check=True)
+    for name in ("cumatrix-spawn", "libcumatrix_audit.so", "libcumatrix_cuda.so"):
+        (out / name).chmod(0o755)
 
 
 class BuildPyWithReference(build_py):

@@ -339,7 +339,7 @@ class Orchestrator:
                      shell_wrapped=bool(self.hooks and self.hooks.shell_wrapped(cell)),
                      observed=seen.fingerprint() if seen is not None else {},
                      # a cell observed in part never looks like one observed in full
-                     missing_evidence=self.missing_evidence())
+                     missing_evidence=(*self.missing_evidence(), *self.provisioner.interposer_evidence(cell)))
 
     def run_all(self, cells: Iterable[Cell], on_record: Callable[[CellRun], None]) -> None:
         """Run ``cells`` one after another, handing each finished cell to ``on_record``."""

@@ -269,3 +269,42 @@ def test_the_gate_reads_a_hidden_name_as_not_exported(pairs: dict[str, tuple[D.I
             assert exported == set(D.exported_functions(ip.library))
             assert not undefined & set(D.exported_functions(patched.library))
         assert not set(patched.hidden) & set(D.exported_functions(patched.library))
+
+
+def test_a_cell_under_the_prebuilt_names_what_it_lacks(stand_in: Path, prebuilt: Path, tmp_path: Path,
+                                                      wheel_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run on a host without a compiler (PATH without gcc): the emulated driver is the
+    prebuilt, patched, and the cell's record names the two stand-in exports it lacks."""
+    from cumatrix.host.fingerprint import FoundLibcuda  # the search's result type, here only
+    from cumatrix.load.matrix import cells as matrix_cells  # the run's own parts, here only
+    from cumatrix.load.matrix import load as load_matrix
+    from cumatrix.orchestrate import Orchestrator
+    from cumatrix.provision import cell as provision_cell
+
+    check = ("import ctypes; v = ctypes.c_int(); ctypes.CDLL('libcuda.so.1').cuDriverGetVersion(ctypes.byref(v)); "
+             "raise SystemExit(0 if v.value == 12080 else 1)")
+    m = tmp_path / "m.yaml"
+    m.write_text(f"runtimes: {{cu12.9: {{wheel: nvidia-cuda-runtime-cu12==12.9.79}}}}\ndrivers: [emulated-12.8]\n"
+                 f"probe: false\ncases:\n  - {{name: version, argv: [{sys.executable}, -c, \"{check}\"]}}\n")
+    matrix = load_matrix(m)
+    no_cc = tmp_path / "bin"
+    no_cc.mkdir()
+    monkeypatch.setenv("PATH", str(no_cc))
+    monkeypatch.setattr(P, "LIBEXEC", prebuilt.parent)
+    # This host has no NVIDIA driver: the search finds the stand-in.
+    monkeypatch.setattr(provision_cell, "search_real_libcuda",
+                        lambda _log: FoundLibcuda(path=stand_in, found_by="stand-in"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    orch = Orchestrator(matrix=matrix)
+    orch._host_fp = {"driver_version": 13000}  # the stand-in's version, as the fingerprint would report it
+    try:
+        (cell,) = matrix_cells(matrix)
+        rec = orch.run(cell).record
+    finally:
+        orch.close()
+    assert rec.observed.outcome == "ok", rec.observed
+    fp = rec.fingerprint
+    assert "interposer" in fp["missing_evidence"]  # type: ignore[operator]
+    why = next(w for w in fp["missing_evidence_why"] if w.startswith("interposer:"))  # type: ignore[attr-defined]
+    assert "cuStandInLoads, cuStandInUntyped" in why
+    assert not list((tmp_path / "cache").rglob("interposer.c"))  # nothing compiled

@@ -22,6 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from cumatrix.provision.headers import load_introductions
+from cumatrix.provision.runtimes import headers_for
+
 ROOT = Path(__file__).resolve().parents[2]
 RUNTIME = "nvidia-cuda-runtime-cu12==12.9.79"
 MATRIX = f"""\
@@ -142,6 +145,41 @@ def test_the_platform_wheel_observes_in_full_without_a_compiler(tmp_path: Path, 
     swaps = [r for cid, r in recs.items() if len(cid.split("/")) >= 4]  # runtime/driver/variant/headers/...
     assert swaps
     assert {r["observed"]["outcome"] for r in swaps} == {"skipped:no-compiler"}
+
+    # An emulated driver, from the wheel's prebuilt interposer, with no compiler: in front of
+    # the STAND-IN driver (this host has no GPU), built with gcc before the compiler is hidden.
+    drv = tmp_path / "driver"
+    drv.mkdir()
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(drv / "libcuda.so.1"),
+                    str(ROOT / "tests" / "stand_ins" / "libcuda_stand_in.c")], check=True, timeout=120)
+    (tmp_path / "intro.json").write_text(json.dumps(load_introductions(headers_for("13.5"))))
+    e = without_compiler([venv / "bin" / "python", "-c", _EMULATE, drv / "libcuda.so.1", tmp_path / "intro.json",
+                          tmp_path / "drivers"], tmp=tmp_path, env=env, cwd=empty)
+    assert e.returncode == 0, e.stderr[-3000:]
+    got = json.loads(e.stdout)
+    assert got["from"].startswith(str(venv))
+    assert got["prebuilt"] is True
+    assert got["missing"] == ["cuStandInLoads", "cuStandInUntyped"]  # in no PFN_ typedef: not carried
+    assert got["hidden"] == ["cuMemcpyBatchAsync", "cuMemcpyBatchAsync_v2"]
+    assert got["probe"] == ["12040", "False", "True"]  # the version, the batch entry hidden, cuInit kept
+
+
+# Inside the namespace without a compiler: an emulated 12.4 over the stand-in, then probed.
+_EMULATE = r"""
+import json, os, subprocess, sys
+from pathlib import Path
+from cumatrix.core.model import CudaVersion
+from cumatrix.provision import drivers as D
+intro = json.loads(Path(sys.argv[2]).read_text())
+ip = D.build_interposer(CudaVersion(12, 4), real_libcuda=Path(sys.argv[1]), introductions=intro,
+                        real_driver_version=13000, cache=Path(sys.argv[3]))
+probe = ("import ctypes; c = ctypes.CDLL('libcuda.so.1'); v = ctypes.c_int(); c.cuDriverGetVersion(ctypes.byref(v)); "
+         "print(v.value, hasattr(c, 'cuMemcpyBatchAsync'), hasattr(c, 'cuInit'))")
+out = subprocess.run([sys.executable, "-c", probe], env=dict(os.environ, LD_LIBRARY_PATH=str(ip.lib_dir)),
+                     capture_output=True, text=True, check=True).stdout.split()
+print(json.dumps({"from": D.__file__, "prebuilt": ip.prebuilt, "missing": list(ip.missing),
+                  "hidden": list(ip.hidden), "probe": out}))
+"""
 
 
 def test_without_the_compiled_parts_the_run_says_what_is_missing(tmp_path: Path, wheel_cache: Path) -> None:

@@ -2,7 +2,9 @@
 
 A platform wheel's build (``setup.py``) compiles ``csrc/spawn.c`` and ``csrc/audit.c`` into
 ``cumatrix/libexec/``; a host without a compiler then has the same evidence as a checkout, which
-compiles them into the cache at first use.  Where neither is to be had,
+compiles them into the cache at first use.  The prebuilt driver interposer beside them
+(``libcumatrix_cuda.so``) is found by :mod:`cumatrix.provision.prebuilt_driver`, a stage below
+this one.  Where neither is to be had,
 :func:`cumatrix.execute.cellaudit.missing_evidence` names what every cell of the run goes without.
 """
 

@@ -29,7 +29,7 @@ from cumatrix.core.options import DEFAULT_TIMEOUT
 from cumatrix.host.fingerprint import SearchLog, search_real_libcuda
 from cumatrix.predict.oracle import emulate_newer_reason, image_runtime_version
 from cumatrix.predict.rules import emulation_newer_than_host
-from cumatrix.provision import build, drivers, headers
+from cumatrix.provision import build, drivers, headers, prebuilt_driver
 from cumatrix.provision import runtimes as _runtimes
 from cumatrix.provision.facts import NotRun
 
@@ -58,6 +58,8 @@ class Provisioner:
     host_driver: int | None = None
     _resolved: dict[str, _runtimes.ResolvedRuntime | CumatrixError] = field(default_factory=dict)
     _interposers: dict[str, str] = field(default_factory=dict)
+    #: Per emulated driver made from the prebuilt interposer: the real driver's exports it lacks.
+    _interposer_missing: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     # ----------------------------------------------------------------- runtimes
 
@@ -95,6 +97,18 @@ class Provisioner:
             self._interposers[cell.driver] = self._build_interposer(cell.driver)
         return self._interposers[cell.driver]
 
+    def interposer_evidence(self, cell: Cell) -> tuple[str, ...]:
+        """What the cell's emulated driver lacks, in the words of missing evidence (empty where
+        it exports all the real driver keeps at its version: compiled here, or a prebuilt that
+        carries every name)."""
+        missing = self._interposer_missing.get(cell.driver, ())
+        if not missing:
+            return ()
+        why = (f"interposer: {cell.driver} was made from the prebuilt interposer (no C compiler here), which "
+               f"does not carry {len(missing)} export(s) of the real driver: {', '.join(missing)}; a program "
+               "that links one fails to load under it; install gcc to compile the interposer on this host")
+        return (why,)
+
     def has_interposer(self, driver: str) -> bool:
         """Whether the interposer of emulated driver ``driver`` is built already."""
         return driver in self._interposers
@@ -115,6 +129,7 @@ class Provisioner:
         intro = headers.load_introductions(headers.newest_typedefs(includes))
         ip = drivers.build_interposer(emu, real_libcuda=real, introductions=intro,
                                       real_driver_version=self.host_driver)
+        self._interposer_missing[driver] = ip.missing
         return str(ip.lib_dir)
 
     # ----------------------------------------------------------------- jobs
@@ -148,9 +163,11 @@ class Provisioner:
             version = int(CudaVersion.parse(cell.driver[len("emulated-"):]))
             if emulation_newer_than_host(version, self.host_driver):
                 return NotRun(why="emulation-impossible", detail=emulate_newer_reason(version, self.host_driver))
-            if not self.has_interposer(cell.driver) and not _has_gcc(os.environ.get("PATH", "")):
+            if (not self.has_interposer(cell.driver) and not _has_gcc(os.environ.get("PATH", ""))
+                    and prebuilt_driver.prebuilt_interposer() is None):
                 return NotRun(why="no-compiler", detail=f"the interposer of {cell.driver} is generated and compiled "
-                              "with gcc at run time and there is no gcc on PATH: install gcc (apt-get install gcc)")
+                              "with gcc at run time, there is no gcc on PATH and no prebuilt interposer in this "
+                              "install: install gcc (apt-get install gcc), or a platform wheel of cumatrix")
         return None
 
     def job(self, cell: Cell) -> Job | NotRun:
