@@ -308,3 +308,20 @@ def test_a_cell_under_the_prebuilt_names_what_it_lacks(stand_in: Path, prebuilt:
     why = next(w for w in fp["missing_evidence_why"] if w.startswith("interposer:"))  # type: ignore[attr-defined]
     assert "cuStandInLoads, cuStandInUntyped" in why
     assert not list((tmp_path / "cache").rglob("interposer.c"))  # nothing compiled
+
+
+def test_the_run_warns_of_no_compiler_only_where_no_prebuilt_serves(prebuilt: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    from cumatrix.front.run_cmd import _check_compiler  # the run's first lines, here only
+    from cumatrix.load.matrix import load as load_matrix
+
+    m = tmp_path / "m.yaml"
+    m.write_text("runtimes: {cu12.9: {wheel: nvidia-cuda-runtime-cu12==12.9.79}}\ndrivers: [emulated-12.8]\n")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no compiler
+    monkeypatch.setattr(P, "LIBEXEC", tmp_path / "none")
+    _check_compiler(load_matrix(m))
+    assert "emulated drivers are compiled with gcc at run time" in capsys.readouterr().err
+    monkeypatch.setattr(P, "LIBEXEC", prebuilt.parent)
+    _check_compiler(load_matrix(m))
+    assert capsys.readouterr().err == ""

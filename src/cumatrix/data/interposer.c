@@ -26,6 +26,10 @@
  * would compile it (docs/facts.md section 12).
  * Without CUMATRIX_TABLES the file compiles as it stands (an emulated 12.0 forwarding
  * nothing), so it can be read and checked as C.  x86-64 only (the trampolines).
+ *
+ * Built with -DCUMATRIX_RUNTIME_CONFIG instead, it is the prebuilt interposer a platform wheel
+ * carries for hosts without a compiler: the same code, with the tables above read at run time
+ * from a block cumatrix writes into each per-host copy (see that block below).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>

@@ -342,10 +342,17 @@ def _say_missing_evidence() -> None:
 
 
 def _check_compiler(m: Any) -> None:
-    """Swap cells (compiled variants) and emulated drivers (a generated libcuda) need gcc: without
-    it their cells are skipped:no-compiler, and the run says so first; the rest runs."""
+    """Swap cells (compiled variants) and emulated drivers (a generated libcuda, where the install
+    carries no prebuilt one) need gcc: without it their cells are skipped:no-compiler, and the
+    run says so first; the rest runs."""
+    emulated = any(d.emulated for d in m.drivers)
+    if emulated:
+        # Here, not at the top: only a matrix with emulated drivers pays for the ELF reader it loads.
+        from cumatrix.provision.prebuilt_driver import prebuilt_interposer
+
+        emulated = prebuilt_interposer() is None
     needs = [what for what, used in (("the reference variants", bool(m.variants and m.workloads)),
-                                     ("emulated drivers", any(d.emulated for d in m.drivers))) if used]
+                                     ("emulated drivers", emulated)) if used]
     if needs and shutil.which("gcc") is None:
         print(f"cumatrix: WARNING: {m.path}: {' and '.join(needs)} are compiled with gcc at run time, and there "
               "is no gcc on PATH: their cells are skipped:no-compiler (install gcc: apt-get install gcc)",
