@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -281,3 +282,24 @@ def test_a_cell_records_the_device_code_of_what_it_mapped(programs: dict[str, Pa
     cli("run", m, "--out", tmp_path / "out")
     [rec] = read_cells(tmp_path / "out").values()
     assert rec["fingerprint"]["device_code"] == {str(programs["add1-sm100"]): ["sm_100"]}
+
+
+def test_the_prebuilt_interposer_refuses_as_the_compiled_one(interposers: dict[str, D.Interposer],
+                                                             images: dict[str, Path],
+                                                             tmp_path_factory: pytest.TempPathFactory) -> None:
+    # The platform wheel's prebuilt (data/interposer.c with -DCUMATRIX_RUNTIME_CONFIG, as setup.py
+    # builds it), patched per version: every image, every entry point, the same answers.
+    from cumatrix.provision import prebuilt_driver as P  # the prebuilt's build flags, here only
+
+    prebuilt = tmp_path_factory.mktemp("libexec") / P.PREBUILT_NAME
+    run_gcc(*P.COMPILE_FLAGS, "-o", prebuilt, Path(str(resources.files("cumatrix").joinpath("data/interposer.c"))),
+            "-ldl")
+    inc = headers_for("13.5")
+    intro, bases = H.load_introductions(inc), H.load_base_introductions(inc)
+    cache = tmp_path_factory.mktemp("patched")
+    for v, compiled in interposers.items():
+        patched = D.build_interposer(CudaVersion.parse(v), real_libcuda=compiled.real_libcuda, introductions=intro,
+                                     real_driver_version=13000, base_introductions=bases, cache=cache,
+                                     prebuilt=prebuilt)
+        assert patched.prebuilt
+        assert _loads(patched, images) == _loads(compiled, images), v
