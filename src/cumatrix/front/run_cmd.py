@@ -346,11 +346,15 @@ def _check_compiler(m: Any) -> None:
     carries no prebuilt one) need gcc: without it their cells are skipped:no-compiler, and the
     run says so first; the rest runs."""
     emulated = any(d.emulated for d in m.drivers)
-    if emulated:
+    if emulated and shutil.which("gcc") is None:
         # Here, not at the top: only a matrix with emulated drivers pays for the ELF reader it loads.
         from cumatrix.provision.prebuilt_driver import prebuilt_interposer
 
         emulated = prebuilt_interposer() is None
+        if not emulated:
+            print(f"cumatrix: NOTE: {m.path}: no gcc on PATH: the emulated drivers are made from the prebuilt "
+                  "interposer of this install; an entry point of the real driver it lacks is named on every "
+                  "record of a cell under it (fingerprint.missing_evidence)", file=sys.stderr)
     needs = [what for what, used in (("the reference variants", bool(m.variants and m.workloads)),
                                      ("emulated drivers", emulated)) if used]
     if needs and shutil.which("gcc") is None:
