@@ -87,6 +87,8 @@ def test_a_requirement_the_wheel_directory_does_not_meet_is_a_problem_at_its_pla
     ("-e git+https://example.org/p.git#egg=p", None),
     ("--index-url https://example.org/simple", None),
     ("foo @ file:///wheels/foo-1.0-py3-none-any.whl", None),  # an extra wheel: hashed as given
+    ("/dist/foo-1.0-py3-none-any.whl", None),  # the same, as uv echoes a path it was given
+    ("./dist/foo-1.0-py3-none-any.whl", None),
     ("# via bar", None),
     ("", None),
 ])

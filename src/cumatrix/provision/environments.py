@@ -105,12 +105,13 @@ def pin_of(line: str, what: str = "uv pip compile") -> tuple[str, str] | None:
 
     Those are, deliberately: blank lines and comments; option lines (``-e ...``, ``--hash=...``
     continuing a pin, ``--index-url ...``), which name no wheel of the directory; and direct
-    references (``name @ file:///...``: an extra wheel, hashed as given).  A requirement that is
+    references, ``name @ file:///...`` or a path as it was given (``/dist/x-1.0-py3-none-any.whl``,
+    which uv echoes): an extra wheel, hashed as given.  A requirement that is
     not pinned to one version by ``==``/``===``, or a line that is no requirement, is an error:
     the environment's key would otherwise leave out a wheel it is built from.
     """
     text = line.split(" #", 1)[0].strip().removesuffix("\\").strip()  # a trailing comment, a continuation
-    if not text or text.startswith(("#", "-")):
+    if not text or text.startswith(("#", "-", "/", "./", "../")):
         return None
     try:
         req = Requirement(text)
