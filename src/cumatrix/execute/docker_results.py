@@ -142,11 +142,13 @@ def workdir(job: Job, *, others_read: bool) -> tuple[str, ...]:
     that the same matrix reads the same files on both backends (its relative paths, a module
     beside it).  None for the
     harness's own children; none for ``/``, which the image's root stands for; and none where
-    the containers' user (``others_read``: not this one) could not read it anyway: the cell then
-    starts in the image's working directory, as docs/docker.md says."""
+    the containers' user (``others_read``: not this one) could not read the directory the run
+    started in: the cell then starts in the image's working directory, as docs/docker.md says.
+    A directory the case names is always mounted: one the containers' user cannot read is then
+    a harness error naming it (the sandbox refuses it too), never another directory silently."""
     if job.kind != "command":
         return ()
     cwd = job.cwd or str(Path.cwd())
-    if cwd == "/" or (others_read and not world_readable(cwd)):
+    if cwd == "/" or (not job.cwd and others_read and not world_readable(cwd)):
         return ()
     return (cwd,)
