@@ -183,7 +183,7 @@ class Orchestrator:
         """Stage three: run the job's child on the backend."""
         if self.backend == "docker":
             return self.docker().run_job(job)
-        return run_local(job, policy=self.policy)
+        return run_local(job, policy=self.policy, cwd=job.cwd or None)
 
     def run(self, cell: Cell, *, then: Cell | None = None) -> CellRun:
         """Run one cell through every stage; never raises for the cell's own failure.
@@ -236,7 +236,7 @@ class Orchestrator:
         if turn.child is None and turn.job is not None and turn.not_run is None and self.backend == "local":
             if turn.ahead:  # its clock starts now, as if it had been made ready just before
                 turn.started, turn.t0 = utcnow(), time.monotonic() - turn.ready_s
-            turn.child = start_local(turn.job, policy=self.policy)
+            turn.child = start_local(turn.job, policy=self.policy, cwd=turn.job.cwd or None)
         return turn.child
 
     def _conclude(self, turn: _Turn, child: ChildResult | None) -> CellRun:
@@ -373,7 +373,7 @@ def run_child(job: Job, expected: Expected, *, mode: SpawnMode = "cell",
     containment of its whole tree); ``mode="debugger"`` is a debugger's run, untraced by the
     kernel tracer (its result says so).  :func:`~cumatrix.judge.classify.classify` names its
     outcome and :func:`~cumatrix.judge.verdict.decide_child` decides pass or fail."""
-    child = run_local(job, base_env=base_env, mode=mode, policy=policy)
+    child = run_local(job, base_env=base_env, mode=mode, policy=policy, cwd=job.cwd or None)
     observed = classify(child, kind=job.kind)
     verdict = decide_child(expected, observed)
     return ChildRun(child=child, observed=verdict.observed, status=verdict.status, mismatch=verdict.mismatch)
@@ -384,7 +384,7 @@ def run_debugger(job: Job, *, policy: SandboxPolicy | None = None) -> ChildResul
     as a cell's child is run but untraced by the kernel tracer (``mode="debugger"``): the
     result's ``extra["evidence"]`` says its evidence is the debugger's run.  What it shows is
     a report's evidence, not an outcome: nothing judges it."""
-    return run_local(job, mode="debugger", policy=policy)
+    return run_local(job, mode="debugger", policy=policy, cwd=job.cwd or None)
 
 
 def run_header(matrix: Matrix, cell_ids: list[str], *, backend: str, argv: list[str], host: str | None,

@@ -336,3 +336,33 @@ def test_a_bad_sandbox_setting_is_bad_input_at_its_place() -> None:
         M.loads(RT + "drivers: [host]\ncases:\n  - {name: a, argv: [true]}\nsandbox: maybe\n", "m.yaml")
     assert str(ei.value.problems[0]).startswith("m.yaml:6:10: sandbox: ")
     assert "one of True, False, auto, required" in str(ei.value.problems[0])
+
+
+def test_a_cases_cwd_is_read_from_the_matrix_files_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "project" / "tools").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    f = tmp_path / "project" / "m.yaml"
+    f.write_text(RT + "drivers: [host]\ncases:\n  - {name: a, argv: [true], cwd: tools}\n"
+                 "  - {name: b, argv: [true], cwd: ../elsewhere/}\n"
+                 f"  - {{name: c, argv: [true], cwd: '{tmp_path}'}}\n  - {{name: d, argv: [true]}}\n")
+    m = M.load(f)
+    assert [c.cwd for c in m.cases] == [str(tmp_path / "project" / "tools"), str(tmp_path / "elsewhere"),
+                                        str(tmp_path), None]
+    # The same file named by a relative path, from another directory: the same directories.
+    monkeypatch.chdir(tmp_path)
+    assert M.loads(f.read_text(), "project/m.yaml").cases == m.cases
+
+
+@pytest.mark.parametrize(("cwd", "why"), [
+    ("missing", r"'missing' does not exist \(.*/missing; a relative path is read from the matrix file's directory\)"),
+    ("afile", r"'afile' is not a directory \(.*/afile\)"),
+    ("''", r"cases\[0\]\.cwd: .*"),
+])
+def test_a_cases_cwd_that_is_no_directory_is_bad_input_at_its_place(tmp_path: Path, cli, cwd: str, why: str) -> None:
+    (tmp_path / "afile").write_text("")
+    f = tmp_path / "m.yaml"
+    f.write_text(RT + f"drivers: [host]\ncases:\n  - {{name: a, argv: [true], cwd: {cwd}}}\n")
+    proc = cli("validate", f)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert re.search(rf"^{re.escape(str(f))}:5:\d+: .*{why}", proc.stderr, re.MULTILINE), proc.stderr

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 from importlib import resources
+from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -119,6 +120,18 @@ def test_standalone_command_round_trips_through_the_shell() -> None:
     assert "LD_LIBRARY_PATH=/l1:/l 2" in words
     assert "PYTHONPATH=/p q" in words
     assert words[-4:] == ["python3", "-m", "cumatrix.child.case", spec]
+
+
+def test_the_standalone_command_of_a_case_with_a_cwd_starts_there(tmp_path: Path) -> None:
+    job = Job(cell_id="a/host/c", kind="command", argv=("cat", "notes.txt"), cwd=str(tmp_path / "d i r"))
+    runner = Orchestrator(matrix=repro.load_catalog().get("legacy-stream").matrix())
+    runner._host_fp = {"driver_version": None}
+    words = shlex.split(repro.standalone_command(runner, job))
+    assert words[:3] == ["env", "-C", str(tmp_path / "d i r")]
+    runner.backend = "docker"
+    words = shlex.split(repro.standalone_command(runner, job))
+    assert words[words.index("-w") + 1] == str(tmp_path / "d i r")
+    assert f"{tmp_path / 'd i r'}:{tmp_path / 'd i r'}:ro" in words
 
 
 def test_maps_block_is_parsed() -> None:

@@ -51,6 +51,13 @@ def test_malformed_export_data_is_refused(bad: object, why: str) -> None:
     (["nvidia-cuda-runtime==13.*"], 13),
     (["nvidia-cuda-runtime-cu11 (==11.8.89)"], 11),
     (["nvidia-cuda-nvrtc-cu12", "torch"], None),
+    # Names as PEP 503 compares them: underscores, dots and case are one spelling.
+    (["nvidia_cuda_runtime_cu12==12.9.79"], 12),
+    (["NVIDIA.CUDA.Runtime.CU11 (>=11.8)"], 11),
+    # Another project whose name begins with the runtime's is not the runtime.
+    (["nvidia-cuda-runtime-tools>=1.0", "nvidia-cuda-runtime>=14.0,<15"], 14),
+    # A floor among several specifiers; a line pip would refuse is skipped.
+    (["nvidia-cuda-runtime ===", "nvidia-cuda-runtime !=13.0.1, >=13.0.48"], 13),
 ])
 def test_runtime_requirement(requires: list[str], major: int | None) -> None:
     got = runtime_requirement(requires)

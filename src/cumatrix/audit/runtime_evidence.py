@@ -28,6 +28,8 @@ from importlib import resources
 from pathlib import Path
 
 from elftools.elf.elffile import ELFFile
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from cumatrix.binary.elf import _dynamic, data_chunks
 from cumatrix.core.model import CudaVersion
@@ -44,8 +46,11 @@ _SONAME_RE = re.compile(rb"lib(cudart|cuda|cublas(?:Lt)?|cufftw?|curand|cusolver
 _LIBCUDART_SONAME_RE = re.compile(r"^libcudart\.so(?:\.(\d+))?")
 # $ORIGIN/../nvidia/cu13/lib (CUDA 13 wheels), .../nvidia/cuda_runtime/lib (11.x and 12.x).
 _TREE_RE = re.compile(r"nvidia/(?:cu(\d+)|(cuda_runtime))/lib")
-_REQ_RE = re.compile(r"^\s*(nvidia-cuda-runtime(?:-cu(\d+))?)\s*(\(?[^;]*\)?)\s*(?:;.*)?$", re.IGNORECASE)
-_SPEC_MAJOR_RE = re.compile(r"(?:>=|==|~=|>)\s*(\d+)")
+#: NVIDIA's runtime wheels by normalised name: ``nvidia-cuda-runtime-cuNN`` up to CUDA 12, the
+#: name without a suffix from CUDA 13 on.
+_RUNTIME_DIST = "nvidia-cuda-runtime"
+#: Specifier operators whose version is a floor (or the version itself) of what is installed.
+_FLOOR_OPS = (">=", "==", "===", "~=", ">")
 
 
 # ------------------------------------------------------------------------- export dates
@@ -179,14 +184,25 @@ def runtime_requirement(requires: Iterable[str]) -> tuple[int, str] | None:
     ``nvidia-cuda-runtime-cu12`` is 12; ``nvidia-cuda-runtime>=13.0.48`` is 13 (the name
     without a suffix starts at CUDA 13)."""
     for req in requires:
-        m = _REQ_RE.match(req)
-        if not m:
-            continue
-        if m.group(2):
-            return int(m.group(2)), req
-        spec = _SPEC_MAJOR_RE.search(m.group(3) or "")
-        return (int(spec.group(1)) if spec else 13), req
+        try:
+            parsed = Requirement(req)
+        except InvalidRequirement:
+            continue  # a line pip would refuse too: no evidence either way
+        name = canonicalize_name(parsed.name)
+        suffix = name.removeprefix(_RUNTIME_DIST)
+        if suffix.startswith("-cu") and suffix[3:].isdigit():
+            return int(suffix[3:]), req
+        if suffix:
+            continue  # another project (nvidia-cuda-runtime-something)
+        floors = [s.version for s in parsed.specifier if s.operator in _FLOOR_OPS]
+        return (max(map(_major, floors)) if floors else 13), req
     return None
+
+
+def _major(version: str) -> int:
+    """The major of a specifier's version (``13.0.*``, ``13``, ``13.0.48``); 13 where none reads."""
+    head = version.split(".", 1)[0]
+    return int(head) if head.isdigit() else 13
 
 
 def tree_major(paths: Sequence[str]) -> tuple[int | None, str] | None:

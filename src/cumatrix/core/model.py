@@ -140,6 +140,9 @@ class Case:
     #: ``python: harness``: the harness's own interpreter first on the command's PATH (else
     #: never: a plain ``python3`` must not find what only the harness has installed).
     harness_python: bool = False
+    #: ``cwd:``: the directory the command starts in, absolute once loaded from a file (a
+    #: relative one is read from the matrix file's directory); None: where the run started.
+    cwd: str | None = None
 
 
 #: Axis names a selector (``exclude``/``expect``) may use.

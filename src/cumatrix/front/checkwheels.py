@@ -6,24 +6,29 @@ its place in the file instead of at the first cell of a nightly run.
   (:func:`cumatrix.runtimes.fetch_wheel`: the wheel directory, the cache, else
   ``pip download --no-deps --only-binary=:all:``, which runs no code of the package), so a
   validated matrix's runtimes are in the cache for its run;
-- ``requirements:`` of an environment runtime are looked up by name with
-  ``pip index versions`` (nothing downloaded: an environment's pins can be large), and a
-  pinned ``==VERSION`` must be among the versions listed; with ``--wheel-dir`` the pinned
-  wheel must be in that directory.
+- ``requirements:`` of an environment runtime are read as PEP 508 reads them
+  (:class:`packaging.requirements.Requirement`: extras, markers, ``===``, any spacing) and
+  looked up by name with ``pip index versions`` (nothing downloaded: an environment's pins can
+  be large); some listed version must satisfy the requirement's specifier; with
+  ``--wheel-dir`` some wheel of that directory must.  A requirement whose marker is false for
+  this interpreter is not checked: ``pip index versions`` answers for this interpreter, and
+  the environment is built for it.
 """
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from cumatrix.core.errors import CumatrixError, Problem
 from cumatrix.core.model import Matrix
+from cumatrix.core.wheelname import maybe_wheel_name
 from cumatrix.provision import runtimes
-
-_PIN_RE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)(?:\[[^\]]*\])?\s*(?:==\s*(?P<version>[0-9][0-9A-Za-z.+!-]*))?")
 
 
 def _place(m: Matrix, where: str) -> tuple[str, int, int]:
@@ -46,6 +51,41 @@ def index_versions(name: str) -> tuple[list[str] | None, str]:
     return None, tail[-1] if tail else f"pip exited {proc.returncode}"
 
 
+def satisfied(req: Requirement, versions: Iterable[str]) -> bool:
+    """Some version of ``versions`` meets ``req``'s specifier (PEP 440: ``==1.0`` is ``1.0.0``,
+    ``==1.0.*`` a prefix, ``===`` the text); pre-releases count, since a pin may name one."""
+    return any(req.specifier.contains(v, prereleases=True) for v in versions)
+
+
+def dir_versions(wheel_dir: Path, name: str) -> list[str]:
+    """The versions of project ``name`` that ``wheel_dir`` holds a wheel of (names compared
+    normalised: ``Foo_Bar`` is ``foo-bar``)."""
+    want = canonicalize_name(name)
+    found = (maybe_wheel_name(w) for w in sorted(wheel_dir.glob("*.whl")))
+    return [str(w.version) for w in found if w is not None and w.name == want]
+
+
+def _requirement_problem(req_text: str, wheel_dir: Path | None) -> str | None:
+    """Why ``req_text`` (an environment's requirement) does not resolve, or None."""
+    try:
+        req = Requirement(req_text)
+    except InvalidRequirement as e:  # the loader refuses these; a hand-made Matrix may not have
+        return f"not a requirement ({e})"
+    if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+        return None  # not installed for this interpreter (see the module's docstring)
+    spec = f" {req.specifier}" if req.specifier else ""
+    if wheel_dir is not None:
+        return None if satisfied(req, dir_versions(wheel_dir, req.name)) else f"no matching wheel in {wheel_dir}"
+    listed, why = index_versions(req.name)
+    if listed is None:
+        return f"the package index has no {req.name} ({why})"
+    if not satisfied(req, listed):
+        pins = [s.version for s in req.specifier if s.operator in ("==", "===")]
+        what = f"version {pins[0]}" if len(pins) == 1 and len(req.specifier) == 1 else f"version{spec}"
+        return f"no {what} of {req.name} on the package index (newest: {', '.join(listed[:8])})"
+    return None
+
+
 def check_wheels(m: Matrix, *, wheel_dir: Path | None = None) -> list[Problem]:
     """A :class:`Problem` for every wheel requirement of ``m`` that does not resolve."""
     problems: list[Problem] = []
@@ -57,21 +97,7 @@ def check_wheels(m: Matrix, *, wheel_dir: Path | None = None) -> list[Problem]:
             except CumatrixError as e:
                 problems.append(Problem(file, line, col, f"runtimes: {rt.name}: {e}"))
         for req in rt.requirements:
-            m_ = _PIN_RE.match(req.strip())
-            if m_ is None:
-                continue  # the loader checked the requirement's form already
-            name, version = m_.group("name"), m_.group("version")
-            if wheel_dir is not None:
-                if version and runtimes.find_wheel(wheel_dir, name, version) is None:
-                    problems.append(Problem(file, line, col, f"runtimes: {rt.name}: {req}: no matching wheel in "
-                                                             f"{wheel_dir}"))
-                continue
-            listed, why = index_versions(name)
-            if listed is None:
-                problems.append(Problem(file, line, col, f"runtimes: {rt.name}: {req}: the package index has no "
-                                                         f"{name} ({why})"))
-            elif version and version not in listed:
-                near = ", ".join(listed[:8])
-                problems.append(Problem(file, line, col, f"runtimes: {rt.name}: {req}: no version {version} of "
-                                                         f"{name} on the package index (newest: {near})"))
+            why = _requirement_problem(req, wheel_dir)
+            if why is not None:
+                problems.append(Problem(file, line, col, f"runtimes: {rt.name}: {req}: {why}"))
     return problems

@@ -40,7 +40,7 @@ from cumatrix.core.model import (
 )
 from cumatrix.core.options import matrix_sandbox
 from cumatrix.core.suggest import outcome_hint, version_hint
-from cumatrix.load import gcpause, saved
+from cumatrix.load import gcpause, saved, workdir
 from cumatrix.load import requirements as _runtimes
 
 if TYPE_CHECKING:  # PyYAML (25 ms to import) only where a matrix is parsed, not read back from the cache
@@ -334,9 +334,14 @@ def _cases_section(ctx: _Ctx, data: list[Mapping[str, Any]]) -> tuple[Case, ...]
         names.append((c["name"], (*path, "name")))
         timeout = c.get("timeout")
         allow = _allow_runtime(ctx, (*path, "allow_runtime"), c.get("allow_runtime") or ())
+        try:
+            cwd = workdir.case_dir(ctx.doc.file, c["cwd"]) if "cwd" in c else None
+        except ValueError as e:
+            ctx.err((*path, "cwd"), f"cases: cwd: {e}")
+            continue
         out.append(Case(name=c["name"], argv=argv, timeout=float(timeout) if timeout is not None else None, env=env,
                         offered=c.get("runtime") == "offered", allow_runtime=allow,
-                        harness_python=c.get("python") == "harness"))
+                        harness_python=c.get("python") == "harness", cwd=cwd))
     ctx.unique(names, "case")
     return tuple(out)
 

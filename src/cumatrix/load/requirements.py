@@ -6,10 +6,14 @@ Pure parsing, shared by the loader (which checks a matrix) and provisioning (whi
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from functools import cache
 from importlib import resources
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.version import InvalidVersion, Version
+
+from cumatrix.core.model import CudaVersion, Runtime
 
 #: Requirements of the runtimes measured in docs/facts.md; ``headers X.Y`` picks from here.
 KNOWN_WHEELS: dict[str, str] = {
@@ -65,3 +69,19 @@ def check_env_requirement(text: str) -> str:
         raise ValueError(f"not a requirement: {text!r} (want NAME[SPEC], e.g. cuda-bindings==12.9.*; "
                          "no options, paths or URLs)")
     return t
+
+
+def matrix_headers_wheel(version: CudaVersion, runtimes: Iterable[Runtime]) -> tuple[str, str] | None:
+    """(runtime name, requirement) of the first ``wheel:`` runtime of a matrix whose pinned
+    release is CUDA ``version`` (its major and minor, as PEP 440 reads the pin: ``== 12.9.79``
+    and ``==12.9.79.post1`` are 12.9), whose ``include/`` then serves the headers; None if none is."""
+    for rt in runtimes:
+        if not rt.requirement:
+            continue
+        try:
+            release = Version(parse_requirement(rt.requirement)[1]).release
+        except (ValueError, InvalidVersion):
+            continue  # the loader refuses these; a hand-made runtime may not have been checked
+        if release[:2] == (version.major, version.minor):
+            return rt.name, rt.requirement
+    return None

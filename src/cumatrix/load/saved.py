@@ -80,7 +80,9 @@ def write(raw: bytes, sha: str, m: Matrix) -> None:
     """Keep a validated matrix (when its text is large enough to be worth it); never fails."""
 
     where = _path(raw, sha, m.path)
-    if where is None:
+    if where is None or any(c.cwd for c in m.cases):
+        # A case's cwd: is checked against the filesystem and read from the file's directory:
+        # neither is in the key (its name as given and its text), so such a matrix is parsed.
         return
     try:
         where.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

@@ -189,7 +189,7 @@ class Provisioner:
         if cell.kind == "command":
             case = cell.need_case()
             return Job(cell_id=cell.id, kind=cell.kind, argv=case.argv, env=(*env, *case.env),
-                       harness_python=case.harness_python,
+                       harness_python=case.harness_python, cwd=case.cwd or "",
                        lib_path=tuple(lib_path), timeout=case.timeout or self.settings.timeout, mounts=tuple(mounts),
                        runtime_name=cell.runtime)
         # A harness child: it alone gets the harness's package on its path, and the verdict channel.

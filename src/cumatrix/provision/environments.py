@@ -20,7 +20,6 @@ import fcntl
 import hashlib
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -30,6 +29,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from cumatrix.core.cache import cache_dir, cache_root
@@ -41,7 +41,6 @@ from cumatrix.load.requirements import check_env_requirement
 
 #: Bumped when what an environment's key covers changes: old environments are then not reused.
 _LAYOUT = 2
-_PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;\\]+)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -50,10 +49,6 @@ class ResolvedWheel:
 
     path: Path
     sha256: str
-
-
-def _normalise(name: str) -> str:
-    return re.sub(r"[-_.]+", "_", name).lower()
 
 
 def uv_binary() -> str:
@@ -98,10 +93,37 @@ def _pins(requirements: Sequence[str], extra_wheels: Sequence[Path], wheel_dir: 
                   stdin="\n".join(lines) + "\n")
     pins = []
     for line in out.splitlines():
-        m = _PIN.match(line.strip())
-        if m:  # a path requirement (an extra wheel) reads `name @ file://...`: hashed as given
-            pins.append((_normalise(m.group(1)), m.group(2)))
+        pin = pin_of(line, what)
+        if pin is not None:
+            pins.append(pin)
     return pins
+
+
+def pin_of(line: str, what: str = "uv pip compile") -> tuple[str, str] | None:
+    """``(normalised name, version)`` of one line of a resolution (``pip freeze``'s and ``uv pip
+    compile``'s format), read as PEP 508 reads it; None for the lines that pin nothing.
+
+    Those are, deliberately: blank lines and comments; option lines (``-e ...``, ``--hash=...``
+    continuing a pin, ``--index-url ...``), which name no wheel of the directory; and direct
+    references, ``name @ file:///...`` or a path as it was given (``/dist/x-1.0-py3-none-any.whl``,
+    which uv echoes): an extra wheel, hashed as given.  A requirement that is
+    not pinned to one version by ``==``/``===``, or a line that is no requirement, is an error:
+    the environment's key would otherwise leave out a wheel it is built from.
+    """
+    text = line.split(" #", 1)[0].strip().removesuffix("\\").strip()  # a trailing comment, a continuation
+    if not text or text.startswith(("#", "-", "/", "./", "../")):
+        return None
+    try:
+        req = Requirement(text)
+    except InvalidRequirement as e:
+        raise RuntimeNotFound(f"{what}: cannot read {line.strip()!r} of the resolution: "
+                              f"{str(e).splitlines()[0]}") from e
+    if req.url:
+        return None
+    pins = list(req.specifier)
+    if len(pins) != 1 or pins[0].operator not in ("==", "===") or pins[0].version.endswith(".*"):
+        raise RuntimeNotFound(f"{what}: {line.strip()!r} of the resolution does not pin one version")
+    return canonicalize_name(req.name), pins[0].version
 
 
 def _files_of(wheel_dir: Path, pins: Sequence[tuple[str, str]]) -> list[Path]:

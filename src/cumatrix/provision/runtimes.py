@@ -33,13 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from packaging.utils import canonicalize_name
+from packaging.version import InvalidVersion, Version
 
 from cumatrix.core.cache import cache_dir
 from cumatrix.core.cache import wheel_dir as default_wheel_dir
 from cumatrix.core.errors import ConfigError, RuntimeNotFound
 from cumatrix.core.model import CudaVersion, Runtime
 from cumatrix.core.wheelname import maybe_wheel_name
-from cumatrix.load.requirements import KNOWN_WHEELS, check_env_requirement, parse_requirement
+from cumatrix.load.requirements import KNOWN_WHEELS, check_env_requirement, matrix_headers_wheel, parse_requirement
 from cumatrix.provision.environments import (
     build_environment,
     candidate_wheels,
@@ -98,10 +99,6 @@ class ResolvedRuntime:
         return (("VIRTUAL_ENV", str(self.env_dir)), ("PATH", f"{self.env_dir / 'bin'}{os.pathsep}{rest}"))
 
 
-
-
-def _normalise(name: str) -> str:
-    return re.sub(r"[-_.]+", "_", name).lower()
 
 
 def cuda_version_of_release(release: str) -> int:
@@ -314,8 +311,16 @@ def _not_a_runtime(label: str, requirement: str, wheel: Path, why: str) -> Runti
 
 def _check_metadata(wheel: Path, requirement: str, label: str, meta_name: str, meta_version: str) -> None:
     name, version = parse_requirement(requirement)
-    if _normalise(meta_name) != _normalise(name) or meta_version != version:
+    if canonicalize_name(meta_name) != canonicalize_name(name) or not _same_version(meta_version, version):
         raise RuntimeNotFound(f"{label}: {wheel.name} is {meta_name}=={meta_version} by its METADATA, not {requirement}")
+
+
+def _same_version(a: str, b: str) -> bool:
+    """PEP 440 equality (``12.9.79`` is ``12.9.79.0``), as ``find_wheel`` picked the file by."""
+    try:
+        return Version(a) == Version(b)
+    except InvalidVersion:
+        return a == b
 
 
 def check_runtime_wheel(wheel: Path, requirement: str, *, label: str = "") -> str:
@@ -533,11 +538,9 @@ def resolve(rt: Runtime, *, wheel_dir: Path | None = None) -> ResolvedRuntime:
 def headers_wheel(version: str | CudaVersion, runtimes: Sequence[Runtime] = ()) -> tuple[str, str]:
     """(runtime name, requirement) of the wheel whose ``include/`` serves headers ``version``."""
     v = CudaVersion.parse(str(version))
-    for rt in runtimes:
-        if rt.requirement:
-            _, wv = parse_requirement(rt.requirement)
-            if wv.split(".")[:2] == [str(v.major), str(v.minor)]:
-                return rt.name, rt.requirement
+    found = matrix_headers_wheel(v, runtimes)
+    if found is not None:
+        return found
     req = KNOWN_WHEELS.get(str(v))
     if req is None:
         raise ConfigError(

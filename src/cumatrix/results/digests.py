@@ -33,12 +33,12 @@ def _headers_source(matrix: Matrix, cell: Cell) -> str | None:
     """The wheel whose headers build this cell (as ``runtimes.headers_for`` picks it)."""
     if cell.build is None:
         return None
-    from cumatrix.provision.runtimes import KNOWN_WHEELS  # deferred: provisioning (pyelftools) only for built cells
+    # deferred: packaging's requirement parser, only for built cells
+    from cumatrix.load.requirements import KNOWN_WHEELS, matrix_headers_wheel
 
-    want = [str(cell.build.major), str(cell.build.minor)]
-    for rt in matrix.runtimes:
-        if rt.requirement and rt.requirement.split("==")[-1].split(".")[:2] == want:
-            return rt.requirement
+    found = matrix_headers_wheel(cell.build, matrix.runtimes)
+    if found is not None:
+        return found[1]
     return KNOWN_WHEELS.get(str(cell.build))
 
 

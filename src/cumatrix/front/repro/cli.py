@@ -78,8 +78,10 @@ def standalone_command(runner: Orchestrator, job: Job) -> str:
         parts = ["docker", "run", "--rm", "--init", "--network", "none"]
         if runner.host().driver_version is not None:
             parts += ["--gpus", "all"]
-        for m in dict.fromkeys([PACKAGE_PARENT, *mounts]):
+        for m in dict.fromkeys([PACKAGE_PARENT, *mounts, *([job.cwd] if job.cwd else [])]):
             parts += ["-v", f"{m}:{m}:ro"]
+        if job.cwd:  # the case's cwd:, as the backend mounts it
+            parts += ["-w", job.cwd]
         for k, v in env.items():
             parts += ["-e", f"{k}={v}"]
         parts.append(job.image or "IMAGE")
@@ -87,7 +89,8 @@ def standalone_command(runner: Orchestrator, job: Job) -> str:
     if job.lib_path:
         env["LD_LIBRARY_PATH"] = os.pathsep.join(job.lib_path)
     env.setdefault("PYTHONFAULTHANDLER", "1")
-    return _portable(["env", *(f"{k}={v}" for k, v in env.items()), *job.argv])
+    chdir = ["-C", job.cwd] if job.cwd else []  # the case's cwd: (GNU env's --chdir)
+    return _portable(["env", *chdir, *(f"{k}={v}" for k, v in env.items()), *job.argv])
 
 
 #: How the standalone command finds cumatrix's cache: as cumatrix does (core.cache.cache_location).
