@@ -88,7 +88,7 @@ for cell in cells:
           f"sandboxed {row['on']['outcome']} [{row['on']['path']}] {row['on']['extra']}")
 (out / "cells.json").write_text(json.dumps(rows, indent=1, default=str))
 same = all(r.get("on", {}).get("outcome") == r.get("off", {}).get("outcome") for r in rows)
-boxed = all(r.get("on", {}).get("extra", {}).get("sandbox") == "bubblewrap" for r in rows)
+boxed = all(r.get("on", {}).get("extra", {}).get("sandbox") in ("bubblewrap", "namespaces") for r in rows)
 print("SANDBOXED CELLS REACH THE GPU" if same and boxed and rows else "MISMATCH: see cells.json")
 PY
 # The same through the CLI as a user runs it (sandboxed by default; --require-sandbox: exit 3

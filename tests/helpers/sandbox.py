@@ -18,3 +18,17 @@ def require_bwrap() -> str:
             pytest.fail(f"CUMATRIX_REQUIRE_BWRAP=1 but {why}")
         pytest.skip(f"bubblewrap cannot run here: {why}")
     return path
+
+
+#: How a sandboxed cell can be held: by the fork server (a root harness with cgroups) or by
+#: bubblewrap per cell (``CUMATRIX_FORK_SERVER=off``, and every non-root harness).
+HOLDERS = ("namespaces", "bubblewrap")
+
+
+def hold_with(holder: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Make the cells of this test held by ``holder``; the label their records will carry."""
+    if holder == "bubblewrap":
+        monkeypatch.setenv("CUMATRIX_FORK_SERVER", "off")
+        return "bubblewrap"
+    monkeypatch.delenv("CUMATRIX_FORK_SERVER", raising=False)
+    return "namespaces" if os.geteuid() == 0 else "bubblewrap"

@@ -18,7 +18,7 @@ from cumatrix.core.jobs import Job
 from cumatrix.execute import sandbox
 from cumatrix.execute.local import run_local
 from cumatrix.execute.sandbox import Policy
-from helpers.sandbox import require_bwrap
+from helpers.sandbox import HOLDERS, hold_with, require_bwrap
 
 PY = sys.executable
 REQUIRE_BWRAP = os.environ.get("CUMATRIX_REQUIRE_BWRAP") == "1"
@@ -29,10 +29,20 @@ def bwrap() -> str:
     return require_bwrap()
 
 
+_HOLDER: dict[str, str] = {}
+
+
+@pytest.fixture(autouse=True, params=HOLDERS)
+def holder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every attack here runs against both ways of holding a cell: the fork server and bubblewrap."""
+    _HOLDER["want"] = hold_with(request.param, monkeypatch)
+    return _HOLDER["want"]
+
+
 def boxed(code: str, *args: str, policy: Policy | None = None, **job: object) -> tuple[int | None, str, str]:
     res = run_local(Job(cell_id="t", kind="command", timeout=60, argv=(PY, "-c", code, *args), **job),
                     policy=policy or Policy(sandbox="on"))
-    assert res.extra.get("sandbox") == "bubblewrap", res.extra
+    assert res.extra.get("sandbox") == _HOLDER["want"], res.extra
     return res.returncode, res.stdout_tail, res.stderr_tail
 
 

@@ -94,6 +94,13 @@
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
+#include <grp.h>
+#include <sched.h>
+#include <linux/capability.h>
+#include <net/if.h>
+#include <sys/ioctl.h>
+#include <sys/mount.h>
+#include <sys/socket.h>
 #include <stdarg.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -126,6 +133,16 @@ static const int passed_on[] = {SIGHUP, SIGINT, SIGQUIT, SIGTERM, SIGPIPE, SIGUS
                                 SIGTSTP, SIGTTIN, SIGTTOU};
 #define N_PASSED (sizeof passed_on / sizeof passed_on[0])
 static struct sigaction inherited[N_PASSED];
+
+/* --serve: the namespaces each cell's first process is cloned into, the sandbox it builds
+ * (bubblewrap's operations), the uid its program runs as, where its end is reported. */
+static unsigned long long clone_ns_flags;
+static char **serve_ops;
+static int serve_nops;
+static long serve_uid = -1;
+static int serve_status_fd = -1;
+static int serve_status_sent;
+static int serve_net_fd = -1;  /* the network namespace the cell joins (-1: a new one) */
 
 static int fail(const char *what, const char *arg) {
     fprintf(stderr, "cumatrix-spawn: %s %s: %s\n", what, arg, strerror(errno));
@@ -180,7 +197,7 @@ static pid_t start_in_cgroup(const char *procs, pid_t parent_death) {
     if (cfd < 0) return -1;
     struct clone_args args;
     memset(&args, 0, sizeof args);
-    args.flags = CLONE_INTO_CGROUP;
+    args.flags = CLONE_INTO_CGROUP | clone_ns_flags;
     args.exit_signal = SIGCHLD;
     args.cgroup = (unsigned long long)cfd;
     /* Ignored from before the clone, so no signal to the group can end this process first;
@@ -193,7 +210,9 @@ static pid_t start_in_cgroup(const char *procs, pid_t parent_death) {
     int err = errno;
     if (pid == 0) {
         for (size_t i = 0; i < N_PASSED; i++) sigaction(passed_on[i], &inherited[i], NULL);
-        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0 || getppid() != parent_death) _exit(128 + SIGKILL);
+        /* In a new pid namespace the parent is outside it: getppid() says 0. */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0 ||
+            (!(clone_ns_flags & CLONE_NEWPID) && getppid() != parent_death)) _exit(128 + SIGKILL);
         return 0;
     }
     close(cfd);
@@ -205,6 +224,13 @@ static pid_t start_in_cgroup(const char *procs, pid_t parent_death) {
 
 /* Wait for the program and end as it ended. */
 static int end_as(int status) {
+    if (serve_status_fd >= 0) {  /* a served cell: the harness is not this process's parent */
+        char line[32];
+        int n = snprintf(line, sizeof line, "z\t%d\n", status);
+        while (write(serve_status_fd, line, (size_t)n) < 0 && errno == EINTR) {}
+        serve_status_sent = 1;
+        return 0;
+    }
     if (WIFEXITED(status)) return WEXITSTATUS(status);
     int sig = WTERMSIG(status);
     struct rlimit none = {0, 0};
@@ -998,6 +1024,273 @@ static void emit_record(void) {
     write_all(2, line, (size_t)k);
 }
 
+/* ------------------------------------------------------------------ the served sandbox (--serve)
+ *
+ * A cell's first process (pid 1 of its own pid namespace, in its own mount, IPC, UTS and
+ * network namespaces, already in its cgroup) builds the view bubblewrap would build from the
+ * same operations: a tmpfs for the cell's root, assembled from the host's paths, then made the
+ * root and the host's root detached (build_root).  A bind is recursive and its mounts are made read-only, nosuid
+ * and nodev (a --dev-bind keeps devices) at once with mount_setattr.  The operations are the
+ * subset of bubblewrap's options that the harness writes (cumatrix.execute.sandbox):
+ *   --ro-bind --bind --dev-bind SRC DEST   --symlink TARGET DEST   --dir DEST
+ *   --tmpfs DEST   --dev DEST   --proc DEST   --remount-ro DEST   --perms MODE   --size BYTES
+ *   --chdir DIR
+ * Then this process forks the program's process, which leaves root (uid and gid SERVE_UID,
+ * no groups, no capability in any set, no_new_privs), and waits as its init: it ends as the
+ * program ended (128+N for a signal N, as bubblewrap reports it); its end ends the namespace
+ * and every process left in it. */
+
+
+#ifndef MOUNT_ATTR_RDONLY
+#define MOUNT_ATTR_RDONLY 0x00000001
+#define MOUNT_ATTR_NOSUID 0x00000002
+#define MOUNT_ATTR_NODEV 0x00000004
+#endif
+#ifndef AT_RECURSIVE
+#define AT_RECURSIVE 0x8000
+#endif
+#ifndef SYS_mount_setattr
+#define SYS_mount_setattr 442
+#endif
+
+struct mount_attr_v0 { unsigned long long attr_set, attr_clr, propagation, userns_fd; };
+
+static int set_attrs(const char *path, unsigned long long attrs, int recursive) {
+    struct mount_attr_v0 a;
+    memset(&a, 0, sizeof a);
+    a.attr_set = attrs;
+    return (int)syscall(SYS_mount_setattr, AT_FDCWD, path, recursive ? AT_RECURSIVE : 0, &a, sizeof a);
+}
+
+static int mkdir_p(char *path, mode_t mode) {
+    for (char *s = path + 1; *s; s++) {
+        if (*s != '/') continue;
+        *s = 0;
+        int r = mkdir(path, 0755);
+        *s = '/';
+        if (r != 0 && errno != EEXIST) return -1;
+    }
+    if (mkdir(path, mode) != 0 && errno != EEXIST) return -1;
+    return 0;
+}
+
+/* The parent directories of PATH, made. */
+static int parents_of(const char *path) {
+    char buf[PATH_MAX];
+    snprintf(buf, sizeof buf, "%s", path);
+    char *slash = strrchr(buf, '/');
+    if (!slash || slash == buf) return 0;
+    *slash = 0;
+    return mkdir_p(buf, 0755);
+}
+
+/* Where a mount of SRC goes: a directory for a directory, an empty file for anything else. */
+static int mount_point_for(const char *src, const char *dest) {
+    struct stat st;
+    if (stat(src, &st) != 0) return -1;
+    if (S_ISDIR(st.st_mode)) {
+        char buf[PATH_MAX];
+        snprintf(buf, sizeof buf, "%s", dest);
+        return mkdir_p(buf, 0755);
+    }
+    struct stat there;
+    if (lstat(dest, &there) == 0) return 0;  /* shown already (a file of a directory bound read-only) */
+    if (parents_of(dest) != 0) return -1;
+    int fd = open(dest, O_WRONLY | O_CREAT | O_CLOEXEC | O_NOCTTY, 0444);
+    if (fd < 0 && errno != EEXIST && errno != EISDIR) return -1;
+    if (fd >= 0) close(fd);
+    return 0;
+}
+
+static int bind_into(const char *src, const char *dest, unsigned long long attrs) {
+    if (mount_point_for(src, dest) != 0) return fail("mount point for", dest);
+    if (mount(src, dest, NULL, MS_BIND | MS_REC, NULL) != 0) return fail("bind", src);
+    if (set_attrs(dest, attrs, 1) != 0) return fail("mount_setattr", dest);
+    return 0;
+}
+
+static int tmpfs_at(const char *dest, unsigned int perms, unsigned long long size) {
+    char buf[PATH_MAX], opts[96];
+    snprintf(buf, sizeof buf, "%s", dest);
+    if (mkdir_p(buf, 0755) != 0) return fail("mkdir", dest);
+    if (size) snprintf(opts, sizeof opts, "mode=0%o,size=%llu", perms, size);
+    else snprintf(opts, sizeof opts, "mode=0%o", perms);
+    if (mount("tmpfs", dest, "tmpfs", MS_NOSUID | MS_NODEV, opts) != 0) return fail("tmpfs", dest);
+    return 0;
+}
+
+/* bubblewrap's --dev: a tmpfs with the harmless devices bound from the host, the standard
+ * links, its own devpts and an empty shm. */
+static int dev_at(const char *dest) {
+    static const char *const nodes[] = {"null", "zero", "full", "random", "urandom", "tty"};
+    char a[PATH_MAX], b[PATH_MAX + 64];
+    if (tmpfs_at(dest, 0755, 0) != 0) return -1;
+    for (size_t i = 0; i < sizeof nodes / sizeof nodes[0]; i++) {
+        snprintf(a, sizeof a, "/dev/%s", nodes[i]);
+        snprintf(b, sizeof b, "%s/%s", dest, nodes[i]);
+        if (bind_into(a, b, MOUNT_ATTR_NOSUID) != 0) return -1;
+    }
+    static const char *const links[][2] = {{"/proc/self/fd", "fd"}, {"/proc/self/fd/0", "stdin"},
+                                           {"/proc/self/fd/1", "stdout"}, {"/proc/self/fd/2", "stderr"},
+                                           {"/proc/kcore", "core"}, {"pts/ptmx", "ptmx"}};
+    for (size_t i = 0; i < sizeof links / sizeof links[0]; i++) {
+        snprintf(b, sizeof b, "%s/%s", dest, links[i][1]);
+        if (symlink(links[i][0], b) != 0) return fail("symlink", b);
+    }
+    snprintf(b, sizeof b, "%s/shm", dest);
+    if (mkdir(b, 0755) != 0) return fail("mkdir", b);
+    snprintf(b, sizeof b, "%s/pts", dest);
+    if (mkdir(b, 0755) != 0) return fail("mkdir", b);
+    if (mount("devpts", b, "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=620") != 0)
+        return fail("devpts", b);
+    return 0;
+}
+
+/* bubblewrap's --proc: this pid namespace's proc, its kernel knobs read-only. */
+static int proc_at(const char *dest) {
+    char buf[PATH_MAX + 64];
+    snprintf(buf, sizeof buf, "%s", dest);
+    if (mkdir_p(buf, 0755) != 0) return fail("mkdir", dest);
+    if (mount("proc", dest, "proc", MS_NOSUID | MS_NOEXEC | MS_NODEV, NULL) != 0) return fail("proc", dest);
+    static const char *const covered[] = {"sys", "sysrq-trigger", "irq", "bus"};
+    for (size_t i = 0; i < sizeof covered / sizeof covered[0]; i++) {
+        snprintf(buf, sizeof buf, "%s/%s", dest, covered[i]);
+        if (access(buf, F_OK) != 0) continue;
+        if (mount(buf, buf, NULL, MS_BIND | MS_REC, NULL) != 0) return fail("bind", buf);
+        if (set_attrs(buf, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 1) != 0)
+            return fail("mount_setattr", buf);
+    }
+    return 0;
+}
+
+static int loopback_up(void) {
+    int s = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (s < 0) return fail("socket", "lo");
+    struct ifreq ifr;
+    memset(&ifr, 0, sizeof ifr);
+    snprintf(ifr.ifr_name, sizeof ifr.ifr_name, "lo");
+    int ok = ioctl(s, SIOCGIFFLAGS, &ifr) == 0;
+    ifr.ifr_flags |= IFF_UP | IFF_RUNNING;
+    ok = ok && ioctl(s, SIOCSIFFLAGS, &ifr) == 0;
+    close(s);
+    return ok ? 0 : fail("ioctl", "lo up");
+}
+
+/* The cell's root is a tmpfs mounted, in the cell's own mount namespace, over the host's
+ * /dev/shm: a directory every host has and that no operation reads from (the harness binds
+ * nothing of /dev but the GPU's nodes and the few devices below), so every source stays the
+ * host's own path.  The tree is built there, then made the root (pivot_root with the old root
+ * stacked over it, and that detached: one pass, one wait for the kernel's unmount). */
+#define CELL_BASE "/dev/shm"
+
+static int build_root(char **chdir_to) {
+    char dest[PATH_MAX];
+    if (mount(NULL, "/", NULL, MS_SLAVE | MS_REC, NULL) != 0) return fail("mount", "/ slave");
+    if (mount("tmpfs", CELL_BASE, "tmpfs", MS_NODEV | MS_NOSUID, "mode=0755") != 0) return fail("tmpfs", "root");
+    unsigned int perms = 0755;
+    unsigned long long size = 0;
+    for (int i = 0; i < serve_nops; i++) {
+        const char *op = serve_ops[i];
+        const char *a = i + 1 < serve_nops ? serve_ops[i + 1] : NULL;
+        const char *b = i + 2 < serve_nops ? serve_ops[i + 2] : NULL;
+        int two = !strcmp(op, "--ro-bind") || !strcmp(op, "--bind") || !strcmp(op, "--dev-bind") ||
+                  !strcmp(op, "--symlink");
+        if (!a || (two && !b)) { errno = EINVAL; return fail("operation without its arguments", op); }
+        if (strlen(a) + 16 >= PATH_MAX || (b && strlen(b) + 16 >= PATH_MAX)) {
+            errno = ENAMETOOLONG;
+            return fail("path", a);
+        }
+        if (two) {
+            snprintf(dest, sizeof dest, CELL_BASE "%s", b);
+            if (!strcmp(op, "--symlink")) {
+                if (parents_of(dest) != 0 || (symlink(a, dest) != 0 && errno != EEXIST)) return fail("symlink", b);
+            } else {
+                if (!strncmp(a, CELL_BASE "/", sizeof CELL_BASE) || !strcmp(a, CELL_BASE)) {
+                    errno = EINVAL;
+                    return fail("a source under the cell's root", a);
+                }
+                unsigned long long attrs = MOUNT_ATTR_NOSUID;
+                if (strcmp(op, "--dev-bind") != 0) attrs |= MOUNT_ATTR_NODEV;
+                if (!strcmp(op, "--ro-bind")) attrs |= MOUNT_ATTR_RDONLY;
+                if (bind_into(a, dest, attrs) != 0) return -1;
+            }
+            i += 2;
+            continue;
+        }
+        i += 1;
+        if (!strcmp(op, "--perms")) { perms = (unsigned int)strtoul(a, NULL, 8); continue; }
+        if (!strcmp(op, "--size")) { size = strtoull(a, NULL, 10); continue; }
+        if (!strcmp(op, "--chdir")) { *chdir_to = (char *)a; continue; }
+        snprintf(dest, sizeof dest, CELL_BASE "%s", a);
+        int r;
+        if (!strcmp(op, "--dir")) {
+            r = mkdir_p(dest, perms) == 0 && chmod(dest, perms) == 0 ? 0 : fail("mkdir", a);
+        } else if (!strcmp(op, "--tmpfs")) {
+            r = tmpfs_at(dest, perms, size);
+        } else if (!strcmp(op, "--dev")) {
+            r = dev_at(dest);
+        } else if (!strcmp(op, "--proc")) {
+            r = proc_at(dest);
+        } else if (!strcmp(op, "--remount-ro")) {
+            r = set_attrs(dest, MOUNT_ATTR_RDONLY, 0) == 0 ? 0 : fail("remount read-only", a);
+        } else {
+            errno = EINVAL;
+            r = fail("unknown operation", op);
+        }
+        if (r != 0) return r;
+        perms = 0755;  /* --perms and --size apply to the next operation only */
+        size = 0;
+    }
+    if (chdir(CELL_BASE) != 0) return fail("chdir", "root");
+    if (syscall(SYS_pivot_root, ".", ".") != 0) return fail("pivot_root", "root");
+    if (umount2(".", MNT_DETACH) != 0) return fail("umount", "host root");
+    if (chdir("/") != 0) return fail("chdir", "/");
+    return 0;
+}
+
+/* Leave root for SERVE_UID with nothing left: no capability in any set (bounding and
+ * ambient included), no supplementary group, no way to gain privileges. */
+static int drop_root(long uid) {
+    for (int cap = 0; cap <= 63; cap++)
+        if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL) return fail("drop capability", "bounding set");
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
+    if (setgroups(0, NULL) != 0) return fail("setgroups", "");
+    if (setresgid((gid_t)uid, (gid_t)uid, (gid_t)uid) != 0) return fail("setresgid", "");
+    if (setresuid((uid_t)uid, (uid_t)uid, (uid_t)uid) != 0) return fail("setresuid", "");
+    struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+    struct __user_cap_data_struct none[2];
+    memset(none, 0, sizeof none);
+    if (syscall(SYS_capset, &hdr, none) != 0) return fail("capset", "");
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return fail("prctl", "no_new_privs");
+    return 0;
+}
+
+static int cell_init(char *limits, char **argv) {
+    char *chdir_to = NULL;
+    if (unshare(CLONE_NEWCGROUP) != 0) return fail("unshare", "cgroup namespace");
+    if (serve_net_fd >= 0) {
+        if (setns(serve_net_fd, CLONE_NEWNET) != 0) return fail("setns", "network namespace");
+        close(serve_net_fd);
+    }
+    if (build_root(&chdir_to) != 0 || (serve_net_fd < 0 && loopback_up() != 0)) return 126;
+    pid_t program = fork();
+    if (program < 0) return fail("fork", "program");
+    if (program == 0) {
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) _exit(128 + SIGKILL);
+        if (chdir_to && chdir(chdir_to) != 0) _exit(fail("chdir", chdir_to));
+        if (serve_uid >= 0 && drop_root(serve_uid) != 0) _exit(126);
+        _exit(run_program(limits, argv));
+    }
+    for (;;) {  /* the namespace's init: reaps what is orphaned, ends with the program */
+        int st;
+        pid_t got = waitpid(-1, &st, 0);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) return fail("waitpid", "program");
+        if (got != program) continue;
+        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+}
+
 /* The program's wait status (untraced: ptrace was refused); -1 on failure. */
 static int mirror_status(pid_t pid) {
     int status;
@@ -1036,6 +1329,7 @@ static int traced_main(int fd, int argc, char **argv) {
         memset(&ign, 0, sizeof ign);
         ign.sa_handler = SIG_IGN;
         for (size_t i = 0; i < N_PASSED; i++) sigaction(passed_on[i], &ign, &inherited[i]);
+        if (clone_ns_flags && unshare((int)clone_ns_flags) != 0) return fail("unshare", "namespaces");
         pid = fork();
         if (pid == 0) {
             for (size_t i = 0; i < N_PASSED; i++) sigaction(passed_on[i], &inherited[i], NULL);
@@ -1057,6 +1351,7 @@ static int traced_main(int fd, int argc, char **argv) {
             close(ready[1]);
         }
         traced_child_setup(go[0]);
+        if (serve_ops) _exit(cell_init(argv[2], &argv[4]));  /* never back into the server's code */
         return run_program(argv[2], &argv[4]);
     }
     close(go[0]);
@@ -1137,7 +1432,177 @@ static int watch(char **argv) {
     return 127;
 }
 
+/* --serve SOCKET_FD PARENT_PID: the fork server.  Each message on the socket (SOCK_SEQPACKET,
+ * one message a cell) is a cell: NUL-separated strings
+ *
+ *   cumatrix-cell-1  CGROUP_PROCS  LIMITS  UID  N_OPS  N_ARGV  N_ENV  TARGETS
+ *   OPS...  ARGV...  ENV...
+ *
+ * with descriptors (SCM_RIGHTS): the cell's stdout, stderr, its status pipe, its trace pipe,
+ * then one for each comma-separated number in TARGETS (dup2'ed to that number in the
+ * program: a harness child's verdict channel).  For each, a process is forked that does what
+ * --trace does (the tracer), with the program's first process cloned into new mount, pid,
+ * IPC, UTS and network namespaces and there building its sandbox (cell_init).  Where a
+ * --trace run ends as its program did, this one writes "z <wait status>" on the status pipe
+ * (nothing written: the cell was lost).  The server itself is not dumpable, dies with
+ * PARENT_PID (where one is given) and ends at the socket's EOF; it reaps its children as
+ * each message comes. */
+#define SERVE_MAX_FDS 8
+#define SERVE_MAX_MSG (1 << 20)
+
+static char **split_fields(char *buf, size_t len, int *count) {
+    int n = 0;
+    for (size_t i = 0; i < len; i++) n += buf[i] == 0;
+    char **out = calloc((size_t)n + 1, sizeof *out);
+    if (!out) return NULL;
+    int k = 0;
+    for (size_t i = 0; i < len && k < n; k++) {
+        out[k] = buf + i;
+        i += strlen(buf + i) + 1;
+    }
+    *count = k;
+    return out;
+}
+
+static void serve_cell(char **f, int nf, int *fds, int nfds, pid_t server, int net_fd) {
+    /* f: magic procs limits uid n_ops n_argv n_env targets ops... argv... env... */
+    int n_ops = atoi(f[4]), n_argv = atoi(f[5]), n_env = atoi(f[6]);
+    if (n_ops < 0 || n_argv < 1 || n_env < 0 || 8 + n_ops + n_argv + n_env > nf || nfds < 4) _exit(125);
+    /* Out of the way of the numbers the program's descriptors go to (0-2 and TARGETS). */
+    for (int i = 0; i < nfds; i++) {
+        int high = fcntl(fds[i], F_DUPFD_CLOEXEC, 256);
+        if (high < 0) _exit(125);
+        close(fds[i]);
+        fds[i] = high;
+    }
+    serve_status_fd = fds[2];
+    /* The server's dispositions are not the cell's: children waited for, ^C at its default. */
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigaction(SIGCHLD, &dfl, NULL);
+    sigaction(SIGINT, &dfl, NULL);
+    sigaction(SIGPIPE, &dfl, NULL);
+    setsid();
+    int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (null < 0 || dup2(null, 0) < 0 || dup2(fds[0], 1) < 0 || dup2(fds[1], 2) < 0) _exit(125);
+    /* The verdict channel's descriptors at the numbers the cell's environment names. */
+    char *targets = f[7], *save = NULL;
+    int k = 4;
+    for (char *t = strtok_r(targets, ",", &save); t; t = strtok_r(NULL, ",", &save), k++) {
+        if (k >= nfds) _exit(125);
+        int want = atoi(t);
+        if (want < 3 || dup2(fds[k], want) < 0) _exit(125);
+    }
+    serve_ops = &f[8];
+    serve_nops = n_ops;
+    serve_uid = strcmp(f[3], "-") ? atol(f[3]) : -1;
+    clone_ns_flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | (net_fd < 0 ? CLONE_NEWNET : 0);
+    serve_net_fd = net_fd;
+    char **env = calloc((size_t)n_env + 1, sizeof *env);
+    if (!env) _exit(125);
+    for (int i = 0; i < n_env; i++) env[i] = f[8 + n_ops + n_argv + i];
+    environ = env;
+    char parent[24];
+    snprintf(parent, sizeof parent, "%d", (int)server);
+    char **args = calloc((size_t)n_argv + 5, sizeof *args);
+    if (!args) _exit(125);
+    args[0] = parent;
+    args[1] = f[1];
+    args[2] = f[2];
+    args[3] = "--";
+    for (int i = 0; i < n_argv; i++) args[4 + i] = f[8 + n_ops + i];
+    int rc = traced_main(fds[3], n_argv + 4, args);
+    if (!serve_status_sent) {  /* it failed before the program ran: as --trace would have exited */
+        char line[32];
+        int n = snprintf(line, sizeof line, "z\t%d\n", (rc & 0xff) << 8);
+        while (write(serve_status_fd, line, (size_t)n) < 0 && errno == EINTR) {}
+    }
+    _exit(0);
+}
+
+/* Network namespaces, each used by one cell at a time: making one costs about half a
+ * millisecond, and its teardown more, in the kernel's own time.  A namespace goes back to the
+ * pool when the tracer of the cell that used it has ended, that is when not one process of
+ * the cell is left (its sockets closed with them); its loopback is up, as bubblewrap leaves it. */
+#define NET_POOL 64
+static struct { int fd; pid_t user; } net_pool[NET_POOL];
+static int net_pool_n;
+
+static void net_release(pid_t user) {
+    for (int i = 0; i < net_pool_n; i++)
+        if (net_pool[i].user == user) net_pool[i].user = 0;
+}
+
+static int net_take(void) {
+    for (int i = 0; i < net_pool_n; i++)
+        if (net_pool[i].user == 0) return i;
+    if (net_pool_n == NET_POOL) return -1;
+    int here = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+    if (here < 0) return -1;
+    int slot = -1;
+    if (unshare(CLONE_NEWNET) == 0) {
+        int fd = loopback_up() == 0 ? open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC) : -1;
+        if (setns(here, CLONE_NEWNET) != 0) _exit(125);  /* the server itself stays where it was */
+        if (fd >= 0) {
+            slot = net_pool_n++;
+            net_pool[slot].fd = fd;
+            net_pool[slot].user = 0;
+        }
+    }
+    close(here);
+    return slot;
+}
+
+static int serve(int sock, pid_t parent) {
+    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    if (parent > 0) {
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) return fail("prctl", "PR_SET_PDEATHSIG");
+        if (getppid() != parent) return 128 + SIGKILL;
+    }
+    signal(SIGINT, SIG_IGN);  /* a terminal's ^C is the harness's to act on */
+    char *buf = malloc(SERVE_MAX_MSG);
+    if (!buf) return fail("malloc", "");
+    pid_t self = getpid();
+    for (;;) {
+        char control[CMSG_SPACE(sizeof(int) * SERVE_MAX_FDS)];
+        struct iovec iov = {buf, SERVE_MAX_MSG - 1};
+        struct msghdr msg;
+        memset(&msg, 0, sizeof msg);
+        msg.msg_iov = &iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control;
+        msg.msg_controllen = sizeof control;
+        ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+        for (pid_t done; (done = waitpid(-1, NULL, WNOHANG)) > 0;) net_release(done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return 0;  /* the harness closed its end (or is gone) */
+        int fds[SERVE_MAX_FDS], nfds = 0;
+        for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+            if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+            int got = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+            for (int i = 0; i < got && nfds < SERVE_MAX_FDS; i++) memcpy(&fds[nfds++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        }
+        buf[n] = 0;
+        int nf = 0;
+        char **f = (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) ? NULL : split_fields(buf, (size_t)n, &nf);
+        if (f && nf >= 8 && !strcmp(f[0], "cumatrix-cell-1")) {
+            int slot = net_take();  /* -1: none free, the cell makes its own */
+            pid_t pid = fork();
+            if (pid == 0) {
+                close(sock);
+                serve_cell(f, nf, fds, nfds, self, slot >= 0 ? net_pool[slot].fd : -1);
+            }
+            if (pid > 0 && slot >= 0) net_pool[slot].user = pid;
+        }
+        /* A malformed message: its status pipe closes unwritten, and the harness says so. */
+        free(f);
+        for (int i = 0; i < nfds; i++) close(fds[i]);
+    }
+}
+
 int main(int argc, char **argv) {
+    if (argc == 4 && strcmp(argv[1], "--serve") == 0) return serve(atoi(argv[2]), (pid_t)atol(argv[3]));
     if (argc >= 3 && strcmp(argv[1], "--watch") == 0) return watch(&argv[2]);
     if (argc >= 8 && strcmp(argv[1], "--trace") == 0 && strcmp(argv[6], "--") == 0)
         return traced_main(atoi(argv[2]), argc - 3, &argv[3]);

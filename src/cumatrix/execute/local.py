@@ -20,7 +20,7 @@ from typing import Literal
 
 from cumatrix.core.jobs import ChildResult, Job, Verdict
 from cumatrix.core.witness import UNTRACED, KernelTrace, TraceChannel
-from cumatrix.execute import sandbox
+from cumatrix.execute import forkserver, sandbox
 from cumatrix.execute.protocol import ENV_FD, ENV_FILE, PipeChannel, parse
 
 __all__ = ["DEBUGGER_EVIDENCE", "ChildResult", "Job", "SpawnMode", "run_local", "start_local"]
@@ -99,6 +99,8 @@ def start_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str
             returncode=None, signal=None, timed_out=False, stdout_tail="", stderr_tail=plan.problem,
             verdict=None, verdict_error=None, duration_s=0.0, extra={**plan.extra, HARNESS_PROBLEM: plan.problem}))
     env, plan, chan = _with_channel(job, plan)
+    if plan.served is not None:
+        return _start_served(job, plan, scope, start, env, chan)
     try:
         # No preexec_fn where the spawn shim exists: subprocess then uses vfork, not fork.
         proc = subprocess.Popen(plan.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -136,11 +138,37 @@ def start_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str
     return LocalChild(job, plan, scope, start, proc=proc, chan=chan)
 
 
+def _start_served(job: Job, plan: sandbox.Plan, scope: sandbox.Scope, start: float, env: dict[str, str],
+                  chan: PipeChannel | None) -> LocalChild:
+    """Hand the cell to the fork server (:mod:`cumatrix.execute.forkserver`)."""
+    assert plan.served is not None
+    assert plan.trace is not None
+    helper = sandbox.spawn_shim()
+    try:
+        if helper is None:
+            raise forkserver.ServerGone("the spawn helper is gone")
+        proc = forkserver.start(plan.served, helper, list(plan.argv), env, plan.trace.write_fd,
+                                [chan.write_fd] if chan else [])
+    except forkserver.ServerGone as e:
+        scope.end()
+        for c in (chan, plan.trace):
+            if c is not None:
+                c.close()
+        detail = f"cannot start the cell: {e}"
+        return LocalChild(job, plan, scope, start, done=ChildResult(
+            returncode=None, signal=None, timed_out=False, stdout_tail="", stderr_tail=detail, verdict=None,
+            verdict_error=None, duration_s=time.monotonic() - start, extra={**plan.extra, HARNESS_PROBLEM: detail}))
+    if chan:
+        chan.after_spawn()
+    plan.trace.after_spawn()
+    return LocalChild(job, plan, scope, start, proc=proc, chan=chan)
+
+
 class LocalChild:
     """A job's child from its start to its end: :meth:`wait` for its result, or :meth:`cancel`."""
 
     def __init__(self, job: Job, plan: sandbox.Plan, scope: sandbox.Scope, start: float, *,
-                 proc: subprocess.Popen[bytes] | None = None, chan: PipeChannel | None = None,
+                 proc: subprocess.Popen[bytes] | forkserver.Served | None = None, chan: PipeChannel | None = None,
                  done: ChildResult | None = None) -> None:
         self.job, self.plan, self.scope, self.start = job, plan, scope, start
         self.proc, self.chan, self.done = proc, chan, done
@@ -170,7 +198,15 @@ class LocalChild:
             self._end(kill=timed_out or proc.poll() is None)
         verdict, verr = parse(chan.raw()) if chan else (None, None)
         trace = self._trace
-        self.done = _result(proc.wait(), self.plan, scope, timed_out=timed_out, out=out, err=err, verdict=verdict,
+        rc = proc.wait()
+        if isinstance(proc, forkserver.Served) and proc.lost and not timed_out:
+            detail = "the fork server's tracer of this cell ended without its status: the cell has no outcome"
+            self.done = ChildResult(returncode=None, signal=None, timed_out=False, stdout_tail=out.text(),
+                                    stderr_tail=err.text(), verdict=None, verdict_error=None,
+                                    duration_s=time.monotonic() - self.start,
+                                    extra={**self.plan.extra, HARNESS_PROBLEM: detail})
+            return self.done
+        self.done = _result(rc, self.plan, scope, timed_out=timed_out, out=out, err=err, verdict=verdict,
                             verr=verr, start=self.start, trace=trace)
         return self.done
 
@@ -252,7 +288,7 @@ def _with_channel(job: Job, plan: sandbox.Plan) -> tuple[dict[str, str], sandbox
     return env, replace(plan, pass_fds=(*plan.pass_fds, chan.write_fd)), chan
 
 
-def _pump(sel: selectors.BaseSelector, proc: subprocess.Popen[bytes], scope: sandbox.Scope,
+def _pump(sel: selectors.BaseSelector, proc: subprocess.Popen[bytes] | forkserver.Served, scope: sandbox.Scope,
           deadline: float) -> bool:
     """Read the child's streams until they close; True when the deadline passed first."""
     while sel.get_map():
@@ -277,7 +313,13 @@ def _pump(sel: selectors.BaseSelector, proc: subprocess.Popen[bytes], scope: san
     return False
 
 
-def _kill_group(proc: subprocess.Popen[bytes], *, quiet: bool = False) -> None:
+def _kill_group(proc: subprocess.Popen[bytes] | forkserver.Served, *, quiet: bool = False) -> None:
+    if isinstance(proc, forkserver.Served):  # not this process's child: its cgroup is the handle
+        proc.kill()
+        if not quiet:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)
+        return
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:

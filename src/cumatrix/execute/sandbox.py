@@ -62,6 +62,7 @@ from cumatrix.core.options import (
     sandbox_policy,
 )
 from cumatrix.core.witness import TraceChannel, tracing_enabled
+from cumatrix.execute import forkserver
 from cumatrix.execute.childenv import (
     _SECRET_RE,
     CPU_SLACK_S,
@@ -103,6 +104,8 @@ if TYPE_CHECKING:
 
 #: The policy of a cell (built by :mod:`cumatrix.core.options` from options and environment).
 Policy = SandboxPolicy
+#: How a sandboxed cell is held: bubblewrap per cell, or namespaces made by the fork server.
+SANDBOXED = ("bubblewrap", "namespaces")
 
 __all__ = [
     "BWRAP_ENV",
@@ -114,6 +117,7 @@ __all__ = [
     "NOBODY",
     "NOFILE_MAX",
     "NPROC_MAX",
+    "SANDBOXED",
     "SCOPE_ENV",
     "WRITE_LIMIT",
     "WRITE_LIMIT_RANGE",
@@ -167,6 +171,8 @@ class Plan:
     #: The kernel's record of the cell's processes (the spawn helper traces the tree); None:
     #: spawned untraced (no helper, or ``$CUMATRIX_NO_TRACE``).
     trace: TraceChannel | None = None
+    #: The cell as the fork server runs it (``argv`` is then the program's own); None: spawned here.
+    served: forkserver.ServedCell | None = None
 
 
 # --------------------------------------------------------------------------- bubblewrap
@@ -240,10 +246,17 @@ def describe(policy: Policy) -> tuple[str, str | None]:
         return "off", None
     bwrap, why = bubblewrap()
     if bwrap is not None:
-        return "bubblewrap", None
+        return ("namespaces" if _served_here(policy) else "bubblewrap"), None
     line = (f"cumatrix: cells run WITHOUT a sandbox (as this user, within reach of its files): {why}; "
             f"fix: {fix_for(why)}; --no-sandbox says it is meant, --require-sandbox makes it an error")
     return f"none: {why}", line
+
+
+def _served_here(policy: Policy) -> bool:
+    """Whether this process's cells go to the fork server (the conditions :func:`prepare` checks)."""
+    shim = spawn_shim()
+    return (os.geteuid() == 0 and shim is not None and tracing_enabled() and containment().group is not None
+            and policy.sandbox != "off" and forkserver.usable(shim, _probe_ops))
 
 
 def kept_paths() -> list[str]:
@@ -289,7 +302,11 @@ def _bind_points(paths: Iterable[str], masks: Iterable[str] = ()) -> list[str]:
     outermost first (one under another only where one of ``masks`` lies between them); none
     under what the system directories already show, none that is or holds a host socket
     directory, never ``/``."""
-    dirs = {d for d in map(_bind_dir, paths) if d is not None}
+    return _outermost({d for d in map(_bind_dir, paths) if d is not None}, masks)
+
+
+def _outermost(dirs: set[str], masks: Iterable[str] = ()) -> list[str]:
+    """:func:`_bind_points` of directories already found."""
     hidden = list(masks)
     out: list[str] = []
     for d in sorted(dirs):
@@ -308,9 +325,15 @@ def _bind_dir(p: str) -> str | None:
         return None
     if d.startswith("/dev/") and not d.startswith("/dev/nvidia"):
         return None
-    if any(_under(d, s) for s in SYSTEM_DIRS if os.path.lexists(s)):
+    if any(_under(d, s) for s in _system_dirs()):
         return None  # shown already (a path under /bin, a link to usr/bin, too)
     return d
+
+
+@functools.lru_cache(maxsize=1)
+def _system_dirs() -> tuple[str, ...]:
+    """The :data:`SYSTEM_DIRS` this host has (looked up once: they do not come and go)."""
+    return tuple(s for s in SYSTEM_DIRS if os.path.lexists(s))
 
 
 def _searchable(points: Iterable[str]) -> None:
@@ -341,10 +364,12 @@ def _environments(paths: Iterable[str]) -> list[str]:
             # whole installation, read-only (https://github.com/pyenv/pyenv#understanding-shims).
             out.append(os.path.dirname(p))
             continue
-        for root in (Path(p).parent, Path(p).parent.parent):
-            if (root / "pyvenv.cfg").is_file():
-                out.append(str(root))
-                out += _venv_base(str(root / "pyvenv.cfg"))
+        parent = os.path.dirname(p)
+        for root in (parent, os.path.dirname(parent)):
+            cfg = os.path.join(root, "pyvenv.cfg")
+            if os.path.isfile(cfg):
+                out.append(root)
+                out += _venv_base(cfg)
     return out
 
 
@@ -387,15 +412,39 @@ def bwrap_argv(bwrap: str, job: Job, env: dict[str, str], cwd: str, policy: Poli
     """The bubblewrap command line that runs ``job.argv`` confined (see :func:`bwrap_command`),
     with what the job names bound read-only and its audit log (a file) writable; ``write_dirs``
     (the gate's install target, never a cell's) writable too."""
-    wanted = [*job.mounts, *job.lib_path, cwd, *(a for a in job.argv if a.startswith("/"))]
+    read, write = _job_view(job, env, cwd, write_dirs)
+    return bwrap_command(bwrap, list(job.argv), cwd=cwd, policy=policy, read=read, write=write)
+
+
+def job_ops(job: Job, env: dict[str, str], cwd: str, policy: Policy) -> list[str]:
+    """What :func:`bwrap_argv` tells bubblewrap to build for ``job``, as the fork server is told
+    it (:func:`sandbox_ops`)."""
+    read, write = _job_view(job, env, cwd, ())
+    return sandbox_ops(cwd=cwd, policy=policy, read=read, write=write)
+
+
+def _job_view(job: Job, env: dict[str, str], cwd: str, write_dirs: Iterable[str]) -> tuple[list[str], list[str]]:
+    """The host paths a job's cell reads (its mounts, libraries, working directory, programs,
+    search paths and their environments) and the files it may write."""
+    named = [*job.mounts, *job.lib_path, cwd, *(a for a in job.argv if a.startswith("/"))]
     for var in ("PYTHONPATH", "LD_LIBRARY_PATH", "PATH"):
-        wanted += env.get(var, "").split(os.pathsep)
+        named += env.get(var, "").split(os.pathsep)
+    writable = [os.path.normpath(p) for p in job.writable if os.path.isfile(p)]
+    writable += [os.path.normpath(d) for d in write_dirs if os.path.isdir(d)]
+    return list(_reached(tuple(dict.fromkeys(named)))), writable  # each once (a PATH names some twice)
+
+
+@functools.lru_cache(maxsize=256)
+def _reached(named: tuple[str, ...]) -> tuple[str, ...]:
+    """The paths a cell reads for the paths its job names: those, the Python environments their
+    programs live in, and what links among them lead to.  Kept per harness process (a run's
+    cells name the same few sets; each look-up is some 40 stat calls): a path that appears later
+    under a name already looked up is not shown, and a cell then misses it, it never gains one."""
+    wanted = list(named)
     wanted += _environments(wanted)
     # What links lead to (a venv's python -> a pyenv or conda install under a private home).
     wanted += [r for r in (os.path.realpath(p) for p in wanted if p.startswith("/")) if r not in wanted]
-    writable = [os.path.normpath(p) for p in job.writable if os.path.isfile(p)]
-    writable += [os.path.normpath(d) for d in write_dirs if os.path.isdir(d)]
-    return bwrap_command(bwrap, list(job.argv), cwd=cwd, policy=policy, read=wanted, write=writable)
+    return tuple(wanted)
 
 
 def _views(points: list[str], masks: list[str], write: Iterable[str]) -> list[str]:
@@ -443,10 +492,7 @@ def _views(points: list[str], masks: list[str], write: Iterable[str]) -> list[st
 def bwrap_command(bwrap: str, argv: list[str], *, cwd: str, policy: Policy | None = None,
                   read: Iterable[str] = (), write: Iterable[str] = ()) -> list[str]:
     """A bubblewrap command line: no network, no host IPC, its own pid, UTS and cgroup
-    namespaces; the system directories, the GPU's device nodes and ``read`` read-only
-    (``/proc/sys`` and ``/sys`` too); no ``/run``, ``/var/run`` or other host socket; a
-    private ``/tmp`` and ``/dev/shm`` of ``policy.write_limit`` bytes each; the files in
-    ``write`` (which must exist) the only writable host paths.
+    namespaces, and the view of :func:`sandbox_ops`.
 
     The cell's root is never the host's: a root harness runs bubblewrap with every capability
     dropped but the three ``setpriv`` needs to become ``policy.uid`` (``nobody``) with none left
@@ -454,7 +500,6 @@ def bwrap_command(bwrap: str, argv: list[str], *, cwd: str, policy: Policy | Non
     that maps the cell to its own unprivileged uid and forbids further ones.
     """
     policy = policy or sandbox_policy()
-    size = str(policy.write_limit)
     root = os.geteuid() == 0
     out = [bwrap, "--die-with-parent", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts"]
     if root:
@@ -465,6 +510,23 @@ def bwrap_command(bwrap: str, argv: list[str], *, cwd: str, policy: Policy | Non
                 "--cap-add", "CAP_SETPCAP"]
     else:
         out += ["--unshare-user", "--disable-userns", "--unshare-cgroup-try", "--cap-drop", "ALL"]
+    out += sandbox_ops(cwd=cwd, policy=policy, read=read, write=write)
+    out.append("--")
+    if root:
+        setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
+        out += [setpriv, f"--reuid={policy.uid}", f"--regid={policy.uid}", "--clear-groups",
+                "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+    return [*out, *argv]
+
+
+def sandbox_ops(*, cwd: str, policy: Policy, read: Iterable[str] = (), write: Iterable[str] = ()) -> list[str]:
+    """What the cell sees, in bubblewrap's words: the system directories, the GPU's device nodes
+    and ``read`` read-only (``/proc/sys`` and ``/sys`` too); no ``/run``, ``/var/run`` or other
+    host socket; a private ``/tmp`` and ``/dev/shm`` of ``policy.write_limit`` bytes each; the
+    files in ``write`` (which must exist) the only writable host paths; ``cwd`` its directory.
+    bubblewrap builds it per cell; the fork server (:mod:`.forkserver`) builds it from the same list."""
+    size = str(policy.write_limit)
+    out: list[str] = []
     for d in SYSTEM_DIRS:
         if os.path.islink(d):
             out += ["--symlink", os.readlink(d), d]
@@ -476,19 +538,14 @@ def bwrap_command(bwrap: str, argv: list[str], *, cwd: str, policy: Policy | Non
     out += ["--perms", "1777", "--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
             "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys",
             "--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
-    read = list(read)
-    masks = _masks([*kept_paths(), *policy.hidden], _bind_points(read))
+    dirs = {d for d in map(_bind_dir, read) if d is not None}
+    masks = _masks([*kept_paths(), *policy.hidden], _outermost(dirs))
     # What a mask would hide of a job's own paths, bound again; a kept directory itself never.
-    points = [p for p in _bind_points(read, masks) if p not in masks]
-    if root:
+    points = [p for p in _outermost(dirs, masks) if p not in masks]
+    if os.geteuid() == 0:
         _searchable(points)
     out += _views(points, masks, write)
-    out += ["--chdir", cwd, "--"]
-    if root:
-        setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
-        out += [setpriv, f"--reuid={policy.uid}", f"--regid={policy.uid}", "--clear-groups",
-                "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
-    return [*out, *argv]
+    return [*out, "--chdir", cwd]
 
 
 
@@ -508,14 +565,23 @@ def prepare(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | N
     if scope.cgroup is None:
         env[SCOPE_ENV] = scope.marker
     extra: dict[str, object] = {"containment": scope.mode}
-    argv, signal_in_exit, problem = _sandboxed(job, env, policy, cwd, extra)
+    shim = spawn_shim()
+    # The fork server: where this root harness traces its cells in their own cgroups (it needs
+    # all three), and its sandbox passed its check on this host.
+    serve = (trace and tracing_enabled() and scope.cgroup is not None and os.geteuid() == 0 and shim is not None
+             and policy.sandbox != "off" and forkserver.usable(shim, _probe_ops))
+    argv, signal_in_exit, problem, ops = _sandboxed(job, env, policy, cwd, extra, serve=serve)
     lims = limits(job) if policy.limits else []
-    if extra.get("sandbox") == "bubblewrap":
+    if extra.get("sandbox") in SANDBOXED:
         lims.append(("fsize", policy.write_limit, policy.write_limit))
     procs = str(scope.cgroup / "cgroup.procs") if scope.cgroup is not None else None
-    shim = spawn_shim()
     if shim is not None:
         spec = ",".join(f"{n}={s}:{h}" for n, s, h in lims) or "-"
+        if ops is not None and scope.cgroup is not None and problem is None:
+            extra["spawn"] = "fork-server"
+            return Plan(argv=argv, env=env, extra=extra, signal_in_exit=True, trace=TraceChannel(),
+                        served=forkserver.ServedCell(ops=ops, uid=policy.uid, procs=procs, limits=spec,
+                                                     cgroup=scope.cgroup)), scope
         if trace and tracing_enabled() and problem is None:
             chan = TraceChannel()
             return Plan(argv=(str(shim), "--trace", str(chan.write_fd), str(os.getpid()), procs or "-", spec, "--",
@@ -528,13 +594,18 @@ def prepare(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | N
                 signal_in_exit=signal_in_exit, problem=problem), scope
 
 
-def _sandboxed(job: Job, env: dict[str, str], policy: Policy, cwd: str | None,
-               extra: dict[str, object]) -> tuple[tuple[str, ...], bool, str | None]:
+def _probe_ops() -> list[str]:
+    return sandbox_ops(cwd="/", policy=Policy(sandbox="on"))
+
+
+def _sandboxed(job: Job, env: dict[str, str], policy: Policy, cwd: str | None, extra: dict[str, object], *,
+               serve: bool = False) -> tuple[tuple[str, ...], bool, str | None, list[str] | None]:
     """The job's argv inside bubblewrap where the policy asks for a sandbox and one can run
     (``env`` made the cell's, ``extra["sandbox"]`` says which), whether a signal shows in the
-    exit status, and why the cell cannot run as asked (None: it can)."""
+    exit status, why the cell cannot run as asked (None: it can), and, where ``serve`` says the
+    fork server builds the sandbox, its operations (the argv is then the job's own)."""
     if policy.sandbox not in ("auto", "on"):
-        return job.argv, False, None
+        return job.argv, False, None, None
     bwrap, why = bubblewrap()
     here = cwd or os.getcwd()
     if bwrap is not None and os.geteuid() == 0 and not _enterable(here):
@@ -542,14 +613,17 @@ def _sandboxed(job: Job, env: dict[str, str], policy: Policy, cwd: str | None,
         return job.argv, False, (
             f"the sandbox runs the cell as uid {policy.uid} (nobody), which may not enter its working "
             f"directory {here} (mode {os.stat(here).st_mode & 0o777:o}): run from a directory others may "
-            "read (chmod o+rx), or --no-sandbox")
+            "read (chmod o+rx), or --no-sandbox"), None
     if bwrap is not None:
         env["TMPDIR"] = "/tmp"
         env["HOME"] = "/tmp"  # the host's home is not there: a writable one of the cell's own
+        if serve:
+            extra["sandbox"] = "namespaces"
+            return job.argv, True, None, job_ops(job, env, here, policy)
         extra["sandbox"] = "bubblewrap"
-        return tuple(bwrap_argv(bwrap, job, env, here, policy)), True, None
+        return tuple(bwrap_argv(bwrap, job, env, here, policy)), True, None, None
     if policy.sandbox == "on":
         extra["sandbox"] = "none"
-        return job.argv, False, f"--sandbox asked for a sandbox and there is none: {why}; fix: {fix_for(why)}"
+        return job.argv, False, f"--sandbox asked for a sandbox and there is none: {why}; fix: {fix_for(why)}", None
     extra["sandbox"] = f"none: {why}"
-    return job.argv, False, None
+    return job.argv, False, None, None

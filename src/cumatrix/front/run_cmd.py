@@ -291,7 +291,7 @@ def _require_sandbox(policy: SandboxPolicy) -> None:
     from cumatrix.execute import sandbox
 
     held, _line = sandbox.describe(policy)
-    if held != "bubblewrap":
+    if held not in sandbox.SANDBOXED:
         why = held.removeprefix("none: ")
         raise EnvironmentProblem(f"--require-sandbox: this host cannot sandbox cells: {why}; "
                                  f"fix: {sandbox.fix_for(why)}")

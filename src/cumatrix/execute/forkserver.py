@@ -1,0 +1,278 @@
+"""The sandbox's fork server: one per harness process, so that a sandboxed cell costs about a fork.
+
+bubblewrap per cell costs an ``exec`` of bubblewrap and of ``setpriv``, a copy of the host's
+mount table, a root assembled from scratch and new namespaces, about 7 ms a cell before the
+cell's own program starts (``benchmarks/sandbox_overhead.py``).  Where the harness runs as root
+and the host gives it cgroups, the spawn helper (``csrc/spawn.c``) runs once per harness process
+as a server (``cumatrix-spawn --serve``) and, per cell, forks the cell's tracer, which clones the
+cell's first process into new mount, pid, IPC, UTS, network and cgroup namespaces and its own
+cgroup; that process builds the cell's root from the same operations bubblewrap would be given
+(:func:`cumatrix.execute.sandbox.sandbox_ops`), and forks the program as uid ``nobody`` with no
+capability, no group and ``no_new_privs``.  What the cell sees and may do is what bubblewrap
+gives it; what it costs is a fork, a clone and a few mounts.
+
+A cell travels as one message on a Unix ``SOCK_SEQPACKET`` socket with its descriptors
+(``SCM_RIGHTS``): its stdout and stderr, a status pipe, the tracer's pipe and a harness
+child's verdict channel.  The tracer writes ``z <wait status>`` on the status pipe when the
+cell's tree has ended; a status pipe that closes without it is a lost cell, a harness error,
+never an outcome.  :class:`Served` gives the local backend the part of :class:`subprocess.Popen`
+it uses.
+
+``CUMATRIX_FORK_SERVER=off`` spawns bubblewrap per cell instead (to compare, or to step around
+a problem).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import select
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from cumatrix.core.options import NOBODY
+
+#: The message's first field; the server refuses anything else.
+MAGIC = "cumatrix-cell-1"
+#: The largest message the server reads (csrc/spawn.c SERVE_MAX_MSG, less a byte).
+MAX_MESSAGE = (1 << 20) - 1
+ENV_SWITCH = "CUMATRIX_FORK_SERVER"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ServedCell:
+    """What the server needs of a cell beyond its argv and environment."""
+
+    ops: list[str]  # the sandbox, in bubblewrap's words (sandbox.sandbox_ops)
+    uid: int  # the program's uid and gid
+    procs: str | None  # the cell's cgroup.procs
+    limits: str  # the spawn helper's LIMITS
+    cgroup: Path
+
+
+class ServerGone(OSError):
+    """The server cannot take the cell (it ended, or never started)."""
+
+
+class ForkServer:
+    """The running server of one harness process."""
+
+    def __init__(self, helper: Path) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with contextlib.suppress(OSError):
+            ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        self.sock = ours
+        self.lock = threading.Lock()
+        try:
+            # No death signal: it ends at the socket's EOF, when this process has gone,
+            # whichever thread started it (a death signal follows the thread).
+            self.proc = subprocess.Popen([str(helper), "--serve", str(theirs.fileno()), "0"],
+                                         pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                         start_new_session=True)
+        finally:
+            theirs.close()
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def submit(self, fields: list[str], fds: list[int]) -> None:
+        """Send one cell; raises :class:`ServerGone` where the server cannot take it."""
+        payload = b"".join(f.encode("utf-8", "surrogateescape") + b"\0" for f in fields)
+        if len(payload) > MAX_MESSAGE:
+            raise ServerGone(f"the cell's command line and environment take {len(payload)} bytes, "
+                             f"more than the fork server reads ({MAX_MESSAGE})")
+        with self.lock:
+            try:
+                socket.send_fds(self.sock, [payload], fds)
+            except OSError as e:
+                raise ServerGone(f"the fork server is gone: {e}") from e
+
+    def close(self) -> None:
+        self.sock.close()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=5)
+
+
+_SERVERS: dict[int, ForkServer] = {}
+_LOCK = threading.RLock()
+
+
+def server(helper: Path) -> ForkServer:
+    """This process's server (started on first use, again if it ended; a forked child starts its own)."""
+    pid = os.getpid()
+    with _LOCK:
+        got = _SERVERS.get(pid)
+        if got is None or not got.alive():
+            _SERVERS.clear()  # a parent's, inherited across a fork: not ours to use
+            got = _SERVERS[pid] = ForkServer(helper)
+        return got
+
+
+def enabled() -> bool:
+    return os.environ.get(ENV_SWITCH, "").strip().lower() not in ("off", "0", "no", "false")
+
+
+_USABLE: dict[str, str | None] = {}
+#: What the check's cell asserts from inside: the kernel's settings and the host's sockets out
+#: of reach, its uid nobody's, no network but loopback.
+_CHECK = ("test ! -w /proc/sys/vm/swappiness && test ! -e /run/. && test \"$(id -u)\" = "
+          f"{NOBODY} && test \"$(grep -c : /proc/net/dev)\" = 1 && grep -q '^ *lo:' /proc/net/dev")
+
+
+def usable(helper: Path, probe_ops: Callable[[], list[str]]) -> bool:
+    """Whether the server runs sandboxed cells here: it is on, and a check cell passed (once
+    per process; a kernel without mount_setattr or clone3 fails it, and bubblewrap serves)."""
+    if not enabled():
+        return False
+    with _LOCK:
+        if "why" not in _USABLE:
+            _USABLE["why"] = _check(helper, probe_ops())
+        return _USABLE["why"] is None
+
+
+def why_not() -> str | None:
+    """Why the check failed (None: it passed, or has not run)."""
+    return _USABLE.get("why")
+
+
+def _check(helper: Path, ops: list[str]) -> str | None:
+    cell = ServedCell(ops=ops, uid=NOBODY, procs=None, limits="-", cgroup=Path("/nonexistent"))
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        proc = start(cell, helper, ["/bin/sh", "-c", _CHECK], {"PATH": "/usr/bin:/bin"}, devnull, [])
+    except ServerGone as e:
+        return str(e)
+    finally:
+        os.close(devnull)
+    try:
+        rc = proc.wait(timeout=30)
+        err = proc.stderr.read(4096).decode(errors="replace").strip()
+    except subprocess.TimeoutExpired:
+        return "the fork server's check cell did not end in 30 s"
+    finally:
+        proc.stdout.close()
+        proc.stderr.close()
+        proc.close()
+    if proc.lost or rc != 0:
+        return f"the fork server's check cell failed (exit {rc}): {err.splitlines()[-1] if err else 'no message'}"
+    return None
+
+
+def start(cell: ServedCell, helper: Path, argv: list[str], env: dict[str, str], trace_fd: int,
+          extra_fds: list[int]) -> Served:
+    """Hand a cell to this process's server; raises :class:`ServerGone` where it cannot take it
+    (tried twice: a server that ended is started again)."""
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    st_r, st_w = os.pipe()
+    fields = request(procs=cell.procs, limits=cell.limits, uid=cell.uid, ops=cell.ops, argv=argv, env=env,
+                     targets=extra_fds)
+    try:
+        for attempt in (1, 2):
+            try:
+                server(helper).submit(fields, [out_w, err_w, st_w, trace_fd, *extra_fds])
+                break
+            except ServerGone:
+                if attempt == 2:
+                    raise
+                _forget()
+    except BaseException:
+        for fd in (out_r, err_r, st_r):
+            os.close(fd)
+        raise
+    finally:
+        for fd in (out_w, err_w, st_w):
+            os.close(fd)
+    return Served(out_r, err_r, st_r, cell.cgroup)
+
+
+def _forget() -> None:
+    with _LOCK:
+        for srv in _SERVERS.values():
+            srv.sock.close()
+        _SERVERS.clear()
+
+
+@atexit.register
+def _close_all() -> None:
+    """At the harness's exit: the server reads EOF and ends (it would anyway, a moment later)."""
+    with _LOCK:
+        for srv in _SERVERS.values():
+            srv.close()
+        _SERVERS.clear()
+
+
+def request(*, procs: str | None, limits: str, uid: int | None, ops: list[str], argv: list[str],
+            env: dict[str, str], targets: list[int]) -> list[str]:
+    """The fields of one cell's message (see ``serve`` in csrc/spawn.c)."""
+    env_lines = [f"{k}={v}" for k, v in env.items()]
+    return [MAGIC, procs or "-", limits, "-" if uid is None else str(uid), str(len(ops)), str(len(argv)),
+            str(len(env_lines)), ",".join(map(str, targets)), *ops, *argv, *env_lines]
+
+
+class Served:
+    """A served cell, seen as the local backend sees a :class:`subprocess.Popen`: its output
+    streams, ``poll``, ``wait`` and ``kill``.  ``lost`` is True where the status pipe closed
+    without a status (the tracer was killed): the cell has no outcome."""
+
+    pid = 0  # not this process's child: nothing to signal by pid (kill goes through the cgroup)
+
+    def __init__(self, stdout: int, stderr: int, status: int, cgroup: Path) -> None:
+        self.stdout: BinaryIO = os.fdopen(stdout, "rb", buffering=0)
+        self.stderr: BinaryIO = os.fdopen(stderr, "rb", buffering=0)
+        self._status = status
+        self._buf = b""
+        self._cgroup = cgroup
+        self.returncode: int | None = None
+        self.lost = False
+
+    def _read(self, timeout: float | None) -> bool:
+        """Read the status pipe until its end or ``timeout``; True once it ended."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._status >= 0:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([self._status], [], [], left)
+            if not ready:
+                return False
+            chunk = os.read(self._status, 256)
+            if chunk:
+                self._buf += chunk
+                continue
+            os.close(self._status)
+            self._status = -1
+            for line in self._buf.decode(errors="replace").splitlines():
+                word, _, value = line.partition("\t")
+                if word == "z" and value.lstrip("-").isdigit():
+                    self.returncode = os.waitstatus_to_exitcode(int(value))
+            if self.returncode is None:
+                self.lost = True
+                self.returncode = -9  # never reported as the cell's: ``lost`` says it has none
+        return True
+
+    def poll(self) -> int | None:
+        self._read(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._read(timeout):
+            raise subprocess.TimeoutExpired("served cell", timeout or 0)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill(self) -> None:
+        """Kill the cell's tree (its cgroup); the tracer then ends and writes the status."""
+        with contextlib.suppress(OSError):
+            (self._cgroup / "cgroup.kill").write_text("1")
+
+    def close(self) -> None:
+        if self._status >= 0:
+            os.close(self._status)
+            self._status = -1
