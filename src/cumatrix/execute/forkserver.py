@@ -111,7 +111,9 @@ def server(helper: Path) -> ForkServer:
     with _LOCK:
         got = _SERVERS.get(pid)
         if got is None or not got.alive():
-            _SERVERS.clear()  # a parent's, inherited across a fork: not ours to use
+            for old in _SERVERS.values():  # one that ended, or a parent's inherited across a fork
+                old.sock.close()
+            _SERVERS.clear()
             got = _SERVERS[pid] = ForkServer(helper)
         return got
 

@@ -1,0 +1,221 @@
+"""The fork server's own promises, attacked: cells held at once cannot reach each other, a
+network namespace handed from one cell to the next carries nothing, a cell cannot reach the
+server, another local user cannot either, and a cell whose tracer is lost has no outcome.
+
+Real processes through the real server (a root harness with cgroups; skipped elsewhere, where
+bubblewrap holds each cell and ``test_sandbox_boundary.py`` covers it).  The boundary tests of
+bubblewrap's sandbox run against the server too (``test_sandbox_boundary.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cumatrix.core.jobs import Job
+from cumatrix.execute import forkserver
+from cumatrix.execute.local import HARNESS_PROBLEM, run_local, start_local
+from cumatrix.execute.sandbox import Policy
+from cumatrix.execute.spawn import spawn_shim
+from cumatrix.judge.classify import classify
+from helpers.sandbox import require_bwrap
+
+PY = sys.executable
+ON = Policy(sandbox="on")
+
+
+@pytest.fixture(autouse=True)
+def served(monkeypatch: pytest.MonkeyPatch) -> None:
+    require_bwrap()
+    monkeypatch.delenv(forkserver.ENV_SWITCH, raising=False)
+    probe = run_local(Job(cell_id="p", kind="command", timeout=30, argv=("true",)), policy=ON)
+    if probe.extra.get("sandbox") != "namespaces":
+        if os.geteuid() == 0 and os.environ.get("CUMATRIX_REQUIRE_BWRAP") == "1":
+            pytest.fail(f"a root harness with bubblewrap did not use the fork server: {probe.extra}, "
+                        f"{forkserver.why_not()}")
+        pytest.skip(f"cells are not held by the fork server here: {probe.extra.get('sandbox')}")
+
+
+def job(code: str, *args: str, timeout: float = 60) -> Job:
+    return Job(cell_id="t", kind="command", timeout=timeout, argv=(PY, "-c", code, *args))
+
+
+LISTENER = """
+import os, socket, sys, time
+a = socket.socket(socket.AF_UNIX); a.bind("\\0cumatrix-held-a"); a.listen()
+t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+t.bind(("127.0.0.1", int(sys.argv[1]))); t.listen()
+open(sys.argv[2], "w").write("up") if len(sys.argv) > 2 else None
+print("pid", os.getpid(), flush=True)
+time.sleep(float(sys.argv[3]) if len(sys.argv) > 3 else 6)
+print("alive at the end", flush=True)
+"""
+
+PROBE = """
+import os, signal, socket, sys
+mine = {int(p) for p in os.listdir("/proc") if p.isdigit()}
+print("procs", len(mine))
+for addr, fam in (("\\0cumatrix-held-a", socket.AF_UNIX), (("127.0.0.1", int(sys.argv[1])), socket.AF_INET)):
+    s = socket.socket(fam); s.settimeout(2)
+    try:
+        s.connect(addr); print("connected", addr)
+    except OSError as e:
+        print("refused", e.errno)
+try:
+    os.kill(-1, signal.SIGKILL) if len(sys.argv) > 2 else None
+except OSError as e:
+    print("kill -1", e.errno)
+"""
+
+
+def test_cells_held_at_once_cannot_see_reach_or_signal_each_other(tmp_path: Path) -> None:
+    port = 40000 + os.getpid() % 20000
+    ready = tmp_path / "ready"  # the listener says it is up in the one host file it may write
+    ready.touch()
+    ready.chmod(0o666)
+    a = start_local(Job(cell_id="a", kind="command", timeout=60, argv=(PY, "-c", LISTENER, str(port), str(ready)),
+                        writable=(str(ready),)), policy=ON)
+    deadline = time.monotonic() + 20
+    while not ready.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ready.read_text() == "up"
+    b = run_local(job(PROBE, str(port)), policy=ON)
+    killer = run_local(job(PROBE, str(port), "kill"), policy=ON)
+    res_a = a.wait()
+    assert b.extra["sandbox"] == killer.extra["sandbox"] == "namespaces"
+    assert "connected" not in b.stdout_tail, b.stdout_tail
+    assert b.stdout_tail.count("refused") == 2, b.stdout_tail
+    # A cell sees its own processes only: the interpreter and its pid 1.
+    assert "procs 2" in b.stdout_tail, b.stdout_tail
+    # kill(-1) from another cell reaches nothing of the first, which ends as it meant to.
+    assert res_a.returncode == 0, (res_a.stdout_tail, res_a.stderr_tail)
+    assert "alive at the end" in res_a.stdout_tail
+
+
+LEAVE_DAEMON = """
+import os, socket, sys, time
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        t.bind(("127.0.0.1", int(sys.argv[1]))); t.listen()
+        a = socket.socket(socket.AF_UNIX); a.bind("\\0cumatrix-held-a"); a.listen()
+        time.sleep(60)
+    os._exit(0)
+time.sleep(0.5)
+print("left a daemon")
+"""
+
+
+def test_a_network_namespace_passed_on_carries_nothing_of_the_cell_before(tmp_path: Path) -> None:
+    port = 40000 + (os.getpid() + 7) % 20000
+    for _ in range(3):  # one cell at a time: each takes the namespace the one before gave back
+        left = run_local(job(LEAVE_DAEMON, str(port)), policy=ON)
+        assert "left a daemon" in left.stdout_tail, left.stderr_tail
+        after = run_local(job(PROBE, str(port)), policy=ON)
+        assert "connected" not in after.stdout_tail, after.stdout_tail
+        assert after.stdout_tail.count("refused") == 2, after.stdout_tail
+
+
+REACH_SERVER = """
+import os, sys
+fds = sorted(int(f) for f in os.listdir("/proc/self/fd"))
+print("fds", fds)
+seen = []
+for p in os.listdir("/proc"):
+    if p.isdigit():
+        try:
+            seen.append(open(f"/proc/{p}/cmdline", "rb").read().replace(b"\\0", b" ").decode())
+        except OSError:
+            pass
+print("serve" if any("--serve" in c and "cumatrix-spawn" in c for c in seen if "python" not in c) else "no server")
+print("uid", os.getuid(), os.getgid(), os.getgroups())
+"""
+
+
+def test_a_cell_holds_nothing_of_the_server_and_cannot_reach_it() -> None:
+    res = run_local(job(REACH_SERVER), policy=ON)
+    assert res.returncode == 0, res.stderr_tail
+    # stdin, stdout, stderr and the descriptor its listing opened: no socket to the server.
+    assert "fds [0, 1, 2, 3]" in res.stdout_tail, res.stdout_tail
+    assert "uid 65534 65534 []" in res.stdout_tail, res.stdout_tail
+    server = forkserver._SERVERS[os.getpid()]
+    # The cell's pid 1 is a fork of the server (its command line reads the same); the server
+    # itself, its socket and its other cells are in no namespace of the cell's.
+    tree = subprocess.run(["ps", "-o", "stat=", "--ppid", str(server.proc.pid)], capture_output=True, text=True)
+    assert all(st.startswith("Z") for st in tree.stdout.split()), "no tracer is left running once its cell ended"
+    assert not os.access(f"/proc/{server.proc.pid}/environ", os.R_OK) or os.geteuid() == 0
+
+
+def test_another_local_user_cannot_reach_the_server() -> None:
+    if os.geteuid() != 0 or shutil.which("useradd") is None:
+        pytest.skip("a second local user needs root and useradd")
+    name = "cmxother"
+    try:
+        user = pwd.getpwnam(name)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/sh", name], check=True)
+        user = pwd.getpwnam(name)
+    run_local(job("pass"), policy=ON)
+    server = forkserver._SERVERS[os.getpid()].proc.pid
+    script = (f"ls /proc/{server}/fd >/dev/null 2>&1 && echo fds-listed; "
+              f"cat /proc/{server}/environ >/dev/null 2>&1 && echo environ-read; "
+              f"kill -0 {server} 2>/dev/null && echo signalled; echo done")
+    out = subprocess.run(["setpriv", f"--reuid={user.pw_uid}", f"--regid={user.pw_gid}", "--clear-groups",
+                          "sh", "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "done", out
+
+
+def _tracers(server_pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=,stat=", "--ppid", str(server_pid)], capture_output=True, text=True).stdout
+    return [int(line.split()[0]) for line in out.splitlines() if line.split()[1:] and not line.split()[1].startswith("Z")]
+
+
+def test_a_cell_whose_tracer_is_lost_has_no_outcome() -> None:
+    child = start_local(job("import time; print('started', flush=True); time.sleep(30)"), policy=ON)
+    server = forkserver._SERVERS[os.getpid()].proc.pid
+    deadline = time.monotonic() + 10
+    while not _tracers(server) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    for pid in _tracers(server):
+        os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    res = child.wait()
+    assert time.monotonic() - t0 < 15, "the cell ended with its tracer"
+    assert res.returncode is None and res.signal is None
+    assert "fork server" in res.extra[HARNESS_PROBLEM]
+    assert classify(res, kind="command").outcome == "harness-error"
+
+
+def test_a_server_that_ended_is_started_again() -> None:
+    run_local(job("pass"), policy=ON)
+    srv = forkserver._SERVERS[os.getpid()]
+    srv.proc.kill()
+    srv.proc.wait()
+    res = run_local(job("print('again')"), policy=ON)
+    assert res.returncode == 0 and "again" in res.stdout_tail, res.stderr_tail
+    assert forkserver._SERVERS[os.getpid()].proc.pid != srv.proc.pid
+
+
+def test_the_server_refuses_what_is_not_a_cell() -> None:
+    helper = spawn_shim()
+    assert helper is not None
+    srv = forkserver.ForkServer(helper)
+    try:
+        st_r, st_w = os.pipe()
+        srv.submit(["not-a-cell", "x"], [st_w, st_w, st_w, st_w])
+        os.close(st_w)
+        os.set_blocking(st_r, True)
+        assert os.read(st_r, 64) == b"", "a malformed message gets no status: the harness says it was lost"
+        os.close(st_r)
+        assert srv.alive()
+    finally:
+        srv.close()
