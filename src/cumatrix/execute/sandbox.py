@@ -18,9 +18,11 @@ Three layers, each used where the host offers it:
   carrying the cell's ``CUMATRIX_SCOPE`` marker, and their descendants.
 - **The view.** Cells get an environment built from an allowlist (no CI secrets, none of
   the harness's ``PYTHONPATH`` for command cells; ``--pass-env NAME`` adds one), resource
-  limits that cannot break CUDA programs, and where bubblewrap is installed (``--sandbox``;
-  the gate's default) a sandbox with no network, a read-only root, a private ``/tmp`` and
-  the GPU device nodes bound in.
+  limits that cannot break CUDA programs, and where bubblewrap is installed (the default of
+  ``run`` and the gate) a sandbox with no network, a read-only root, a private ``/tmp`` and
+  the GPU device nodes bound in: written once as bubblewrap's operations (:func:`sandbox_ops`),
+  built by the fork server (:mod:`.forkserver`) for a root harness that traces its cells in
+  cgroups, by bubblewrap per cell elsewhere.
 
 A watcher process per harness process holds the read end of a pipe (the spawn shim in
 ``--watch`` mode, or ``watch_main`` without a C compiler); when the harness dies, even by
@@ -108,51 +110,12 @@ Policy = SandboxPolicy
 SANDBOXED = ("bubblewrap", "namespaces")
 
 __all__ = [
-    "BWRAP_ENV",
-    "CPU_SLACK_S",
-    "ENV_ALLOW",
-    "ENV_ALLOW_HARNESS",
-    "ENV_ALLOW_PATTERNS",
-    "HARNESS_KINDS",
-    "NOBODY",
-    "NOFILE_MAX",
-    "NPROC_MAX",
-    "SANDBOXED",
-    "SCOPE_ENV",
-    "WRITE_LIMIT",
-    "WRITE_LIMIT_RANGE",
-    "_LOCK",
-    "_SECRET_RE",
-    "_SHIM",
-    "_SPAWN_SOURCE",
-    "Containment",
-    "Plan",
-    "Policy",
-    "Scope",
-    "_cgroup2_home",
-    "_preexec",
-    "bubblewrap",
-    "bwrap_argv",
-    "bwrap_command",
-    "child_env",
-    "containment",
-    "describe",
-    "die_with_parent",
-    "dumpable",
-    "fix_for",
-    "forget_shim",
-    "gpu_nodes",
-    "harden",
-    "harness_paths",
-    "kept_paths",
-    "limits",
-    "parse_size",
-    "prepare",
-    "spawn_shim",
-    "unwatch_container",
-    "watch_cleanup",
-    "watch_container",
-    "watch_main",
+    "BWRAP_ENV", "CPU_SLACK_S", "ENV_ALLOW", "ENV_ALLOW_HARNESS", "ENV_ALLOW_PATTERNS", "HARNESS_KINDS", "NOBODY",
+    "NOFILE_MAX", "NPROC_MAX", "SANDBOXED", "SCOPE_ENV", "WRITE_LIMIT", "WRITE_LIMIT_RANGE", "_LOCK", "_SECRET_RE",
+    "_SHIM", "_SPAWN_SOURCE", "Containment", "Plan", "Policy", "Scope", "_cgroup2_home", "_preexec", "bubblewrap",
+    "bwrap_argv", "bwrap_command", "child_env", "containment", "describe", "die_with_parent", "dumpable", "fix_for",
+    "forget_shim", "gpu_nodes", "harden", "harness_paths", "kept_paths", "limits", "parse_size", "prepare",
+    "spawn_shim", "unwatch_container", "watch_cleanup", "watch_container", "watch_main",
 ]
 
 
@@ -253,7 +216,9 @@ def describe(policy: Policy) -> tuple[str, str | None]:
 
 
 def _served_here(policy: Policy) -> bool:
-    """Whether this process's cells go to the fork server (the conditions :func:`prepare` checks)."""
+    """Whether this process's sandboxed cells go to the fork server: a root harness that traces
+    its cells in their own cgroups (the server needs all three), and the server's sandbox passed
+    its check on this host."""
     shim = spawn_shim()
     return (os.geteuid() == 0 and shim is not None and tracing_enabled() and containment().group is not None
             and policy.sandbox != "off" and forkserver.usable(shim, _probe_ops))
@@ -284,7 +249,11 @@ HIDDEN_ALWAYS = ("/run", "/var/run", "/var/lock", "/var/lib/docker", "/var/lib/c
 
 def gpu_nodes(dev: Path = Path("/dev")) -> list[str]:
     """The GPU's device nodes: ``/dev/nvidia*``, ``/dev/nvidia-caps/*``, ``/dev/dri``."""
-    out = [str(p) for p in sorted(dev.glob("nvidia*")) if not p.is_dir()]
+    try:
+        with os.scandir(dev) as it:  # listed at each cell: the driver makes nvidia-uvm at first use
+            out = sorted(e.path for e in it if e.name.startswith("nvidia") and not e.is_dir())
+    except OSError:
+        out = []
     caps = dev / "nvidia-caps"
     if caps.is_dir():
         out.append(str(caps))
@@ -538,14 +507,22 @@ def sandbox_ops(*, cwd: str, policy: Policy, read: Iterable[str] = (), write: It
     out += ["--perms", "1777", "--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
             "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys",
             "--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
+    points, masks = _points_and_masks(tuple(read), (*kept_paths(), *policy.hidden))
+    out += _views(list(points), list(masks), write)
+    return [*out, "--chdir", cwd]
+
+
+@functools.lru_cache(maxsize=256)
+def _points_and_masks(read: tuple[str, ...], kept: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The directories to bind for ``read`` and the kept paths they would show (to mask), once
+    per harness process for the same paths (as :func:`_reached`: a run's cells name a few sets)."""
     dirs = {d for d in map(_bind_dir, read) if d is not None}
-    masks = _masks([*kept_paths(), *policy.hidden], _outermost(dirs))
+    masks = _masks(kept, _outermost(dirs))
     # What a mask would hide of a job's own paths, bound again; a kept directory itself never.
     points = [p for p in _outermost(dirs, masks) if p not in masks]
     if os.geteuid() == 0:
         _searchable(points)
-    out += _views(points, masks, write)
-    return [*out, "--chdir", cwd]
+    return tuple(points), tuple(masks)
 
 
 
@@ -566,10 +543,7 @@ def prepare(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | N
         env[SCOPE_ENV] = scope.marker
     extra: dict[str, object] = {"containment": scope.mode}
     shim = spawn_shim()
-    # The fork server: where this root harness traces its cells in their own cgroups (it needs
-    # all three), and its sandbox passed its check on this host.
-    serve = (trace and tracing_enabled() and scope.cgroup is not None and os.geteuid() == 0 and shim is not None
-             and policy.sandbox != "off" and forkserver.usable(shim, _probe_ops))
+    serve = trace and scope.cgroup is not None and _served_here(policy)
     argv, signal_in_exit, problem, ops = _sandboxed(job, env, policy, cwd, extra, serve=serve)
     lims = limits(job) if policy.limits else []
     if extra.get("sandbox") in SANDBOXED:
