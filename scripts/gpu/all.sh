@@ -64,7 +64,7 @@ for s in ${*:-reference drivers clients gate sandbox kernel}; do
     clients) stage clients 200 env OUT="$E" bash scripts/gpu/clients.sh ;;
     gate) stage gate 200 env OUT="$E" bash scripts/gpu/gate.sh ;;
     programs) stage programs 200 env OUT="$E" bash scripts/gpu/programs.sh ;;
-    sandbox) stage sandbox 300 env OUT="$E" bash scripts/gpu/sandbox.sh ;;
+    sandbox) stage sandbox 480 env OUT="$E" bash scripts/gpu/sandbox.sh ;;
     nightly) stage nightly 300 python3 -m cumatrix run matrix.yaml --require-gpu --out "$E/gpu-h200-nightly" -q -n "$NPROC"
              held "$E/gpu-h200-nightly" ;;
     kernel) stage kernel 120 python3 -m cumatrix run examples/h200-kernel.yaml --out "$E/gpu-h200-kernel" -q -n 2

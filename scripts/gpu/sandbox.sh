@@ -103,3 +103,12 @@ python3 -c 'import json, sys; [print(d, "sandbox:", json.load(open(f"{d}/results
   "$S/run" "$S/clients"
 # The sandbox's cost per cell here: 1,000 cells of `python3 -c pass` each way, interleaved.
 python3 benchmarks/sandbox_overhead.py -N 1000 --only 'python3 -c pass' 2>&1 | tee "$S/overhead.txt"
+# The same with bubblewrap per cell (the holder before the fork server), 300 cells each way.
+CUMATRIX_FORK_SERVER=off python3 benchmarks/sandbox_overhead.py -N 300 --only 'python3 -c pass' 2>&1 \
+  | tee "$S/overhead-bubblewrap.txt"
+# The fork server's own promises and every boundary test against both holders, on this host.
+python3 -m pytest -p no:cacheprovider -q tests/integration/test_fork_server.py tests/integration/test_sandbox_boundary.py \
+  --junitxml "$S/boundary-tests.xml" 2>&1 | tail -5
+# A default run of 1,000 trivial cells, sandboxed and not, against a bare spawn loop.
+python3 benchmarks/harness_scale.py --sizes 1000 --reps 1 --configs floor cumatrix cumatrix-nosb 2>&1 \
+  | tee "$S/harness-scale.txt" | tail -4
