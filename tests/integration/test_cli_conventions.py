@@ -332,6 +332,28 @@ def test_init_workflow_installs_cumatrix_as_the_readme_does(cli: Cli, tmp_path: 
     assert any(r.strip() == "python -m pip install ." for r in runs)  # the project, as its own step
 
 
+def test_init_workflow_parses_and_names_its_steps_in_order(cli: Cli, tmp_path: Path) -> None:
+    # cumatrix's venv first (its bin/ goes on PATH for the steps after it), the project into that
+    # venv (the matrix's case imports it under the harness's interpreter), then doctor, validate, run.
+    import yaml
+
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "mypkg"\n')
+    (tmp_path / "dist").mkdir()
+    (tmp_path / "dist" / "mypkg-1.0-py3-none-any.whl").write_bytes(b"")
+    assert cli("init", cwd=tmp_path).returncode == 0
+    assert '"import mypkg"' in (tmp_path / "matrix.yaml").read_text()
+    wf = yaml.safe_load((tmp_path / ".github" / "workflows" / "cumatrix-nightly.yml").read_text())
+    steps = wf["jobs"]["run"]["steps"]
+    assert str(steps[0]["uses"]).startswith("actions/checkout@")
+    assert [s.get("name") for s in steps[1:]] == ["install cumatrix", "install mypkg", "doctor",
+                                                  "validate the matrix", "run", "summary", "gate the wheel",
+                                                  "upload"]
+    assert "$GITHUB_PATH" in steps[1]["run"]  # the project's pip, and every cumatrix after it, is the venv's
+    assert steps[2]["run"].strip() == "python -m pip install ."
+    assert steps[3]["run"].strip() == "cumatrix doctor"
+    assert steps[4]["run"].strip() == "cumatrix validate matrix.yaml --check-wheels"
+
+
 def test_init_names_a_project_and_works_without_a_python_one(cli: Cli, tmp_path: Path) -> None:
     import yaml
 

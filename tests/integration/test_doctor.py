@@ -10,7 +10,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import subprocess
+import sys
 import tarfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -18,9 +20,14 @@ from pathlib import Path
 
 import pytest
 
+import cumatrix
+from cumatrix.execute.prebuilt import AUDIT, SPAWN
+from cumatrix.provision import prebuilt_driver
+from helpers.build import run_gcc
+
 ROOT = Path(__file__).resolve().parents[2]
 CHECKS = ["python", "gcc", "runtimes", "gpu", "nvcc", "docker daemon", "base image", "debootstrap", "chromium",
-          "sandbox", "evidence", "gdb"]
+          "sandbox", "evidence", "gdb", "slurm client"]
 
 
 def test_doctor_json_lists_every_check_and_its_exit_status_follows_them(
@@ -53,11 +60,75 @@ def test_doctor_names_a_missing_compiler_with_its_fix(cli: Callable[..., subproc
     assert "apt-get install chromium" in r.stdout
     assert "[MISS] gdb" in r.stdout  # every optional tool a feature needs: repro's backtraces
     assert "apt-get install gdb" in r.stdout
+    # submit --slurm and the scripts of plan --format slurm: optional, with the package to install.
+    assert "[MISS] slurm client   sbatch, squeue, scontrol not on PATH" in r.stdout
+    assert "fix (optional: slurm): apt-get install slurm-client" in r.stdout
+    # No prebuilt driver interposer in this checkout: the emulated drivers need gcc, required.
+    assert "fix (required: emulate, swap): apt-get install gcc (emulated drivers" in r.stdout
     # No compiler, and this checkout carries no compiled audit library: the cells would run observed in part.
     assert "[MISS] evidence       audit missing" in r.stdout
     assert "install a platform wheel of cumatrix" in r.stdout
     assert "required check(s) failed: gcc" in r.stdout
     assert "Traceback" not in r.stderr
+
+
+def test_doctor_finds_slurms_client_where_it_is(cli: Callable[..., subprocess.CompletedProcess[str]],
+                                                tmp_path: Path) -> None:
+    if shutil.which("sbatch") is None or shutil.which("squeue") is None:
+        pytest.skip("no Slurm client here (apt-get install slurm-client)")
+    doc = json.loads(cli("doctor", "--json", cwd=tmp_path).stdout)
+    check = next(c for c in doc["checks"] if c["name"] == "slurm client")
+    assert check["status"] == "ok"
+    assert check["found"].startswith(f"{shutil.which('sbatch')}: slurm")  # sbatch --version
+    assert shutil.which("squeue") in check["found"]
+    assert check["features"] == ["slurm"]
+    assert check["required"] is False
+    hidden = cli("doctor", "--require", "slurm", cwd=tmp_path, env={"PATH": str(tmp_path)})
+    assert hidden.returncode == 1
+    assert "fix (required: slurm): apt-get install slurm-client" in hidden.stdout
+
+
+def _package_with_libexec(tmp: Path) -> Path:
+    """A copy of this cumatrix with the compiled parts a platform wheel's build (setup.py) puts
+    in ``cumatrix/libexec/``, compiled as it does; the directory to put on PYTHONPATH."""
+    site = tmp / "site"
+    pkg = site / "cumatrix"
+    shutil.copytree(Path(cumatrix.__file__).resolve().parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    libexec = pkg / "libexec"
+    libexec.mkdir()
+    run_gcc("-O2", "-o", libexec / SPAWN, pkg / "csrc" / "spawn.c")
+    run_gcc("-shared", "-fPIC", "-O2", "-o", libexec / AUDIT, pkg / "csrc" / "audit.c")
+    run_gcc(*prebuilt_driver.COMPILE_FLAGS, "-o", libexec / prebuilt_driver.PREBUILT_NAME,
+            pkg / "data" / "interposer.c", "-ldl")
+    return site
+
+
+def test_beside_the_prebuilt_interposer_gcc_is_optional_and_says_what_it_still_builds(tmp_path: Path) -> None:
+    """A platform wheel emulates drivers without a compiler: with no gcc on PATH, doctor says gcc
+    is optional and what it would still build, and exits 0 (nothing required is missing)."""
+    site = _package_with_libexec(tmp_path)
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PYTHONPATH"))}
+    env.update(PATH=str(empty), PYTHONPATH=str(site), XDG_CACHE_HOME=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, "-m", "cumatrix", "doctor"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=120, check=False)
+    interposer = site / "cumatrix" / "libexec" / prebuilt_driver.PREBUILT_NAME
+    assert "[MISS] gcc" in r.stdout, r.stdout + r.stderr
+    fix = next(ln for ln in r.stdout.splitlines() if "fix (" in ln and "apt-get install gcc" in ln)
+    assert "fix (optional: swap): optional: emulated drivers use the prebuilt interposer" in fix
+    assert str(interposer) in fix  # the copy's, not this checkout's: the copy is what ran
+    assert "the reference's swap variants" in fix
+    assert "the examples" in fix
+    assert f"[ok  ] evidence       spawn helper and audit library in {interposer.parent}" in r.stdout
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "doctor: everything the required features need is here" in r.stdout
+    # Where gcc is, it is found whatever the install carries.
+    env["PATH"] = os.environ["PATH"]
+    r = subprocess.run([sys.executable, "-m", "cumatrix", "doctor", "--json"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120, check=False)
+    gcc = next(c for c in json.loads(r.stdout)["checks"] if c["name"] == "gcc")
+    assert (gcc["status"], gcc["required"], gcc["features"]) == ("ok", False, ["swap"])
 
 
 def test_doctor_checks_that_cells_can_be_sandboxed(cli: Callable[..., subprocess.CompletedProcess[str]],

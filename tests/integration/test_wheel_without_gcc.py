@@ -17,12 +17,15 @@ import shlex
 import shutil
 import subprocess
 import sys
+import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
+from cumatrix.execute.prebuilt import AUDIT, SPAWN
 from cumatrix.provision.headers import load_introductions
+from cumatrix.provision.prebuilt_driver import PREBUILT_NAME
 from cumatrix.provision.runtimes import headers_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,6 +101,9 @@ def test_the_platform_wheel_observes_in_full_without_a_compiler(tmp_path: Path, 
         assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
         (wheel,) = dist.glob("*.whl")
     assert re.search(r"-py3-none-(many)?linux_[a-z0-9_]+\.whl$", wheel.name), wheel.name
+    with zipfile.ZipFile(wheel) as zf:
+        members = set(zf.namelist())
+    assert {f"cumatrix/libexec/{n}" for n in (SPAWN, AUDIT, PREBUILT_NAME)} <= members
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
     pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", str(wheel)], capture_output=True, text=True,

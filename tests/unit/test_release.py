@@ -77,6 +77,34 @@ def test_release_workflow_builds_checks_and_publishes_on_tags() -> None:
     assert not any("password" in str(s.get("with", {})) for s in publish["steps"])
 
 
+def _quoted(text: str) -> set[str]:
+    return set(re.findall(r'"([^"]+)"', text))
+
+
+def test_every_check_of_the_wheel_names_every_compiled_helper_setup_py_builds() -> None:
+    # setup.py compiles into cumatrix/libexec/ what a host without a compiler observes and emulates
+    # with; .ci/package and the release workflow each check the built wheel carries every one.
+    from cumatrix.execute import prebuilt
+    from cumatrix.provision import prebuilt_driver
+
+    built = re.search(r"for name in \(([^)]*)\):\s*\(out / name\)\.chmod", (ROOT / "setup.py").read_text())
+    assert built, "setup.py: no loop over the compiled helpers' names"
+    names = _quoted(built.group(1))
+    assert names == {prebuilt.SPAWN, prebuilt.AUDIT, prebuilt_driver.PREBUILT_NAME}
+    package = re.search(r'for name in \(([^)]*)\):\s*assert pkg\.joinpath\("libexec"',
+                        (ROOT / ".ci" / "package").read_text())
+    assert package, ".ci/package: no check of the installed package's libexec/"
+    assert _quoted(package.group(1)) == names
+    wf = yaml.safe_load((ROOT / ".github" / "workflows" / "release.yml").read_text())
+    steps = wf["jobs"]["build"]["steps"]
+    names_at = {str(s.get("name", "")): i for i, s in enumerate(steps)}
+    check = steps[names_at["the wheel carries the compiled helpers"]]
+    assert names_at["the wheel carries the compiled helpers"] > next(
+        i for n, i in names_at.items() if n.startswith("auditwheel"))  # the repaired wheel, as published
+    assert names <= _quoted(check["run"])
+    assert "cumatrix/libexec/{m}" in check["run"]
+
+
 def test_ci_package_runs_twine_check() -> None:
     text = (ROOT / ".ci" / "package").read_text()
     assert "twine check --strict" in text

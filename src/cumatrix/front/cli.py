@@ -403,13 +403,15 @@ def add_misc(sub: Any) -> None:
 
     p = sub.add_parser("doctor", help="check every tool and service a feature needs; say how to fix each",
                        description="Check Python, gcc, the matrix's runtimes (cached or fetchable), a GPU, nvcc, "
-                                   "the Docker daemon and base image, debootstrap and Chromium. Exit 0 when every "
+                                   "the Docker daemon and base image, debootstrap, Chromium, bubblewrap, the "
+                                   "compiled evidence helpers, gdb and Slurm's client. Exit 0 when every "
                                    "required check passes (what `cumatrix run` needs, plus --require), else 1.",
                        epilog=EPILOGS["doctor"], formatter_class=raw)
     p.add_argument("matrix", nargs="?", help="check this matrix's runtimes (default: ./matrix.yaml if present)")
     p.add_argument("--json", action="store_true", help="machine-readable")
     p.add_argument("--require", metavar="FEATURE,...",
-                   help="also require these: gpu, docker, base-image, browser, nvcc, debootstrap")
+                   help="also require these: swap, gpu, docker, base-image, browser, nvcc, debootstrap, debugger, "
+                        "sandbox, slurm")
     p.add_argument("--wheel-dir", metavar="DIR", help="runtime wheels are taken from DIR (default $CUMATRIX_WHEEL_DIR)")
     p.set_defaults(func=cmd_doctor)
 

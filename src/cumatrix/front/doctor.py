@@ -1,11 +1,12 @@
 """``cumatrix doctor``: every tool and service a feature of cumatrix needs, and how to fix each.
 
 Each check says which features need it, what it found, and one fix a person can type.
-What the default ``cumatrix run`` needs (Python, gcc, the matrix's runtimes) is
-*required*, as are the compiled parts that observe each cell: when one fails, ``doctor`` exits 1.
-The rest (a GPU, nvcc, the Docker daemon and the base image, debootstrap, Chromium, gdb) only
-switch features on; ``--require FEATURE``
-makes any of them required, for a CI job that relies on it.
+What the default ``cumatrix run`` needs (Python, the matrix's runtimes, the compiled parts that
+observe each cell, and gcc where the install carries no prebuilt driver interposer) is
+*required*: when one fails, ``doctor`` exits 1.  The rest (gcc beside a platform wheel's
+prebuilt interposer, a GPU, nvcc, the Docker daemon and the base image, debootstrap, Chromium,
+bubblewrap, gdb, Slurm's client) only switch features on; ``--require FEATURE`` makes any of
+them required, for a CI job that relies on it.
 """
 
 from __future__ import annotations
@@ -25,13 +26,20 @@ from cumatrix.core.cache import wheel_dir as _wheel_dir
 from cumatrix.core.errors import UsageError
 from cumatrix.host.fingerprint import cached_runtimes, host_fingerprint
 from cumatrix.load import matrix as _matrix
+from cumatrix.provision.prebuilt_driver import prebuilt_interposer
 from cumatrix.provision.runtimes import find_wheel, parse_requirement
 
 Status = Literal["ok", "missing", "warn"]
 
 #: Features a check can switch on, for ``--require``.
-FEATURES = ("run", "swap", "gpu", "docker", "base-image", "browser", "nvcc", "debootstrap", "debugger", "sandbox")
-_REQUIRED_BY_DEFAULT = frozenset({"run", "swap"})
+FEATURES = ("run", "emulate", "swap", "gpu", "docker", "base-image", "browser", "nvcc", "debootstrap", "debugger",
+            "sandbox", "slurm")
+#: A swap cell without gcc is skipped:no-compiler, which the run says first; emulated drivers
+#: without gcc or the prebuilt interposer cannot be made at all.
+_REQUIRED_BY_DEFAULT = frozenset({"run", "emulate"})
+#: What ``submit --slurm`` calls (``front.slurm``: sbatch submits, squeue and scontrol follow and
+#: release the jobs); the ``submit.sh`` that ``plan --format slurm`` writes calls sbatch.
+_SLURM_TOOLS = ("sbatch", "squeue", "scontrol")
 _BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 _PIP_TIMEOUT_S = 30
 
@@ -84,8 +92,19 @@ def check_python() -> Check:
 
 
 def check_gcc() -> Check:
+    """gcc builds the reference's swap variants, ``cumatrix build`` and the examples everywhere;
+    the emulated drivers too, unless the install carries the prebuilt interposer (a platform
+    wheel), which is configured per host without a compiler."""
+    interposer = prebuilt_interposer()
+    if interposer is None:
+        return _tool("gcc", ("emulate", "swap"), ["--version"],
+                     "apt-get install gcc (emulated drivers, the reference's swap variants, `cumatrix build` and "
+                     "the examples compile C here; a platform wheel of cumatrix carries a prebuilt driver "
+                     "interposer instead)")
     return _tool("gcc", ("swap",), ["--version"],
-                 "apt-get install gcc (swap cells, `cumatrix build` and emulated drivers compile C)")
+                 f"optional: emulated drivers use the prebuilt interposer {interposer}; apt-get install gcc to "
+                 "build the reference's swap variants (their cells are skipped:no-compiler without it), "
+                 "`cumatrix build` and the examples")
 
 
 def check_evidence() -> Check:
@@ -113,6 +132,20 @@ def check_gdb() -> Check:
             return _tool(name, ("debugger",), ["--version"], "")
     return Check(name="gdb", features=("debugger",), status="missing", found="neither gdb nor cuda-gdb on PATH",
                  fix="apt-get install gdb (`cumatrix repro --debugger` and the bug catalog's crash backtraces)")
+
+
+def check_slurm() -> Check:
+    paths = [shutil.which(n) for n in _SLURM_TOOLS]
+    absent = [n for n, p in zip(_SLURM_TOOLS, paths, strict=True) if p is None]
+    if absent:
+        return Check(name="slurm client", features=("slurm",), status="missing",
+                     found=f"{', '.join(absent)} not on PATH",
+                     fix="apt-get install slurm-client (`cumatrix submit --slurm` submits with sbatch and follows "
+                         "the jobs with squeue and scontrol; the submit.sh `plan --format slurm` writes calls "
+                         "sbatch)")
+    sbatch, *rest = [p for p in paths if p]
+    return Check(name="slurm client", features=("slurm",), status="ok",
+                 found=f"{sbatch}: {_first_line([sbatch, '--version'])}; {', '.join(rest)}")
 
 
 def check_nvcc() -> Check:
@@ -269,7 +302,7 @@ def run_checks(matrix: Path | None, wheel_dir: Path | None, fp: Mapping[str, Any
         check_nvcc, lambda: docker_check, lambda: check_base_image(docker_check.status == "ok"),
         check_debootstrap, check_browser, check_sandbox,
     ]
-    steps.extend([check_evidence, check_gdb])
+    steps.extend([check_evidence, check_gdb, check_slurm])
     return [step() for step in steps]
 
 

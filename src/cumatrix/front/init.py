@@ -194,8 +194,10 @@ jobs:
           python3 -m venv .venv
           .venv/bin/python -m {install}
           echo "$PWD/.venv/bin" >> "$GITHUB_PATH"
-{project_step}      - run: cumatrix doctor
-      - run: cumatrix validate {MATRIX_FILE} --check-wheels
+{project_step}      - name: doctor
+        run: cumatrix doctor
+      - name: validate the matrix
+        run: cumatrix validate {MATRIX_FILE} --check-wheels
       - name: run
         run: cumatrix run {MATRIX_FILE} --require-gpu --out out
       - name: summary
