@@ -38,6 +38,9 @@ from pathlib import Path
 from typing import BinaryIO
 
 from cumatrix.core.options import NOBODY
+from cumatrix.core.witness import tracing_enabled
+from cumatrix.execute.containment import containment
+from cumatrix.execute.spawn import spawn_shim
 
 #: The message's first field; the server refuses anything else.
 MAGIC = "cumatrix-cell-1"
@@ -120,6 +123,15 @@ def server(helper: Path) -> ForkServer:
 
 def enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "").strip().lower() not in ("off", "0", "no", "false")
+
+
+def serves(sandbox: str, probe_ops: Callable[[], list[str]]) -> bool:
+    """Whether this process's sandboxed cells (policy ``sandbox``) go to the server: a root
+    harness that traces its cells in their own cgroups (the server needs all three), and the
+    server's sandbox passed its check on this host."""
+    shim = spawn_shim()
+    return (os.geteuid() == 0 and shim is not None and tracing_enabled() and containment().group is not None
+            and sandbox != "off" and usable(shim, probe_ops))
 
 
 _USABLE: dict[str, str | None] = {}

@@ -209,19 +209,10 @@ def describe(policy: Policy) -> tuple[str, str | None]:
         return "off", None
     bwrap, why = bubblewrap()
     if bwrap is not None:
-        return ("namespaces" if _served_here(policy) else "bubblewrap"), None
+        return ("namespaces" if forkserver.serves(policy.sandbox, _probe_ops) else "bubblewrap"), None
     line = (f"cumatrix: cells run WITHOUT a sandbox (as this user, within reach of its files): {why}; "
             f"fix: {fix_for(why)}; --no-sandbox says it is meant, --require-sandbox makes it an error")
     return f"none: {why}", line
-
-
-def _served_here(policy: Policy) -> bool:
-    """Whether this process's sandboxed cells go to the fork server: a root harness that traces
-    its cells in their own cgroups (the server needs all three), and the server's sandbox passed
-    its check on this host."""
-    shim = spawn_shim()
-    return (os.geteuid() == 0 and shim is not None and tracing_enabled() and containment().group is not None
-            and policy.sandbox != "off" and forkserver.usable(shim, _probe_ops))
 
 
 def kept_paths() -> list[str]:
@@ -543,7 +534,7 @@ def prepare(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | N
         env[SCOPE_ENV] = scope.marker
     extra: dict[str, object] = {"containment": scope.mode}
     shim = spawn_shim()
-    serve = trace and scope.cgroup is not None and _served_here(policy)
+    serve = trace and scope.cgroup is not None and forkserver.serves(policy.sandbox, _probe_ops)
     argv, signal_in_exit, problem, ops = _sandboxed(job, env, policy, cwd, extra, serve=serve)
     lims = limits(job) if policy.limits else []
     if extra.get("sandbox") in SANDBOXED:
