@@ -177,8 +177,14 @@ def check_sandbox() -> Check:
     if path is None:
         return Check(name="sandbox", features=("sandbox",), status="warn",
                      found=f"cells would run unsandboxed, as this user: {why}", fix=sandbox.fix_for(why))
+    held, _ = sandbox.describe(sandbox.Policy(sandbox="on"))
+    how = ("the fork server builds each cell's sandbox (namespaces; CUMATRIX_FORK_SERVER=off: bubblewrap per cell)"
+           if held == "namespaces" else "cells run under bubblewrap by default")
+    why_not = sandbox.forkserver.why_not()
+    if held != "namespaces" and why_not:  # a root host whose fork server failed its check cell
+        how += f" (the fork server is not used: {why_not})"
     return Check(name="sandbox", features=("sandbox",), status="ok",
-                 found=f"{path}: {_first_line([path, '--version'])}; cells run under bubblewrap by default")
+                 found=f"{path}: {_first_line([path, '--version'])}; {how}")
 
 
 def check_browser() -> Check:
