@@ -171,7 +171,7 @@ def check_sandbox() -> Check:
     """bubblewrap that can create the cells' sandbox here (``run`` sandboxes by default and
     says so in one line where it cannot; ``--require sandbox`` for CI, as ``run --require-sandbox``)."""
     # deferred: the sandbox is the execute stage's, which the other checks do without
-    from cumatrix.execute import sandbox
+    from cumatrix.execute import forkserver, sandbox
 
     path, why = sandbox.bubblewrap()
     if path is None:
@@ -180,7 +180,7 @@ def check_sandbox() -> Check:
     held, _ = sandbox.describe(sandbox.Policy(sandbox="on"))
     how = ("the fork server builds each cell's sandbox (namespaces; CUMATRIX_FORK_SERVER=off: bubblewrap per cell)"
            if held == "namespaces" else "cells run under bubblewrap by default")
-    why_not = sandbox.forkserver.why_not()
+    why_not = forkserver.why_not()
     if held != "namespaces" and why_not:  # a root host whose fork server failed its check cell
         how += f" (the fork server is not used: {why_not})"
     return Check(name="sandbox", features=("sandbox",), status="ok",
