@@ -223,3 +223,53 @@ def test_the_server_refuses_what_is_not_a_cell() -> None:
         assert srv.alive()
     finally:
         srv.close()
+
+
+def test_a_descriptor_handed_to_the_program_at_any_number_leaves_the_cell_its_namespace(tmp_path: Path) -> None:
+    """The program gets the verdict channel at the number the harness holds it; the server's
+    pooled network namespaces are low numbers too, and neither may stand in the other's way.
+    A fresh harness process grows the pool with cells held at once, then hands descriptors at
+    every low number the pool uses."""
+    script = tmp_path / "low.py"
+    script.write_text("""
+import os, sys, time
+from pathlib import Path
+from cumatrix.execute import forkserver
+from cumatrix.execute.sandbox import Policy, sandbox_ops
+from cumatrix.execute.spawn import spawn_shim
+cell = forkserver.ServedCell(ops=sandbox_ops(cwd="/", policy=Policy(sandbox="on")), uid=65534, procs=None,
+                             limits="-", cgroup=Path("/nonexistent"))
+devnull = os.open(os.devnull, os.O_WRONLY)
+held = [forkserver.start(cell, spawn_shim(), ["/bin/sleep", "1"], {"PATH": "/usr/bin:/bin"}, devnull, [])
+        for _ in range(8)]  # eight at once: eight namespaces in the pool
+for p in held:
+    assert p.wait(timeout=30) == 0
+    p.stdout.close(); p.stderr.close(); p.close()
+bad = []
+for target in range(3, 10):  # dash names one digit after >&
+    r, w = os.pipe()
+    try:
+        os.fstat(target)
+        used = True  # this process's own (the pipe just made, too)
+    except OSError:
+        used = False
+    if used or target in (r, w):
+        os.close(r)
+        os.close(w)
+        continue
+    os.dup2(w, target)
+    os.close(w)
+    p = forkserver.start(cell, spawn_shim(), ["/bin/sh", "-c", f"echo through >&{target}"],
+                         {"PATH": "/usr/bin:/bin"}, devnull, [target])
+    os.close(target)
+    rc, err, got = p.wait(timeout=30), p.stderr.read().decode().strip(), os.read(r, 64)
+    os.close(r)
+    p.stdout.close(); p.stderr.close(); p.close()
+    print(target, rc, got, err)
+    if rc != 0 or got != b"through\\n":
+        bad.append(target)
+sys.exit(1 if bad else 0)
+""")
+    proc = subprocess.run([PY, str(script)], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("through") >= 3, proc.stdout

@@ -1591,7 +1591,12 @@ static int serve(int sock, pid_t parent) {
             pid_t pid = fork();
             if (pid == 0) {
                 close(sock);
-                serve_cell(f, nf, fds, nfds, self, slot >= 0 ? net_pool[slot].fd : -1);
+                /* Its own namespace's descriptor, above where the program's descriptors go
+                 * (TARGETS could name a number a pooled one has); none of the others. */
+                int mine = slot >= 0 ? fcntl(net_pool[slot].fd, F_DUPFD_CLOEXEC, 256) : -1;
+                if (slot >= 0 && mine < 0) _exit(125);
+                for (int i = 0; i < net_pool_n; i++) close(net_pool[i].fd);
+                serve_cell(f, nf, fds, nfds, self, mine);
             }
             if (pid > 0 && slot >= 0) net_pool[slot].user = pid;
         }
