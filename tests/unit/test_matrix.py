@@ -363,7 +363,9 @@ def test_only_the_bundled_matrix_and_text_from_no_file_start_where_the_run_start
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bundled = workdir.bundled()
     assert bundled is not None
-    assert M.load(bundled).cases and all(c.cwd is None for c in M.load(bundled).cases)
+    cases = M.load(bundled).cases
+    assert cases
+    assert all(c.cwd is None for c in cases)
     text = bundled.read_text()
     assert all(c.cwd is None for c in M.loads(text).cases)
     # The same text in a file of one's own: that file's directory.

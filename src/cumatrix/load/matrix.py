@@ -401,7 +401,7 @@ _SECTIONS: tuple[tuple[str, Callable[[_Ctx, Any], Any]], ...] = (
 
 # --------------------------------------------------------------------------- loading
 
-_CACHE: dict[tuple[str, str], Matrix] = {}
+_CACHE: dict[tuple[str, str, str | None], Matrix] = {}
 _CACHE_SIZE = 16
 
 
