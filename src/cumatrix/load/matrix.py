@@ -416,10 +416,8 @@ def load(path: str | Path) -> Matrix:
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the matrix file: {e.strerror or e}") from e
     sha = hashlib.sha256(raw).hexdigest()
-    home = workdir.default_dir(path)
-    # The CLI's relative name and pytest's absolute one are one file; the directory its cases
-    # start in is that of the path as given (a symbolic link's, not its target's).
-    key = (os.path.realpath(path), sha, home)
+    home = workdir.default_dir(path)  # that of the path as given (a symbolic link's, not its target's)
+    key = (os.path.realpath(path), sha, home)  # the CLI's relative name and pytest's absolute one are one file
     hit = _CACHE.get(key)
     if hit is None:
         with gcpause.paused():  # objects that live as long as the matrix; no cyclic garbage
@@ -436,11 +434,8 @@ def load(path: str | Path) -> Matrix:
 
 
 def loads(text: str, filename: str = "<matrix>", *, sha256: str | None = None, home: str | None = None) -> Matrix:
-    """Parse and validate matrix text: the schema's shape checks, then the semantic ones.
-
-    ``home`` is the directory a case with no ``cwd:`` starts in (:func:`load` gives the matrix
-    file's); None, text read from no file: where the run started.
-    """
+    """Parse and validate matrix text: the schema's shape checks, then the semantic ones.  A case
+    with no ``cwd:`` starts in ``home`` (:func:`load`: the file's directory; None: where the run started)."""
     from cumatrix.load import schema, yamldoc  # deferred: PyYAML only where a matrix is parsed
 
     doc = yamldoc.parse(text, filename)
