@@ -1,6 +1,7 @@
 """One matrix, two backends, the same outcomes cell by cell (real dockerd, the base image from
-containers/build-base.sh).  A case reads the project's directory on both: a module imported
-from beside the matrix, a data file by a relative path; and cannot write there on either.  A
+containers/build-base.sh).  The run starts in another directory than the matrix file's, and a
+case reads the project's directory (the file's) on both: a module imported from beside the
+matrix, a data file by a relative path; and cannot write there on either.  A
 case that names another directory (``cwd:``, read from the matrix file's directory) starts
 there on both, reads from it, and cannot write to it either.  The
 interpreter is named by path: a bare ``python3`` is what each side's PATH finds (docs/tutorial.md).  Skipped where no daemon answers,
@@ -80,16 +81,20 @@ def test_one_matrix_gives_the_same_outcomes_on_the_local_and_docker_backends(
     (other / "notes").mkdir(parents=True)
     (other / "othermod.py").write_text("WHERE = 'other'\n")
     (other / "notes" / "input.txt").write_text("from its own directory\n")
-    for d in (tmp_path, project, project / "data", other, other / "notes"):  # the containers' user is not this one
+    # Where the run starts: neither the project nor its cases' directories, and none of their files.
+    started = tmp_path / "started-here"
+    started.mkdir()
+    for d in (tmp_path, project, project / "data", other, other / "notes", started):  # the containers' user is not this one
         d.chmod(0o755)
     runs, stdout = {}, {}
     for backend, extra in (("local", ["--sandbox"]), ("docker", ["--base-image", base_image])):
         out = tmp_path / f"out-{backend}"
-        proc = cli("run", "matrix.yaml", "--backend", backend, *extra, "--out", out, "-q", cwd=project,
+        proc = cli("run", "../project/matrix.yaml", "--backend", backend, *extra, "--out", out, "-q", cwd=started,
                    timeout=900)
         assert (out / "results.jsonl").is_file(), proc.stdout + proc.stderr
         runs[backend] = _outcomes(out)
-        stdout[backend] = {i: r["stdout_tail"] for i, r in _records(out).items() if "its-cwd" in i}
+        stdout[backend] = {i: r["stdout_tail"] for i, r in _records(out).items()
+                           if r["axes"]["kind"] == "command" and r["observed"]["outcome"] == "ok"}
     local, in_docker = runs["local"], runs["docker"]
     assert local["cu12.9/host/imports-the-project"] == ("pass", "ok")
     assert local["cu12.9/host/reads-a-relative-path"] == ("pass", "ok")
@@ -97,6 +102,10 @@ def test_one_matrix_gives_the_same_outcomes_on_the_local_and_docker_backends(
     # Read-only on both: the sandbox's root and the container's mount refuse the write alike.
     assert local["cu12.9/host/writes-beside-the-matrix"] == ("pass", "exit:2")
     assert not (project / "written-by-the-cell").exists()
+    # Read from the matrix file's directory, not from where the run started.
+    assert stdout["local"]["cu12.9/host/imports-the-project"] == "42\n"
+    assert stdout["local"]["cu12.9/host/reads-a-relative-path"] == "from the project\n"
+    assert not any(started.iterdir())
     # A case's own cwd: started in, imported from, read from, read-only; on both backends alike.
     for case in ("imports-from-its-cwd", "reads-from-its-cwd"):
         assert local[f"cu12.9/host/{case}"] == ("pass", "ok")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -147,6 +148,8 @@ def test_crashing_cell_report_backtrace_and_standalone_command(cli: Cli, matrix_
 
     assert str(cache_location()) not in command
     assert command.startswith('CUMATRIX_CACHE="${CUMATRIX_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/cumatrix}"; env ')
+    # It starts where the cell started: the matrix file's directory, whichever directory it is run from.
+    assert f"; env -C {shlex.quote(str(matrix_file.parent))} " in command
     assert '"$CUMATRIX_CACHE"' in command
     # The standalone command, run by a shell with none of the harness around it (a user's shell:
     # PATH, HOME and, where set, XDG_CACHE_HOME), segfaults again.

@@ -66,6 +66,12 @@ def test_the_tutorial_example_runs_as_written(tmp_path: Path, wheel_cache: Path,
         if argv[1] == "run":
             outs.append(tmp_path / argv[argv.index("--out") + 1])
     assert len(outs) == 2
+    # As the page says: from a subdirectory, the case still starts beside cudaver.yaml and finds build/.
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    proc = cli("run", "../cudaver.yaml", "--out", "out-from-sub", "--no-sandbox", cwd=sub)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    outs.append(sub / "out-from-sub")
     for out in outs:
         _check_records(out, matrix)
 

@@ -9,6 +9,7 @@ import pytest
 
 from cumatrix.core.errors import ConfigError
 from cumatrix.load import matrix as M
+from cumatrix.load import workdir
 
 RT = "runtimes:\n  cu12.9: {wheel: nvidia-cuda-runtime-cu12==12.9.79}\n"
 
@@ -346,11 +347,31 @@ def test_a_cases_cwd_is_read_from_the_matrix_files_directory(tmp_path: Path, mon
                  "  - {name: b, argv: [true], cwd: ../elsewhere/}\n"
                  f"  - {{name: c, argv: [true], cwd: '{tmp_path}'}}\n  - {{name: d, argv: [true]}}\n")
     m = M.load(f)
+    # A case that names none starts in the file's directory too.
     assert [c.cwd for c in m.cases] == [str(tmp_path / "project" / "tools"), str(tmp_path / "elsewhere"),
-                                        str(tmp_path), None]
+                                        str(tmp_path), str(tmp_path / "project")]
     # The same file named by a relative path, from another directory: the same directories.
     monkeypatch.chdir(tmp_path)
-    assert M.loads(f.read_text(), "project/m.yaml").cases == m.cases
+    M._CACHE.clear()
+    assert M.load("project/m.yaml").cases == m.cases
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    M._CACHE.clear()
+    assert M.load("../project/m.yaml").cases == m.cases
+
+
+def test_only_the_bundled_matrix_and_text_from_no_file_start_where_the_run_started(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bundled = workdir.bundled()
+    assert bundled is not None
+    cases = M.load(bundled).cases
+    assert cases
+    assert all(c.cwd is None for c in cases)
+    text = bundled.read_text()
+    assert all(c.cwd is None for c in M.loads(text).cases)
+    # The same text in a file of one's own: that file's directory.
+    (tmp_path / "copy.yaml").write_text(text)
+    monkeypatch.chdir(tmp_path)
+    assert {c.cwd for c in M.load("copy.yaml").cases} == {str(tmp_path)}
 
 
 @pytest.mark.parametrize(("cwd", "why"), [

@@ -70,3 +70,30 @@ def test_small_matrices_and_the_opt_out_are_not_kept(tmp_path: Path, cache: Path
     _write(big, 2000)
     _fresh_load(big)
     assert not cache.exists() or not list(cache.glob("*.pickle"))
+
+
+def test_the_same_file_in_another_directory_starts_its_cases_there(tmp_path: Path, cache: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # One name (./m.yaml), one text, two directories: a moved or copied file, read back from
+    # the cache, must not start its cases where the other one's start.
+    here, there = tmp_path / "here", tmp_path / "there"
+    for d in (here, there):
+        d.mkdir()
+        _write(d / "m.yaml", 2000)
+    monkeypatch.chdir(here)
+    assert {c.cwd for c in _fresh_load(Path("m.yaml")).cases} == {str(here)}
+    monkeypatch.chdir(there)
+    assert {c.cwd for c in _fresh_load(Path("m.yaml")).cases} == {str(there)}
+    assert len(list(cache.glob("*.pickle"))) == 2
+
+
+def test_a_matrix_naming_a_directory_is_parsed_each_time(tmp_path: Path, cache: Path) -> None:
+    # A named directory is checked when the file is read: one removed since is a problem then.
+    (tmp_path / "tools").mkdir()
+    m = tmp_path / "m.yaml"
+    m.write_text(HEAD + "".join(f"  - {{name: c{i:05d}, argv: [/bin/true], cwd: tools}}\n" for i in range(2000)))
+    assert _fresh_load(m).cases[0].cwd == str(tmp_path / "tools")
+    assert not cache.exists() or not list(cache.glob("*.pickle"))
+    (tmp_path / "tools").rmdir()
+    with pytest.raises(ConfigError, match="'tools' does not exist"):
+        _fresh_load(m)

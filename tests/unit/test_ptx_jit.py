@@ -142,9 +142,12 @@ def test_the_jit_matrix_runs_each_program_on_the_real_and_three_emulated_drivers
     assert {c.driver for c in got} == {"host", "emulated-12.4", "emulated-12.8", "emulated-12.9"}
     assert len(got) == 7 * 4
     for c in got:
-        program = c.need_case().argv[-1]
+        case = c.need_case()
+        program = case.argv[-1]
+        # Each case starts in the matrix file's directory, whatever directory the run starts in.
+        assert case.cwd == str(root / "examples"), case.cwd
         # Python programs are committed; the C programs' sources and their build script are
         if program.endswith(".py"):
-            assert (root / program).is_file(), program
+            assert (Path(case.cwd) / program).is_file(), program
     assert (root / "examples" / "jit" / "add1.cu").is_file()
     assert " jit) stage jit " in (root / "scripts" / "gpu" / "all.sh").read_text()

@@ -44,7 +44,8 @@ class Job:
     reports_verdict: bool = False
     #: A command cell that asked for the harness's interpreter (``python: harness``).
     harness_python: bool = False
-    #: The directory a command cell starts in (its case's ``cwd:``); empty: where the run started.
+    #: The directory a command cell starts in (its case's ``cwd:``, else its matrix file's);
+    #: empty: where the run started.
     cwd: str = ""
 
 

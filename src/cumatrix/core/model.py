@@ -141,7 +141,8 @@ class Case:
     #: never: a plain ``python3`` must not find what only the harness has installed).
     harness_python: bool = False
     #: ``cwd:``: the directory the command starts in, absolute once loaded from a file (a
-    #: relative one is read from the matrix file's directory); None: where the run started.
+    #: relative one is read from the matrix file's directory; none named: that directory);
+    #: None: where the run started (the bundled default matrix, matrix text read from no file).
     cwd: str | None = None
 
 

@@ -138,14 +138,15 @@ def harness_error(message: str, **extra: object) -> ChildResult:
 
 def workdir(job: Job, *, others_read: bool) -> tuple[str, ...]:
     """A command cell's working directory: the one it has on the local backend (its case's
-    ``cwd:``, else the directory the run started in), mounted read-only at the same path, so
-    that the same matrix reads the same files on both backends (its relative paths, a module
-    beside it).  None for the
-    harness's own children; none for ``/``, which the image's root stands for; and none where
-    the containers' user (``others_read``: not this one) could not read the directory the run
-    started in: the cell then starts in the image's working directory, as docs/docker.md says.
-    A directory the case names is always mounted: one the containers' user cannot read is then
-    a harness error naming it (the sandbox refuses it too), never another directory silently."""
+    ``cwd:``, else the matrix file's directory; where the run started for the bundled default
+    matrix), mounted read-only at the same path, so that the same matrix reads the same files
+    on both backends (its relative paths, a module beside it).  None for the harness's own
+    children; none for ``/``, which the image's root stands for; and none where the containers'
+    user (``others_read``: not this one) could not read the directory the run started in: the
+    cell then starts in the image's working directory, as docs/docker.md says.  A directory the
+    matrix gives (its case's or its file's) is always mounted: one the containers' user cannot
+    read is then a harness error naming it (the sandbox refuses it too), never another
+    directory silently."""
     if job.kind != "command":
         return ()
     cwd = job.cwd or str(Path.cwd())

@@ -35,7 +35,7 @@ from cumatrix.core.options import (
 )
 from cumatrix.front.flags import add_cli_options
 from cumatrix.front.history_cli import add_history_options, check_history, record
-from cumatrix.load import gcpause
+from cumatrix.load import gcpause, workdir
 from cumatrix.load import matrix as _matrix
 from cumatrix.load.keyword import KeywordExpression
 
@@ -61,16 +61,13 @@ A cell passes when what it did is in its expected set.
 
 
 def bundled_matrix() -> Path:
-    """The default matrix that travels with the package: ``matrix.yaml`` at the top of the
-    source tree, or the copy ``setup.py`` puts in package data (``cumatrix/data/matrix.yaml``)."""
-    package = Path(__file__).resolve().parents[1]  # cumatrix/, this file being cumatrix/front/run_cmd.py
-    # The installed copy first: a wheel installed into a venv inside some checkout must not pick
-    # up whatever matrix.yaml happens to sit three directories above site-packages.
-    for cand in (package / "data" / DEFAULT_MATRIX, package.parents[1] / DEFAULT_MATRIX):
-        if cand.is_file():
-            return cand
-    raise HarnessError(f"the bundled default matrix is missing (looked for {package / 'data' / DEFAULT_MATRIX} "
-                       f"and {package.parents[1] / DEFAULT_MATRIX}); reinstall cumatrix")
+    """The default matrix that travels with the package: the copy ``setup.py`` puts in package
+    data (``cumatrix/data/matrix.yaml``), or ``matrix.yaml`` at the top of the source tree."""
+    found = workdir.bundled()
+    if found is None:
+        data, top = workdir.bundled_candidates()
+        raise HarnessError(f"the bundled default matrix is missing (looked for {data} and {top}); reinstall cumatrix")
+    return found
 
 
 def matrix_arg(path: str | None) -> Path:
@@ -82,7 +79,7 @@ def matrix_arg(path: str | None) -> Path:
             return here
         bundled = bundled_matrix()
         print(f"cumatrix: no {DEFAULT_MATRIX} in {Path.cwd()}: using the default matrix bundled with cumatrix "
-              f"({bundled}); name a matrix file to run your own", file=sys.stderr)
+              f"({bundled}), whose cases start in this directory; name a matrix file to run your own", file=sys.stderr)
         return bundled
     p = Path(path)
     if not p.is_file():

@@ -72,6 +72,8 @@ class _Ctx:
 
     doc: yamldoc.Doc
     problems: list[Problem] = field(default_factory=list)
+    #: Where a case with no ``cwd:`` starts (None: where the run started).
+    home: str | None = None
 
     def err(self, path: yamldoc.Path, message: str, *, key: bool = False) -> None:
         self.problems.append(self.doc.problem(path, message, key=key))
@@ -335,7 +337,7 @@ def _cases_section(ctx: _Ctx, data: list[Mapping[str, Any]]) -> tuple[Case, ...]
         timeout = c.get("timeout")
         allow = _allow_runtime(ctx, (*path, "allow_runtime"), c.get("allow_runtime") or ())
         try:
-            cwd = workdir.case_dir(ctx.doc.file, c["cwd"]) if "cwd" in c else None
+            cwd = workdir.case_dir(ctx.doc.file, c["cwd"]) if "cwd" in c else ctx.home
         except ValueError as e:
             ctx.err((*path, "cwd"), f"cases: cwd: {e}")
             continue
@@ -399,7 +401,7 @@ _SECTIONS: tuple[tuple[str, Callable[[_Ctx, Any], Any]], ...] = (
 
 # --------------------------------------------------------------------------- loading
 
-_CACHE: dict[tuple[str, str], Matrix] = {}
+_CACHE: dict[tuple[str, str, str | None], Matrix] = {}
 _CACHE_SIZE = 16
 
 
@@ -414,31 +416,33 @@ def load(path: str | Path) -> Matrix:
     except OSError as e:
         raise ConfigError(f"{path}: cannot read the matrix file: {e.strerror or e}") from e
     sha = hashlib.sha256(raw).hexdigest()
-    key = (os.path.realpath(path), sha)  # the CLI's relative name and pytest's absolute one are one file
+    home = workdir.default_dir(path)  # that of the path as given (a symbolic link's, not its target's)
+    key = (os.path.realpath(path), sha, home)  # the CLI's relative name and pytest's absolute one are one file
     hit = _CACHE.get(key)
     if hit is None:
         with gcpause.paused():  # objects that live as long as the matrix; no cyclic garbage
-            hit = saved.read(raw, sha, str(path))
+            hit = saved.read(raw, sha, str(path), home)
             if hit is None:
                 from cumatrix.load.yamldoc import decode  # deferred: PyYAML only where a matrix is parsed
 
-                hit = loads(decode(raw, str(path)), str(path), sha256=sha)
-                saved.write(raw, sha, hit)
+                hit = loads(decode(raw, str(path)), str(path), sha256=sha, home=home)
+                saved.write(raw, sha, hit, home)
         if len(_CACHE) >= _CACHE_SIZE:
             _CACHE.pop(next(iter(_CACHE)))
         _CACHE[key] = hit
     return hit if hit.path == str(path) else replace(hit, path=str(path))
 
 
-def loads(text: str, filename: str = "<matrix>", *, sha256: str | None = None) -> Matrix:
-    """Parse and validate matrix text: the schema's shape checks, then the semantic ones."""
+def loads(text: str, filename: str = "<matrix>", *, sha256: str | None = None, home: str | None = None) -> Matrix:
+    """Parse and validate matrix text: the schema's shape checks, then the semantic ones.  A case
+    with no ``cwd:`` starts in ``home`` (:func:`load`: the file's directory; None: where the run started)."""
     from cumatrix.load import schema, yamldoc  # deferred: PyYAML only where a matrix is parsed
 
     doc = yamldoc.parse(text, filename)
     if not isinstance(doc.data, dict):
         raise ConfigError([doc.problem((), "a matrix file is a mapping with at least `runtimes` and `drivers`")])
     problems, bad = schema.check(doc, SCHEMA, "matrix")
-    ctx = _Ctx(doc, problems)
+    ctx = _Ctx(doc, problems, home)
     data: dict[str, Any] = doc.data
     # A section with a shape problem is not built; every other section still is, so one
     # run of `cumatrix validate` lists every problem of the file.

@@ -1,10 +1,11 @@
 """Validated matrices kept in the user's cache, read back instead of parsed again.
 
 A large matrix, once validated, is kept in the user's cache as the :class:`Matrix` it built,
-under the digest of its name (its messages name the file), its text and the code that
-validates it: ``validate`` then ``run``, every pytest-xdist worker and every rerun of a nightly
-read it back instead of parsing 10,000 cases again (0.07 s to unpickle them, against 0.5 s and
-more to parse and check them).  Only valid matrices are kept; any doubt about an entry means
+under the digest of its name (its messages name the file), the directory its cases start in
+(the file's, where a case names no other), its text and the code that validates it:
+``validate`` then ``run``, every pytest-xdist worker and every rerun of a nightly read it back
+instead of parsing 10,000 cases again (0.07 s to unpickle them, against 0.5 s and more to
+parse and check them).  Only valid matrices are kept; any doubt about an entry means
 parsing.  ``CUMATRIX_NO_MATRIX_CACHE=1`` turns it off.
 """
 
@@ -52,20 +53,23 @@ def _code_digest() -> hashlib._Hash | None:
     return h
 
 
-def _path(raw: bytes, sha: str, name: str) -> Path | None:
+def _path(raw: bytes, sha: str, name: str, home: str | None) -> Path | None:
     if len(raw) < _SAVE_ABOVE or os.environ.get("CUMATRIX_NO_MATRIX_CACHE"):
         return None
     h = _code_digest()
     if h is None:
         return None
-    h.update(f"{sha}\n{name}\n".encode())
+    # The directory its cases start in (the file's, absolute): the same name and text read
+    # from another directory is another matrix.
+    h.update(f"{sha}\n{name}\n{home}\n".encode())
     return cache_root() / "matrix" / f"{h.hexdigest()[:32]}.pickle"
 
 
-def read(raw: bytes, sha: str, name: str) -> Matrix | None:
-    """The matrix kept for this text (SHA-256 ``sha``) under this name, or None."""
+def read(raw: bytes, sha: str, name: str, home: str | None) -> Matrix | None:
+    """The matrix kept for this text (SHA-256 ``sha``) under this name whose cases start in
+    ``home`` where they name no ``cwd:``, or None."""
 
-    where = _path(raw, sha, name)
+    where = _path(raw, sha, name, home)
     if where is None:
         return None
     try:
@@ -76,13 +80,15 @@ def read(raw: bytes, sha: str, name: str) -> Matrix | None:
     return got if isinstance(got, Matrix) and got.sha256 == sha and got.path == name else None
 
 
-def write(raw: bytes, sha: str, m: Matrix) -> None:
-    """Keep a validated matrix (when its text is large enough to be worth it); never fails."""
+def write(raw: bytes, sha: str, m: Matrix, home: str | None) -> None:
+    """Keep a validated matrix (when its text is large enough to be worth it) whose cases
+    start in ``home`` where they name no ``cwd:``; never fails."""
 
-    where = _path(raw, sha, m.path)
-    if where is None or any(c.cwd for c in m.cases):
-        # A case's cwd: is checked against the filesystem and read from the file's directory:
-        # neither is in the key (its name as given and its text), so such a matrix is parsed.
+    where = _path(raw, sha, m.path, home)
+    if where is None or any(c.cwd != home for c in m.cases):
+        # A directory a case's cwd: names is checked against the filesystem when the file is
+        # read, which the key (name, text, the file's directory) cannot stand for: such a matrix
+        # is parsed each time.  The file's own directory exists while the file does.
         return
     try:
         where.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

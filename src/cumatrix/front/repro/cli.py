@@ -80,7 +80,7 @@ def standalone_command(runner: Orchestrator, job: Job) -> str:
             parts += ["--gpus", "all"]
         for m in dict.fromkeys([PACKAGE_PARENT, *mounts, *([job.cwd] if job.cwd else [])]):
             parts += ["-v", f"{m}:{m}:ro"]
-        if job.cwd:  # the case's cwd:, as the backend mounts it
+        if job.cwd:  # the case's cwd: (else its matrix file's directory), as the backend mounts it
             parts += ["-w", job.cwd]
         for k, v in env.items():
             parts += ["-e", f"{k}={v}"]
@@ -89,7 +89,9 @@ def standalone_command(runner: Orchestrator, job: Job) -> str:
     if job.lib_path:
         env["LD_LIBRARY_PATH"] = os.pathsep.join(job.lib_path)
     env.setdefault("PYTHONFAULTHANDLER", "1")
-    chdir = ["-C", job.cwd] if job.cwd else []  # the case's cwd: (GNU env's --chdir)
+    # The case's cwd:, else its matrix file's directory (GNU env's --chdir); none for the
+    # bundled default matrix, whose cases start where the command is run.
+    chdir = ["-C", job.cwd] if job.cwd else []
     return _portable(["env", *chdir, *(f"{k}={v}" for k, v in env.items()), *job.argv])
 
 
