@@ -195,3 +195,23 @@ def test_require_sandbox_makes_it_an_error(tmp_path: Path, cli: Any, wheel_cache
     assert "fix:" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "out" / "results.jsonl").exists()
+
+
+def test_a_working_directory_nobody_cannot_enter_is_a_harness_error_that_names_the_fixes(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("only a root harness runs its cells as another uid")
+    require_bwrap()
+    # deferred: the rest of this module drives the CLI; this one case asks the local backend
+    from cumatrix.core.jobs import Job
+    from cumatrix.execute.local import HARNESS_PROBLEM, run_local
+    from cumatrix.execute.sandbox import Policy
+
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    res = run_local(Job(cell_id="c", kind="command", timeout=30, argv=("true",)), cwd=str(private),
+                    policy=Policy(sandbox="on"))
+    problem = res.extra[HARNESS_PROBLEM]
+    assert str(private) in problem
+    assert "chmod o+rx" in problem
+    assert "cwd:" in problem
+    assert res.returncode is None

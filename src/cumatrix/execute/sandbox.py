@@ -577,8 +577,8 @@ def _sandboxed(job: Job, env: dict[str, str], policy: Policy, cwd: str | None, e
         extra["sandbox"] = "bubblewrap"
         return job.argv, False, (
             f"the sandbox runs the cell as uid {policy.uid} (nobody), which may not enter its working "
-            f"directory {here} (mode {os.stat(here).st_mode & 0o777:o}): run from a directory others may "
-            "read (chmod o+rx), or --no-sandbox"), None
+            f"directory {here} (mode {os.stat(here).st_mode & 0o777:o}; the matrix file's directory unless "
+            "the case names a cwd:): let others enter it (chmod o+rx), name another with cwd:, or --no-sandbox"), None
     if bwrap is not None:
         env["TMPDIR"] = "/tmp"
         env["HOME"] = "/tmp"  # the host's home is not there: a writable one of the cell's own
