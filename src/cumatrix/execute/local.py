@@ -315,6 +315,8 @@ def _pump(sel: selectors.BaseSelector, proc: subprocess.Popen[bytes] | forkserve
 
 def _kill_group(proc: subprocess.Popen[bytes] | forkserver.Served, *, quiet: bool = False) -> None:
     if isinstance(proc, forkserver.Served):  # not this process's child: its cgroup is the handle
+        if quiet:
+            return  # what is left of the cell goes with its cgroup, next (scope.end)
         proc.kill()
         if not quiet:
             with contextlib.suppress(subprocess.TimeoutExpired):
