@@ -318,9 +318,8 @@ def _kill_group(proc: subprocess.Popen[bytes] | forkserver.Served, *, quiet: boo
         if quiet:
             return  # what is left of the cell goes with its cgroup, next (scope.end)
         proc.kill()
-        if not quiet:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=10)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
         return
     try:
         os.killpg(proc.pid, signal.SIGKILL)
