@@ -273,3 +273,15 @@ sys.exit(1 if bad else 0)
     proc = subprocess.run([PY, str(script)], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("through") >= 3, proc.stdout
+
+
+def test_a_cell_too_large_for_the_server_is_held_by_bubblewrap_and_says_why() -> None:
+    # 1.2 MB of environment: more than one message of the server's, less than exec's limit.
+    big = {f"CUMATRIX_BIG_{i}": "x" * 100_000 for i in range(12)}
+    res = run_local(Job(cell_id="big", kind="command", timeout=60, env=big,
+                        argv=(PY, "-c", "import os; print(sum(k.startswith('CUMATRIX_BIG_') for k in os.environ))")),
+                    policy=ON)
+    assert res.returncode == 0, res.stderr_tail
+    assert res.stdout_tail.strip() == "12"
+    assert res.extra["sandbox"] == "bubblewrap"
+    assert "more than the fork server reads" in res.extra["fork_server_refused"]

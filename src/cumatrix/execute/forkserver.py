@@ -64,6 +64,10 @@ class ServerGone(OSError):
     """The server cannot take the cell (it ended, or never started)."""
 
 
+class TooLarge(ServerGone):
+    """The cell's message is larger than the server reads (no other server would take it)."""
+
+
 class ForkServer:
     """The running server of one harness process."""
 
@@ -80,6 +84,9 @@ class ForkServer:
                                          pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                          start_new_session=True)
+        except OSError as e:
+            ours.close()
+            raise ServerGone(f"the fork server cannot start ({helper}): {e}") from e
         finally:
             theirs.close()
 
@@ -90,7 +97,7 @@ class ForkServer:
         """Send one cell; raises :class:`ServerGone` where the server cannot take it."""
         payload = b"".join(f.encode("utf-8", "surrogateescape") + b"\0" for f in fields)
         if len(payload) > MAX_MESSAGE:
-            raise ServerGone(f"the cell's command line and environment take {len(payload)} bytes, "
+            raise TooLarge(f"the cell's command line and environment take {len(payload)} bytes, "
                              f"more than the fork server reads ({MAX_MESSAGE})")
         with self.lock:
             try:
@@ -194,8 +201,8 @@ def start(cell: ServedCell, helper: Path, argv: list[str], env: dict[str, str], 
             try:
                 server(helper).submit(fields, [out_w, err_w, st_w, trace_fd, *extra_fds])
                 break
-            except ServerGone:
-                if attempt == 2:
+            except ServerGone as e:
+                if attempt == 2 or isinstance(e, TooLarge):
                     raise
                 _forget()
     except BaseException:
@@ -211,7 +218,7 @@ def start(cell: ServedCell, helper: Path, argv: list[str], env: dict[str, str], 
 def _forget() -> None:
     with _LOCK:
         for srv in _SERVERS.values():
-            srv.sock.close()
+            srv.close()
         _SERVERS.clear()
 
 

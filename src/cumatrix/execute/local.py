@@ -82,14 +82,14 @@ def run_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str |
 
 
 def start_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | None = None,
-                policy: sandbox.Policy | None = None, mode: SpawnMode = "cell") -> LocalChild:
+                policy: sandbox.Policy | None = None, mode: SpawnMode = "cell", serve: bool = True) -> LocalChild:
     """Start ``job``'s child and return at once; :meth:`LocalChild.wait` finishes it.
 
     A child that cannot start (no such program, a sandbox that was asked for and is missing)
     comes back already finished.  Until ``wait`` reads them, the child's output waits in its
     pipes (a child that fills one waits too); its timeout counts from here.
     """
-    plan, scope = sandbox.prepare(job, base_env=base_env, cwd=cwd, policy=policy, trace=mode == "cell")
+    plan, scope = sandbox.prepare(job, base_env=base_env, cwd=cwd, policy=policy, trace=mode == "cell", serve=serve)
     if mode == "debugger":
         plan.extra.update(spawn_mode="debugger", evidence=DEBUGGER_EVIDENCE)
     start = time.monotonic()
@@ -100,7 +100,14 @@ def start_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str
             verdict=None, verdict_error=None, duration_s=0.0, extra={**plan.extra, HARNESS_PROBLEM: plan.problem}))
     env, plan, chan = _with_channel(job, plan)
     if plan.served is not None:
-        return _start_served(job, plan, scope, start, env, chan)
+        served = _start_served(job, plan, scope, start, env, chan)
+        if isinstance(served, LocalChild):
+            return served
+        # The server cannot take this cell (too large a message, a server that cannot start):
+        # bubblewrap holds it, and its record says so and why.
+        child = start_local(job, base_env=base_env, cwd=cwd, policy=policy, mode=mode, serve=False)
+        child.plan.extra["fork_server_refused"] = served
+        return child
     try:
         # No preexec_fn where the spawn shim exists: subprocess then uses vfork, not fork.
         proc = subprocess.Popen(plan.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -139,8 +146,9 @@ def start_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str
 
 
 def _start_served(job: Job, plan: sandbox.Plan, scope: sandbox.Scope, start: float, env: dict[str, str],
-                  chan: PipeChannel | None) -> LocalChild:
-    """Hand the cell to the fork server (:mod:`cumatrix.execute.forkserver`)."""
+                  chan: PipeChannel | None) -> LocalChild | str:
+    """Hand the cell to the fork server (:mod:`cumatrix.execute.forkserver`); why not where it
+    cannot take it (everything made for it undone)."""
     assert plan.served is not None
     assert plan.trace is not None
     helper = sandbox.spawn_shim()
@@ -154,10 +162,7 @@ def _start_served(job: Job, plan: sandbox.Plan, scope: sandbox.Scope, start: flo
         for c in (chan, plan.trace):
             if c is not None:
                 c.close()
-        detail = f"cannot start the cell: {e}"
-        return LocalChild(job, plan, scope, start, done=ChildResult(
-            returncode=None, signal=None, timed_out=False, stdout_tail="", stderr_tail=detail, verdict=None,
-            verdict_error=None, duration_s=time.monotonic() - start, extra={**plan.extra, HARNESS_PROBLEM: detail}))
+        return str(e)
     if chan:
         chan.after_spawn()
     plan.trace.after_spawn()

@@ -521,11 +521,12 @@ def _points_and_masks(read: tuple[str, ...], kept: tuple[str, ...]) -> tuple[tup
 
 
 def prepare(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | None = None,
-            policy: Policy | None = None, trace: bool = True) -> tuple[Plan, Scope]:
+            policy: Policy | None = None, trace: bool = True, serve: bool = True) -> tuple[Plan, Scope]:
     """The final argv, env and fds of a job's child, and the scope that ends its tree.
 
     ``trace`` False spawns the tree untraced (a debugger's run: it traces the tree itself, and
-    one process has one tracer); its containment, limits and sandbox are the same."""
+    one process has one tracer); its containment, limits and sandbox are the same.  ``serve``
+    False holds a sandboxed cell in bubblewrap, not in the fork server."""
     policy = policy or sandbox_policy()
     env = child_env(job, base_env=base_env, policy=policy)
     box = containment()
@@ -534,7 +535,7 @@ def prepare(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | N
         env[SCOPE_ENV] = scope.marker
     extra: dict[str, object] = {"containment": scope.mode}
     shim = spawn_shim()
-    serve = trace and scope.cgroup is not None and forkserver.serves(policy.sandbox, _probe_ops)
+    serve = serve and trace and scope.cgroup is not None and forkserver.serves(policy.sandbox, _probe_ops)
     argv, signal_in_exit, problem, ops = _sandboxed(job, env, policy, cwd, extra, serve=serve)
     lims = limits(job) if policy.limits else []
     if extra.get("sandbox") in SANDBOXED:
