@@ -39,9 +39,10 @@ def holder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
     return _HOLDER["want"]
 
 
-def boxed(code: str, *args: str, policy: Policy | None = None, **job: object) -> tuple[int | None, str, str]:
+def boxed(code: str, *args: str, policy: Policy | None = None, cwd: str | None = None,
+          **job: object) -> tuple[int | None, str, str]:
     res = run_local(Job(cell_id="t", kind="command", timeout=60, argv=(PY, "-c", code, *args), **job),
-                    policy=policy or Policy(sandbox="on"))
+                    policy=policy or Policy(sandbox="on"), cwd=cwd)
     assert res.extra.get("sandbox") == _HOLDER["want"], res.extra
     return res.returncode, res.stdout_tail, res.stderr_tail
 
@@ -204,3 +205,24 @@ def test_what_the_harness_built_in_its_cache_is_readable_by_the_cell(tmp_path: P
     assert "built" in out, err
     assert cache.stat().st_mode & 0o777 == 0o700
 
+
+
+def test_what_the_harness_keeps_is_masked_even_when_made_after_a_cell_of_the_same_paths(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A cell whose working directory holds the harness's state directory, run once before the
+    # state (the --resume key) exists and once after: the second must not read the key.
+    home = tmp_path / "home"
+    home.mkdir()
+    tmp_path.chmod(0o755)
+    home.chmod(0o755)
+    monkeypatch.setenv("XDG_STATE_HOME", str(home / "state"))
+    key = home / "state" / "cumatrix" / "key"
+    read_key = "import sys\ntry:\n    print(open(sys.argv[1]).read())\nexcept OSError as e:\n    print('refused', e.errno)"
+    _, out, err = boxed(read_key, str(key), cwd=str(home))
+    assert "refused" in out, (out, err)
+    key.parent.mkdir(parents=True)
+    key.write_text("secret-key")
+    key.chmod(0o644)  # even a key anyone may read is not the cell's
+    _, out, err = boxed(read_key, str(key), cwd=str(home))
+    assert "secret-key" not in out, out
+    assert "refused" in out, (out, err)

@@ -498,17 +498,21 @@ def sandbox_ops(*, cwd: str, policy: Policy, read: Iterable[str] = (), write: It
     out += ["--perms", "1777", "--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
             "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys",
             "--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
-    points, masks = _points_and_masks(tuple(read), (*kept_paths(), *policy.hidden))
+    # What the harness keeps, with whether each exists now: one made since the last look (the
+    # key, the history) is masked from the next cell on.
+    kept = tuple((k, os.path.lexists(k)) for k in (*kept_paths(), *policy.hidden))
+    points, masks = _points_and_masks(tuple(read), kept)
     out += _views(list(points), list(masks), write)
     return [*out, "--chdir", cwd]
 
 
 @functools.lru_cache(maxsize=256)
-def _points_and_masks(read: tuple[str, ...], kept: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _points_and_masks(read: tuple[str, ...], kept: tuple[tuple[str, bool], ...]
+                      ) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The directories to bind for ``read`` and the kept paths they would show (to mask), once
-    per harness process for the same paths (as :func:`_reached`: a run's cells name a few sets)."""
+    per harness process for the same paths and kept paths present (as :func:`_reached`)."""
     dirs = {d for d in map(_bind_dir, read) if d is not None}
-    masks = _masks(kept, _outermost(dirs))
+    masks = _masks([k for k, _ in kept], _outermost(dirs))
     # What a mask would hide of a job's own paths, bound again; a kept directory itself never.
     points = [p for p in _outermost(dirs, masks) if p not in masks]
     if os.geteuid() == 0:
