@@ -1,7 +1,7 @@
 """The sandbox's fork server: one per harness process, so that a sandboxed cell costs about a fork.
 
 bubblewrap per cell costs an ``exec`` of bubblewrap and of ``setpriv``, a copy of the host's
-mount table, a root assembled from scratch and new namespaces, about 7 ms a cell before the
+mount table, a root assembled from scratch and new namespaces, 7 to 8 ms a cell before the
 cell's own program starts (``benchmarks/sandbox_overhead.py``).  Where the harness runs as root
 and the host gives it cgroups, the spawn helper (``csrc/spawn.c``) runs once per harness process
 as a server (``cumatrix-spawn --serve``) and, per cell, forks the cell's tracer, which clones the
@@ -98,7 +98,7 @@ class ForkServer:
         payload = b"".join(f.encode("utf-8", "surrogateescape") + b"\0" for f in fields)
         if len(payload) > MAX_MESSAGE:
             raise TooLarge(f"the cell's command line and environment take {len(payload)} bytes, "
-                             f"more than the fork server reads ({MAX_MESSAGE})")
+                           f"more than the fork server reads ({MAX_MESSAGE})")
         with self.lock:
             try:
                 socket.send_fds(self.sock, [payload], fds)
