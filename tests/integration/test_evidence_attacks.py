@@ -24,6 +24,7 @@ from helpers.build import gcc
 from helpers.procs import run_unstalled
 from helpers.results import read_cells_by_case
 from helpers.sandbox import require_bwrap
+from helpers.users import local_user
 
 CU129 = "nvidia-cuda-runtime-cu12==12.9.79"
 CU130 = "nvidia-cuda-runtime==13.0.96"
@@ -280,21 +281,7 @@ def test_a_harness_child_is_not_dumpable(tmp_path: Path) -> None:
 
 
 def _second_user() -> str:
-    import pwd
-
-    name = "cumatrixpeer"
-    try:
-        pwd.getpwnam(name)
-        return name
-    except KeyError:
-        pass
-    if shutil.which("useradd") is None:
-        pytest.skip("useradd is not available: no second local user to try this as")
-    proc = subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name],
-                          capture_output=True, text=True, check=False)
-    if proc.returncode not in (0, 9):  # 9: made meanwhile by a parallel test
-        pytest.skip(f"useradd failed: {proc.stderr.strip()}")
-    return name
+    return local_user("cumatrixpeer", shell="/usr/sbin/nologin", system=False).pw_name
 
 
 def test_a_library_planted_by_another_user_is_not_loaded(tmp_path: Path, wheel_cache: Path,

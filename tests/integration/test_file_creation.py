@@ -6,7 +6,6 @@ to a file of the user who runs `cumatrix init`, or the Slurm scripts as links.""
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import subprocess
 import tempfile
@@ -16,24 +15,14 @@ from typing import Any
 
 import pytest
 
+from helpers.users import local_user
 from helpers.wheels import make_wheel
 
 PEER = "cumatrixpeer"
 
 
 def _peer() -> str:
-    try:
-        pwd.getpwnam(PEER)
-        return PEER
-    except KeyError:
-        pass
-    if os.geteuid() != 0 or shutil.which("useradd") is None:
-        pytest.skip("no second local user can be made here (needs root and useradd)")
-    proc = subprocess.run(["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", PEER],
-                          capture_output=True, text=True, check=False)
-    if proc.returncode not in (0, 9):  # 9: made meanwhile by a parallel test
-        pytest.skip(f"useradd failed: {proc.stderr.strip()}")
-    return PEER
+    return local_user(PEER, shell="/usr/sbin/nologin", system=False).pw_name
 
 
 def _as_peer(*argv: str | Path) -> None:

@@ -10,8 +10,6 @@ bubblewrap's sandbox run against the server too (``test_sandbox_boundary.py``).
 from __future__ import annotations
 
 import os
-import pwd
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +25,7 @@ from cumatrix.execute.sandbox import Policy
 from cumatrix.execute.spawn import spawn_shim
 from cumatrix.judge.classify import classify
 from helpers.sandbox import require_bwrap
+from helpers.users import local_user
 
 PY = sys.executable
 ON = Policy(sandbox="on")
@@ -157,14 +156,7 @@ def test_a_cell_holds_nothing_of_the_server_and_cannot_reach_it() -> None:
 
 
 def test_another_local_user_cannot_reach_the_server() -> None:
-    if os.geteuid() != 0 or shutil.which("useradd") is None:
-        pytest.skip("a second local user needs root and useradd")
-    name = "cmxother"
-    try:
-        user = pwd.getpwnam(name)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/sh", name], check=True)
-        user = pwd.getpwnam(name)
+    user = local_user("cmxother")
     run_local(job("pass"), policy=ON)
     server = forkserver._SERVERS[os.getpid()].proc.pid
     script = (f"ls /proc/{server}/fd >/dev/null 2>&1 && echo fds-listed; "

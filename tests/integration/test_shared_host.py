@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from cumatrix.execute import sandbox
+from helpers.users import local_user
 
 OTHER = "cmxother"
 RUNTIME = "runtimes: {cu12.9: {wheel: nvidia-cuda-runtime-cu12==12.9.79}}\ndrivers: [host]\nprobe: false\n"
@@ -37,16 +38,7 @@ def _wheel() -> None:
 
 @pytest.fixture(scope="module")
 def other_user() -> pwd.struct_passwd:
-    if os.geteuid() != 0:
-        pytest.skip("creating a second local user needs root")
-    if shutil.which("useradd") is None:
-        pytest.skip("useradd is not installed")
-    try:
-        return pwd.getpwnam(OTHER)
-    except KeyError:
-        pass
-    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/sh", OTHER], check=True)
-    return pwd.getpwnam(OTHER)
+    return local_user(OTHER)
 
 
 def as_user(user: pwd.struct_passwd, script: str) -> None:

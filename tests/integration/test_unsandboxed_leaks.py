@@ -21,6 +21,7 @@ import pytest
 from cumatrix.core.jobs import Job
 from cumatrix.execute.local import run_local
 from cumatrix.execute.sandbox import Policy
+from helpers.users import local_user
 
 OTHER = "cmxother"
 WHEELS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "cumatrix" / "wheels"
@@ -49,15 +50,9 @@ sys.exit(1 if found else 0)
 
 @pytest.fixture(scope="module")
 def other_user() -> pwd.struct_passwd:
-    if os.geteuid() != 0:
-        pytest.skip("creating a second local user needs root")
-    if shutil.which("useradd") is None or shutil.which("setpriv") is None:
-        pytest.skip("useradd or setpriv is not installed")
-    try:
-        return pwd.getpwnam(OTHER)
-    except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/sh", OTHER], check=True)
-        return pwd.getpwnam(OTHER)
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv is not installed")
+    return local_user(OTHER)
 
 
 def test_a_cell_reads_no_secret_from_its_ancestors(other_user: pwd.struct_passwd,
