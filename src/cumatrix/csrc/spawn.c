@@ -1162,9 +1162,7 @@ static int proc_at(const char *dest) {
     for (size_t i = 0; i < sizeof covered / sizeof covered[0]; i++) {
         snprintf(buf, sizeof buf, "%s/%s", dest, covered[i]);
         if (access(buf, F_OK) != 0) continue;
-        if (mount(buf, buf, NULL, MS_BIND | MS_REC, NULL) != 0) return fail("bind", buf);
-        if (set_attrs(buf, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 1) != 0)
-            return fail("mount_setattr", buf);
+        if (bind_into(buf, buf, MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV) != 0) return -1;
     }
     return 0;
 }
