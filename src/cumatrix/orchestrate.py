@@ -17,6 +17,7 @@ goes through :func:`run_child`: spawned by the execute stage like a cell, judged
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -33,7 +34,7 @@ from cumatrix.core.options import DEFAULT_TIMEOUT, SandboxPolicy
 from cumatrix.core.record import CellRecord, Status
 from cumatrix.execute import observe
 from cumatrix.execute.cellaudit import Audit, CellAuditor, missing_evidence
-from cumatrix.execute.local import LocalChild, SpawnMode, run_local, start_local
+from cumatrix.execute.local import LocalChild, ReadyChild, SpawnMode, ready_local, run_local, start_local
 from cumatrix.host.fingerprint import host_fingerprint
 from cumatrix.judge.classify import classify, harness_error, not_run, with_audit
 from cumatrix.judge.verdict import Facts, decide_child, judge, utcnow
@@ -81,6 +82,7 @@ class _Turn:
     audit: Audit | None = None
     not_run: NotRun | None = None  # decided without a child (or failed to provision)
     child: LocalChild | None = None
+    ready: ReadyChild | None = None  # its child made ready ahead, its program not started
     ready_s: float = 0.0  # how long stages one and two took
     ahead: bool = False
 
@@ -189,9 +191,11 @@ class Orchestrator:
         """Run one cell through every stage; never raises for the cell's own failure.
 
         ``then``, the cell that will run next (if any), is made ready while this cell's
-        child runs and started the moment it ends, so that this cell's classification and
-        reporting happen beside the next cell's child instead of between the two.  Cells
-        never overlap: the next one starts only once this one's processes are gone.  A cell
+        child runs (its job, and its child up to the program: environment, cgroup, and where
+        the fork server holds it, tracer, namespaces and root) and its program started the
+        moment this one ends, so that this cell's classification and reporting, and the next
+        one's sandbox, happen beside a running child instead of between two.  Cells never
+        overlap: the next program starts only once this one's processes are gone.  A cell
         run next that is not ``then`` finds it undone (:meth:`cancel_ahead`).
         """
         turn = self._take_ahead(cell) or self._begin(cell)
@@ -236,7 +240,9 @@ class Orchestrator:
         if turn.child is None and turn.job is not None and turn.not_run is None and self.backend == "local":
             if turn.ahead:  # its clock starts now, as if it had been made ready just before
                 turn.started, turn.t0 = utcnow(), time.monotonic() - turn.ready_s
-            turn.child = start_local(turn.job, policy=self.policy, cwd=turn.job.cwd or None)
+            ready, turn.ready = turn.ready, None
+            turn.child = ready.go() if ready is not None else start_local(turn.job, policy=self.policy,
+                                                                          cwd=turn.job.cwd or None)
         return turn.child
 
     def _conclude(self, turn: _Turn, child: ChildResult | None) -> CellRun:
@@ -277,6 +283,11 @@ class Orchestrator:
         except Exception:  # noqa: BLE001 - it fails again, and is reported, in its own turn
             return None
         turn.ahead = True
+        if turn.job is not None and turn.not_run is None:
+            # Its sandbox made while this cell runs, its program waiting for its turn; a failure
+            # here is made again in its turn, and reported there.
+            with contextlib.suppress(CumatrixError):
+                turn.ready = ready_local(turn.job, policy=self.policy, cwd=turn.job.cwd or None)
         return turn
 
     def _take_ahead(self, cell: Cell) -> _Turn | None:
@@ -293,6 +304,9 @@ class Orchestrator:
 
     @staticmethod
     def _drop(turn: _Turn) -> None:
+        if turn.ready is not None:
+            turn.ready.cancel()
+            turn.ready = None
         if turn.child is not None:
             turn.child.cancel()
         if turn.audit is not None:

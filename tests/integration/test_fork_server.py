@@ -1,6 +1,7 @@
 """The fork server's own promises, attacked: cells held at once cannot reach each other, a
 network namespace handed from one cell to the next carries nothing, a cell cannot reach the
-server, another local user cannot either, and a cell whose tracer is lost has no outcome.
+server, another local user cannot either, a cell whose tracer is lost has no outcome, and a
+cell made ready ahead of its turn runs nothing of its program before it.
 
 Real processes through the real server (a root harness with cgroups; skipped elsewhere, where
 bubblewrap holds each cell and ``test_sandbox_boundary.py`` covers it).  The boundary tests of
@@ -20,7 +21,7 @@ import pytest
 
 from cumatrix.core.jobs import Job
 from cumatrix.execute import forkserver
-from cumatrix.execute.local import HARNESS_PROBLEM, run_local, start_local
+from cumatrix.execute.local import HARNESS_PROBLEM, ready_local, run_local, start_local
 from cumatrix.execute.sandbox import Policy
 from cumatrix.execute.spawn import spawn_shim
 from cumatrix.judge.classify import classify
@@ -277,3 +278,60 @@ def test_a_cell_too_large_for_the_server_is_held_by_bubblewrap_and_says_why() ->
     assert res.stdout_tail.strip() == "12"
     assert res.extra["sandbox"] == "bubblewrap"
     assert "more than the fork server reads" in res.extra["fork_server_refused"]
+
+
+MARK = """
+import sys, time
+open(sys.argv[1], "a").write(f"ran {time.monotonic()}\\n")
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def _mark_file(tmp_path: Path) -> Path:
+    mark = tmp_path / "mark"  # the one host file the cell may write
+    mark.touch()
+    mark.chmod(0o666)
+    return mark
+
+
+def test_a_cell_made_ready_runs_nothing_of_its_program_until_it_goes(tmp_path: Path) -> None:
+    mark = _mark_file(tmp_path)
+    cell = Job(cell_id="r", kind="command", timeout=60, argv=(PY, "-c", MARK, str(mark), "0"),
+               writable=(str(mark),))
+    ready = ready_local(cell, policy=ON)
+    time.sleep(1.0)  # long enough for its sandbox, and for its program had it been started
+    assert mark.read_text() == ""
+    went = time.monotonic()
+    res = ready.go().wait()
+    assert res.returncode == 0, (res.stdout_tail, res.stderr_tail)
+    assert res.extra["sandbox"] == "namespaces"
+    ran = float(mark.read_text().split()[1])
+    assert ran >= went, "the program ran before go"
+
+
+def test_a_cell_made_ready_and_dropped_never_runs_and_leaves_nothing(tmp_path: Path) -> None:
+    mark = _mark_file(tmp_path)
+    cell = Job(cell_id="r", kind="command", timeout=60, argv=(PY, "-c", MARK, str(mark), "0"),
+               writable=(str(mark),))
+    ready = ready_local(cell, policy=ON)
+    time.sleep(0.5)
+    ready.cancel()
+    time.sleep(0.5)
+    assert mark.read_text() == ""
+    # The server takes the next cell as before, and nothing of the dropped one is in its way.
+    after = run_local(Job(cell_id="n", kind="command", timeout=60, argv=(PY, "-c", MARK, str(mark), "0"),
+                          writable=(str(mark),)), policy=ON)
+    assert after.returncode == 0, after.stderr_tail
+    assert mark.read_text().count("ran") == 1
+
+
+def test_a_ready_cells_timeout_counts_from_its_go(tmp_path: Path) -> None:
+    mark = _mark_file(tmp_path)
+    cell = Job(cell_id="r", kind="command", timeout=2, argv=(PY, "-c", MARK, str(mark), "0.5"),
+               writable=(str(mark),))
+    ready = ready_local(cell, policy=ON)
+    time.sleep(2.5)  # longer than its timeout, before its turn
+    res = ready.go().wait()
+    assert not res.timed_out, (res.stdout_tail, res.stderr_tail)
+    assert res.returncode == 0, (res.stdout_tail, res.stderr_tail)
+    assert 0.5 <= res.duration_s < 2, res.duration_s

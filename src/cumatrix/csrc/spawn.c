@@ -143,6 +143,11 @@ static long serve_uid = -1;
 static int serve_status_fd = -1;
 static int serve_status_sent;
 static int serve_net_fd = -1;  /* the network namespace the cell joins (-1: a new one) */
+static int serve_hold_fd = -1;  /* a held cell: its program starts at a byte on this pipe */
+/* The cell's mount namespace, held by its tracer: the last reference taken down (its mounts
+ * unmounted, an expedited RCU grace period waited for) after the cell's pipes are closed, so
+ * that the harness, told the cell ended, need not wait for it. */
+static int serve_mnt_ns = -1;
 
 static int fail(const char *what, const char *arg) {
     fprintf(stderr, "cumatrix-spawn: %s %s: %s\n", what, arg, strerror(errno));
@@ -229,6 +234,16 @@ static int end_as(int status) {
         int n = snprintf(line, sizeof line, "z\t%d\n", status);
         while (write(serve_status_fd, line, (size_t)n) < 0 && errno == EINTR) {}
         serve_status_sent = 1;
+        if (serve_mnt_ns >= 0) {
+            /* Every pipe the harness reads (status, trace, output, verdict) ends here; the
+             * namespace goes with this process's exit, after them. */
+            int ns = serve_mnt_ns;
+            if (syscall(SYS_close_range, 0U, (unsigned)ns - 1, 0U) != 0 ||
+                syscall(SYS_close_range, (unsigned)ns + 1, ~0U, 0U) != 0)
+                for (int fd = 0; fd < 1024; fd++)  /* no close_range (Linux < 5.9) */
+                    if (fd != ns) close(fd);
+            serve_status_fd = -1;
+        }
         return 0;
     }
     if (WIFEXITED(status)) return WEXITSTATUS(status);
@@ -1277,6 +1292,15 @@ static int cell_init(char *limits, char **argv) {
         close(serve_net_fd);
     }
     if (build_root(&chdir_to) != 0 || (serve_net_fd < 0 && loopback_up() != 0)) return 126;
+    if (serve_hold_fd >= 0) {
+        /* A held cell: its sandbox is ready; the program starts when the harness says so (the
+         * cell before it has ended).  EOF, or anything but the word: the cell was dropped. */
+        char word = 0;
+        ssize_t n;
+        do n = read(serve_hold_fd, &word, 1); while (n < 0 && errno == EINTR);
+        close(serve_hold_fd);
+        if (n != 1 || word != 'g') return 125;
+    }
     pid_t program = fork();
     if (program < 0) return fail("fork", "program");
     if (program == 0) {
@@ -1359,6 +1383,12 @@ static int traced_main(int fd, int argc, char **argv) {
         return run_program(argv[2], &argv[4]);
     }
     close(go[0]);
+    if (serve_hold_fd >= 0) close(serve_hold_fd);  /* the cell's init alone waits on it */
+    if (serve_ops) {
+        char ns[64];
+        snprintf(ns, sizeof ns, "/proc/%d/ns/mnt", (int)pid);
+        serve_mnt_ns = open(ns, O_RDONLY | O_CLOEXEC);  /* -1: the namespace goes with its init */
+    }
     if (record_mode) {
         char r;
         close(ready[1]);
@@ -1439,12 +1469,15 @@ static int watch(char **argv) {
 /* --serve SOCKET_FD PARENT_PID: the fork server.  Each message on the socket (SOCK_SEQPACKET,
  * one message a cell) is a cell: NUL-separated strings
  *
- *   cumatrix-cell-1  CGROUP_PROCS  LIMITS  UID  N_OPS  N_ARGV  N_ENV  TARGETS
+ *   cumatrix-cell-2  CGROUP_PROCS  LIMITS  UID  N_OPS  N_ARGV  N_ENV  TARGETS  HOLD
  *   OPS...  ARGV...  ENV...
  *
  * with descriptors (SCM_RIGHTS): the cell's stdout, stderr, its status pipe, its trace pipe,
- * then one for each comma-separated number in TARGETS (dup2'ed to that number in the
- * program: a harness child's verdict channel).  For each, a process is forked that does what
+ * where HOLD is 1 a hold pipe, then one for each comma-separated number in TARGETS (dup2'ed
+ * to that number in the program: a harness child's verdict channel).  A held cell is made
+ * ready (its tracer, namespaces, cgroup and root) and its program forked only once the byte
+ * 'g' comes on the hold pipe: the harness readies the next cell while one runs, and starts
+ * it the moment that one has ended.  For each, a process is forked that does what
  * --trace does (the tracer), with the program's first process cloned into new mount, pid,
  * IPC, UTS and network namespaces and there building its sandbox (cell_init).  Where a
  * --trace run ends as its program did, this one writes "z <wait status>" on the status pipe
@@ -1469,9 +1502,9 @@ static char **split_fields(char *buf, size_t len, int *count) {
 }
 
 static void serve_cell(char **f, int nf, int *fds, int nfds, pid_t server, int net_fd) {
-    /* f: magic procs limits uid n_ops n_argv n_env targets ops... argv... env... */
-    int n_ops = atoi(f[4]), n_argv = atoi(f[5]), n_env = atoi(f[6]);
-    if (n_ops < 0 || n_argv < 1 || n_env < 0 || 8 + n_ops + n_argv + n_env > nf || nfds < 4) _exit(125);
+    /* f: magic procs limits uid n_ops n_argv n_env targets hold ops... argv... env... */
+    int n_ops = atoi(f[4]), n_argv = atoi(f[5]), n_env = atoi(f[6]), hold = !strcmp(f[8], "1");
+    if (n_ops < 0 || n_argv < 1 || n_env < 0 || 9 + n_ops + n_argv + n_env > nf || nfds < 4 + hold) _exit(125);
     /* Out of the way of the numbers the program's descriptors go to (0-2 and TARGETS). */
     for (int i = 0; i < nfds; i++) {
         int high = fcntl(fds[i], F_DUPFD_CLOEXEC, 256);
@@ -1491,21 +1524,22 @@ static void serve_cell(char **f, int nf, int *fds, int nfds, pid_t server, int n
     int null = open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (null < 0 || dup2(null, 0) < 0 || dup2(fds[0], 1) < 0 || dup2(fds[1], 2) < 0) _exit(125);
     /* The verdict channel's descriptors at the numbers the cell's environment names. */
+    if (hold) serve_hold_fd = fds[4];
     char *targets = f[7], *save = NULL;
-    int k = 4;
+    int k = 4 + hold;
     for (char *t = strtok_r(targets, ",", &save); t; t = strtok_r(NULL, ",", &save), k++) {
         if (k >= nfds) _exit(125);
         int want = atoi(t);
         if (want < 3 || dup2(fds[k], want) < 0) _exit(125);
     }
-    serve_ops = &f[8];
+    serve_ops = &f[9];
     serve_nops = n_ops;
     serve_uid = strcmp(f[3], "-") ? atol(f[3]) : -1;
     clone_ns_flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | (net_fd < 0 ? CLONE_NEWNET : 0);
     serve_net_fd = net_fd;
     char **env = calloc((size_t)n_env + 1, sizeof *env);
     if (!env) _exit(125);
-    for (int i = 0; i < n_env; i++) env[i] = f[8 + n_ops + n_argv + i];
+    for (int i = 0; i < n_env; i++) env[i] = f[9 + n_ops + n_argv + i];
     environ = env;
     char parent[24];
     snprintf(parent, sizeof parent, "%d", (int)server);
@@ -1515,7 +1549,7 @@ static void serve_cell(char **f, int nf, int *fds, int nfds, pid_t server, int n
     args[1] = f[1];
     args[2] = f[2];
     args[3] = "--";
-    for (int i = 0; i < n_argv; i++) args[4 + i] = f[8 + n_ops + i];
+    for (int i = 0; i < n_argv; i++) args[4 + i] = f[9 + n_ops + i];
     int rc = traced_main(fds[3], n_argv + 4, args);
     if (!serve_status_sent) {  /* it failed before the program ran: as --trace would have exited */
         char line[32];
@@ -1590,7 +1624,7 @@ static int serve(int sock, pid_t parent) {
         buf[n] = 0;
         int nf = 0;
         char **f = (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) ? NULL : split_fields(buf, (size_t)n, &nf);
-        if (f && nf >= 8 && !strcmp(f[0], "cumatrix-cell-1")) {
+        if (f && nf >= 9 && !strcmp(f[0], "cumatrix-cell-2")) {
             int slot = net_take();  /* -1: none free, the cell makes its own */
             pid_t pid = fork();
             if (pid == 0) {

@@ -12,8 +12,11 @@ capability, no group and ``no_new_privs``.  What the cell sees and may do is wha
 gives it; what it costs is a fork, a clone and a few mounts.
 
 A cell travels as one message on a Unix ``SOCK_SEQPACKET`` socket with its descriptors
-(``SCM_RIGHTS``): its stdout and stderr, a status pipe, the tracer's pipe and a harness
-child's verdict channel.  The tracer writes ``z <wait status>`` on the status pipe when the
+(``SCM_RIGHTS``): its stdout and stderr, a status pipe, the tracer's pipe, a held cell's hold
+pipe and a harness child's verdict channel.  A held cell (``hold=True``) is made ready up to
+its program (tracer, cgroup, namespaces, root) and its program starts at :meth:`Served.release`:
+the local backend readies the next cell while one runs, so that what the sandbox costs is
+paid beside a running cell, not between two.  The tracer writes ``z <wait status>`` on the status pipe when the
 cell's tree has ended; a status pipe that closes without it is a lost cell, a harness error,
 never an outcome.  :class:`Served` gives the local backend the part of :class:`subprocess.Popen`
 it uses.
@@ -43,7 +46,7 @@ from cumatrix.execute.containment import containment
 from cumatrix.execute.spawn import spawn_shim
 
 #: The message's first field; the server refuses anything else.
-MAGIC = "cumatrix-cell-1"
+MAGIC = "cumatrix-cell-2"
 #: The largest message the server reads (csrc/spawn.c SERVE_MAX_MSG, less a byte).
 MAX_MESSAGE = (1 << 20) - 1
 ENV_SWITCH = "CUMATRIX_FORK_SERVER"
@@ -188,31 +191,36 @@ def _check(helper: Path, ops: list[str]) -> str | None:
 
 
 def start(cell: ServedCell, helper: Path, argv: list[str], env: dict[str, str], trace_fd: int,
-          extra_fds: list[int]) -> Served:
+          extra_fds: list[int], *, hold: bool = False) -> Served:
     """Hand a cell to this process's server; raises :class:`ServerGone` where it cannot take it
-    (tried twice: a server that ended is started again)."""
+    (tried twice: a server that ended is started again).  ``hold``: the program waits for
+    :meth:`Served.release`."""
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     st_r, st_w = os.pipe()
+    hold_r, hold_w = os.pipe2(os.O_CLOEXEC) if hold else (-1, -1)
     fields = request(procs=cell.procs, limits=cell.limits, uid=cell.uid, ops=cell.ops, argv=argv, env=env,
-                     targets=extra_fds)
+                     targets=extra_fds, hold=hold)
+    held = [hold_r] if hold else []
     try:
         for attempt in (1, 2):
             try:
-                server(helper).submit(fields, [out_w, err_w, st_w, trace_fd, *extra_fds])
+                server(helper).submit(fields, [out_w, err_w, st_w, trace_fd, *held, *extra_fds])
                 break
             except ServerGone as e:
                 if attempt == 2 or isinstance(e, TooLarge):
                     raise
                 _forget()
     except BaseException:
-        for fd in (out_r, err_r, st_r):
-            os.close(fd)
+        for fd in (out_r, err_r, st_r, hold_w):
+            if fd >= 0:
+                os.close(fd)
         raise
     finally:
-        for fd in (out_w, err_w, st_w):
-            os.close(fd)
-    return Served(out_r, err_r, st_r, cell.cgroup)
+        for fd in (out_w, err_w, st_w, hold_r):
+            if fd >= 0:
+                os.close(fd)
+    return Served(out_r, err_r, st_r, cell.cgroup, hold=hold_w)
 
 
 def _forget() -> None:
@@ -232,11 +240,11 @@ def _close_all() -> None:
 
 
 def request(*, procs: str | None, limits: str, uid: int | None, ops: list[str], argv: list[str],
-            env: dict[str, str], targets: list[int]) -> list[str]:
+            env: dict[str, str], targets: list[int], hold: bool = False) -> list[str]:
     """The fields of one cell's message (see ``serve`` in csrc/spawn.c)."""
     env_lines = [f"{k}={v}" for k, v in env.items()]
     return [MAGIC, procs or "-", limits, "-" if uid is None else str(uid), str(len(ops)), str(len(argv)),
-            str(len(env_lines)), ",".join(map(str, targets)), *ops, *argv, *env_lines]
+            str(len(env_lines)), ",".join(map(str, targets)), "1" if hold else "0", *ops, *argv, *env_lines]
 
 
 class Served:
@@ -246,14 +254,27 @@ class Served:
 
     pid = 0  # not this process's child: nothing to signal by pid (kill goes through the cgroup)
 
-    def __init__(self, stdout: int, stderr: int, status: int, cgroup: Path) -> None:
+    def __init__(self, stdout: int, stderr: int, status: int, cgroup: Path, *, hold: int = -1) -> None:
         self.stdout: BinaryIO = os.fdopen(stdout, "rb", buffering=0)
         self.stderr: BinaryIO = os.fdopen(stderr, "rb", buffering=0)
         self._status = status
+        self._hold = hold
         self._buf = b""
         self._cgroup = cgroup
         self.returncode: int | None = None
         self.lost = False
+
+    def release(self) -> None:
+        """Start a held cell's program (its sandbox is ready, or is being made: the program
+        starts once it is).  A cell whose hold pipe closes unwritten never runs its program."""
+        if self._hold >= 0:
+            try:
+                os.write(self._hold, b"g")
+            except OSError:
+                pass  # its init is gone: the status pipe says what became of the cell
+            finally:
+                os.close(self._hold)
+                self._hold = -1
 
     def _read(self, timeout: float | None) -> bool:
         """Read the status pipe until its end or ``timeout``; True once it ended."""
@@ -290,10 +311,17 @@ class Served:
 
     def kill(self) -> None:
         """Kill the cell's tree (its cgroup); the tracer then ends and writes the status."""
+        self._drop_hold()
         with contextlib.suppress(OSError):
             (self._cgroup / "cgroup.kill").write_text("1")
 
     def close(self) -> None:
+        self._drop_hold()
         if self._status >= 0:
             os.close(self._status)
             self._status = -1
+
+    def _drop_hold(self) -> None:
+        if self._hold >= 0:
+            os.close(self._hold)  # a held program that was never released stays unstarted
+            self._hold = -1

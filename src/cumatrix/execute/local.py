@@ -13,7 +13,7 @@ import selectors
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Literal
@@ -21,9 +21,10 @@ from typing import Literal
 from cumatrix.core.jobs import ChildResult, Job, Verdict
 from cumatrix.core.witness import UNTRACED, KernelTrace, TraceChannel
 from cumatrix.execute import forkserver, sandbox
+from cumatrix.execute.containment import containment
 from cumatrix.execute.protocol import ENV_FD, ENV_FILE, PipeChannel, parse
 
-__all__ = ["DEBUGGER_EVIDENCE", "ChildResult", "Job", "SpawnMode", "run_local", "start_local"]
+__all__ = ["DEBUGGER_EVIDENCE", "ChildResult", "Job", "ReadyChild", "SpawnMode", "ready_local", "run_local", "start_local"]
 
 #: How a child is spawned.  ``cell``: under the kernel tracer (where it is enabled), whose
 #: record is the evidence of what the tree ran and mapped.  ``debugger``: a debugger (gdb)
@@ -89,25 +90,59 @@ def start_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str
     comes back already finished.  Until ``wait`` reads them, the child's output waits in its
     pipes (a child that fills one waits too); its timeout counts from here.
     """
+    return ready_local(job, base_env=base_env, cwd=cwd, policy=policy, mode=mode, serve=serve, now=True).go()
+
+
+def ready_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | None = None,
+                policy: sandbox.Policy | None = None, mode: SpawnMode = "cell", serve: bool = True,
+                now: bool = False) -> ReadyChild:
+    """Make ``job``'s child ready to start, without starting its program: :meth:`ReadyChild.go`
+    starts it (or :meth:`ReadyChild.cancel` drops it).
+
+    Made ready while another cell runs, the next cell's cost moves out of the time between the
+    two: its environment, sandbox plan and cgroup are made here, and a cell the fork server
+    holds also gets its tracer, namespaces and root here, its program waiting for ``go``.  The
+    program never runs before ``go``, and its timeout counts from there.  Where the harness
+    has no cgroups (the subreaper's sweep counts the cells open at once), nothing is made
+    before ``go``.  ``now``: ``go`` follows at once (:func:`start_local`).
+    """
+    if containment().group is None and not now:
+        return ReadyChild(lambda: ready_local(job, base_env=base_env, cwd=cwd, policy=policy, mode=mode,
+                                              serve=serve, now=True).go())
     plan, scope = sandbox.prepare(job, base_env=base_env, cwd=cwd, policy=policy, trace=mode == "cell", serve=serve)
     if mode == "debugger":
         plan.extra.update(spawn_mode="debugger", evidence=DEBUGGER_EVIDENCE)
-    start = time.monotonic()
     if plan.problem is not None:
         scope.end()
-        return LocalChild(job, plan, scope, start, done=ChildResult(
-            returncode=None, signal=None, timed_out=False, stdout_tail="", stderr_tail=plan.problem,
-            verdict=None, verdict_error=None, duration_s=0.0, extra={**plan.extra, HARNESS_PROBLEM: plan.problem}))
+        problem = plan.problem
+        done = ChildResult(returncode=None, signal=None, timed_out=False, stdout_tail="", stderr_tail=problem,
+                           verdict=None, verdict_error=None, duration_s=0.0,
+                           extra={**plan.extra, HARNESS_PROBLEM: problem})
+        return ReadyChild(lambda: LocalChild(job, plan, scope, time.monotonic(), done=done))
     env, plan, chan = _with_channel(job, plan)
     if plan.served is not None:
-        served = _start_served(job, plan, scope, start, env, chan)
+        served = _start_served(job, plan, scope, time.monotonic(), env, chan)
         if isinstance(served, LocalChild):
-            return served
+            return ReadyChild(held=served)
         # The server cannot take this cell (too large a message, a server that cannot start):
         # bubblewrap holds it, and its record says so and why.
-        child = start_local(job, base_env=base_env, cwd=cwd, policy=policy, mode=mode, serve=False)
-        child.plan.extra["fork_server_refused"] = served
-        return child
+        ready = ready_local(job, base_env=base_env, cwd=cwd, policy=policy, mode=mode, serve=False, now=now)
+        ready.extra["fork_server_refused"] = served
+        return ready
+    return ReadyChild(lambda: _popen(job, plan, scope, env, chan, cwd), undo=lambda: _undo(scope, chan, plan))
+
+
+def _undo(scope: sandbox.Scope, chan: PipeChannel | None, plan: sandbox.Plan) -> None:
+    scope.end()
+    if chan:
+        chan.close()
+    if plan.trace:
+        plan.trace.close()
+
+
+def _popen(job: Job, plan: sandbox.Plan, scope: sandbox.Scope, env: dict[str, str], chan: PipeChannel | None,
+           cwd: str | None) -> LocalChild:
+    start = time.monotonic()
     try:
         # No preexec_fn where the spawn shim exists: subprocess then uses vfork, not fork.
         proc = subprocess.Popen(plan.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -115,11 +150,7 @@ def start_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str
                                 pass_fds=plan.pass_fds,
                                 preexec_fn=plan.preexec_fn)  # noqa: PLW1509 - only without the C helper
     except (OSError, subprocess.SubprocessError) as e:
-        scope.end()
-        if chan:
-            chan.close()
-        if plan.trace:
-            plan.trace.close()
+        _undo(scope, chan, plan)
         why = e.strerror if isinstance(e, OSError) else str(e)
         if isinstance(e, OSError) and plan.argv[0] != job.argv[0] and not Path(plan.argv[0]).exists():
             # The harness's own launcher (the spawn helper in the cache, or bubblewrap) is gone,
@@ -147,8 +178,8 @@ def start_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str
 
 def _start_served(job: Job, plan: sandbox.Plan, scope: sandbox.Scope, start: float, env: dict[str, str],
                   chan: PipeChannel | None) -> LocalChild | str:
-    """Hand the cell to the fork server (:mod:`cumatrix.execute.forkserver`); why not where it
-    cannot take it (everything made for it undone)."""
+    """Hand the cell to the fork server, held (:mod:`cumatrix.execute.forkserver`); why not where
+    it cannot take it (everything made for it undone)."""
     assert plan.served is not None
     assert plan.trace is not None
     helper = sandbox.spawn_shim()
@@ -156,17 +187,46 @@ def _start_served(job: Job, plan: sandbox.Plan, scope: sandbox.Scope, start: flo
         if helper is None:
             raise forkserver.ServerGone("the spawn helper is gone")
         proc = forkserver.start(plan.served, helper, list(plan.argv), env, plan.trace.write_fd,
-                                [chan.write_fd] if chan else [])
+                                [chan.write_fd] if chan else [], hold=True)
     except forkserver.ServerGone as e:
-        scope.end()
-        for c in (chan, plan.trace):
-            if c is not None:
-                c.close()
+        _undo(scope, chan, plan)
         return str(e)
     if chan:
         chan.after_spawn()
     plan.trace.after_spawn()
     return LocalChild(job, plan, scope, start, proc=proc, chan=chan)
+
+
+class ReadyChild:
+    """A job's child made ready (:func:`ready_local`): :meth:`go` starts its program, once."""
+
+    def __init__(self, start: Callable[[], LocalChild] | None = None, *, held: LocalChild | None = None,
+                 undo: Callable[[], None] | None = None) -> None:
+        self._start, self._held, self._undo = start, held, undo
+        #: Facts for the child's record, known before it started (``fork_server_refused``).
+        self.extra: dict[str, object] = {}
+
+    def go(self) -> LocalChild:
+        """Start the program now; its clock (and timeout) starts here."""
+        if self._held is not None:
+            child, self._held = self._held, None
+            assert isinstance(child.proc, forkserver.Served)
+            child.start = time.monotonic()
+            child.proc.release()
+        else:
+            assert self._start is not None, "a ready child starts once"
+            child, self._start, self._undo = self._start(), None, None
+        child.plan.extra.update(self.extra)
+        return child
+
+    def cancel(self) -> None:
+        """Drop it unstarted: what was made for it is undone."""
+        if self._held is not None:
+            self._held.cancel()
+            self._held = None
+        elif self._undo is not None:
+            self._undo()
+        self._start = self._undo = None
 
 
 class LocalChild:
