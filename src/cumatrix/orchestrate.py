@@ -206,13 +206,12 @@ class Orchestrator:
                 if then is not None and self._may_start_ahead(then):
                     self._ahead = self._ready_ahead(then)
                 if running is not None:
-                    child = running.wait()
+                    child = running.wait(gone=self._launch_ahead)
                 elif turn.job is not None and turn.not_run is None:
                     child = self.execute(turn.job)
             except CumatrixError as e:
                 turn.not_run = NotRun(why="harness-failed", detail=str(e))
-            if self._ahead is not None:
-                self._launch(self._ahead)
+            self._launch_ahead()
         except BaseException:
             self.cancel_ahead()
             raise
@@ -244,6 +243,11 @@ class Orchestrator:
             turn.child = ready.go() if ready is not None else start_local(turn.job, policy=self.policy,
                                                                           cwd=turn.job.cwd or None)
         return turn.child
+
+    def _launch_ahead(self) -> None:
+        """Start the cell made ready ahead (once: a second call finds it started)."""
+        if self._ahead is not None:
+            self._launch(self._ahead)
 
     def _conclude(self, turn: _Turn, child: ChildResult | None) -> CellRun:
         """Stages four and five: what the child did, judged against the expectation."""

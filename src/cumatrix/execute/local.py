@@ -239,9 +239,14 @@ class LocalChild:
         self.proc, self.chan, self.done = proc, chan, done
         self._trace: KernelTrace = UNTRACED
 
-    def wait(self) -> ChildResult:
-        """Read the child's streams until it ends (or its timeout kills it); its result."""
+    def wait(self, *, gone: Callable[[], None] | None = None) -> ChildResult:
+        """Read the child's streams until it ends (or its timeout kills it); its result.
+
+        ``gone`` is called once the child's processes are all gone, before its result is put
+        together (the next cell's program starts there, beside this one's bookkeeping)."""
         if self.done is not None:
+            if gone is not None:
+                gone()
             return self.done
         proc, chan, scope = self.proc, self.chan, self.scope
         assert proc is not None
@@ -260,7 +265,7 @@ class LocalChild:
             timed_out = _pump(sel, proc, scope, self.start + self.job.timeout)
         finally:
             sel.close()
-            self._end(kill=timed_out or proc.poll() is None)
+            self._end(kill=timed_out or proc.poll() is None, gone=gone)
         verdict, verr = parse(chan.raw()) if chan else (None, None)
         trace = self._trace
         rc = proc.wait()
@@ -284,7 +289,7 @@ class LocalChild:
                                              stderr_tail="", verdict=None, verdict_error="cancelled",
                                              duration_s=0.0)
 
-    def _end(self, *, kill: bool) -> None:
+    def _end(self, *, kill: bool, gone: Callable[[], None] | None = None) -> None:
         proc = self.proc
         assert proc is not None
         assert proc.stdout is not None
@@ -296,6 +301,8 @@ class LocalChild:
             # whatever left the group (setsid daemons): the cell's cgroup, or the sweep.
             _kill_group(proc, quiet=True)
             self.scope.end()
+            if gone is not None:
+                gone()
         finally:
             proc.stdout.close()
             proc.stderr.close()
