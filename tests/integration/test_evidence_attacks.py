@@ -627,12 +627,15 @@ def test_where_ptrace_is_refused_the_cell_runs_untraced_and_says_so(tmp_path: Pa
     on an old profile): the spawn helper says so and runs the program untraced, whose exit
     status is kept; the record then names the audit log as its only evidence."""
     gcc()
+    client = None
     try:
         import docker
 
         client = docker.from_env(timeout=30)
         client.ping()
     except Exception as e:  # noqa: BLE001 - any failure to reach the daemon means: no docker here
+        if client is not None:
+            client.close()  # its socket, left open, fails a later test as an unraisable warning
         pytest.skip(f"no Docker daemon answers ({type(e).__name__})")
     repo = Path(__file__).resolve().parents[2]
     built = subprocess.run(["bash", str(repo / "containers" / "build-base.sh")], capture_output=True, text=True,
