@@ -273,8 +273,7 @@ class Served:
             except OSError:
                 pass  # its init is gone: the status pipe says what became of the cell
             finally:
-                os.close(self._hold)
-                self._hold = -1
+                self._drop_hold()
 
     def _read(self, timeout: float | None) -> bool:
         """Read the status pipe until its end or ``timeout``; True once it ended."""
