@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cumatrix.core.cache import cache_location
+from cumatrix.core.errors import HarnessError
 from cumatrix.core.options import (
     NOBODY,
     WRITE_LIMIT,
@@ -276,11 +277,22 @@ def _outermost(dirs: set[str], masks: Iterable[str] = ()) -> list[str]:
     return out
 
 
+#: The cell's own writable places (a private tmpfs each): never covered by a bind of the host's.
+PRIVATE_DIRS = ("/tmp", "/dev/shm")
+
+
 def _bind_dir(p: str) -> str | None:
-    """The directory to bind for ``p`` (a file: its directory); None where none is bound."""
+    """The directory to bind for ``p`` (a file: its directory; a file directly in ``/tmp``: the
+    file alone, since the host's ``/tmp`` would cover the cell's private one); None where none
+    is bound (nothing of the host's ``/dev`` but the GPU's nodes: the fork server builds the
+    cell's root on ``/dev/shm``).  Decided on the path as written: where
+    it leads is :func:`_refusal`'s to judge."""
     if not p or not p.startswith("/") or not os.path.exists(p):
         return None
-    d = os.path.normpath(p if os.path.isdir(p) else os.path.dirname(p))
+    p = os.path.normpath(p)
+    d = p if os.path.isdir(p) else os.path.dirname(p)
+    if d == "/tmp" or os.path.realpath(d) == "/tmp":
+        return p if p != d else None
     if d == "/" or any(_under(d, h) for h in HIDDEN_ALWAYS if h not in ("/dev",)):
         return None
     if d.startswith("/dev/") and not d.startswith("/dev/nvidia"):
@@ -288,6 +300,69 @@ def _bind_dir(p: str) -> str | None:
     if any(_under(d, s) for s in _system_dirs()):
         return None  # shown already (a path under /bin, a link to usr/bin, too)
     return d
+
+
+def _hidden_roots() -> tuple[str, ...]:
+    """Where no cell may look, as the host resolves it: :data:`HIDDEN_ALWAYS` (``/dev`` but for
+    the GPU's nodes) with where each leads (``/var/run`` is ``/run``), and the directory of the
+    Docker daemon's socket where ``$DOCKER_HOST`` puts it elsewhere."""
+    return _hidden_roots_for(os.environ.get("DOCKER_HOST", ""))
+
+
+@functools.lru_cache(maxsize=4)
+def _hidden_roots_for(docker_host: str) -> tuple[str, ...]:
+    out = {h for h in HIDDEN_ALWAYS if h != "/dev"}
+    out |= {os.path.realpath(h) for h in out}
+    if docker_host.startswith("unix://"):
+        sock_dir = os.path.dirname(os.path.realpath(docker_host[len("unix://"):]))
+        if sock_dir != "/":
+            out.add(sock_dir)
+    return tuple(sorted(out))
+
+
+def _forbidden(real: str, written: str, kept: Iterable[tuple[str, str]]) -> str | None:
+    """Why no cell may see ``real`` (a resolved path) reached as ``written``; None: it may.
+    ``kept``: what the harness keeps, (as written, resolved)."""
+    if real == "/":
+        return "the host's root"
+    if _under(real, "/dev") and not real.startswith("/dev/nvidia"):
+        return "the host's /dev"
+    for h in _hidden_roots():
+        if _under(real, h):
+            return f"{h}, where the host keeps its sockets and daemons' state"
+    for k, rk in kept:
+        # The pieces of the cache a job names (as written, or as resolved) stay visible; a link
+        # from elsewhere into what the harness keeps does not.
+        if _under(real, rk) and not (_under(written, k) or _under(written, rk)):
+            return f"{k}, which the harness keeps (its key, history, cache or a run's results)"
+    return None
+
+
+def _refusal(point: str, kept: Iterable[tuple[str, str]], named: str | None = None) -> str | None:
+    """Why the sandbox refuses to bind ``point`` (for the path ``named``): it leads, through a
+    symbolic link, where no cell may look (the host's ``/run``, its root or devices, what the
+    harness keeps), naming the link and where it leads; None where it does not.  Decided on
+    where the path leads, since a bind follows its source's links on the host."""
+    written = os.path.normpath(point)
+    real = os.path.realpath(written)
+    if real == written:
+        return None
+    why = _forbidden(real, written, kept)
+    if why is None:
+        return None
+    parts = written.strip("/").split("/")
+    link, says = written, real
+    for i in range(1, len(parts) + 1):
+        prefix = "/" + "/".join(parts[:i])
+        if os.path.islink(prefix) and _forbidden(os.path.realpath(prefix), prefix, kept) is not None:
+            link, says = prefix, os.readlink(prefix)
+            break
+    return (f"{named or point} leads through the symbolic link {link} (-> {says}) to {real}: the sandbox "
+            f"shows no cell anything of {why}; name a path that does not lead there, or remove the link")
+
+
+class Refused(HarnessError):
+    """A path a cell's view would bind leads where no cell may look (:func:`_refusal` says how)."""
 
 
 @functools.lru_cache(maxsize=1)
@@ -357,13 +432,21 @@ def _enterable(path: str) -> bool:
         return True  # bubblewrap says why
 
 
-def _masks(kept: Iterable[str], points: list[str]) -> list[str]:
-    """The kept paths that exist and that a bind point shows (a point at or above them)."""
-    out: list[str] = []
+def _masks(kept: Iterable[str], points: Mapping[str, str]) -> list[tuple[str, str]]:
+    """Where the kept paths that exist show in the cell's view, as (path in the view, path on the
+    host): under each bind point (path in the view -> its host source) whose source holds them,
+    decided on where both lead (a project reached through a link shows its ``out/`` there too)."""
+    out: list[tuple[str, str]] = []
     for path in kept:
         k = os.path.normpath(path)
-        if os.path.lexists(k) and k not in out and any(_under(k, p) for p in points):
-            out.append(k)
+        if not os.path.lexists(k):
+            continue
+        real = os.path.realpath(k)
+        for view, src in points.items():
+            if _under(real, src):
+                at = view if real == src else os.path.join(view, os.path.relpath(real, src))
+                if (at, real) not in out:
+                    out.append((at, real))
     return out
 
 
@@ -387,6 +470,10 @@ def _job_view(job: Job, env: dict[str, str], cwd: str, write_dirs: Iterable[str]
     """The host paths a job's cell reads (its mounts, libraries, working directory, programs,
     search paths and their environments) and the files it may write."""
     named = [*job.mounts, *job.lib_path, cwd, *(a for a in job.argv if a.startswith("/"))]
+    if cwd == "/tmp":
+        # The cell's /tmp is its own: of the host's, it sees what its command names there.
+        named += [p for p in (os.path.join(cwd, a) for a in job.argv if a and not a.startswith("/"))
+                  if os.path.lexists(p)]
     for var in ("PYTHONPATH", "LD_LIBRARY_PATH", "PATH"):
         named += env.get(var, "").split(os.pathsep)
     writable = [os.path.normpath(p) for p in job.writable if os.path.isfile(p)]
@@ -407,12 +494,16 @@ def _reached(named: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(wanted)
 
 
-def _views(points: list[str], masks: list[str], write: Iterable[str]) -> list[str]:
+def _views(points: Mapping[str, str], masks: list[tuple[str, str]], write: Iterable[str]) -> list[str]:
     """bubblewrap's arguments for what the cell sees of the host beyond the system: ``points``
-    read-only, ``masks`` (what the harness keeps, where a point shows it) empty, the files in
-    ``write`` writable, and the host's socket directories hidden under a point."""
+    (path in the view -> the host path it shows) read-only, ``masks`` (what the harness keeps,
+    where a point shows it: path in the view, path on the host) empty, the files in ``write``
+    writable, and the host's socket directories hidden under a point.  Every source is the
+    resolved path that was checked (:func:`_refusal`), never a link the bind would follow."""
     out: list[str] = []
     made = {"/tmp"}
+    at_mask = {view for view, _ in masks}
+    dir_mask = {view for view, real in masks if os.path.isdir(real)}
 
     def above(p: str) -> None:
         # The directories above a bind point: made searchable (bubblewrap makes them 0700,
@@ -422,30 +513,31 @@ def _views(points: list[str], masks: list[str], write: Iterable[str]) -> list[st
         for i in range(1, len(parts) + 1):
             d = "/" + "/".join(parts[:i])
             shown = any(_under(d, q) for q in points if q != p) and not any(
-                _under(d, m) and m != d for m in masks)
+                _under(d, m) and m != d for m in at_mask)
             if d not in made and not shown:
                 out.extend(["--perms", "0755", "--dir", d])
                 made.add(d)
 
     # A mask is an empty tmpfs over a directory, /dev/null over a file, mounted before what
     # the job names inside it (sorted: a directory comes before what it holds), read-only last.
-    for p in sorted([*points, *masks]):
+    for p in sorted({*points, *at_mask}):
         above(p)
-        if p in masks and os.path.isdir(p):
+        if p in dir_mask:
             out += ["--perms", "0755", "--size", "4096", "--tmpfs", p]
-        elif p in masks:
+        elif p in at_mask:
             out += ["--ro-bind", "/dev/null", p]
         else:
-            out += ["--ro-bind", p, p]
-    for hide in HIDDEN_ALWAYS[:-2]:  # a real directory (not a link to /run) under a bound one
-        if any(_under(hide, p) for p in points) and os.path.isdir(hide) and not os.path.islink(hide):
-            out += ["--perms", "0555", "--size", "4096", "--tmpfs", hide, "--remount-ro", hide]
+            out += ["--ro-bind", points[p], p]
+    for view, src in points.items():  # a real directory (not a link to /run) under a bound one
+        for hide in _hidden_roots():
+            if _under(hide, src) and hide != src and os.path.isdir(hide) and not os.path.islink(hide):
+                at = os.path.join(view, os.path.relpath(hide, src))
+                out += ["--perms", "0555", "--size", "4096", "--tmpfs", at, "--remount-ro", at]
     for f in write:  # the file alone, never its directory (a directory only where named)
         above(f)
-        out += ["--bind", f, f]
-    for m in masks:
-        if os.path.isdir(m):
-            out += ["--remount-ro", m]
+        out += ["--bind", os.path.realpath(f), f]
+    for m in sorted(dir_mask):
+        out += ["--remount-ro", m]
     return out
 
 
@@ -501,23 +593,42 @@ def sandbox_ops(*, cwd: str, policy: Policy, read: Iterable[str] = (), write: It
     # What the harness keeps, with whether each exists now: one made since the last look (the
     # key, the history) is masked from the next cell on.
     kept = tuple((k, os.path.lexists(k)) for k in (*kept_paths(), *policy.hidden))
-    points, masks = _points_and_masks(tuple(read), kept)
-    out += _views(list(points), list(masks), write)
+    points, masks, refused = _points_and_masks(tuple(read), kept)
+    if refused is not None:
+        raise Refused(refused)
+    for f in write:
+        why = _refusal(f, [(os.path.normpath(k), os.path.realpath(k)) for k, _ in kept])
+        if why is not None:
+            raise Refused(why)
+    out += _views(dict(points), list(masks), write)
     return [*out, "--chdir", cwd]
 
 
 @functools.lru_cache(maxsize=256)
 def _points_and_masks(read: tuple[str, ...], kept: tuple[tuple[str, bool], ...]
-                      ) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """The directories to bind for ``read`` and the kept paths they would show (to mask), once
-    per harness process for the same paths and kept paths present (as :func:`_reached`)."""
-    dirs = {d for d in map(_bind_dir, read) if d is not None}
-    masks = _masks([k for k, _ in kept], _outermost(dirs))
+                      ) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...], str | None]:
+    """The directories to bind for ``read`` (path in the view, the host path it shows: where
+    it leads), the kept paths they would show (to mask: path in the view, path on the host),
+    and why the view is refused (None: it is not), once per harness process for the same paths
+    and kept paths present (as :func:`_reached`)."""
+    known = [(os.path.normpath(k), os.path.realpath(k)) for k, _ in kept]
+    source: dict[str, str] = {}
+    for n in read:
+        d = _bind_dir(n)
+        if d is None or d in source:
+            continue
+        why = _refusal(d, known, named=n)
+        if why is not None:
+            return (), (), why
+        source[d] = os.path.realpath(d)
+    outer = _outermost(set(source))
+    masks = _masks([k for k, _ in kept], {p: source[p] for p in outer})
+    at_mask = [view for view, _ in masks]
     # What a mask would hide of a job's own paths, bound again; a kept directory itself never.
-    points = [p for p in _outermost(dirs, masks) if p not in masks]
+    points = [p for p in _outermost(set(source), at_mask) if p not in at_mask]
     if os.geteuid() == 0:
-        _searchable(points)
-    return tuple(points), tuple(masks)
+        _searchable([source[p] for p in points])
+    return tuple((p, source[p]) for p in points), tuple(masks), None
 
 
 
@@ -564,6 +675,22 @@ def prepare(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | N
                 signal_in_exit=signal_in_exit, problem=problem), scope
 
 
+def _unseen_cwd(cwd: str) -> str | None:
+    """Why a cell cannot start in ``cwd`` under the sandbox: it is (as written) in a place no
+    cell sees (the host's ``/run``, ``/proc``, ``/dev``); None: it can.  One reached through a
+    link is :func:`_refusal`'s, which names the link."""
+    if cwd in ("/", *PRIVATE_DIRS):
+        return None  # the cell's own: its root's, its private /tmp and /dev/shm
+    written = os.path.normpath(cwd)
+    if os.path.realpath(written) != written:
+        return None
+    why = _forbidden(written, written, ())
+    if why is None:
+        return None
+    return (f"the cell's working directory {cwd} is in {why}: the sandbox shows no cell anything there; "
+            "name another with cwd:, or --no-sandbox")
+
+
 def _probe_ops() -> list[str]:
     return sandbox_ops(cwd="/", policy=Policy(sandbox="on"))
 
@@ -587,11 +714,16 @@ def _sandboxed(job: Job, env: dict[str, str], policy: Policy, cwd: str | None, e
     if bwrap is not None:
         env["TMPDIR"] = "/tmp"
         env["HOME"] = "/tmp"  # the host's home is not there: a writable one of the cell's own
-        if serve:
-            extra["sandbox"] = "namespaces"
-            return job.argv, True, None, job_ops(job, env, here, policy)
-        extra["sandbox"] = "bubblewrap"
-        return tuple(bwrap_argv(bwrap, job, env, here, policy)), True, None, None
+        extra["sandbox"] = "namespaces" if serve else "bubblewrap"
+        refused = _unseen_cwd(here)
+        try:
+            if refused is None and serve:
+                return job.argv, True, None, job_ops(job, env, here, policy)
+            if refused is None:
+                return tuple(bwrap_argv(bwrap, job, env, here, policy)), True, None, None
+        except Refused as e:
+            refused = str(e)
+        return job.argv, False, refused, None
     if policy.sandbox == "on":
         extra["sandbox"] = "none"
         return job.argv, False, f"--sandbox asked for a sandbox and there is none: {why}; fix: {fix_for(why)}", None
