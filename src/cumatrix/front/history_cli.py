@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sqlite3
 import sys
 from dataclasses import replace
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from cumatrix.core.errors import UsageError
 from cumatrix.results.history import (
     BUSY_TIMEOUT_S,
+    ENV,
     History,
     HistoryError,
     HistoryLocked,
@@ -69,6 +71,11 @@ def check_history(args: argparse.Namespace) -> None:
     locked one is a warning naming the lock: the run goes on and records itself at its end,
     when the lock has been released (else the record is reported as skipped)."""
     path = history_path(args)
+    if path is not None and getattr(args, "history", None):
+        # The history the run records to is what the cells' sandbox masks ($CUMATRIX_HISTORY,
+        # read for each cell, by pytest-xdist's workers too): a --history FILE inside the
+        # project is then no more readable to a cell than the default one.
+        os.environ[ENV] = str(path.absolute())
     if path is not None:
         try:
             with History.open(path, busy_timeout=CHECK_WAIT_S):
