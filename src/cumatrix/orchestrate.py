@@ -136,6 +136,8 @@ class Orchestrator:
             from cumatrix.execute.docker import DockerBackend
 
             self._docker = DockerBackend(self.base_image)
+            if self.policy is not None:
+                self._docker.hidden = self.policy.hidden  # the run's --out: masked in containers too
         return self._docker
 
     @property

@@ -30,6 +30,7 @@ from cumatrix.core.model import Runtime
 from cumatrix.execute.local import run_local
 from cumatrix.judge.classify import classify
 from cumatrix.provision import runtimes
+from helpers.sandbox import CONNECT, socket_under_run
 
 pytestmark = pytest.mark.docker
 
@@ -216,6 +217,45 @@ def test_mounts_are_read_only_and_network_is_off(backend: object, rt_image: obje
     assert "nets ['lo']" in res.stdout_tail
     assert "ld /opt/first" in res.stdout_tail
     assert not (tmp_path / "out.txt").exists()
+
+
+def test_a_cwd_through_a_link_to_run_mounts_nothing_of_run(backend: object, rt_image: object, tmp_path: Path) -> None:
+    """``cwd: runlink`` (a link to the host's ``/run`` in the project): before, the container
+    got the host's ``/run`` at that path and connected to a socket there (the daemon's own
+    ``docker.sock`` lies beside it); now a harness error naming the link."""
+    tmp_path.chmod(0o755)
+    (tmp_path / "runlink").symlink_to("/run")
+    with socket_under_run() as where:
+        res = backend.run_job(_job("runlink", "python3", "-c", CONNECT, f"{where.name}/sock",  # type: ignore[attr-defined]
+                                   cwd=str(tmp_path / "runlink")))
+    assert "connected" not in res.stdout_tail
+    obs = classify(res, kind="command")
+    assert obs.outcome == "harness-error", (obs, res.stdout_tail)
+    assert f"symbolic link {tmp_path / 'runlink'} (-> /run)" in obs.detail
+
+
+def test_what_the_harness_keeps_is_masked_under_a_mounted_directory(backend: object, rt_image: object,
+                                                                   tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's ``--out`` and its history inside the directory a cell starts in: before, the
+    container read both through the read-only mount of that directory."""
+    tmp_path.chmod(0o755)
+    (tmp_path / "out").mkdir(mode=0o755)
+    (tmp_path / "out" / "results.jsonl").write_text('{"type": "run"}\n')
+    (tmp_path / "hist.sqlite").write_bytes(b"SQLite format 3\0")
+    for f in ("out/results.jsonl", "hist.sqlite"):
+        (tmp_path / f).chmod(0o644)
+    monkeypatch.setenv("CUMATRIX_HISTORY", str(tmp_path / "hist.sqlite"))
+    monkeypatch.setattr(backend, "hidden", raising=False, value=(str(tmp_path / "out"),))
+    code = ("import sys\nfor p in sys.argv[1:]:\n    try:\n        print('read', p, open(p, 'rb').read()[:16])\n"
+            "    except OSError as e:\n        print('refused', p, e.errno)\n")
+    res = backend.run_job(_job("kept", "python3", "-c", code, "out/results.jsonl", "hist.sqlite",  # type: ignore[attr-defined]
+                               cwd=str(tmp_path)))
+    assert res.returncode == 0, res.stderr_tail
+    # The directory is an empty tmpfs, the file /dev/null: nothing of either is read.
+    assert "refused out/results.jsonl" in res.stdout_tail, res.stdout_tail
+    assert "type" not in res.stdout_tail
+    assert "SQLite" not in res.stdout_tail, res.stdout_tail
 
 
 # ------------------------------------------------------------------------ bad input and faults

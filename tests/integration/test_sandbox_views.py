@@ -15,7 +15,6 @@ import json
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import textwrap
 from collections.abc import Iterator
@@ -25,26 +24,13 @@ from typing import Any
 import pytest
 
 from cumatrix.execute.sandbox import SANDBOXED
-from helpers.sandbox import HOLDERS, hold_with, require_bwrap
+from helpers.sandbox import CONNECT, HOLDERS, hold_with, require_bwrap, socket_under_run
 from helpers.users import local_user
 
 CU129 = "nvidia-cuda-runtime-cu12==12.9.79"
 REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.network  # the cells provision a real runtime wheel (cached after the first)
-
-#: Connects to the Unix socket its argument (or ``$SOCK``) names; says what it got, exits 0.
-CONNECT = r"""
-import os, socket, sys
-path = sys.argv[1] if len(sys.argv) > 1 else os.environ["SOCK"]
-s = socket.socket(socket.AF_UNIX)
-try:
-    s.connect(path)
-    print("connected", path)
-except OSError as e:
-    print("refused", path, e.errno)
-"""
-
 
 @pytest.fixture(autouse=True, params=HOLDERS)
 def holder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
@@ -55,29 +41,8 @@ def holder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
 
 @pytest.fixture
 def run_socket() -> Iterator[Path]:
-    """A world-connectable socket of our own under the host's ``/run`` (where daemons keep
-    theirs: ``docker.sock``, munge's), in a directory anyone may enter; removed after."""
-    where = Path("/run") / f"cumatrix-test-{secrets.token_hex(6)}"
-    try:
-        where.mkdir(mode=0o755)
-    except OSError as e:
-        pytest.skip(f"cannot make a directory under /run: {e}")
-    where.chmod(0o755)
-    server = socket.socket(socket.AF_UNIX)
-    try:
-        server.bind(str(where / "sock"))
-        (where / "sock").chmod(0o777)
-        server.listen(8)
-        (where / "connect.py").write_text(CONNECT.replace('sys.argv[1] if len(sys.argv) > 1 else os.environ["SOCK"]',
-                                                          'os.path.join(os.path.dirname(__file__), "sock")'))
-        (where / "connect.py").chmod(0o644)
-        probe = socket.socket(socket.AF_UNIX)
-        probe.connect(str(where / "sock"))  # the host can
-        probe.close()
+    with socket_under_run() as where:
         yield where
-    finally:
-        server.close()
-        shutil.rmtree(where, ignore_errors=True)
 
 
 def _project(tmp_path: Path) -> Path:

@@ -162,6 +162,9 @@ class DockerBackend:
         self.pids_limit = pids_limit
         self.cpus = cpus if cpus is not None else default_cpus()
         self.user = user if user is not None else default_user()
+        #: Host paths the run keeps (its ``--out``) that no container may be shown, beyond the
+        #: harness's own (:func:`cumatrix.execute.sandbox.kept_paths`).
+        self.hidden: tuple[str, ...] = ()
         self._own_client = client is None
         if client is None:
             results.check_unix_socket()
@@ -458,6 +461,7 @@ class DockerBackend:
         paths = dict.fromkeys([str(package_root()), *job.mounts, *job.writable,
                                *results.workdir(job, others_read=self.user == NOBODY)])
         mounts = []
+        masks: list[docker.types.Mount] = []
         for p in paths:
             if not Path(p).exists():
                 return f"cannot mount {p} into the container: no such file or directory on the host"
@@ -465,7 +469,18 @@ class DockerBackend:
                 return (f"cannot mount {p} into the container: cells run as the non-root user {NOBODY}, "
                         f"which cannot read it (mode {Path(p).stat().st_mode & 0o777:o}); make it readable "
                         f"(chmod o+rX) or run the harness as a user that owns it")
-            mounts.append(docker.types.Mount(target=p, source=p, type="bind", read_only=p not in job.writable))
+            # The source is where the path leads, checked: a link into the host's /run (the
+            # daemon's own socket) is refused, naming it; what the harness keeps under it is masked.
+            try:
+                source, kept = sandbox.host_mount(p, self.hidden)
+            except sandbox.Refused as e:
+                return f"cannot mount {p} into the container: {e}"
+            mounts.append(docker.types.Mount(target=p, source=source, type="bind", read_only=p not in job.writable))
+            for at, real in kept:
+                masks.append(docker.types.Mount(target=at, source="", type="tmpfs", read_only=True,
+                                                tmpfs_size=4096) if Path(real).is_dir() else
+                             docker.types.Mount(target=at, source="/dev/null", type="bind", read_only=True))
+        mounts += masks  # docker mounts a path's parents first, whatever the order given
         if not self.user.startswith("0:") and self.user != "0" and any(p.startswith("/root/") for p in paths):
             # The image's /root is 0700: a non-root user could not reach paths mounted below it.
             mounts.append(docker.types.Mount(target="/root", source="", type="tmpfs", tmpfs_mode=0o755))

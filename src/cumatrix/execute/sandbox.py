@@ -361,6 +361,26 @@ def _refusal(point: str, kept: Iterable[tuple[str, str]], named: str | None = No
             f"shows no cell anything of {why}; name a path that does not lead there, or remove the link")
 
 
+def host_mount(path: str, hidden: Iterable[str] = ()) -> tuple[str, list[tuple[str, str]]]:
+    """For a backend that binds host paths itself (docker, at the same path): the source to bind
+    for ``path`` (where it leads, checked) and the kept paths that bind would show, to mask
+    (path in the container, path on the host: :func:`kept_paths` and ``hidden``, e.g. the run's
+    ``--out``).  :class:`Refused`, naming the link, where ``path`` is or leads into a place no
+    cell may see (the host's ``/run`` and sockets, its root or ``/dev``, what the harness keeps)."""
+    written = os.path.normpath(path)
+    kept_all = [*kept_paths(), *hidden]
+    kept = [(os.path.normpath(k), os.path.realpath(k)) for k in kept_all]
+    real = os.path.realpath(written)
+    why = _refusal(written, kept) if real != written else None
+    if why is None and real == written and written != "/" and not written.startswith("/dev/nvidia"):
+        where = _forbidden(real, written, kept)
+        if where is not None:
+            why = f"{path} is in {where}: no cell is shown anything there"
+    if why is not None:
+        raise Refused(why)
+    return real, _masks(kept_all, {written: real})
+
+
 class Refused(HarnessError):
     """A path a cell's view would bind leads where no cell may look (:func:`_refusal` says how)."""
 
