@@ -157,23 +157,27 @@ for path in sys.argv[1:]:
 """
 
 
-def test_the_history_and_the_runs_out_inside_the_project_are_masked(tmp_path: Path, cli: Any,
-                                                                    wheel_cache: Path) -> None:
-    """``--history ./hist.sqlite --out ./out``, both inside the project the cell starts in:
-    before, the cell read the history (``SQLite format 3``); its run's records are masked too."""
+def test_the_history_and_this_and_earlier_runs_out_inside_the_project_are_masked(tmp_path: Path, cli: Any,
+                                                                                 wheel_cache: Path) -> None:
+    """``--history ./hist.sqlite --out ./out``, inside the project the cell starts in, and
+    ``./earlier``, the ``--out`` of a run before: before, the cell read the history
+    (``SQLite format 3``) and the earlier run's records; this run's records are masked too."""
     tmp_path.chmod(0o755)
     m = _matrix(tmp_path, f"""
         - name: attack
-          argv: [python3, -c, {json.dumps(READ_KEPT)}, hist.sqlite, out/results.jsonl]
+          argv: [python3, -c, {json.dumps(READ_KEPT)}, hist.sqlite, out/results.jsonl, earlier/results.jsonl]
         """)
-    first = cli("run", m, "--out", "out", "--history", "hist.sqlite", "-q", cwd=tmp_path, timeout=180)
+    env = {"XDG_STATE_HOME": str(tmp_path / "state")}
+    first = cli("run", m, "--out", "earlier", "--history", "hist.sqlite", "-q", cwd=tmp_path, env=env, timeout=180)
     assert (tmp_path / "hist.sqlite").read_bytes().startswith(b"SQLite format 3"), first.stdout + first.stderr
-    _, rec = _run(cli, m, tmp_path / "out", "--history", "hist.sqlite", cwd=tmp_path)
+    assert (tmp_path / "earlier" / "results.jsonl").is_file()
+    proc = cli("run", m, "--out", "out", "--history", "hist.sqlite", "-q", cwd=tmp_path, env=env, timeout=180)
+    rec = next(json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()
+               if json.loads(line).get("type") == "cell")
     said = rec["stdout_tail"]
-    assert "read hist.sqlite" not in said, said
+    assert "read" not in said, said
     assert "SQLite" not in said
-    assert "read out/results.jsonl" not in said, said
-    assert said.count("refused") == 2, said
+    assert said.count("refused") == 3, (said, proc.stdout + proc.stderr)
 
 
 #: Writes where programs keep their temporary files and caches (CuPy: ``$HOME/.cupy``; JAX:

@@ -218,8 +218,9 @@ def describe(policy: Policy) -> tuple[str, str | None]:
 
 def kept_paths() -> list[str]:
     """What the harness keeps of its own that no cell may reach: the ``--resume`` signing key
-    (:mod:`cumatrix.results.recordkey`), the history (:mod:`cumatrix.results.history`) and the
-    cache (:func:`cumatrix.core.cache.cache_location`; the pieces a job names stay visible).
+    (:mod:`cumatrix.results.recordkey`), the history (:mod:`cumatrix.results.history`), the
+    cache (:func:`cumatrix.core.cache.cache_location`; the pieces a job names stay visible) and
+    the ``--out`` directories of its earlier runs (:data:`cumatrix.results.store.OUTS`).
     The same variables as those modules read, here because execute sits below them."""
     env = os.environ
     home = os.path.expanduser("~")
@@ -228,7 +229,31 @@ def kept_paths() -> list[str]:
     out = [os.path.join(state, "cumatrix"), os.path.join(data, "cumatrix"), str(cache_location())]
     if env.get("CUMATRIX_HISTORY"):  # a file anywhere: it and SQLite's files beside it
         out += [env["CUMATRIX_HISTORY"] + tail for tail in ("", "-journal", "-wal", "-shm")]
+    out += _earlier_outs(os.path.join(state, "cumatrix", "outs"))  # cumatrix.results.store.OUTS
     return [os.path.abspath(p) for p in out]
+
+
+_OUTS_READ: dict[str, tuple[tuple[int, int], tuple[str, ...]]] = {}
+
+
+def _earlier_outs(path: str) -> tuple[str, ...]:
+    """The ``--out`` directories the harness's runs wrote (listed by :mod:`cumatrix.results.store`
+    in its state directory), read again only when the list changed: every cell asks."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return ()
+    seen = (st.st_mtime_ns, st.st_size)
+    hit = _OUTS_READ.get(path)
+    if hit is not None and hit[0] == seen:
+        return hit[1]
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+        outs = tuple(ln for ln in text.splitlines() if ln.startswith("/"))
+    except OSError:
+        return ()
+    _OUTS_READ[path] = (seen, outs)
+    return outs
 
 
 #: Host directories every sandboxed cell reads (programs, their libraries, configuration, the

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from cumatrix.core.errors import ConfigError, EnvironmentProblem, OutDirBusy
-from cumatrix.core.private import replace_new
+from cumatrix.core.private import replace_new, write_new
 from cumatrix.core.witness import UnsafeFile, read_cell_file
 from cumatrix.results import recordkey
 from cumatrix.results.digests import LazyDigests, cell_digest, cell_digests, dumps, wheel_sha256
@@ -240,6 +240,34 @@ def _holder_text() -> str:
 _HELD: dict[Path, Store] = {}
 
 
+#: The runs' output directories this user's harness wrote, one absolute path a line, newest
+#: last, beside the signing key (``$XDG_STATE_HOME/cumatrix/outs``): the sandbox masks each
+#: from every cell (:func:`cumatrix.execute.sandbox.kept_paths` reads it), wherever it lies,
+#: a project's ``out/`` of last week included.
+OUTS = "outs"
+#: How many it keeps (the oldest, and those gone, drop out).
+OUTS_KEPT = 64
+
+
+def remember_out(out_dir: Path) -> None:
+    """Add ``out_dir`` to :data:`OUTS` (once; the list rewritten, newest last, when it is not its
+    last line).  Best effort: a state directory that cannot be written costs only the mask."""
+    path = recordkey.key_path().parent / OUTS
+    entry = str(Path(out_dir).absolute())
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        lines = []
+    if lines and lines[-1] == entry:
+        return
+    kept = [ln for ln in lines if ln != entry and ln.startswith("/") and os.path.lexists(ln)][-(OUTS_KEPT - 1):]
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        write_new(path, "".join(f"{ln}\n" for ln in [*kept, entry]), replace=True, mode=0o600)
+    except OSError:
+        return
+
+
 class Store:
     """``results.jsonl`` of one ``--out`` directory.
 
@@ -278,6 +306,7 @@ class Store:
         store = cls(out_dir)
         store._lock(holder or _holder_text())
         store._users = 1
+        remember_out(store.dir)
         _HELD[store.dir.resolve()] = store
         try:
             if fresh:
