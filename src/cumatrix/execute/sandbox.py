@@ -218,9 +218,9 @@ def describe(policy: Policy) -> tuple[str, str | None]:
 
 def kept_paths() -> list[str]:
     """What the harness keeps of its own that no cell may reach: the ``--resume`` signing key
-    (:mod:`cumatrix.results.recordkey`), the history (:mod:`cumatrix.results.history`), the
-    cache (:func:`cumatrix.core.cache.cache_location`; the pieces a job names stay visible) and
-    the ``--out`` directories of its earlier runs (:data:`cumatrix.results.store.OUTS`).
+    (:mod:`cumatrix.results.recordkey`), the history (:mod:`cumatrix.results.history`) and the
+    cache (:func:`cumatrix.core.cache.cache_location`; the pieces a job names stay visible);
+    the ``--out`` directories of its runs are :func:`earlier_outs`.
     The same variables as those modules read, here because execute sits below them."""
     env = os.environ
     home = os.path.expanduser("~")
@@ -229,8 +229,15 @@ def kept_paths() -> list[str]:
     out = [os.path.join(state, "cumatrix"), os.path.join(data, "cumatrix"), str(cache_location())]
     if env.get("CUMATRIX_HISTORY"):  # a file anywhere: it and SQLite's files beside it
         out += [env["CUMATRIX_HISTORY"] + tail for tail in ("", "-journal", "-wal", "-shm")]
-    out += _earlier_outs(os.path.join(state, "cumatrix", "outs"))  # cumatrix.results.store.OUTS
     return [os.path.abspath(p) for p in out]
+
+
+def earlier_outs() -> tuple[str, ...]:
+    """The ``--out`` directories of the harness's runs, this one's included (listed by
+    :mod:`cumatrix.results.store` in its state directory, :data:`~cumatrix.results.store.OUTS`):
+    kept like :func:`kept_paths`, each masked from every cell wherever it lies."""
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return _earlier_outs(os.path.join(state, "cumatrix", "outs"))
 
 
 _OUTS_READ: dict[str, tuple[tuple[int, int], tuple[str, ...]]] = {}
@@ -393,7 +400,7 @@ def host_mount(path: str, hidden: Iterable[str] = ()) -> tuple[str, list[tuple[s
     ``--out``).  :class:`Refused`, naming the link, where ``path`` is or leads into a place no
     cell may see (the host's ``/run`` and sockets, its root or ``/dev``, what the harness keeps)."""
     written = os.path.normpath(path)
-    kept_all = [*kept_paths(), *hidden]
+    kept_all = [*kept_paths(), *earlier_outs(), *hidden]
     kept = [(os.path.normpath(k), os.path.realpath(k)) for k in kept_all]
     real = os.path.realpath(written)
     why = _refusal(written, kept) if real != written else None
@@ -638,24 +645,31 @@ def sandbox_ops(*, cwd: str, policy: Policy, read: Iterable[str] = (), write: It
     # What the harness keeps, with whether each exists now: one made since the last look (the
     # key, the history) is masked from the next cell on.
     kept = tuple((k, os.path.lexists(k)) for k in (*kept_paths(), *policy.hidden))
-    points, masks, refused = _points_and_masks(tuple(read), kept)
+    # The runs' --out directories existed when listed: looked at again only where they are
+    # masked (a mask over one removed since would have nothing to go on).
+    outs = earlier_outs()
+    points, masks, refused = _points_and_masks(tuple(read), kept, outs)
+    if any(not os.path.lexists(real) for _, real in masks):
+        points, masks, refused = _points_and_masks.__wrapped__(tuple(read), kept, outs)
     if refused is not None:
         raise Refused(refused)
-    for f in write:
-        why = _refusal(f, [(os.path.normpath(k), os.path.realpath(k)) for k, _ in kept])
-        if why is not None:
-            raise Refused(why)
+    for f in write:  # the harness's own files (a cell's audit log): through a link only where it was planted
+        if os.path.realpath(f) != os.path.normpath(f):
+            why = _refusal(f, [(os.path.normpath(k), os.path.realpath(k)) for k, _ in kept])
+            if why is not None:
+                raise Refused(why)
     out += _views(dict(points), list(masks), write)
     return [*out, "--chdir", cwd]
 
 
 @functools.lru_cache(maxsize=256)
-def _points_and_masks(read: tuple[str, ...], kept: tuple[tuple[str, bool], ...]
+def _points_and_masks(read: tuple[str, ...], kept: tuple[tuple[str, bool], ...], outs: tuple[str, ...] = ()
                       ) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...], str | None]:
     """The directories to bind for ``read`` (path in the view, the host path it shows: where
-    it leads), the kept paths they would show (to mask: path in the view, path on the host),
-    and why the view is refused (None: it is not), once per harness process for the same paths
-    and kept paths present (as :func:`_reached`)."""
+    it leads), the kept paths (and runs' ``outs``) they would show (to mask: path in the view,
+    path on the host), and why the view is refused (None: it is not), once per harness process
+    for the same paths and kept paths present (as :func:`_reached`)."""
+    kept = (*kept, *((o, True) for o in outs))
     known = [(os.path.normpath(k), os.path.realpath(k)) for k, _ in kept]
     source: dict[str, str] = {}
     for n in read:
