@@ -226,3 +226,47 @@ def test_what_the_harness_keeps_is_masked_even_when_made_after_a_cell_of_the_sam
     _, out, err = boxed(read_key, str(key), cwd=str(home))
     assert "secret-key" not in out, out
     assert "refused" in out, (out, err)
+
+
+def test_what_the_harness_keeps_stays_masked_through_a_link(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The project holds links to the harness's state directory: a cell started in one that
+    # leads above the key (its bind shows the key's directory) finds it masked; one that
+    # leads into it is refused, naming the link.  Before, the masks were placed by the paths
+    # as written: the first cell read the key.
+    state = tmp_path / "state"
+    key = state / "cumatrix" / "key"
+    key.parent.mkdir(parents=True)
+    key.write_text("secret-key")
+    key.chmod(0o644)  # even a key anyone may read is not the cell's
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "above").symlink_to(state)
+    (proj / "into").symlink_to(key.parent)
+    for d in (tmp_path, state, key.parent, proj):
+        d.chmod(0o755)
+    read_key = "import sys\ntry:\n    print(open(sys.argv[1]).read())\nexcept OSError as e:\n    print('refused', e.errno)"
+    rc, out, err = boxed(read_key, "cumatrix/key", cwd=str(proj / "above"))
+    assert "secret-key" not in out, out
+    assert "refused" in out, (out, err)
+    rc, out, err = boxed(read_key, "key", cwd=str(proj / "into"))
+    assert rc is None
+    assert "secret-key" not in out
+    assert f"symbolic link {proj / 'into'} (-> {key.parent})" in err, err
+    assert "which the harness keeps" in err
+
+
+def test_a_working_directory_in_run_is_refused_before_the_cell_starts(tmp_path: Path) -> None:
+    # Under /run as written: nothing there is shown to a cell, so it cannot start there. Before,
+    # bubblewrap failed to enter it and the cell was judged from that exit (`exit:1`).
+    where = Path("/run") / f"cumatrix-test-{os.getpid()}-cwd"
+    try:
+        where.mkdir(mode=0o755)
+    except OSError as e:
+        pytest.skip(f"cannot make a directory under /run: {e}")
+    try:
+        rc, _out, err = boxed("print('started')", cwd=str(where))
+    finally:
+        where.rmdir()
+    assert rc is None
+    assert f"working directory {where} is in /run" in err, err
