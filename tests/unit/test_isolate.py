@@ -325,3 +325,32 @@ def test_the_harness_environment_is_read_again_when_it_changes(monkeypatch: pyte
     assert child_env(job, policy=asked)["PYTEST_CURRENT_TEST"] == "a (call)"
     monkeypatch.setenv("PYTEST_CURRENT_TEST", "b (call)")
     assert child_env(job, policy=asked)["PYTEST_CURRENT_TEST"] == "b (call)"
+
+
+def test_a_bind_is_made_from_where_its_path_leads_and_refused_where_that_is_hidden(tmp_path: Path) -> None:
+    # A mount follows its source's links on the host: the view binds the resolved path (checked)
+    # at the path as written, and refuses one that leads into /run or the host's root.
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    (tmp_path / "runlink").symlink_to("/run")
+    (tmp_path / "rootlink").symlink_to("/")
+    ok = Job(cell_id="t", kind="command", argv=("true",), mounts=(str(tmp_path / "link"),))
+    argv = sandbox.bwrap_argv("bwrap", ok, {}, "/")
+    assert f"--ro-bind {real} {tmp_path / 'link'}" in " ".join(argv)
+    for name, leads in (("runlink", "/run"), ("rootlink", "/")):
+        bad = Job(cell_id="t", kind="command", argv=("true",), mounts=(str(tmp_path / name),))
+        with pytest.raises(sandbox.Refused, match=f"symbolic link {tmp_path / name} \\(-> {leads}\\)"):
+            sandbox.bwrap_argv("bwrap", bad, {}, "/")
+
+
+def test_a_file_named_in_tmp_is_bound_alone_never_the_hosts_tmp(tmp_path: Path) -> None:
+    script = Path("/tmp") / f"cumatrix-unit-{os.getpid()}.py"
+    script.write_text("pass")
+    try:
+        job = Job(cell_id="t", kind="command", argv=("python3", script.name))
+        text = " ".join(sandbox.bwrap_argv("bwrap", job, {}, "/tmp"))
+    finally:
+        script.unlink()
+    assert f"--ro-bind {script} {script}" in text
+    assert "--ro-bind /tmp /tmp" not in text
