@@ -354,3 +354,18 @@ def test_a_file_named_in_tmp_is_bound_alone_never_the_hosts_tmp(tmp_path: Path) 
         script.unlink()
     assert f"--ro-bind {script} {script}" in text
     assert "--ro-bind /tmp /tmp" not in text
+
+
+def test_an_earlier_runs_out_is_masked_by_what_the_run_wrote_never_the_directory(tmp_path: Path) -> None:
+    # `--out .` once: the project is an earlier run's directory; its next cells still see the
+    # project (their working directory), less the run's records and reports.
+    from cumatrix.results import store
+
+    assert {store.JSONL, store.PREVIOUS, store.LOCK, *store.REPORTS} <= set(sandbox.RUN_FILES)
+    (tmp_path / "results.jsonl").write_text("{}\n")
+    (tmp_path / "summary.md").write_text("# run\n")
+    (tmp_path / "script.py").write_text("pass\n")
+    points, masks, refused = sandbox._points_and_masks((str(tmp_path),), (), (str(tmp_path),))
+    assert refused is None
+    assert (str(tmp_path), str(tmp_path)) in points
+    assert sorted(at for at, _ in masks) == [str(tmp_path / "results.jsonl"), str(tmp_path / "summary.md")]

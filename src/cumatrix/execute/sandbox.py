@@ -235,7 +235,7 @@ def kept_paths() -> list[str]:
 def earlier_outs() -> tuple[str, ...]:
     """The ``--out`` directories of the harness's runs, this one's included (listed by
     :mod:`cumatrix.results.store` in its state directory, :data:`~cumatrix.results.store.OUTS`):
-    kept like :func:`kept_paths`, each masked from every cell wherever it lies."""
+    what a run wrote in each (:data:`RUN_FILES`) is masked from every cell wherever it lies."""
     state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
     return _earlier_outs(os.path.join(state, "cumatrix", "outs"))
 
@@ -400,8 +400,8 @@ def host_mount(path: str, hidden: Iterable[str] = ()) -> tuple[str, list[tuple[s
     ``--out``).  :class:`Refused`, naming the link, where ``path`` is or leads into a place no
     cell may see (the host's ``/run`` and sockets, its root or ``/dev``, what the harness keeps)."""
     written = os.path.normpath(path)
-    kept_all = [*kept_paths(), *earlier_outs(), *hidden]
-    kept = [(os.path.normpath(k), os.path.realpath(k)) for k in kept_all]
+    outs = earlier_outs()
+    kept = [(os.path.normpath(k), os.path.realpath(k)) for k in (*kept_paths(), *hidden, *outs)]
     real = os.path.realpath(written)
     why = _refusal(written, kept) if real != written else None
     if why is None and real == written and written != "/" and not written.startswith("/dev/nvidia"):
@@ -410,7 +410,7 @@ def host_mount(path: str, hidden: Iterable[str] = ()) -> tuple[str, list[tuple[s
             why = f"{path} is in {where}: no cell is shown anything there"
     if why is not None:
         raise Refused(why)
-    return real, _masks(kept_all, {written: real})
+    return real, _masks([*kept_paths(), *hidden, *_run_files(outs, [real])], {written: real})
 
 
 class Refused(HarnessError):
@@ -484,6 +484,25 @@ def _enterable(path: str) -> bool:
         return True  # bubblewrap says why
 
 
+#: What a run writes in its ``--out`` (:mod:`cumatrix.results.store`'s ``JSONL``, ``PREVIOUS``,
+#: ``LOCK`` and ``REPORTS``, the gate's ``static.json``): of an earlier run's directory, these
+#: are masked, not the directory, which may be where a later matrix lives (``--out .``).
+RUN_FILES = ("results.jsonl", "results.jsonl.prev", ".cumatrix.lock", "results.json", "junit.xml", "summary.md",
+             "index.html", "static.json")
+
+
+def _run_files(outs: Iterable[str], sources: Iterable[str]) -> list[str]:
+    """The files of :data:`RUN_FILES` in the ``outs`` directories that lie under one of
+    ``sources`` (bound host paths), decided on where each leads."""
+    shown = list(sources)
+    out: list[str] = []
+    for o in outs:
+        real = os.path.realpath(o)
+        if any(_under(real, src) for src in shown):
+            out += [os.path.join(real, name) for name in RUN_FILES]
+    return out
+
+
 def _masks(kept: Iterable[str], points: Mapping[str, str]) -> list[tuple[str, str]]:
     """Where the kept paths that exist show in the cell's view, as (path in the view, path on the
     host): under each bind point (path in the view -> its host source) whose source holds them,
@@ -499,7 +518,9 @@ def _masks(kept: Iterable[str], points: Mapping[str, str]) -> list[tuple[str, st
                 at = view if real == src else os.path.join(view, os.path.relpath(real, src))
                 if (at, real) not in out:
                     out.append((at, real))
-    return out
+    # One inside another masked directory is hidden already (a run's files under its --out).
+    dirs = [at for at, real in out if os.path.isdir(real)]
+    return [(at, real) for at, real in out if not any(_under(at, d) and at != d for d in dirs)]
 
 
 def bwrap_argv(bwrap: str, job: Job, env: dict[str, str], cwd: str, policy: Policy | None = None,
@@ -669,8 +690,7 @@ def _points_and_masks(read: tuple[str, ...], kept: tuple[tuple[str, bool], ...],
     it leads), the kept paths (and runs' ``outs``) they would show (to mask: path in the view,
     path on the host), and why the view is refused (None: it is not), once per harness process
     for the same paths and kept paths present (as :func:`_reached`)."""
-    kept = (*kept, *((o, True) for o in outs))
-    known = [(os.path.normpath(k), os.path.realpath(k)) for k, _ in kept]
+    known = [(os.path.normpath(k), os.path.realpath(k)) for k in (*(k for k, _ in kept), *outs)]
     source: dict[str, str] = {}
     for n in read:
         d = _bind_dir(n)
@@ -680,8 +700,8 @@ def _points_and_masks(read: tuple[str, ...], kept: tuple[tuple[str, bool], ...],
         if why is not None:
             return (), (), why
         source[d] = os.path.realpath(d)
-    outer = _outermost(set(source))
-    masks = _masks([k for k, _ in kept], {p: source[p] for p in outer})
+    outer = {p: source[p] for p in _outermost(set(source))}
+    masks = _masks([*(k for k, _ in kept), *_run_files(outs, outer.values())], outer)
     at_mask = [view for view, _ in masks]
     # What a mask would hide of a job's own paths, bound again; a kept directory itself never.
     points = [p for p in _outermost(set(source), at_mask) if p not in at_mask]
