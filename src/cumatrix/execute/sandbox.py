@@ -22,7 +22,10 @@ Three layers, each used where the host offers it:
   ``run`` and the gate) a sandbox with no network, a read-only root, a private ``/tmp`` and
   the GPU device nodes bound in: written once as bubblewrap's operations (:func:`sandbox_ops`),
   built by the fork server (:mod:`.forkserver`) for a root harness that traces its cells in
-  cgroups, by bubblewrap per cell elsewhere.
+  cgroups, by bubblewrap per cell elsewhere.  What a path shows is decided by where it leads
+  (a bind follows its source's links): each is bound from its resolved path, and one that
+  leads into the host's ``/run``, ``/dev``, root or what the harness keeps is refused, naming
+  the link (:func:`_refusal`); what the harness keeps is masked wherever a bind shows it.
 
 A watcher process per harness process holds the read end of a pipe (the spawn shim in
 ``--watch`` mode, or ``watch_main`` without a C compiler); when the harness dies, even by
