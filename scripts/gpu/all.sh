@@ -7,7 +7,9 @@
 # kernel, programs (NVRTC and static-runtime C programs under real and emulated drivers),
 # nightly (the default matrix.yaml, as a user's first GPU run), tests (pytest -m gpu), repro (the bug catalog), swap (the swap benchmark),
 # jit (code compiled at run time and code for another GPU: examples/h200-jit.yaml),
-# wheel (the platform wheel from ./.dist installed as a user would, every cell observed from it).
+# wheel (the platform wheel from ./.dist installed as a user would, every cell observed from it),
+# clients-tmp (the clients matrix kept directly in /tmp, its cases starting there: CuPy and JAX
+# write their caches and temporary files in the cell's own /tmp).
 # Runtime wheels from ./.wheels, extra Python packages from ./.whl, bubblewrap from ./.bwrap.
 # CUMATRIX_EVIDENCE_ROOT=DIR runs from a copy of the checkout in DIR.
 # Everything lands under $OUT/e/ and is packed into $OUT/evidence.tgz after every stage, so a
@@ -62,6 +64,9 @@ for s in ${*:-reference drivers clients gate sandbox kernel}; do
              python3 scripts/compare-runs.py reports/gpu-h200-drivers/results.json "$E/gpu-h200-drivers/results.json" \
                > "$E/gpu-h200-drivers/comparison.md"; head -3 "$E/gpu-h200-drivers/comparison.md"; held "$E/gpu-h200-drivers"; pack ;;
     clients) stage clients 200 env OUT="$E" bash scripts/gpu/clients.sh ;;
+    clients-tmp) m=/tmp/cumatrix-clients-$$.yaml; cp examples/h200-clients.yaml "$m"
+                 stage clients-tmp 300 python3 -m cumatrix run "$m" --out "$E/clients-tmp" -q
+                 rm -f "$m"; held "$E/clients-tmp" ;;
     gate) stage gate 200 env OUT="$E" bash scripts/gpu/gate.sh ;;
     programs) stage programs 200 env OUT="$E" bash scripts/gpu/programs.sh ;;
     sandbox) stage sandbox 480 env OUT="$E" bash scripts/gpu/sandbox.sh ;;
