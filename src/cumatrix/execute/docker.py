@@ -49,7 +49,7 @@ from cumatrix.core.errors import CumatrixError, DaemonUnavailable, HarnessError
 from cumatrix.core.jobs import ChildResult, Job
 from cumatrix.core.model import Runtime
 from cumatrix.execute import docker_results as results
-from cumatrix.execute import docker_trace, sandbox
+from cumatrix.execute import docker_trace, driverview, sandbox
 from cumatrix.execute.docker_gpu import DRIVER_LIB_DIR, GpuAccess, detect_gpu, driver_libraries
 from cumatrix.execute.docker_images import (
     BASE_LABEL,
@@ -469,15 +469,29 @@ class DockerBackend:
         if not self.user.startswith("0:") and self.user != "0" and any(p.startswith("/root/") for p in paths):
             # The image's /root is 0700: a non-root user could not reach paths mounted below it.
             mounts.append(docker.types.Mount(target="/root", source="", type="tmpfs", tmpfs_mode=0o755))
-        if with_gpu and self.gpu.mode == "device-nodes":
-            mounts += [docker.types.Mount(target=inside, source=host, type="bind", read_only=True)
-                       for host, inside in self.gpu.libraries]
+        mounts += [docker.types.Mount(target=inside, source=host, type="bind", read_only=True)
+                   for host, inside in self._driver_files(job, with_gpu)]
         return mounts
+
+    def _driver_files(self, job: Job, with_gpu: bool) -> list[tuple[str, str]]:
+        """(host file, path inside) of the driver bound into the container: the device-nodes
+        mode's libraries; under an emulated driver the interposer in place of every libcuda
+        and the real one where only the interposer looks (:func:`driverview.container_mounts`).
+        The NVIDIA runtime injects no libcuda into an emulated cell (no ``compute`` capability,
+        :meth:`_environment`): the driver's other libraries are bound here instead."""
+        libs = list(self.gpu.libraries) if with_gpu and self.gpu.mode == "device-nodes" else []
+        if not job.interposer:
+            return libs
+        if with_gpu and self.gpu.mode == "nvidia-runtime" and Path(job.real_driver).is_file():
+            libs = list(driver_libraries(Path(job.real_driver)))
+        swap = driverview.container_mounts(job.interposer, job.real_driver, tuple(libs))
+        covered = {inside for _, inside in swap}
+        return [*(lib for lib in libs if lib[1] not in covered), *swap]
 
     def _environment(self, job: Job, facts: _ImageFacts, with_gpu: bool) -> dict[str, str]:
         env = dict(job.env)
         lib_path = list(job.lib_path)
-        if with_gpu and self.gpu.mode == "device-nodes":
+        if with_gpu and (self.gpu.mode == "device-nodes" or (job.interposer and self.gpu.mode == "nvidia-runtime")):
             lib_path.append(DRIVER_LIB_DIR)
         # Prepended to the image's own LD_LIBRARY_PATH (nvidia/cuda images set one).
         own = env.get("LD_LIBRARY_PATH", facts.env.get("LD_LIBRARY_PATH", ""))
@@ -499,6 +513,9 @@ class DockerBackend:
         env.setdefault("HOME", "/tmp")  # the user has no home in the image; /tmp is writable
         env.setdefault("PYTHONFAULTHANDLER", "1")
         env.setdefault("PYTHONDONTWRITEBYTECODE", "1")  # the package is mounted read-only
+        if with_gpu and self.gpu.mode == "nvidia-runtime" and job.interposer:
+            # The toolkit's libcuda would stand where the interposer must: devices only.
+            env["NVIDIA_DRIVER_CAPABILITIES"] = "utility"
         if with_gpu and self.gpu.mode == "nvidia-runtime":
             env.setdefault("NVIDIA_VISIBLE_DEVICES", "all")
             env.setdefault("NVIDIA_DRIVER_CAPABILITIES", facts.env.get("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"))
