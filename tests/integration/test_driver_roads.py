@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from elftools.elf.elffile import ELFFile
 
 from cumatrix.core.jobs import Job
@@ -118,11 +119,12 @@ def _run(tmp_path: Path, driver_dir: Path, cases: dict[str, tuple[str, ...]], po
     _open_dir(tmp_path)
     # The driver's directory on the search path after the interposer's, as the host's own
     # library directory is: a name the interposer's directory lacks is found there.
-    rows = "".join(f"  - {{name: {n}, argv: [{', '.join(argv)}], env: {{LD_LIBRARY_PATH: {driver_dir}}}}}\n"
-                   for n, argv in cases.items())
     m = tmp_path / "m.yaml"
-    m.write_text("runtimes: {cu12.9: {wheel: nvidia-cuda-runtime-cu12==12.9.79}}\ndrivers: [emulated-12.8]\n"
-                 f"probe: false\ncases:\n{rows}")
+    m.write_text(yaml.safe_dump({
+        "runtimes": {"cu12.9": {"wheel": "nvidia-cuda-runtime-cu12==12.9.79"}}, "drivers": ["emulated-12.8"],
+        "probe": False,
+        "cases": [{"name": n, "argv": list(argv), "env": {"LD_LIBRARY_PATH": str(driver_dir)}}
+                  for n, argv in cases.items()]}))
     monkeypatch.setattr(provision_cell, "search_real_libcuda",
                         lambda _log: FoundLibcuda(path=driver_dir / "libcuda.so.1", found_by="stand-in"))
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
@@ -149,6 +151,46 @@ def test_sandboxed_every_road_ends_at_the_emulated_driver(holder: str, programs:
         assert rec.observed.outcome == "ok", name  # type: ignore[attr-defined]
         assert rec.fingerprint["sandbox"] == want, name  # type: ignore[attr-defined]
         assert "emulation" not in (rec.fingerprint.get("missing_evidence") or [])  # type: ignore[attr-defined]
+
+
+#: numba-cuda's own driver lookup (``libcuda.so`` first, then ``libcuda.so.1``, then both in
+#: /usr/lib and /usr/lib64), run as numba-cuda runs it, reporting the version it reached.
+_NUMBA = ("import ctypes, sys; from numba.cuda.cudadrv.driver import load_driver, locate_driver_and_loader; "
+          "dll, path = load_driver(*locate_driver_and_loader()); v = ctypes.c_int(); "
+          "dll.cuDriverGetVersion(ctypes.byref(v)); print(f'version={v.value}', file=sys.stderr); "
+          "sys.exit(0 if str(v.value) == sys.argv[1] else 1)")
+
+
+@pytest.fixture(scope="module")
+def numba_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv with numba-cuda from PyPI (its driver lookup runs without a GPU); the test skips
+    where it does not install."""
+    venv = _open_dir(tmp_path_factory.mktemp("numba-cuda")) / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300)
+    python = venv / "bin" / "python"
+    try:
+        got = subprocess.run([str(python), "-m", "pip", "install", "-q", "numba-cuda"], capture_output=True,
+                             text=True, timeout=600, check=False)
+    except subprocess.TimeoutExpired:
+        pytest.skip("numba-cuda did not install within 10 minutes")
+    if got.returncode != 0:
+        pytest.skip(f"numba-cuda does not install here: {got.stderr.strip()[-300:]}")
+    return python
+
+
+@pytest.mark.parametrize("sandboxed", [True, False], ids=["sandboxed", "no-sandbox"])
+def test_numba_cudas_own_driver_lookup_reaches_the_emulated_driver(sandboxed: bool, numba_python: Path,
+                                                                  driver_dir: Path, tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    if sandboxed:
+        require_bwrap()
+    policy = SandboxPolicy(sandbox="on" if sandboxed else "off")
+    [rec] = _run(tmp_path, driver_dir, {"numba-cuda": (str(numba_python), "-c", _NUMBA, EMULATED)}, policy,
+                 monkeypatch).values()
+    # The lookup reached the emulated driver (the program's exit status says so; the cell's
+    # outcome may name a CUDA runtime numba-cuda loaded from the host's toolkit besides).
+    assert rec.stderr_tail.strip() == f"version={EMULATED}"  # type: ignore[attr-defined]
+    assert rec.observed.exit_status == 0  # type: ignore[attr-defined]
 
 
 def test_without_a_sandbox_the_search_path_reaches_it_and_the_record_says_where_it_stops(
