@@ -4,7 +4,7 @@ reaches) without a sandbox.
 
 The "real" driver is a STAND-IN (tests/stand_ins/libcuda_stand_in.c, a 13.0 driver's answers)
 installed as a real driver is: ``libcuda.so.580.95.05`` with ``libcuda.so.1`` and ``libcuda.so``
-links beside it.  The programs (tests/stand_ins/driver_roads.c), the interposer, gcc, the
+links beside it.  The programs (examples/jit/driver_roads.c), the interposer, gcc, the
 dynamic loader, bubblewrap and dockerd are real.  A program exits 0 when the driver it reached
 answers the version it was told to expect: 12080 is the emulated 12.8, 13000 the real one.
 """
@@ -33,6 +33,7 @@ from helpers.build import run_gcc
 from helpers.sandbox import HOLDERS, hold_with, require_bwrap
 
 STAND_INS = Path(__file__).resolve().parents[1] / "stand_ins"
+REPO = Path(__file__).resolve().parents[2]
 REAL_FILE = "libcuda.so.580.95.05"
 EMULATED, REAL = "12080", "13000"
 
@@ -60,7 +61,7 @@ def driver_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def programs(driver_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = _open_dir(tmp_path_factory.mktemp("programs"))
-    src = STAND_INS / "driver_roads.c"
+    src = REPO / "examples" / "jit" / "driver_roads.c"
     run_gcc("-o", d / "dlopen", src, "-ldl")
     # Old dtags: DT_RPATH, searched before LD_LIBRARY_PATH (docs/facts.md section 13).
     for name, rpath in (("rpath", driver_dir), ("rpath-container", Path(DRIVER_LIB_DIR))):
