@@ -4,7 +4,8 @@
  * -DCUMATRIX_TABLES='"tables.h"' naming a generated header that defines:
  *
  *   EMULATED_VERSION          the version cuDriverGetVersion answers (12040 for 12.4)
- *   REAL_PATH                 the real libcuda.so.1, as a string literal
+ *   REAL_PATH                 the real libcuda.so.1, as a string literal (used where the cell
+ *                             has no PRIVATE_DRIVER_PATH, below: no mount namespace of its own)
  *   HAS_GET_PROC_ADDRESS      1 when the real driver exports cuGetProcAddress
  *   HAS_GET_PROC_ADDRESS_V2   1 when it exports cuGetProcAddress_v2
  *   N_FORWARDED               the number of forwarded exports

@@ -1,7 +1,10 @@
 """The driver axis: the host's real ``libcuda.so.1``, or an emulated older driver.
 
 An emulated driver ``emulated-X.Y`` is a ``libcuda.so.1`` generated and compiled with gcc on
-the host, found first through ``LD_LIBRARY_PATH``. It forwards every entry point to the real
+the host, found first through ``LD_LIBRARY_PATH`` under every name of libcuda
+(:func:`libcuda_names`); a cell with its own mount namespace gets it in place of every libcuda
+file the loader may search, and the real driver at :data:`PRIVATE_DRIVER_PATH`
+(:mod:`cumatrix.execute.driverview`). It forwards every entry point to the real
 driver except those introduced after X.Y (introduction versions from the ``PFN_`` typedefs of
 ``cudaTypedefs.h``, see :mod:`cumatrix.provision.headers`), answers ``cuDriverGetVersion`` with X.Y and
 caps ``cuGetProcAddress`` / ``cuGetProcAddress_v2`` at X.Y. What that reproduces, and where it
