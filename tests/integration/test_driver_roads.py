@@ -232,10 +232,13 @@ def test_the_run_header_says_emulation_follows_the_search_path_only() -> None:
     assert "driver_emulation" not in head(None, backend="docker")
 
 
-def test_in_a_container_every_road_ends_at_the_emulated_driver(interposer: D.Interposer, programs: dict[str, Path],
-                                                              driver_dir: Path) -> None:
+@pytest.mark.parametrize("mode", ["device-nodes", "nvidia-runtime"])
+def test_in_a_container_every_road_ends_at_the_emulated_driver(mode: str, interposer: D.Interposer,
+                                                              programs: dict[str, Path], driver_dir: Path) -> None:
     """The docker backend with the GPU reached as on a host without the NVIDIA runtime (device
-    nodes, the driver's files bound under DRIVER_LIB_DIR): here the stand-in's."""
+    nodes, the driver's files bound under DRIVER_LIB_DIR: here the stand-in's), and as on a
+    host with it, where an emulated cell is given the same instead of the toolkit's hook (which
+    would mount the real libcuda over the interposer's place; no toolkit runs here)."""
     docker = pytest.importorskip("docker")
     from cumatrix.execute.docker import DockerBackend
 
@@ -251,8 +254,9 @@ def test_in_a_container_every_road_ends_at_the_emulated_driver(interposer: D.Int
     if built.returncode != 0:
         pytest.skip(f"containers/build-base.sh failed: {built.stderr.strip()[-300:]}")
     base = built.stdout.strip().splitlines()[-1]
-    gpu = GpuAccess(mode="device-nodes", libraries=driver_libraries(driver_dir / "libcuda.so.1"))
-    assert {inside.rsplit("/", 1)[1] for _, inside in gpu.libraries} == {"libcuda.so", "libcuda.so.1", REAL_FILE}
+    libs = driver_libraries(driver_dir / "libcuda.so.1")
+    assert {inside.rsplit("/", 1)[1] for _, inside in libs} == {"libcuda.so", "libcuda.so.1", REAL_FILE}
+    gpu = GpuAccess(mode="device-nodes", libraries=libs) if mode == "device-nodes" else GpuAccess(mode=mode)
     inside = f"{DRIVER_LIB_DIR}/libcuda.so.1"
     cases = {
         "numba-style": (str(programs["dlopen"]), EMULATED, "libcuda.so", "libcuda.so.1"),
@@ -271,6 +275,9 @@ def test_in_a_container_every_road_ends_at_the_emulated_driver(interposer: D.Int
                       interposer=str(interposer.library), real_driver=str(interposer.real_libcuda))
             res = be.run_job(job)
             seen[name] = res.stderr_tail.strip()
+            if mode == "nvidia-runtime":  # the toolkit's hook, where it is the default runtime, stays out
+                assert be._environment(job, be._image_facts(base), True)["NVIDIA_VISIBLE_DEVICES"] == "void"
+                assert "device_requests" not in be._gpu_kwargs(True, job)
     assert seen == dict.fromkeys(cases, f"version={EMULATED}")
 
 

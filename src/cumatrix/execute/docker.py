@@ -50,7 +50,7 @@ from cumatrix.core.jobs import ChildResult, Job
 from cumatrix.core.model import Runtime
 from cumatrix.execute import docker_results as results
 from cumatrix.execute import docker_trace, driverview, sandbox
-from cumatrix.execute.docker_gpu import DRIVER_LIB_DIR, GpuAccess, detect_gpu, driver_libraries
+from cumatrix.execute.docker_gpu import DRIVER_LIB_DIR, GpuAccess, detect_gpu, device_nodes, driver_libraries
 from cumatrix.execute.docker_images import (
     BASE_LABEL,
     RUNTIME_LABEL,
@@ -473,17 +473,25 @@ class DockerBackend:
                    for host, inside in self._driver_files(job, with_gpu)]
         return mounts
 
+    def _gpu_of(self, job: Job) -> GpuAccess:
+        """How ``job``'s container reaches the GPU.  An emulated driver's cell under the NVIDIA
+        runtime gets the device nodes and the driver's libraries from cumatrix instead, as a
+        host without the runtime does: the toolkit's hook would mount the real libcuda over the
+        interposer's place after the container's own mounts (docs/emulation.md)."""
+        if job.interposer and self.gpu.mode == "nvidia-runtime" and Path(job.real_driver).is_file():
+            return GpuAccess(mode="device-nodes", devices=device_nodes(),
+                             libraries=driver_libraries(Path(job.real_driver)),
+                             detail="emulated driver: device nodes and driver libraries bound by cumatrix")
+        return self.gpu
+
     def _driver_files(self, job: Job, with_gpu: bool) -> list[tuple[str, str]]:
         """(host file, path inside) of the driver bound into the container: the device-nodes
         mode's libraries; under an emulated driver the interposer in place of every libcuda
-        and the real one where only the interposer looks (:func:`driverview.container_mounts`).
-        The NVIDIA runtime injects no libcuda into an emulated cell (no ``compute`` capability,
-        :meth:`_environment`): the driver's other libraries are bound here instead."""
-        libs = list(self.gpu.libraries) if with_gpu and self.gpu.mode == "device-nodes" else []
+        and the real one where only the interposer looks (:func:`driverview.container_mounts`)."""
+        gpu = self._gpu_of(job)
+        libs = list(gpu.libraries) if with_gpu and gpu.mode == "device-nodes" else []
         if not job.interposer:
             return libs
-        if with_gpu and self.gpu.mode == "nvidia-runtime" and Path(job.real_driver).is_file():
-            libs = list(driver_libraries(Path(job.real_driver)))
         swap = driverview.container_mounts(job.interposer, job.real_driver, tuple(libs))
         covered = {inside for _, inside in swap}
         return [*(lib for lib in libs if lib[1] not in covered), *swap]
@@ -491,7 +499,8 @@ class DockerBackend:
     def _environment(self, job: Job, facts: _ImageFacts, with_gpu: bool) -> dict[str, str]:
         env = dict(job.env)
         lib_path = list(job.lib_path)
-        if with_gpu and (self.gpu.mode == "device-nodes" or (job.interposer and self.gpu.mode == "nvidia-runtime")):
+        gpu = self._gpu_of(job)
+        if with_gpu and gpu.mode == "device-nodes":
             lib_path.append(DRIVER_LIB_DIR)
         # Prepended to the image's own LD_LIBRARY_PATH (nvidia/cuda images set one).
         own = env.get("LD_LIBRARY_PATH", facts.env.get("LD_LIBRARY_PATH", ""))
@@ -513,10 +522,11 @@ class DockerBackend:
         env.setdefault("HOME", "/tmp")  # the user has no home in the image; /tmp is writable
         env.setdefault("PYTHONFAULTHANDLER", "1")
         env.setdefault("PYTHONDONTWRITEBYTECODE", "1")  # the package is mounted read-only
-        if with_gpu and self.gpu.mode == "nvidia-runtime" and job.interposer:
-            # The toolkit's libcuda would stand where the interposer must: devices only.
-            env["NVIDIA_DRIVER_CAPABILITIES"] = "utility"
-        if with_gpu and self.gpu.mode == "nvidia-runtime":
+        if with_gpu and gpu is not self.gpu and self.gpu.mode == "nvidia-runtime":
+            # Where the NVIDIA runtime is the daemon's default, its hook acts on every container
+            # that names GPUs (nvidia/cuda images do, in their environment): "void" names none.
+            env["NVIDIA_VISIBLE_DEVICES"] = "void"
+        if with_gpu and gpu.mode == "nvidia-runtime":
             env.setdefault("NVIDIA_VISIBLE_DEVICES", "all")
             env.setdefault("NVIDIA_DRIVER_CAPABILITIES", facts.env.get("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"))
         return env
@@ -536,11 +546,12 @@ class DockerBackend:
             if rec is not None:
                 rec.close()
 
-    def _gpu_kwargs(self, with_gpu: bool) -> dict[str, Any]:
-        if with_gpu and self.gpu.mode == "nvidia-runtime":
+    def _gpu_kwargs(self, with_gpu: bool, job: Job) -> dict[str, Any]:
+        gpu = self._gpu_of(job)
+        if with_gpu and gpu.mode == "nvidia-runtime":
             return {"device_requests": [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]}
-        if with_gpu and self.gpu.mode == "device-nodes":
-            return {"devices": list(self.gpu.devices)}
+        if with_gpu and gpu.mode == "device-nodes":
+            return {"devices": list(gpu.devices)}
         return {}
 
     def _run_in(self, job: Job, ref: str, facts: _ImageFacts, *, with_gpu: bool,
@@ -563,7 +574,7 @@ class DockerBackend:
             mounts.append(docker.types.Mount(target=docker_trace.SECRET_DIR_IN_CONTAINER, source=str(rec.dir),
                                              type="bind", read_only=False))
             command = rec.command(job.argv)
-        kwargs = self._gpu_kwargs(with_gpu)
+        kwargs = self._gpu_kwargs(with_gpu, job)
         slug = _NAME_RE.sub("-", job.cell_id).strip("-.")[:80]
         name = f"cumatrix-{slug}-{uuid.uuid4().hex[:8]}"
         container = None
