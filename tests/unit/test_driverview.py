@@ -7,6 +7,8 @@ import re
 from importlib import resources
 from pathlib import Path
 
+import pytest
+
 from cumatrix.execute import driverview
 from cumatrix.provision import drivers
 
@@ -71,3 +73,31 @@ def test_records_and_the_header_say_where_emulation_follows_the_search_path_only
     assert driverview.emulation_header("local", "off", True)["driver_emulation"].startswith("search-path-only")
     assert driverview.emulation_header("local", "off", False) == {}
     assert driverview.emulation_header("local", "namespaces", True) == {}
+
+
+def test_the_ld_caches_directories_are_searched(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver the ld cache names (``ldconfig -p``, here a stand-in ldconfig printing a cache
+    with a libcuda in a directory of its own) is covered as well as the real driver's own."""
+    real, ip = _driver(tmp_path)
+    cached = tmp_path / "cached"
+    cached.mkdir()
+    (cached / "libcuda.so.550.54.14").write_bytes(b"\x7fELF another driver")
+    (cached / "libcuda.so.1").symlink_to("libcuda.so.550.54.14")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ldconfig").write_text("#!/bin/sh\necho '2 libs found in cache `/etc/ld.so.cache'\"'\"\n"
+                                      f"echo '\tlibcuda.so.1 (libc6,x86-64) => {cached}/libcuda.so.1'\n"
+                                      "echo '\tlibc.so.6 (libc6,x86-64) => /lib/x86_64-linux-gnu/libc.so.6'\n")
+    (bin_dir / "ldconfig").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    driverview.ld_cache_dirs.cache_clear()
+    driverview.driver_files.cache_clear()
+    try:
+        assert driverview.ld_cache_dirs() == (str(cached),)
+        files = driverview.driver_files(str(real), str(ip))
+    finally:
+        driverview.ld_cache_dirs.cache_clear()
+        driverview.driver_files.cache_clear()
+    assert str(cached / "libcuda.so.550.54.14") in files
+    assert str(real.resolve()) in files
+    assert str(ip) not in files

@@ -112,7 +112,7 @@ def container_mounts(interposer: str, real_driver: str, libraries: tuple[tuple[s
 #: local cell; a container always has one).
 _NAMESPACED = ("bubblewrap", "namespaces")
 #: What a run's header and each emulated cell's record say where cells have no mount namespace.
-SEARCH_PATH_ONLY = ("emulation: the cell had no mount namespace of its own (--no-sandbox, or no sandbox on this "
+SEARCH_PATH_ONLY = ("emulation: no mount namespace of the cell's own (--no-sandbox, or no sandbox on this "
                     "host), so the emulated driver follows the search path only: LD_LIBRARY_PATH holds the "
                     "interposer under every name of libcuda, but a binary whose DT_RPATH names the real driver's "
                     "directory, or a program that loads the real driver by its full path, reaches the real driver; "
