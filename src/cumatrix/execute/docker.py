@@ -50,7 +50,7 @@ from cumatrix.core.jobs import ChildResult, Job
 from cumatrix.core.model import Runtime
 from cumatrix.execute import docker_results as results
 from cumatrix.execute import docker_trace, driverview, sandbox
-from cumatrix.execute.docker_gpu import DRIVER_LIB_DIR, GpuAccess, detect_gpu, device_nodes, driver_libraries
+from cumatrix.execute.docker_gpu import DRIVER_LIB_DIR, GpuAccess, detect_gpu, driver_libraries
 from cumatrix.execute.docker_images import (
     BASE_LABEL,
     RUNTIME_LABEL,
@@ -470,36 +470,13 @@ class DockerBackend:
             # The image's /root is 0700: a non-root user could not reach paths mounted below it.
             mounts.append(docker.types.Mount(target="/root", source="", type="tmpfs", tmpfs_mode=0o755))
         mounts += [docker.types.Mount(target=inside, source=host, type="bind", read_only=True)
-                   for host, inside in self._driver_files(job, with_gpu)]
+                   for host, inside in driverview.container_files(driverview.container_gpu(self.gpu, job), job, with_gpu)]
         return mounts
-
-    def _gpu_of(self, job: Job) -> GpuAccess:
-        """How ``job``'s container reaches the GPU.  An emulated driver's cell under the NVIDIA
-        runtime gets the device nodes and the driver's libraries from cumatrix instead, as a
-        host without the runtime does: the toolkit's hook would mount the real libcuda over the
-        interposer's place after the container's own mounts (docs/emulation.md)."""
-        if job.interposer and self.gpu.mode == "nvidia-runtime" and Path(job.real_driver).is_file():
-            return GpuAccess(mode="device-nodes", devices=device_nodes(),
-                             libraries=driver_libraries(Path(job.real_driver)),
-                             detail="emulated driver: device nodes and driver libraries bound by cumatrix")
-        return self.gpu
-
-    def _driver_files(self, job: Job, with_gpu: bool) -> list[tuple[str, str]]:
-        """(host file, path inside) of the driver bound into the container: the device-nodes
-        mode's libraries; under an emulated driver the interposer in place of every libcuda
-        and the real one where only the interposer looks (:func:`driverview.container_mounts`)."""
-        gpu = self._gpu_of(job)
-        libs = list(gpu.libraries) if with_gpu and gpu.mode == "device-nodes" else []
-        if not job.interposer:
-            return libs
-        swap = driverview.container_mounts(job.interposer, job.real_driver, tuple(libs))
-        covered = {inside for _, inside in swap}
-        return [*(lib for lib in libs if lib[1] not in covered), *swap]
 
     def _environment(self, job: Job, facts: _ImageFacts, with_gpu: bool) -> dict[str, str]:
         env = dict(job.env)
         lib_path = list(job.lib_path)
-        gpu = self._gpu_of(job)
+        gpu = driverview.container_gpu(self.gpu, job)  # an emulated driver's: device nodes
         if with_gpu and gpu.mode == "device-nodes":
             lib_path.append(DRIVER_LIB_DIR)
         # Prepended to the image's own LD_LIBRARY_PATH (nvidia/cuda images set one).
@@ -523,9 +500,7 @@ class DockerBackend:
         env.setdefault("PYTHONFAULTHANDLER", "1")
         env.setdefault("PYTHONDONTWRITEBYTECODE", "1")  # the package is mounted read-only
         if with_gpu and gpu is not self.gpu and self.gpu.mode == "nvidia-runtime":
-            # Where the NVIDIA runtime is the daemon's default, its hook acts on every container
-            # that names GPUs (nvidia/cuda images do, in their environment): "void" names none.
-            env["NVIDIA_VISIBLE_DEVICES"] = "void"
+            env["NVIDIA_VISIBLE_DEVICES"] = "void"  # no hook of a default NVIDIA runtime: no GPU named
         if with_gpu and gpu.mode == "nvidia-runtime":
             env.setdefault("NVIDIA_VISIBLE_DEVICES", "all")
             env.setdefault("NVIDIA_DRIVER_CAPABILITIES", facts.env.get("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"))
@@ -547,7 +522,7 @@ class DockerBackend:
                 rec.close()
 
     def _gpu_kwargs(self, with_gpu: bool, job: Job) -> dict[str, Any]:
-        gpu = self._gpu_of(job)
+        gpu = driverview.container_gpu(self.gpu, job)
         if with_gpu and gpu.mode == "nvidia-runtime":
             return {"device_requests": [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]}
         if with_gpu and gpu.mode == "device-nodes":

@@ -26,8 +26,13 @@ import shutil
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from cumatrix.execute.docker_gpu import GpuAccess, device_nodes, driver_libraries
 from cumatrix.provision.drivers import PRIVATE_DRIVER_PATH, libcuda_names
+
+if TYPE_CHECKING:
+    from cumatrix.core.jobs import Job
 
 #: Directories searched for libcuda beyond the ld cache: glibc's defaults (Debian and Red Hat
 #: layouts), the NVIDIA container toolkit's, WSL's and the CUDA forward-compatibility package's.
@@ -106,6 +111,34 @@ def container_mounts(interposer: str, real_driver: str, libraries: tuple[tuple[s
     out += [(interposer, f"{d}/{n}") for d in CONTAINER_DIRS for n in names]
     out += [(interposer, inside) for _, inside in libraries if _NAME_RE.match(os.path.basename(inside))]
     return list(dict.fromkeys(out))
+
+
+def container_gpu(gpu: GpuAccess, job: Job) -> GpuAccess:
+    """How ``job``'s container reaches the GPU (``gpu``: the backend's way).  An emulated
+    driver's cell under the NVIDIA runtime gets the device nodes and the driver's libraries from
+    cumatrix instead, as a host without the runtime does: the toolkit's hook mounts the real
+    libcuda after the container's own mounts, over the interposer's place."""
+    if job.interposer and gpu.mode == "nvidia-runtime" and os.path.isfile(job.real_driver):
+        return GpuAccess(mode="device-nodes", devices=device_nodes(), libraries=driver_libraries(Path(job.real_driver)),
+                         detail="emulated driver: device nodes and driver libraries bound by cumatrix")
+    return gpu
+
+
+def container_files(gpu: GpuAccess, job: Job, with_gpu: bool) -> list[tuple[str, str]]:
+    """(host file, path inside) of the driver bound into ``job``'s container: the device-nodes
+    mode's libraries; under an emulated driver the interposer in place of every libcuda and the
+    real one where only the interposer looks (:func:`container_mounts`)."""
+    libs = list(gpu.libraries) if with_gpu and gpu.mode == "device-nodes" else []
+    if not job.interposer:
+        return libs
+    swap = container_mounts(job.interposer, job.real_driver, tuple(libs))
+    covered = {inside for _, inside in swap}
+    return [*(lib for lib in libs if lib[1] not in covered), *swap]
+
+
+def job_ops(job: Job | None, visible: Callable[[str], bool]) -> list[str]:
+    """:func:`sandbox_ops` for ``job`` (none for no job, or one on the host's driver)."""
+    return sandbox_ops(job.interposer, job.real_driver, visible) if job is not None else []
 
 
 #: How a cell is held where it has a mount namespace of its own (``extra["sandbox"]`` of a

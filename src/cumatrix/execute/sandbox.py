@@ -373,15 +373,14 @@ def bwrap_argv(bwrap: str, job: Job, env: dict[str, str], cwd: str, policy: Poli
     with what the job names bound read-only and its audit log (a file) writable; ``write_dirs``
     (the gate's install target, never a cell's) writable too."""
     read, write = _job_view(job, env, cwd, write_dirs)
-    return bwrap_command(bwrap, list(job.argv), cwd=cwd, policy=policy, read=read, write=write,
-                         driver=(job.interposer, job.real_driver))
+    return bwrap_command(bwrap, list(job.argv), cwd=cwd, policy=policy, read=read, write=write, job=job)
 
 
 def job_ops(job: Job, env: dict[str, str], cwd: str, policy: Policy) -> list[str]:
     """What :func:`bwrap_argv` tells bubblewrap to build for ``job``, as the fork server is told
     it (:func:`sandbox_ops`)."""
     read, write = _job_view(job, env, cwd, ())
-    return sandbox_ops(cwd=cwd, policy=policy, read=read, write=write, driver=(job.interposer, job.real_driver))
+    return sandbox_ops(cwd=cwd, policy=policy, read=read, write=write, job=job)
 
 
 def _job_view(job: Job, env: dict[str, str], cwd: str, write_dirs: Iterable[str]) -> tuple[list[str], list[str]]:
@@ -451,7 +450,7 @@ def _views(points: list[str], masks: list[str], write: Iterable[str]) -> list[st
 
 
 def bwrap_command(bwrap: str, argv: list[str], *, cwd: str, policy: Policy | None = None,
-                  read: Iterable[str] = (), write: Iterable[str] = (), driver: tuple[str, str] = ("", "")) -> list[str]:
+                  read: Iterable[str] = (), write: Iterable[str] = (), job: Job | None = None) -> list[str]:
     """A bubblewrap command line: no network, no host IPC, its own pid, UTS and cgroup
     namespaces, and the view of :func:`sandbox_ops`.
 
@@ -471,7 +470,7 @@ def bwrap_command(bwrap: str, argv: list[str], *, cwd: str, policy: Policy | Non
                 "--cap-add", "CAP_SETPCAP"]
     else:
         out += ["--unshare-user", "--disable-userns", "--unshare-cgroup-try", "--cap-drop", "ALL"]
-    out += sandbox_ops(cwd=cwd, policy=policy, read=read, write=write, driver=driver)
+    out += sandbox_ops(cwd=cwd, policy=policy, read=read, write=write, job=job)
     out.append("--")
     if root:
         setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
@@ -481,14 +480,12 @@ def bwrap_command(bwrap: str, argv: list[str], *, cwd: str, policy: Policy | Non
 
 
 def sandbox_ops(*, cwd: str, policy: Policy, read: Iterable[str] = (), write: Iterable[str] = (),
-                driver: tuple[str, str] = ("", "")) -> list[str]:
+                job: Job | None = None) -> list[str]:
     """What the cell sees, in bubblewrap's words: the system directories, the GPU's device nodes
     and ``read`` read-only (``/proc/sys`` and ``/sys`` too); no ``/run``, ``/var/run`` or other
     host socket; a private ``/tmp`` and ``/dev/shm`` of ``policy.write_limit`` bytes each; the
     files in ``write`` (which must exist) the only writable host paths; ``cwd`` its directory.
-    bubblewrap builds it per cell; the fork server (:mod:`.forkserver`) builds it from the same list.
-    ``driver`` (an emulated driver's interposer and the real driver) makes the interposer the
-    cell's only libcuda (:func:`cumatrix.execute.driverview.sandbox_ops`)."""
+    bubblewrap builds it per cell, the fork server from the same list; ``job``'s driver: :mod:`.driverview`."""
     size = str(policy.write_limit)
     out: list[str] = []
     for d in SYSTEM_DIRS:
@@ -507,8 +504,7 @@ def sandbox_ops(*, cwd: str, policy: Policy, read: Iterable[str] = (), write: It
     kept = tuple((k, os.path.lexists(k)) for k in (*kept_paths(), *policy.hidden))
     points, masks = _points_and_masks(tuple(read), kept)
     out += _views(list(points), list(masks), write)
-    shown = (*_system_dirs(), *points)
-    out += driverview.sandbox_ops(*driver, lambda f: any(_under(f, d) for d in shown))
+    out += driverview.job_ops(job, lambda f: any(_under(f, d) for d in (*_system_dirs(), *points)))
     return [*out, "--chdir", cwd]
 
 
@@ -524,7 +520,6 @@ def _points_and_masks(read: tuple[str, ...], kept: tuple[tuple[str, bool], ...]
     if os.geteuid() == 0:
         _searchable(points)
     return tuple(points), tuple(masks)
-
 
 
 # --------------------------------------------------------------------------- the plan
