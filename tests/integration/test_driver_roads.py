@@ -15,6 +15,8 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,7 @@ pytestmark = pytest.mark.network  # introduction versions and the cells' runtime
 
 
 def _open_dir(d: Path) -> Path:
+    d.mkdir(exist_ok=True)
     d.chmod(0o755)  # sandboxed cells run as an unprivileged uid
     return d
 
@@ -289,3 +292,39 @@ def test_a_program_that_runs_the_interposer_by_hand_still_reaches_a_driver(inter
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False,
                           env=dict(os.environ, LD_LIBRARY_PATH=str(interposer.lib_dir)))
     assert proc.stdout.strip() == EMULATED, proc.stderr
+
+
+@pytest.fixture
+def system_driver(tmp_path: Path) -> Iterator[Path]:
+    """The stand-in installed under a directory the sandbox shows as part of the system (/opt),
+    as a real driver is under /usr/lib: the interposer is bound over a file inside a read-only
+    system directory, not over a directory of the job's own."""
+    d = Path("/opt") / f"cumatrix-test-driver-{uuid.uuid4().hex[:8]}"
+    try:
+        d.mkdir(mode=0o755)
+    except OSError as e:
+        pytest.skip(f"cannot make a directory under /opt here: {e}")
+    try:
+        run_gcc("-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", d / REAL_FILE, STAND_INS / "libcuda_stand_in.c")
+        (d / "libcuda.so.1").symlink_to(REAL_FILE)
+        (d / "libcuda.so").symlink_to(REAL_FILE)
+        yield d
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("holder", HOLDERS)
+def test_sandboxed_a_driver_in_a_system_directory_is_covered(holder: str, system_driver: Path, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    require_bwrap()
+    hold_with(holder, monkeypatch)
+    progs = _open_dir(tmp_path / "programs")
+    src = REPO / "examples" / "jit" / "driver_roads.c"
+    run_gcc("-o", progs / "dlopen", src, "-ldl")
+    run_gcc("-DLINKED", "-o", progs / "rpath", src, system_driver / "libcuda.so.1", "-Wl,--disable-new-dtags",
+            f"-Wl,-rpath,{system_driver}")
+    cases = {"numba-style": (str(progs / "dlopen"), EMULATED, "libcuda.so", "libcuda.so.1"),
+             "dt-rpath": (str(progs / "rpath"), EMULATED),
+             "full-path": (str(progs / "dlopen"), EMULATED, str(system_driver / "libcuda.so.1"))}
+    recs = _run(tmp_path / "run", system_driver, cases, SandboxPolicy(sandbox="on"), monkeypatch)
+    assert {n: r.stderr_tail.strip() for n, r in recs.items()} == dict.fromkeys(cases, f"version={EMULATED}")
