@@ -152,7 +152,7 @@ __attribute__((visibility("hidden"))) void cumatrix_unresolved(void) {
 /* ------------------------------------------------------------------ reading PTX as the JIT does
  *
  * The .version of PTX text, read by the rule cumatrix.binary.ptx.ptx_version follows (the two
- * readers are tested against one corpus, tests/data/ptx_corpus): an optional UTF-8 byte-order
+ * readers are tested against one corpus, tests/ptx_corpus): an optional UTF-8 byte-order
  * mark; whitespace, `//` comments and `/ * * /` comments (across lines) skipped; tokens that are
  * no directive skipped; the first directive decides: `.version MAJOR.MINOR` is the version, any
  * other directive first means there is none.  A `.version` inside a comment or a string is not
