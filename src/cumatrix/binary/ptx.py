@@ -21,7 +21,7 @@ DATA_FILE = "data/ptx_isa.json"
 # Reading PTX as the driver's JIT reads it ("PTX ISA", "Syntax": comments, and "PTX Module
 # Directives: .version").  The emulated driver's C reader (cumatrix/data/interposer.c,
 # ptx_text_version) follows the same rule, and both are tested against one corpus
-# (tests/data/ptx_corpus).
+# (tests/ptx_corpus).
 _BOM = b"\xef\xbb\xbf"
 _SPACE = re.compile(rb"[ \t\r\n\v\f]*")
 _NAME = re.compile(rb"[A-Za-z0-9_$]*")
