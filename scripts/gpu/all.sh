@@ -7,6 +7,8 @@
 # kernel, programs (NVRTC and static-runtime C programs under real and emulated drivers),
 # nightly (the default matrix.yaml, as a user's first GPU run), tests (pytest -m gpu), repro (the bug catalog), swap (the swap benchmark),
 # jit (code compiled at run time and code for another GPU: examples/h200-jit.yaml),
+# driver-roads (every road to libcuda and PTX behind comments, a numba-cuda kernel, under host,
+# emulated-12.4 and emulated-12.8: scripts/gpu/driver_roads.sh; run it as `all.sh jit driver-roads`),
 # wheel (the platform wheel from ./.dist installed as a user would, every cell observed from it),
 # clients-tmp (the clients matrix kept directly in /tmp, its cases starting there: CuPy and JAX
 # write their caches and temporary files in the cell's own /tmp).
@@ -78,6 +80,7 @@ for s in ${*:-reference drivers clients gate sandbox kernel}; do
              -o markers=gpu --junitxml "$E/gpu-tests.xml" ;;
     repro) stage repro 150 python3 -m cumatrix repro --all --out "$E/repro" ;;
     jit) stage jit 420 env OUT="$E" NPROC=4 bash scripts/gpu/jit.sh ;;
+    driver-roads) stage driver-roads 300 env OUT="$E" NPROC=4 bash scripts/gpu/driver_roads.sh ;;
     wheel) stage wheel 200 env OUT="$E" bash scripts/gpu/wheel.sh ;;
     swap) stage swap 330 env OUT="$E" SWAP_SWEEP="${SWAP_SWEEP:-0}" bash scripts/gpu/swap.sh ;;
     *) echo "unknown stage $s" ;;

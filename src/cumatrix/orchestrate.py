@@ -32,7 +32,7 @@ from cumatrix.core.jobs import ChildResult, Job
 from cumatrix.core.model import NO_RUNTIME, Cell, Expected, Matrix, Observed
 from cumatrix.core.options import DEFAULT_TIMEOUT, SandboxPolicy
 from cumatrix.core.record import CellRecord, Status
-from cumatrix.execute import observe
+from cumatrix.execute import driverview, observe
 from cumatrix.execute.cellaudit import Audit, CellAuditor, missing_evidence
 from cumatrix.execute.local import LocalChild, ReadyChild, SpawnMode, ready_local, run_local, start_local
 from cumatrix.host.fingerprint import host_fingerprint
@@ -267,7 +267,7 @@ class Orchestrator:
         finally:
             if turn.audit is not None:
                 turn.audit.discard()  # the cell's private directory goes with it, whatever happened
-        record = judge(cell, expected, observed, child, self._facts(cell, seen), started=turn.started,
+        record = judge(cell, expected, observed, child, self._facts(cell, seen, child), started=turn.started,
                        duration_s=time.monotonic() - turn.t0)
         return CellRun(record=record, job=turn.job)
 
@@ -351,7 +351,7 @@ class Orchestrator:
         major, _, minor = str(first.get("compute_capability", "")).partition(".")
         return int(major) * 10 + int(minor) if major.isdigit() and minor.isdigit() else None
 
-    def _facts(self, cell: Cell, seen: observe.Observation | None) -> Facts:
+    def _facts(self, cell: Cell, seen: observe.Observation | None, child: ChildResult | None = None) -> Facts:
         res = self.provisioner.resolved(cell.runtime)
         return Facts(host=self.host(), host_fingerprint=self.host_fingerprint(), backend=self.backend,
                      host_label=self.host_label, provisioned_runtime=res.version if res else None,
@@ -359,7 +359,8 @@ class Orchestrator:
                      shell_wrapped=bool(self.hooks and self.hooks.shell_wrapped(cell)),
                      observed=seen.fingerprint() if seen is not None else {},
                      # a cell observed in part never looks like one observed in full
-                     missing_evidence=(*self.missing_evidence(), *self.provisioner.interposer_evidence(cell)))
+                     missing_evidence=(*self.missing_evidence(), *self.provisioner.interposer_evidence(cell),
+                                       *driverview.emulation_evidence(cell.driver, child.extra if child else None)))
 
     def run_all(self, cells: Iterable[Cell], on_record: Callable[[CellRun], None]) -> None:
         """Run ``cells`` one after another, handing each finished cell to ``on_record``."""
@@ -414,7 +415,8 @@ def run_header(matrix: Matrix, cell_ids: list[str], *, backend: str, argv: list[
     """The ``run`` record that opens a run's segment of ``results.jsonl``.
 
     ``sandbox``: how the run's local cells were held (``bubblewrap``, ``off``, ``none: why``;
-    None: not local cells).
+    None: not local cells); where that is no mount namespace and the matrix emulates a driver,
+    ``driver_emulation`` says that emulation follows the search path only.
 
     ``plan`` (:meth:`cumatrix.core.planned.PlannedCells.to_json`): every cell the matrix means to
     run and on which host, so that a merge of several hosts' runs can name what none ran.
@@ -424,6 +426,7 @@ def run_header(matrix: Matrix, cell_ids: list[str], *, backend: str, argv: list[
     return {"schema": 1, "type": "run", "run_id": run_id, "matrix": matrix.path, "matrix_sha256": matrix.sha256,
             "started": utcnow(), "harness_version": __version__, "argv": argv, "backend": backend, "sandbox": sandbox, "host": host,
             "host_fingerprint": fingerprint, "cells_total": len(cell_ids), "cells": cell_ids,
+            **driverview.emulation_header(backend, sandbox, any(d.emulated for d in matrix.drivers)),
             **({"plan": plan} if plan is not None else {}),
             **({"submission": submission} if submission is not None else {}), "pid": os.getpid()}
 

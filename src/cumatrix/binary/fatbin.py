@@ -60,6 +60,7 @@ _FLAG_COMPRESSED_ZSTD = 0x8000
 _FLAG_ARCH_SPECIFIC = 0x100000  # sm_90a, sm_100a
 _FLAG_FAMILY = 0x200000  # sm_100f
 _MAX_ENTRIES = 1 << 20  # a bound on a crafted file, far above any real one (cuBLASLt: ~5k)
+_PTX_HEAD = 65536  # the PTX read first for its .version
 
 Variant = Literal["", "a", "f"]
 
@@ -151,8 +152,14 @@ def _read_exact(stream: IO[bytes], offset: int, n: int) -> bytes:
 def _ptx_isa(stream: IO[bytes], payload: int, size: int, version: int,
              compressed: bool) -> tuple[int, int] | None:
     if not compressed and size > 0:
-        head = _read_exact(stream, payload, min(size, 4096))
+        # Read as the driver's JIT reads it (:func:`ptx_version`): any number of comment lines
+        # may come first, so a head that decides nothing is followed by the whole payload.
+        head = _read_exact(stream, payload, min(size, _PTX_HEAD))
+        if size > len(head):
+            head = head[:head.rfind(b"\n") + 1]  # whole lines only: a directive is never cut
         isa = ptx_version(head)
+        if isa is None and size > _PTX_HEAD:
+            isa = ptx_version(_read_exact(stream, payload, size))
         if isa is not None:
             return isa
     if version:

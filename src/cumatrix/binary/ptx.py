@@ -1,5 +1,5 @@
 """PTX ISA versions: the one table of which CUDA release (and so which driver) first accepts
-each, and the ``.version`` directive read from PTX text.
+each, and the ``.version`` directive read from PTX text as the driver's JIT reads it.
 
 The table is data (``cumatrix/data/ptx_isa.json``, from NVIDIA's PTX ISA release notes), read
 once.  The gate's PTX check (:mod:`cumatrix.audit.checks`), the emulated driver's JIT ceiling
@@ -18,9 +18,16 @@ __all__ = ["DATA_FILE", "isa_table", "ptx_ceiling", "ptx_isa_cuda", "ptx_version
 
 DATA_FILE = "data/ptx_isa.json"
 
-# The directive that opens every PTX module ("PTX ISA", "PTX Module Directives: .version"):
-# only comments and blank lines may come before it.
-_VERSION_RE = re.compile(rb"^\s*\.version\s+(\d+)\.(\d+)", re.MULTILINE)
+# Reading PTX as the driver's JIT reads it ("PTX ISA", "Syntax": comments, and "PTX Module
+# Directives: .version").  The emulated driver's C reader (cumatrix/data/interposer.c,
+# ptx_text_version) follows the same rule, and both are tested against one corpus
+# (tests/ptx_corpus).
+_BOM = b"\xef\xbb\xbf"
+_SPACE = re.compile(rb"[ \t\r\n\v\f]*")
+_NAME = re.compile(rb"[A-Za-z0-9_$]*")
+_DIGITS = re.compile(rb"[0-9]+")
+# A token that is no directive: up to whitespace, a string, a separator or a comment.
+_TOKEN = re.compile(rb'(?:[^ \t\r\n\v\f";{},/]|/(?![/*]))+')
 
 
 def _pair(text: str) -> tuple[int, int]:
@@ -49,7 +56,64 @@ def ptx_ceiling(driver: int) -> tuple[int, int] | None:
     return max(known) if known else None
 
 
+def _skip_blank(text: bytes, i: int, n: int) -> int:
+    """Past whitespace and comments (``//`` to the line's end, ``/* */`` across lines) from
+    ``i``; ``n`` where a block comment never ends."""
+    while True:
+        m = _SPACE.match(text, i, n)
+        i = m.end() if m else i
+        if i + 2 > n or text[i] != 0x2F or text[i + 1] not in b"/*":
+            return i
+        if text[i + 1] == 0x2F:
+            nl = text.find(b"\n", i, n)
+            i = n if nl < 0 else nl
+            continue
+        close = text.find(b"*/", i + 2, n)
+        if close < 0:
+            return n
+        i = close + 2
+
+
+def _version_after(text: bytes, i: int, n: int) -> tuple[int, int] | None:
+    """``MAJOR.MINOR`` after a ``.version`` that ends at ``i`` (blanks and comments first)."""
+    k = _skip_blank(text, i, n)
+    major = _DIGITS.match(text, k, n)
+    if k == i or major is None:
+        return None
+    minor = _DIGITS.match(text, major.end() + 1, n) if text[major.end():major.end() + 1] == b"." else None
+    if minor is None:
+        return None
+    # the C reader keeps four digits of each
+    return int(major.group()[:4]), int(minor.group()[:4])
+
+
 def ptx_version(text: bytes) -> tuple[int, int] | None:
-    """The ``.version`` of PTX source ``text`` (the first 64 KiB are read), or ``None``."""
-    m = _VERSION_RE.search(text[:65536])
-    return (int(m.group(1)), int(m.group(2))) if m else None
+    """The ``.version`` of PTX source ``text``, read as the driver's JIT reads it, or ``None``.
+
+    An optional UTF-8 byte-order mark, whitespace and comments (``//``, ``/* */`` across lines)
+    come before it, in any amount (nvcc's PTX begins with comment lines); tokens that are no
+    directive are skipped; the first directive decides: ``.version X.Y`` is the version, any
+    other means there is none.  A ``.version`` in a comment or a string is not the version.
+    The text ends at its first NUL (PTX handed to the driver is a C string)."""
+    nul = text.find(b"\0")
+    n = len(text) if nul < 0 else nul
+    i = len(_BOM) if text.startswith(_BOM) and n >= len(_BOM) else 0
+    while True:
+        i = _skip_blank(text, i, n)
+        if i >= n:
+            return None
+        c = text[i]
+        if c == 0x22:  # a string (a .file name): nothing in it counts
+            i += 1
+            while i < n and text[i] != 0x22:
+                i += 2 if text[i] == 0x5C and i + 1 < n else 1
+            if i >= n:
+                return None
+            i += 1
+            continue
+        if c == 0x2E:  # the first directive decides
+            name = _NAME.match(text, i + 1, n)
+            end = name.end() if name else i + 1
+            return _version_after(text, end, n) if text[i + 1:end] == b"version" else None
+        tok = _TOKEN.match(text, i, n)
+        i = tok.end() if tok else i + 1

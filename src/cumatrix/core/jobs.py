@@ -47,6 +47,12 @@ class Job:
     #: The directory a command cell starts in (its case's ``cwd:``, else its matrix file's);
     #: empty: where the run started.
     cwd: str = ""
+    #: An emulated driver: its interposer (``libcuda.so.1``) and the real driver it forwards to.
+    #: A backend that gives the cell a mount namespace puts the one over every name of the
+    #: other the loader may search, and the real file where only the interposer looks
+    #: (docs/emulation.md); empty: the host's driver.
+    interposer: str = ""
+    real_driver: str = ""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

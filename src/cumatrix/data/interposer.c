@@ -4,7 +4,8 @@
  * -DCUMATRIX_TABLES='"tables.h"' naming a generated header that defines:
  *
  *   EMULATED_VERSION          the version cuDriverGetVersion answers (12040 for 12.4)
- *   REAL_PATH                 the real libcuda.so.1, as a string literal
+ *   REAL_PATH                 the real libcuda.so.1, as a string literal (used where the cell
+ *                             has no PRIVATE_DRIVER_PATH, below: no mount namespace of its own)
  *   HAS_GET_PROC_ADDRESS      1 when the real driver exports cuGetProcAddress
  *   HAS_GET_PROC_ADDRESS_V2   1 when it exports cuGetProcAddress_v2
  *   N_FORWARDED               the number of forwarded exports
@@ -37,6 +38,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #if defined(CUMATRIX_RUNTIME_CONFIG)
 /* The prebuilt variant (a platform wheel's cumatrix/libexec/libcumatrix_cuda.so): one build
@@ -147,34 +149,78 @@ __attribute__((visibility("hidden"))) void cumatrix_unresolved(void) {
 #define ELF_MAGIC 0x464c457fu          /* "\x7fELF": a cubin */
 #define FATBIN_MAGIC 0xba55ed50u       /* a fat binary's container */
 #define FATBIN_WRAPPER_MAGIC 0x466243b1u /* __fatBinC_Wrapper_t: { magic, version, data, ... } */
-#define PTX_SCAN_LIMIT 65536           /* .version opens a PTX module: only comments before it */
+/* ------------------------------------------------------------------ reading PTX as the JIT does
+ *
+ * The .version of PTX text, read by the rule cumatrix.binary.ptx.ptx_version follows (the two
+ * readers are tested against one corpus, tests/ptx_corpus): an optional UTF-8 byte-order
+ * mark; whitespace, `//` comments and `/ * * /` comments (across lines) skipped; tokens that are
+ * no directive skipped; the first directive decides: `.version MAJOR.MINOR` is the version, any
+ * other directive first means there is none.  A `.version` inside a comment or a string is not
+ * the version.  The whole text is read (nvcc's own PTX begins with comment lines, and any number
+ * of them may come first), up to n bytes or the NUL that ends PTX text. */
+static int ptx_space(char c) { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\v' || c == '\f'; }
+static int ptx_name_char(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '$';
+}
+static int ptx_at(const char *p, size_t i, size_t n) { return i < n && p[i] != 0; }
+static int ptx_comment_at(const char *p, size_t i, size_t n) {
+    return ptx_at(p, i, n) && p[i] == '/' && ptx_at(p, i + 1, n) && (p[i + 1] == '/' || p[i + 1] == '*');
+}
+
+/* Past whitespace and comments from i; n when a block comment never ends. */
+static size_t ptx_skip_blank(const char *p, size_t i, size_t n) {
+    for (;;) {
+        while (ptx_at(p, i, n) && ptx_space(p[i])) i++;
+        if (!ptx_comment_at(p, i, n)) return i;
+        if (p[i + 1] == '/') {
+            while (ptx_at(p, i, n) && p[i] != '\n') i++;
+            continue;
+        }
+        i += 2;
+        while (ptx_at(p, i, n) && !(p[i] == '*' && ptx_at(p, i + 1, n) && p[i + 1] == '/')) i++;
+        if (!ptx_at(p, i, n)) return n;
+        i += 2;
+    }
+}
+
+static size_t ptx_digits(const char *p, size_t i, size_t n, int *value) {
+    size_t start = i;
+    *value = 0;
+    while (ptx_at(p, i, n) && p[i] >= '0' && p[i] <= '9' && i - start < 4) *value = *value * 10 + (p[i++] - '0');
+    return i - start;
+}
 
 /* The .version of PTX text (major * 100 + minor), reading at most n bytes or up to a NUL; 0 when
  * there is none. */
 static int ptx_text_version(const char *p, size_t n) {
-    if (n > PTX_SCAN_LIMIT) n = PTX_SCAN_LIMIT;
-    int line_start = 1;
-    for (size_t i = 0; i < n && p[i]; i++) {
-        char c = p[i];
-        if (c == '\n') {
-            line_start = 1;
+    size_t i = 0;
+    if (ptx_at(p, 2, n) && (unsigned char)p[0] == 0xEF && (unsigned char)p[1] == 0xBB && (unsigned char)p[2] == 0xBF)
+        i = 3;
+    for (;;) {
+        i = ptx_skip_blank(p, i, n);
+        if (!ptx_at(p, i, n)) return 0;
+        if (p[i] == '"') { /* a string (a .file name): nothing in it counts */
+            for (i++; ptx_at(p, i, n) && p[i] != '"'; i++)
+                if (p[i] == '\\' && ptx_at(p, i + 1, n)) i++;
+            if (!ptx_at(p, i, n)) return 0;
+            i++;
             continue;
         }
-        if (line_start && (c == ' ' || c == '\t' || c == '\r')) continue;
-        if (line_start && c == '.' && n - i > 9 && strncmp(p + i, ".version", 8) == 0 &&
-            (p[i + 8] == ' ' || p[i + 8] == '\t')) {
-            size_t j = i + 8;
-            while (j < n && (p[j] == ' ' || p[j] == '\t')) j++;
-            int major = 0, minor = 0, digits = 0;
-            while (j < n && p[j] >= '0' && p[j] <= '9') major = major * 10 + (p[j++] - '0'), digits++;
-            if (!digits || j >= n || p[j++] != '.') return 0;
-            digits = 0;
-            while (j < n && p[j] >= '0' && p[j] <= '9') minor = minor * 10 + (p[j++] - '0'), digits++;
-            return digits ? major * 100 + minor : 0;
+        if (p[i] == '.') { /* the first directive decides */
+            size_t j = i + 1;
+            while (ptx_at(p, j, n) && ptx_name_char(p[j])) j++;
+            if (j - i - 1 != 7 || strncmp(p + i + 1, "version", 7) != 0) return 0;
+            int major, minor;
+            size_t k = ptx_skip_blank(p, j, n);
+            if (k == j || !ptx_digits(p, k, n, &major)) return 0;
+            while (ptx_at(p, k, n) && p[k] >= '0' && p[k] <= '9') k++;
+            if (!ptx_at(p, k, n) || p[k] != '.' || !ptx_digits(p, k + 1, n, &minor)) return 0;
+            return major * 100 + minor;
         }
-        line_start = 0;
+        size_t start = i; /* another token: skipped */
+        while (ptx_at(p, i, n) && !ptx_space(p[i]) && !strchr("\";{},", p[i]) && !ptx_comment_at(p, i, n)) i++;
+        if (i == start) i++;
     }
-    return 0;
 }
 
 static int (*real_ctx_get_device)(int *);
@@ -199,6 +245,7 @@ static int runs_on(int sass, int code, char variant, int arch) {
     return arch >= code;
 }
 
+static uint16_t rd16(const unsigned char *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 static uint32_t rd32(const unsigned char *p) { uint32_t v; memcpy(&v, p, 4); return v; }
 static uint64_t rd64(const unsigned char *p) { uint64_t v; memcpy(&v, p, 8); return v; }
 
@@ -213,6 +260,11 @@ static int fatbin_refused_version(const unsigned char *p, const unsigned char *e
     int arch = device_arch(), oldest = 0;
     for (int containers = 0; containers < (end ? 4096 : 1); containers++) {
         if (end && p + 16 > end) break;
+        if (end && rd64(p) == 0 && p + 24 <= end) { /* alignment padding between containers (a section) */
+            p += 8;
+            containers--;
+            continue;
+        }
         if (rd32(p) != FATBIN_MAGIC) break;
         uint32_t header = (uint32_t)(p[6] | p[7] << 8);
         uint64_t body = rd64(p + 8);
@@ -226,9 +278,11 @@ static int fatbin_refused_version(const unsigned char *p, const unsigned char *e
             char variant = (flags & 0x100000) ? 'a' : (flags & 0x200000) ? 'f' : 0;
             if (kind == 2 && (!arch || runs_on(1, (int)sm, variant, arch))) return 0;
             if (kind == 1 && (!arch || runs_on(0, (int)sm, variant, arch))) {
-                int isa = (int)((version >> 16) * 100 + (version & 0xffff));
-                if (!version && !(flags & (0x2000 | 0x8000)))
-                    isa = ptx_text_version((const char *)e + ehs, padded);
+                /* The text as the JIT reads it where it is stored plain; the entry's header for a
+                 * compressed payload (LZ4 or zstd), as cumatrix.binary.fatbin reads it. */
+                int isa = 0;
+                if (!(flags & (0x2000 | 0x8000))) isa = ptx_text_version((const char *)e + ehs, padded);
+                if (!isa) isa = (int)((version >> 16) * 100 + (version & 0xffff));
                 if (!isa || isa <= PTX_CEILING) return 0;
                 if (!oldest || isa < oldest) oldest = isa;
             }
@@ -252,8 +306,49 @@ static int refused_version(const void *image, size_t n) {
         return data ? fatbin_refused_version(data, 0) : 0;
     }
     if (magic == FATBIN_MAGIC) return fatbin_refused_version(p, n ? p + n : 0);
-    int isa = ptx_text_version((const char *)p, n ? n : PTX_SCAN_LIMIT);
+    int isa = ptx_text_version((const char *)p, n ? n : (size_t)-1);
     return isa > PTX_CEILING ? isa : 0;
+}
+
+/* A host object (CU_JIT_INPUT_OBJECT: an ELF file whose .nv_fatbin section holds its device
+ * code, as nvcc -c writes it): the version to refuse it for, read from that section. */
+static int object_refused_version(const unsigned char *p, size_t n) {
+    if (n < 64 || rd32(p) != ELF_MAGIC || p[4] != 2 || p[5] != 1) return 0; /* ELF64, little-endian */
+    uint64_t shoff = rd64(p + 0x28);
+    uint16_t shentsize = rd16(p + 0x3a), shnum = rd16(p + 0x3c), shstrndx = rd16(p + 0x3e);
+    if (shentsize < 64 || shoff > n || shnum > (n - shoff) / shentsize || shstrndx >= shnum) return 0;
+    const unsigned char *strtab = p + shoff + (size_t)shstrndx * shentsize;
+    uint64_t stroff = rd64(strtab + 0x18), strsize = rd64(strtab + 0x20);
+    if (stroff > n || strsize > n - stroff) return 0;
+    for (uint16_t i = 0; i < shnum; i++) {
+        const unsigned char *sh = p + shoff + (size_t)i * shentsize;
+        uint32_t name = rd32(sh), type = rd32(sh + 4);
+        uint64_t off = rd64(sh + 0x18), size = rd64(sh + 0x20);
+        if (type == 8 /* SHT_NOBITS */ || name >= strsize || strsize - name < sizeof ".nv_fatbin" ||
+            memcmp(p + stroff + name, ".nv_fatbin", sizeof ".nv_fatbin") != 0 || off > n || size > n - off)
+            continue;
+        return fatbin_refused_version(p + off, p + off + size);
+    }
+    return 0;
+}
+
+/* A static library (CU_JIT_INPUT_LIBRARY: an ar archive of host objects): the oldest version
+ * to refuse one of its objects for. */
+static int archive_refused_version(const unsigned char *p, size_t n) {
+    if (n < 8 || memcmp(p, "!<arch>\n", 8) != 0) return 0;
+    int oldest = 0;
+    for (size_t at = 8; at + 60 <= n;) {
+        const unsigned char *h = p + at; /* name[16] date[12] uid[6] gid[6] mode[8] size[10] "`\n" */
+        if (h[58] != '`' || h[59] != '\n') break;
+        size_t size = 0;
+        for (int k = 48; k < 58 && h[k] >= '0' && h[k] <= '9'; k++) size = size * 10 + (size_t)(h[k] - '0');
+        at += 60;
+        if (size > n - at) break;
+        int isa = object_refused_version(p + at, size);
+        if (isa && (!oldest || isa < oldest)) oldest = isa;
+        at += size + (size & 1);
+    }
+    return oldest;
 }
 
 /* A file's contents, NUL-terminated (NULL when it cannot be read: the real driver then says why). */
@@ -287,14 +382,24 @@ static int refused_file(const char *path) {
     return isa;
 }
 
-/* cuLinkAdd*: CU_JIT_INPUT_PTX (1) and CU_JIT_INPUT_FATBINARY (2) are read; cubins, host
- * objects and libraries (0, 3, 4) and NVVM IR (5) go to the real driver. */
+/* cuLinkAdd*: CU_JIT_INPUT_PTX (1) and CU_JIT_INPUT_FATBINARY (2) are read as images, host
+ * objects (3) by their .nv_fatbin section, libraries (4) object by object; cubins (0) and NVVM
+ * IR (5) go to the real driver. */
 static int refused_link_input(int type, const void *data, size_t size) {
-    return (type == 1 || type == 2) ? refused_version(data, size) : 0;
+    if (!data || PTX_CEILING == 0) return 0;
+    if (type == 1 || type == 2) return refused_version(data, size);
+    if (type == 3) return object_refused_version((const unsigned char *)data, size);
+    if (type == 4) return archive_refused_version((const unsigned char *)data, size);
+    return 0;
 }
 
 static int refused_link_file(int type, const char *path) {
-    return (type == 1 || type == 2) ? refused_file(path) : 0;
+    if (type < 1 || type > 4) return 0;
+    size_t n = 0;
+    unsigned char *buf = read_file(path, &n);
+    int isa = buf ? refused_link_input(type, buf, n) : 0;
+    free(buf);
+    return isa;
 }
 
 /* Said once per refusal on stderr, as the driver's JIT log would be: a person reading the
@@ -507,13 +612,38 @@ static const struct { const char *name; void **slot; } entry_slots[] = {
     CUMATRIX_DRIVER_ENTRY_POINTS(ENTRY_SLOT_ROW){0, 0}};
 #endif
 
+/* Where a cell with its own mount namespace finds the real driver: the sandbox and the docker
+ * backend bind the real file here and this interposer over every name of libcuda the loader
+ * may search (cumatrix.provision.drivers.PRIVATE_DRIVER_PATH, docs/emulation.md), so that this
+ * path is the only way left to the real driver.  Without a mount namespace it does not exist,
+ * and REAL_PATH, the real driver's own path, is used. */
+#define PRIVATE_DRIVER_PATH "/.cumatrix-driver/libcuda.so.1"
+
+/* The real driver, by absolute path, RTLD_LOCAL; never this interposer itself (REAL_PATH is
+ * covered by it inside a sandbox: glibc then hands back this very object). */
+static void *open_real_driver(void) {
+    const char *paths[2] = {PRIVATE_DRIVER_PATH, REAL_PATH};
+    for (int i = 0; i < 2; i++) {
+        if (i == 0 && access(paths[i], F_OK) != 0) continue;
+        void *h = dlopen(paths[i], RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            fprintf(stderr, "cumatrix emulated driver: cannot load the real driver: %s\n", dlerror());
+            continue;
+        }
+        Dl_info self, there;
+        void *sym = dlsym(h, "cuDriverGetVersion");
+        if (sym && dladdr((void *)open_real_driver, &self) && dladdr(sym, &there) && self.dli_fbase == there.dli_fbase) {
+            fprintf(stderr, "cumatrix emulated driver: %s is this emulated driver, not the real one\n", paths[i]);
+            continue;
+        }
+        return h;
+    }
+    return 0;
+}
+
 __attribute__((constructor)) static void cumatrix_load(void) {
     if (real_handle) return;
-    /* By absolute path, RTLD_LOCAL: the interposer must never find itself. */
-    real_handle = dlopen(REAL_PATH, RTLD_NOW | RTLD_LOCAL);
-    if (!real_handle) {
-        fprintf(stderr, "cumatrix emulated driver: cannot load the real driver: %s\n", dlerror());
-    }
+    real_handle = open_real_driver();
     for (int i = 0; i < N_FORWARDED; i++) {
         void *p = real_handle ? dlsym(real_handle, forwarded_names[i]) : 0;
         cumatrix_real[i] = p ? p : (void *)cumatrix_unresolved;
@@ -634,14 +764,14 @@ int cuGetProcAddress(const char *symbol, void **pfn, int cudaVersion, unsigned l
 }
 #endif
 
-/* One trampoline per forwarded export: jump through the table, arguments untouched. */
-#define TRAMPOLINE(name, index)                                                                  \
+/* One trampoline per forwarded export: jump through its slot, arguments untouched.  The slot
+ * is the table's entry (compiled per host) or the entry point's own (the prebuilt). */
+#define JUMP_THROUGH(name, slot)                                                                 \
     ".globl " #name "\n.type " #name ", @function\n.p2align 4\n" #name ":\n"                       \
-    "    jmp *cumatrix_real+8*" #index "(%rip)\n.size " #name ", .-" #name "\n"
+    "    jmp *" slot "(%rip)\n.size " #name ", .-" #name "\n"
+#define TRAMPOLINE(name, index) JUMP_THROUGH(name, "cumatrix_real+8*" #index)
 __asm__(".text\n" FORWARDED(TRAMPOLINE));
 #ifdef CUMATRIX_RUNTIME_CONFIG
-#define ENTRY_TRAMPOLINE(name)                                                                   \
-    ".globl " #name "\n.type " #name ", @function\n.p2align 4\n" #name ":\n"                       \
-    "    jmp *cumatrix_slot_" #name "(%rip)\n.size " #name ", .-" #name "\n"
+#define ENTRY_TRAMPOLINE(name) JUMP_THROUGH(name, "cumatrix_slot_" #name)
 __asm__(".text\n" CUMATRIX_DRIVER_ENTRY_POINTS(ENTRY_TRAMPOLINE));
 #endif

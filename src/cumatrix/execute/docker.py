@@ -49,7 +49,7 @@ from cumatrix.core.errors import CumatrixError, DaemonUnavailable, HarnessError
 from cumatrix.core.jobs import ChildResult, Job
 from cumatrix.core.model import Runtime
 from cumatrix.execute import docker_results as results
-from cumatrix.execute import docker_trace, sandbox
+from cumatrix.execute import docker_trace, driverview, sandbox
 from cumatrix.execute.docker_gpu import DRIVER_LIB_DIR, GpuAccess, detect_gpu, driver_libraries
 from cumatrix.execute.docker_images import (
     BASE_LABEL,
@@ -484,15 +484,15 @@ class DockerBackend:
         if not self.user.startswith("0:") and self.user != "0" and any(p.startswith("/root/") for p in paths):
             # The image's /root is 0700: a non-root user could not reach paths mounted below it.
             mounts.append(docker.types.Mount(target="/root", source="", type="tmpfs", tmpfs_mode=0o755))
-        if with_gpu and self.gpu.mode == "device-nodes":
-            mounts += [docker.types.Mount(target=inside, source=host, type="bind", read_only=True)
-                       for host, inside in self.gpu.libraries]
+        mounts += [docker.types.Mount(target=inside, source=host, type="bind", read_only=True)
+                   for host, inside in driverview.container_files(driverview.container_gpu(self.gpu, job), job, with_gpu)]
         return mounts
 
     def _environment(self, job: Job, facts: _ImageFacts, with_gpu: bool) -> dict[str, str]:
         env = dict(job.env)
         lib_path = list(job.lib_path)
-        if with_gpu and self.gpu.mode == "device-nodes":
+        gpu = driverview.container_gpu(self.gpu, job)  # an emulated driver's: device nodes
+        if with_gpu and gpu.mode == "device-nodes":
             lib_path.append(DRIVER_LIB_DIR)
         # Prepended to the image's own LD_LIBRARY_PATH (nvidia/cuda images set one).
         own = env.get("LD_LIBRARY_PATH", facts.env.get("LD_LIBRARY_PATH", ""))
@@ -514,7 +514,9 @@ class DockerBackend:
         env.setdefault("HOME", "/tmp")  # the user has no home in the image; /tmp is writable
         env.setdefault("PYTHONFAULTHANDLER", "1")
         env.setdefault("PYTHONDONTWRITEBYTECODE", "1")  # the package is mounted read-only
-        if with_gpu and self.gpu.mode == "nvidia-runtime":
+        if with_gpu and gpu is not self.gpu and self.gpu.mode == "nvidia-runtime":
+            env["NVIDIA_VISIBLE_DEVICES"] = "void"  # no hook of a default NVIDIA runtime: no GPU named
+        if with_gpu and gpu.mode == "nvidia-runtime":
             env.setdefault("NVIDIA_VISIBLE_DEVICES", "all")
             env.setdefault("NVIDIA_DRIVER_CAPABILITIES", facts.env.get("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"))
         return env
@@ -534,11 +536,12 @@ class DockerBackend:
             if rec is not None:
                 rec.close()
 
-    def _gpu_kwargs(self, with_gpu: bool) -> dict[str, Any]:
-        if with_gpu and self.gpu.mode == "nvidia-runtime":
+    def _gpu_kwargs(self, with_gpu: bool, job: Job) -> dict[str, Any]:
+        gpu = driverview.container_gpu(self.gpu, job)
+        if with_gpu and gpu.mode == "nvidia-runtime":
             return {"device_requests": [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]}
-        if with_gpu and self.gpu.mode == "device-nodes":
-            return {"devices": list(self.gpu.devices)}
+        if with_gpu and gpu.mode == "device-nodes":
+            return {"devices": list(gpu.devices)}
         return {}
 
     def _run_in(self, job: Job, ref: str, facts: _ImageFacts, *, with_gpu: bool,
@@ -561,7 +564,7 @@ class DockerBackend:
             mounts.append(docker.types.Mount(target=docker_trace.SECRET_DIR_IN_CONTAINER, source=str(rec.dir),
                                              type="bind", read_only=False))
             command = rec.command(job.argv)
-        kwargs = self._gpu_kwargs(with_gpu)
+        kwargs = self._gpu_kwargs(with_gpu, job)
         slug = _NAME_RE.sub("-", job.cell_id).strip("-.")[:80]
         name = f"cumatrix-{slug}-{uuid.uuid4().hex[:8]}"
         container = None

@@ -68,6 +68,14 @@ def driver_libraries(libcuda: Path) -> tuple[tuple[str, str], ...]:
     return tuple((host, f"{DRIVER_LIB_DIR}/{name}") for name, host in sorted(out.items()))
 
 
+def device_nodes(dev_dir: Path = Path("/dev")) -> tuple[str, ...]:
+    """The GPU's device nodes as docker's ``devices`` take them (``host:inside:rwm``):
+    ``/dev/nvidia*`` and ``/dev/nvidia-caps/*``."""
+    nodes = sorted(p for p in dev_dir.glob("nvidia*") if not p.is_dir())
+    nodes += sorted(p for p in (dev_dir / "nvidia-caps").glob("*") if not p.is_dir())
+    return tuple(f"{p}:{p}:rwm" for p in nodes)
+
+
 def detect_gpu(info: dict[str, Any], *, dev_dir: Path = Path("/dev"),
                lib_dirs: tuple[Path, ...] = ()) -> GpuAccess:
     """Choose how containers reach the GPU, from ``docker info`` and the host's files."""
@@ -77,13 +85,11 @@ def detect_gpu(info: dict[str, Any], *, dev_dir: Path = Path("/dev"),
     hook = shutil.which("nvidia-container-runtime-hook")
     if hook and (dev_dir / "nvidiactl").exists():
         return GpuAccess(mode="nvidia-runtime", detail=f"NVIDIA container toolkit hook at {hook}: --gpus all")
-    nodes = sorted(p for p in dev_dir.glob("nvidia*") if not p.is_dir())
-    nodes += sorted(p for p in (dev_dir / "nvidia-caps").glob("*") if not p.is_dir())
+    nodes = device_nodes(dev_dir)
     libcuda = _find_libcuda(lib_dirs)
     if nodes and libcuda is not None:
         libs = driver_libraries(libcuda)
-        return GpuAccess(mode="device-nodes", devices=tuple(f"{p}:{p}:rwm" for p in nodes),
-                         libraries=libs,
+        return GpuAccess(mode="device-nodes", devices=nodes, libraries=libs,
                          detail=f"{len(nodes)} device node(s), {len(libs)} driver librar(ies) from {libcuda.parent}")
     why = "no /dev/nvidia* device" if not nodes else "no libcuda.so.1 on the host"
     return GpuAccess(mode="none", detail=f"no GPU in containers: {why}")

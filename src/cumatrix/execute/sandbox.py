@@ -68,7 +68,7 @@ from cumatrix.core.options import (
     sandbox_policy,
 )
 from cumatrix.core.witness import TraceChannel, tracing_enabled
-from cumatrix.execute import forkserver
+from cumatrix.execute import driverview, forkserver
 from cumatrix.execute.childenv import (
     _SECRET_RE,
     CPU_SLACK_S,
@@ -532,14 +532,14 @@ def bwrap_argv(bwrap: str, job: Job, env: dict[str, str], cwd: str, policy: Poli
     with what the job names bound read-only and its audit log (a file) writable; ``write_dirs``
     (the gate's install target, never a cell's) writable too."""
     read, write = _job_view(job, env, cwd, write_dirs)
-    return bwrap_command(bwrap, list(job.argv), cwd=cwd, policy=policy, read=read, write=write)
+    return bwrap_command(bwrap, list(job.argv), cwd=cwd, policy=policy, read=read, write=write, job=job)
 
 
 def job_ops(job: Job, env: dict[str, str], cwd: str, policy: Policy) -> list[str]:
     """What :func:`bwrap_argv` tells bubblewrap to build for ``job``, as the fork server is told
     it (:func:`sandbox_ops`)."""
     read, write = _job_view(job, env, cwd, ())
-    return sandbox_ops(cwd=cwd, policy=policy, read=read, write=write)
+    return sandbox_ops(cwd=cwd, policy=policy, read=read, write=write, job=job)
 
 
 def _job_view(job: Job, env: dict[str, str], cwd: str, write_dirs: Iterable[str]) -> tuple[list[str], list[str]]:
@@ -618,7 +618,7 @@ def _views(points: Mapping[str, str], masks: list[tuple[str, str]], write: Itera
 
 
 def bwrap_command(bwrap: str, argv: list[str], *, cwd: str, policy: Policy | None = None,
-                  read: Iterable[str] = (), write: Iterable[str] = ()) -> list[str]:
+                  read: Iterable[str] = (), write: Iterable[str] = (), job: Job | None = None) -> list[str]:
     """A bubblewrap command line: no network, no host IPC, its own pid, UTS and cgroup
     namespaces, and the view of :func:`sandbox_ops`.
 
@@ -638,7 +638,7 @@ def bwrap_command(bwrap: str, argv: list[str], *, cwd: str, policy: Policy | Non
                 "--cap-add", "CAP_SETPCAP"]
     else:
         out += ["--unshare-user", "--disable-userns", "--unshare-cgroup-try", "--cap-drop", "ALL"]
-    out += sandbox_ops(cwd=cwd, policy=policy, read=read, write=write)
+    out += sandbox_ops(cwd=cwd, policy=policy, read=read, write=write, job=job)
     out.append("--")
     if root:
         setpriv = shutil.which("setpriv") or "/usr/bin/setpriv"
@@ -647,12 +647,13 @@ def bwrap_command(bwrap: str, argv: list[str], *, cwd: str, policy: Policy | Non
     return [*out, *argv]
 
 
-def sandbox_ops(*, cwd: str, policy: Policy, read: Iterable[str] = (), write: Iterable[str] = ()) -> list[str]:
+def sandbox_ops(*, cwd: str, policy: Policy, read: Iterable[str] = (), write: Iterable[str] = (),
+                job: Job | None = None) -> list[str]:
     """What the cell sees, in bubblewrap's words: the system directories, the GPU's device nodes
     and ``read`` read-only (``/proc/sys`` and ``/sys`` too); no ``/run``, ``/var/run`` or other
     host socket; a private ``/tmp`` and ``/dev/shm`` of ``policy.write_limit`` bytes each; the
     files in ``write`` (which must exist) the only writable host paths; ``cwd`` its directory.
-    bubblewrap builds it per cell; the fork server (:mod:`.forkserver`) builds it from the same list."""
+    bubblewrap builds it per cell, the fork server from the same list; ``job``'s driver: :mod:`.driverview`."""
     size = str(policy.write_limit)
     out: list[str] = []
     for d in SYSTEM_DIRS:
@@ -683,6 +684,7 @@ def sandbox_ops(*, cwd: str, policy: Policy, read: Iterable[str] = (), write: It
             if why is not None:
                 raise Refused(why)
     out += _views(dict(points), list(masks), write)
+    out += driverview.job_ops(job, lambda f: any(_under(f, d) for d in (*_system_dirs(), *(p for p, _ in points))))
     return [*out, "--chdir", cwd]
 
 
@@ -711,7 +713,6 @@ def _points_and_masks(read: tuple[str, ...], kept: tuple[tuple[str, bool], ...],
     if os.geteuid() == 0:
         _searchable([source[p] for p in points])
     return tuple((p, source[p]) for p in points), tuple(masks), None
-
 
 
 # --------------------------------------------------------------------------- the plan

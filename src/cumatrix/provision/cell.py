@@ -57,7 +57,7 @@ class Provisioner:
     settings: Settings
     host_driver: int | None = None
     _resolved: dict[str, _runtimes.ResolvedRuntime | CumatrixError] = field(default_factory=dict)
-    _interposers: dict[str, str] = field(default_factory=dict)
+    _interposers: dict[str, drivers.Interposer] = field(default_factory=dict)
     #: Per emulated driver made from the prebuilt interposer: the real driver's exports it lacks.
     _interposer_missing: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
@@ -95,7 +95,7 @@ class Provisioner:
             return None
         if cell.driver not in self._interposers:
             self._interposers[cell.driver] = self._build_interposer(cell.driver)
-        return self._interposers[cell.driver]
+        return str(self._interposers[cell.driver].lib_dir)
 
     def interposer_evidence(self, cell: Cell) -> tuple[str, ...]:
         """What the cell's emulated driver lacks, in the words of missing evidence (empty where
@@ -113,7 +113,7 @@ class Provisioner:
         """Whether the interposer of emulated driver ``driver`` is built already."""
         return driver in self._interposers
 
-    def _build_interposer(self, driver: str) -> str:
+    def _build_interposer(self, driver: str) -> drivers.Interposer:
         emu = self.settings.matrix.driver(driver).emulated
         if emu is None:
             raise CumatrixError(f"{driver} is not an emulated driver")
@@ -130,7 +130,7 @@ class Provisioner:
         ip = drivers.build_interposer(emu, real_libcuda=real, introductions=intro,
                                       real_driver_version=self.host_driver)
         self._interposer_missing[driver] = ip.missing
-        return str(ip.lib_dir)
+        return ip
 
     # ----------------------------------------------------------------- jobs
 
@@ -177,9 +177,12 @@ class Provisioner:
         mounts: list[str] = []
         libcudart: str | None = None
         ip = self.interposer_dir(cell)
+        interposer = real_driver = ""
         if ip:
             lib_path.append(ip)
             mounts.append(ip)
+            built = self._interposers[cell.driver]
+            interposer, real_driver = str(built.library), str(built.real_libcuda)
         if cell.runtime != NO_RUNTIME and self.settings.backend != "docker":  # a container's runtime is its image's
             res = self.runtime(cell.runtime)
             lib_path.append(str(res.lib_dir))
@@ -191,7 +194,8 @@ class Provisioner:
             return Job(cell_id=cell.id, kind=cell.kind, argv=case.argv, env=(*env, *case.env),
                        harness_python=case.harness_python, cwd=case.cwd or "",
                        lib_path=tuple(lib_path), timeout=case.timeout or self.settings.timeout, mounts=tuple(mounts),
-                       runtime_name=cell.runtime)
+                       runtime_name=cell.runtime, interposer=interposer,
+                       real_driver=real_driver)
         # A harness child: it alone gets the harness's package on its path, and the verdict channel.
         python = "python3" if self.settings.backend == "docker" else sys.executable
         env += [("PYTHONPATH", PACKAGE_PARENT), *self.settings.child_env]
@@ -207,7 +211,8 @@ class Provisioner:
             env += self._swap_env(cell, mounts)
         return Job(cell_id=cell.id, kind=cell.kind, argv=(python, "-m", "cumatrix.child.case", json.dumps(spec)),
                    env=tuple(env), lib_path=tuple(lib_path), timeout=self.settings.timeout, mounts=tuple(mounts),
-                   runtime_name=cell.runtime, reports_verdict=True)
+                   runtime_name=cell.runtime, reports_verdict=True, interposer=interposer,
+                   real_driver=real_driver)
 
     # ----------------------------------------------------------------- swap cells
 

@@ -1,7 +1,10 @@
 """The driver axis: the host's real ``libcuda.so.1``, or an emulated older driver.
 
 An emulated driver ``emulated-X.Y`` is a ``libcuda.so.1`` generated and compiled with gcc on
-the host, found first through ``LD_LIBRARY_PATH``. It forwards every entry point to the real
+the host, found first through ``LD_LIBRARY_PATH`` under every name of libcuda
+(:func:`libcuda_names`); a cell with its own mount namespace gets it in place of every libcuda
+file the loader may search, and the real driver at :data:`PRIVATE_DRIVER_PATH`
+(:mod:`cumatrix.execute.driverview`). It forwards every entry point to the real
 driver except those introduced after X.Y (introduction versions from the ``PFN_`` typedefs of
 ``cudaTypedefs.h``, see :mod:`cumatrix.provision.headers`), answers ``cuDriverGetVersion`` with X.Y and
 caps ``cuGetProcAddress`` / ``cuGetProcAddress_v2`` at X.Y. What that reproduces, and where it
@@ -133,6 +136,42 @@ class Interposer:
     def library(self) -> Path:
         return self.lib_dir / "libcuda.so.1"
 
+    def names(self) -> tuple[str, ...]:
+        """Every name of libcuda ``lib_dir`` answers to (:func:`libcuda_names`)."""
+        return libcuda_names(self.real_libcuda)
+
+
+#: Where a cell with its own mount namespace finds the real driver (``PRIVATE_DRIVER_PATH`` of
+#: interposer.c): the sandbox and the docker backend bind the real file there and the
+#: interposer over every name of libcuda the loader may search, so that only the interposer,
+#: which knows this path, reaches the real driver (docs/emulation.md).
+PRIVATE_DRIVER_PATH = "/.cumatrix-driver/libcuda.so.1"
+
+_VERSIONED_RE = re.compile(r"^libcuda\.so\.\d+(?:\.\d+)+$")
+
+
+def libcuda_names(real_libcuda: Path) -> tuple[str, ...]:
+    """The names a program may load the driver by: ``libcuda.so`` (numba-cuda tries it first,
+    docs/facts.md section 13), ``libcuda.so.1`` (the SONAME) and the real file's own
+    ``libcuda.so.<driver version>`` where it has one."""
+    own = Path(real_libcuda).resolve().name
+    return ("libcuda.so", "libcuda.so.1", *((own,) if _VERSIONED_RE.match(own) else ()))
+
+
+def _ship_every_name(lib_dir: Path, real_libcuda: Path) -> None:
+    """Every name of :func:`libcuda_names` in ``lib_dir``, each a link to its ``libcuda.so.1``:
+    on the search path, a program that asks for any of them gets the interposer (without a
+    mount namespace, that is all emulation has).  Made where missing (a cache of an older
+    layout, or another worker's first)."""
+    for name in libcuda_names(real_libcuda):
+        link = lib_dir / name
+        if name == "libcuda.so.1" or link.is_symlink() or link.exists():
+            continue
+        try:
+            link.symlink_to("libcuda.so.1")
+        except FileExistsError:
+            continue
+
 
 #: The entry points the interposer implements itself instead of forwarding.
 _OWN = ("cuDriverGetVersion", "cuGetProcAddress", "cuGetProcAddress_v2")
@@ -257,6 +296,7 @@ def build_interposer(emulated: CudaVersion, *, real_libcuda: Path | None, introd
     cached = (lib_dir / "libcuda.so.1").is_file()
     if not cached:
         cached = _compile(emulated, cc_path, source, tables, root, lib_dir) == "cache-hit"
+    _ship_every_name(lib_dir, real)
     return Interposer(lib_dir=lib_dir, version=version, hidden=hidden, exported=len(kept),
                       cache_hit=cached, real_libcuda=real)
 
@@ -322,6 +362,7 @@ def _from_prebuilt(emulated: CudaVersion, prebuilt: Path, config: prebuilt_drive
             if not (lib_dir / "libcuda.so.1").is_file():
                 raise
             cached = True  # another worker wrote the same one first
+    _ship_every_name(lib_dir, config.real_libcuda)
     return Interposer(lib_dir=lib_dir, version=config.version, hidden=hidden, exported=len(kept) - len(missing),
                       cache_hit=cached, real_libcuda=config.real_libcuda, prebuilt=True, missing=missing)
 

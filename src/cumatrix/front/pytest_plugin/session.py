@@ -25,7 +25,7 @@ from cumatrix import __version__
 from cumatrix.core.errors import ConfigError, CumatrixError
 from cumatrix.core.options import SandboxPolicy
 from cumatrix.core.record import STATUSES, CellRecord
-from cumatrix.execute import sandbox
+from cumatrix.execute import driverview, sandbox
 from cumatrix.front.pytest_plugin.selection import REUSE, options, out_dir, plan_json, selected
 from cumatrix.orchestrate import Orchestrator, end_record, run_header
 from cumatrix.results.records import RunData, Seal
@@ -114,6 +114,8 @@ class RunSession:
                 for w in plan.warnings:
                     self._write(f"cumatrix: warning: {w}")
             held = self._sandbox_said(opts.backend, opts.for_matrix(m.sandbox))
+            if driverview.emulation_header(opts.backend, held, any(d.emulated for d in m.drivers)):
+                self._write(f"cumatrix: {driverview.SEARCH_PATH_ONLY}")
             store.append(run_header(m, [c.id for c in cells], backend=opts.backend, sandbox=held,
                                     argv=list(config.invocation_params.args), host=opts.host,
                                     fingerprint=fp, run_id=uuid.uuid4().hex[:12], plan=plan_json(config, m),
