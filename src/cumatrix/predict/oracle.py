@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from cumatrix.binary.fatbin import DeviceCode
 from cumatrix.binary.ptx import ptx_ceiling
 from cumatrix.core.model import FAILS, Cell, CudaVersion, Expected, Matrix
-from cumatrix.predict.jit import jit_refusal, no_usable_code, ptx_producers, unknown_machine_code
+from cumatrix.predict.jit import PtxProducer, jit_refusal, no_usable_code, ptx_producers, unknown_machine_code
 from cumatrix.predict.rules import (
     cuda_major,
     emulation_newer_than_host,
@@ -245,14 +245,21 @@ def _runtime_family(cell: Cell, rv: int, d: int) -> Expected:
         return _expect("ok:fallback",
                         reason=f"driver {_v(d)} predates the batch copy: error 36, the reference falls back",
                         rule="newer-driver-fallback")
-    actual = _abi(rv)
     if v == "runtime-dispatch":
         if legacy:
             return _expect("ok:fallback",
                             reason="legacy NULL stream: the reference falls back (vLLM issue 46345)", rule="legacy-guard")
         return _expect("ok:batch",
-                        reason=f"ABI from cudaRuntimeGetVersion ({_v(rv)}): the {_params(actual)}-parameter call matches",
+                        reason=f"ABI from cudaRuntimeGetVersion ({_v(rv)}): the {_params(_abi(rv))}-parameter call matches",
                         rule="runtime-dispatch-batch")
+    return _assumed_abi(cell, rv, d)
+
+
+def _assumed_abi(cell: Cell, rv: int, d: int) -> Expected:
+    """A variant that takes the batch copy's ABI from something other than the runtime (the
+    driver's version, the headers'): what that assumption meets in runtime ``rv`` on driver ``d``."""
+    v, build, intro = cell.variant, cell.need_build(), batch_introduced()
+    actual = _abi(rv)
     if v == "driver-dispatch":
         assumed, source = _abi(d), f"cudaDriverGetVersion ({_v(d)})"
         bug = "SGLang PR 23172"
@@ -280,7 +287,7 @@ def _runtime_family(cell: Cell, rv: int, d: int) -> Expected:
         return _expect("cuda-error:400",
                         reason=f"ABI from {source} -> 9-parameter call into runtime {_v(rv)}: failIdx is taken as the stream, cudaErrorInvalidResourceHandle ({bug})",
                         rule="abi-9-into-8")
-    if legacy:
+    if cell.need_workload().stream == "legacy":
         return _legacy_unguarded("cudaErrorInvalidValue")
     return _expect("ok:batch", reason=f"ABI from {source} happens to match runtime {_v(rv)}",
                     rule=f"{v}-match")
@@ -381,15 +388,21 @@ def expect_jit(cell: Cell, host: HostFacts, prior: Expected,
     producers = ptx_producers(libraries)
     why = jit_refusal(cell, d, producers)
     if why is None:
-        unknown = unknown_machine_code(d, producers) if cell.driver.startswith("emulated-") else None
-        if unknown is not None and cell.kind == "command" and prior.rule == "command-default":
-            return _expect("cannot-emulate", reason=unknown, rule="jit-machine-code-undocumented")
-        return prior
+        return _jit_unknown_machine_code(cell, prior, d, producers)
     if cell.kind == "swap" and prior.rule == "ptx-ceiling":
         return _expect("cuda-error:222", reason=why, rule="jit-ptx-too-new")
     if cell.kind == "command" and prior.rule == "command-default":
         return Expected(outcomes=PROGRAM_REFUSED, reason=f"{why}; how the program reports it is its own",
                         rule="jit-ptx-too-new")
+    return prior
+
+
+def _jit_unknown_machine_code(cell: Cell, prior: Expected, d: int, producers: tuple[PtxProducer, ...]) -> Expected:
+    """A command that rested on no rule, under an emulated driver, whose JIT producers make
+    machine code the emulated driver's documentation does not cover: ``cannot-emulate``."""
+    unknown = unknown_machine_code(d, producers) if cell.driver.startswith("emulated-") else None
+    if unknown is not None and cell.kind == "command" and prior.rule == "command-default":
+        return _expect("cannot-emulate", reason=unknown, rule="jit-machine-code-undocumented")
     return prior
 
 
