@@ -171,16 +171,7 @@ def fingerprint(observed: Observed, child: ChildResult | None, facts: Facts) -> 
     def pick(child_value: object, host_value: object) -> object:
         return child_value if child_value is not None else host_value
 
-    runtime_file = cf.runtime_file or facts.provisioned_runtime_file
-    runtime_version = cf.runtime_version if cf.runtime_version is not None else (
-        facts.provisioned_runtime if runtime_file == facts.provisioned_runtime_file else None)
-    audit: dict[str, object] = {}
-    if facts.observed:  # observed: what the process tree mapped, not what was offered
-        audit = {k: v for k, v in facts.observed.items() if k not in ("runtime_file", "runtime_version")}
-        runtime_file = _opt_str(facts.observed.get("runtime_file"))
-        seen_version = facts.observed.get("runtime_version")
-        runtime_version = cf.runtime_version if cf.runtime_version is not None else (
-            seen_version if isinstance(seen_version, int) else None)
+    runtime_file, runtime_version, audit = _runtime_seen(observed, facts)
     if child is not None and child.trace is not None:
         audit["trace"] = child.trace.to_json()
     if facts.missing_evidence:
@@ -203,6 +194,23 @@ def fingerprint(observed: Observed, child: ChildResult | None, facts: Facts) -> 
         "sandbox": extra.get("sandbox"),
         "killed_after": extra.get("killed_after"),
     }
+
+
+def _runtime_seen(observed: Observed, facts: Facts) -> tuple[str | None, int | None, dict[str, object]]:
+    """(runtime file, runtime version, the rest of the audit's record): what the process tree
+    mapped where it was observed, else what the child said, else what was provisioned."""
+    cf = observed.facts
+    runtime_file = cf.runtime_file or facts.provisioned_runtime_file
+    runtime_version = cf.runtime_version if cf.runtime_version is not None else (
+        facts.provisioned_runtime if runtime_file == facts.provisioned_runtime_file else None)
+    audit: dict[str, object] = {}
+    if facts.observed:  # observed: what the process tree mapped, not what was offered
+        audit = {k: v for k, v in facts.observed.items() if k not in ("runtime_file", "runtime_version")}
+        runtime_file = _opt_str(facts.observed.get("runtime_file"))
+        seen_version = facts.observed.get("runtime_version")
+        runtime_version = cf.runtime_version if cf.runtime_version is not None else (
+            seen_version if isinstance(seen_version, int) else None)
+    return runtime_file, runtime_version, audit
 
 
 def _opt_str(value: object) -> str | None:

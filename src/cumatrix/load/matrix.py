@@ -444,14 +444,7 @@ def loads(text: str, filename: str = "<matrix>", *, sha256: str | None = None, h
     problems, bad = schema.check(doc, SCHEMA, "matrix")
     ctx = _Ctx(doc, problems, home)
     data: dict[str, Any] = doc.data
-    # A section with a shape problem is not built; every other section still is, so one
-    # run of `cumatrix validate` lists every problem of the file.
-    broken = {p[0] for p in bad if p}
-    built = {key: fn(ctx, data[key]) for key, fn in _SECTIONS if key in data and key not in broken}
-    if "runtimes" not in broken and not any(p.message.startswith("runtimes") for p in ctx.problems):
-        _check_builds(ctx, built)  # beside other sections' problems: one validate lists them all
-    if not ctx.problems and built.get("variants") and not (built.get("builds") and built.get("workloads")):
-        ctx.err(("variants",), "variants need `builds` (header versions) and `workloads` to make swap cells", key=True)
+    built = _built_sections(ctx, data, {p[0] for p in bad if p})
     if ctx.problems:
         raise ConfigError(ctx.problems)
     m = Matrix(path=filename, sha256=sha256 or hashlib.sha256(text.encode()).hexdigest(), version=1,
@@ -464,6 +457,19 @@ def loads(text: str, filename: str = "<matrix>", *, sha256: str | None = None, h
     if ctx.problems:
         raise ConfigError(ctx.problems)
     return m
+
+
+def _built_sections(ctx: _Ctx, data: dict[str, Any], broken: set[Any]) -> dict[str, Any]:
+    """The matrix's sections, each built from its part of ``data`` and checked across the others.
+
+    A section with a shape problem (``broken``) is not built; every other section still is, so
+    one run of ``cumatrix validate`` lists every problem of the file."""
+    built = {key: fn(ctx, data[key]) for key, fn in _SECTIONS if key in data and key not in broken}
+    if "runtimes" not in broken and not any(p.message.startswith("runtimes") for p in ctx.problems):
+        _check_builds(ctx, built)  # beside other sections' problems: one validate lists them all
+    if not ctx.problems and built.get("variants") and not (built.get("builds") and built.get("workloads")):
+        ctx.err(("variants",), "variants need `builds` (header versions) and `workloads` to make swap cells", key=True)
+    return built
 
 
 def known_builds(runtimes: tuple[Runtime, ...]) -> list[str]:
