@@ -198,18 +198,9 @@ def _run(api: CudaApi, spec: dict[str, Any], block: int, blocks: int, layers: in
         variant.set_policy(str(spec["policy"]))
     total = block * blocks * layers
     n = blocks * layers
-    src_dev = direction in ("d2h", "d2d")
-    dst_dev = direction in ("h2d", "d2d")
-    src = api.alloc_device(total) if src_dev else api.alloc_host(total)
-    dst = api.alloc_device(total) if dst_dev else api.alloc_host(total)
-
     rng = random.Random(seed)
     payload = rng.randbytes(total) if seed is not None else os.urandom(total)
-    if src_dev:
-        api.upload(src, payload)
-    else:
-        ctypes.memmove(src, payload, total)
-    api.zero(dst, total, host=not dst_dev)
+    src, dst, dst_dev = _buffers(api, direction, payload)
 
     # Block s of layer l goes to block perm[s] of layer l: scattered, as a KV-cache swap is.
     perm = list(range(blocks))
@@ -244,6 +235,22 @@ def _run(api: CudaApi, spec: dict[str, Any], block: int, blocks: int, layers: in
     data |= {"path": path, "gbps": timings["gbps"], "limit_gbps": timings["limit_gbps"]}
     return _verdict("ok", path=path, detail=f"{n} blocks of {block} bytes ({direction}, {stream_kind} stream) "
                                             f"copied and checked byte for byte", timings=timings, data=data)
+
+
+def _buffers(api: CudaApi, direction: str, payload: bytes) -> tuple[int, int, bool]:
+    """(source, destination, whether the destination is device memory) for a ``direction`` copy:
+    the source holding ``payload``, the destination zeroed."""
+    total = len(payload)
+    src_dev = direction in ("d2h", "d2d")
+    dst_dev = direction in ("h2d", "d2d")
+    src = api.alloc_device(total) if src_dev else api.alloc_host(total)
+    dst = api.alloc_device(total) if dst_dev else api.alloc_host(total)
+    if src_dev:
+        api.upload(src, payload)
+    else:
+        ctypes.memmove(src, payload, total)
+    api.zero(dst, total, host=not dst_dev)
+    return src, dst, dst_dev
 
 
 def _timings(api: CudaApi, spec: dict[str, Any], variant: KvSwapLibrary, args: tuple[Any, Any, Any, int], stream: int | None,

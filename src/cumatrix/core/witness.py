@@ -309,17 +309,25 @@ def loader_undefined_symbol(stderr: str, trace: KernelTrace | None, *, returncod
 def _traced_undefined_symbol(stderr: str, trace: KernelTrace) -> tuple[str, str] | None:
     """:func:`loader_undefined_symbol` where the kernel traced the cell: the message counts only
     beside the process that the loader (or Python's import) really ended."""
-    for m in _SYMBOL_LOOKUP_RE.finditer(stderr):
-        obj, sym = m.group(1), m.group(2)
-        for p in trace.processes:
-            if p.exit_code == 127 and _maps(trace, p.pid, obj):
-                return sym, f"the dynamic loader ended process {p.pid} ({p.exe}) with 127, {obj} mapped"
+    ended = _loader_ended(stderr, trace)
+    if ended is not None:
+        return ended
     m2 = _IMPORT_ERROR_RE.search(stderr)
     if m2 and _TRACEBACK in stderr:
         for p in trace.processes:
             code = p.exit_code
             if code not in (None, 0) and p.exe and _PYTHON_RE.match(_basename(p.exe)):
                 return m2.group(1), f"Python ({p.exe}, process {p.pid}) failed an import and exited {code}"
+    return None
+
+
+def _loader_ended(stderr: str, trace: KernelTrace) -> tuple[str, str] | None:
+    """A ``symbol lookup error`` line beside a process that exited 127 with the object it names mapped."""
+    for m in _SYMBOL_LOOKUP_RE.finditer(stderr):
+        obj, sym = m.group(1), m.group(2)
+        for p in trace.processes:
+            if p.exit_code == 127 and _maps(trace, p.pid, obj):
+                return sym, f"the dynamic loader ended process {p.pid} ({p.exe}) with 127, {obj} mapped"
     return None
 
 

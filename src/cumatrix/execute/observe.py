@@ -438,20 +438,15 @@ class Observation:
 
     def _noted(self) -> dict[str, object]:
         """The fingerprint's fields that stand only where there is something to say."""
-        out: dict[str, object] = {}
-        if self.not_used:  # a fact whatever the outcome: it makes a skip only of a program that succeeded
-            out["runtime_not_used"] = self.not_used
-        if self.source_note:
-            out["mappings_note"] = self.source_note
-        if self.unbacked:
-            out["audit_claims_not_backed"] = list(self.unbacked[:20])
-        if self.static_runtimes:
-            out["static_runtimes"] = [r.to_json() for r in self.static_runtimes]
-        if self.nameless:
-            out["nameless_files"] = [{"path": p, "sha256": h, "bytes": n} for p, h, n in self.nameless]
-        if self.device_code:
-            out["device_code"] = {path: sorted({c.label() for c in codes}) for path, codes in self.device_code}
-        return out
+        # not_used is a fact whatever the outcome: it makes a skip only of a program that succeeded
+        noted: dict[str, object] = {
+            "runtime_not_used": self.not_used,
+            "mappings_note": self.source_note,
+            "audit_claims_not_backed": list(self.unbacked[:20]),
+            "static_runtimes": [r.to_json() for r in self.static_runtimes],
+            "nameless_files": [{"path": p, "sha256": h, "bytes": n} for p, h, n in self.nameless],
+            "device_code": {path: sorted({c.label() for c in codes}) for path, codes in self.device_code}}
+        return {k: v for k, v in noted.items() if v}
 
 
 #: What the rtld-audit log is, where it is all there is.

@@ -74,15 +74,7 @@ def decide(cell: Cell, expected: Expected, observed: Observed, facts: Facts) -> 
         observed = shell_signal(observed)
     observed = reconcile(cell, observed, facts.host, expected)
     if is_neutral(observed.outcome):
-        if facts.require_gpu and observed.outcome == "skipped:no-cuda-driver":
-            return Verdict(status="fail", observed=observed,
-                           mismatch="--require-gpu: this cell needs a GPU and the host has no usable NVIDIA driver "
-                                    f"({observed.detail or 'no driver'})")
-        if facts.require_gpu and observed.outcome == "skipped:no-compiler":
-            # A GPU runner without gcc would otherwise pass a nightly whose GPU cells never built.
-            return Verdict(status="fail", observed=observed,
-                           mismatch=f"--require-gpu: this GPU cell could not be built here ({observed.detail})")
-        return Verdict(status="skip", mismatch=None, observed=observed)
+        return _neutral(observed, require_gpu=facts.require_gpu)
     if not expected.admits(observed.outcome, observed.path):
         return Verdict(status="fail", mismatch=_mismatch(expected, observed), observed=observed)
     if cell.kind == "probe":
@@ -90,6 +82,20 @@ def decide(cell: Cell, expected: Expected, observed: Observed, facts: Facts) -> 
         if wrong:
             return Verdict(status="fail", mismatch=wrong, observed=observed)
     return Verdict(status="pass", mismatch=None, observed=observed)
+
+
+def _neutral(observed: Observed, *, require_gpu: bool) -> Verdict:
+    """A neutral outcome is a skip, unless ``--require-gpu`` makes a cell that could not reach a
+    GPU a failure."""
+    if require_gpu and observed.outcome == "skipped:no-cuda-driver":
+        return Verdict(status="fail", observed=observed,
+                       mismatch="--require-gpu: this cell needs a GPU and the host has no usable NVIDIA driver "
+                                f"({observed.detail or 'no driver'})")
+    if require_gpu and observed.outcome == "skipped:no-compiler":
+        # A GPU runner without gcc would otherwise pass a nightly whose GPU cells never built.
+        return Verdict(status="fail", observed=observed,
+                       mismatch=f"--require-gpu: this GPU cell could not be built here ({observed.detail})")
+    return Verdict(status="skip", mismatch=None, observed=observed)
 
 
 def decide_child(expected: Expected, observed: Observed) -> Verdict:

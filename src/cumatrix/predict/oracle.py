@@ -269,16 +269,7 @@ def _assumed_abi(cell: Cell, rv: int, d: int) -> Expected:
     else:
         return _expect("harness-error", reason=f"no rule for runtime-family variant {v}", rule="none")
     if d < intro:
-        # Every runtime-family variant falls back on error 36 (that fallback is not the bug
-        # they model).  A mismatched ABI may still fault before the runtime checks the driver:
-        # not measured on a real pre-12.8 driver, so both are admitted.
-        outcomes = {"ok:fallback"}
-        if assumed != actual:
-            outcomes.add("crash:SIGSEGV" if assumed == 13 else "cuda-error:400")
-        return Expected(outcomes=frozenset(outcomes),
-                        reason=f"driver {_v(d)} predates the batch copy: error 36 and the per-block fallback"
-                               + (" (or the ABI mismatch first; unmeasured on such a driver)" if assumed != actual else ""),
-                        rule="newer-driver-fallback")
+        return _before_batch_driver(d, assumed, actual)
     if assumed == 13 and actual == 12:
         return _expect("crash:SIGSEGV",
                         reason=f"ABI from {source} -> 8-parameter call into runtime {_v(rv)}'s 9-parameter function: SIGSEGV ({bug})",
@@ -291,6 +282,21 @@ def _assumed_abi(cell: Cell, rv: int, d: int) -> Expected:
         return _legacy_unguarded("cudaErrorInvalidValue")
     return _expect("ok:batch", reason=f"ABI from {source} happens to match runtime {_v(rv)}",
                     rule=f"{v}-match")
+
+
+def _before_batch_driver(d: int, assumed: int, actual: int) -> Expected:
+    """A runtime-family variant on driver ``d``, older than the batch copy, with the ABI it
+    ``assumed`` against the runtime's ``actual`` one."""
+    # Every runtime-family variant falls back on error 36 (that fallback is not the bug
+    # they model).  A mismatched ABI may still fault before the runtime checks the driver:
+    # not measured on a real pre-12.8 driver, so both are admitted.
+    outcomes = {"ok:fallback"}
+    if assumed != actual:
+        outcomes.add("crash:SIGSEGV" if assumed == 13 else "cuda-error:400")
+    return Expected(outcomes=frozenset(outcomes),
+                    reason=f"driver {_v(d)} predates the batch copy: error 36 and the per-block fallback"
+                           + (" (or the ABI mismatch first; unmeasured on such a driver)" if assumed != actual else ""),
+                    rule="newer-driver-fallback")
 
 
 def _params(abi: int) -> int:
@@ -339,22 +345,26 @@ def expect_program(cell: Cell, host: HostFacts, prior: Expected, *, runtime_vers
     d = effective_driver(cell, host)
     if d is None:
         return prior
-    major = cuda_major(runtime_version)
     seen = f" ({evidence})" if evidence else ""
     if major_newer_than_driver(runtime_version, d):
-        floor = rules().min_driver_for(CudaVersion(major, 0))
-        need = f"a CUDA {major} driver" + (f" (>= {floor})" if floor else "")
-        return Expected(outcomes=PROGRAM_REFUSED,
-                        reason=f"the program's CUDA {major} runtime{seen} needs {need}; the driver is {_v(d)}: "
-                               "its first runtime call gets cudaErrorInsufficientDriver (35), and the program fails "
-                               "(NVIDIA's rule says it fails, not how it reports it: any non-zero exit or signal)",
-                        rule="program-major-newer-than-driver")
+        return _program_major_newer(cuda_major(runtime_version), seen, d)
     if cell.driver.startswith("emulated-") and interposer_detected(runtime_version, d, host.driver_version):
         return Expected(outcomes=frozenset({"cannot-emulate"}),
                         reason=f"the program's CUDA 12 runtime{seen} detects the interposer (error 103) when the "
                                f"emulated version {_v(d)} differs from the real driver's",
                         rule="program-interposer-detected")
     return prior
+
+
+def _program_major_newer(major: int, seen: str, d: int) -> Expected:
+    """A program's CUDA ``major`` runtime on an older driver ``d``: NVIDIA's rule says it fails."""
+    floor = rules().min_driver_for(CudaVersion(major, 0))
+    need = f"a CUDA {major} driver" + (f" (>= {floor})" if floor else "")
+    return Expected(outcomes=PROGRAM_REFUSED,
+                    reason=f"the program's CUDA {major} runtime{seen} needs {need}; the driver is {_v(d)}: "
+                           "its first runtime call gets cudaErrorInsufficientDriver (35), and the program fails "
+                           "(NVIDIA's rule says it fails, not how it reports it: any non-zero exit or signal)",
+                    rule="program-major-newer-than-driver")
 
 
 def expect_jit(cell: Cell, host: HostFacts, prior: Expected,
@@ -380,11 +390,9 @@ def expect_jit(cell: Cell, host: HostFacts, prior: Expected,
     d = effective_driver(cell, host)
     if d is None or prior.rule == "matrix-override":
         return prior
-    if cell.kind == "command" and prior.rule == "command-default" and arch is not None:
-        found = no_usable_code(device_code, arch, d)
-        if found is not None:
-            return Expected(outcomes=PROGRAM_REFUSED, reason=f"{found[1]}; how the program reports it is its own",
-                            rule=found[0])
+    no_code = _no_usable_code(cell, prior, device_code, arch, d)
+    if no_code is not None:
+        return no_code
     producers = ptx_producers(libraries)
     why = jit_refusal(cell, d, producers)
     if why is None:
@@ -395,6 +403,19 @@ def expect_jit(cell: Cell, host: HostFacts, prior: Expected,
         return Expected(outcomes=PROGRAM_REFUSED, reason=f"{why}; how the program reports it is its own",
                         rule="jit-ptx-too-new")
     return prior
+
+
+def _no_usable_code(cell: Cell, prior: Expected, device_code: tuple[tuple[str, tuple[DeviceCode, ...]], ...],
+                    arch: int | None, d: int) -> Expected | None:
+    """A command that rested on no rule and mapped an object with no code GPU ``arch`` can run on
+    driver ``d``: the program fails (how it reports it is its own)."""
+    if cell.kind != "command" or prior.rule != "command-default" or arch is None:
+        return None
+    found = no_usable_code(device_code, arch, d)
+    if found is None:
+        return None
+    return Expected(outcomes=PROGRAM_REFUSED, reason=f"{found[1]}; how the program reports it is its own",
+                    rule=found[0])
 
 
 def _jit_unknown_machine_code(cell: Cell, prior: Expected, d: int, producers: tuple[PtxProducer, ...]) -> Expected:

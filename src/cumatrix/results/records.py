@@ -423,12 +423,7 @@ def _read(source: str, numbered: Iterable[tuple[int, str, str | None]], seal: Se
         elif kind == "end":
             if not runs:
                 raise r.fail("end record before any run header")
-            interrupted = rec.get("interrupted")
-            runs[-1] = replace(
-                runs[-1],
-                finished=r.text("finished"),
-                interrupted=bool(interrupted) if interrupted is not None else False,
-            )
+            runs[-1] = _ended(runs[-1], r, rec)
         else:
             extra.append(rec)
 
@@ -437,6 +432,13 @@ def _read(source: str, numbered: Iterable[tuple[int, str, str | None]], seal: Se
     if seal is not None:
         _taken_out(seal, cells)
     return _assemble(runs, cells, warnings, extra)
+
+
+def _ended(run: RunInfo, r: _Reader, rec: Mapping[str, object]) -> RunInfo:
+    """``run`` with what its end record says: when it finished, whether it was interrupted."""
+    interrupted = rec.get("interrupted")
+    return replace(run, finished=r.text("finished"),
+                   interrupted=bool(interrupted) if interrupted is not None else False)
 
 
 def _record(source: str, lineno: int, line: str, following: str | None, warnings: list[str]) -> dict[str, object] | None:
