@@ -58,6 +58,8 @@ class Provisioner:
     host_driver: int | None = None
     _resolved: dict[str, _runtimes.ResolvedRuntime | CumatrixError] = field(default_factory=dict)
     _interposers: dict[str, str] = field(default_factory=dict)
+    #: The ``include/`` serving each header version (``builds:``), found once for the run.
+    _headers: dict[str, Path] = field(default_factory=dict)
     #: Per emulated driver made from the prebuilt interposer: the real driver's exports it lacks.
     _interposer_missing: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
@@ -79,6 +81,16 @@ class Provisioner:
         """The runtime ``name`` if it was resolved without error, else ``None``."""
         got = self._resolved.get(name)
         return got if isinstance(got, _runtimes.ResolvedRuntime) else None
+
+    def headers(self, version: str | CudaVersion) -> Path:
+        """The ``include/`` of the runtime wheel serving headers ``version`` (a runtime of the
+        matrix with that major.minor, else the known wheel), found once for the run: every swap
+        cell of that version builds against it."""
+        key = str(version)
+        if key not in self._headers:
+            self._headers[key] = _runtimes.headers_for(version, wheel_dir=self.settings.wheel_dir,
+                                                       runtimes=self.settings.matrix.runtimes)
+        return self._headers[key]
 
     def runtime_version(self, cell: Cell) -> int | None:
         """``cudaRuntimeGetVersion`` of the cell's runtime, as far as it is known before the run."""
@@ -239,7 +251,7 @@ class Provisioner:
         w, b = cell.need_workload(), cell.need_build()
         if not (cell.variant and cell.family):
             raise CumatrixError(f"swap cell {cell.id} has no variant or family")
-        headers = _runtimes.headers_for(b, wheel_dir=self.settings.wheel_dir, runtimes=self.settings.matrix.runtimes)
+        headers = self.headers(b)
         lib = build.build_variant(cell.variant, cell.family, headers)
         if not lib.ok:
             return NotRun(why="build-failed", detail=lib.log.strip()[-2000:])
