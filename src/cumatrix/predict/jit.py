@@ -59,19 +59,27 @@ def ptx_producers(libraries: tuple[tuple[str | None, str | None], ...]) -> tuple
     """The PTX producers among mapped libraries, each given as (SONAME, version or None)."""
     out: dict[str, PtxProducer] = {}
     for soname, version in libraries:
-        m = _PRODUCER_RE.match(soname or "")
-        if not m or not soname:
-            continue
-        v = _VERSION_RE.match(version or "")
-        if m["name"] == "nvvm":
-            if not v:
-                continue
-            major = int(v.group(1))
-        else:
-            major = int(m["major"])
-        cv = CudaVersion(int(v.group(1)), int(v.group(2))) if v and int(v.group(1)) == major else None
-        out[soname] = PtxProducer(name=_NAMES[m["name"]], soname=soname, major=major, version=cv)
+        producer = _producer(soname, version)
+        if producer is not None:
+            out[producer.soname] = producer
     return tuple(out[k] for k in sorted(out))
+
+
+def _producer(soname: str | None, version: str | None) -> PtxProducer | None:
+    """The PTX producer a mapped library (SONAME, version or None) is, or None where it is none
+    (or libNVVM of no known version: its SONAME carries no CUDA major)."""
+    m = _PRODUCER_RE.match(soname or "")
+    if not m or not soname:
+        return None
+    v = _VERSION_RE.match(version or "")
+    if m["name"] == "nvvm":
+        if not v:
+            return None
+        major = int(v.group(1))
+    else:
+        major = int(m["major"])
+    cv = CudaVersion(int(v.group(1)), int(v.group(2))) if v and int(v.group(1)) == major else None
+    return PtxProducer(name=_NAMES[m["name"]], soname=soname, major=major, version=cv)
 
 
 def jit_refusal(cell: Cell, driver: int, producers: tuple[PtxProducer, ...]) -> str | None:
