@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from cumatrix.binary.fatbin import DeviceCode
 from cumatrix.binary.ptx import ptx_ceiling
-from cumatrix.core.model import FAILS, Cell, CudaVersion, Expected, Matrix
+from cumatrix.core.model import FAILS, Cell, CudaVersion, Expected, Matrix, Workload
 from cumatrix.predict.jit import PtxProducer, jit_refusal, no_usable_code, ptx_producers, unknown_machine_code
 from cumatrix.predict.rules import (
     cuda_major,
@@ -137,7 +137,12 @@ def _derive(cell: Cell, host: HostFacts, rv: int | None) -> Expected:
     if rv is None:
         return _expect("ok", reason="runtime version unknown before the run; any clean run passes",
                         rule="unknown-runtime")
-    # Runtime-family rules (probe and swap): NVIDIA's compatibility rules first.
+    return _runtime_rules(cell, host, rv, d, emulated)
+
+
+def _runtime_rules(cell: Cell, host: HostFacts, rv: int, d: int, emulated: bool) -> Expected:
+    """A probe or runtime-family swap cell of runtime ``rv`` on (effective) driver ``d``."""
+    # NVIDIA's compatibility rules first.
     if major_newer_than_driver(rv, d):
         return _expect("cuda-error:35",
                         reason=f"runtime {_v(rv)} needs a CUDA {cuda_major(rv)} driver; the driver is {_v(d)} (cudaErrorInsufficientDriver)",
@@ -160,24 +165,8 @@ def _driver_family(cell: Cell, d: int, emulated: bool) -> Expected:
     v = cell.variant
     if v == "loop":
         return _expect("ok:fallback", reason="per-block cuMemcpyAsync baseline", rule="loop")
-    if v == "proc-address" and workload.policy in ("fastest", "kernel"):
-        return _kernel_policy(workload.policy, workload.kernel_image, d, legacy, emulated)
-    if v == "proc-address" and workload.policy == "beside-compute":
-        return _beside_compute(workload.direction, d, legacy)
-    if v == "proc-address" and workload.policy == "loop":
-        return _expect("ok:fallback", reason="policy loop: per-block copies only", rule="policy-loop")
     if v == "proc-address":
-        if legacy:
-            return _expect("ok:fallback",
-                            reason="legacy NULL stream: the batch call fails there (vLLM issue 46345), so the reference falls back",
-                            rule="legacy-guard")
-        if d < intro:
-            return _expect("ok:fallback",
-                            reason=f"driver {_v(d)} predates cuMemcpyBatchAsync ({_v(intro)}): cuGetProcAddress gives NULL, per-block fallback",
-                            rule="proc-address-fallback")
-        return _expect("ok:batch",
-                        reason=f"cuGetProcAddress(cuMemcpyBatchAsync, {intro}) pins the 9-parameter entry on driver {_v(d)}",
-                        rule="proc-address-batch")
+        return _proc_address(workload, d, emulated)
     if v == "direct-link":
         if d < intro:
             return _expect(f"undefined-symbol:{rules().batch.driver_symbol}",
@@ -187,6 +176,30 @@ def _driver_family(cell: Cell, d: int, emulated: bool) -> Expected:
             return _legacy_unguarded("CUDA_ERROR_INVALID_VALUE")
         return _expect("ok:batch", reason=f"driver {_v(d)} exports cuMemcpyBatchAsync", rule="direct-link-ok")
     return _expect("harness-error", reason=f"no rule for driver-family variant {v}", rule="none")
+
+
+def _proc_address(workload: Workload, d: int, emulated: bool) -> Expected:
+    """proc-address: as its copy policy says; without one, the batch entry pinned by
+    cuGetProcAddress, where the driver has it."""
+    intro = batch_introduced()
+    legacy = workload.stream == "legacy"
+    if workload.policy in ("fastest", "kernel"):
+        return _kernel_policy(workload.policy, workload.kernel_image, d, legacy, emulated)
+    if workload.policy == "beside-compute":
+        return _beside_compute(workload.direction, d, legacy)
+    if workload.policy == "loop":
+        return _expect("ok:fallback", reason="policy loop: per-block copies only", rule="policy-loop")
+    if legacy:
+        return _expect("ok:fallback",
+                        reason="legacy NULL stream: the batch call fails there (vLLM issue 46345), so the reference falls back",
+                        rule="legacy-guard")
+    if d < intro:
+        return _expect("ok:fallback",
+                        reason=f"driver {_v(d)} predates cuMemcpyBatchAsync ({_v(intro)}): cuGetProcAddress gives NULL, per-block fallback",
+                        rule="proc-address-fallback")
+    return _expect("ok:batch",
+                    reason=f"cuGetProcAddress(cuMemcpyBatchAsync, {intro}) pins the 9-parameter entry on driver {_v(d)}",
+                    rule="proc-address-batch")
 
 
 def _beside_compute(direction: str, d: int, legacy: bool) -> Expected:
