@@ -522,6 +522,15 @@ def _check_selectors(ctx: _Ctx, m: Matrix) -> None:
         ctx.err(("drivers",), "the matrix has no cells: add cases, or variants with builds and workloads, "
                               "or keep the probe", key=True)
         return
+    kept = _check_excludes(ctx, m, everything)
+    for ov in m.expect:
+        if not any(ov.selector.matches(c) for c in kept):
+            ctx.problems.append(Problem(ctx.doc.file, ov.selector.line, ov.selector.col,
+                                        f"expect selects no cell: {_sel_text(ov.selector)}{_axis_hint(ov.selector, kept)}"))
+
+
+def _check_excludes(ctx: _Ctx, m: Matrix, everything: list[Cell]) -> list[Cell]:
+    """The cells the excludes keep; an exclude that selects no cell, or excludes that keep none, are errors."""
     kept = [c for c in everything if not any(s.matches(c) for s in m.exclude)]
     for sel in m.exclude:
         if not any(sel.matches(c) for c in everything):
@@ -529,10 +538,7 @@ def _check_selectors(ctx: _Ctx, m: Matrix) -> None:
     if m.exclude and not kept:
         first = m.exclude[0]
         ctx.problems.append(Problem(ctx.doc.file, first.line, first.col, "exclude removes every cell of the matrix"))
-    for ov in m.expect:
-        if not any(ov.selector.matches(c) for c in kept):
-            ctx.problems.append(Problem(ctx.doc.file, ov.selector.line, ov.selector.col,
-                                        f"expect selects no cell: {_sel_text(ov.selector)}{_axis_hint(ov.selector, kept)}"))
+    return kept
 
 
 def _sel_text(sel: Selector) -> str:
@@ -558,23 +564,16 @@ def expand(m: Matrix, *, apply_exclude: bool = True) -> Iterator[Cell]:
             if m.probe:
                 cells.append(Cell(kind="probe", runtime=rt.name, driver=drv.name))
             cells += [Cell(kind="command", runtime=rt.name, driver=drv.name, case=c) for c in m.cases]
-            for variant in m.variants:
-                if "runtime" not in VARIANT_FAMILIES[variant]:
-                    continue
-                for b in m.builds:
-                    for w in m.workloads:
-                        cells.append(Cell(kind="swap", runtime=rt.name, driver=drv.name, variant=variant,
-                                          family="runtime", build=b, workload=w))
+            cells += _swap_cells(m, "runtime", rt.name, drv.name)
             yield from _keep(m, cells, apply_exclude)
-        cells = []
-        for variant in m.variants:
-            if "driver" not in VARIANT_FAMILIES[variant]:
-                continue
-            for b in m.builds:
-                for w in m.workloads:
-                    cells.append(Cell(kind="swap", runtime=NO_RUNTIME, driver=drv.name, variant=variant,
-                                      family="driver", build=b, workload=w))
-        yield from _keep(m, cells, apply_exclude)
+        yield from _keep(m, _swap_cells(m, "driver", NO_RUNTIME, drv.name), apply_exclude)
+
+
+def _swap_cells(m: Matrix, family: str, runtime: str, driver: str) -> list[Cell]:
+    """The swap cells of one family on one runtime and driver: each of its variants, per build and workload."""
+    return [Cell(kind="swap", runtime=runtime, driver=driver, variant=variant, family=family, build=b, workload=w)
+            for variant in m.variants if family in VARIANT_FAMILIES[variant]
+            for b in m.builds for w in m.workloads]
 
 
 def _keep(m: Matrix, cells: list[Cell], apply_exclude: bool) -> Iterator[Cell]:
