@@ -138,14 +138,17 @@ def no_usable_code(objects: tuple[tuple[str, tuple[DeviceCode, ...]], ...], arch
                      "with cudaErrorNoKernelImageForDevice (209) on every driver"))
         usable = [c for c in ptx if c.isa is None or ceiling is None or c.isa <= ceiling]
         if not usable:
-            isa = min(c.isa for c in ptx if c.isa is not None)
-            need = ptx_isa_cuda(isa)
-            need_text = f"{need[0]}.{need[1]}" if need else "newer"
-            return ("jit-ptx-too-new",
-                    (f"jit: PTX ISA {isa[0]}.{isa[1]} refused by driver {CudaVersion.from_int(driver)}: {name}'s "
-                     f"only code for {gpu} is PTX ({have}), which needs a {need_text} driver "
-                     "(CUDA_ERROR_UNSUPPORTED_PTX_VERSION, 222)"))
+            return "jit-ptx-too-new", _ptx_too_new(ptx, driver, f"{name}'s only code for {gpu} is PTX ({have})")
     return None
+
+
+def _ptx_too_new(ptx: list[DeviceCode], driver: int, what: str) -> str:
+    """The report line of PTX (every entry of a known ISA, all newer than ``driver``'s JIT) that the driver refuses."""
+    isa = min(c.isa for c in ptx if c.isa is not None)
+    need = ptx_isa_cuda(isa)
+    need_text = f"{need[0]}.{need[1]}" if need else "newer"
+    return (f"jit: PTX ISA {isa[0]}.{isa[1]} refused by driver {CudaVersion.from_int(driver)}: {what}, "
+            f"which needs a {need_text} driver (CUDA_ERROR_UNSUPPORTED_PTX_VERSION, 222)")
 
 
 def refused_expectation(reason: str, outcomes: frozenset[str]) -> Expected:
