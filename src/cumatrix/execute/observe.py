@@ -299,7 +299,14 @@ def observed_runtime(mapped: Sequence[MappedLibrary], statics: Sequence[StaticRu
     library of some CUDA major (``libnvrtc.so.13``) says nothing of a runtime."""
     runtimes = [m for m in mapped if is_runtime(m)]
     if runtimes:
-        return _mapped_observed(runtimes)
+        rt = runtimes[0]
+        version = cuda_int(rt.version)
+        major = _soname_major(rt.name)
+        if version is None and major is not None:
+            version = major * 1000
+        more = f" (and {len(runtimes) - 1} more)" if len(runtimes) > 1 else ""
+        return ObservedRuntime(file=rt.path, soname=rt.soname, version=version,
+                               evidence=f"mapped {rt.name} {rt.version or ''} from {rt.path}{more}".replace("  ", " "))
     for st in statics:
         if st.major is not None:
             return _static_observed(st, st.major)
@@ -309,18 +316,6 @@ def observed_runtime(mapped: Sequence[MappedLibrary], statics: Sequence[StaticRu
     return ObservedRuntime(file=None, soname=None, version=None,
                            evidence="no libcudart mapped: the driver API only, a statically linked runtime, or no CUDA"
                                     + also)
-
-
-def _mapped_observed(runtimes: Sequence[MappedLibrary]) -> ObservedRuntime:
-    """The first of the mapped ``runtimes`` (libcudart files): its version as read, else its SONAME's major."""
-    rt = runtimes[0]
-    version = cuda_int(rt.version)
-    major = _soname_major(rt.name)
-    if version is None and major is not None:
-        version = major * 1000
-    more = f" (and {len(runtimes) - 1} more)" if len(runtimes) > 1 else ""
-    return ObservedRuntime(file=rt.path, soname=rt.soname, version=version,
-                           evidence=f"mapped {rt.name} {rt.version or ''} from {rt.path}{more}".replace("  ", " "))
 
 
 def _static_observed(st: StaticRuntime, major: int) -> ObservedRuntime:
@@ -516,7 +511,14 @@ def _kernel_mapped(log: AuditLog, trace: KernelTrace, roots: Mapping[str, Path]
     # where it is the same file under its own name (or a versioned link's: libcudart.so.12
     # for libcudart.so.12.9.79), so that no link a process made can rename what it mapped.
     # SONAMEs are read from the files, not from the log.
-    logged, unbacked = _claims(log, trace)
+    logged: dict[tuple[str, int], str] = {}
+    index, unbacked = ClaimIndex.of(trace), []
+    for path in dict.fromkeys(path for _, _, path in log.opened if "/" in path):
+        key = claim_key(path, trace, index)
+        if key is None:
+            unbacked.append(path)
+        else:
+            logged.setdefault(key, path)
     rows = []
     for o in trace.objects:
         real = o.path.removesuffix(" (deleted)")
@@ -532,20 +534,6 @@ def _kernel_mapped(log: AuditLog, trace: KernelTrace, roots: Mapping[str, Path]
         incomplete = "the tracer's record is incomplete (it was killed, or its record was cut)"
         extra = "; ".join(x for x in (incomplete, extra) if x)
     return every, tuple(unbacked), incomplete, extra
-
-
-def _claims(log: AuditLog, trace: KernelTrace) -> tuple[dict[tuple[str, int], str], list[str]]:
-    """The audit log's paths by the (device, inode) the kernel saw mapped under them, and those
-    it claims that the kernel never saw."""
-    logged: dict[tuple[str, int], str] = {}
-    index, unbacked = ClaimIndex.of(trace), []
-    for path in dict.fromkeys(path for _, _, path in log.opened if "/" in path):
-        key = claim_key(path, trace, index)
-        if key is None:
-            unbacked.append(path)
-        else:
-            logged.setdefault(key, path)
-    return logged, unbacked
 
 
 def _cell_version(cell: CellRuntime | None, mapped: tuple[MappedLibrary, ...], statics: tuple[StaticRuntime, ...]
