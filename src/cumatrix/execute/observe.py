@@ -487,9 +487,8 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
 
 def _everything_mapped(log: AuditLog, trace: KernelTrace | None, roots: Mapping[str, Path]
                        ) -> tuple[str, tuple[MappedLibrary, ...], tuple[str, ...], str | None, str | None]:
-    """(where the mappings come from, every object mapped, the log's paths the kernel never saw,
-    why the record is incomplete, a note): the kernel's record where the tree was traced, else
-    the audit log's."""
+    """(source, every object mapped, the log's paths the kernel never saw, why the record is
+    incomplete, a note): from the kernel's record where the tree was traced, else the audit log."""
     if trace is not None and trace.traced:
         every, unbacked, incomplete, extra = _kernel_mapped(log, trace, roots)
         return "kernel", every, unbacked, incomplete, "; ".join(x for x in (log.problem, extra) if x) or None

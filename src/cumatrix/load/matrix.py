@@ -460,10 +460,8 @@ def loads(text: str, filename: str = "<matrix>", *, sha256: str | None = None, h
 
 
 def _built_sections(ctx: _Ctx, data: dict[str, Any], broken: set[Any]) -> dict[str, Any]:
-    """The matrix's sections, each built from its part of ``data`` and checked across the others.
-
-    A section with a shape problem (``broken``) is not built; every other section still is, so
-    one run of ``cumatrix validate`` lists every problem of the file."""
+    """The matrix's sections, checked across each other. One with a shape problem (``broken``) is not
+    built; every other section still is, so one ``cumatrix validate`` lists every problem of the file."""
     built = {key: fn(ctx, data[key]) for key, fn in _SECTIONS if key in data and key not in broken}
     if "runtimes" not in broken and not any(p.message.startswith("runtimes") for p in ctx.problems):
         _check_builds(ctx, built)  # beside other sections' problems: one validate lists them all
@@ -522,15 +520,6 @@ def _check_selectors(ctx: _Ctx, m: Matrix) -> None:
         ctx.err(("drivers",), "the matrix has no cells: add cases, or variants with builds and workloads, "
                               "or keep the probe", key=True)
         return
-    kept = _check_excludes(ctx, m, everything)
-    for ov in m.expect:
-        if not any(ov.selector.matches(c) for c in kept):
-            ctx.problems.append(Problem(ctx.doc.file, ov.selector.line, ov.selector.col,
-                                        f"expect selects no cell: {_sel_text(ov.selector)}{_axis_hint(ov.selector, kept)}"))
-
-
-def _check_excludes(ctx: _Ctx, m: Matrix, everything: list[Cell]) -> list[Cell]:
-    """The cells the excludes keep; an exclude that selects no cell, or excludes that keep none, are errors."""
     kept = [c for c in everything if not any(s.matches(c) for s in m.exclude)]
     for sel in m.exclude:
         if not any(sel.matches(c) for c in everything):
@@ -538,7 +527,10 @@ def _check_excludes(ctx: _Ctx, m: Matrix, everything: list[Cell]) -> list[Cell]:
     if m.exclude and not kept:
         first = m.exclude[0]
         ctx.problems.append(Problem(ctx.doc.file, first.line, first.col, "exclude removes every cell of the matrix"))
-    return kept
+    for ov in m.expect:
+        if not any(ov.selector.matches(c) for c in kept):
+            ctx.problems.append(Problem(ctx.doc.file, ov.selector.line, ov.selector.col,
+                                        f"expect selects no cell: {_sel_text(ov.selector)}{_axis_hint(ov.selector, kept)}"))
 
 
 def _sel_text(sel: Selector) -> str:
