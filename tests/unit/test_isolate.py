@@ -369,3 +369,28 @@ def test_an_earlier_runs_out_is_masked_by_what_the_run_wrote_never_the_directory
     assert refused is None
     assert (str(tmp_path), str(tmp_path)) in points
     assert sorted(at for at, _ in masks) == [str(tmp_path / "results.jsonl"), str(tmp_path / "summary.md")]
+
+
+def test_the_verdict_tag_is_the_childs_own_read_by_the_harness(tmp_path: Path) -> None:
+    """The tag is defined once, in the child's module; the harness reads that definition. A
+    child that runs with no harness on its path (its module copied alone, as a cell holds it)
+    writes a line the harness's parser accepts, and the harness names no tag of its own."""
+    import ast
+
+    from cumatrix.child import channel
+    from cumatrix.execute import protocol
+
+    assert protocol.TAG is channel.TAG
+    tree = ast.parse(Path(protocol.__file__).read_text())
+    own = [t.id for node in ast.walk(tree) if isinstance(node, ast.Assign) for t in node.targets
+           if isinstance(t, ast.Name) and t.id == "TAG"]
+    assert own == [], "execute/protocol.py defines a verdict tag of its own"
+    alone = tmp_path / "channel.py"
+    alone.write_bytes(Path(channel.__file__).read_bytes())
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import channel; "
+            "sys.stdout.buffer.write(channel.encode({'outcome': 'ok', 'path': 'batch'}))")
+    out = subprocess.run([PY, "-I", "-c", code, str(tmp_path)], capture_output=True, check=True, cwd=tmp_path).stdout
+    verdict, problem = parse(out)
+    assert problem is None
+    assert verdict is not None
+    assert verdict.outcome == "ok"

@@ -198,18 +198,9 @@ def _run(api: CudaApi, spec: dict[str, Any], block: int, blocks: int, layers: in
         variant.set_policy(str(spec["policy"]))
     total = block * blocks * layers
     n = blocks * layers
-    src_dev = direction in ("d2h", "d2d")
-    dst_dev = direction in ("h2d", "d2d")
-    src = api.alloc_device(total) if src_dev else api.alloc_host(total)
-    dst = api.alloc_device(total) if dst_dev else api.alloc_host(total)
-
     rng = random.Random(seed)
     payload = rng.randbytes(total) if seed is not None else os.urandom(total)
-    if src_dev:
-        api.upload(src, payload)
-    else:
-        ctypes.memmove(src, payload, total)
-    api.zero(dst, total, host=not dst_dev)
+    src, dst, dst_dev = _buffers(api, direction, payload)
 
     # Block s of layer l goes to block perm[s] of layer l: scattered, as a KV-cache swap is.
     perm = list(range(blocks))
@@ -239,6 +230,34 @@ def _run(api: CudaApi, spec: dict[str, Any], block: int, blocks: int, layers: in
                                f"(layer {first // blocks}, block {first % blocks}) - the copy reported success",
                         data=data | {"wrong_blocks": len(bad), "first_wrong_index": first})
 
+    timings = _timings(api, spec, variant, args, stream, (src, dst, total), direction, warmup, reps)
+    # Which policy and path ran, beside the limit (the verdict's own fields are unchanged).
+    data |= {"path": path, "gbps": timings["gbps"], "limit_gbps": timings["limit_gbps"]}
+    return _verdict("ok", path=path, detail=f"{n} blocks of {block} bytes ({direction}, {stream_kind} stream) "
+                                            f"copied and checked byte for byte", timings=timings, data=data)
+
+
+def _buffers(api: CudaApi, direction: str, payload: bytes) -> tuple[int, int, bool]:
+    """(source, destination, whether the destination is device memory) for a ``direction`` copy:
+    the source holding ``payload``, the destination zeroed."""
+    total = len(payload)
+    src_dev = direction in ("d2h", "d2d")
+    dst_dev = direction in ("h2d", "d2d")
+    src = api.alloc_device(total) if src_dev else api.alloc_host(total)
+    dst = api.alloc_device(total) if dst_dev else api.alloc_host(total)
+    if src_dev:
+        api.upload(src, payload)
+    else:
+        ctypes.memmove(src, payload, total)
+    api.zero(dst, total, host=not dst_dev)
+    return src, dst, dst_dev
+
+
+def _timings(api: CudaApi, spec: dict[str, Any], variant: KvSwapLibrary, args: tuple[Any, Any, Any, int], stream: int | None,
+             buffers: tuple[int, int, int], direction: str, warmup: int, reps: int) -> dict[str, Any]:
+    """The variant's copy timed against the loop baseline and one contiguous copy of the same
+    ``buffers`` (source, destination, bytes): the limit."""
+    src, dst, total = buffers
     t0 = time.perf_counter()
     times = _time(api, variant, args, stream, warmup, reps)
     base_swap = variant if os.path.realpath(spec["baseline"]) == os.path.realpath(spec["library"]) \
@@ -251,16 +270,12 @@ def _run(api: CudaApi, spec: dict[str, Any], block: int, blocks: int, layers: in
     gbps = gb / (median / 1e3) if median > 0 else 0.0
     loop_gbps = gb / (loop_median / 1e3) if loop_median > 0 else 0.0
     limit_gbps = gb / (limit_median / 1e3) if limit_median > 0 else 0.0
-    timings = {"gbps": gbps, "loop_gbps": loop_gbps, "speedup": gbps / loop_gbps if loop_gbps else 0.0,
-               "limit_gbps": limit_gbps, "limit_ratio": gbps / limit_gbps if limit_gbps else 0.0,
-               "limit_method": f"one contiguous {direction} copy of all {total} bytes (the same buffers)",
-               "repetitions": reps, "warmup": warmup, "bytes": total,
-               "spread": {"variant_ms": spread(times), "loop_ms": spread(loop_times), "limit_ms": spread(limit_times)},
-               "timing_wall_s": time.perf_counter() - t0}
-    # Which policy and path ran, beside the limit (the verdict's own fields are unchanged).
-    data |= {"path": path, "gbps": gbps, "limit_gbps": limit_gbps}
-    return _verdict("ok", path=path, detail=f"{n} blocks of {block} bytes ({direction}, {stream_kind} stream) "
-                                            f"copied and checked byte for byte", timings=timings, data=data)
+    return {"gbps": gbps, "loop_gbps": loop_gbps, "speedup": gbps / loop_gbps if loop_gbps else 0.0,
+            "limit_gbps": limit_gbps, "limit_ratio": gbps / limit_gbps if limit_gbps else 0.0,
+            "limit_method": f"one contiguous {direction} copy of all {total} bytes (the same buffers)",
+            "repetitions": reps, "warmup": warmup, "bytes": total,
+            "spread": {"variant_ms": spread(times), "loop_ms": spread(loop_times), "limit_ms": spread(limit_times)},
+            "timing_wall_s": time.perf_counter() - t0}
 
 
 def _mismatches(payload: bytes, got: memoryview, perm: list[int], block: int, blocks: int, layers: int) -> list[int]:

@@ -45,14 +45,19 @@ class PlannedCells:
         return tuple(h for h, _ in self.hosts if h is not None)
 
 
+def _is_host_entry(e: object) -> bool:
+    """Whether ``e`` is one host's part of a plan: ``{"host": str | None, "cells": [str, ...]}``."""
+    return (isinstance(e, dict) and (e.get("host") is None or isinstance(e.get("host"), str))
+            and isinstance(e.get("cells"), list) and all(isinstance(c, str) for c in e["cells"]))
+
+
 def planned_from_json(obj: object) -> PlannedCells | None:
     """A run header's ``plan`` object read back; None when it is absent or not of that shape."""
     if not isinstance(obj, dict) or not isinstance(obj.get("matrix_sha256"), str) or not isinstance(obj.get("hosts"), list):
         return None
     hosts = []
     for e in obj["hosts"]:
-        if not (isinstance(e, dict) and (e.get("host") is None or isinstance(e.get("host"), str))
-                and isinstance(e.get("cells"), list) and all(isinstance(c, str) for c in e["cells"])):
+        if not _is_host_entry(e):
             return None
         hosts.append((e.get("host"), tuple(e["cells"])))
     return PlannedCells(matrix_sha256=obj["matrix_sha256"], hosts=tuple(hosts))

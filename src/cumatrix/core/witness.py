@@ -296,24 +296,38 @@ def loader_undefined_symbol(stderr: str, trace: KernelTrace | None, *, returncod
     A shell that prints such a line and exits 3 is ``exit:3``.
     """
     if trace is not None and trace.traced:
-        for m in _SYMBOL_LOOKUP_RE.finditer(stderr):
-            obj, sym = m.group(1), m.group(2)
-            for p in trace.processes:
-                if p.exit_code == 127 and _maps(trace, p.pid, obj):
-                    return sym, f"the dynamic loader ended process {p.pid} ({p.exe}) with 127, {obj} mapped"
-        m2 = _IMPORT_ERROR_RE.search(stderr)
-        if m2 and _TRACEBACK in stderr:
-            for p in trace.processes:
-                code = p.exit_code
-                if code not in (None, 0) and p.exe and _PYTHON_RE.match(_basename(p.exe)):
-                    return m2.group(1), f"Python ({p.exe}, process {p.pid}) failed an import and exited {code}"
-        return None
+        return _traced_undefined_symbol(stderr, trace)
     lookup = _SYMBOL_LOOKUP_RE.search(stderr)
     if lookup and returncode == 127:
         return lookup.group(2), "exit status 127 with the dynamic loader's message (untraced)"
     imported = _IMPORT_ERROR_RE.search(stderr)
     if imported and _TRACEBACK in stderr and returncode not in (None, 0):
         return imported.group(1), "a Python traceback ending in an import error (untraced)"
+    return None
+
+
+def _traced_undefined_symbol(stderr: str, trace: KernelTrace) -> tuple[str, str] | None:
+    """:func:`loader_undefined_symbol` where the kernel traced the cell: the message counts only
+    beside the process that the loader (or Python's import) really ended."""
+    ended = _loader_ended(stderr, trace)
+    if ended is not None:
+        return ended
+    m2 = _IMPORT_ERROR_RE.search(stderr)
+    if m2 and _TRACEBACK in stderr:
+        for p in trace.processes:
+            code = p.exit_code
+            if code not in (None, 0) and p.exe and _PYTHON_RE.match(_basename(p.exe)):
+                return m2.group(1), f"Python ({p.exe}, process {p.pid}) failed an import and exited {code}"
+    return None
+
+
+def _loader_ended(stderr: str, trace: KernelTrace) -> tuple[str, str] | None:
+    """A ``symbol lookup error`` line beside a process that exited 127 with the object it names mapped."""
+    for m in _SYMBOL_LOOKUP_RE.finditer(stderr):
+        obj, sym = m.group(1), m.group(2)
+        for p in trace.processes:
+            if p.exit_code == 127 and _maps(trace, p.pid, obj):
+                return sym, f"the dynamic loader ended process {p.pid} ({p.exe}) with 127, {obj} mapped"
     return None
 
 

@@ -308,18 +308,22 @@ def observed_runtime(mapped: Sequence[MappedLibrary], statics: Sequence[StaticRu
         return ObservedRuntime(file=rt.path, soname=rt.soname, version=version,
                                evidence=f"mapped {rt.name} {rt.version or ''} from {rt.path}{more}".replace("  ", " "))
     for st in statics:
-        if st.major is None:
-            continue
-        version = st.version if st.version is not None else st.major * 1000
-        return ObservedRuntime(file=st.file, soname=None, version=version,
-                               evidence=f"no libcudart mapped; {st.file} holds {st.evidence}: CUDA {st.major}"
-                                        + (f" (names as new as {CudaVersion.from_int(st.version)})" if st.version else ""))
+        if st.major is not None:
+            return _static_observed(st, st.major)
     toolkit = [f"{m.name} (CUDA {_soname_major(m.name)})" for m in mapped
                if not m.name.startswith(("libcuda.so", "libcudart.so")) and _soname_major(m.name) is not None]
     also = f"; toolkit libraries, no runtime: {', '.join(toolkit[:4])}" if toolkit else ""
     return ObservedRuntime(file=None, soname=None, version=None,
                            evidence="no libcudart mapped: the driver API only, a statically linked runtime, or no CUDA"
                                     + also)
+
+
+def _static_observed(st: StaticRuntime, major: int) -> ObservedRuntime:
+    """A statically linked runtime of CUDA ``major``, dated by its own contents where they tell."""
+    version = st.version if st.version is not None else major * 1000
+    return ObservedRuntime(file=st.file, soname=None, version=version,
+                           evidence=f"no libcudart mapped; {st.file} holds {st.evidence}: CUDA {major}"
+                                    + (f" (names as new as {CudaVersion.from_int(st.version)})" if st.version else ""))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -430,19 +434,19 @@ class Observation:
             "runtime_version": self.runtime.version, "runtime_evidence": self.runtime.evidence,
             "runtime_origin": origin.to_json() if origin is not None else None,
             "mappings_from": self.source, "driver_mapped": self.driver_mapped}
-        if self.not_used:  # a fact whatever the outcome: it makes a skip only of a program that succeeded
-            out["runtime_not_used"] = self.not_used
-        if self.source_note:
-            out["mappings_note"] = self.source_note
-        if self.unbacked:
-            out["audit_claims_not_backed"] = list(self.unbacked[:20])
-        if self.static_runtimes:
-            out["static_runtimes"] = [r.to_json() for r in self.static_runtimes]
-        if self.nameless:
-            out["nameless_files"] = [{"path": p, "sha256": h, "bytes": n} for p, h, n in self.nameless]
-        if self.device_code:
-            out["device_code"] = {path: sorted({c.label() for c in codes}) for path, codes in self.device_code}
-        return out
+        return out | self._noted()
+
+    def _noted(self) -> dict[str, object]:
+        """The fingerprint's fields that stand only where there is something to say."""
+        # not_used is a fact whatever the outcome: it makes a skip only of a program that succeeded
+        noted: dict[str, object] = {
+            "runtime_not_used": self.not_used,
+            "mappings_note": self.source_note,
+            "audit_claims_not_backed": list(self.unbacked[:20]),
+            "static_runtimes": [r.to_json() for r in self.static_runtimes],
+            "nameless_files": [{"path": p, "sha256": h, "bytes": n} for p, h, n in self.nameless],
+            "device_code": {path: sorted({c.label() for c in codes}) for path, codes in self.device_code}}
+        return {k: v for k, v in noted.items() if v}
 
 
 #: What the rtld-audit log is, where it is all there is.
@@ -465,16 +469,7 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
     observation's ``leak``.  ``intros`` (the runtime functions' first-export versions, asked
     only when a mapped file carries a static runtime's marks) dates a static runtime.
     """
-    log = read_log(plan.log)
-    if trace is not None and trace.traced:
-        source = "kernel"
-        every, unbacked, incomplete, extra = _kernel_mapped(log, trace, roots)
-        note = "; ".join(x for x in (log.problem, extra) if x) or None
-    else:
-        source, unbacked, incomplete = "rtld-audit", (), None
-        why = (trace.note if trace is not None else None) or "no tracer for this backend"
-        note = "; ".join(x for x in (f"{AUDIT_ONLY}: {why}", log.problem) if x)
-        every = described(log.opened, roots=roots, cuda_only=False)
+    source, every, unbacked, incomplete, note = _everything_mapped(read_log(plan.log), trace, roots)
     mapped = tuple(_by_content(m, roots) for m in cuda_libraries(every))
     statics = (_static_runtimes(every, roots, intros)
                if intros is not None and not any(is_runtime(m) for m in mapped) else ())
@@ -488,6 +483,18 @@ def conclude(plan: AuditPlan, cell: CellRuntime | None, *, mode: RuntimeMode = "
                        static_runtimes=statics, device_code=_device_code(every, roots), incomplete=incomplete,
                        escaped="; ".join(trace.escapes) if trace is not None and trace.escapes else None,
                        nameless=_nameless(trace))
+
+
+def _everything_mapped(log: AuditLog, trace: KernelTrace | None, roots: Mapping[str, Path]
+                       ) -> tuple[str, tuple[MappedLibrary, ...], tuple[str, ...], str | None, str | None]:
+    """(source, every object mapped, the log's paths the kernel never saw, why the record is
+    incomplete, a note): from the kernel's record where the tree was traced, else the audit log."""
+    if trace is not None and trace.traced:
+        every, unbacked, incomplete, extra = _kernel_mapped(log, trace, roots)
+        return "kernel", every, unbacked, incomplete, "; ".join(x for x in (log.problem, extra) if x) or None
+    why = (trace.note if trace is not None else None) or "no tracer for this backend"
+    note = "; ".join(x for x in (f"{AUDIT_ONLY}: {why}", log.problem) if x)
+    return "rtld-audit", described(log.opened, roots=roots, cuda_only=False), (), None, note
 
 
 def _nameless(trace: KernelTrace | None) -> tuple[tuple[str, str, int], ...]:

@@ -313,6 +313,13 @@ def _origin(path: str, f: Found, s: Setting) -> tuple[Origin, str]:
         in_tree = _in_package_tree(f, s, tree)
         if in_tree is not None:
             return in_tree
+    return _by_place(path, f, tree, inherited)
+
+
+def _by_place(path: str, f: Found, tree: str | None, inherited: bool) -> tuple[Origin, str]:
+    """:func:`_origin`'s last rules, for a file that is not the cell's and no package tree's
+    environment decides: the host's directories and the search steps that only reach them, what
+    the program's own RPATH or its own paths name."""
     if f.step in ("ld.so.cache", "default", "secure"):
         return "outside", "a host library directory"
     if inherited:

@@ -22,6 +22,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,24 +90,26 @@ def as_calibration_input(measurements: list[Measurement]) -> list[Measurement]:
 
 def best_rows(measurements: list[Measurement]) -> list[CalibrationRow]:
     """Per (direction, block_bytes, blocks), the forced path with the highest median GB/s."""
+    best = _fastest(m for m in measurements if m.policy in PATHS)
+    # The batch's fan-out: the fastest batch measurement of the key, even where another path won
+    # (the copy-engine-only policy reads it from this row).
+    fan = _fastest(m for m in measurements if m.policy == "batch")
+    return [CalibrationRow(direction=k[0], block_bytes=k[1], blocks=k[2], path=m.policy, gbps=m.gbps or 0.0,
+                           streams=fan[k].streams if k in fan else 1)
+            for k, m in sorted(best.items())]
+
+
+def _fastest(measurements: Iterable[Measurement]) -> dict[tuple[str, int, int], Measurement]:
+    """Per (direction, block_bytes, blocks), the measurement with the highest median GB/s (the
+    first of equals); one without a figure is passed over."""
     best: dict[tuple[str, int, int], Measurement] = {}
     for m in measurements:
-        if m.policy not in PATHS or m.gbps is None:
+        if m.gbps is None:
             continue
         key = (m.direction, m.block_bytes, m.blocks)
         if key not in best or m.gbps > (best[key].gbps or 0.0):
             best[key] = m
-    # The batch's fan-out: the fastest batch measurement of the key, even where another path won
-    # (the copy-engine-only policy reads it from this row).
-    fan: dict[tuple[str, int, int], Measurement] = {}
-    for m in measurements:
-        if m.policy == "batch" and m.gbps is not None:
-            key = (m.direction, m.block_bytes, m.blocks)
-            if key not in fan or m.gbps > (fan[key].gbps or 0.0):
-                fan[key] = m
-    return [CalibrationRow(direction=k[0], block_bytes=k[1], blocks=k[2], path=m.policy, gbps=m.gbps or 0.0,
-                           streams=fan[k].streams if k in fan else 1)
-            for k, m in sorted(best.items())]
+    return best
 
 
 def table_text(rows: list[CalibrationRow], sm_budget: int = CALIBRATION_SM_BUDGET) -> str:
@@ -337,9 +340,19 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     write_new(out, table_text(rows), replace=True)  # new files renamed into place: never through a link
     write_new(out.with_suffix(".json"), json.dumps(result, indent=1, sort_keys=True) + "\n", replace=True)
+    _print_measured(result["measurements"], rows)
+    print(f"kernel: {result['kernel_info']}, measured with the whole GPU (sm-budget 0)  (GB/s, bytes copied once)")
+    hint = ("`cumatrix run` hands it to every swap cell" if out == default_table()
+            else f"use it with: export KVSWAP_CALIBRATION={out}")
+    print(f"wrote {out} and {out.with_suffix('.json')}; {hint}")
+    return 0
+
+
+def _print_measured(measurements: list[dict[str, Any]], rows: list[CalibrationRow]) -> None:
+    """The measured GB/s per (direction, block size, blocks) and path, with the path chosen."""
     print(f"{'dir':4} {'block':>8} {'blocks':>6}  " + "  ".join(f"{p:>8}" for p in PATHS) + "  best")
     by_key: dict[tuple[str, int, int], dict[str, float | None]] = {}
-    for m in result["measurements"]:
+    for m in measurements:
         vals = by_key.setdefault((m["direction"], m["block_bytes"], m["blocks"]), {})
         if m["gbps"] is not None and (vals.get(m["policy"]) or 0.0) < m["gbps"]:
             vals[m["policy"]] = m["gbps"]  # the batch's best fan-out
@@ -349,11 +362,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     for key, vals in by_key.items():
         cells = "  ".join(f"{vals[p]:8.1f}" if vals.get(p) is not None else f"{'-':>8}" for p in PATHS)
         print(f"{key[0]:4} {key[1]:>8} {key[2]:>6}  {cells}  {best.get(key, '-')}")
-    print(f"kernel: {result['kernel_info']}, measured with the whole GPU (sm-budget 0)  (GB/s, bytes copied once)")
-    hint = ("`cumatrix run` hands it to every swap cell" if out == default_table()
-            else f"use it with: export KVSWAP_CALIBRATION={out}")
-    print(f"wrote {out} and {out.with_suffix('.json')}; {hint}")
-    return 0
 
 
 def add_calibrate_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]

@@ -46,29 +46,48 @@ def classify(res: ChildResult, *, kind: str) -> Observed:
     if res.timed_out:
         return Observed(outcome="timeout", detail=f"no result after {res.duration_s:.1f} s; process group killed")
     if res.signal is not None:
-        # No verdict from a child a signal ended: whoever can kill it may have written one for it.
-        detail = "OOM-killed (memory limit reached)" if res.oom_killed else tail
-        if res.verdict is not None:
-            detail = f"killed by {signal_name(res.signal)}; its verdict ({res.verdict.outcome}) is not taken. {detail}"
-        return Observed(outcome=f"crash:{signal_name(res.signal)}", detail=detail.strip(), exit_status=-res.signal)
+        return _crashed(res, res.signal, tail)
     if res.verdict is not None:
         return _from_verdict(res, res.verdict)
-    if res.returncode not in (None, 0):
-        loader = loader_undefined_symbol(res.stderr_tail, res.trace, returncode=res.returncode)
-        if loader is not None:
-            sym, why = loader
-            line = _line_with(res.stderr_tail, f"undefined symbol: {sym}")
-            return Observed(outcome=f"undefined-symbol:{sym}", detail=f"{line} ({why})", exit_status=res.returncode)
+    loader = _loader_refused(res)
+    if loader is not None:
+        return loader
     if res.verdict_error:
         return Observed(outcome="harness-error", detail=f"malformed verdict: {res.verdict_error}",
                         exit_status=res.returncode)
+    return _by_exit_status(res, kind, tail)
+
+
+def _by_exit_status(res: ChildResult, kind: str, tail: str) -> Observed:
+    """A child that ended by itself with no verdict to take: a command by its exit status; a
+    harness child's own code failed."""
     if kind == "command":
         if res.returncode == 0:
             return Observed(outcome="ok", path="n/a", exit_status=0)
         return Observed(outcome=f"exit:{res.returncode}", detail=tail, exit_status=res.returncode)
-    # A harness child that ended without a verdict: its own code failed.
     why = "exited 0 without a verdict" if res.returncode == 0 else f"exited {res.returncode} without a verdict"
     return Observed(outcome="harness-error", detail=f"{why}: {tail}", exit_status=res.returncode)
+
+
+def _crashed(res: ChildResult, signum: int, tail: str) -> Observed:
+    """A child a signal ended. No verdict is taken from it: whoever can kill it may have written one for it."""
+    detail = "OOM-killed (memory limit reached)" if res.oom_killed else tail
+    if res.verdict is not None:
+        detail = f"killed by {signal_name(signum)}; its verdict ({res.verdict.outcome}) is not taken. {detail}"
+    return Observed(outcome=f"crash:{signal_name(signum)}", detail=detail.strip(), exit_status=-signum)
+
+
+def _loader_refused(res: ChildResult) -> Observed | None:
+    """A child that failed because the dynamic loader (or Python's import) reported an undefined
+    symbol, as :func:`loader_undefined_symbol` establishes it; None for any other end."""
+    if res.returncode in (None, 0):
+        return None
+    loader = loader_undefined_symbol(res.stderr_tail, res.trace, returncode=res.returncode)
+    if loader is None:
+        return None
+    sym, why = loader
+    line = _line_with(res.stderr_tail, f"undefined symbol: {sym}")
+    return Observed(outcome=f"undefined-symbol:{sym}", detail=f"{line} ({why})", exit_status=res.returncode)
 
 
 #: The outcome of each fact that stops a cell before its child (``exit:`` takes the failed

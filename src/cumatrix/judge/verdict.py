@@ -74,15 +74,7 @@ def decide(cell: Cell, expected: Expected, observed: Observed, facts: Facts) -> 
         observed = shell_signal(observed)
     observed = reconcile(cell, observed, facts.host, expected)
     if is_neutral(observed.outcome):
-        if facts.require_gpu and observed.outcome == "skipped:no-cuda-driver":
-            return Verdict(status="fail", observed=observed,
-                           mismatch="--require-gpu: this cell needs a GPU and the host has no usable NVIDIA driver "
-                                    f"({observed.detail or 'no driver'})")
-        if facts.require_gpu and observed.outcome == "skipped:no-compiler":
-            # A GPU runner without gcc would otherwise pass a nightly whose GPU cells never built.
-            return Verdict(status="fail", observed=observed,
-                           mismatch=f"--require-gpu: this GPU cell could not be built here ({observed.detail})")
-        return Verdict(status="skip", mismatch=None, observed=observed)
+        return _neutral(observed, require_gpu=facts.require_gpu)
     if not expected.admits(observed.outcome, observed.path):
         return Verdict(status="fail", mismatch=_mismatch(expected, observed), observed=observed)
     if cell.kind == "probe":
@@ -90,6 +82,20 @@ def decide(cell: Cell, expected: Expected, observed: Observed, facts: Facts) -> 
         if wrong:
             return Verdict(status="fail", mismatch=wrong, observed=observed)
     return Verdict(status="pass", mismatch=None, observed=observed)
+
+
+def _neutral(observed: Observed, *, require_gpu: bool) -> Verdict:
+    """A neutral outcome is a skip, unless ``--require-gpu`` makes a cell that could not reach a
+    GPU a failure."""
+    if require_gpu and observed.outcome == "skipped:no-cuda-driver":
+        return Verdict(status="fail", observed=observed,
+                       mismatch="--require-gpu: this cell needs a GPU and the host has no usable NVIDIA driver "
+                                f"({observed.detail or 'no driver'})")
+    if require_gpu and observed.outcome == "skipped:no-compiler":
+        # A GPU runner without gcc would otherwise pass a nightly whose GPU cells never built.
+        return Verdict(status="fail", observed=observed,
+                       mismatch=f"--require-gpu: this GPU cell could not be built here ({observed.detail})")
+    return Verdict(status="skip", mismatch=None, observed=observed)
 
 
 def decide_child(expected: Expected, observed: Observed) -> Verdict:
@@ -171,16 +177,7 @@ def fingerprint(observed: Observed, child: ChildResult | None, facts: Facts) -> 
     def pick(child_value: object, host_value: object) -> object:
         return child_value if child_value is not None else host_value
 
-    runtime_file = cf.runtime_file or facts.provisioned_runtime_file
-    runtime_version = cf.runtime_version if cf.runtime_version is not None else (
-        facts.provisioned_runtime if runtime_file == facts.provisioned_runtime_file else None)
-    audit: dict[str, object] = {}
-    if facts.observed:  # observed: what the process tree mapped, not what was offered
-        audit = {k: v for k, v in facts.observed.items() if k not in ("runtime_file", "runtime_version")}
-        runtime_file = _opt_str(facts.observed.get("runtime_file"))
-        seen_version = facts.observed.get("runtime_version")
-        runtime_version = cf.runtime_version if cf.runtime_version is not None else (
-            seen_version if isinstance(seen_version, int) else None)
+    runtime_file, runtime_version, audit = _runtime_seen(observed, facts)
     if child is not None and child.trace is not None:
         audit["trace"] = child.trace.to_json()
     if facts.missing_evidence:
@@ -203,6 +200,23 @@ def fingerprint(observed: Observed, child: ChildResult | None, facts: Facts) -> 
         "sandbox": extra.get("sandbox"),
         "killed_after": extra.get("killed_after"),
     }
+
+
+def _runtime_seen(observed: Observed, facts: Facts) -> tuple[str | None, int | None, dict[str, object]]:
+    """(runtime file, runtime version, the rest of the audit's record): what the process tree
+    mapped where it was observed, else what the child said, else what was provisioned."""
+    cf = observed.facts
+    runtime_file = cf.runtime_file or facts.provisioned_runtime_file
+    runtime_version = cf.runtime_version if cf.runtime_version is not None else (
+        facts.provisioned_runtime if runtime_file == facts.provisioned_runtime_file else None)
+    audit: dict[str, object] = {}
+    if facts.observed:  # observed: what the process tree mapped, not what was offered
+        audit = {k: v for k, v in facts.observed.items() if k not in ("runtime_file", "runtime_version")}
+        runtime_file = _opt_str(facts.observed.get("runtime_file"))
+        seen_version = facts.observed.get("runtime_version")
+        runtime_version = cf.runtime_version if cf.runtime_version is not None else (
+            seen_version if isinstance(seen_version, int) else None)
+    return runtime_file, runtime_version, audit
 
 
 def _opt_str(value: object) -> str | None:

@@ -177,12 +177,8 @@ def _cell(ctx: _Ctx, path: yamldoc.Path, raw: Mapping[str, Any], workloads: Mapp
     from cumatrix.load.matrix import parse_driver  # deferred: the matrix loader only where a catalog is built
 
     n = len(ctx.problems)
-    runtime = None if raw["runtime"] is None else _version(ctx, (*path, "runtime"), raw["runtime"])
-    if runtime is not None:
-        _known_wheel(ctx, (*path, "runtime"), runtime, "CUDA")
-    build = _version(ctx, (*path, "build"), raw["build"])
-    if build is not None:
-        _known_wheel(ctx, (*path, "build"), build, "headers")
+    runtime = None if raw["runtime"] is None else _known_version(ctx, (*path, "runtime"), raw["runtime"], "CUDA")
+    build = _known_version(ctx, (*path, "build"), raw["build"], "headers")
     try:
         driver = parse_driver(raw["driver"])
     except ValueError as e:
@@ -194,14 +190,28 @@ def _cell(ctx: _Ctx, path: yamldoc.Path, raw: Mapping[str, Any], workloads: Mapp
     wl = workloads.get(raw["workload"])
     if wl is None:
         ctx.err((*path, "workload"), f"unknown workload {raw['workload']!r}{did_you_mean(raw['workload'], workloads)}")
-    outcomes = tuple(raw["outcome"]) if isinstance(raw["outcome"], list) else (raw["outcome"],)
-    for o in outcomes:
-        if not OUTCOME_RE.match(o):
-            ctx.err((*path, "outcome"), f"{o!r} is not an outcome word")
+    outcomes = _outcomes(ctx, path, raw["outcome"])
     if len(ctx.problems) > n or wl is None or build is None:
         return None
     return BugCell(runtime=runtime, driver=driver, variant=raw["variant"], build=build, workload=wl,
                    outcomes=outcomes, detail_contains=raw.get("detail_contains"))
+
+
+def _known_version(ctx: _Ctx, path: yamldoc.Path, raw: Any, what: str) -> CudaVersion | None:
+    """A cell's CUDA version (its runtime's, or its headers'), which must be one whose wheel is known."""
+    version = _version(ctx, path, raw)
+    if version is not None:
+        _known_wheel(ctx, path, version, what)
+    return version
+
+
+def _outcomes(ctx: _Ctx, path: yamldoc.Path, raw: Any) -> tuple[str, ...]:
+    """A cell's outcome, or its list of outcomes, each an outcome word."""
+    outcomes = tuple(raw) if isinstance(raw, list) else (raw,)
+    for o in outcomes:
+        if not OUTCOME_RE.match(o):
+            ctx.err((*path, "outcome"), f"{o!r} is not an outcome word")
+    return outcomes
 
 
 def _bug(ctx: _Ctx, i: int, raw: Mapping[str, Any], workloads: Mapping[str, Workload]) -> Bug | None:

@@ -444,14 +444,7 @@ def loads(text: str, filename: str = "<matrix>", *, sha256: str | None = None, h
     problems, bad = schema.check(doc, SCHEMA, "matrix")
     ctx = _Ctx(doc, problems, home)
     data: dict[str, Any] = doc.data
-    # A section with a shape problem is not built; every other section still is, so one
-    # run of `cumatrix validate` lists every problem of the file.
-    broken = {p[0] for p in bad if p}
-    built = {key: fn(ctx, data[key]) for key, fn in _SECTIONS if key in data and key not in broken}
-    if "runtimes" not in broken and not any(p.message.startswith("runtimes") for p in ctx.problems):
-        _check_builds(ctx, built)  # beside other sections' problems: one validate lists them all
-    if not ctx.problems and built.get("variants") and not (built.get("builds") and built.get("workloads")):
-        ctx.err(("variants",), "variants need `builds` (header versions) and `workloads` to make swap cells", key=True)
+    built = _built_sections(ctx, data, {p[0] for p in bad if p})
     if ctx.problems:
         raise ConfigError(ctx.problems)
     m = Matrix(path=filename, sha256=sha256 or hashlib.sha256(text.encode()).hexdigest(), version=1,
@@ -464,6 +457,17 @@ def loads(text: str, filename: str = "<matrix>", *, sha256: str | None = None, h
     if ctx.problems:
         raise ConfigError(ctx.problems)
     return m
+
+
+def _built_sections(ctx: _Ctx, data: dict[str, Any], broken: set[Any]) -> dict[str, Any]:
+    """The matrix's sections, checked across each other. One with a shape problem (``broken``) is not
+    built; every other section still is, so one ``cumatrix validate`` lists every problem of the file."""
+    built = {key: fn(ctx, data[key]) for key, fn in _SECTIONS if key in data and key not in broken}
+    if "runtimes" not in broken and not any(p.message.startswith("runtimes") for p in ctx.problems):
+        _check_builds(ctx, built)  # beside other sections' problems: one validate lists them all
+    if not ctx.problems and built.get("variants") and not (built.get("builds") and built.get("workloads")):
+        ctx.err(("variants",), "variants need `builds` (header versions) and `workloads` to make swap cells", key=True)
+    return built
 
 
 def known_builds(runtimes: tuple[Runtime, ...]) -> list[str]:
@@ -552,23 +556,16 @@ def expand(m: Matrix, *, apply_exclude: bool = True) -> Iterator[Cell]:
             if m.probe:
                 cells.append(Cell(kind="probe", runtime=rt.name, driver=drv.name))
             cells += [Cell(kind="command", runtime=rt.name, driver=drv.name, case=c) for c in m.cases]
-            for variant in m.variants:
-                if "runtime" not in VARIANT_FAMILIES[variant]:
-                    continue
-                for b in m.builds:
-                    for w in m.workloads:
-                        cells.append(Cell(kind="swap", runtime=rt.name, driver=drv.name, variant=variant,
-                                          family="runtime", build=b, workload=w))
+            cells += _swap_cells(m, "runtime", rt.name, drv.name)
             yield from _keep(m, cells, apply_exclude)
-        cells = []
-        for variant in m.variants:
-            if "driver" not in VARIANT_FAMILIES[variant]:
-                continue
-            for b in m.builds:
-                for w in m.workloads:
-                    cells.append(Cell(kind="swap", runtime=NO_RUNTIME, driver=drv.name, variant=variant,
-                                      family="driver", build=b, workload=w))
-        yield from _keep(m, cells, apply_exclude)
+        yield from _keep(m, _swap_cells(m, "driver", NO_RUNTIME, drv.name), apply_exclude)
+
+
+def _swap_cells(m: Matrix, family: str, runtime: str, driver: str) -> list[Cell]:
+    """The swap cells of one family on one runtime and driver: each of its variants, per build and workload."""
+    return [Cell(kind="swap", runtime=runtime, driver=driver, variant=variant, family=family, build=b, workload=w)
+            for variant in m.variants if family in VARIANT_FAMILIES[variant]
+            for b in m.builds for w in m.workloads]
 
 
 def _keep(m: Matrix, cells: list[Cell], apply_exclude: bool) -> Iterator[Cell]:

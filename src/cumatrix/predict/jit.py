@@ -59,19 +59,27 @@ def ptx_producers(libraries: tuple[tuple[str | None, str | None], ...]) -> tuple
     """The PTX producers among mapped libraries, each given as (SONAME, version or None)."""
     out: dict[str, PtxProducer] = {}
     for soname, version in libraries:
-        m = _PRODUCER_RE.match(soname or "")
-        if not m or not soname:
-            continue
-        v = _VERSION_RE.match(version or "")
-        if m["name"] == "nvvm":
-            if not v:
-                continue
-            major = int(v.group(1))
-        else:
-            major = int(m["major"])
-        cv = CudaVersion(int(v.group(1)), int(v.group(2))) if v and int(v.group(1)) == major else None
-        out[soname] = PtxProducer(name=_NAMES[m["name"]], soname=soname, major=major, version=cv)
+        producer = _producer(soname, version)
+        if producer is not None:
+            out[producer.soname] = producer
     return tuple(out[k] for k in sorted(out))
+
+
+def _producer(soname: str | None, version: str | None) -> PtxProducer | None:
+    """The PTX producer a mapped library (SONAME, version or None) is, or None where it is none
+    (or libNVVM of no known version: its SONAME carries no CUDA major)."""
+    m = _PRODUCER_RE.match(soname or "")
+    if not m or not soname:
+        return None
+    v = _VERSION_RE.match(version or "")
+    if m["name"] == "nvvm":
+        if not v:
+            return None
+        major = int(v.group(1))
+    else:
+        major = int(m["major"])
+    cv = CudaVersion(int(v.group(1)), int(v.group(2))) if v and int(v.group(1)) == major else None
+    return PtxProducer(name=_NAMES[m["name"]], soname=soname, major=major, version=cv)
 
 
 def jit_refusal(cell: Cell, driver: int, producers: tuple[PtxProducer, ...]) -> str | None:
@@ -130,14 +138,17 @@ def no_usable_code(objects: tuple[tuple[str, tuple[DeviceCode, ...]], ...], arch
                      "with cudaErrorNoKernelImageForDevice (209) on every driver"))
         usable = [c for c in ptx if c.isa is None or ceiling is None or c.isa <= ceiling]
         if not usable:
-            isa = min(c.isa for c in ptx if c.isa is not None)
-            need = ptx_isa_cuda(isa)
-            need_text = f"{need[0]}.{need[1]}" if need else "newer"
-            return ("jit-ptx-too-new",
-                    (f"jit: PTX ISA {isa[0]}.{isa[1]} refused by driver {CudaVersion.from_int(driver)}: {name}'s "
-                     f"only code for {gpu} is PTX ({have}), which needs a {need_text} driver "
-                     "(CUDA_ERROR_UNSUPPORTED_PTX_VERSION, 222)"))
+            return "jit-ptx-too-new", _ptx_too_new(ptx, driver, f"{name}'s only code for {gpu} is PTX ({have})")
     return None
+
+
+def _ptx_too_new(ptx: list[DeviceCode], driver: int, what: str) -> str:
+    """The report line of PTX (every entry of a known ISA, all newer than ``driver``'s JIT) that the driver refuses."""
+    isa = min(c.isa for c in ptx if c.isa is not None)
+    need = ptx_isa_cuda(isa)
+    need_text = f"{need[0]}.{need[1]}" if need else "newer"
+    return (f"jit: PTX ISA {isa[0]}.{isa[1]} refused by driver {CudaVersion.from_int(driver)}: {what}, "
+            f"which needs a {need_text} driver (CUDA_ERROR_UNSUPPORTED_PTX_VERSION, 222)")
 
 
 def refused_expectation(reason: str, outcomes: frozenset[str]) -> Expected:

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from cumatrix.binary.fatbin import DeviceCode
 from cumatrix.binary.ptx import ptx_ceiling
-from cumatrix.core.model import FAILS, Cell, CudaVersion, Expected, Matrix
-from cumatrix.predict.jit import jit_refusal, no_usable_code, ptx_producers, unknown_machine_code
+from cumatrix.core.model import FAILS, Cell, CudaVersion, Expected, Matrix, Workload
+from cumatrix.predict.jit import PtxProducer, jit_refusal, no_usable_code, ptx_producers, unknown_machine_code
 from cumatrix.predict.rules import (
     cuda_major,
     emulation_newer_than_host,
@@ -137,7 +137,12 @@ def _derive(cell: Cell, host: HostFacts, rv: int | None) -> Expected:
     if rv is None:
         return _expect("ok", reason="runtime version unknown before the run; any clean run passes",
                         rule="unknown-runtime")
-    # Runtime-family rules (probe and swap): NVIDIA's compatibility rules first.
+    return _runtime_rules(cell, host, rv, d, emulated)
+
+
+def _runtime_rules(cell: Cell, host: HostFacts, rv: int, d: int, emulated: bool) -> Expected:
+    """A probe or runtime-family swap cell of runtime ``rv`` on (effective) driver ``d``."""
+    # NVIDIA's compatibility rules first.
     if major_newer_than_driver(rv, d):
         return _expect("cuda-error:35",
                         reason=f"runtime {_v(rv)} needs a CUDA {cuda_major(rv)} driver; the driver is {_v(d)} (cudaErrorInsufficientDriver)",
@@ -160,24 +165,8 @@ def _driver_family(cell: Cell, d: int, emulated: bool) -> Expected:
     v = cell.variant
     if v == "loop":
         return _expect("ok:fallback", reason="per-block cuMemcpyAsync baseline", rule="loop")
-    if v == "proc-address" and workload.policy in ("fastest", "kernel"):
-        return _kernel_policy(workload.policy, workload.kernel_image, d, legacy, emulated)
-    if v == "proc-address" and workload.policy == "beside-compute":
-        return _beside_compute(workload.direction, d, legacy)
-    if v == "proc-address" and workload.policy == "loop":
-        return _expect("ok:fallback", reason="policy loop: per-block copies only", rule="policy-loop")
     if v == "proc-address":
-        if legacy:
-            return _expect("ok:fallback",
-                            reason="legacy NULL stream: the batch call fails there (vLLM issue 46345), so the reference falls back",
-                            rule="legacy-guard")
-        if d < intro:
-            return _expect("ok:fallback",
-                            reason=f"driver {_v(d)} predates cuMemcpyBatchAsync ({_v(intro)}): cuGetProcAddress gives NULL, per-block fallback",
-                            rule="proc-address-fallback")
-        return _expect("ok:batch",
-                        reason=f"cuGetProcAddress(cuMemcpyBatchAsync, {intro}) pins the 9-parameter entry on driver {_v(d)}",
-                        rule="proc-address-batch")
+        return _proc_address(workload, d, emulated)
     if v == "direct-link":
         if d < intro:
             return _expect(f"undefined-symbol:{rules().batch.driver_symbol}",
@@ -187,6 +176,30 @@ def _driver_family(cell: Cell, d: int, emulated: bool) -> Expected:
             return _legacy_unguarded("CUDA_ERROR_INVALID_VALUE")
         return _expect("ok:batch", reason=f"driver {_v(d)} exports cuMemcpyBatchAsync", rule="direct-link-ok")
     return _expect("harness-error", reason=f"no rule for driver-family variant {v}", rule="none")
+
+
+def _proc_address(workload: Workload, d: int, emulated: bool) -> Expected:
+    """proc-address: as its copy policy says; without one, the batch entry pinned by
+    cuGetProcAddress, where the driver has it."""
+    intro = batch_introduced()
+    legacy = workload.stream == "legacy"
+    if workload.policy in ("fastest", "kernel"):
+        return _kernel_policy(workload.policy, workload.kernel_image, d, legacy, emulated)
+    if workload.policy == "beside-compute":
+        return _beside_compute(workload.direction, d, legacy)
+    if workload.policy == "loop":
+        return _expect("ok:fallback", reason="policy loop: per-block copies only", rule="policy-loop")
+    if legacy:
+        return _expect("ok:fallback",
+                        reason="legacy NULL stream: the batch call fails there (vLLM issue 46345), so the reference falls back",
+                        rule="legacy-guard")
+    if d < intro:
+        return _expect("ok:fallback",
+                        reason=f"driver {_v(d)} predates cuMemcpyBatchAsync ({_v(intro)}): cuGetProcAddress gives NULL, per-block fallback",
+                        rule="proc-address-fallback")
+    return _expect("ok:batch",
+                    reason=f"cuGetProcAddress(cuMemcpyBatchAsync, {intro}) pins the 9-parameter entry on driver {_v(d)}",
+                    rule="proc-address-batch")
 
 
 def _beside_compute(direction: str, d: int, legacy: bool) -> Expected:
@@ -245,14 +258,21 @@ def _runtime_family(cell: Cell, rv: int, d: int) -> Expected:
         return _expect("ok:fallback",
                         reason=f"driver {_v(d)} predates the batch copy: error 36, the reference falls back",
                         rule="newer-driver-fallback")
-    actual = _abi(rv)
     if v == "runtime-dispatch":
         if legacy:
             return _expect("ok:fallback",
                             reason="legacy NULL stream: the reference falls back (vLLM issue 46345)", rule="legacy-guard")
         return _expect("ok:batch",
-                        reason=f"ABI from cudaRuntimeGetVersion ({_v(rv)}): the {_params(actual)}-parameter call matches",
+                        reason=f"ABI from cudaRuntimeGetVersion ({_v(rv)}): the {_params(_abi(rv))}-parameter call matches",
                         rule="runtime-dispatch-batch")
+    return _assumed_abi(cell, rv, d)
+
+
+def _assumed_abi(cell: Cell, rv: int, d: int) -> Expected:
+    """A variant that takes the batch copy's ABI from something other than the runtime (the
+    driver's version, the headers'): what that assumption meets in runtime ``rv`` on driver ``d``."""
+    v, build, intro = cell.variant, cell.need_build(), batch_introduced()
+    actual = _abi(rv)
     if v == "driver-dispatch":
         assumed, source = _abi(d), f"cudaDriverGetVersion ({_v(d)})"
         bug = "SGLang PR 23172"
@@ -262,16 +282,7 @@ def _runtime_family(cell: Cell, rv: int, d: int) -> Expected:
     else:
         return _expect("harness-error", reason=f"no rule for runtime-family variant {v}", rule="none")
     if d < intro:
-        # Every runtime-family variant falls back on error 36 (that fallback is not the bug
-        # they model).  A mismatched ABI may still fault before the runtime checks the driver:
-        # not measured on a real pre-12.8 driver, so both are admitted.
-        outcomes = {"ok:fallback"}
-        if assumed != actual:
-            outcomes.add("crash:SIGSEGV" if assumed == 13 else "cuda-error:400")
-        return Expected(outcomes=frozenset(outcomes),
-                        reason=f"driver {_v(d)} predates the batch copy: error 36 and the per-block fallback"
-                               + (" (or the ABI mismatch first; unmeasured on such a driver)" if assumed != actual else ""),
-                        rule="newer-driver-fallback")
+        return _before_batch_driver(d, assumed, actual)
     if assumed == 13 and actual == 12:
         return _expect("crash:SIGSEGV",
                         reason=f"ABI from {source} -> 8-parameter call into runtime {_v(rv)}'s 9-parameter function: SIGSEGV ({bug})",
@@ -280,10 +291,25 @@ def _runtime_family(cell: Cell, rv: int, d: int) -> Expected:
         return _expect("cuda-error:400",
                         reason=f"ABI from {source} -> 9-parameter call into runtime {_v(rv)}: failIdx is taken as the stream, cudaErrorInvalidResourceHandle ({bug})",
                         rule="abi-9-into-8")
-    if legacy:
+    if cell.need_workload().stream == "legacy":
         return _legacy_unguarded("cudaErrorInvalidValue")
     return _expect("ok:batch", reason=f"ABI from {source} happens to match runtime {_v(rv)}",
                     rule=f"{v}-match")
+
+
+def _before_batch_driver(d: int, assumed: int, actual: int) -> Expected:
+    """A runtime-family variant on driver ``d``, older than the batch copy, with the ABI it
+    ``assumed`` against the runtime's ``actual`` one."""
+    # Every runtime-family variant falls back on error 36 (that fallback is not the bug
+    # they model).  A mismatched ABI may still fault before the runtime checks the driver:
+    # not measured on a real pre-12.8 driver, so both are admitted.
+    outcomes = {"ok:fallback"}
+    if assumed != actual:
+        outcomes.add("crash:SIGSEGV" if assumed == 13 else "cuda-error:400")
+    return Expected(outcomes=frozenset(outcomes),
+                    reason=f"driver {_v(d)} predates the batch copy: error 36 and the per-block fallback"
+                           + (" (or the ABI mismatch first; unmeasured on such a driver)" if assumed != actual else ""),
+                    rule="newer-driver-fallback")
 
 
 def _params(abi: int) -> int:
@@ -332,22 +358,26 @@ def expect_program(cell: Cell, host: HostFacts, prior: Expected, *, runtime_vers
     d = effective_driver(cell, host)
     if d is None:
         return prior
-    major = cuda_major(runtime_version)
     seen = f" ({evidence})" if evidence else ""
     if major_newer_than_driver(runtime_version, d):
-        floor = rules().min_driver_for(CudaVersion(major, 0))
-        need = f"a CUDA {major} driver" + (f" (>= {floor})" if floor else "")
-        return Expected(outcomes=PROGRAM_REFUSED,
-                        reason=f"the program's CUDA {major} runtime{seen} needs {need}; the driver is {_v(d)}: "
-                               "its first runtime call gets cudaErrorInsufficientDriver (35), and the program fails "
-                               "(NVIDIA's rule says it fails, not how it reports it: any non-zero exit or signal)",
-                        rule="program-major-newer-than-driver")
+        return _program_major_newer(cuda_major(runtime_version), seen, d)
     if cell.driver.startswith("emulated-") and interposer_detected(runtime_version, d, host.driver_version):
         return Expected(outcomes=frozenset({"cannot-emulate"}),
                         reason=f"the program's CUDA 12 runtime{seen} detects the interposer (error 103) when the "
                                f"emulated version {_v(d)} differs from the real driver's",
                         rule="program-interposer-detected")
     return prior
+
+
+def _program_major_newer(major: int, seen: str, d: int) -> Expected:
+    """A program's CUDA ``major`` runtime on an older driver ``d``: NVIDIA's rule says it fails."""
+    floor = rules().min_driver_for(CudaVersion(major, 0))
+    need = f"a CUDA {major} driver" + (f" (>= {floor})" if floor else "")
+    return Expected(outcomes=PROGRAM_REFUSED,
+                    reason=f"the program's CUDA {major} runtime{seen} needs {need}; the driver is {_v(d)}: "
+                           "its first runtime call gets cudaErrorInsufficientDriver (35), and the program fails "
+                           "(NVIDIA's rule says it fails, not how it reports it: any non-zero exit or signal)",
+                    rule="program-major-newer-than-driver")
 
 
 def expect_jit(cell: Cell, host: HostFacts, prior: Expected,
@@ -373,23 +403,40 @@ def expect_jit(cell: Cell, host: HostFacts, prior: Expected,
     d = effective_driver(cell, host)
     if d is None or prior.rule == "matrix-override":
         return prior
-    if cell.kind == "command" and prior.rule == "command-default" and arch is not None:
-        found = no_usable_code(device_code, arch, d)
-        if found is not None:
-            return Expected(outcomes=PROGRAM_REFUSED, reason=f"{found[1]}; how the program reports it is its own",
-                            rule=found[0])
+    no_code = _no_usable_code(cell, prior, device_code, arch, d)
+    if no_code is not None:
+        return no_code
     producers = ptx_producers(libraries)
     why = jit_refusal(cell, d, producers)
     if why is None:
-        unknown = unknown_machine_code(d, producers) if cell.driver.startswith("emulated-") else None
-        if unknown is not None and cell.kind == "command" and prior.rule == "command-default":
-            return _expect("cannot-emulate", reason=unknown, rule="jit-machine-code-undocumented")
-        return prior
+        return _jit_unknown_machine_code(cell, prior, d, producers)
     if cell.kind == "swap" and prior.rule == "ptx-ceiling":
         return _expect("cuda-error:222", reason=why, rule="jit-ptx-too-new")
     if cell.kind == "command" and prior.rule == "command-default":
         return Expected(outcomes=PROGRAM_REFUSED, reason=f"{why}; how the program reports it is its own",
                         rule="jit-ptx-too-new")
+    return prior
+
+
+def _no_usable_code(cell: Cell, prior: Expected, device_code: tuple[tuple[str, tuple[DeviceCode, ...]], ...],
+                    arch: int | None, d: int) -> Expected | None:
+    """A command that rested on no rule and mapped an object with no code GPU ``arch`` can run on
+    driver ``d``: the program fails (how it reports it is its own)."""
+    if cell.kind != "command" or prior.rule != "command-default" or arch is None:
+        return None
+    found = no_usable_code(device_code, arch, d)
+    if found is None:
+        return None
+    return Expected(outcomes=PROGRAM_REFUSED, reason=f"{found[1]}; how the program reports it is its own",
+                    rule=found[0])
+
+
+def _jit_unknown_machine_code(cell: Cell, prior: Expected, d: int, producers: tuple[PtxProducer, ...]) -> Expected:
+    """A command that rested on no rule, under an emulated driver, whose JIT producers make
+    machine code the emulated driver's documentation does not cover: ``cannot-emulate``."""
+    unknown = unknown_machine_code(d, producers) if cell.driver.startswith("emulated-") else None
+    if unknown is not None and cell.kind == "command" and prior.rule == "command-default":
+        return _expect("cannot-emulate", reason=unknown, rule="jit-machine-code-undocumented")
     return prior
 
 

@@ -58,6 +58,8 @@ class Provisioner:
     host_driver: int | None = None
     _resolved: dict[str, _runtimes.ResolvedRuntime | CumatrixError] = field(default_factory=dict)
     _interposers: dict[str, drivers.Interposer] = field(default_factory=dict)
+    #: The ``include/`` serving each header version (``builds:``), found once for the run.
+    _headers: dict[str, Path] = field(default_factory=dict)
     #: Per emulated driver made from the prebuilt interposer: the real driver's exports it lacks.
     _interposer_missing: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
@@ -79,6 +81,16 @@ class Provisioner:
         """The runtime ``name`` if it was resolved without error, else ``None``."""
         got = self._resolved.get(name)
         return got if isinstance(got, _runtimes.ResolvedRuntime) else None
+
+    def headers(self, version: str | CudaVersion) -> Path:
+        """The ``include/`` of the runtime wheel serving headers ``version`` (a runtime of the
+        matrix with that major.minor, else the known wheel), found once for the run: every swap
+        cell of that version builds against it."""
+        key = str(version)
+        if key not in self._headers:
+            self._headers[key] = _runtimes.headers_for(version, wheel_dir=self.settings.wheel_dir,
+                                                       runtimes=self.settings.matrix.runtimes)
+        return self._headers[key]
 
     def runtime_version(self, cell: Cell) -> int | None:
         """``cudaRuntimeGetVersion`` of the cell's runtime, as far as it is known before the run."""
@@ -145,29 +157,42 @@ class Provisioner:
         rt = self.settings.matrix.runtime(cell.runtime) if cell.runtime != NO_RUNTIME else None
         if rt is not None and rt.image and self.settings.backend != "docker":
             return NotRun(why="needs-docker", detail=f"runtime {rt.name} is the image {rt.image}; run with --backend docker")
-        if cell.kind == "swap" and not _has_gcc(os.environ.get("PATH", "")):
+        if cell.kind == "swap":
+            swap = self._swap_decided(cell)
+            if swap is not None:
+                return swap
+        if cell.driver.startswith("emulated-"):
+            return self._emulation_decided(cell)
+        return None
+
+    def _swap_decided(self, cell: Cell) -> NotRun | None:
+        """A swap cell decided before any child: no compiler for its variants, or no driver."""
+        if not _has_gcc(os.environ.get("PATH", "")):
             # A platform wheel carries the observation's compiled parts, not the reference
             # variants: they are built per header version of the matrix, here (docs/install.md).
             return NotRun(why="no-compiler", detail="the reference variants are compiled with gcc at run time and "
                           "there is no gcc on PATH: install gcc (apt-get install gcc)")
-        if cell.kind == "swap" and self.host_driver is None:
+        if self.host_driver is None:
             # Building needs no GPU: a variant that does not compile says so on any host.
             spec = self.swap_spec(cell, None)
             if isinstance(spec, NotRun) and spec.why == "build-failed":
                 return spec
             return NotRun(why="no-driver", detail="no NVIDIA driver on this host")
-        emulated = cell.driver.startswith("emulated-")
-        if emulated and self.host_driver is None:
+        return None
+
+    def _emulation_decided(self, cell: Cell) -> NotRun | None:
+        """A cell on an emulated driver decided before any child: nothing to emulate over, a
+        driver newer than the host's, or no way to make its interposer."""
+        if self.host_driver is None:
             return NotRun(why="no-driver", detail="driver emulation needs a real driver underneath")
-        if emulated and self.host_driver is not None:
-            version = int(CudaVersion.parse(cell.driver[len("emulated-"):]))
-            if emulation_newer_than_host(version, self.host_driver):
-                return NotRun(why="emulation-impossible", detail=emulate_newer_reason(version, self.host_driver))
-            if (not self.has_interposer(cell.driver) and not _has_gcc(os.environ.get("PATH", ""))
-                    and prebuilt_driver.prebuilt_interposer() is None):
-                return NotRun(why="no-compiler", detail=f"the interposer of {cell.driver} is generated and compiled "
-                              "with gcc at run time, there is no gcc on PATH and no prebuilt interposer in this "
-                              "install: install gcc (apt-get install gcc), or a platform wheel of cumatrix")
+        version = int(CudaVersion.parse(cell.driver[len("emulated-"):]))
+        if emulation_newer_than_host(version, self.host_driver):
+            return NotRun(why="emulation-impossible", detail=emulate_newer_reason(version, self.host_driver))
+        if (not self.has_interposer(cell.driver) and not _has_gcc(os.environ.get("PATH", ""))
+                and prebuilt_driver.prebuilt_interposer() is None):
+            return NotRun(why="no-compiler", detail=f"the interposer of {cell.driver} is generated and compiled "
+                          "with gcc at run time, there is no gcc on PATH and no prebuilt interposer in this "
+                          "install: install gcc (apt-get install gcc), or a platform wheel of cumatrix")
         return None
 
     def job(self, cell: Cell) -> Job | NotRun:
@@ -231,7 +256,7 @@ class Provisioner:
         w, b = cell.need_workload(), cell.need_build()
         if not (cell.variant and cell.family):
             raise CumatrixError(f"swap cell {cell.id} has no variant or family")
-        headers = _runtimes.headers_for(b, wheel_dir=self.settings.wheel_dir, runtimes=self.settings.matrix.runtimes)
+        headers = self.headers(b)
         lib = build.build_variant(cell.variant, cell.family, headers)
         if not lib.ok:
             return NotRun(why="build-failed", detail=lib.log.strip()[-2000:])

@@ -250,6 +250,24 @@ def build_environment(requirements: Sequence[str], *, wheel_dir: Path | None = N
     return env_dir
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BuiltEnvironment:
+    """A built environment, as a runtime reads it: its directory, site-packages and what it holds."""
+
+    env_dir: Path
+    site_packages: tuple[str, ...]
+    installed: tuple[str, ...]  # ``name==version``, read from its dist-info files when it was built
+
+
+def built_environment(requirements: Sequence[str], *, wheel_dir: Path | None = None,
+                      extra_wheels: Sequence[Path] = (), what: str = "") -> BuiltEnvironment:
+    """The environment of ``requirements`` (:func:`build_environment`), with what it holds."""
+    env_dir = build_environment(requirements, wheel_dir=wheel_dir, extra_wheels=extra_wheels, what=what)
+    info = json.loads((env_dir / ".complete").read_text())
+    return BuiltEnvironment(env_dir=env_dir, site_packages=tuple(env_site_packages(env_dir)),
+                            installed=tuple(info.get("installed", ())))
+
+
 def env_site_packages(env_dir: Path) -> list[str]:
     """The site-packages directories of a virtual environment, found on disk (no interpreter run)."""
     return sorted(str(p) for p in env_dir.glob("lib/python3*/site-packages") if p.is_dir())

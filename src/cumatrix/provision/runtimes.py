@@ -37,30 +37,42 @@ from packaging.version import InvalidVersion, Version
 
 from cumatrix.core.cache import cache_dir
 from cumatrix.core.cache import wheel_dir as default_wheel_dir
-from cumatrix.core.errors import ConfigError, RuntimeNotFound
+from cumatrix.core.errors import ConfigError, RuntimeNotFound, UnsafeArchive
 from cumatrix.core.model import CudaVersion, Runtime
 from cumatrix.core.wheelname import maybe_wheel_name
 from cumatrix.load.requirements import KNOWN_WHEELS, check_env_requirement, matrix_headers_wheel, parse_requirement
 from cumatrix.provision.environments import (
     build_environment,
+    built_environment,
     candidate_wheels,
     env_site_packages,
     environment_hash,
     uv_binary,
 )
-from cumatrix.provision.wheelfiles import check_members, open_wheel, unpack_wheel
+from cumatrix.provision.wheelfiles import CUDART_MEMBER, WheelReading, check_members, read_wheel, unpack_wheel
 
 # re-exported: the loader, provision.environments and provision.wheelfiles own them
 __all__ = ["KNOWN_WHEELS", "build_environment", "candidate_wheels", "check_env_requirement", "check_members",
            "env_site_packages", "environment_hash", "parse_requirement", "unpack_wheel", "uv_binary"]
 
-#: ``libcudart.so.<major>`` inside a wheel, as NVIDIA lays it out (nvidia/cu13/lib/, nvidia/cuda_runtime/lib/).
-_CUDART_MEMBER = re.compile(r"(?:^|/)lib/libcudart\.so\.(\d+)(?:\.\d+)*$")
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LibraryFacts:
+    """What a ``libcudart`` says about itself, read as data (never loaded)."""
+
+    soname: str | None
+    soname_major: int | None
+    file_release: str | None  # from a file name such as libcudart.so.12.9.79
+    code_version: int | None  # the constant cudaRuntimeGetVersion stores (x86-64), when unique
+    batch_exported: bool
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ResolvedRuntime:
+    """One runtime of a matrix, resolved in one step (:func:`resolve`): everything the oracle
+    (its version) and the executor (the library, its directory, an environment's variables) need
+    of it, with what it was established from (the wheel file, the library's own facts)."""
+
     name: str
     lib_dir: Path
     libcudart: Path
@@ -74,6 +86,8 @@ class ResolvedRuntime:
     env_dir: Path | None = None  # an environment runtime's virtual environment
     installed: tuple[str, ...] = ()  # an environment runtime's ``name==version`` list
     soname: str | None = None  # libcudart's DT_SONAME, where it was read already (None: read it from the file)
+    wheel: Path | None = None  # a wheel runtime's wheel file, checked against its requirement
+    facts: LibraryFacts | None = None  # what the library says about itself, read as data
 
     @property
     def cuda(self) -> CudaVersion:
@@ -127,7 +141,11 @@ def fetch_wheel(requirement: str, *, wheel_dir: Path | None = None) -> Path:
     The wheel directory is ``wheel_dir``, else ``$CUMATRIX_WHEEL_DIR``; with one, nothing is
     fetched.  ``pip download --only-binary=:all: --no-deps`` runs no code of the package.
     """
-    name, version = parse_requirement(requirement)
+    return _fetch(requirement, parse_requirement(requirement), wheel_dir)
+
+
+def _fetch(requirement: str, pin: tuple[str, str], wheel_dir: Path | None) -> Path:
+    name, version = pin
     wheel_dir = default_wheel_dir(wheel_dir)
     for d in ([wheel_dir] if wheel_dir else []) + [cache_dir("wheels")]:
         found = find_wheel(d, name, version)
@@ -182,40 +200,6 @@ def _unpacked_dir(wheel: Path, sha256: str) -> Path:
 
 
 # --------------------------------------------------------------------------- versions, from data
-
-
-def wheel_metadata(wheel: Path) -> tuple[str, str]:
-    """(Name, Version) from the wheel's ``*.dist-info/METADATA``, read from the archive."""
-    with open_wheel(wheel) as zf:
-        metas = [n for n in zf.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
-        if len(metas) != 1:
-            raise RuntimeNotFound(f"{wheel.name}: {len(metas)} *.dist-info/METADATA files (a wheel has one)")
-        text = zf.read(metas[0]).decode("utf-8", "replace")
-    import email.parser  # imported where a wheel's METADATA is read: 25 ms every matrix load paid
-
-    msg = email.parser.HeaderParser().parsestr(text)
-    name, version = msg.get("Name"), msg.get("Version")
-    if not name or not version:
-        raise RuntimeNotFound(f"{wheel.name}: METADATA names no Name or Version")
-    return str(name).strip(), str(version).strip()
-
-
-def cudart_member(wheel: Path) -> str | None:
-    """Path of ``lib/libcudart.so.<major>`` inside a wheel, or None."""
-    with open_wheel(wheel) as zf:
-        names = sorted(n for n in zf.namelist() if _CUDART_MEMBER.search(n))
-    return names[0] if names else None
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class LibraryFacts:
-    """What a ``libcudart`` says about itself, read as data (never loaded)."""
-
-    soname: str | None
-    soname_major: int | None
-    file_release: str | None  # from a file name such as libcudart.so.12.9.79
-    code_version: int | None  # the constant cudaRuntimeGetVersion stores (x86-64), when unique
-    batch_exported: bool
 
 
 # `mov DWORD PTR [rdi], imm32` (c7 07 imm32): how every x86-64 libcudart from 12.0 to 13.5 stores
@@ -309,8 +293,9 @@ def _not_a_runtime(label: str, requirement: str, wheel: Path, why: str) -> Runti
                            "(runtime wheels are nvidia-cuda-runtime-cu12 and nvidia-cuda-runtime)")
 
 
-def _check_metadata(wheel: Path, requirement: str, label: str, meta_name: str, meta_version: str) -> None:
-    name, version = parse_requirement(requirement)
+def _check_metadata(wheel: Path, requirement: str, pin: tuple[str, str], label: str, meta_name: str,
+                    meta_version: str) -> None:
+    name, version = pin
     if canonicalize_name(meta_name) != canonicalize_name(name) or not _same_version(meta_version, version):
         raise RuntimeNotFound(f"{label}: {wheel.name} is {meta_name}=={meta_version} by its METADATA, not {requirement}")
 
@@ -325,20 +310,25 @@ def _same_version(a: str, b: str) -> bool:
 
 def check_runtime_wheel(wheel: Path, requirement: str, *, label: str = "") -> str:
     """Check, without unpacking, that ``wheel`` is the CUDA runtime ``requirement`` names; return its libcudart member."""
-    label = label or requirement
-    meta_name, meta_version = wheel_metadata(wheel)
-    _check_metadata(wheel, requirement, label, meta_name, meta_version)
-    member = cudart_member(wheel)
-    if member is None:
+    return _checked_reading(wheel, requirement, parse_requirement(requirement), label or requirement).cudart or ""
+
+
+def _checked_reading(wheel: Path, requirement: str, pin: tuple[str, str], label: str) -> WheelReading:
+    """The wheel read once, and checked: the release ``requirement`` pins, a libcudart, every member safe."""
+    reading = read_wheel(wheel)
+    _check_metadata(wheel, requirement, pin, label, reading.name, reading.version)
+    if reading.cudart is None:
         raise _not_a_runtime(label, requirement, wheel, "holds no lib/libcudart.so.<N>")
-    check_members(wheel)
-    return member
+    if reading.unsafe:
+        raise UnsafeArchive(reading.unsafe)
+    return reading
 
 
 _FACTS_NOTE = ".cumatrix-wheel-facts.json"
 
 
-def _checked_wheel(wheel: Path, requirement: str, label: str) -> tuple[Path, str, str, LibraryFacts]:
+def _checked_wheel(wheel: Path, requirement: str, pin: tuple[str, str],
+                   label: str) -> tuple[Path, str, str, LibraryFacts]:
     """``wheel`` checked against ``requirement`` and unpacked: (its directory, the libcudart
     member, its release, that library's facts).
 
@@ -354,13 +344,13 @@ def _checked_wheel(wheel: Path, requirement: str, label: str) -> tuple[Path, str
         lib = note.parent / str(d["member"])
         st = lib.stat()
         if d["sha256"] == sha and d["library"] == [st.st_size, st.st_mtime_ns]:
-            _check_metadata(wheel, requirement, label, str(d["name"]), str(d["version"]))
+            _check_metadata(wheel, requirement, pin, label, str(d["name"]), str(d["version"]))
             return note.parent, str(d["member"]), str(d["version"]), LibraryFacts(**d["facts"])
     except (OSError, ValueError, KeyError, TypeError):
         pass  # no note (or one this version cannot read): check the wheel itself
-    member = check_runtime_wheel(wheel, requirement, label=label)
+    reading = _checked_reading(wheel, requirement, pin, label)
+    member, meta_name, release = reading.cudart or "", reading.name, reading.version
     root = _unpack_cached(wheel, sha)
-    meta_name, release = wheel_metadata(wheel)
     facts = library_facts(root / member)
     st = (root / member).stat()
     with contextlib.suppress(OSError):  # a read-only cache costs the next process the checks, not the run
@@ -374,8 +364,9 @@ def _checked_wheel(wheel: Path, requirement: str, label: str) -> tuple[Path, str
 def from_wheel(name: str, requirement: str, *, wheel_dir: Path | None = None, where: str = "") -> ResolvedRuntime:
     """A wheel runtime: fetched, checked, unpacked safely; its version read as data."""
     label = f"{where}: runtimes.{name}" if where else f"runtimes.{name}"
-    wheel = fetch_wheel(requirement, wheel_dir=wheel_dir)
-    root, member, release, facts = _checked_wheel(wheel, requirement, label)
+    pin = parse_requirement(requirement)  # once: the fetch and the checks use the same pin
+    wheel = _fetch(requirement, pin, wheel_dir)
+    root, member, release, facts = _checked_wheel(wheel, requirement, pin, label)
     lib = root / member
     version, how = checked_version(f"{label} ({requirement})", release, facts)
     meta = root / ".cumatrix-runtime.json"  # read by `cumatrix doctor`
@@ -385,7 +376,8 @@ def from_wheel(name: str, requirement: str, *, wheel_dir: Path | None = None, wh
     return ResolvedRuntime(name=name, lib_dir=lib.parent, libcudart=lib,
                            include_dir=inc if (inc / "cuda_runtime_api.h").is_file() else None,
                            version=version, wheel_version=release, found_by=f"wheel {wheel.name}",
-                           version_source=how, batch_exported=facts.batch_exported, soname=facts.soname)
+                           version_source=how, batch_exported=facts.batch_exported, soname=facts.soname,
+                           wheel=wheel, facts=facts)
 
 
 # --------------------------------------------------------------------------- installed runtimes (site, env)
@@ -410,7 +402,7 @@ def find_in_distributions(paths: Sequence[str]) -> Iterator[InstalledCudart]:
 
     for dist in importlib_metadata.distributions(path=list(paths)):
         for f in dist.files or ():
-            if _CUDART_MEMBER.search(str(f).replace(os.sep, "/")):
+            if CUDART_MEMBER.search(str(f).replace(os.sep, "/")):
                 p = Path(str(dist.locate_file(f)))
                 if p.is_file():
                     yield InstalledCudart(path=p, dist=str(dist.metadata["Name"]), release=str(dist.version))
@@ -472,7 +464,7 @@ def from_site(name: str, *, where: str = "") -> ResolvedRuntime:
             return ResolvedRuntime(name=name, lib_dir=lib.parent, libcudart=lib,
                                    include_dir=inc if inc.is_dir() else None, version=version,
                                    wheel_version=release, found_by=how, version_source=source,
-                                   batch_exported=facts.batch_exported)
+                                   batch_exported=facts.batch_exported, facts=facts)
     raise RuntimeNotFound(
         f"{label} is `site: true` but no libcudart is installed in this environment "
         f"(looked in: {'; '.join(ctx.tried)}); pip install nvidia-cuda-runtime-cu12 or nvidia-cuda-runtime"
@@ -486,8 +478,9 @@ def from_environment(name: str, requirements: Sequence[str], *, wheel_dir: Path 
                      extra_wheels: Sequence[Path] = (), where: str = "") -> ResolvedRuntime:
     """An environment runtime: the env built from ``requirements``; its libcudart is the cell's runtime."""
     label = f"{where}: runtimes.{name}" if where else f"runtimes.{name}"
-    env_dir = build_environment(requirements, wheel_dir=wheel_dir, extra_wheels=extra_wheels, what=label)
-    hits = list(find_in_distributions(env_site_packages(env_dir)))
+    env = built_environment(requirements, wheel_dir=wheel_dir, extra_wheels=extra_wheels, what=label)
+    env_dir = env.env_dir
+    hits = list(find_in_distributions(env.site_packages))
     if not hits:
         raise RuntimeNotFound(f"{label}: the environment {' '.join(requirements)} holds no libcudart "
                               "(add nvidia-cuda-runtime-cu12==X.Y.Z or nvidia-cuda-runtime==X.Y.Z to its requirements)")
@@ -498,14 +491,13 @@ def from_environment(name: str, requirements: Sequence[str], *, wheel_dir: Path 
     hit = hits[0]
     facts = library_facts(hit.path)
     version, source = checked_version(f"{label} ({hit.dist} {hit.release})", hit.release, facts)
-    info = json.loads((env_dir / ".complete").read_text())
     inc = hit.path.parent.parent / "include"
     return ResolvedRuntime(name=name, lib_dir=hit.path.parent, libcudart=hit.path,
                            include_dir=inc if (inc / "cuda_runtime_api.h").is_file() else None,
                            version=version, wheel_version=hit.release,
                            found_by=f"environment {env_dir.name} ({hit.dist} {hit.release})",
                            version_source=source, batch_exported=facts.batch_exported, env_dir=env_dir,
-                           installed=tuple(info.get("installed", ())))
+                           installed=env.installed, facts=facts)
 
 
 def install_into_environment(rt: Runtime, wheels: Iterable[Path], *, wheel_dir: Path | None = None) -> ResolvedRuntime:

@@ -1,4 +1,5 @@
-"""Unpacking a wheel safely: every member is checked before anything is written."""
+"""A runtime wheel's archive: read in one pass, and unpacked safely (every member is checked
+before anything is written)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ import shutil
 import stat
 import zipfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from cumatrix.binary.zipnames import bad_utf8_name, describe
 from cumatrix.core.errors import RuntimeNotFound, UnsafeArchive
+
+#: ``libcudart.so.<major>`` inside a wheel, as NVIDIA lays it out (nvidia/cu13/lib/, nvidia/cuda_runtime/lib/).
+CUDART_MEMBER = re.compile(r"(?:^|/)lib/libcudart\.so\.(\d+)(?:\.\d+)*$")
 
 _KINDS = {stat.S_IFLNK: "a symbolic link", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
           stat.S_IFIFO: "a FIFO", stat.S_IFSOCK: "a socket"}
@@ -43,15 +48,55 @@ def _refusal(info: zipfile.ZipInfo, root: Path, seen: set[str]) -> str | None:
     return None
 
 
-def check_members(wheel: Path) -> None:
-    """Raise :class:`UnsafeArchive` naming the wheel and member when any member is unsafe to unpack."""
+def _unsafe_member(wheel: Path, infos: list[zipfile.ZipInfo]) -> str | None:
+    """Why the first unsafe member of ``wheel`` must not be unpacked, or None when every one is safe."""
     root = Path("/nonexistent-root").resolve()
     seen: set[str] = set()
+    for info in infos:
+        why = _refusal(info, root, seen)
+        if why:
+            return f"{wheel.name}: refusing to unpack member {info.filename!r}: it is {why}"
+    return None
+
+
+def check_members(wheel: Path) -> None:
+    """Raise :class:`UnsafeArchive` naming the wheel and member when any member is unsafe to unpack."""
     with open_wheel(wheel) as zf:
-        for info in zf.infolist():
-            why = _refusal(info, root, seen)
-            if why:
-                raise UnsafeArchive(f"{wheel.name}: refusing to unpack member {info.filename!r}: it is {why}")
+        unsafe = _unsafe_member(wheel, zf.infolist())
+    if unsafe:
+        raise UnsafeArchive(unsafe)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WheelReading:
+    """What a wheel's archive says of itself, read in one pass without unpacking it."""
+
+    name: str  # METADATA's Name
+    version: str  # METADATA's Version
+    cudart: str | None  # the ``lib/libcudart.so.<major>`` member, if any
+    unsafe: str | None  # why a member must not be unpacked, if one must not
+
+
+def read_wheel(wheel: Path) -> WheelReading:
+    """``wheel``'s ``*.dist-info/METADATA`` (Name, Version), its libcudart member and the safety of
+    its members, from one opening of the archive; a wheel without one METADATA naming both is
+    :class:`RuntimeNotFound`."""
+    with open_wheel(wheel) as zf:
+        infos = zf.infolist()
+        names = [i.filename for i in infos]
+        metas = [n for n in names if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
+        if len(metas) != 1:
+            raise RuntimeNotFound(f"{wheel.name}: {len(metas)} *.dist-info/METADATA files (a wheel has one)")
+        text = zf.read(metas[0]).decode("utf-8", "replace")
+    import email.parser  # imported where a wheel's METADATA is read: 25 ms every matrix load paid
+
+    msg = email.parser.HeaderParser().parsestr(text)
+    name, version = msg.get("Name"), msg.get("Version")
+    if not name or not version:
+        raise RuntimeNotFound(f"{wheel.name}: METADATA names no Name or Version")
+    cudarts = sorted(n for n in names if CUDART_MEMBER.search(n))
+    return WheelReading(name=str(name).strip(), version=str(version).strip(), cudart=cudarts[0] if cudarts else None,
+                        unsafe=_unsafe_member(wheel, infos))
 
 
 @contextlib.contextmanager

@@ -407,28 +407,10 @@ def _read(source: str, numbered: Iterable[tuple[int, str, str | None]], seal: Se
     shared: dict[object, object] = {}
 
     for lineno, line, following in numbered:
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            is_last = following is None
-            before_resume = not is_last and _RUN_HEADER_RE.match(following or "") is not None
-            if is_last or before_resume:
-                warnings.append(
-                    f"{source}:{lineno}: line cut mid-write (the run was killed while writing it); ignored"
-                )
-                continue
-            raise ConfigError([Problem(source, lineno, e.colno, f"not a JSON record: {e.msg}")]) from e
-        if not isinstance(rec, dict):
-            raise ConfigError([Problem(source, lineno, 1, "a record must be a JSON object")])
+        rec = _record(source, lineno, line, following, warnings)
+        if rec is None:
+            continue
         r = _Reader(source, lineno, rec)
-        schema = rec.get("schema")
-        if not isinstance(schema, int) or isinstance(schema, bool):
-            raise r.fail("record has no integer 'schema' version")
-        if schema > SCHEMA_VERSION:
-            raise r.fail(
-                f"written by a newer cumatrix (schema {schema}); upgrade cumatrix to read it "
-                f"(this one reads schema {SCHEMA_VERSION})"
-            )
         kind = rec.get("type")
         if kind == "run":
             runs.append(_run_info(r))
@@ -441,12 +423,7 @@ def _read(source: str, numbered: Iterable[tuple[int, str, str | None]], seal: Se
         elif kind == "end":
             if not runs:
                 raise r.fail("end record before any run header")
-            interrupted = rec.get("interrupted")
-            runs[-1] = replace(
-                runs[-1],
-                finished=r.text("finished"),
-                interrupted=bool(interrupted) if interrupted is not None else False,
-            )
+            runs[-1] = _ended(runs[-1], r, rec)
         else:
             extra.append(rec)
 
@@ -455,6 +432,40 @@ def _read(source: str, numbered: Iterable[tuple[int, str, str | None]], seal: Se
     if seal is not None:
         _taken_out(seal, cells)
     return _assemble(runs, cells, warnings, extra)
+
+
+def _ended(run: RunInfo, r: _Reader, rec: Mapping[str, object]) -> RunInfo:
+    """``run`` with what its end record says: when it finished, whether it was interrupted."""
+    interrupted = rec.get("interrupted")
+    return replace(run, finished=r.text("finished"),
+                   interrupted=bool(interrupted) if interrupted is not None else False)
+
+
+def _record(source: str, lineno: int, line: str, following: str | None, warnings: list[str]) -> dict[str, object] | None:
+    """Line ``lineno`` as a record of a schema this cumatrix reads; None for a line cut mid-write
+    (the last one, or one a resumed run's header follows), which ``warnings`` then names."""
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as e:
+        is_last = following is None
+        before_resume = not is_last and _RUN_HEADER_RE.match(following or "") is not None
+        if is_last or before_resume:
+            warnings.append(
+                f"{source}:{lineno}: line cut mid-write (the run was killed while writing it); ignored"
+            )
+            return None
+        raise ConfigError([Problem(source, lineno, e.colno, f"not a JSON record: {e.msg}")]) from e
+    if not isinstance(rec, dict):
+        raise ConfigError([Problem(source, lineno, 1, "a record must be a JSON object")])
+    schema = rec.get("schema")
+    if not isinstance(schema, int) or isinstance(schema, bool):
+        raise _Reader(source, lineno, rec).fail("record has no integer 'schema' version")
+    if schema > SCHEMA_VERSION:
+        raise _Reader(source, lineno, rec).fail(
+            f"written by a newer cumatrix (schema {schema}); upgrade cumatrix to read it "
+            f"(this one reads schema {SCHEMA_VERSION})"
+        )
+    return rec
 
 
 def _taken_out(seal: Seal, cells: dict[str, CellResult]) -> None:

@@ -38,7 +38,7 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Self
@@ -125,7 +125,11 @@ class _Group:
     end: dict[str, Any] | None = None
 
 
-def _lines_text(numbers: list[int]) -> str:
+def _first_five(ids: Sequence[str]) -> str:
+    return ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+
+
+def _lines_text(numbers: Sequence[int]) -> str:
     shown = ", ".join(map(str, numbers[:10]))
     return shown + (f" and {len(numbers) - 10} more" if len(numbers) > 10 else "")
 
@@ -384,21 +388,7 @@ class Store:
         changed = tuple(cid for cid in reader.latest if cid not in reuse and cid not in reader.unsigned)
         kept = reader.compacted(reuse)
         text = "".join(dumps(r) + "\n" for r in kept).encode()
-        warnings = []
-        if reader.foreign:
-            word = "line" if len(reader.foreign) == 1 else "lines"
-            warnings.append(f"{self.path}: {word} {_lines_text(reader.foreign)}: not records of this matrix's cells "
-                            f"(another matrix, unknown cell ids, or unreadable text); ignored, previous file kept "
-                            f"as {PREVIOUS}")
-        if changed:
-            shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
-            warnings.append(f"{len(changed)} finished cell(s) changed since they ran (definition, runtime, driver, "
-                            f"headers, expectations or harness version); running them again: {shown}")
-        if reader.unsigned:
-            u = reader.unsigned
-            shown = ", ".join(u[:5]) + (f" and {len(u) - 5} more" if len(u) > 5 else "")
-            warnings.append(f"{len(u)} finished cell record(s) carry no valid signature of this harness (edited by "
-                            f"hand, or written by another user or machine); running them again: {shown}")
+        warnings = self._resume_warnings(reader.foreign, changed, reader.unsigned)
         rewritten = text != raw
         if rewritten:
             self._replace(text, keep_previous=bool(reader.foreign or changed))
@@ -406,6 +396,23 @@ class Store:
         return ResumePlan(reuse=frozenset(reuse), rerun=rerun, changed=changed,
                           ignored_lines=tuple(reader.foreign), warnings=tuple(warnings),
                           reports_stale=rewritten or bool(rerun) or not self._reports_fresh())
+
+    def _resume_warnings(self, foreign: Sequence[int], changed: Sequence[str], unsigned: Sequence[str]) -> list[str]:
+        """What :meth:`resume` tells the user: lines it ignored, cells it runs again and why."""
+        warnings = []
+        if foreign:
+            word = "line" if len(foreign) == 1 else "lines"
+            warnings.append(f"{self.path}: {word} {_lines_text(foreign)}: not records of this matrix's cells "
+                            f"(another matrix, unknown cell ids, or unreadable text); ignored, previous file kept "
+                            f"as {PREVIOUS}")
+        if changed:
+            warnings.append(f"{len(changed)} finished cell(s) changed since they ran (definition, runtime, driver, "
+                            f"headers, expectations or harness version); running them again: {_first_five(changed)}")
+        if unsigned:
+            warnings.append(f"{len(unsigned)} finished cell record(s) carry no valid signature of this harness "
+                            f"(edited by hand, or written by another user or machine); running them again: "
+                            f"{_first_five(unsigned)}")
+        return warnings
 
     def _reports_fresh(self) -> bool:
         try:
