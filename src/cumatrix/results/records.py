@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, BinaryIO, Literal
 
 from cumatrix.core.errors import ConfigError, Problem
 from cumatrix.core.model import Expected, Observed, Spread, Timings
-from cumatrix.core.planned import PlannedCells, planned_from_json
+from cumatrix.core.planned import PlannedCells, Selection, planned_from_json, selection_from_json
 from cumatrix.core.record import (
     CATEGORIES,
     SCHEMA_VERSION,
@@ -67,6 +67,8 @@ class RunInfo:
     plan: PlannedCells | None = None
     #: The submission of a plan this run was one host of (``cumatrix submit``); None: none.
     submission: str | None = None
+    #: The covering plan or rotation night the run took its cells from; None: every cell.
+    selection: Selection | None = None
 
     def to_json(self) -> dict[str, object]:
         """The header as a JSON object (``results.json`` ``runs[]``)."""
@@ -87,6 +89,7 @@ class RunInfo:
             "source": self.source,
             "plan": self.plan.to_json() if self.plan is not None else None,
             "submission": self.submission,
+            "selection": self.selection.to_json() if self.selection is not None else None,
         }
 
 
@@ -316,6 +319,7 @@ def _run_info(r: _Reader) -> RunInfo:
         source=r.source,
         plan=planned_from_json(r.rec.get("plan")),
         submission=r.text("submission"),
+        selection=selection_from_json(r.rec.get("selection")),
     )
 
 
