@@ -63,7 +63,7 @@ def plan_of(config: pytest.Config, path: Path) -> PlannedCells | None:
     key = str(path)
     if key not in found:
         try:
-            found[key] = planned_cells(_matrix.load(path))
+            found[key] = planned_cells(_matrix.load(path), selection=options(config).selection)
         except ConfigError:
             found[key] = None
     return found[key]
@@ -192,12 +192,13 @@ def selected(config: pytest.Config) -> list[tuple[Matrix, list[Cell]]]:
         except ConfigError:
             continue
         every = _matrix.cells(m)
-        try:  # planned from the cells at hand: a matrix is expanded once
-            plans[str(p)] = plans[m.path] = planned_cells(m, every)
+        plan = cover_share(config, p, m, every)
+        try:  # planned from the cells at hand (those the covering plan takes): a matrix is expanded once
+            plans[str(p)] = plans[m.path] = planned_cells(m, every if plan is None else
+                                                          [c for c in every if c.id in plan])
         except ConfigError:
             plans[str(p)] = plans[m.path] = None
         share = host_share(config, p)
-        plan = cover_share(config, p, m, every)
         cells = [c for c in every if (expr is None or expr.matches(c.id, p.name))
                  and (share is None or c.id in share) and (plan is None or c.id in plan)
                  and (only is None or c.id in only)]
