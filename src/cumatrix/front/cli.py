@@ -196,6 +196,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def _cover_words(args: argparse.Namespace) -> list[str]:
     """``--cover``, ``--seed``, ``--rotate``, ``--night`` (checked) for each host's run."""
+    # deferred: plan costs ~45 ms and ~35 modules; only plan and submit
     from cumatrix.front.plan import selection_args
 
     return selection_args(RunOptions.from_cli(args).selection)
@@ -282,9 +283,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     plan = None
     if args.matrix:
         # deferred: plan costs ~45 ms and ~35 modules; only merge --matrix
-        from cumatrix.front.plan import planned_cells
-
-        from cumatrix.front.plan import recorded_selection
+        from cumatrix.front.plan import planned_cells, recorded_selection
 
         plan = planned_cells(_matrix.load(_matrix_arg(args.matrix)), selection=recorded_selection(dirs))
     check_history(args)
@@ -521,7 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 #: Commands that print what records, host directories and the history hold: their output
 #: passes through the terminal sink (escape sequences removed, controls shown as \xNN).
-STORED_DATA_COMMANDS = frozenset({"diff", "history", "merge", "report", "repro", "submit"})
+STORED_DATA_COMMANDS = frozenset({"diff", "history", "merge", "report", "repro", "submit", "untested"})
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -16,6 +16,7 @@ from cumatrix.report.headline import headline
 from cumatrix.report.since import markdown as since_markdown
 from cumatrix.report.static import static_markdown, static_record
 from cumatrix.report.text import clean, md_code, md_fenced, md_inline, shorten
+from cumatrix.report.untested import markdown as untested_markdown
 from cumatrix.results.records import CellResult, RunData
 
 #: GitHub caps a step summary at 1 MiB; stay well under it.
@@ -222,6 +223,8 @@ def to_markdown(run: RunData) -> str:
     lines.append("")
     if run.since is not None:  # what changed since the previous run of this matrix (history)
         lines += since_markdown(run.since)
+    if run.untested is not None:  # cells no run of the history's window tested, on any host
+        lines += untested_markdown(run.untested)
     lines += _mismatches(run)
     lines += _other_runtime(run)
     lines += _not_run(run)

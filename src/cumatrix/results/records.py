@@ -33,6 +33,7 @@ from cumatrix.results import recordkey
 
 if TYPE_CHECKING:
     from cumatrix.results.historydiff import Diff
+    from cumatrix.results.untested import Untested
 
 #: The reports' name for a cell record (the same type).
 CellResult = CellRecord
@@ -166,6 +167,8 @@ class RunData:
     plan: PlannedCells | None = None
     #: this run against the previous run of its matrix in the history, when one is stored
     since: Diff | None = None
+    #: the cells of its matrix no run of the history's window up to this one tested, on any host
+    untested: Untested | None = None
 
     def not_run_where(self) -> list[tuple[str, str | None]]:
         """``(cell id, host that should have run it)`` for every cell not run."""

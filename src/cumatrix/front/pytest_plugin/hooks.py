@@ -12,8 +12,8 @@ and kept in ``config.stash``; the plugin holds no state of its own between sessi
 from __future__ import annotations
 
 import re
-from dataclasses import replace
 from collections.abc import Generator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
