@@ -76,8 +76,8 @@ def junit_properties(u: Untested) -> list[tuple[str, object]]:
 def html_data(u: Untested) -> dict[str, object]:
     """What index.html's section shows."""
     return {"title": title(u), "line": summary_line(u), "rotation": _rotation_line(u),
-            "values": [(v.axis, v.value, v.cells) for v in u.never],
-            "cells": [(c.cell, _last(u, i), c.why()) for i, c in enumerate(u.cells[:LISTED])],
+            "never_values": [(v.axis, v.value, v.cells) for v in u.never],
+            "cell_rows": [(c.cell, _last(u, i), c.why()) for i, c in enumerate(u.cells[:LISTED])],
             "more": max(0, len(u.cells) - LISTED)}
 
 

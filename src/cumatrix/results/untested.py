@@ -309,3 +309,14 @@ def to_text(u: Untested) -> str:
     if not u.cells:
         lines.append("every cell was tested at least once")
     return "\n".join(lines) + "\n"
+
+
+def tested_in(hist: History, run_ids: Sequence[int]) -> set[str]:
+    """The cell ids (any host) that passed or failed in at least one of ``run_ids``."""
+    if not run_ids:
+        return set()
+    names = dict(hist.conn.execute("SELECT id, name FROM cells"))
+    marks = ",".join("?" * len(run_ids))
+    return {names[cid] for (cid,) in hist.conn.execute(
+        f"SELECT DISTINCT cell FROM results WHERE run IN ({marks}) AND status IN ({_TESTED[0]}, {_TESTED[1]})",
+        list(run_ids))}
