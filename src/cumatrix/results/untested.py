@@ -56,11 +56,13 @@ class UntestedCell:
 
     cell: str
     last_tested: LastTest | None  # None: never, in the whole history of the matrix
-    since: tuple[tuple[str, int], ...]  # (outcome label, runs) in the window, most frequent first
+    #: (outcome label, times) in the window, most frequent first: a merged night counts once per
+    #: host that held the cell
+    since: tuple[tuple[str, int], ...]
 
     def to_json(self) -> dict[str, object]:
         return {"cell": self.cell, "last_tested": self.last_tested.to_json() if self.last_tested else None,
-                "since": [{"outcome": o, "runs": n} for o, n in self.since]}
+                "since": [{"outcome": o, "times": n} for o, n in self.since]}
 
     def why(self) -> str:
         """``skipped:no-cuda-driver x30`` or ``not in any run of the window``."""
