@@ -170,7 +170,7 @@ def test_cells_no_run_took_are_untested_and_a_bad_window_is_exit_2(tmp_path: Pat
     history = tmp_path / "h.sqlite"
     for night in range(2):
         run = load_records(write_host_night(tmp_path / f"n{night}", m, "ci", night,
-                                            {c: ("pass", "ok") for c in chosen}, sel) / "results.jsonl")
+                                            dict.fromkeys(chosen, ("pass", "ok")), sel) / "results.jsonl")
         with History.open(history) as hist:
             hist.append(run, kind="run", commit=None)
     doc = json.loads(cli("untested", mfile, "--history", history, "--json", cwd=tmp_path).stdout)
