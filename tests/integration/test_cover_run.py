@@ -12,11 +12,13 @@ from pathlib import Path
 from subprocess import CompletedProcess
 from typing import Any
 
+import jsonschema
 import pytest
 
 from cumatrix.core.planned import Selection
 from cumatrix.front.cover import buildable, cell_row, choose, missing
 from cumatrix.load import matrix as M
+from cumatrix.report.jsonout import schema
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT = REPO / "matrix.yaml"
@@ -56,6 +58,7 @@ def test_run_cover_2_runs_the_covering_cells_only(tmp_path: Path, wheel_cache: P
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["runs"][0]["selection"]["label"] == "cover 2, seed 0"
     assert all(c["chosen_by"] == "cover 2, seed 0" for c in results["cells"])
+    jsonschema.Draft202012Validator(schema()).validate(results)
 
 
 @pytest.mark.network

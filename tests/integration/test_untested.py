@@ -7,9 +7,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from subprocess import CompletedProcess
 from xml.etree import ElementTree as ET
+
+import jsonschema
 
 from cumatrix.core.model import Expected, Observed, Timings
 from cumatrix.core.planned import Selection
@@ -17,6 +20,7 @@ from cumatrix.core.record import CellRecord, axes_from_id
 from cumatrix.front.cover import choose
 from cumatrix.load import matrix as M
 from cumatrix.report import load_records
+from cumatrix.report.jsonout import schema
 from cumatrix.results.history import History
 from cumatrix.results.untested import find
 
@@ -143,6 +147,7 @@ def test_untested_names_exactly_the_cells_no_host_tested_and_the_reports_show_th
     assert props["never_tested.value.driver"] == f"emulated-12.8: 0 of {len(emulated)} cells"
     results = json.loads((out / "results.json").read_text())
     assert len(results["never_tested"]["cells"]) == len(emulated) + 1
+    jsonschema.Draft202012Validator(schema()).validate(results)
 
     # The skipping probe is tested one night on one host: it is no longer untested, and the
     # section says when.
@@ -178,6 +183,13 @@ def test_cells_no_run_took_are_untested_and_a_bad_window_is_exit_2(tmp_path: Pat
     assert all(c["since"] == [] and c["last_tested"] is None for c in doc["cells"])
     doc = json.loads(cli("untested", "--history", history, "--json", cwd=tmp_path).stdout)
     assert doc["cells"] == []
+    # the run's record of its selection, and each cell's plan, survive the round trip
+    run = load_records(tmp_path / "n1" / "results.jsonl")
+    assert run.header.selection == sel
+    assert {c.chosen_by for c in run.cells} == {None}  # written by this test without it
+    rec = replace(run.cells[0], chosen_by=sel.label())
+    assert CellRecord.from_json(rec.to_store()) == rec
+    assert CellRecord.from_json(rec.to_store()).chosen_by == "cover 2, seed 0"
     assert cli("untested", "--history", history, "--runs", "0", cwd=tmp_path).returncode == 2
     assert cli("untested", "--history", tmp_path / "none.sqlite", cwd=tmp_path).returncode == 2
     p = cli("untested", tmp_path / "nope.yaml", "--history", history, cwd=tmp_path)

@@ -276,7 +276,7 @@ def _preflight(opts: RunOptions, m: Any, mpath: Path, *, quiet: bool) -> None:
 
     policy = opts.for_matrix(m.sandbox)
     with Orchestrator(matrix=m, wheel_dir=opts.wheel_dir, policy=policy) as orch:
-        _say_untested(m, orch, require_gpu=opts.require_gpu)
+        _say_untested(m, orch, require_gpu=opts.require_gpu, selection=opts.selection)
         _preflight_local(m, mpath, orch, quiet=quiet)
 
 
@@ -295,7 +295,7 @@ def _require_sandbox(policy: SandboxPolicy) -> None:
                                  f"fix: {sandbox.fix_for(why)}")
 
 
-def _say_untested(m: Any, orch: Any, *, require_gpu: bool) -> None:
+def _say_untested(m: Any, orch: Any, *, require_gpu: bool, selection: Any = None) -> None:
     """The run's first line, on a host without a CUDA driver: how many cells will be skipped,
     not tested, and how to test them.  The headline at the end counts them again; a reader who
     stops at the first line must not take the cells that follow for a GPU run."""
@@ -305,6 +305,11 @@ def _say_untested(m: Any, orch: Any, *, require_gpu: bool) -> None:
     from cumatrix.predict.oracle import expect
 
     every = _matrix.cells(m)
+    if selection is not None and not selection.full:  # of the cells the covering plan takes
+        # deferred: the covering plans, only for a run that asks for one
+        from cumatrix.front.cover import choose
+
+        every = choose(m, every, selection)
     gpu = sum(1 for c in every if expect(c, orch.host(), runtime_version=None).rule == "no-driver")
     if gpu:
         what = "each is an error (--require-gpu)" if require_gpu else "run on a GPU host to test them"

@@ -32,8 +32,6 @@ from cumatrix.results.history import STATUS_CODES, History, HistoryError, Stored
 DEFAULT_RUNS = 30
 #: The axes whose values are counted (``family`` follows from the variant and the runtime).
 AXES = ("runtime", "driver", "kind", "variant", "build", "workload", "case")
-#: Cells x runs looked up one by one for the last test before one scan of the runs is cheaper.
-_LOOKUP_BUDGET = 2_000_000
 _TESTED = (STATUS_CODES["pass"], STATUS_CODES["fail"])
 
 
@@ -171,16 +169,23 @@ def find(hist: History, *, digest: str | None = None, universe: Sequence[str] | 
         raise HistoryError(f"{hist.path}: no run of this matrix (sha256 {digest[:12]}) in the history")
     ids = [r.id for r in span]
     names = dict(hist.conn.execute("SELECT id, name FROM cells"))
+    labels = hist.outcome_labels()
     marks = ",".join("?" * len(ids))
     tested: set[str] = set()
     seen: set[str] = set()
-    for cid, t in hist.conn.execute(
-            f"SELECT cell, max(status IN ({_TESTED[0]}, {_TESTED[1]})) FROM results WHERE run IN ({marks}) "
-            "GROUP BY cell", ids):
+    since: dict[str, dict[str, int]] = {}  # what each cell did when it was not tested
+    # One pass over the window's rows, grouped in SQLite: a cell, tested or not, each outcome.
+    for cid, t, outcome, n in hist.conn.execute(
+            f"SELECT cell, status IN ({_TESTED[0]}, {_TESTED[1]}) AS t, outcome, count(*) FROM results "
+            f"WHERE run IN ({marks}) GROUP BY cell, t, outcome", ids):
         name = names[cid]
         seen.add(name)
         if t:
             tested.add(name)
+        else:
+            per = since.setdefault(name, {})
+            label = labels[outcome]
+            per[label] = per.get(label, 0) + n
     every = list(dict.fromkeys(universe)) if universe is not None else sorted(seen)
     rotation, nights = _rotation(span)
     pending: list[str] = []
@@ -188,7 +193,7 @@ def find(hist: History, *, digest: str | None = None, universe: Sequence[str] | 
         pending = [n for n in every if n not in tested and n not in seen]
     pend = set(pending)
     missed = [n for n in every if n not in tested and n not in pend]
-    cells = _details(hist, digest, span, names, missed)
+    cells = _details(hist, digest, span, names, missed, since)
     return Untested(matrix=matrix or span[-1].matrix, digest=digest, runs=tuple(span), total=len(every),
                     cells=cells, values=_values(every, tested, pend), pending=tuple(pending), rotation=rotation,
                     nights_seen=nights)
@@ -206,24 +211,11 @@ def _rotation(span: Sequence[StoredRun]) -> tuple[Selection | None, int]:
 
 
 def _details(hist: History, digest: str, span: Sequence[StoredRun], names: dict[int, str],
-             missed: Sequence[str]) -> tuple[UntestedCell, ...]:
-    """For each missed cell: what it did in the window, and its last test before it."""
+             missed: Sequence[str], since: dict[str, dict[str, int]]) -> tuple[UntestedCell, ...]:
+    """For each missed cell: what it did in the window (``since``), and its last test before it."""
     if not missed:
         return ()
-    want = set(missed)
-    ids = [r.id for r in span]
-    marks = ",".join("?" * len(ids))
-    labels = hist.outcome_labels()
-    since: dict[str, dict[str, int]] = {}
-    for cid, outcome, n in hist.conn.execute(
-            f"SELECT cell, outcome, count(*) FROM results WHERE run IN ({marks}) AND status NOT IN "
-            f"({_TESTED[0]}, {_TESTED[1]}) GROUP BY cell, outcome", ids):
-        name = names[cid]
-        if name in want:
-            per = since.setdefault(name, {})
-            label = labels[outcome]
-            per[label] = per.get(label, 0) + n
-    last = _last_tests(hist, digest, span[0].id, names, want)
+    last = _last_tests(hist, digest, span[0].id, names, set(missed))
     return tuple(UntestedCell(cell=n, last_tested=last.get(n),
                               since=tuple(sorted(since.get(n, {}).items(), key=lambda kv: (-kv[1], kv[0]))))
                  for n in missed)
@@ -232,54 +224,58 @@ def _details(hist: History, digest: str, span: Sequence[StoredRun], names: dict[
 def _last_tests(hist: History, digest: str, before: int, names: dict[int, str],
                 want: set[str]) -> dict[str, LastTest]:
     """The newest passed or failed result of each of ``want`` in the runs of ``digest`` before
-    run ``before``, newest run first, stopping once every one is found."""
+    run ``before``: one query per 500 cells, looked up by key (run, cell) over the older runs."""
     older = hist.runs(digest=digest, upto=before - 1)
     if not older:
         return {}
+    runs = {r.id: r for r in older}
     hosts = dict(hist.conn.execute("SELECT id, host FROM cells"))
     numbers = [cid for cid, n in names.items() if n in want]
     labels = hist.outcome_labels()
+    run_marks = ",".join("?" * len(older))
     found: dict[str, LastTest] = {}
-    if len(numbers) * len(older) > _LOOKUP_BUDGET:  # one scan of the older runs costs less
-        marks = ",".join("?" * len(older))
-        rows = hist.conn.execute(
-            f"SELECT cell, max(run) FROM results WHERE run IN ({marks}) AND status IN ({_TESTED[0]}, {_TESTED[1]}) "
-            "GROUP BY cell", [r.id for r in older]).fetchall()
-        newest: dict[str, tuple[int, int]] = {}
-        for cid, rid in rows:
-            n = names[cid]
-            if n in want and (n not in newest or rid > newest[n][0]):
-                newest[n] = (rid, cid)
-        runs = {r.id: r for r in older}
-        for n, (rid, cid) in newest.items():
-            (outcome,) = hist.conn.execute("SELECT outcome FROM results WHERE run = ? AND cell = ?",
-                                           (rid, cid)).fetchone()
-            found[n] = LastTest(run=rid, when=runs[rid].started or runs[rid].recorded, host=hosts[cid] or
-                                runs[rid].host, outcome=labels[outcome])
-        return found
-    left = set(numbers)
-    for r in reversed(older):
-        if not left:
-            break
-        batch = list(left)
-        for i in range(0, len(batch), 500):
-            part = batch[i:i + 500]
-            for cid, outcome in hist.conn.execute(
-                    f"SELECT cell, outcome FROM results WHERE run = ? AND cell IN ({','.join('?' * len(part))}) "
-                    f"AND status IN ({_TESTED[0]}, {_TESTED[1]})", [r.id, *part]):
-                n = names[cid]
-                if n not in found:
-                    found[n] = LastTest(run=r.id, when=r.started or r.recorded, host=hosts[cid] or r.host,
-                                        outcome=labels[outcome])
-        left = {cid for cid in left if names[cid] not in found}
+    for i in range(0, len(numbers), 500):
+        part = numbers[i:i + 500]
+        # SQLite's max() gives the other bare columns of the row it picked: that row's outcome
+        for cid, rid, outcome in hist.conn.execute(
+                f"SELECT cell, max(run), outcome FROM results WHERE run IN ({run_marks}) "
+                f"AND cell IN ({','.join('?' * len(part))}) AND status IN ({_TESTED[0]}, {_TESTED[1]}) "
+                "GROUP BY cell", [*runs, *part]):
+            n, r = names[cid], runs[rid]
+            if n not in found or rid > found[n].run:
+                found[n] = LastTest(run=rid, when=r.started or r.recorded, host=hosts[cid] or r.host,
+                                    outcome=labels[outcome])
     return found
+
+
+def _axes(name: str) -> dict[str, str]:
+    """The axes :data:`AXES` counts of a cell id (by position: ``axes_from_id`` less the family,
+    which a count of values does not need; 10,000 ids a report)."""
+    parts = name.split("/")
+    if len(parts) < 3:
+        return axes_from_id(name)
+    out = {"runtime": parts[0], "driver": parts[1]}
+    if len(parts) == 3:
+        if parts[2] == "probe":
+            out["kind"] = "probe"
+        else:
+            out["kind"] = "command"
+            out["case"] = parts[2]
+        return out
+    out["kind"] = "swap"
+    out["variant"] = parts[2]
+    if parts[3].startswith("h"):
+        out["build"] = parts[3][1:]
+    if len(parts) >= 5:
+        out["workload"] = "/".join(parts[4:])
+    return out
 
 
 def _values(every: Sequence[str], tested: set[str], pending: set[str]) -> tuple[AxisValue, ...]:
     """Per axis value: its cells, how many were tested, how many are pending."""
     counts: dict[tuple[str, str], list[int]] = {}
     for name in every:
-        axes = axes_from_id(name)
+        axes = _axes(name)
         hit, wait = name in tested, name in pending
         for a in AXES:
             v = axes.get(a)
