@@ -171,21 +171,31 @@ def find(hist: History, *, digest: str | None = None, universe: Sequence[str] | 
     names = dict(hist.conn.execute("SELECT id, name FROM cells"))
     labels = hist.outcome_labels()
     marks = ",".join("?" * len(ids))
-    tested: set[str] = set()
-    seen: set[str] = set()
+    # Three reads of the window, each cheaper than one GROUP BY of all its rows: the cells it
+    # holds; the rows where a cell was not tested (few), grouped; and which of those cells
+    # were tested in another run of the window (looked up by key).
+    seen = {names[cid] for (cid,) in hist.conn.execute(
+        f"SELECT DISTINCT cell FROM results WHERE run IN ({marks})", ids)}
     since: dict[str, dict[str, int]] = {}  # what each cell did when it was not tested
-    # One pass over the window's rows, grouped in SQLite: a cell, tested or not, each outcome.
-    for cid, t, outcome, n in hist.conn.execute(
-            f"SELECT cell, status IN ({_TESTED[0]}, {_TESTED[1]}) AS t, outcome, count(*) FROM results "
-            f"WHERE run IN ({marks}) GROUP BY cell, t, outcome", ids):
-        name = names[cid]
-        seen.add(name)
-        if t:
-            tested.add(name)
-        else:
-            per = since.setdefault(name, {})
-            label = labels[outcome]
-            per[label] = per.get(label, 0) + n
+    candidates: set[int] = set()
+    for cid, outcome, n in hist.conn.execute(
+            f"SELECT cell, outcome, count(*) FROM results WHERE run IN ({marks}) "
+            f"AND status NOT IN ({_TESTED[0]}, {_TESTED[1]}) GROUP BY cell, outcome", ids):
+        candidates.add(cid)
+        per = since.setdefault(names[cid], {})
+        label = labels[outcome]
+        per[label] = per.get(label, 0) + n
+    also_tested: set[str] = set()
+    # by name: a merge keys a cell by its host, and another host may have tested it
+    cand_names = {names[cid] for cid in candidates}
+    listed = sorted(cid for cid, n in names.items() if n in cand_names)
+    for i in range(0, len(listed), 500):
+        part = listed[i:i + 500]
+        also_tested.update(names[cid] for (cid,) in hist.conn.execute(
+            f"SELECT DISTINCT cell FROM results WHERE run IN ({marks}) AND cell IN ({','.join('?' * len(part))}) "
+            f"AND status IN ({_TESTED[0]}, {_TESTED[1]})", [*ids, *part]))
+    not_tested = cand_names - also_tested
+    tested = seen - not_tested
     every = list(dict.fromkeys(universe)) if universe is not None else sorted(seen)
     rotation, nights = _rotation(span)
     pending: list[str] = []
