@@ -31,7 +31,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import random
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 
 from cumatrix.core.model import Cell, Matrix
 from cumatrix.core.planned import Selection
@@ -57,28 +57,29 @@ def tuples_of(row: Row, strength: int) -> list[tuple[tuple[str, Hashable], ...]]
     return list(itertools.combinations(items, min(strength, len(items)))) if items else []
 
 
-def _encoded(rows: Sequence[Row], strength: int) -> list[list[int]]:
-    """Each row's tuples as small integers (sets of ints are fast to test); a row's tuples
-    are distinct, since its axes are."""
-    ids: dict[tuple[tuple[str, Hashable], ...], int] = {}
+def _encoded(rows: Sequence[Row], strength: int) -> list[list[tuple[int, ...]]]:
+    """Each row's tuples, its values numbered first (tuples of small ints hash fast); a row's
+    tuples are distinct, since its axes are."""
+    ids: dict[tuple[str, Hashable], int] = {}
     out = []
     for row in rows:
-        out.append([ids.setdefault(t, len(ids)) for t in tuples_of(row, strength)])
+        values = sorted(ids.setdefault(kv, len(ids)) for kv in row)
+        out.append(list(itertools.combinations(values, min(strength, len(values)))) if values else [])
     return out
 
 
-def _greedy(tups: Sequence[Sequence[int]], uncovered: set[int], rank: Sequence[int],
-            candidates: Sequence[int]) -> list[int]:
+def _greedy(tups: Sequence[Sequence[tuple[int, ...]]], uncovered: set[tuple[int, ...]], rank: Sequence[int],
+            candidates: Iterable[int]) -> list[int]:
     """Greedy set cover of ``uncovered`` (changed in place) by rows of ``candidates``: the row
     holding the most uncovered tuples first, ties to the lower ``rank``.  Lazy: a row's gain
-    only falls as others are chosen, so a stale gain is an upper bound, refreshed when it tops
-    the heap."""
-    heap = [(-sum(1 for t in tups[i] if t in uncovered), rank[i], i) for i in candidates]
+    only falls as others are chosen, so a stale gain (at first, all its tuples) is an upper
+    bound, refreshed when it tops the heap."""
+    heap = [(-len(tups[i]), rank[i], i) for i in candidates]
     heapq.heapify(heap)
     chosen: list[int] = []
     while heap and uncovered:
         neg, r, i = heapq.heappop(heap)
-        gain = sum(1 for t in tups[i] if t in uncovered)
+        gain = len(uncovered.intersection(tups[i]))
         if gain == 0:
             continue
         if gain != -neg:
@@ -89,10 +90,10 @@ def _greedy(tups: Sequence[Sequence[int]], uncovered: set[int], rank: Sequence[i
     return chosen
 
 
-def _prune(tups: Sequence[Sequence[int]], chosen: list[int]) -> list[int]:
+def _prune(tups: Sequence[Sequence[tuple[int, ...]]], chosen: list[int]) -> list[int]:
     """Drop chosen rows whose every tuple another chosen row holds (the latest chosen first:
     the greedy's last picks are its least useful)."""
-    held: dict[int, int] = {}
+    held: dict[tuple[int, ...], int] = {}
     for i in chosen:
         for t in tups[i]:
             held[t] = held.get(t, 0) + 1
@@ -187,7 +188,7 @@ def packing_bound(rows: Sequence[Row], strength: int) -> int:
     """A lower bound on the size of any covering plan of ``rows``: a set of tuples no row holds
     two of (each needs a row of its own), grown greedily from the tuples the fewest rows hold."""
     tups = _encoded(rows, strength)
-    holders: dict[int, list[int]] = {}
+    holders: dict[tuple[int, ...], list[int]] = {}
     for i, ts in enumerate(tups):
         for t in ts:
             holders.setdefault(t, []).append(i)
