@@ -167,20 +167,37 @@ def find(hist: History, *, digest: str | None = None, universe: Sequence[str] | 
     span = window(hist, digest, runs=runs, days=days, upto=upto)
     if not span:
         raise HistoryError(f"{hist.path}: no run of this matrix (sha256 {digest[:12]}) in the history")
-    ids = [r.id for r in span]
     names = dict(hist.conn.execute("SELECT id, name FROM cells"))
+    seen, tested, since = _read_window(hist, [r.id for r in span], names)
+    every = list(dict.fromkeys(universe)) if universe is not None else sorted(seen)
+    rotation, nights = _rotation(span)
+    pending: list[str] = []
+    if rotation is not None and rotation.rotate is not None and nights < rotation.rotate:
+        pending = [n for n in every if n not in tested and n not in seen]
+    pend = set(pending)
+    missed = [n for n in every if n not in tested and n not in pend]
+    cells = _details(hist, digest, span, names, missed, since)
+    return Untested(matrix=matrix or span[-1].matrix, digest=digest, runs=tuple(span), total=len(every),
+                    cells=cells, values=_values(every, tested, pend), pending=tuple(pending), rotation=rotation,
+                    nights_seen=nights)
+
+
+def _read_window(hist: History, ids: Sequence[int],
+                 names: dict[int, str]) -> tuple[set[str], set[str], dict[str, dict[str, int]]]:
+    """The cell ids the runs ``ids`` hold, those tested in one of them (any host), and what
+    each did where it was not tested (outcome label -> times)."""
     labels = hist.outcome_labels()
     marks = ",".join("?" * len(ids))
     # Three reads of the window, each cheaper than one GROUP BY of all its rows: the cells it
     # holds; the rows where a cell was not tested (few), grouped; and which of those cells
     # were tested in another run of the window (looked up by key).
     seen = {names[cid] for (cid,) in hist.conn.execute(
-        f"SELECT DISTINCT cell FROM results WHERE run IN ({marks})", ids)}
-    since: dict[str, dict[str, int]] = {}  # what each cell did when it was not tested
+        f"SELECT DISTINCT cell FROM results WHERE run IN ({marks})", list(ids))}
+    since: dict[str, dict[str, int]] = {}
     candidates: set[int] = set()
     for cid, outcome, n in hist.conn.execute(
             f"SELECT cell, outcome, count(*) FROM results WHERE run IN ({marks}) "
-            f"AND status NOT IN ({_TESTED[0]}, {_TESTED[1]}) GROUP BY cell, outcome", ids):
+            f"AND status NOT IN ({_TESTED[0]}, {_TESTED[1]}) GROUP BY cell, outcome", list(ids)):
         candidates.add(cid)
         per = since.setdefault(names[cid], {})
         label = labels[outcome]
@@ -194,19 +211,7 @@ def find(hist: History, *, digest: str | None = None, universe: Sequence[str] | 
         also_tested.update(names[cid] for (cid,) in hist.conn.execute(
             f"SELECT DISTINCT cell FROM results WHERE run IN ({marks}) AND cell IN ({','.join('?' * len(part))}) "
             f"AND status IN ({_TESTED[0]}, {_TESTED[1]})", [*ids, *part]))
-    not_tested = cand_names - also_tested
-    tested = seen - not_tested
-    every = list(dict.fromkeys(universe)) if universe is not None else sorted(seen)
-    rotation, nights = _rotation(span)
-    pending: list[str] = []
-    if rotation is not None and rotation.rotate is not None and nights < rotation.rotate:
-        pending = [n for n in every if n not in tested and n not in seen]
-    pend = set(pending)
-    missed = [n for n in every if n not in tested and n not in pend]
-    cells = _details(hist, digest, span, names, missed, since)
-    return Untested(matrix=matrix or span[-1].matrix, digest=digest, runs=tuple(span), total=len(every),
-                    cells=cells, values=_values(every, tested, pend), pending=tuple(pending), rotation=rotation,
-                    nights_seen=nights)
+    return seen, seen - (cand_names - also_tested), since
 
 
 def _rotation(span: Sequence[StoredRun]) -> tuple[Selection | None, int]:
