@@ -59,6 +59,8 @@ def test_run_cover_2_runs_the_covering_cells_only(tmp_path: Path, wheel_cache: P
     assert results["runs"][0]["selection"]["label"] == "cover 2, seed 0"
     assert all(c["chosen_by"] == "cover 2, seed 0" for c in results["cells"])
     jsonschema.Draft202012Validator(schema()).validate(results)
+    assert "cells chosen by cover 2, seed 0" in (tmp_path / "out" / "summary.md").read_text()
+    assert '<property name="selection" value="cover 2, seed 0"' in (tmp_path / "out" / "junit.xml").read_text()
 
 
 @pytest.mark.network

@@ -254,6 +254,8 @@ def _meta(run: RunData) -> list[tuple[str, str]]:
         ("backend", head.backend or "—"),
         ("sandbox", head.sandbox or "—"),
     ]
+    if head.selection is not None and not head.selection.full:  # a covering plan's cells, not every cell
+        rows.append(("cells chosen by", head.selection.label()))
     if run.merged:
         rows.append(("hosts", ", ".join(run.hosts)))
         if run.missing_hosts:

@@ -126,6 +126,8 @@ def to_xml(run: RunData) -> ET.ElementTree:
             ("driver_string", head.host_fingerprint.get("driver_string")),
             ("started", run.started),
             ("finished", run.finished),
+            *((("selection", head.selection.label()),) if head.selection is not None and not head.selection.full
+              else ()),
             *_since_properties(run),
             *(untested_properties(run.untested) if run.untested is not None else ()),
         ],

@@ -64,6 +64,8 @@ def _meta(run: RunData) -> list[str]:
         bits.append(f"backend {md_inline(head.backend)}")
     if head.sandbox:
         bits.append(f"sandbox {md_inline(head.sandbox)}")
+    if head.selection is not None and not head.selection.full:  # a covering plan's cells, not every cell
+        bits.append(f"cells chosen by {md_inline(head.selection.label())}")
     if run.merged or run.missing_hosts:
         bits.append("hosts " + ", ".join(md_inline(h) for h in run.hosts))
         if run.missing_hosts:
