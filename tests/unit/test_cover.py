@@ -129,8 +129,8 @@ def test_the_default_matrix_pairs_plan_and_its_lower_bound() -> None:
     assert not C.missing(rows, [pool.index(c) for c in plan], 2)
     assert len(plan) < len(every) // 5
     assert C.choose(m, every, Selection(strength=2)) == plan
-    assert C.choose(m, every, Selection(strength=2, seed=1)) != plan or len(plan) == 48
-    assert len(plan) >= C.packing_bound(rows, 2)
+    bound = C.packing_bound(rows, 2)
+    assert bound <= len(plan) <= bound + 2  # within two cells of what no plan can beat
 
 
 @pytest.mark.parametrize(("args", "message"), [
