@@ -159,6 +159,10 @@ def test_untested_names_exactly_the_cells_no_host_tested_and_the_reports_show_th
     assert sorted(c["cell"] for c in doc["cells"]) == emulated
     doc = json.loads(cli("untested", mfile, "--history", history, "--json", "--runs", "1", cwd=tmp_path).stdout)
     assert sorted(c["cell"] for c in doc["cells"]) == emulated
+    # --days: the runs that started within 1.5 days of the newest (nights 4 and 5)
+    doc = json.loads(cli("untested", mfile, "--history", history, "--json", "--days", "1.5", cwd=tmp_path).stdout)
+    assert (doc["runs"], doc["first"], doc["last"]) == (2, "2026-11-04T02:00:00Z", "2026-11-05T02:00:00Z")
+    assert cli("untested", mfile, "--history", history, "--days", "0", cwd=tmp_path).returncode == 2
 
 
 def test_cells_no_run_took_are_untested_and_a_bad_window_is_exit_2(tmp_path: Path, cli: Cli) -> None:
