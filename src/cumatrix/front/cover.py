@@ -17,9 +17,10 @@ of equal gain are broken by a permutation drawn from ``seed``: the plan is the s
 same matrix and seed.
 
 allpairspy was weighed and not taken: it generates rows from a product of parameter lists and
-honours excludes only through a filter callback, which can leave pairs uncovered (its
-greedy does not know which pairs the filter leaves possible), and it has no notion of cells
-with different axes (probes, commands and swaps of one matrix).
+honours excludes only through a filter callback, which leaves pairs uncovered (its README's own
+filtering example lacks pairs: thombashi/allpairspy issue 2, open, its fix in pull request 10
+not merged), and it has no notion of cells with different axes (probes, commands and swaps of
+one matrix).
 
 A rotation (``--rotate K``) is K plans, each a covering plan of the whole matrix, that
 prefer cells no earlier night took; the cells no night's plan took are then dealt to the
