@@ -159,11 +159,12 @@ def find(hist: History, *, digest: str | None = None, universe: Sequence[str] | 
     """The cells of matrix ``digest`` (default: the newest run's) that no run of the window
     tested (see the module's text).  ``universe``: every cell id of the matrix (from its file);
     without it, the cells the window's runs hold."""
-    if digest is None:
-        newest = hist.runs(limit=1, upto=upto)
-        if not newest:
-            raise HistoryError(f"{hist.path}: the history holds no run yet")
-        digest = newest[0].digest
+    if digest is None:  # the newest run of a matrix (a gate's series is its wheels')
+        row = hist.conn.execute("SELECT digest FROM runs WHERE kind IN ('run', 'merge') AND id <= ? "
+                                "ORDER BY id DESC LIMIT 1", (upto if upto is not None else 2**62,)).fetchone()
+        if row is None:
+            raise HistoryError(f"{hist.path}: the history holds no run of a matrix yet")
+        digest = str(row[0])
     span = window(hist, digest, runs=runs, days=days, upto=upto)
     if not span:
         raise HistoryError(f"{hist.path}: no run of this matrix (sha256 {digest[:12]}) in the history")
