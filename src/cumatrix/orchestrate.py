@@ -411,7 +411,7 @@ def run_debugger(job: Job, *, policy: SandboxPolicy | None = None) -> ChildResul
 def run_header(matrix: Matrix, cell_ids: list[str], *, backend: str, argv: list[str], host: str | None,
                fingerprint: dict[str, object], run_id: str,
                plan: dict[str, object] | None = None, submission: str | None = None,
-               sandbox: str | None = None) -> dict[str, object]:
+               sandbox: str | None = None, selection: dict[str, object] | None = None) -> dict[str, object]:
     """The ``run`` record that opens a run's segment of ``results.jsonl``.
 
     ``sandbox``: how the run's local cells were held (``bubblewrap``, ``off``, ``none: why``;
@@ -422,13 +422,16 @@ def run_header(matrix: Matrix, cell_ids: list[str], *, backend: str, argv: list[
     run and on which host, so that a merge of several hosts' runs can name what none ran.
     ``submission``: the id of the submission of a plan this run is one host of (``cumatrix
     submit``, the Slurm scripts): a merge of that submission takes only runs that carry it.
+    ``selection`` (:meth:`cumatrix.core.planned.Selection.to_json`): the covering plan or the
+    night of a rotation the run took its cells from (absent: every cell).
     """
     return {"schema": 1, "type": "run", "run_id": run_id, "matrix": matrix.path, "matrix_sha256": matrix.sha256,
             "started": utcnow(), "harness_version": __version__, "argv": argv, "backend": backend, "sandbox": sandbox, "host": host,
             "host_fingerprint": fingerprint, "cells_total": len(cell_ids), "cells": cell_ids,
             **driverview.emulation_header(backend, sandbox, any(d.emulated for d in matrix.drivers)),
             **({"plan": plan} if plan is not None else {}),
-            **({"submission": submission} if submission is not None else {}), "pid": os.getpid()}
+            **({"submission": submission} if submission is not None else {}),
+            **({"selection": selection} if selection is not None else {}), "pid": os.getpid()}
 
 
 def end_record(*, interrupted: bool) -> dict[str, object]:

@@ -13,6 +13,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from cumatrix.core.planned import Selection
 from cumatrix.report import write_all
 from cumatrix.report.jsonout import schema
 from cumatrix.results.history import MIGRATIONS, SCHEMA_VERSION, CellKey, History, HistoryError, default_path
@@ -69,6 +70,34 @@ def test_a_history_of_an_older_schema_is_upgraded_step_by_step(tmp_path: Path,
     monkeypatch.undo()
     with pytest.raises(HistoryError, match="newer cumatrix"), History.open(path):  # and this one no longer reads it
         pass
+
+
+def test_a_history_of_schema_1_gains_the_runs_selection(tmp_path: Path) -> None:
+    """A history written before runs recorded their selection (schema 1) is upgraded in place:
+    its runs read back as runs of every cell, and a run of a covering plan keeps its selection."""
+    path = tmp_path / "h.sqlite"
+    conn = sqlite3.connect(path)
+    for statement in MIGRATIONS[0].split(";"):
+        if statement.strip():
+            conn.execute(statement)
+    conn.execute("PRAGMA user_version = 1")
+    conn.execute("INSERT INTO runs(run_uid, kind, recorded, matrix, digest, host, fingerprint, verdict, n_pass, "
+                 "n_fail, n_skip, n_not_run) VALUES ('old1', 'run', '2026-11-01T02:00:00Z', 'm.yaml', ?, 'h', '{}', "
+                 "'PASS', 1, 0, 0, 0)", ("ab" * 32,))
+    conn.commit()
+    conn.close()
+    run = night_run(tmp_path, 1, _states())
+    sel = Selection(strength=2, seed=3, rotate=7, night=8)
+    run = replace(run, runs=(replace(run.header, selection=sel), *run.runs[1:]))
+    with History.open(path) as h:
+        assert h.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        rid = h.append(run, kind="run", commit=None)
+        old, new = h.runs()
+        assert old.run_uid == "old1"
+        assert old.selection is None
+        assert new.id == rid
+        assert new.selection == sel
+        assert new.to_json()["selection"]["label"] == "rotation 1 of 7, cover 2, seed 3"
 
 
 def test_append_keeps_a_short_row_per_cell_and_full_records_only_where_news(tmp_path: Path) -> None:

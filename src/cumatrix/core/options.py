@@ -19,6 +19,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
+from cumatrix.core.errors import UsageError
+from cumatrix.core.planned import Selection, parse_selection
+
 #: The matrix file a command reads when none is named (``run``, ``gate``, ``repro``) and ``init`` writes.
 DEFAULT_MATRIX = "matrix.yaml"
 #: Seconds before a cell's process tree is killed (``--timeout``, ``--cumatrix-timeout``).
@@ -152,17 +155,23 @@ _PYTEST_NAMES = {
     "cumatrix_only": "only", "cumatrix_first": "first", "cumatrix_reports_after": "reports_after",
     "cumatrix_sandbox": "sandbox", "cumatrix_pass_env": "pass_env",
     "cumatrix_sandbox_write_limit": "sandbox_write_limit",
+    "cumatrix_cover": "cover", "cumatrix_seed": "seed", "cumatrix_rotate": "rotate", "cumatrix_night": "night",
 }
 #: argparse dest -> RunOptions field (the CLI's subcommands share these names).
 _CLI_NAMES = {
     "out": "out", "resume": "resume", "wheel_dir": "wheel_dir", "backend": "backend", "timeout": "timeout",
     "base_image": "base_image", "host": "host", "submission": "submission", "require_gpu": "require_gpu", "keyword": "keyword",
     "sandbox": "sandbox", "pass_env": "pass_env", "sandbox_write_limit": "sandbox_write_limit",
+    "cover": "cover", "seed": "seed", "rotate": "rotate", "night": "night",
 }
 
 
 def _path(value: object) -> Path | None:
     return Path(str(value)) if value not in (None, "") else None
+
+
+def _whole(value: object) -> int | None:
+    return int(str(value)) if value not in (None, "") else None
 
 
 def _text(value: object) -> str | None:
@@ -196,6 +205,9 @@ class RunOptions:
     #: An option or ``$CUMATRIX_SANDBOX`` chose the sandbox (a matrix's ``sandbox:`` then
     #: does not override it, see :meth:`for_matrix`).
     sandbox_chosen: bool = False
+    #: Which cells of the matrix run: every one, a covering plan, a night of a rotation
+    #: (``--cover``, ``--seed``, ``--rotate``, ``--night``).
+    selection: Selection = field(default_factory=Selection)
 
     def for_matrix(self, setting: object) -> SandboxPolicy:
         """The policy for a matrix file's cells: its ``sandbox:`` where neither an option nor
@@ -213,6 +225,11 @@ class RunOptions:
         front end's sandbox where neither says (:data:`RUN_SANDBOX_DEFAULT` for a run)."""
         env = os.environ if environ is None else environ
         get = values.get
+        try:
+            selection = parse_selection(_text(get("cover")), _whole(get("seed")), _whole(get("rotate")),
+                                        _whole(get("night")))
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         limit = get("sandbox_write_limit")
         timeout = get("timeout")
         return cls(
@@ -229,7 +246,8 @@ class RunOptions:
                                   write_limit=int(str(limit)) if limit is not None else None, environ=env,
                                   default=sandbox_default,
                                   hidden=[str(Path(str(get("out"))).absolute())] if get("out") else ()),
-            sandbox_chosen=_text(get("sandbox")) is not None or bool(env.get("CUMATRIX_SANDBOX", "").strip()))
+            sandbox_chosen=_text(get("sandbox")) is not None or bool(env.get("CUMATRIX_SANDBOX", "").strip()),
+            selection=selection)
 
     @classmethod
     def from_cli(cls, args: object, environ: Mapping[str, str] | None = None, *,

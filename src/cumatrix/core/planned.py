@@ -61,3 +61,91 @@ def planned_from_json(obj: object) -> PlannedCells | None:
             return None
         hosts.append((e.get("host"), tuple(e["cells"])))
     return PlannedCells(matrix_sha256=obj["matrix_sha256"], hosts=tuple(hosts))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Selection:
+    """Which cells of a matrix a run takes: every cell (the default), a covering plan
+    (``--cover T``: every T-tuple of axis values in at least one cell), or night ``night``
+    of a rotation of ``rotate`` such plans whose union is every cell (``--rotate K --night I``).
+
+    ``night`` is kept as given; the plan is night ``night % rotate`` (so a day number works).
+    """
+
+    strength: int | None = None  # None: every cell
+    seed: int = 0
+    rotate: int | None = None
+    night: int | None = None
+
+    @property
+    def full(self) -> bool:
+        """Every cell of the matrix (no covering plan, no rotation)."""
+        return self.strength is None and self.rotate is None
+
+    @property
+    def slot(self) -> int | None:
+        """The rotation's plan this night runs (0 to rotate-1); None without a rotation."""
+        return None if self.rotate is None or self.night is None else self.night % self.rotate
+
+    def label(self) -> str:
+        """How a record names the plan that chose its cell: ``cover 2, seed 0`` or
+        ``rotation 3 of 7, cover 2, seed 0``."""
+        if self.full:
+            return "all"
+        head = f"rotation {self.slot} of {self.rotate}, " if self.rotate is not None else ""
+        return f"{head}cover {self.strength}, seed {self.seed}"
+
+    def to_json(self) -> dict[str, object]:
+        """The ``selection`` object of a run header (and of the history's runs)."""
+        return {"cover": self.strength if self.strength is not None else "all", "seed": self.seed,
+                "rotate": self.rotate, "night": self.night, "slot": self.slot, "label": self.label()}
+
+
+def selection_from_json(obj: object) -> Selection | None:
+    """A run header's ``selection`` read back; None when absent or not of that shape."""
+    if not isinstance(obj, dict):
+        return None
+    cover, seed, rotate, night = obj.get("cover"), obj.get("seed", 0), obj.get("rotate"), obj.get("night")
+
+    def whole(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if not (cover == "all" or whole(cover)) or not whole(seed) or not (rotate is None or whole(rotate)) \
+            or not (night is None or whole(night)):
+        return None
+    return Selection(strength=None if cover == "all" else int(str(cover)), seed=int(str(seed)),
+                     rotate=int(str(rotate)) if rotate is not None else None,
+                     night=int(str(night)) if night is not None else None)
+
+
+def parse_selection(cover: str | None, seed: int | None, rotate: int | None, night: int | None) -> Selection:
+    """``--cover``, ``--seed``, ``--rotate``, ``--night`` as given (None: not given) into a
+    :class:`Selection`; :class:`ValueError` with the message for bad input."""
+    strength: int | None
+    if cover is None or cover == "all":
+        strength = None
+    else:
+        try:
+            strength = int(cover)
+        except ValueError:
+            raise ValueError(f"--cover {cover}: give 2 (every pair of axis values), 3 (triples), any "
+                             "whole number of 1 or more, or all") from None
+        if strength < 1:
+            raise ValueError(f"--cover {cover}: must be 1 or more, or all")
+    if rotate is not None:
+        if rotate < 1:
+            raise ValueError(f"--rotate {rotate}: must be 1 or more (the nights a full matrix is spread over)")
+        if night is None:
+            raise ValueError(f"--rotate {rotate} needs --night I: the night of the rotation to run "
+                             "(taken modulo the rotation, so a day number works)")
+        if night < 0:
+            raise ValueError(f"--night {night}: must be 0 or more")
+        if cover == "all":
+            raise ValueError("--rotate with --cover all: each night of a rotation is a covering plan; "
+                             "give --cover 2 or 3 (2 is the default with --rotate)")
+        strength = 2 if strength is None else strength
+    elif night is not None:
+        raise ValueError("--night goes with --rotate K")
+    if seed is not None and seed < 0:
+        raise ValueError(f"--seed {seed}: must be 0 or more")
+    return Selection(strength=strength, seed=seed or 0, rotate=rotate, night=night)

@@ -58,6 +58,9 @@ class CellRecord:
     stdout_tail: str = ""
     started: str | None = None
     duration_s: float | None = None
+    #: The plan that chose this cell when the run took less than every cell of its matrix
+    #: (``cover 2, seed 0``, ``rotation 3 of 7, cover 2, seed 0``); None: every cell ran.
+    chosen_by: str | None = None
     extra: Mapping[str, object] = field(default_factory=dict)  # keys this version does not know
 
     @property
@@ -115,6 +118,8 @@ class CellRecord:
         }
         if o.data:
             out["observed"]["data"] = dict(o.data)  # type: ignore[index]
+        if self.chosen_by is not None:
+            out["chosen_by"] = self.chosen_by
         if self.extra:
             out["extra"] = dict(self.extra)
         return out
@@ -229,7 +234,7 @@ class _Reader:
 _CELL_KEYS = frozenset(
     {
         "schema", "type", "id", "axes", "host", "expected", "observed", "status", "mismatch",
-        "timings", "fingerprint", "stderr_tail", "stdout_tail", "started", "duration_s",
+        "timings", "fingerprint", "stderr_tail", "stdout_tail", "started", "duration_s", "chosen_by",
     }
 )  # fmt: skip
 
@@ -297,5 +302,6 @@ def _cell(r: _Reader, shared: dict[object, Any]) -> CellRecord:
         stdout_tail=r.text("stdout_tail") or "",
         started=r.text("started"),
         duration_s=r.num("duration_s", r.rec),
+        chosen_by=r.text("chosen_by"),
         extra={k: v for k, v in r.rec.items() if k not in _CELL_KEYS},
     )

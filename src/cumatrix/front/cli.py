@@ -23,6 +23,7 @@ from cumatrix.core.errors import (
     UsageError,
 )
 from cumatrix.core.options import DEFAULT_MATRIX, DEFAULT_OUT, RunOptions
+from cumatrix.front.flags import add_cover_options
 from cumatrix.front.history_cli import add_history_options, add_history_parsers, check_history, record, since_for
 from cumatrix.front.init import add_init_parser
 from cumatrix.front.run_cmd import add_run
@@ -168,7 +169,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from cumatrix.front import slurm
 
         sp = slurm.write_scripts(_matrix_arg(args.matrix), Path(args.out or DEFAULT_OUT),
-                                 run_args=slurm.check_args(args.run_arg, "--run-arg"),
+                                 run_args=[*slurm.check_args(args.run_arg, "--run-arg"), *_cover_words(args)],
                                  sbatch_args=slurm.check_args(args.sbatch_arg, "--sbatch-arg"))
         for p in (sp.array_script, sp.merge_script, sp.submit_script):
             print(p)
@@ -181,16 +182,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from cumatrix.front import k8s
 
         kp = k8s.write_manifests(_matrix_arg(args.matrix), Path(args.out or DEFAULT_OUT), image=args.image,
-                                 claim=args.claim, run_args=args.run_arg)
+                                 claim=args.claim, run_args=[*args.run_arg, *_cover_words(args)])
         print(kp.nightly)
         print(kp.merge)
         print(f"cumatrix: submission {kp.submission}: {len(kp.jobs)} Jobs ({', '.join(kp.jobs)}); "
               f"`kubectl apply -f {kp.nightly}`, wait for them, then `kubectl apply -f {kp.merge}` "
               "(docs/nightly-k8s.md)", file=sys.stderr)
         return 0
-    data = plan.plan(_matrix_arg(args.matrix))
+    data = plan.plan(_matrix_arg(args.matrix), RunOptions.from_cli(args).selection)
     print(json.dumps(data if args.format == "json" else plan.github_matrix(data), indent=None if args.format == "github" else 2))
     return 0
+
+
+def _cover_words(args: argparse.Namespace) -> list[str]:
+    """``--cover``, ``--seed``, ``--rotate``, ``--night`` (checked) for each host's run."""
+    # deferred: plan costs ~45 ms and ~35 modules; only plan and submit
+    from cumatrix.front.plan import selection_args
+
+    return selection_args(RunOptions.from_cli(args).selection)
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -201,7 +210,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
         raise UsageError("submit: name the scheduler: `cumatrix submit --slurm MATRIX`")
     mpath = _matrix_arg(args.matrix)
     out = Path(args.out)
-    sp = slurm.write_scripts(mpath, out, run_args=slurm.check_args(args.run_arg, "--run-arg"),
+    sp = slurm.write_scripts(mpath, out, run_args=[*slurm.check_args(args.run_arg, "--run-arg"), *_cover_words(args)],
                              sbatch_args=slurm.check_args(args.sbatch_arg, "--sbatch-arg"))
     submission = slurm.new_submission()
     array, merge = slurm.submit(sp, submission)
@@ -274,9 +283,9 @@ def cmd_merge(args: argparse.Namespace) -> int:
     plan = None
     if args.matrix:
         # deferred: plan costs ~45 ms and ~35 modules; only merge --matrix
-        from cumatrix.front.plan import planned_cells
+        from cumatrix.front.plan import planned_cells, recorded_selection
 
-        plan = planned_cells(_matrix.load(_matrix_arg(args.matrix)))
+        plan = planned_cells(_matrix.load(_matrix_arg(args.matrix)), selection=recorded_selection(dirs))
     check_history(args)
     merged = merge_runs(dirs, host_names=None, plan=plan, submission=args.submission, notes=args.notes)
     for w in merged.warnings:
@@ -363,6 +372,7 @@ def add_misc(sub: Any) -> None:
                    help="k8s: the container image the Jobs run (cumatrix and the code under test in it)")
     p.add_argument("--claim", default="cumatrix-results", metavar="NAME",
                    help="k8s: the PersistentVolumeClaim every Job mounts at /results (ReadWriteMany)")
+    add_cover_options(p)
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("submit", help="run a matrix's hosts as a Slurm job array, wait, merge",
@@ -377,6 +387,7 @@ def add_misc(sub: Any) -> None:
                    help=f"results: DIR/HOST per host, DIR/merged (default: {DEFAULT_OUT}); on a shared filesystem")
     p.add_argument("--poll", type=float, default=5.0, metavar="S", help="seconds between squeue polls (default 5)")
     _slurm_options(p)
+    add_cover_options(p)
     p.set_defaults(func=cmd_submit)
 
     p = sub.add_parser("report", help="rebuild the reports of a run from its results.jsonl",
@@ -509,7 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 #: Commands that print what records, host directories and the history hold: their output
 #: passes through the terminal sink (escape sequences removed, controls shown as \xNN).
-STORED_DATA_COMMANDS = frozenset({"diff", "history", "merge", "report", "repro", "submit"})
+STORED_DATA_COMMANDS = frozenset({"diff", "history", "merge", "report", "repro", "submit", "untested"})
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -55,3 +55,43 @@ def add_pytest_options(group: Any) -> None:
                     help="also give cells this variable of the harness's environment (repeatable)")
     group.addoption("--cumatrix-sandbox-write-limit", type=size_arg, default=None, metavar="SIZE",
                     help="what a sandboxed cell may write (default 1G; 4K to 1T)")
+
+
+COVER_HELP = ("run a covering plan, not every cell: 2 every pair of axis values (runtime, driver, variant, "
+              "build, workload, case, kind) in at least one cell, 3 every triple, all every cell (default); "
+              "docs/pr-and-nightly.md")
+
+
+def add_cover_options(parser: argparse.ArgumentParser) -> None:
+    """``--cover``, ``--seed``, ``--rotate``, ``--night`` on a subcommand (run, plan, submit)."""
+    parser.add_argument("--cover", metavar="2|3|all", default=None, help=COVER_HELP)
+    parser.add_argument("--seed", type=int, default=None, metavar="N",
+                        help="--cover, --rotate: the seed that breaks ties between cells (default 0); the same "
+                             "matrix and seed give the same plan")
+    parser.add_argument("--rotate", type=int, default=None, metavar="K",
+                        help="spread the matrix over K nights: each night a covering plan (--cover, default 2), "
+                             "the K nights together every cell; with --night")
+    parser.add_argument("--night", type=int, default=None, metavar="I",
+                        help="--rotate: the night to run, taken modulo K (a day number works: "
+                             "$(( $(date +%%s) / 86400 )))")
+
+
+def cover_args(args: argparse.Namespace) -> list[str]:
+    """The ``--cover ...`` words of ``args`` as given, for the runs a plan's scripts start."""
+    out: list[str] = []
+    for flag, value in (("--cover", args.cover), ("--seed", args.seed), ("--rotate", args.rotate),
+                        ("--night", args.night)):
+        if value is not None:
+            out += [flag, str(value)]
+    return out
+
+
+def add_cover_pytest_options(group: Any) -> None:
+    """The same options for ``pytest matrix.yaml``."""
+    group.addoption("--cumatrix-cover", default=None, metavar="2|3|all", help=COVER_HELP)
+    group.addoption("--cumatrix-seed", type=int, default=None, metavar="N",
+                    help="--cumatrix-cover, --cumatrix-rotate: the seed that breaks ties (default 0)")
+    group.addoption("--cumatrix-rotate", type=int, default=None, metavar="K",
+                    help="spread the matrix over K nights, each a covering plan, together every cell")
+    group.addoption("--cumatrix-night", type=int, default=None, metavar="I",
+                    help="--cumatrix-rotate: the night to run (modulo K)")

@@ -13,18 +13,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cumatrix.core.errors import UsageError
+from cumatrix.front.untested_cli import add_untested_parser, universe_of
 from cumatrix.results.history import (
     BUSY_TIMEOUT_S,
     ENV,
     History,
     HistoryError,
     HistoryLocked,
+    StoredRun,
     default_path,
     git_commit,
     is_lock,
     lock_text,
 )
 from cumatrix.results.historydiff import DEFAULT_WINDOW, diff, resolve, to_text
+from cumatrix.results.untested import Untested
+from cumatrix.results.untested import find as find_untested
 
 if TYPE_CHECKING:
     from cumatrix.results.records import RunData
@@ -96,6 +100,8 @@ def record(args: argparse.Namespace, run: RunData, *, kind: str, series: str | N
         with History.open(path) as hist:
             rid = hist.append(run, kind=kind, commit=git_commit(), series=series)
             b = hist.run(str(rid))
+            if kind != "gate":  # a gate's series is its wheels', not a matrix's cells
+                run = replace(run, untested=untested_of(hist, run, b))
             earlier = hist.runs(digest=b.digest, upto=rid - 1, limit=1)
             if not earlier:
                 return run
@@ -125,11 +131,20 @@ def since_for(args: argparse.Namespace, run: RunData) -> RunData:
             if row is None:
                 return run
             b = hist.run(str(row))
+            run = replace(run, untested=untested_of(hist, run, b))
             earlier = hist.runs(digest=b.digest, upto=b.id - 1, limit=1)
             return replace(run, since=diff(hist, earlier[0], b, trends=True)) if earlier else run
     except (HistoryError, sqlite3.Error) as e:
         print(f"cumatrix: warning: history {path} not read: {e}", file=sys.stderr)
         return run
+
+
+def untested_of(hist: History, run: RunData, b: StoredRun) -> Untested:
+    """The reports' "never tested in the last N runs": the cells of the run's matrix (every
+    cell of its file, where the file is still the one that ran) no run of the window up to
+    ``b`` tested on any host."""
+    universe, _ = universe_of(run.header.matrix, b.digest)
+    return find_untested(hist, digest=b.digest, universe=universe, upto=b.id, matrix=run.header.matrix)
 
 
 # --------------------------------------------------------------------------- commands
@@ -229,3 +244,4 @@ def add_history_parsers(sub: Any) -> None:
     p.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="N",
                    help=f"runs looked back over for noise and flaky cells (default {DEFAULT_WINDOW})")
     p.set_defaults(func=cmd_diff)
+    add_untested_parser(sub)

@@ -7,16 +7,18 @@ that can emulate it (an interposer can only hide what the real driver has).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from cumatrix.core.errors import ConfigError, Problem
 from cumatrix.core.model import Cell, CudaVersion, Host, Matrix
-from cumatrix.core.planned import PlannedCells, planned_from_json
+from cumatrix.core.planned import PlannedCells, Selection, planned_from_json, selection_from_json
 from cumatrix.load import matrix as _matrix
 from cumatrix.predict.oracle import cuda_for_driver
 
-__all__ = ["PlannedCells", "assign", "github_matrix", "host_cuda", "plan", "planned_cells", "planned_from_json"]
+__all__ = ["PlannedCells", "assign", "github_matrix", "host_cuda", "plan", "planned_cells", "planned_from_json",
+           "recorded_selection", "selection_args"]
 
 
 def host_cuda(h: Host) -> CudaVersion:
@@ -52,10 +54,22 @@ def assign(m: Matrix, path: Path | str, cells: list[Cell] | None = None) -> list
     return [(h, chosen[h.name]) for h in hosts]
 
 
-def plan(path: Path) -> dict[str, Any]:
-    """Which drivers and how many cells each host of the matrix at ``path`` runs."""
+def _selected(m: Matrix, cells: list[Cell] | None, selection: Selection | None) -> list[Cell]:
+    """The cells of ``m`` a run with ``selection`` takes (every cell without one)."""
+    cells = _matrix.cells(m) if cells is None else cells
+    if selection is None or selection.full:
+        return cells
+    # deferred: the covering plans and the build rules they read, only for a run that asks
+    from cumatrix.front.cover import choose
+
+    return choose(m, cells, selection)
+
+
+def plan(path: Path, selection: Selection | None = None) -> dict[str, Any]:
+    """Which drivers and how many cells each host of the matrix at ``path`` runs (of the cells
+    ``selection`` takes: a covering plan or a rotation's night; every cell without one)."""
     m = _matrix.load(path)
-    cells = _matrix.cells(m)
+    cells = _selected(m, None, selection)
     entries = []
     for h, ds in assign(m, path, cells):
         ids = [c.id for c in cells if c.driver in ds]
@@ -64,12 +78,29 @@ def plan(path: Path) -> dict[str, Any]:
                         "drivers": ds, "k": k, "cells": len(ids),
                         **({"partition": h.partition} if h.partition else {}),
                         **({"constraint": h.constraint} if h.constraint else {})})
-    return {"matrix": str(path), "matrix_sha256": m.sha256, "hosts": entries, "cells_total": len(cells)}
+    out: dict[str, Any] = {"matrix": str(path), "matrix_sha256": m.sha256, "hosts": entries, "cells_total": len(cells)}
+    if selection is not None and not selection.full:
+        out["selection"] = selection.to_json()
+        out["args"] = " ".join(selection_args(selection))
+        out["cells_in_matrix"] = len(_matrix.cells(m))
+    return out
 
 
-def planned_cells(m: Matrix, cells: list[Cell] | None = None) -> PlannedCells:
-    """The plan of ``m`` (its ``hosts:`` assignment), or every cell for any host when it has none."""
-    cells = _matrix.cells(m) if cells is None else cells
+def selection_args(selection: Selection) -> list[str]:
+    """The ``cumatrix run`` words that take ``selection`` (empty for every cell)."""
+    if selection.full:
+        return []
+    out = ["--cover", str(selection.strength), "--seed", str(selection.seed)]
+    if selection.rotate is not None:
+        out += ["--rotate", str(selection.rotate), "--night", str(selection.night)]
+    return out
+
+
+def planned_cells(m: Matrix, cells: list[Cell] | None = None, selection: Selection | None = None) -> PlannedCells:
+    """The plan of ``m`` (its ``hosts:`` assignment), or every cell for any host when it has none;
+    of the cells ``selection`` takes, when given (a covering plan leaves the others unplanned,
+    not unrun)."""
+    cells = _selected(m, cells, selection)
     if not m.hosts:
         return PlannedCells(matrix_sha256=m.sha256, hosts=((None, tuple(c.id for c in cells)),))
     return PlannedCells(matrix_sha256=m.sha256,
@@ -79,4 +110,22 @@ def planned_cells(m: Matrix, cells: list[Cell] | None = None) -> PlannedCells:
 
 def github_matrix(data: dict[str, Any]) -> dict[str, Any]:
     """The JSON for ``strategy.matrix`` (``fromJSON``): one include entry per host."""
-    return {"include": [{"host": e["host"], "runner": e["runner"], "k": e["k"], "cuda": e["cuda"]} for e in data["hosts"]]}
+    more = {"args": data["args"]} if data.get("args") else {}  # --cover ...: for the action's `args:`
+    return {"include": [{"host": e["host"], "runner": e["runner"], "k": e["k"], "cuda": e["cuda"], **more}
+                        for e in data["hosts"]]}
+
+
+def recorded_selection(dirs: list[Path]) -> Selection | None:
+    """The selection the runs in ``dirs`` recorded (their first run header's), for a merge that
+    holds them against a matrix: the cells a covering plan left out are not cells unrun."""
+    for d in dirs:
+        try:
+            with (d / "results.jsonl").open("rb") as f:
+                head = json.loads(f.readline(1 << 20) or b"null")
+        except (OSError, ValueError):
+            continue
+        if isinstance(head, dict) and head.get("type") == "run":
+            sel = selection_from_json(head.get("selection"))
+            if sel is not None:
+                return sel
+    return None

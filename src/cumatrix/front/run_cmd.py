@@ -33,7 +33,7 @@ from cumatrix.core.options import (
     RunOptions,
     SandboxPolicy,
 )
-from cumatrix.front.flags import add_cli_options
+from cumatrix.front.flags import add_cli_options, add_cover_options
 from cumatrix.front.history_cli import add_history_options, check_history, record
 from cumatrix.load import gcpause, workdir
 from cumatrix.load import matrix as _matrix
@@ -142,6 +142,7 @@ def _checked(args: argparse.Namespace, mpath: Path) -> Any:
         _matrix.check_name(args.submission, "--submission")
     if args.keyword:
         KeywordExpression.compile(args.keyword)  # a malformed -k is bad input (exit 2) before anything runs
+    RunOptions.from_cli(args)  # --cover, --rotate, --night: bad input (exit 2) before anything runs
     if args.last_failed and args.failed_first:
         raise UsageError("--lf and --ff exclude each other: --lf runs only the cells that failed last time, "
                          "--ff runs them first and then the rest")
@@ -275,7 +276,7 @@ def _preflight(opts: RunOptions, m: Any, mpath: Path, *, quiet: bool) -> None:
 
     policy = opts.for_matrix(m.sandbox)
     with Orchestrator(matrix=m, wheel_dir=opts.wheel_dir, policy=policy) as orch:
-        _say_untested(m, orch, require_gpu=opts.require_gpu)
+        _say_untested(m, orch, require_gpu=opts.require_gpu, selection=opts.selection)
         _preflight_local(m, mpath, orch, quiet=quiet)
 
 
@@ -294,7 +295,7 @@ def _require_sandbox(policy: SandboxPolicy) -> None:
                                  f"fix: {sandbox.fix_for(why)}")
 
 
-def _say_untested(m: Any, orch: Any, *, require_gpu: bool) -> None:
+def _say_untested(m: Any, orch: Any, *, require_gpu: bool, selection: Any = None) -> None:
     """The run's first line, on a host without a CUDA driver: how many cells will be skipped,
     not tested, and how to test them.  The headline at the end counts them again; a reader who
     stops at the first line must not take the cells that follow for a GPU run."""
@@ -304,6 +305,11 @@ def _say_untested(m: Any, orch: Any, *, require_gpu: bool) -> None:
     from cumatrix.predict.oracle import expect
 
     every = _matrix.cells(m)
+    if selection is not None and not selection.full:  # of the cells the covering plan takes
+        # deferred: the covering plans, only for a run that asks for one
+        from cumatrix.front.cover import choose
+
+        every = choose(m, every, selection)
     gpu = sum(1 for c in every if expect(c, orch.host(), runtime_version=None).rule == "no-driver")
     if gpu:
         what = "each is an error (--require-gpu)" if require_gpu else "run on a GPU host to test them"
@@ -374,7 +380,9 @@ def _pytest_args(args: argparse.Namespace, mpath: Path, out: Path) -> list[str]:
     options = (("--cumatrix-keyword", args.keyword), ("-n", args.numprocesses), ("--cumatrix-wheel-dir", args.wheel_dir),
                ("--cumatrix-timeout", str(args.timeout) if args.timeout is not None else None),
                ("--cumatrix-base-image", args.base_image), ("--cumatrix-host", args.host),
-               ("--cumatrix-submission", args.submission), ("--junitxml", args.junitxml))
+               ("--cumatrix-submission", args.submission), ("--junitxml", args.junitxml),
+               ("--cumatrix-cover", args.cover), ("--cumatrix-seed", _given(args.seed)),
+               ("--cumatrix-rotate", _given(args.rotate)), ("--cumatrix-night", _given(args.night)))
     for flag, value in options:
         if value:
             pargs += [flag, value]
@@ -387,6 +395,10 @@ def _pytest_args(args: argparse.Namespace, mpath: Path, out: Path) -> list[str]:
     if args.sandbox_write_limit is not None:
         pargs.append(f"--cumatrix-sandbox-write-limit={args.sandbox_write_limit}")
     return pargs
+
+
+def _given(value: int | None) -> str | None:
+    return str(value) if value is not None else None
 
 
 def _exit_status(code: int, args: argparse.Namespace, mpath: Path, out: Path, run: Any = None) -> int:
@@ -458,6 +470,7 @@ def add_run(sub: Any) -> None:
                    help="print results.json on stdout (pytest's lines go to stderr); see docs/json-output.md")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per cell from pytest too")
     p.add_argument("-q", "--quiet", action="store_true", help="only failures and the final line")
+    add_cover_options(p)
     add_history_options(p)
     add_cli_options(p, default=None)
     p.set_defaults(func=cmd_run)

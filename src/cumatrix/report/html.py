@@ -32,6 +32,7 @@ from cumatrix.report.grid import LEGEND, Entry, Grid, entries, glossary, grids, 
 from cumatrix.report.headline import headline
 from cumatrix.report.since import html_data
 from cumatrix.report.text import clean
+from cumatrix.report.untested import html_data as untested_html
 from cumatrix.results.records import CATEGORIES, CellResult, RunData, Timings
 
 #: Glyphs the page uses per category (present in common fonts, no emoji font needed).
@@ -253,6 +254,8 @@ def _meta(run: RunData) -> list[tuple[str, str]]:
         ("backend", head.backend or "—"),
         ("sandbox", head.sandbox or "—"),
     ]
+    if head.selection is not None and not head.selection.full:  # a covering plan's cells, not every cell
+        rows.append(("cells chosen by", head.selection.label()))
     if run.merged:
         rows.append(("hosts", ", ".join(run.hosts)))
         if run.missing_hosts:
@@ -327,7 +330,7 @@ def to_html(run: RunData) -> str:
         charts=[str(ch["workload"]) for ch in data["charts"]],  # type: ignore[attr-defined]
         extra_count=len(run.extra), extra_kinds=", ".join(extra_kinds),
         data=_json_for_script(data), details=_json_for_script(details), total=c.total,
-        since=_since(run),
+        since=_since(run), untested=untested_html(run.untested) if run.untested is not None else None,
     )
 
 

@@ -82,6 +82,7 @@ def _head(run: RunData) -> dict[str, object]:
         "warnings": list(run.warnings),
         "extra": [dict(e) for e in run.extra],
         **_since(run),
+        **({"never_tested": run.untested.to_json()} if run.untested is not None else {}),
     }
 
 

@@ -16,6 +16,8 @@ from cumatrix.report.since import junit_properties
 from cumatrix.report.since import text as since_text
 from cumatrix.report.static import static_record, static_suites
 from cumatrix.report.text import clean
+from cumatrix.report.untested import junit_properties as untested_properties
+from cumatrix.report.untested import text as untested_text
 from cumatrix.results.records import CellResult, RunData, axes_from_id
 
 
@@ -124,15 +126,21 @@ def to_xml(run: RunData) -> ET.ElementTree:
             ("driver_string", head.host_fingerprint.get("driver_string")),
             ("started", run.started),
             ("finished", run.finished),
+            *((("selection", head.selection.label()),) if head.selection is not None and not head.selection.full
+              else ()),
             *_since_properties(run),
+            *(untested_properties(run.untested) if run.untested is not None else ()),
         ],
     )
     for cell in run.cells:
         suite.append(_case(cell))
     for cid, host in run.not_run_where():
         suite.append(_not_run_case(cid, host))
-    if run.since is not None:  # the "since the last run" text, where CI shows a suite's output
-        ET.SubElement(suite, "system-out").text = clean(since_text(run.since))
+    out = [since_text(run.since)] if run.since is not None else []  # where CI shows a suite's output
+    if run.untested is not None and run.untested.cells:
+        out.append(untested_text(run.untested))
+    if out:
+        ET.SubElement(suite, "system-out").text = clean("\n".join(out))
     _static_suites(root, run)
     ET.indent(root)
     return ET.ElementTree(root)

@@ -16,6 +16,7 @@ from cumatrix.report.headline import headline
 from cumatrix.report.since import markdown as since_markdown
 from cumatrix.report.static import static_markdown, static_record
 from cumatrix.report.text import clean, md_code, md_fenced, md_inline, shorten
+from cumatrix.report.untested import markdown as untested_markdown
 from cumatrix.results.records import CellResult, RunData
 
 #: GitHub caps a step summary at 1 MiB; stay well under it.
@@ -63,6 +64,8 @@ def _meta(run: RunData) -> list[str]:
         bits.append(f"backend {md_inline(head.backend)}")
     if head.sandbox:
         bits.append(f"sandbox {md_inline(head.sandbox)}")
+    if head.selection is not None and not head.selection.full:  # a covering plan's cells, not every cell
+        bits.append(f"cells chosen by {md_inline(head.selection.label())}")
     if run.merged or run.missing_hosts:
         bits.append("hosts " + ", ".join(md_inline(h) for h in run.hosts))
         if run.missing_hosts:
@@ -222,6 +225,8 @@ def to_markdown(run: RunData) -> str:
     lines.append("")
     if run.since is not None:  # what changed since the previous run of this matrix (history)
         lines += since_markdown(run.since)
+    if run.untested is not None:  # cells no run of the history's window tested, on any host
+        lines += untested_markdown(run.untested)
     lines += _mismatches(run)
     lines += _other_runtime(run)
     lines += _not_run(run)

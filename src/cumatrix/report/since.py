@@ -54,9 +54,10 @@ def headline(d: Diff) -> str:
     words = {"new_failures": ("new failure", "new failures"), "fixed": ("fixed", "fixed"),
              "changed": ("changed", "changed"), "newly_skipped": ("newly skipped", "newly skipped"),
              "newly_not_run": ("newly not run", "newly not run"), "speed": ("speed move", "speed moves"),
-             "flaky": ("flaky", "flaky")}
+             "flaky": ("flaky", "flaky"), "newly_untested": ("newly untested", "newly untested")}
     counts = d.counts()
-    parts = [f"{counts[k]} {words[k][counts[k] != 1]}" for k in (*LISTS, "speed", "flaky") if counts[k]]
+    parts = [f"{counts[k]} {words[k][counts[k] != 1]}" for k in (*LISTS, "speed", "flaky", "newly_untested")
+             if counts.get(k)]
     return f"{', '.join(parts) or 'no change'} against {_against(d)}"
 
 
@@ -81,6 +82,13 @@ def markdown(d: Diff) -> list[str]:
         out.append(f"**Flaky** ({len(d.flaky)}; outcome flipped twice or more in the last {d.window} runs):")
         for f in d.flaky[:MAX_LISTED]:
             out.append(f"- {md_code(str(f.cell))}: {f.flips} flips ({md_inline(' → '.join(f.outcomes))})")
+        out.append("")
+    if d.newly_untested:
+        out.append(f"**Newly untested** ({len(d.newly_untested)}; tested in no run of the last {d.window}, "
+                   "on any host):")
+        out += [f"- {md_code(c)}" for c in d.newly_untested[:MAX_LISTED]]
+        if len(d.newly_untested) > MAX_LISTED:
+            out.append(f"- … and {len(d.newly_untested) - MAX_LISTED} more: see results.json `since_last_run`")
         out.append("")
     return out
 
@@ -137,5 +145,9 @@ def html_data(d: Diff) -> dict[str, object]:
               "range": f"{min(v for _, v in pts):.3g}–{max(v for _, v in pts):.3g}", "n": len(pts),
               "moved": k in moved}
              for k, pts in (d.trends or {}).items() if len(pts) >= 2]
+    if d.newly_untested:
+        lists.append({"title": f"Newly untested (in no run of the last {d.window})", "n": len(d.newly_untested),
+                      "more": max(0, len(d.newly_untested) - MAX_LISTED), "attention": False,
+                      "entries": [(clean(c), "tested", "untested") for c in d.newly_untested[:MAX_LISTED]]})
     return {"headline": headline(d), "lists": lists, "speed": speed, "flaky": flaky, "window": d.window,
             "trends": plots, "trends_more": d.trends_left_out}

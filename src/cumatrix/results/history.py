@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from cumatrix.core.errors import UsageError
+from cumatrix.core.planned import Selection, selection_from_json
 from cumatrix.core.record import CellRecord, axes_from_id
 
 
@@ -53,6 +54,8 @@ class _HeaderToStore(Protocol):
     def host(self) -> str | None: ...
     @property
     def host_fingerprint(self) -> Mapping[str, object]: ...
+    @property
+    def selection(self) -> Selection | None: ...
 
 
 class _CountsToStore(Protocol):
@@ -127,6 +130,11 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TABLE records(run INTEGER NOT NULL, cell INTEGER NOT NULL, body BLOB NOT NULL,
                          PRIMARY KEY(run, cell));
     """,
+    # 2: the cells a run took of its matrix (a covering plan, a rotation's night; NULL: every
+    # cell), so that `cumatrix untested` knows a rotation's cells are not due before its nights.
+    """
+    ALTER TABLE runs ADD COLUMN selection TEXT;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -199,6 +207,8 @@ class StoredRun:
     failed: int
     skipped: int
     not_run: int
+    #: The covering plan or rotation night the run took its cells from; None: every cell.
+    selection: Selection | None = None
 
     def to_json(self) -> dict[str, object]:
         """The run as ``history --json`` and ``diff --json`` show it."""
@@ -206,7 +216,8 @@ class StoredRun:
                 "started": self.started, "finished": self.finished, "matrix": self.matrix,
                 "matrix_sha256": self.digest, "host": self.host, "harness_version": self.harness_version,
                 "git_commit": self.git_commit, "verdict": self.verdict,
-                "counts": {"pass": self.passed, "fail": self.failed, "skip": self.skipped, "not_run": self.not_run}}
+                "counts": {"pass": self.passed, "fail": self.failed, "skip": self.skipped, "not_run": self.not_run},
+                "selection": self.selection.to_json() if self.selection is not None else None}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -258,16 +269,17 @@ class Result:
 
 
 _RUN_COLUMNS = ("id, run_uid, kind, recorded, started, finished, matrix, digest, host, fingerprint, "
-                "harness_version, git_commit, verdict, n_pass, n_fail, n_skip, n_not_run")
+                "harness_version, git_commit, verdict, n_pass, n_fail, n_skip, n_not_run, selection")
 
 
 def _stored_run(row: tuple[Any, ...]) -> StoredRun:
     (rid, uid, kind, recorded, started, finished, matrix, digest, host, fp, version, commit, verdict,
-     n_pass, n_fail, n_skip, n_not_run) = row
+     n_pass, n_fail, n_skip, n_not_run, selection) = row
     return StoredRun(id=int(rid), run_uid=str(uid), kind=str(kind), recorded=str(recorded), started=started,
                      finished=finished, matrix=str(matrix), digest=str(digest), host=str(host),
                      fingerprint=json.loads(str(fp)), harness_version=version, git_commit=commit, verdict=str(verdict),
-                     passed=int(n_pass), failed=int(n_fail), skipped=int(n_skip), not_run=int(n_not_run))
+                     passed=int(n_pass), failed=int(n_fail), skipped=int(n_skip), not_run=int(n_not_run),
+                     selection=selection_from_json(json.loads(selection)) if selection else None)
 
 
 class History:
@@ -366,11 +378,12 @@ class History:
         with self._write():
             cur = self.conn.execute(
                 "INSERT INTO runs(run_uid, kind, recorded, started, finished, matrix, digest, host, fingerprint, "
-                "harness_version, git_commit, verdict, n_pass, n_fail, n_skip, n_not_run) "
-                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                "harness_version, git_commit, verdict, n_pass, n_fail, n_skip, n_not_run, selection) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (head.run_id, kind, now, run.started, run.finished, head.matrix, series or head.matrix_sha256, host,
                  json.dumps(dict(head.host_fingerprint), sort_keys=True, default=str), head.harness_version, commit,
-                 run.verdict, c.passed, c.failed, c.skipped, c.not_run))
+                 run.verdict, c.passed, c.failed, c.skipped, c.not_run,
+                 json.dumps(head.selection.to_json(), sort_keys=True) if head.selection is not None else None))
             run_id = int(cur.lastrowid or 0)
             self._insert_results(run_id, head.matrix_sha256, rows)
         return run_id

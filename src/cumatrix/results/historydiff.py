@@ -42,6 +42,7 @@ from cumatrix.results.history import (
     Result,
     StoredRun,
 )
+from cumatrix.results.untested import tested_in
 
 #: Runs looked back over for noise and flips (``--window``).
 DEFAULT_WINDOW = 10
@@ -127,11 +128,13 @@ class Diff:
     trends: Mapping[CellKey, tuple[tuple[int, float], ...]] | None = None
     #: swap cells of B with a GB/s that ``trends`` leaves out (beyond :data:`TREND_CELLS`)
     trends_left_out: int = 0
+    #: cells (ids, any host) tested in a run of the window up to A and in none of the window up to B
+    newly_untested: tuple[str, ...] = ()
 
     @property
     def empty(self) -> bool:
         """Nothing changed, moved or flipped."""
-        return not any(getattr(self, name) for name in (*LISTS, "speed", "flaky"))
+        return not any(getattr(self, name) for name in (*LISTS, "speed", "flaky", "newly_untested"))
 
     def to_json(self) -> dict[str, object]:
         """The ``diff --json`` document (and results.json ``since_last_run``)."""
@@ -141,11 +144,12 @@ class Diff:
             out[name] = [c.to_json() for c in getattr(self, name)]
         out["speed"] = [s.to_json() for s in self.speed]
         out["flaky"] = [f.to_json() for f in self.flaky]
+        out["newly_untested"] = list(self.newly_untested)
         return out
 
     def counts(self) -> dict[str, int]:
         """How many entries each list holds."""
-        return {name: len(getattr(self, name)) for name in (*LISTS, "speed", "flaky")}
+        return {name: len(getattr(self, name)) for name in (*LISTS, "speed", "flaky", "newly_untested")}
 
 
 def _label(r: Result | None) -> str:
@@ -228,8 +232,11 @@ def diff(hist: History, a: StoredRun, b: StoredRun, *, window: int = DEFAULT_WIN
         trend, left_out = _trends(hist, [r.id for r in hist.runs(digest=b.digest, upto=b.id,
                                                                    limit=max(window, TREND_RUNS))],
                                   rb, keys, first=[cid for cid in rb if cid in moved])
+    # A cell becomes untested when the window up to B (of the same length) no longer holds a
+    # run that tested it, where the window up to A did.
+    untested = (tuple(sorted(tested_in(hist, before_a) - tested_in(hist, span))) if a.digest == b.digest else ())
     return Diff(a=a, b=b, window=window, **{k: tuple(v) for k, v in lists.items()}, speed=tuple(speed),
-                flaky=tuple(flaky), trends=trend, trends_left_out=left_out)
+                flaky=tuple(flaky), trends=trend, trends_left_out=left_out, newly_untested=untested)
 
 
 def _changes(ra: Mapping[int, Row], rb: Mapping[int, Row], keys: CellKeys,
@@ -353,6 +360,10 @@ def to_text(d: Diff) -> str:
     if d.flaky:
         lines.append(f"flaky ({len(d.flaky)}; outcome flipped {FLAKY_FLIPS}+ times in the last {d.window} runs):")
         lines += [f"  {f.cell}: {f.flips} flips ({' '.join(f.outcomes)})" for f in d.flaky]
+    if d.newly_untested:
+        lines.append(f"newly untested ({len(d.newly_untested)}; tested in no run of the last {d.window} up to "
+                     f"#{b.id}, on any host):")
+        lines += [f"  {c}" for c in d.newly_untested]
     if d.empty:
         lines.append("no change")
     return "\n".join(lines) + "\n"

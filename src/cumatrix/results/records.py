@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, BinaryIO, Literal
 
 from cumatrix.core.errors import ConfigError, Problem
 from cumatrix.core.model import Expected, Observed, Spread, Timings
-from cumatrix.core.planned import PlannedCells, planned_from_json
+from cumatrix.core.planned import PlannedCells, Selection, planned_from_json, selection_from_json
 from cumatrix.core.record import (
     CATEGORIES,
     SCHEMA_VERSION,
@@ -33,6 +33,7 @@ from cumatrix.results import recordkey
 
 if TYPE_CHECKING:
     from cumatrix.results.historydiff import Diff
+    from cumatrix.results.untested import Untested
 
 #: The reports' name for a cell record (the same type).
 CellResult = CellRecord
@@ -67,6 +68,8 @@ class RunInfo:
     plan: PlannedCells | None = None
     #: The submission of a plan this run was one host of (``cumatrix submit``); None: none.
     submission: str | None = None
+    #: The covering plan or rotation night the run took its cells from; None: every cell.
+    selection: Selection | None = None
 
     def to_json(self) -> dict[str, object]:
         """The header as a JSON object (``results.json`` ``runs[]``)."""
@@ -87,6 +90,7 @@ class RunInfo:
             "source": self.source,
             "plan": self.plan.to_json() if self.plan is not None else None,
             "submission": self.submission,
+            "selection": self.selection.to_json() if self.selection is not None else None,
         }
 
 
@@ -163,6 +167,8 @@ class RunData:
     plan: PlannedCells | None = None
     #: this run against the previous run of its matrix in the history, when one is stored
     since: Diff | None = None
+    #: the cells of its matrix no run of the history's window up to this one tested, on any host
+    untested: Untested | None = None
 
     def not_run_where(self) -> list[tuple[str, str | None]]:
         """``(cell id, host that should have run it)`` for every cell not run."""
@@ -316,6 +322,7 @@ def _run_info(r: _Reader) -> RunInfo:
         source=r.source,
         plan=planned_from_json(r.rec.get("plan")),
         submission=r.text("submission"),
+        selection=selection_from_json(r.rec.get("selection")),
     )
 
 

@@ -13,18 +13,19 @@ from __future__ import annotations
 
 import re
 from collections.abc import Generator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cumatrix.core.errors import ConfigError
+from cumatrix.core.errors import ConfigError, UsageError
 from cumatrix.core.model import Cell, Matrix
 from cumatrix.core.options import BACKENDS, DEFAULT_BACKEND, DEFAULT_OUT, DEFAULT_TIMEOUT, RunOptions
 from cumatrix.core.record import CellRecord
 from cumatrix.execute import spawn
 from cumatrix.front import schedule as _schedule
-from cumatrix.front.flags import add_pytest_options
+from cumatrix.front.flags import add_cover_pytest_options, add_pytest_options
 from cumatrix.front.pytest_plugin import selection as _selection
 from cumatrix.front.pytest_plugin.selection import (
     MATRIX_SUFFIXES,
@@ -77,6 +78,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="leave the reports to the caller (cumatrix run writes them once pytest has "
                      "freed the run's memory)")
     add_pytest_options(g)
+    add_cover_pytest_options(g)
 
 
 def _is_worker(config: pytest.Config) -> bool:
@@ -162,6 +164,9 @@ class CellItem(_selection.CellItem):
     def runtest(self) -> None:
         then, self.then = self.then, None
         record = orchestrator_for(self.config, self.matrix).run(self.cell, then=then).record
+        sel = options(self.config).selection
+        if not sel.full:  # the record says which plan chose its cell
+            record = replace(record, chosen_by=sel.label())
         self.record = record
         obs = record.observed
         if not _lean(self.config):  # for pytest's --junitxml (cumatrix's own reports read the record)
@@ -298,7 +303,10 @@ def pytest_configure(config: pytest.Config) -> None:
             _matrix.check_timeout(timeout, "--cumatrix-timeout")
         except ConfigError as e:
             raise pytest.UsageError(str(e)) from None
-    opts = config.stash[OPTIONS] = RunOptions.from_pytest(config)
+    try:
+        opts = config.stash[OPTIONS] = RunOptions.from_pytest(config)
+    except UsageError as e:  # --cumatrix-cover x, --cumatrix-rotate without --cumatrix-night
+        raise pytest.UsageError(str(e)) from None
     if _is_worker(config):
         spawn.die_with_parent()  # a killed controller must not leave a worker running a cell
         if opts.reports_after:  # a worker of cumatrix run (see gcpause)

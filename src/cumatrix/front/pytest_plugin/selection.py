@@ -36,6 +36,7 @@ SELECTED = pytest.StashKey[list[tuple[str, str]]]()
 #: The cells whose records ``--cumatrix-resume`` keeps (the controller decided them).
 REUSE = pytest.StashKey[frozenset[str]]()
 _PLANS = pytest.StashKey[dict[str, "PlannedCells | None"]]()
+_COVERS = pytest.StashKey[dict[str, "frozenset[str] | None"]]()
 
 
 def options(config: pytest.Config) -> RunOptions:
@@ -62,7 +63,7 @@ def plan_of(config: pytest.Config, path: Path) -> PlannedCells | None:
     key = str(path)
     if key not in found:
         try:
-            found[key] = planned_cells(_matrix.load(path))
+            found[key] = planned_cells(_matrix.load(path), selection=options(config).selection)
         except ConfigError:
             found[key] = None
     return found[key]
@@ -81,6 +82,29 @@ def host_share(config: pytest.Config, path: Path) -> frozenset[str] | None:
     plan = plan_of(config, path) if host else None
     ids = plan.for_host(host) if plan is not None and host else None
     return frozenset(ids) if ids is not None else None
+
+
+def cover_share(config: pytest.Config, path: Path, m: Matrix | None = None,
+                every: list[Cell] | None = None) -> frozenset[str] | None:
+    """``--cumatrix-cover``/``--cumatrix-rotate``: the ids of the cells the plan chooses of the
+    matrix at ``path`` (once per process; the choice is the same in every process, for the same
+    matrix and seed); None when the run takes every cell."""
+    sel = options(config).selection
+    if sel.full:
+        return None
+    found = config.stash.setdefault(_COVERS, {})
+    key = str(path)
+    if key not in found:
+        # deferred: the covering plans and the build rules they read, only for a run that asks
+        from cumatrix.front.cover import choose
+
+        try:
+            m = _matrix.load(path) if m is None else m
+        except ConfigError:
+            found[key] = None
+            return None
+        found[key] = frozenset(c.id for c in choose(m, every, sel))
+    return found[key]
 
 
 def id_file(path: Path | None) -> frozenset[str] | None:
@@ -116,9 +140,10 @@ def _select_by_name(config: pytest.Config, items: list[pytest.Item], cell_type: 
     """``--cumatrix-keyword`` and ``--host``'s share of a plan."""
     opts = options(config)
     expr = keyword(config) if opts.keyword else None
-    shares = {p: host_share(config, p) for p in {it.path for it in items if isinstance(it, cell_type)}} \
-        if opts.host else {}
-    if expr is None and all(s is None for s in shares.values()):
+    paths = {it.path for it in items if isinstance(it, cell_type)}
+    shares = {p: host_share(config, p) for p in paths} if opts.host else {}
+    covers = {p: cover_share(config, p) for p in paths} if not opts.selection.full else {}
+    if expr is None and all(s is None for s in shares.values()) and not covers:
         return
     # The controller matched every cell already (selected); a worker matches them here.
     ids = {cid for cid, _ in config.stash[SELECTED]} if SELECTED in config.stash else None
@@ -127,7 +152,8 @@ def _select_by_name(config: pytest.Config, items: list[pytest.Item], cell_type: 
         if ids is not None:
             return it.cell.id in ids
         share = shares.get(it.path)
-        return ((share is None or it.cell.id in share)
+        plan = covers.get(it.path)
+        return ((share is None or it.cell.id in share) and (plan is None or it.cell.id in plan)
                 and (expr is None or expr.matches(it.cell.id, it.path.name)))
 
     _keep(config, items, [it for it in items if not isinstance(it, cell_type) or wanted(it)])
@@ -166,13 +192,15 @@ def selected(config: pytest.Config) -> list[tuple[Matrix, list[Cell]]]:
         except ConfigError:
             continue
         every = _matrix.cells(m)
-        try:  # planned from the cells at hand: a matrix is expanded once
-            plans[str(p)] = plans[m.path] = planned_cells(m, every)
+        plan = cover_share(config, p, m, every)
+        try:  # planned from the cells at hand (those the covering plan takes): a matrix is expanded once
+            plans[str(p)] = plans[m.path] = planned_cells(m, every if plan is None else
+                                                          [c for c in every if c.id in plan])
         except ConfigError:
             plans[str(p)] = plans[m.path] = None
         share = host_share(config, p)
         cells = [c for c in every if (expr is None or expr.matches(c.id, p.name))
-                 and (share is None or c.id in share)
+                 and (share is None or c.id in share) and (plan is None or c.id in plan)
                  and (only is None or c.id in only)]
         chosen += [(c.id, _schedule.provision_key(c)) for c in cells]
         out.append((m, cells))

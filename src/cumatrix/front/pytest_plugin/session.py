@@ -119,7 +119,8 @@ class RunSession:
             store.append(run_header(m, [c.id for c in cells], backend=opts.backend, sandbox=held,
                                     argv=list(config.invocation_params.args), host=opts.host,
                                     fingerprint=fp, run_id=uuid.uuid4().hex[:12], plan=plan_json(config, m),
-                                    submission=opts.submission))
+                                    submission=opts.submission,
+                                    selection=None if opts.selection.full else opts.selection.to_json()))
             self.progress = _Progress(total=len(cells), t0=time.monotonic())
         self.digests = digests
 
