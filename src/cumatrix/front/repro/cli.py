@@ -14,6 +14,7 @@ import argparse
 import os
 import re
 import shlex
+import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,6 +34,7 @@ from cumatrix.execute.observe import ENFORCE_ENV, LOG_ENV
 from cumatrix.front.repro.args import add_repro_parser
 from cumatrix.front.repro.native import GDB_TIMEOUT_EXTRA, NativeTrace, find_debugger, gdb_backtrace, parse_maps
 from cumatrix.front.repro.report import CellRun, _env_table, _fence, bug_report, cell_report
+from cumatrix.front.run_cmd import matrix_arg
 from cumatrix.judge.reproduce import BugVerdict, judge_bug, judge_build_only, judge_static
 from cumatrix.load import matrix as _matrix
 from cumatrix.load.catalog import Bug, Catalog, load_catalog
@@ -41,6 +43,7 @@ from cumatrix.orchestrate import Orchestrator
 from cumatrix.provision import build as _build
 from cumatrix.provision import runtimes as _runtimes
 from cumatrix.provision.cell import PACKAGE_PARENT
+from cumatrix.results.store import prepare_out
 
 #: Names callers used from here before the report and the debugger run had modules of their own.
 __all__ = ["GDB_TIMEOUT_EXTRA", "CellRun", "NativeTrace", "add_repro_parser", "cmd_repro", "find_debugger", "gdb_backtrace",
@@ -200,9 +203,7 @@ def _runner(args: argparse.Namespace, m: Matrix) -> Orchestrator:
 
 def repro_cell(args: argparse.Namespace) -> int:
     """``cumatrix repro CELL_ID``."""
-    mpath = Path(args.matrix)
-    if not mpath.is_file():
-        raise UsageError(f"{mpath}: no such matrix file (name one with --matrix)")
+    mpath = matrix_arg(args.matrix)  # the matrix `run` takes: a cell id of its run is found here
     m = _matrix.load(mpath)
     cell = find_cell(m, args.cell_id)
     runner = _runner(args, m)
@@ -286,6 +287,10 @@ def repro_bug(args: argparse.Namespace, bug: Bug) -> int:
     m = bug.matrix()
     runner = _runner(args, m)
     host = runner.host()
+    if shutil.which("gcc") is None:
+        # Every entry's evidence starts with its variants built on this host, GPU or not.
+        return _cannot_run_here(args, runner, bug, "needs gcc to build its variants, and there is no gcc on PATH "
+                                                   "(install it: apt-get install gcc, or dnf install gcc)")
     if host.driver_version is None:
         if bug.needs.build_only_without_gpu:
             return _build_only(args, runner, bug)
@@ -365,6 +370,8 @@ def _repro(args: argparse.Namespace) -> int:
     modes = [bool(args.cell_id), bool(args.bug), args.list, args.all]
     if sum(modes) != 1:
         raise UsageError("give one of: a CELL_ID, --bug ID, --list, --all")
+    if not args.list:
+        prepare_out(Path(args.out))  # a file where --out belongs: exit 3 before anything runs, not a traceback
     if args.cell_id:
         return repro_cell(args)
     catalog = load_catalog()
