@@ -355,6 +355,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     # deferred: the build module costs ~25 ms and ~30 modules; only this command
     from cumatrix.provision import build
 
+    if args.wheel_dir and not Path(args.wheel_dir).is_dir():
+        raise UsageError(f"--wheel-dir {args.wheel_dir}: no such directory")
     return build.cli_build(args.variant, args.headers, Path(args.wheel_dir) if args.wheel_dir else None,
                            family=args.family)
 

@@ -274,6 +274,8 @@ jobs:
 def cmd_init(args: argparse.Namespace) -> int:
     """Write the two files; exit 2 (writing neither) when one exists and --force is not given."""
     d = Path(args.dir)
+    if not d.is_dir():
+        raise UsageError(f"--dir {args.dir}: {'not a directory' if d.exists() else 'no such directory'}")
     project = find_project(d, name=args.name)
     targets = {d / MATRIX_FILE: matrix_text(project), d / WORKFLOW_FILE: workflow_text(project)}
     # lexists: a link counts as there even when it leads nowhere (a dangling link was written

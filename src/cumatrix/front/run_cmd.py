@@ -33,7 +33,7 @@ from cumatrix.core.options import (
     RunOptions,
     SandboxPolicy,
 )
-from cumatrix.front.flags import add_cli_options
+from cumatrix.front.flags import add_cli_options, count_arg
 from cumatrix.front.history_cli import add_history_options, check_history, record
 from cumatrix.load import gcpause, workdir
 from cumatrix.load import matrix as _matrix
@@ -142,6 +142,11 @@ def _checked(args: argparse.Namespace, mpath: Path) -> Any:
         _matrix.check_name(args.submission, "--submission")
     if args.keyword:
         KeywordExpression.compile(args.keyword)  # a malformed -k is bad input (exit 2) before anything runs
+    if args.numprocesses not in (None, "auto", "0"):
+        try:  # -n 10**20 is bad input, not a crash in xdist
+            args.numprocesses = str(count_arg(args.numprocesses))
+        except argparse.ArgumentTypeError as e:
+            raise UsageError(f"-n {e} (or auto)") from None
     if args.last_failed and args.failed_first:
         raise UsageError("--lf and --ff exclude each other: --lf runs only the cells that failed last time, "
                          "--ff runs them first and then the rest")
