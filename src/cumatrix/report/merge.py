@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -88,7 +89,50 @@ def _load(d: Path, host: str | None) -> tuple[Path, RunData, str]:
     if not jsonl.is_file():
         raise ConfigError(f"{d}: no results.jsonl here (is it a cumatrix --out directory?)")
     run = load_records(jsonl)
-    return jsonl, run, host or run.header.host or d.resolve().name
+    _check_names(jsonl, run)
+    name = host or run.header.host or d.resolve().name
+    _check_name(jsonl, "its host's name (the directory's)", name)
+    return jsonl, run, name
+
+
+#: A control character (C0, DEL, C1: a newline, a carriage return, a terminal escape) in a name.
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _check_name(jsonl: Path, what: str, value: object) -> None:
+    """A name from another host's results (a cell id, a host, a run id, an outcome word) goes
+    into a Markdown table, a terminal line and an HTML page as one line: one that holds a
+    newline or a control character is refused, named with the record that holds it."""
+    if isinstance(value, str) and _CONTROL_RE.search(value):
+        shown = repr(value if len(value) <= 100 else value[:100] + "...")
+        raise ConfigError(f"{jsonl}: {what} {shown} holds a newline or a control character: refused (names in "
+                          "results are one line of text; was the file written by cumatrix?)")
+
+
+def _check_names(jsonl: Path, run: RunData) -> None:
+    """Every name :func:`_check_name` guards, in the run headers and the cell records of ``jsonl``."""
+    for info in run.runs:
+        what = f"the run header of run {info.run_id!r}:"
+        for field, value in (("run_id", info.run_id), ("host", info.host), ("matrix", info.matrix),
+                             ("submission", info.submission), ("backend", info.backend), ("sandbox", info.sandbox),
+                             ("started", info.started), ("harness_version", info.harness_version)):
+            _check_name(jsonl, f"{what} {field}", value)
+        for cid in info.cells:
+            _check_name(jsonl, f"{what} the cell id", cid)
+        for planned_host, ids in (info.plan.hosts if info.plan is not None else ()):
+            _check_name(jsonl, f"{what} the planned host", planned_host)
+            for cid in ids:
+                _check_name(jsonl, f"{what} the planned cell id", cid)
+    for cell in run.cells:
+        what = f"the record of cell {cell.id!r}:"
+        _check_name(jsonl, "the record of a cell: its id", cell.id)
+        _check_name(jsonl, f"{what} host", cell.host)
+        _check_name(jsonl, f"{what} observed outcome", cell.observed.outcome)
+        for k, v in cell.axes.items():
+            _check_name(jsonl, f"{what} axis", k)
+            _check_name(jsonl, f"{what} axis {k}", v)
+        for word in cell.expected.outcomes:
+            _check_name(jsonl, f"{what} expected outcome", word)
 
 
 def _check_same_matrix(loaded: list[tuple[Path, RunData, str]]) -> None:

