@@ -313,3 +313,87 @@ def test_diff_prints_a_stored_cell_id_on_one_line() -> None:
     assert "\n```" not in text, text
     assert "\n![x]" not in text, text
     assert "cu12.4/host/a\\x0a```\\x0a![x]" in text
+
+
+# --------------------------------------------------------------------------- one set of numbers
+
+NUMBERS = """\
+version: 1
+runtimes: {cu12.9: {wheel: nvidia-cuda-runtime-cu12==12.9.79}}
+drivers: [host, emulated-12.4]
+builds: ["12.8", "13.0"]
+variants: [direct-link, proc-address]
+workloads:
+  - {name: w, direction: d2h, block_bytes: 16384, blocks: 8, layers: 1}
+cases:
+  - {name: a, argv: [true]}
+"""
+
+
+NUMBERS_DOCKER = """\
+version: 1
+runtimes: {cu12.9: {wheel: nvidia-cuda-runtime-cu12==12.9.79}}
+drivers: [host, emulated-12.4]
+cases:
+  - {name: a, argv: [true]}
+"""
+
+
+def _numbers(r: subprocess.CompletedProcess[str], out: Path) -> tuple[int, int, int, str]:
+    """(cells the first line says need a GPU, skipped:no-cuda-driver in the headline, the same
+    in results.json, summary.md's text) of a run."""
+    first = re.search(r"no CUDA driver on this host: (\d+) of (\d+) cells need a GPU", r.stderr)
+    assert first is not None, r.stderr
+    head = re.search(r"cumatrix: \w[\w ]* — .*", r.stdout + r.stderr)
+    assert head is not None, r.stdout + r.stderr
+    said = re.search(r"(\d+) skipped:no-cuda-driver", head.group(0))
+    doc = json.loads((out / "results.json").read_text())
+    in_json = sum(1 for c in doc["cells"] if c["observed"]["outcome"] == "skipped:no-cuda-driver")
+    summary = (out / "summary.md").read_text()
+    assert head.group(0).removeprefix("cumatrix: ") in summary.replace("**", "") or doc["headline"] == head.group(0)
+    return int(first.group(1)), int(said.group(1)) if said else 0, in_json, head.group(0)
+
+
+@pytest.mark.network
+@pytest.mark.parametrize("backend", ["local", "docker"])
+def test_the_first_line_the_headline_and_the_reports_count_the_same_gpu_cells(
+        cli: Cli, tmp_path: Path, wheel_cache: Path, backend: str) -> None:
+    from cumatrix.host.fingerprint import host_fingerprint
+
+    if host_fingerprint().get("driver_version") is not None:
+        pytest.skip("this host has a driver: no cell is skipped for want of one")
+    extra: list[str] = []
+    if backend == "docker":
+        from tests.integration.test_docker_env_runtime import _base_image
+
+        extra = ["--base-image", _base_image()]
+    # The docker backend runs no reference variants (they are the local backend's): its cases and probes.
+    (tmp_path / "m.yaml").write_text(NUMBERS if backend == "local" else NUMBERS_DOCKER)
+    out = tmp_path / "out"
+    r = cli("run", "m.yaml", "--backend", backend, "--out", out, "--no-history", *extra, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    first, headline, in_json, head = _numbers(r, out)
+    assert first == headline == in_json, (first, headline, in_json, head)
+    assert "runtime cu12.9: wheel nvidia-cuda-runtime-cu12==12.9.79" in r.stderr  # the runtime lines, both backends
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["counts"]["skip"] == sum(int(n) for n in re.findall(r"(\d+) skipped:[\w-]+", head))
+
+
+@pytest.mark.network
+def test_without_gcc_the_headline_names_every_reason_for_a_skip(tmp_path: Path, wheel_cache: Path) -> None:
+    from tests.integration.test_wheel_without_gcc import _env, without_compiler
+
+    from cumatrix.host.fingerprint import host_fingerprint
+
+    if host_fingerprint().get("driver_version") is not None:
+        pytest.skip("this host has a driver: no cell is skipped for want of one")
+    (tmp_path / "m.yaml").write_text(NUMBERS)
+    out = tmp_path / "out"
+    env = _env(tmp_path, wheel_cache)
+    r = without_compiler([sys.executable, "-m", "cumatrix", "run", "m.yaml", "--out", str(out), "--no-history"],
+                         tmp=tmp_path, env=env | {"PYTHONPATH": str(ROOT / "src")}, cwd=tmp_path)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    first, headline, in_json, head = _numbers(r, out)
+    assert first == headline == in_json, (first, headline, in_json, head)
+    assert "skipped:no-compiler" in head
+    assert "other reason" not in head

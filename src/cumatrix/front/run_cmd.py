@@ -274,12 +274,12 @@ def _preflight(opts: RunOptions, m: Any, mpath: Path, *, quiet: bool) -> None:
         with DockerBackend(opts.base_image) as be:  # the daemon must answer before any cell runs
             if be.base_image_problem() is not None:
                 raise EnvironmentProblem(str(be.base_image_problem()))
-        return
     # deferred: the orchestrator costs ~215 ms and ~190 modules, which --help and validate do without
     from cumatrix.orchestrate import Orchestrator
 
+    # Both backends say the same first lines: what will not be tested here, then each runtime.
     policy = opts.for_matrix(m.sandbox)
-    with Orchestrator(matrix=m, wheel_dir=opts.wheel_dir, policy=policy) as orch:
+    with Orchestrator(matrix=m, backend=opts.backend, wheel_dir=opts.wheel_dir, policy=policy) as orch:
         _say_untested(m, orch, require_gpu=opts.require_gpu)
         _preflight_local(m, mpath, orch, quiet=quiet)
 
@@ -309,7 +309,19 @@ def _say_untested(m: Any, orch: Any, *, require_gpu: bool) -> None:
     from cumatrix.predict.oracle import expect
 
     every = _matrix.cells(m)
-    gpu = sum(1 for c in every if expect(c, orch.host(), runtime_version=None).rule == "no-driver")
+    gpu = 0
+    for c in every:
+        # What the run will do with the cell, decided as the run decides it: a cell stopped before
+        # its child for another reason (no gcc, an image runtime under --backend local) is counted
+        # there, not here; the rest need a driver where the run's own decision (an emulated
+        # driver, a swap) or the prediction (a probe) says so.  The headline counts the same cells.
+        early = orch.provisioner.stopped_before_child(c)
+        predicted = expect(c, orch.host(), runtime_version=None)
+        if early is not None:
+            # A variant predicted not to compile is built first and is a build-error on any host.
+            gpu += early.why == "no-driver" and set(predicted.outcomes) != {"build-error"}
+        elif predicted.rule == "no-driver":
+            gpu += 1
     if gpu:
         what = "each is an error (--require-gpu)" if require_gpu else "run on a GPU host to test them"
         print(f"cumatrix: no CUDA driver on this host: {gpu} of {len(every)} cells need a GPU and will be "
