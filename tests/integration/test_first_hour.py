@@ -397,3 +397,20 @@ def test_without_gcc_the_headline_names_every_reason_for_a_skip(tmp_path: Path, 
     assert first == headline == in_json, (first, headline, in_json, head)
     assert "skipped:no-compiler" in head
     assert "other reason" not in head
+
+
+def test_a_setpriv_the_sandbox_hides_is_named_as_such(cli: Cli, tmp_path: Path) -> None:
+    """Root drops a cell's uid with setpriv, run inside the sandbox: one found outside the system
+    directories is there but cannot be reached, and the fix says so (not "install setpriv")."""
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None or shutil.which("bwrap") is None:
+        pytest.skip("needs root, setpriv and bubblewrap (the root sandbox's own path)")
+    hidden = tmp_path / "bin"
+    hidden.mkdir()
+    shutil.copy2(setpriv, hidden / "setpriv")
+    (tmp_path / "m.yaml").write_text(SMALL)
+    r = cli("run", "m.yaml", "--require-sandbox", "--out", "o", "--no-history", cwd=tmp_path,
+            env={"PATH": f"{hidden}{os.pathsep}{os.environ.get('PATH', '')}"})
+    assert r.returncode == 3, r.stderr
+    assert f"its setpriv ({hidden}/setpriv) lies outside the directories the sandbox shows" in r.stderr
+    assert "install util-linux's setpriv" not in r.stderr
