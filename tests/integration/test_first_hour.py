@@ -414,3 +414,32 @@ def test_a_setpriv_the_sandbox_hides_is_named_as_such(cli: Cli, tmp_path: Path) 
     assert r.returncode == 3, r.stderr
     assert f"its setpriv ({hidden}/setpriv) lies outside the directories the sandbox shows" in r.stderr
     assert "install util-linux's setpriv" not in r.stderr
+
+
+@pytest.mark.network
+def test_merge_verifies_the_records_it_can_and_names_the_hosts_it_cannot(cli: Cli, tmp_path: Path,
+                                                                       wheel_cache: Path) -> None:
+    (tmp_path / "m.yaml").write_text(SMALL)
+    other_key = {"XDG_STATE_HOME": str(tmp_path / "other-machine")}  # another machine's signing key
+    for host, env in (("h1", None), ("h2", None), ("h3", other_key)):
+        r = cli("run", "m.yaml", "--host", host, "--out", host, "--no-history", cwd=tmp_path, env=env)
+        assert r.returncode == 0, r.stderr
+    first = json.loads((tmp_path / "h1" / "results.jsonl").read_text().splitlines()[1])
+    assert re.fullmatch(r"[0-9a-f]{16}", first["key_id"]), first
+    ok = cli("merge", "h1", "h2", "--out", "m12", "--no-history", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert "not verifiable" not in ok.stderr
+    foreign = cli("merge", "h1", "h3", "--out", "m13", "--no-history", cwd=tmp_path)
+    assert foreign.returncode == 0, foreign.stderr
+    assert "host h3: 2 records not verifiable here (sealed with key " in foreign.stderr
+    assert "host h1" not in foreign.stderr
+    assert "host h3: 2 records not verifiable here" in (tmp_path / "m13" / "summary.md").read_text()
+    # A record that names this user's key and was edited after it was sealed is refused, its line named.
+    lines = (tmp_path / "h2" / "results.jsonl").read_text().splitlines()
+    at = next(i for i, ln in enumerate(lines) if '"type":"cell"' in ln and '"status":"pass"' in ln)
+    lines[at] = lines[at].replace('"wall_s":', '"wall_s":1', 1)
+    (tmp_path / "h2" / "results.jsonl").write_text("\n".join(lines) + "\n")
+    edited = cli("merge", "h1", "h2", "--out", "m12b", "--no-history", cwd=tmp_path)
+    assert edited.returncode == 2, edited.stderr
+    assert f"h2/results.jsonl:{at + 1}: the record of cell" in edited.stderr
+    assert "names this user's key, but its seal does not match its content" in edited.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import replace
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from cumatrix.core.errors import ConfigError, CumatrixError
 from cumatrix.core.planned import PlannedCells
+from cumatrix.results import recordkey
 from cumatrix.results.records import CellResult, RunData, RunInfo, load_records
 
 
@@ -92,7 +94,45 @@ def _load(d: Path, host: str | None) -> tuple[Path, RunData, str]:
     _check_names(jsonl, run)
     name = host or run.header.host or d.resolve().name
     _check_name(jsonl, "its host's name (the directory's)", name)
+    unverified = _verify_seals(jsonl, name)
+    if unverified:
+        run = replace(run, warnings=(*run.warnings, unverified))
     return jsonl, run, name
+
+
+def _verify_seals(jsonl: Path, host: str) -> str | None:
+    """Verify every cell record of ``jsonl`` sealed with a key this user holds (its ``key_id``):
+    one whose seal does not match is refused (:class:`ConfigError`, its line named).  Records
+    sealed with another key (another machine's, another user's) or with none cannot be verified
+    here: the warning returned says so, naming the host and the keys, for every report to show."""
+    mine = recordkey.key_id()
+    others: dict[str, int] = {}
+    with jsonl.open("rb") as f:
+        for n, raw in enumerate(f, 1):
+            line = raw.rstrip(b"\n")
+            try:
+                rec = json.loads(line)
+            except ValueError:  # a line the loader read past (a run killed mid-write): nothing to verify
+                continue
+            if not isinstance(rec, dict) or rec.get("type") != "cell":
+                continue
+            kid = rec.get(recordkey.KEY_ID_FIELD)
+            if kid == mine:
+                problem = recordkey.line_problem(line, rec)
+                if problem is not None:
+                    cid = rec.get("id")
+                    raise ConfigError(f"{jsonl}:{n}: the record of cell {cid!r} names this user's key, but {problem}: "
+                                      "refused; run the host's cells again")
+                continue
+            shown = kid if isinstance(kid, str) and recordkey.KEY_ID_RE.fullmatch(kid) else (
+                "none" if kid is None else "an unreadable key id")
+            others[shown] = others.get(shown, 0) + 1
+    if not others:
+        return None
+    n = sum(others.values())
+    keys = ", ".join(f"{k} ({v})" for k, v in sorted(others.items()))
+    return (f"host {host}: {n} record{'s' if n != 1 else ''} not verifiable here (sealed with key {keys}; this "
+            f"user's key is {mine}): taken as the host wrote them")
 
 
 #: A control character (C0, DEL, C1: a newline, a carriage return, a terminal escape) in a name.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 import stat
 from collections.abc import Mapping
 from pathlib import Path
@@ -82,9 +83,24 @@ def _body(record: Mapping[str, Any]) -> bytes:
     return dumps({k: v for k, v in record.items() if k != FIELD}).encode()
 
 
+#: The member naming the key a record was sealed with (:func:`key_id`), inside what the seal covers.
+KEY_ID_FIELD = "key_id"
+#: How a key id reads: 16 hex digits.
+KEY_ID_RE = re.compile(r"[0-9a-f]{16}")
+
+
+def key_id(key: bytes | None = None) -> str:
+    """The public name of a signing key (this user's by default): 16 hex digits of a hash that
+    says which key sealed a record without telling anything of the key.  ``cumatrix merge``
+    verifies the records sealed with a key it holds, and names the hosts whose records it cannot."""
+    return hashlib.sha256(b"cumatrix record key id\0" + (record_key() if key is None else key)).hexdigest()[:16]
+
+
 def sign(record: Mapping[str, Any]) -> dict[str, Any]:
-    """``record`` with its signature (HMAC-SHA256 of its canonical JSON, without the signature)."""
-    return {**record, FIELD: hmac.new(record_key(), _body(record), hashlib.sha256).hexdigest()}
+    """``record`` with the id of the key that seals it and its signature (HMAC-SHA256 of its
+    canonical JSON, the key id included, without the signature)."""
+    body = {**record, KEY_ID_FIELD: key_id()}
+    return {**body, FIELD: hmac.new(record_key(), _body(body), hashlib.sha256).hexdigest()}
 
 
 def signed(record: Mapping[str, Any]) -> bool:
