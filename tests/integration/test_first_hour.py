@@ -443,3 +443,19 @@ def test_merge_verifies_the_records_it_can_and_names_the_hosts_it_cannot(cli: Cl
     assert edited.returncode == 2, edited.stderr
     assert f"h2/results.jsonl:{at + 1}: the record of cell" in edited.stderr
     assert "names this user's key, but its seal does not match its content" in edited.stderr
+
+
+def test_repro_bug_without_a_compiler_writes_its_skeleton_and_says_what_to_install(tmp_path: Path) -> None:
+    from tests.integration.test_wheel_without_gcc import without_compiler
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "PYTHONPATH"))}
+    env |= {"PYTHONPATH": str(ROOT / "src"), "XDG_CACHE_HOME": str(tmp_path / "fresh-cache")}
+    r = without_compiler([sys.executable, "-m", "cumatrix", "repro", "--bug", "vllm-undefined-symbol", "--out", "out"],
+                         tmp=tmp_path, env=env, cwd=tmp_path)
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr
+    assert "needs gcc to build its variants, and there is no gcc on PATH (install it: apt-get install gcc" in r.stderr
+    assert "cc=" not in r.stdout + r.stderr
+    report = (tmp_path / "out" / "vllm-undefined-symbol.md").read_text()
+    assert report.startswith("# vllm-undefined-symbol: not run here")
+    assert "cumatrix repro --bug vllm-undefined-symbol --out out" in report

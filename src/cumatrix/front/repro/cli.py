@@ -25,7 +25,7 @@ from cumatrix.audit.static import load_audit_data
 from cumatrix.binary.elf import elf_undefined_symbols
 from cumatrix.child.swapcell import MAPS_ENV
 from cumatrix.core.cache import cache_location
-from cumatrix.core.errors import UsageError, did_you_mean
+from cumatrix.core.errors import EnvironmentProblem, UsageError, did_you_mean
 from cumatrix.core.jobs import Job
 from cumatrix.core.model import NO_RUNTIME, Cell, CudaVersion, Kind, Matrix, is_neutral, is_ok, outcome_kind
 from cumatrix.core.options import RunOptions
@@ -43,7 +43,6 @@ from cumatrix.orchestrate import Orchestrator
 from cumatrix.provision import build as _build
 from cumatrix.provision import runtimes as _runtimes
 from cumatrix.provision.cell import PACKAGE_PARENT
-from cumatrix.results.store import prepare_out
 
 #: Names callers used from here before the report and the debugger run had modules of their own.
 __all__ = ["GDB_TIMEOUT_EXTRA", "CellRun", "NativeTrace", "add_repro_parser", "cmd_repro", "find_debugger", "gdb_backtrace",
@@ -178,10 +177,24 @@ def _report_name(ident: str) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]+", "--", ident) + ".md"
 
 
+def _check_out(out: Path) -> None:
+    """``--out`` can be made a directory here: the nearest part of it that exists is one
+    (:class:`EnvironmentProblem`, exit 3, when it is a file).  Nothing is created: a cell with
+    nothing to reproduce writes nothing."""
+    for p in (out, *out.parents):
+        if p.exists() or p.is_symlink():
+            if not p.is_dir():
+                raise EnvironmentProblem(f"--out {out}: {p} is a file, not a directory; choose another --out")
+            return
+
+
 def _write(out: Path, name: str, text: str) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    p = out / name
-    write_new(p, text, replace=True)  # a new file renamed into place: never through a planted link
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        p = out / name
+        write_new(p, text, replace=True)  # a new file renamed into place: never through a planted link
+    except OSError as e:
+        raise EnvironmentProblem(f"--out {out}: cannot write the report: {e.strerror or e}") from None
     return p
 
 
@@ -371,7 +384,7 @@ def _repro(args: argparse.Namespace) -> int:
     if sum(modes) != 1:
         raise UsageError("give one of: a CELL_ID, --bug ID, --list, --all")
     if not args.list:
-        prepare_out(Path(args.out))  # a file where --out belongs: exit 3 before anything runs, not a traceback
+        _check_out(Path(args.out))  # a file where --out belongs: exit 3 before anything runs, not a traceback
     if args.cell_id:
         return repro_cell(args)
     catalog = load_catalog()
