@@ -249,15 +249,25 @@ def test_suggestions_and_min_driver_pick_a_release_that_exists(cli: Cli, tmp_pat
     assert "no CUDA 12.44 release (did you mean '12.4'?)" in g.stderr, g.stderr
 
 
-def test_repro_help_and_docs_name_the_same_defaults(cli: Cli) -> None:
-    from cumatrix.core.options import DEFAULT_OUT
+#: Where the docs say an option's default: which command's help must say the same.
+_DOC_COMMANDS = {"repro.md": "repro", "howto-gate.md": "gate", "gate.md": "gate", "history.md": "diff"}
 
-    help_text = " ".join(cli("repro", "--help").stdout.split())
-    assert f"reports go here (default: {DEFAULT_OUT}/)" in help_text
-    docs = (ROOT / "docs" / "repro.md").read_text()
-    said = re.findall(r"`--out` \(default `([^`]+)`\)", docs)
-    assert said == [f"{DEFAULT_OUT}/"], said
-    assert "else the default matrix bundled with cumatrix" in help_text
+
+def test_help_and_docs_name_the_same_defaults(cli: Cli) -> None:
+    """Every "`--opt` (default X)" of the docs is the default that command's --help gives."""
+    said = []
+    for doc in sorted((ROOT / "docs").glob("*.md")):
+        for opt, value in re.findall(r"`(--[a-z-]+)` \(default:? `?([^`)]+)`?\)", doc.read_text()):
+            assert doc.name in _DOC_COMMANDS, f"{doc.name} names the default of {opt}: map it to its command here"
+            help_text = " ".join(cli(_DOC_COMMANDS[doc.name], "--help").stdout.split())
+            entry = help_text.split(" options: ", 1)[1].split(f" {opt} ", 1)[1].split(" --", 1)[0]
+            got = re.search(r"\(default:? ([^);]+)[);]", entry)
+            assert got is not None, (doc.name, opt, entry)
+            assert got.group(1).strip() == value.strip(), (doc.name, opt, value, got.group(1))
+            said.append((doc.name, opt))
+    assert ("repro.md", "--out") in said
+    repro = " ".join(cli("repro", "--help").stdout.split())
+    assert "else the default matrix bundled with cumatrix" in repro
 
 
 # --------------------------------------------------------------------------- other hosts' results
