@@ -469,3 +469,32 @@ def test_repro_bug_without_a_compiler_writes_its_skeleton_and_says_what_to_insta
     report = (tmp_path / "out" / "vllm-undefined-symbol.md").read_text()
     assert report.startswith("# vllm-undefined-symbol: not run here")
     assert "cumatrix repro --bug vllm-undefined-symbol --out out" in report
+
+
+@pytest.mark.network  # pip's isolated build takes setuptools from the index
+def test_a_fresh_clone_then_the_readmes_first_two_commands_without_gcc(tmp_path: Path, wheel_cache: Path) -> None:
+    """The README's first two commands, word for word, in a clone, on a host without a compiler
+    (and here without a GPU): both succeed and say what they did not test."""
+    from tests.integration.test_wheel_without_gcc import _env, without_compiler
+
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout (or no git): nothing to clone")
+    clone = tmp_path / "cumatrix"
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(clone)], check=True, timeout=300)
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Install", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    first_two = [ln.split("  #", 1)[0].strip() for ln in block.splitlines() if ln.strip() and not ln.startswith("#")][:2]
+    assert first_two[1] == "cumatrix run", first_two
+    env = _env(tmp_path, wheel_cache)
+    env.pop("VIRTUAL_ENV", None)
+    script = " && ".join(first_two) + " > run.out 2> run.err"
+    r = without_compiler(["bash", "-c", script], tmp=tmp_path, env=env, cwd=clone, timeout=1200)
+    out, err = (clone / "run.out").read_text(), (clone / "run.err").read_text()
+    assert r.returncode == 0, r.stderr[-3000:] + err[-3000:]
+    assert "evidence missing on this host" in err  # what no cell was observed by
+    assert "skipped:no-compiler" in err
+    gpu = re.search(r"no CUDA driver on this host: (\d+) of (\d+) cells need a GPU", err)
+    head = re.search(r"cumatrix: PASS — .*", out)
+    assert head is not None, out[-2000:]
+    if gpu is not None:
+        assert f"{gpu.group(1)} skipped:no-cuda-driver" in head.group(0), (gpu.group(0), head.group(0))
