@@ -206,6 +206,25 @@ def test_every_commands_ordinary_mistake_is_its_documented_code_and_one_line(
     assert len(last) > 20, r.stderr
 
 
+#: (argv, the variable that names a file where a directory belongs): the cache and the state
+#: directory (the record signing key) of a host, given by its environment.
+PLACES = ((("run", "small.yaml", "--out", "o", "--no-history"), "XDG_STATE_HOME"),
+          (("run", "small.yaml", "--out", "o", "--no-history"), "XDG_CACHE_HOME"),
+          (("clean", "--dry-run"), "XDG_CACHE_HOME"),
+          (("doctor",), "XDG_CACHE_HOME"),
+          (("build", "proc-address"), "XDG_CACHE_HOME"))
+
+
+@pytest.mark.parametrize(("argv", "var"), PLACES, ids=[f"{' '.join(a)} {v}" for a, v in PLACES])
+def test_a_file_where_the_hosts_own_directories_belong_is_exit_3(cli: Cli, mistakes_dir: Path, tmp_path: Path,
+                                                                  argv: tuple[str, ...], var: str) -> None:
+    shutil.copy2(mistakes_dir / "small.yaml", tmp_path / "small.yaml")
+    r = cli(*argv, cwd=tmp_path, env={var: str(mistakes_dir / "FILE")})
+    assert "Traceback" not in r.stdout + r.stderr, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.returncode == 3, r.stderr
+    assert str(mistakes_dir / "FILE") in r.stderr.strip().splitlines()[-1]
+
+
 def test_a_closed_pipe_is_no_traceback(cli_env: Callable[..., dict[str, str]], tmp_path: Path) -> None:
     # More cell ids than a pipe holds (64 KiB): the command is still writing when its reader goes.
     cases = "".join(f"  - {{name: case-number-{i}, argv: [true]}}\n" for i in range(4000))

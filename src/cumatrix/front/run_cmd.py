@@ -261,6 +261,10 @@ def _preflight(opts: RunOptions, m: Any, mpath: Path, *, quiet: bool) -> None:
     from cumatrix.results.store import Store
 
     cache_root()  # this user's alone, or exit 3 before anything from it runs
+    # deferred: the record key's module, with the results store below
+    from cumatrix.results.recordkey import record_key
+
+    record_key()  # every record is sealed with it: a state directory that cannot hold it is exit 3 here
     if opts.backend == "local":
         _require_sandbox(opts.for_matrix(m.sandbox))
     with Store.open(opts.out or Path(DEFAULT_OUT), fresh=False):

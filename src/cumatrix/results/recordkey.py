@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cumatrix.core.errors import CumatrixError
+from cumatrix.core.errors import CumatrixError, EnvironmentProblem
 from cumatrix.results.digests import dumps
 
 FIELD = "mac"
@@ -28,6 +28,10 @@ KEY_BYTES = 32
 
 class KeyProblem(CumatrixError):
     """The signing key exists but is not this user's private file (exit 2)."""
+
+
+class KeyUnavailable(EnvironmentProblem):
+    """This host gives no place for the signing key (exit 3): found before any cell runs."""
 
 
 def key_path() -> Path:
@@ -45,11 +49,17 @@ def record_key() -> bytes:
     hit = _KEYS.get(str(path))
     if hit is not None:
         return hit
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except FileExistsError:
+        if not path.parent.is_dir():
+            raise KeyUnavailable(f"{path.parent}: cannot hold the record signing key: a part of it is a file, "
+                                 "not a directory (XDG_STATE_HOME, else ~/.local/state)") from None
         key = _read_private(path)
+    except OSError as e:
+        raise KeyUnavailable(f"{path}: cannot make the record signing key: {e.strerror or e} (XDG_STATE_HOME, "
+                             "else ~/.local/state, must be a writable directory)") from None
     else:
         key = os.urandom(KEY_BYTES)
         try:
