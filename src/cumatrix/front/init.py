@@ -161,7 +161,7 @@ def find_project(d: Path, *, name: str | None = None) -> Project:
     elif found is not None:
         # Text from the project's files, checked as --name is: it is written into YAML, an import and the terminal.
         _checked_name(found[0], str(d / found[1]))
-    elif found is None:
+    else:
         base = re.sub(r"[^A-Za-z0-9._-]+", "-", d.resolve().name).strip("-._")
         if not base:
             raise UsageError(f"{d}: no project name found (no pyproject.toml, setup.cfg or setup.py, and the "
