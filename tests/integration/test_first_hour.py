@@ -257,6 +257,16 @@ def test_validate_and_plan_take_runs_matrix_and_say_so(cli: Cli, tmp_path: Path)
     assert plan.stderr.startswith("matrix.yaml:1:1: plan needs a `hosts:` section"), plan.stderr
 
 
+@pytest.mark.network
+def test_repro_of_a_cell_takes_the_matrix_run_took(cli: Cli, tmp_path: Path, wheel_cache: Path) -> None:
+    # A run with no matrix.yaml here ran the bundled default: a cell id of that run is found again.
+    r = cli("repro", "cu12.9/host/import-ctypes", "--out", "o", cwd=tmp_path)
+    assert "no such matrix file" not in r.stderr
+    assert "default matrix bundled with cumatrix" in r.stderr, r.stderr
+    assert r.returncode == 0, r.stderr
+    assert "cell cu12.9/host/import-ctypes behaves as expected (ok): nothing to reproduce" in r.stdout
+
+
 def test_suggestions_and_min_driver_pick_a_release_that_exists(cli: Cli, tmp_path: Path) -> None:
     (tmp_path / "m.yaml").write_text(SMALL.replace("[host]", "[host, emulated-12.44]"))
     r = cli("validate", "m.yaml", cwd=tmp_path)
