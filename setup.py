@@ -10,7 +10,8 @@ machine that builds the wheel, so that a host without one (most GPU runners' ima
 same evidence and the same emulated drivers as a checkout (the interposer is then configured
 per host by patching a copy: cumatrix.provision.prebuilt_driver); the wheel is then a platform wheel (``py3-none-linux_*``, made ``manylinux_*`` by
 auditwheel in the release workflow).  ``CUMATRIX_PURE_WHEEL=1`` builds the pure wheel instead:
-the helpers are then compiled on the host at first use, as from a checkout.
+the helpers are then compiled on the host at first use, as from a checkout; so does a host with no
+compiler (``pip install .`` on a GPU runner's image), unless ``CUMATRIX_PURE_WHEEL=0``.
 """
 
 import os
@@ -27,7 +28,21 @@ from setuptools.command.build_py import build_py
 HERE = Path(__file__).parent
 # The flags observe.py and spawn.py compile with at first use: the same program either way.
 AUDIT_CFLAGS = ["-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror"]
-PURE = os.environ.get("CUMATRIX_PURE_WHEEL") == "1"
+
+def _compiler() -> str | None:
+    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+
+
+# ``pip install .`` on a host without a compiler (a GPU runner's image) still installs: the pure
+# wheel, its helpers compiled at first use where a compiler appears, and every run saying what
+# evidence it lacks until then.  ``CUMATRIX_PURE_WHEEL=0`` (the release job) makes a missing
+# compiler an error instead of a wheel without its helpers.
+_PURE_ENV = os.environ.get("CUMATRIX_PURE_WHEEL")
+PURE = _PURE_ENV == "1" or (_PURE_ENV != "0" and _compiler() is None)
+if PURE and _PURE_ENV != "1":
+    print("cumatrix: no C compiler (cc, gcc or $CC) on this host: building the pure package, without the "
+          "compiled spawn helper, audit library and driver interposer (cumatrix says what evidence each run "
+          "lacks; install gcc and reinstall to have them)", file=sys.stderr)
 # The same as cumatrix.provision.prebuilt_driver.COMPILE_FLAGS (a test compares them): the
 # interposer with a trampoline per known entry point and its configuration read at run time.
 INTERPOSER_FLAGS = ["-shared", "-fPIC", "-O2", "-Wl,-soname,libcuda.so.1", "-DCUMATRIX_RUNTIME_CONFIG"]
@@ -37,7 +52,7 @@ def _compile(out: Path) -> None:
     """cumatrix-spawn (static where the C library allows it: it then starts without the dynamic
     loader, as spawn.py builds it), libcumatrix_audit.so and libcumatrix_cuda.so (the driver
     interposer) into ``out``."""
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    cc = _compiler()
     if cc is None:
         raise SystemExit("building a cumatrix wheel compiles csrc/spawn.c, csrc/audit.c and data/interposer.c: "
                          "no C compiler (cc, gcc or $CC) found; install gcc, or set CUMATRIX_PURE_WHEEL=1 for a "

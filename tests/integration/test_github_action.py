@@ -172,10 +172,11 @@ def test_a_stored_id_cannot_close_the_diff_sections_code_fence(tmp_path: Path, w
             rec["id"] = hostile
         lines.append(json.dumps(rec))
     (up / "results.jsonl").write_text("\n".join(lines) + "\n")
-    _, _, summary = _step(tmp_path, cli_env, merge_from="up/*", out="merged", history_file=history, fail="false")
-    assert summary.count("### Since the last") == 1, summary
-    assert "injected heading" in summary  # the id is shown...
-    # ...but never as a heading of its own, nor after a fence it closed.
+    _, outputs, summary = _step(tmp_path, cli_env, merge_from="up/*", out="merged", history_file=history, fail="false")
+    # The merge refuses the id (a name in results is one line), naming the record: bad input, exit 2...
+    assert outputs["exit-code"] == "2", summary
+    assert "holds a newline or a control character" in summary, summary
+    # ...and what the summary shows of it never makes a heading of its own, nor follows a fence it closed.
     assert not any(line.lstrip().startswith("# injected heading") for line in _outside_fences(summary)), summary
 
 

@@ -233,8 +233,8 @@ def test_headline_says_how_many_were_tested_skipped_and_not_run(tmp_path: Path) 
 
     assert headline(run) == (
         f"cumatrix: PASS — {c.tested} of {c.total} cells tested: all met expectations; {c.skipped} skipped "
-        f"({c.partial} cannot-emulate: the real driver cannot stand in for the emulated one there; 3 for 1 other "
-        "reason); 0 not run"
+        f"({c.partial} cannot-emulate: the real driver cannot stand in for the emulated one there; 3 "
+        "skipped:no-cuda-driver: no CUDA driver, the GPU cells were not tested); 0 not run"
     )
 
 

@@ -21,6 +21,11 @@ Exit codes of every ``cumatrix`` command:
   ran included: the verdict is ``NOTHING TESTED``, never a pass; pytest's code for "no tests
   collected".  ``--allow-empty`` turns it into 0.
 
+* **141**: standard output's reader went away (a closed pipe), as a shell reports SIGPIPE.
+
+An error cumatrix did not foresee is a failure of cumatrix itself: exit 3, one line
+(``CUMATRIX_TRACEBACK=1`` shows the traceback), never 1.
+
 ``cumatrix repro --bug`` exits 3 when this host cannot run the entry (no GPU, an older driver):
 it writes the report's skeleton and the command to run on a host that can.
 """

@@ -32,6 +32,15 @@ def terminal(text: str) -> str:
     return _CONTROLS_RE.sub(lambda m: f"\\x{ord(m.group(0)):02x}", _ESCAPES_RE.sub("", text))
 
 
+def one_line(text: str) -> str:
+    """``text`` as one line of a terminal: as :func:`terminal`, and a newline or a tab shown as
+    ``\\x0a``/``\\x09`` too (a name from elsewhere, a cell id, must not start a line of its own)."""
+    return _LINE_CONTROLS_RE.sub(lambda m: f"\\x{ord(m.group(0)):02x}", _ESCAPES_RE.sub("", text))
+
+
+_LINE_CONTROLS_RE = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
 class TerminalStream:
     """A text stream that writes what it is given through :func:`terminal` (the wrapped
     stream's other attributes pass through)."""

@@ -77,18 +77,24 @@ def driver_hint(text: str, versions: Iterable[str]) -> str:
 
 def _version_key(v: str) -> tuple[int, int] | None:
     parts = v.split(".")
-    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+    # isdigit() alone lets through what int() refuses: 5,000 digits, or a superscript two.
+    if len(parts) != 2 or not all(p.isascii() and p.isdigit() and len(p) <= 9 for p in parts):
         return None
     return int(parts[0]), int(parts[1])
 
 
 def version_hint(text: str, known: Iterable[str]) -> str:
-    """For a header version that has no headers: the known versions nearest by number (same
-    major first: 12.7 -> 12.6 or 12.8), else by edit distance."""
+    """For a version that does not exist: a known version one keystroke away when there is
+    exactly one (12.44 -> 12.4: by number 12.44 lies nearer 12.9, which no typist meant), else
+    the known versions nearest by number (same major first: 12.7 -> 12.6 or 12.8), else by
+    edit distance."""
     want = _version_key(text)
     keyed = [(k, _version_key(k)) for k in known]
     if want is None:
         return did_you_mean(text, [k for k, _ in keyed])
+    typo = [k for k, _ in keyed if edit_distance(text, k) == 1]
+    if len(typo) == 1:
+        return hint(typo)
     same = [(k, v) for k, v in keyed if v is not None and v[0] == want[0]]
     pool = same or [(k, v) for k, v in keyed if v is not None]
     if not pool:

@@ -163,8 +163,15 @@ def _find_bwrap() -> tuple[str | None, str]:
         return None, f"${BWRAP_ENV}={named}: no such program"
     if path is None:
         return None, "bubblewrap is not installed"
-    if os.geteuid() == 0 and shutil.which("setpriv") is None:
-        return None, "the harness runs as root and setpriv (util-linux) is missing to drop the cell's uid"
+    if os.geteuid() == 0:
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            return None, "the harness runs as root and setpriv (util-linux) is missing to drop the cell's uid"
+        real = os.path.realpath(setpriv)
+        if not any(real == d or real.startswith(d + "/") for d in SYSTEM_DIRS):
+            # It runs inside the sandbox, which shows the cell the system directories only.
+            return None, (f"the harness runs as root and its setpriv ({setpriv}) lies outside the directories the "
+                          f"sandbox shows a cell ({', '.join(SYSTEM_DIRS)}), so the cell's uid cannot be dropped")
     # The boundary itself, checked once: kernel settings and the host's sockets out of reach.
     probe = ["sh", "-c", "test ! -w /proc/sys/vm/swappiness && test ! -e /run/."]
     try:
@@ -193,8 +200,11 @@ def fix_for(why: str) -> str:
     """What would let this host sandbox its cells, for the reason :func:`bubblewrap` gave."""
     if "not installed" in why or "no such program" in why:
         return f"install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap), or name one in ${BWRAP_ENV}"
+    if "setpriv" in why and "lies outside" in why:
+        return ("put a setpriv under a system directory (util-linux's own: apt-get install util-linux, "
+                "/usr/bin/setpriv), or run cumatrix as a user other than root")
     if "setpriv" in why:
-        return "install util-linux's setpriv"
+        return "install util-linux's setpriv (apt-get install util-linux), or run cumatrix as a user other than root"
     if _sysctl("kernel.apparmor_restrict_unprivileged_userns") == "1":
         # Ubuntu 23.10+ (https://ubuntu.com/blog/ubuntu-23-10-restricted-unprivileged-user-namespaces)
         return ("AppArmor restricts unprivileged user namespaces: allow them to bwrap with an AppArmor "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -20,6 +21,8 @@ from cumatrix.core.errors import (
     EXIT_NOTHING_RAN,
     ConfigError,
     CumatrixError,
+    EnvironmentProblem,
+    HarnessError,
     UsageError,
 )
 from cumatrix.core.options import DEFAULT_MATRIX, DEFAULT_OUT, RunOptions
@@ -87,6 +90,25 @@ examples:
   cumatrix clean --images --yes      # the same without asking (CI)
   cumatrix clean --dry-run           # say what would go
 """,
+}
+
+
+#: Each command's description in its --help, above its options.
+DESCRIPTIONS = {
+    "plan": "Print which cells each host of `hosts:` runs, as a GitHub Actions strategy matrix or JSON.",
+    "submit": "Write the Slurm scripts (as `plan --format slurm`), submit them with sbatch, follow the jobs "
+        "(squeue, scontrol), then merge the hosts' results into OUT/merged. Exit status: the merge's "
+        "(0 pass; 1 a cell failed or a host left planned cells unrun, named; 2 bad input; 3 Slurm refused).",
+    "doctor": "Check Python, gcc, the matrix's runtimes (cached or fetchable), a GPU, nvcc, the Docker daemon "
+        "and base image, debootstrap, Chromium, bubblewrap, the compiled evidence helpers, gdb and "
+        "Slurm's client. Exit 0 when every required check passes (what `cumatrix run` needs, plus "
+        "--require), else 1.",
+    "clean": "Remove what cumatrix made: the cache directory and the temporary directories of runs that are "
+        "gone (default); with --images, runtime and base images and their untagged build stages (found by "
+        "their labels), never one a container uses, listed first and removed after a yes (--yes, or an "
+        "answer on a terminal; without either, exit 2). --images --cache: both.",
+    "build": "Compile a reference variant; prints the library path as the last line (exit 0) or the "
+        "compiler's message (exit 1: build-error).",
 }
 
 
@@ -168,13 +190,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
         # deferred: slurm (~80 ms of imports), only for --format slurm
         from cumatrix.front import slurm
 
-        sp = slurm.write_scripts(_matrix_arg(args.matrix), Path(args.out or DEFAULT_OUT),
+        mpath = _matrix_arg(args.matrix)
+        sp = slurm.write_scripts(mpath, Path(args.out or DEFAULT_OUT),
                                  run_args=[*slurm.check_args(args.run_arg, "--run-arg"), *_cover_words(args)],
                                  sbatch_args=slurm.check_args(args.sbatch_arg, "--sbatch-arg"))
         for p in (sp.array_script, sp.merge_script, sp.submit_script):
             print(p)
         print(f"cumatrix: {len(sp.tasks)} array tasks ({', '.join(t.host for t in sp.tasks)}); submit with "
-              f"`bash {sp.submit_script}` or `cumatrix submit --slurm {args.matrix} --out {args.out or DEFAULT_OUT}`",
+              f"`bash {sp.submit_script}` or `cumatrix submit --slurm {mpath} --out {args.out or DEFAULT_OUT}`",
               file=sys.stderr)
         return 0
     if args.format == "k8s":
@@ -289,7 +312,7 @@ def cmd_merge(args: argparse.Namespace) -> int:
     check_history(args)
     merged = merge_runs(dirs, host_names=None, plan=plan, submission=args.submission, notes=args.notes)
     for w in merged.warnings:
-        if " not-run: " in w:
+        if " not-run: " in w or " not verifiable here " in w:
             print(f"cumatrix: merge: {w}", file=sys.stderr)
     run = record(args, merged, kind="merge")
     out = Path(args.out)
@@ -341,15 +364,28 @@ def cmd_build(args: argparse.Namespace) -> int:
     # deferred: the build module costs ~25 ms and ~30 modules; only this command
     from cumatrix.provision import build
 
+    if args.wheel_dir and not Path(args.wheel_dir).is_dir():
+        raise UsageError(f"--wheel-dir {args.wheel_dir}: no such directory")
     return build.cli_build(args.variant, args.headers, Path(args.wheel_dir) if args.wheel_dir else None,
                            family=args.family)
 
 
+#: The matrix a command takes when none is named: the one `run` takes.
+MATRIX_DEFAULT_HELP = f"matrix file (default: ./{DEFAULT_MATRIX}, else the default matrix bundled with cumatrix, as run)"
+
+
+def _command(sub: Any, name: str, summary: str) -> argparse.ArgumentParser:
+    """A subcommand's parser: its one-line help, its description (``DESCRIPTIONS``) and its
+    examples (``EPILOGS``)."""
+    p: argparse.ArgumentParser = sub.add_parser(name, help=summary, description=DESCRIPTIONS.get(name),
+                                                epilog=EPILOGS[name],
+                                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    return p
+
+
 def add_misc(sub: Any) -> None:
-    raw = argparse.RawDescriptionHelpFormatter
-    p = sub.add_parser("validate", help="check a matrix file; list its cells", epilog=EPILOGS["validate"],
-                       formatter_class=raw)
-    p.add_argument("matrix", help="matrix file")
+    p = _command(sub, "validate", "check a matrix file; list its cells")
+    p.add_argument("matrix", nargs="?", help=MATRIX_DEFAULT_HELP)
     p.add_argument("--list", action="store_true", help="print every cell id")
     p.add_argument("--check-wheels", action="store_true",
                    help="resolve every wheel requirement against the package index (or --wheel-dir): a version "
@@ -358,10 +394,8 @@ def add_misc(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="one JSON document on stdout (docs/json-output.md)")
     p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("plan", help="spread a matrix over the hosts it names (CI strategy matrix)",
-                       description="Print which cells each host of `hosts:` runs, as a GitHub Actions strategy matrix or JSON.",
-                       epilog=EPILOGS["plan"], formatter_class=raw)
-    p.add_argument("matrix", help="matrix file with a hosts: section")
+    p = _command(sub, "plan", "spread a matrix over the hosts it names (CI strategy matrix)")
+    p.add_argument("matrix", nargs="?", help=f"matrix file with a hosts: section ({MATRIX_DEFAULT_HELP[:-1]})")
     p.add_argument("--format", choices=("github", "json", "slurm", "k8s"), default="github",
                    help="github: strategy.matrix JSON; json: each host's share; slurm: write a job-array "
                         "script (a task per host), the merge job after it and submit.sh under OUT/slurm/; k8s: an "
@@ -375,12 +409,7 @@ def add_misc(sub: Any) -> None:
     add_cover_options(p)
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("submit", help="run a matrix's hosts as a Slurm job array, wait, merge",
-                       description="Write the Slurm scripts (as `plan --format slurm`), submit them with sbatch, "
-                                   "follow the jobs (squeue, scontrol), then merge the hosts' results into "
-                                   "OUT/merged. Exit status: the merge's (0 pass; 1 a cell failed or a host left "
-                                   "planned cells unrun, named; 2 bad input; 3 Slurm refused).",
-                       epilog=EPILOGS["submit"], formatter_class=raw)
+    p = _command(sub, "submit", "run a matrix's hosts as a Slurm job array, wait, merge")
     p.add_argument("matrix", help="matrix file with a hosts: section (partition:, constraint: per host)")
     p.add_argument("--slurm", action="store_true", help="submit to Slurm (sbatch on PATH)")
     p.add_argument("--out", default=DEFAULT_OUT, metavar="DIR",
@@ -390,14 +419,12 @@ def add_misc(sub: Any) -> None:
     add_cover_options(p)
     p.set_defaults(func=cmd_submit)
 
-    p = sub.add_parser("report", help="rebuild the reports of a run from its results.jsonl",
-                       epilog=EPILOGS["report"], formatter_class=raw)
+    p = _command(sub, "report", "rebuild the reports of a run from its results.jsonl")
     p.add_argument("dir", nargs="?", default=DEFAULT_OUT, help=f"a run's --out directory (default: {DEFAULT_OUT})")
     add_history_options(p)  # read only: the "since the last run" section of a stored run
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("merge", help="combine runs of several hosts into one report",
-                       epilog=EPILOGS["merge"], formatter_class=raw)
+    p = _command(sub, "merge", "combine runs of several hosts into one report")
     p.add_argument("dirs", nargs="+", metavar="DIR", help="--out directories of runs of the same matrix")
     p.add_argument("--out", required=True, metavar="DIR", help="write the merged reports here")
     p.add_argument("--matrix", metavar="FILE",
@@ -412,12 +439,7 @@ def add_misc(sub: Any) -> None:
     p.set_defaults(func=cmd_merge, notes=None)
     add_history_parsers(sub)
 
-    p = sub.add_parser("doctor", help="check every tool and service a feature needs; say how to fix each",
-                       description="Check Python, gcc, the matrix's runtimes (cached or fetchable), a GPU, nvcc, "
-                                   "the Docker daemon and base image, debootstrap, Chromium, bubblewrap, the "
-                                   "compiled evidence helpers, gdb and Slurm's client. Exit 0 when every "
-                                   "required check passes (what `cumatrix run` needs, plus --require), else 1.",
-                       epilog=EPILOGS["doctor"], formatter_class=raw)
+    p = _command(sub, "doctor", "check every tool and service a feature needs; say how to fix each")
     p.add_argument("matrix", nargs="?", help="check this matrix's runtimes (default: ./matrix.yaml if present)")
     p.add_argument("--json", action="store_true", help="machine-readable")
     p.add_argument("--require", metavar="FEATURE,...",
@@ -426,23 +448,14 @@ def add_misc(sub: Any) -> None:
     p.add_argument("--wheel-dir", metavar="DIR", help="runtime wheels are taken from DIR (default $CUMATRIX_WHEEL_DIR)")
     p.set_defaults(func=cmd_doctor)
 
-    p = sub.add_parser("clean", help="remove cumatrix's cache (and, with --images, its images)",
-                       description="Remove what cumatrix made: the cache directory and the temporary directories of "
-                                   "runs that are gone (default); with --images, runtime and base images and their "
-                                   "untagged build stages (found by their labels), never one a container uses, listed "
-                                   "first and removed after a yes (--yes, or an answer on a terminal; without either, "
-                                   "exit 2). --images --cache: both.",
-                       epilog=EPILOGS["clean"], formatter_class=raw)
+    p = _command(sub, "clean", "remove cumatrix's cache (and, with --images, its images)")
     p.add_argument("--images", action="store_true", help="images labelled cumatrix that no container uses")
     p.add_argument("--cache", action="store_true", help="the cache (wheels, unpacked runtimes, builds); the default")
     p.add_argument("-y", "--yes", action="store_true", help="remove the listed images without asking")
     p.add_argument("--dry-run", action="store_true", help="list what would go; remove nothing")
     p.set_defaults(func=cmd_clean)
 
-    p = sub.add_parser("build", help="compile a reference variant against a runtime wheel's headers",
-                       description="Compile a reference variant; prints the library path as the last line "
-                                   "(exit 0) or the compiler's message (exit 1: build-error).",
-                       epilog=EPILOGS["build"], formatter_class=raw)
+    p = _command(sub, "build", "compile a reference variant against a runtime wheel's headers")
     p.add_argument("variant", help="proc-address, direct-link, runtime-dispatch, driver-dispatch, header-dispatch, loop")
     p.add_argument("--headers", default="13.0", metavar="X.Y", help="headers of the runtime wheel of CUDA X.Y (default 13.0)")
     p.add_argument("--family", choices=("driver", "runtime"), help="for loop: which API family (default runtime)")
@@ -516,11 +529,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("cumatrix: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader went away (`cumatrix repro --list | head`): nothing more to say to it, and
+        # Python's own flush at exit must not print a traceback either.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
 
 
 #: Commands that print what records, host directories and the history hold: their output
 #: passes through the terminal sink (escape sequences removed, controls shown as \xNN).
 STORED_DATA_COMMANDS = frozenset({"diff", "history", "merge", "report", "repro", "submit", "untested"})
+
+
+#: Exit status when standard output's reader went away, as a shell reports a death by SIGPIPE.
+EXIT_BROKEN_PIPE = 141
+
+#: Set to 1 to see the traceback of an error cumatrix did not foresee (for a bug report).
+TRACEBACK_ENV = "CUMATRIX_TRACEBACK"
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -532,3 +557,21 @@ def _run(args: argparse.Namespace) -> int:
     except CumatrixError as e:
         print(f"cumatrix: {e}", file=sys.stderr)
         return e.exit_code
+    except (KeyboardInterrupt, BrokenPipeError):
+        raise
+    except OSError as e:
+        # A path this host gives that cannot be read or written (a file where a directory
+        # belongs, no permission, a full disk) is the environment's problem: exit 3, one line.
+        # Never 1, which says the code under test failed.
+        if os.environ.get(TRACEBACK_ENV) == "1":
+            raise
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"cumatrix: {args.command}: {where}{e.strerror or e}", file=sys.stderr)
+        return EnvironmentProblem.exit_code
+    except Exception as e:  # the last edge: a failure of cumatrix, never the code under test's
+        if os.environ.get(TRACEBACK_ENV) == "1":
+            raise
+        print(f"cumatrix: {args.command}: internal error, not a finding about the code under test: "
+              f"{type(e).__name__}: {e} (exit {HarnessError.exit_code}; {TRACEBACK_ENV}=1 shows where)",
+              file=sys.stderr)
+        return HarnessError.exit_code

@@ -123,10 +123,10 @@ def fetch(m: Matrix | None, dest: Path, *, python_version: str | None = None,
 def cmd_fetch(args: argparse.Namespace) -> int:
     m: Matrix | None = None
     if args.matrix or not (args.gate or args.harness):
-        path = Path(args.matrix or "matrix.yaml")
-        if not path.is_file():
-            raise UsageError(f"{path}: no such matrix file (name one, or pass --gate or --harness alone)")
-        m = _matrix.load(path)
+        # deferred: the run command's module, for the matrix every command takes when none is named
+        from cumatrix.front.run_cmd import matrix_arg
+
+        m = _matrix.load(matrix_arg(args.matrix))
     if args.python_version and not re.fullmatch(r"3\.\d{1,2}", args.python_version):
         raise UsageError(f"--python-version {args.python_version}: want 3.X, e.g. 3.12")
     dest = Path(args.dest)
@@ -144,7 +144,8 @@ def add_fetch_parser(sub: Any) -> None:
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Download the runtime wheels, environment runtimes' wheels and header wheels "
                                    "that MATRIX needs into --dest, for the target Python and platform.")
-    p.add_argument("matrix", nargs="?", help="matrix file (default: matrix.yaml)")
+    p.add_argument("matrix", nargs="?", help="matrix file (default: ./matrix.yaml, else the default matrix bundled "
+                   "with cumatrix, as run; none with --gate or --harness alone)")
     p.add_argument("--dest", required=True, metavar="DIR", help="put the wheels here (created if missing)")
     p.add_argument("--python-version", metavar="3.X",
                    help="the target host's Python (default: this one) for environment runtimes' wheels")

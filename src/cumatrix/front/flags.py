@@ -95,3 +95,26 @@ def add_cover_pytest_options(group: Any) -> None:
                     help="spread the matrix over K nights, each a covering plan, together every cell")
     group.addoption("--cumatrix-night", type=int, default=None, metavar="I",
                     help="--cumatrix-rotate: the night to run (modulo K)")
+#: The largest count a command-line option takes: more than any run, history or window holds,
+#: and within what SQLite's integers and Python's indices take.
+MAX_COUNT = 10**9
+
+
+def count_arg(text: str) -> int:
+    """An argparse ``type`` for a count (``--limit``, ``--keep``, ``-n``): a whole number from 1
+    to :data:`MAX_COUNT` (a number past it is bad input, exit 2, never a crash further on)."""
+    s = text.strip()
+    if not (s.isascii() and s.isdigit() and len(s) <= 10) or not 1 <= int(s) <= MAX_COUNT:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: want a whole number, at least 1 and at most {MAX_COUNT:,}")
+    return int(s)
+
+
+def days_arg(text: str) -> float:
+    """An argparse ``type`` for a number of days: finite and not negative."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: want a number of days, e.g. 30") from None
+    if not 0 <= v <= 100_000:  # nan fails both comparisons
+        raise argparse.ArgumentTypeError(f"{text[:40]!r}: want a number of days from 0 to 100,000")
+    return v

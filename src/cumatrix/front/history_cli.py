@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cumatrix.core.errors import UsageError
+from cumatrix.front.flags import count_arg, days_arg
 from cumatrix.front.untested_cli import add_untested_parser, universe_of
 from cumatrix.results.history import (
     BUSY_TIMEOUT_S,
@@ -226,10 +227,10 @@ def add_history_parsers(sub: Any) -> None:
     p.add_argument("--history", metavar="FILE", help="the history file (default $CUMATRIX_HISTORY, else "
                                                      "$XDG_DATA_HOME/cumatrix/history.sqlite)")
     p.add_argument("--json", action="store_true", help="machine-readable")
-    p.add_argument("--limit", type=int, metavar="N", help="only the newest N runs")
+    p.add_argument("--limit", type=count_arg, metavar="N", help="only the newest N runs")
     p.add_argument("--prune", action="store_true", help="delete runs (with --keep or --older-than)")
-    p.add_argument("--keep", type=int, metavar="N", help="with --prune: keep the newest N runs of each matrix")
-    p.add_argument("--older-than", type=float, metavar="DAYS", help="with --prune: delete runs older than DAYS")
+    p.add_argument("--keep", type=count_arg, metavar="N", help="with --prune: keep the newest N runs of each matrix")
+    p.add_argument("--older-than", type=days_arg, metavar="DAYS", help="with --prune: delete runs older than DAYS")
     p.set_defaults(func=cmd_history)
 
     p = sub.add_parser("diff", help="what changed between two stored runs; flaky cells",
@@ -241,7 +242,7 @@ def add_history_parsers(sub: Any) -> None:
     p.add_argument("b", nargs="?", metavar="B", help="the later run (default: the newest)")
     p.add_argument("--history", metavar="FILE", help="the history file (default as for `cumatrix history`)")
     p.add_argument("--json", action="store_true", help="machine-readable")
-    p.add_argument("--window", type=int, default=DEFAULT_WINDOW, metavar="N",
+    p.add_argument("--window", type=count_arg, default=DEFAULT_WINDOW, metavar="N",
                    help=f"runs looked back over for noise and flaky cells (default {DEFAULT_WINDOW})")
     p.set_defaults(func=cmd_diff)
     add_untested_parser(sub)

@@ -5,7 +5,9 @@ The package's name comes from ``--name``, else ``pyproject.toml`` (``[project] n
 ``setup.cfg`` (``[metadata] name``), else ``setup.py`` (a literal ``name=`` argument); a directory
 with none of these (a C or C++ project) gets a matrix whose case loads each runtime, to be replaced
 by the project's own command.  A built wheel in ``dist/`` is gated by the workflow.  The workflow
-installs cumatrix as the README's "Install" section does, pinned to the version that wrote it.
+installs cumatrix as the README's "Install" section does: from its repository, at the commit that
+wrote it where pip recorded one.  The name, from wherever it comes, passes one check (a PEP 508
+name; for a Python project, an import name that is an identifier) before it is written anywhere.
 Existing files are never overwritten without ``--force``.
 """
 
@@ -14,6 +16,8 @@ from __future__ import annotations
 import argparse
 import ast
 import configparser
+import json
+import keyword
 import os
 import re
 import tomllib
@@ -86,9 +90,56 @@ def _from_setup_py(d: Path) -> str | None:
     return None
 
 
-#: How the README's "Install" section installs cumatrix; the workflow ``init`` writes pins it
-#: to the version that wrote it (a test holds the README and this to the same command).
-INSTALL_COMMAND = "pip install cumatrix"
+#: Where cumatrix comes from: its repository (``[project.urls] Repository`` of pyproject.toml;
+#: a test holds the two to the same address).  There is no release on the package index yet.
+REPOSITORY = "https://github.com/cumatrix/cumatrix"
+
+#: How the README's "Install" section installs cumatrix without a clone; the workflow ``init``
+#: writes installs it the same way (a test holds the README and this to the same command, and
+#: runs the workflow's step against a copy of the repository).
+INSTALL_COMMAND = f"pip install git+{REPOSITORY}"
+
+#: A project name as PEP 508 has it: what ``--name`` and every packaging file must hold.  It
+#: goes into YAML (plain scalars and comments), a Python ``import`` and the terminal, and none of
+#: these characters means anything in any of them.
+_NAME_RE = re.compile(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
+_NAME_RULE = "a project name is letters, digits, '.', '_' and '-' (starting and ending with a letter or digit)"
+
+
+def _checked_name(name: str, where: str) -> str:
+    """``name`` when it is a project name; else :class:`UsageError` (exit 2) saying where it came
+    from.  The name is shown by ``repr``: a newline or a terminal escape in it is written out."""
+    if len(name) > 200 or not _NAME_RE.fullmatch(name):
+        shown = repr(name if len(name) <= 200 else name[:200] + "...")
+        raise UsageError(f"{where}: the name {shown} is not a project name: {_NAME_RULE}; "
+                         "give one with --name NAME")
+    return name
+
+
+def _module_of(name: str, where: str) -> str:
+    """The import name of a Python project named ``name`` (``my-pkg.x`` -> ``my_pkg_x``): a
+    Python identifier, since it is written into ``import ...``; else :class:`UsageError`."""
+    module = re.sub(r"[-.]+", "_", name).lower()
+    if not module.isidentifier() or keyword.iskeyword(module):
+        raise UsageError(f"{where}: the project {name!r} would be imported as {module!r}, which is not a Python "
+                         "identifier; give the name it is imported by with --name NAME")
+    return module
+
+
+def _pinned_source() -> str:
+    """The pip requirement of the cumatrix that runs: its repository, at the commit it was
+    installed from where pip recorded one (PEP 610's ``direct_url.json`` of a ``git+`` install)."""
+    from importlib import metadata  # deferred: only init writes a workflow
+
+    try:
+        raw = metadata.distribution("cumatrix").read_text("direct_url.json")
+        info = json.loads(raw) if raw else {}
+    except (metadata.PackageNotFoundError, OSError, ValueError):
+        info = {}
+    commit = info.get("vcs_info", {}).get("commit_id") if isinstance(info, dict) else None
+    if isinstance(commit, str) and re.fullmatch(r"[0-9a-f]{40}", commit):
+        return f"git+{REPOSITORY}@{commit}"
+    return f"git+{REPOSITORY}"
 
 
 def find_project(d: Path, *, name: str | None = None) -> Project:
@@ -104,17 +155,20 @@ def find_project(d: Path, *, name: str | None = None) -> Project:
             break
     python = found is not None or any((d / f).is_file() for f in ("pyproject.toml", "setup.cfg", "setup.py"))
     if name is not None:
-        if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?", name):
-            raise UsageError(f"--name {name!r}: a project name is letters, digits, '.', '_' and '-' "
-                             "(starting and ending with a letter or digit)")
+        if not _NAME_RE.fullmatch(name):
+            raise UsageError(f"--name {name!r}: {_NAME_RULE}")
         found = (name, "--name")
-    elif found is None:
+    elif found is not None:
+        # Text from the project's files, checked as --name is: it is written into YAML, an import and the terminal.
+        _checked_name(found[0], str(d / found[1]))
+    else:
         base = re.sub(r"[^A-Za-z0-9._-]+", "-", d.resolve().name).strip("-._")
         if not base:
             raise UsageError(f"{d}: no project name found (no pyproject.toml, setup.cfg or setup.py, and the "
                              "directory's name is not one); name it with --name NAME")
         found = (base, "the directory's name")
-    module = re.sub(r"[-.]+", "_", found[0]).lower()
+    where = found[1] if found[1] in ("--name", "the directory's name") else str(d / found[1])
+    module = _module_of(found[0], where) if python else re.sub(r"[-.]+", "_", found[0]).lower()
     return Project(name=found[0], module=module, found_in=found[1], wheels=wheels, python=python)
 
 
@@ -152,9 +206,13 @@ def matrix_text(project: Project) -> str:
 
 def workflow_text(project: Project) -> str:
     """A nightly workflow: install, doctor, run the matrix on a GPU runner, gate the wheel."""
-    # The README's command, pinned: a nightly that follows whatever is newest on the index would
-    # change its judge under the project's feet.
-    install = INSTALL_COMMAND.replace("cumatrix", f'"cumatrix=={__version__}"')
+    # The README's command: cumatrix from its repository (it is not on the package index), at the
+    # commit that wrote this file where pip recorded one: a nightly that follows whatever is newest
+    # would change its judge under the project's feet.
+    source = _pinned_source()
+    install = INSTALL_COMMAND.replace(f"git+{REPOSITORY}", f'"{source}"')
+    pin = "" if "@" in source else (
+        "      # cumatrix from its repository's default branch: append @TAG or @COMMIT to the URL to pin it\n")
     project_step = "" if not project.python else f"""\
       - name: install {project.name}
         run: python -m pip install .
@@ -169,7 +227,7 @@ def workflow_text(project: Project) -> str:
           cumatrix gate dist/*.whl --out gate-out
 """
     return f"""\
-# Nightly CUDA compatibility of {project.name} (written by `cumatrix init`).
+# Nightly CUDA compatibility of {project.name} (written by `cumatrix init` of cumatrix {__version__}).
 # The run job needs a self-hosted Linux runner with an NVIDIA GPU: add your GPU runners' own
 # label to `runs-on`. Without a GPU every GPU cell is skipped, and `--require-gpu` fails them
 # (`cumatrix run` alone would exit 5, nothing tested) instead of passing.
@@ -189,7 +247,7 @@ jobs:
     timeout-minutes: 120
     steps:
       - uses: actions/checkout@11bd71901bbe5b1630ceea73d27597364c9af683  # v4.2.2
-      - name: install cumatrix
+{pin}      - name: install cumatrix
         run: |
           python3 -m venv .venv
           .venv/bin/python -m {install}
@@ -216,6 +274,8 @@ jobs:
 def cmd_init(args: argparse.Namespace) -> int:
     """Write the two files; exit 2 (writing neither) when one exists and --force is not given."""
     d = Path(args.dir)
+    if not d.is_dir():
+        raise UsageError(f"--dir {args.dir}: {'not a directory' if d.exists() else 'no such directory'}")
     project = find_project(d, name=args.name)
     targets = {d / MATRIX_FILE: matrix_text(project), d / WORKFLOW_FILE: workflow_text(project)}
     # lexists: a link counts as there even when it leads nowhere (a dangling link was written

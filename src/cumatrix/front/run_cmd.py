@@ -33,7 +33,7 @@ from cumatrix.core.options import (
     RunOptions,
     SandboxPolicy,
 )
-from cumatrix.front.flags import add_cli_options, add_cover_options
+from cumatrix.front.flags import add_cli_options, add_cover_options, count_arg
 from cumatrix.front.history_cli import add_history_options, check_history, record
 from cumatrix.load import gcpause, workdir
 from cumatrix.load import matrix as _matrix
@@ -142,6 +142,11 @@ def _checked(args: argparse.Namespace, mpath: Path) -> Any:
         _matrix.check_name(args.submission, "--submission")
     if args.keyword:
         KeywordExpression.compile(args.keyword)  # a malformed -k is bad input (exit 2) before anything runs
+    if args.numprocesses not in (None, "auto", "0"):
+        try:  # -n 10**20 is bad input, not a crash in xdist
+            args.numprocesses = str(count_arg(args.numprocesses))
+        except argparse.ArgumentTypeError as e:
+            raise UsageError(f"-n {e} (or auto)") from None
     RunOptions.from_cli(args)  # --cover, --rotate, --night: bad input (exit 2) before anything runs
     if args.last_failed and args.failed_first:
         raise UsageError("--lf and --ff exclude each other: --lf runs only the cells that failed last time, "
@@ -257,6 +262,10 @@ def _preflight(opts: RunOptions, m: Any, mpath: Path, *, quiet: bool) -> None:
     from cumatrix.results.store import Store
 
     cache_root()  # this user's alone, or exit 3 before anything from it runs
+    # deferred: the record key's module, with the results store below
+    from cumatrix.results.recordkey import record_key
+
+    record_key()  # every record is sealed with it: a state directory that cannot hold it is exit 3 here
     if opts.backend == "local":
         _require_sandbox(opts.for_matrix(m.sandbox))
     with Store.open(opts.out or Path(DEFAULT_OUT), fresh=False):
@@ -270,12 +279,12 @@ def _preflight(opts: RunOptions, m: Any, mpath: Path, *, quiet: bool) -> None:
         with DockerBackend(opts.base_image) as be:  # the daemon must answer before any cell runs
             if be.base_image_problem() is not None:
                 raise EnvironmentProblem(str(be.base_image_problem()))
-        return
     # deferred: the orchestrator costs ~215 ms and ~190 modules, which --help and validate do without
     from cumatrix.orchestrate import Orchestrator
 
+    # Both backends say the same first lines: what will not be tested here, then each runtime.
     policy = opts.for_matrix(m.sandbox)
-    with Orchestrator(matrix=m, wheel_dir=opts.wheel_dir, policy=policy) as orch:
+    with Orchestrator(matrix=m, backend=opts.backend, wheel_dir=opts.wheel_dir, policy=policy) as orch:
         _say_untested(m, orch, require_gpu=opts.require_gpu, selection=opts.selection)
         _preflight_local(m, mpath, orch, quiet=quiet)
 
@@ -310,7 +319,19 @@ def _say_untested(m: Any, orch: Any, *, require_gpu: bool, selection: Any = None
         from cumatrix.front.cover import choose
 
         every = choose(m, every, selection)
-    gpu = sum(1 for c in every if expect(c, orch.host(), runtime_version=None).rule == "no-driver")
+    gpu = 0
+    for c in every:
+        # What the run will do with the cell, decided as the run decides it: a cell stopped before
+        # its child for another reason (no gcc, an image runtime under --backend local) is counted
+        # there, not here; the rest need a driver where the run's own decision (an emulated
+        # driver, a swap) or the prediction (a probe) says so.  The headline counts the same cells.
+        early = orch.provisioner.stopped_before_child(c)
+        predicted = expect(c, orch.host(), runtime_version=None)
+        if early is not None:
+            # A variant predicted not to compile is built first and is a build-error on any host.
+            gpu += early.why == "no-driver" and set(predicted.outcomes) != {"build-error"}
+        elif predicted.rule == "no-driver":
+            gpu += 1
     if gpu:
         what = "each is an error (--require-gpu)" if require_gpu else "run on a GPU host to test them"
         print(f"cumatrix: no CUDA driver on this host: {gpu} of {len(every)} cells need a GPU and will be "

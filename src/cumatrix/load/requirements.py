@@ -26,6 +26,10 @@ KNOWN_WHEELS: dict[str, str] = {
 }
 
 
+#: The longest part of a pinned version cumatrix reads (NVIDIA's are 1 to 3 digits; a date, 8).
+MAX_VERSION_DIGITS = 12
+
+
 @cache
 def cuda_releases() -> tuple[str, ...]:
     """The CUDA releases cumatrix knows, oldest first: those of NVIDIA's driver table
@@ -54,7 +58,14 @@ def parse_requirement(text: str) -> tuple[str, str]:
         raise ValueError(
             f"not a pinned requirement: {text!r} (want NAME==VERSION, e.g. nvidia-cuda-runtime-cu12==12.9.79)"
         )
-    return req.name, pins[0].version
+    version = pins[0].version
+    # Every part of a version is read as a number later (sorting, the headers' X.Y): a part of
+    # thousands of digits is past what Python converts, and no release has one.
+    if any(len(part) > MAX_VERSION_DIGITS for part in version.replace("-", ".").replace("+", ".").split(".")):
+        raise ValueError(f"{text[:60]!r}{'...' if len(text) > 60 else ''}: a version part longer than "
+                         f"{MAX_VERSION_DIGITS} characters is no release's (want NAME==VERSION, e.g. "
+                         "nvidia-cuda-runtime-cu12==12.9.79)")
+    return req.name, version
 
 
 def check_env_requirement(text: str) -> str:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cumatrix.core.cache import cache_dir
-from cumatrix.core.errors import HarnessError, UsageError, did_you_mean
+from cumatrix.core.errors import EnvironmentProblem, HarnessError, UsageError, did_you_mean
 from cumatrix.core.model import VARIANT_FAMILIES, CudaVersion
 from cumatrix.provision.runtimes import headers_for
 
@@ -131,7 +131,8 @@ def _compiler_identity(cc: str) -> str:
     try:
         proc = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=60, check=False)
     except OSError as e:
-        raise HarnessError(f"cannot run the C compiler {cc!r}: {e.strerror}; install gcc or pass cc=") from e
+        raise EnvironmentProblem(f"cannot run the C compiler {cc!r}: {e.strerror}; the reference variants are "
+                                 "compiled on this host: install gcc (apt-get install gcc, dnf install gcc)") from e
     first = (proc.stdout or proc.stderr).splitlines()[:1]
     return first[0] if first else cc
 

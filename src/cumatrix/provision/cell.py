@@ -154,6 +154,19 @@ class Provisioner:
         return self.job(cell)
 
     def _decided_early(self, cell: Cell) -> NotRun | None:
+        early = self.stopped_before_child(cell)
+        if early is not None and early.why == "no-driver" and cell.kind == "swap":
+            # Building needs no GPU: a variant that does not compile says so on any host.
+            spec = self.swap_spec(cell, None)
+            if isinstance(spec, NotRun) and spec.why == "build-failed":
+                return spec
+        return early
+
+    def stopped_before_child(self, cell: Cell) -> NotRun | None:
+        """What stops ``cell`` before a child of it runs, decided from the host and the matrix
+        alone (nothing is built): the run's first line counts the cells it will skip with this,
+        and :meth:`prepare` decides them with it (a swap variant that does not compile is then a
+        build-error rather than a skip, on any host)."""
         rt = self.settings.matrix.runtime(cell.runtime) if cell.runtime != NO_RUNTIME else None
         if rt is not None and rt.image and self.settings.backend != "docker":
             return NotRun(why="needs-docker", detail=f"runtime {rt.name} is the image {rt.image}; run with --backend docker")
@@ -173,10 +186,6 @@ class Provisioner:
             return NotRun(why="no-compiler", detail="the reference variants are compiled with gcc at run time and "
                           "there is no gcc on PATH: install gcc (apt-get install gcc)")
         if self.host_driver is None:
-            # Building needs no GPU: a variant that does not compile says so on any host.
-            spec = self.swap_spec(cell, None)
-            if isinstance(spec, NotRun) and spec.why == "build-failed":
-                return spec
             return NotRun(why="no-driver", detail="no NVIDIA driver on this host")
         return None
 

@@ -16,6 +16,7 @@ from cumatrix.results.records import Counts, RunData
 #: What a skip reason means for the reader of a headline: what was not tested, and why.
 SKIP_MEANINGS: dict[str, str] = {
     "skipped:no-cuda-driver": "no CUDA driver, the GPU cells were not tested",
+    "skipped:no-compiler": "no gcc, the reference variants were not built",
     "cannot-emulate": "the real driver cannot stand in for the emulated one there",
     "skipped:runtime-not-used": "the program succeeded without using the cell's runtime",
     "skipped:no-nvrtc": "no NVRTC to build the copy kernel",
@@ -30,18 +31,15 @@ def _cells(n: int) -> str:
 
 
 def largest_skip(c: Counts) -> str:
-    """``282 skipped:no-cuda-driver: no CUDA driver ...; 18 for 1 other reason``: the largest
-    reason for skips (with what it means), and how many cells were skipped for others."""
-    reasons = c.all_skip_reasons
-    if not reasons:
-        return ""
-    word, n = reasons[0]
-    meaning = SKIP_MEANINGS.get(word)
-    text = f"{n} {word}" + (f": {meaning}" if meaning else "")
-    others = sum(k for _, k in reasons[1:])
-    if others:
-        text += f"; {others} for {len(reasons) - 1} other reason{'s' if len(reasons) > 2 else ''}"
-    return text
+    """``282 skipped:no-cuda-driver: no CUDA driver ...; 18 cannot-emulate: ...``: every reason
+    for skips, the largest first, each with its count and what it means.  None is folded into
+    "other reasons": a reader who sees 30 cells skipped must see why (without gcc, the GPU cells
+    beside the uncompiled ones)."""
+    parts = []
+    for word, n in c.all_skip_reasons:
+        meaning = SKIP_MEANINGS.get(word)
+        parts.append(f"{n} {word}" + (f": {meaning}" if meaning else ""))
+    return "; ".join(parts)
 
 
 def not_run_by_host(run: RunData) -> str:

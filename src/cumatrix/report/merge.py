@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
 from cumatrix.core.errors import ConfigError, CumatrixError
 from cumatrix.core.planned import PlannedCells
+from cumatrix.results import recordkey
 from cumatrix.results.records import CellResult, RunData, RunInfo, load_records
 
 
@@ -88,7 +91,88 @@ def _load(d: Path, host: str | None) -> tuple[Path, RunData, str]:
     if not jsonl.is_file():
         raise ConfigError(f"{d}: no results.jsonl here (is it a cumatrix --out directory?)")
     run = load_records(jsonl)
-    return jsonl, run, host or run.header.host or d.resolve().name
+    _check_names(jsonl, run)
+    name = host or run.header.host or d.resolve().name
+    _check_name(jsonl, "its host's name (the directory's)", name)
+    unverified = _verify_seals(jsonl, name)
+    if unverified:
+        run = replace(run, warnings=(*run.warnings, unverified))
+    return jsonl, run, name
+
+
+def _verify_seals(jsonl: Path, host: str) -> str | None:
+    """Verify every cell record of ``jsonl`` sealed with a key this user holds (its ``key_id``):
+    one whose seal does not match is refused (:class:`ConfigError`, its line named).  Records
+    sealed with another key (another machine's, another user's) or with none cannot be verified
+    here: the warning returned says so, naming the host and the keys, for every report to show."""
+    mine = recordkey.key_id()
+    others: dict[str, int] = {}
+    with jsonl.open("rb") as f:
+        for n, raw in enumerate(f, 1):
+            line = raw.rstrip(b"\n")
+            try:
+                rec = json.loads(line)
+            except ValueError:  # a line the loader read past (a run killed mid-write): nothing to verify
+                continue
+            if not isinstance(rec, dict) or rec.get("type") != "cell":
+                continue
+            kid = rec.get(recordkey.KEY_ID_FIELD)
+            if kid == mine:
+                problem = recordkey.line_problem(line, rec)
+                if problem is not None:
+                    cid = rec.get("id")
+                    raise ConfigError(f"{jsonl}:{n}: the record of cell {cid!r} names this user's key, but {problem}: "
+                                      "refused; run the host's cells again")
+                continue
+            shown = kid if isinstance(kid, str) and recordkey.KEY_ID_RE.fullmatch(kid) else (
+                "none" if kid is None else "an unreadable key id")
+            others[shown] = others.get(shown, 0) + 1
+    if not others:
+        return None
+    n = sum(others.values())
+    keys = ", ".join(f"{k} ({v})" for k, v in sorted(others.items()))
+    return (f"host {host}: {n} record{'s' if n != 1 else ''} not verifiable here (sealed with key {keys}; this "
+            f"user's key is {mine}): taken as the host wrote them")
+
+
+#: A control character (C0, DEL, C1: a newline, a carriage return, a terminal escape) in a name.
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _check_name(jsonl: Path, what: str, value: object) -> None:
+    """A name from another host's results (a cell id, a host, a run id, an outcome word) goes
+    into a Markdown table, a terminal line and an HTML page as one line: one that holds a
+    newline or a control character is refused, named with the record that holds it."""
+    if isinstance(value, str) and _CONTROL_RE.search(value):
+        shown = repr(value if len(value) <= 100 else value[:100] + "...")
+        raise ConfigError(f"{jsonl}: {what} {shown} holds a newline or a control character: refused (names in "
+                          "results are one line of text; was the file written by cumatrix?)")
+
+
+def _check_names(jsonl: Path, run: RunData) -> None:
+    """Every name :func:`_check_name` guards, in the run headers and the cell records of ``jsonl``."""
+    for info in run.runs:
+        what = f"the run header of run {info.run_id!r}:"
+        for field, value in (("run_id", info.run_id), ("host", info.host), ("matrix", info.matrix),
+                             ("submission", info.submission), ("backend", info.backend), ("sandbox", info.sandbox),
+                             ("started", info.started), ("harness_version", info.harness_version)):
+            _check_name(jsonl, f"{what} {field}", value)
+        for cid in info.cells:
+            _check_name(jsonl, f"{what} the cell id", cid)
+        for planned_host, ids in (info.plan.hosts if info.plan is not None else ()):
+            _check_name(jsonl, f"{what} the planned host", planned_host)
+            for cid in ids:
+                _check_name(jsonl, f"{what} the planned cell id", cid)
+    for cell in run.cells:
+        what = f"the record of cell {cell.id!r}:"
+        _check_name(jsonl, "the record of a cell: its id", cell.id)
+        _check_name(jsonl, f"{what} host", cell.host)
+        _check_name(jsonl, f"{what} observed outcome", cell.observed.outcome)
+        for k, v in cell.axes.items():
+            _check_name(jsonl, f"{what} axis", k)
+            _check_name(jsonl, f"{what} axis {k}", v)
+        for word in cell.expected.outcomes:
+            _check_name(jsonl, f"{what} expected outcome", word)
 
 
 def _check_same_matrix(loaded: list[tuple[Path, RunData, str]]) -> None:

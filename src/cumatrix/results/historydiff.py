@@ -31,6 +31,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from cumatrix.core.sinks import one_line
 from cumatrix.results.history import (
     NOT_RUN,
     STATUS_CODES,
@@ -342,7 +343,7 @@ def to_text(d: Diff) -> str:
     """``cumatrix diff`` as a person reads it."""
     a, b = d.a, d.b
     lines = [(f"run #{b.id} ({b.run_uid}, {b.started or b.recorded}) against #{a.id} ({a.run_uid}, "
-              f"{a.started or a.recorded}), matrix {b.matrix}")]
+              f"{a.started or a.recorded}), matrix {one_line(b.matrix)}")]
     if a.digest != b.digest:
         lines.append(f"note: the runs are of different matrices (sha256 {a.digest[:12]} and {b.digest[:12]})")
     titles = {"new_failures": "new failures", "fixed": "fixed", "changed": "changed outcomes",
@@ -351,19 +352,20 @@ def to_text(d: Diff) -> str:
         changes = getattr(d, name)
         if changes:
             lines.append(f"{titles[name]} ({len(changes)}):")
-            lines += [f"  {c.cell}: {_label(c.before)} -> {_label(c.after)}" for c in changes]
+            lines += [f"  {one_line(str(c.cell))}: {one_line(_label(c.before))} -> {one_line(_label(c.after))}"
+                      for c in changes]
     if d.speed:
         lines.append(f"speed beyond noise ({len(d.speed)}; noise from up to {d.window} runs):")
         for s in d.speed:
-            lines.append(f"  {s.cell}: {s.metric} {s.after:.4g} (median {s.median:.4g} +- {s.noise:.2g}, "
-                         f"{s.after / s.median - 1:+.1%})" if s.median else f"  {s.cell}: {s.metric} {s.after:.4g}")
+            lines.append(f"  {one_line(str(s.cell))}: {s.metric} {s.after:.4g} (median {s.median:.4g} +- {s.noise:.2g}, "
+                         f"{s.after / s.median - 1:+.1%})" if s.median else f"  {one_line(str(s.cell))}: {s.metric} {s.after:.4g}")
     if d.flaky:
         lines.append(f"flaky ({len(d.flaky)}; outcome flipped {FLAKY_FLIPS}+ times in the last {d.window} runs):")
-        lines += [f"  {f.cell}: {f.flips} flips ({' '.join(f.outcomes)})" for f in d.flaky]
+        lines += [f"  {one_line(str(f.cell))}: {f.flips} flips ({one_line(' '.join(f.outcomes))})" for f in d.flaky]
     if d.newly_untested:
         lines.append(f"newly untested ({len(d.newly_untested)}; tested in no run of the last {d.window} up to "
                      f"#{b.id}, on any host):")
-        lines += [f"  {c}" for c in d.newly_untested]
+        lines += [f"  {one_line(str(c))}" for c in d.newly_untested]
     if d.empty:
         lines.append("no change")
     return "\n".join(lines) + "\n"

@@ -13,12 +13,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 import stat
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from cumatrix.core.errors import CumatrixError
+from cumatrix.core.errors import CumatrixError, EnvironmentProblem
 from cumatrix.results.digests import dumps
 
 FIELD = "mac"
@@ -27,6 +28,10 @@ KEY_BYTES = 32
 
 class KeyProblem(CumatrixError):
     """The signing key exists but is not this user's private file (exit 2)."""
+
+
+class KeyUnavailable(EnvironmentProblem):
+    """This host gives no place for the signing key (exit 3): found before any cell runs."""
 
 
 def key_path() -> Path:
@@ -44,11 +49,17 @@ def record_key() -> bytes:
     hit = _KEYS.get(str(path))
     if hit is not None:
         return hit
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     except FileExistsError:
+        if not path.parent.is_dir():
+            raise KeyUnavailable(f"{path.parent}: cannot hold the record signing key: a part of it is a file, "
+                                 "not a directory (XDG_STATE_HOME, else ~/.local/state)") from None
         key = _read_private(path)
+    except OSError as e:
+        raise KeyUnavailable(f"{path}: cannot make the record signing key: {e.strerror or e} (XDG_STATE_HOME, "
+                             "else ~/.local/state, must be a writable directory)") from None
     else:
         key = os.urandom(KEY_BYTES)
         try:
@@ -82,9 +93,24 @@ def _body(record: Mapping[str, Any]) -> bytes:
     return dumps({k: v for k, v in record.items() if k != FIELD}).encode()
 
 
+#: The member naming the key a record was sealed with (:func:`key_id`), inside what the seal covers.
+KEY_ID_FIELD = "key_id"
+#: How a key id reads: 16 hex digits.
+KEY_ID_RE = re.compile(r"[0-9a-f]{16}")
+
+
+def key_id(key: bytes | None = None) -> str:
+    """The public name of a signing key (this user's by default): 16 hex digits of a hash that
+    says which key sealed a record without telling anything of the key.  ``cumatrix merge``
+    verifies the records sealed with a key it holds, and names the hosts whose records it cannot."""
+    return hashlib.sha256(b"cumatrix record key id\0" + (record_key() if key is None else key)).hexdigest()[:16]
+
+
 def sign(record: Mapping[str, Any]) -> dict[str, Any]:
-    """``record`` with its signature (HMAC-SHA256 of its canonical JSON, without the signature)."""
-    return {**record, FIELD: hmac.new(record_key(), _body(record), hashlib.sha256).hexdigest()}
+    """``record`` with the id of the key that seals it and its signature (HMAC-SHA256 of its
+    canonical JSON, the key id included, without the signature)."""
+    body = {**record, KEY_ID_FIELD: key_id()}
+    return {**body, FIELD: hmac.new(record_key(), _body(body), hashlib.sha256).hexdigest()}
 
 
 def signed(record: Mapping[str, Any]) -> bool:

@@ -38,7 +38,7 @@ from cumatrix.core.model import CudaVersion
 from cumatrix.core.options import RunOptions
 from cumatrix.core.private import write_new
 from cumatrix.execute import spawn
-from cumatrix.front.gate.args import add_gate_parser
+from cumatrix.front.gate.args import DEFAULT_OUT, add_gate_parser
 from cumatrix.front.gate.dynamic import (
     SITES_DIR,
     direct_references,
@@ -51,6 +51,7 @@ from cumatrix.front.history_cli import check_history
 from cumatrix.load import matrix as _matrix
 from cumatrix.provision import runtimes
 from cumatrix.report.jsonout import dumps
+from cumatrix.results.store import prepare_out
 
 #: What the gate's callers and tests use of the dynamic stage, named here as before.
 __all__ = ["SITES_DIR", "add_gate_parser", "direct_references", "gate_main", "run_dynamic_stage",
@@ -158,6 +159,10 @@ def _gate(args: argparse.Namespace) -> int:
         _check_wheel(w)
     if not args.static_only:
         _check_dynamic_inputs(args)  # bad input is exit 2 before any work
+    if args.out is not None or not args.static_only:
+        # A file where --out belongs is this host's problem (exit 3, as `run` says it), found
+        # before any work: exit 1 is the wheel's verdict, never a harness's crash.
+        prepare_out(Path(args.out if args.out is not None else DEFAULT_OUT))
     runtime_majors: tuple[int, ...] | None = args.runtimes
     min_driver: CudaVersion = args.min_driver or _default_min_driver(runtime_majors)
     data = load_audit_data(wheel_dir=args.wheel_dir)

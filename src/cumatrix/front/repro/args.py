@@ -24,7 +24,8 @@ def add_repro_parser(sub: Any) -> argparse.ArgumentParser:
                "cannot run the entry (the report is a skeleton with the command to run on a host that can)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("cell_id", nargs="?", metavar="CELL_ID", help="a cell id of the matrix")
-    p.add_argument("--matrix", default=DEFAULT_MATRIX, metavar="M", help=f"matrix file (default: {DEFAULT_MATRIX})")
+    p.add_argument("--matrix", metavar="M",
+                   help=f"matrix file (default: ./{DEFAULT_MATRIX}, else the default matrix bundled with cumatrix, as run)")
     p.add_argument("--bug", metavar="ID", help="run a catalog entry (see --list)")
     p.add_argument("--list", action="store_true", help="print the catalog of known bugs")
     p.add_argument("--all", action="store_true", help="run every catalog entry, one report each")

@@ -14,6 +14,7 @@ import argparse
 import os
 import re
 import shlex
+import shutil
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,7 +25,7 @@ from cumatrix.audit.static import load_audit_data
 from cumatrix.binary.elf import elf_undefined_symbols
 from cumatrix.child.swapcell import MAPS_ENV
 from cumatrix.core.cache import cache_location
-from cumatrix.core.errors import UsageError, did_you_mean
+from cumatrix.core.errors import EnvironmentProblem, UsageError, did_you_mean
 from cumatrix.core.jobs import Job
 from cumatrix.core.model import NO_RUNTIME, Cell, CudaVersion, Kind, Matrix, is_neutral, is_ok, outcome_kind
 from cumatrix.core.options import RunOptions
@@ -33,6 +34,7 @@ from cumatrix.execute.observe import ENFORCE_ENV, LOG_ENV
 from cumatrix.front.repro.args import add_repro_parser
 from cumatrix.front.repro.native import GDB_TIMEOUT_EXTRA, NativeTrace, find_debugger, gdb_backtrace, parse_maps
 from cumatrix.front.repro.report import CellRun, _env_table, _fence, bug_report, cell_report
+from cumatrix.front.run_cmd import matrix_arg
 from cumatrix.judge.reproduce import BugVerdict, judge_bug, judge_build_only, judge_static
 from cumatrix.load import matrix as _matrix
 from cumatrix.load.catalog import Bug, Catalog, load_catalog
@@ -175,10 +177,24 @@ def _report_name(ident: str) -> str:
     return re.sub(r"[^A-Za-z0-9._+-]+", "--", ident) + ".md"
 
 
+def _check_out(out: Path) -> None:
+    """``--out`` can be made a directory here: the nearest part of it that exists is one
+    (:class:`EnvironmentProblem`, exit 3, when it is a file).  Nothing is created: a cell with
+    nothing to reproduce writes nothing."""
+    for p in (out, *out.parents):
+        if p.exists() or p.is_symlink():
+            if not p.is_dir():
+                raise EnvironmentProblem(f"--out {out}: {p} is a file, not a directory; choose another --out")
+            return
+
+
 def _write(out: Path, name: str, text: str) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    p = out / name
-    write_new(p, text, replace=True)  # a new file renamed into place: never through a planted link
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        p = out / name
+        write_new(p, text, replace=True)  # a new file renamed into place: never through a planted link
+    except OSError as e:
+        raise EnvironmentProblem(f"--out {out}: cannot write the report: {e.strerror or e}") from None
     return p
 
 
@@ -200,9 +216,7 @@ def _runner(args: argparse.Namespace, m: Matrix) -> Orchestrator:
 
 def repro_cell(args: argparse.Namespace) -> int:
     """``cumatrix repro CELL_ID``."""
-    mpath = Path(args.matrix)
-    if not mpath.is_file():
-        raise UsageError(f"{mpath}: no such matrix file (name one with --matrix)")
+    mpath = matrix_arg(args.matrix)  # the matrix `run` takes: a cell id of its run is found here
     m = _matrix.load(mpath)
     cell = find_cell(m, args.cell_id)
     runner = _runner(args, m)
@@ -286,6 +300,10 @@ def repro_bug(args: argparse.Namespace, bug: Bug) -> int:
     m = bug.matrix()
     runner = _runner(args, m)
     host = runner.host()
+    if shutil.which("gcc") is None:
+        # Every entry's evidence starts with its variants built on this host, GPU or not.
+        return _cannot_run_here(args, runner, bug, "needs gcc to build its variants, and there is no gcc on PATH "
+                                                   "(install it: apt-get install gcc, or dnf install gcc)")
     if host.driver_version is None:
         if bug.needs.build_only_without_gpu:
             return _build_only(args, runner, bug)
@@ -365,6 +383,8 @@ def _repro(args: argparse.Namespace) -> int:
     modes = [bool(args.cell_id), bool(args.bug), args.list, args.all]
     if sum(modes) != 1:
         raise UsageError("give one of: a CELL_ID, --bug ID, --list, --all")
+    if not args.list:
+        _check_out(Path(args.out))  # a file where --out belongs: exit 3 before anything runs, not a traceback
     if args.cell_id:
         return repro_cell(args)
     catalog = load_catalog()
