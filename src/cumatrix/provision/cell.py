@@ -171,14 +171,14 @@ class Provisioner:
         if rt is not None and rt.image and self.settings.backend != "docker":
             return NotRun(why="needs-docker", detail=f"runtime {rt.name} is the image {rt.image}; run with --backend docker")
         if cell.kind == "swap":
-            swap = self._swap_decided(cell)
+            swap = self._swap_decided()
             if swap is not None:
                 return swap
         if cell.driver.startswith("emulated-"):
             return self._emulation_decided(cell)
         return None
 
-    def _swap_decided(self, cell: Cell) -> NotRun | None:
+    def _swap_decided(self) -> NotRun | None:
         """A swap cell decided before any child: no compiler for its variants, or no driver."""
         if not _has_gcc(os.environ.get("PATH", "")):
             # A platform wheel carries the observation's compiled parts, not the reference
