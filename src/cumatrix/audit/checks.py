@@ -16,7 +16,7 @@ from functools import lru_cache
 from elftools.elf.elffile import ELFFile
 
 from cumatrix.audit import runtime_evidence
-from cumatrix.audit.coverage import device_checks, module_checks
+from cumatrix.audit.coverage import file_device_checks, module_checks
 from cumatrix.audit.findings import (
     AuditData,
     AuditSettings,
@@ -35,7 +35,7 @@ from cumatrix.binary.elf import (
     name_scan,
     scan_names,
 )
-from cumatrix.binary.fatbin import DeviceCode, read_fatbin
+from cumatrix.binary.fatbin import DeviceCode, find_fatbin, read_fatbin, read_fatbin_modules
 from cumatrix.core.model import CudaVersion
 from cumatrix.predict.rules import major_newer_than_driver, rules
 
@@ -401,11 +401,17 @@ def _is_static_runtime(names: set[str], cuda: set[str], data: AuditData) -> bool
 
 
 def elf_device_code(elf: ELFFile) -> tuple[DeviceCode, ...]:
-    """The entries of ``elf``'s ``.nv_fatbin`` section (none when it has no such section)."""
-    section = elf.get_section_by_name(".nv_fatbin")
-    if section is None or section["sh_type"] == "SHT_NOBITS":
+    """The entries of ``elf``'s fat binary (none when it has none): its ``.nv_fatbin``
+    section, or without section headers the containers found by their magic
+    (:func:`cumatrix.binary.fatbin.find_fatbin`)."""
+    where = find_fatbin(elf)
+    if where is None:
         return ()
-    return read_fatbin(elf.stream, section["sh_offset"], section["sh_size"])
+    start, size, by_name = where
+    if by_name:
+        return read_fatbin(elf.stream, start, size)
+    return tuple(c for m in read_fatbin_modules(elf.stream, start, size, strict=False)
+                 for c in m.codes)
 
 
 def audit_elf(
@@ -449,6 +455,6 @@ def audit_one(name: str, elf: ELFFile, s: AuditSettings, data: AuditData,
     out += _runtime_floor_checks(f, s, data)
     out += _dispatch_checks(f, abi_changed)
     codes = elf_device_code(elf)
-    out += device_checks(name, codes, s)
+    out += file_device_checks(name, codes, s)
     out += module_checks(name, elf, s, out)
     return out, codes, _linkage(f, found, data)
