@@ -30,6 +30,7 @@ from cumatrix.binary.elf import (
     NameScan,
     elf_defined_symbols,
     elf_needed,
+    elf_search_paths,
     elf_soname,
     elf_undefined_symbols,
     name_scan,
@@ -379,7 +380,7 @@ def _gather(name: str, elf: ELFFile, data: AuditData,
         exported=frozenset(elf_defined_symbols(elf)),
         cuda_strings=frozenset(cuda), cu_strings=frozenset(cu),
         static_runtime=_is_static_runtime(names, cuda, data),
-        sonames=frozenset(sonames), search_paths=runtime_evidence.elf_search_paths(elf),
+        sonames=frozenset(sonames), search_paths=elf_search_paths(elf),
         requires=data.requires, soname=elf_soname(elf),
     )
 

@@ -32,6 +32,7 @@ from typing import IO, BinaryIO, Literal
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
+from cumatrix.binary.loader import load_segments, section_headers
 from cumatrix.binary.ptx import ptx_isa_cuda, ptx_version
 
 __all__ = [
@@ -212,7 +213,6 @@ def read_fatbin(stream: IO[bytes], start: int, size: int) -> tuple[DeviceCode, .
 
 _MAGIC_BYTES = struct.pack("<I", FATBIN_MAGIC)
 _SEGMENT_SCAN = 16 << 20  # bytes of a segment read at a time when looking for the magic
-_PT_LOAD = 1
 _PF_X = 1
 
 
@@ -222,19 +222,19 @@ def find_fatbin(elf: ELFFile) -> tuple[int, int, bool] | None:
     stripped or never written: the loader reads program headers only, and registers the
     fat binary through a pointer in the data, never through the section), the first fat
     binary container found by its magic, 8-byte aligned, in a loadable non-executable
-    segment, running to that segment's end (``by_name`` false: the run of containers ends
+    segment, running to that segment's end (so too where the sections cannot be made:
+    :func:`cumatrix.binary.loader.section_headers`) (``by_name`` false: the run of containers ends
     where none follows).  ``None`` where there is none."""
-    if elf.num_sections():
-        section = elf.get_section_by_name(".nv_fatbin")
-        if section is None or section["sh_type"] == "SHT_NOBITS":
-            return None
-        return section["sh_offset"], section["sh_size"], True
+    pairs = section_headers(elf)
+    if pairs is not None:
+        for name, h in pairs:
+            if name == ".nv_fatbin":
+                return None if h.sh_type == "SHT_NOBITS" else (h.sh_offset, h.sh_size, True)
+        return None
     stream = elf.stream
-    for seg in elf.iter_segments():
-        h = seg.header
-        if h["p_type"] != "PT_LOAD" or h["p_flags"] & _PF_X:
+    for start, size, _, flags in load_segments(elf):
+        if flags & _PF_X:
             continue
-        start, size = h["p_offset"], h["p_filesz"]
         pos = 0
         while pos < size:
             stream.seek(start + pos)
