@@ -151,7 +151,8 @@ def test_fat_binary_found_by_its_magic_without_section_headers(tmp_path: Path) -
     assert find_fatbin(with_sections) is None  # no .nv_fatbin section: nothing by name
     stripped = ELFFile(io.BytesIO(strip_section_headers(so)))
     where = find_fatbin(stripped)
-    assert where is not None and not where[2]
+    assert where is not None
+    assert not where[2]
     codes = read_fatbin(stripped.stream, where[0], 16 + len(entries))
     assert [c.name for c in codes] == ["sm_80", "compute_90"]
     with zipfile.ZipFile(write_zip(tmp_path / "d.whl", {"d/dev.so": strip_section_headers(so)})) as zf:

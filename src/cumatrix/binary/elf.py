@@ -559,6 +559,8 @@ def data_ranges(elf: ELFFile, *, string_tables: bool = False) -> list[tuple[int,
         # (a NOBITS section is no PROGBITS or STRTAB one)
         return [(h.sh_offset, h.sh_size) for name, h in pairs
                 if is_data_section(h, string_tables) and name not in DEVICE_SECTIONS]
+    # deferred: fatbin imports this module's neighbour loader; only a file without usable
+    # section headers needs it here
     from cumatrix.binary.fatbin import FatbinError, find_fatbin, read_fatbin_modules
 
     holes: list[tuple[int, int]] = []

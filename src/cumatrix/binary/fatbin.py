@@ -371,7 +371,7 @@ def entry_payload(stream: IO[bytes], payload: int, padded: int, csize: int, flag
         except zstandard.ZstdError as e:
             raise FatbinError(f"its zstd data does not inflate ({e})") from None
     else:
-        import lz4.block
+        import lz4.block  # deferred: only modules that fail a check are ever inflated
 
         # An LZ4 block (no frame), inflated into at most the declared size: a block that
         # would write more fails instead.

@@ -18,6 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Any, cast
 
+from elftools.common.exceptions import ELFError
+
 __all__ = ["LoaderError", "LoaderView", "load_segments", "loader_view", "section_headers"]
 
 PT_LOAD = 1
@@ -230,8 +232,6 @@ def section_headers(elf: Any) -> list[tuple[str, Any]] | None:
     cannot be made (a section linked to one of the wrong kind, as a retyped ``.dynsym``
     leaves ``.gnu.version``): then what the sections would tell is read from the segments,
     as the loader reads them, instead of failing the file."""
-    from elftools.common.exceptions import ELFError
-
     try:
         if not elf.num_sections():
             return None
