@@ -121,12 +121,18 @@ def sass(sm: int, kernels: Sequence[str], variant: str = "", compress: str = "",
     return Entry("sass", sm, cubin(kernels), variant, compress, corrupt)
 
 
-def library(out: Path, modules: Sequence[Sequence[Entry]]) -> Path:
+def library(out: Path, modules: Sequence[Sequence[Entry]],
+            in_data: Sequence[Sequence[Entry]] = ()) -> Path:
     """A shared object built by gcc whose ``.nv_fatbin`` section holds one container per
-    module of ``modules``, in order."""
-    blob = b"".join(container(m) for m in modules)
-    array = ",".join(str(b) for b in blob)
-    source = ('__attribute__((section(".nv_fatbin"), aligned(8), used)) '
-              f"static const unsigned char fatbin[] = {{{array}}};\n"
-              "int present(void) { return 1; }\n")
+    module of ``modules``, in order; ``in_data``: containers kept in its read-only data
+    instead, as a library that loads its own kernels keeps them (cuFFT)."""
+    source = "int present(void) { return 1; }\n"
+    for i, (section, mods) in enumerate(((".nv_fatbin", modules), (".rodata", in_data))):
+        if not mods:
+            continue
+        array = ",".join(str(b) for b in b"".join(container(m) for m in mods))
+        where = f'section("{section}"), ' if section == ".nv_fatbin" else ""
+        source += (f"__attribute__(({where}aligned(8), used)) "
+                   f"static const unsigned char blob{i}[] = {{{array}}};\n"
+                   f"const void *get{i}(void) {{ return blob{i}; }}\n")
     return shared_library(out, source)

@@ -26,8 +26,9 @@ DATA = AuditData(introductions={}, abi_changes={}, sources=())
 
 
 def _gate(tmp_path: Path, modules: list[list[Entry]], arch: str,
-          min_driver: str = "13.0") -> list[tuple[str, str, str, str]]:
-    so = library(tmp_path / "lib.so", modules)
+          min_driver: str = "13.0",
+          in_data: list[list[Entry]] | None = None) -> list[tuple[str, str, str, str]]:
+    so = library(tmp_path / "lib.so", modules, in_data or ())
     wheel = write_zip(tmp_path / "demo.whl", {"demo/lib.so": so.read_bytes(),
                                               "demo-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\n"})
     from cumatrix.binary.fatbin import parse_arch
@@ -130,3 +131,34 @@ def test_file_of_arch_specific_code_only_is_a_dispatch_target(tmp_path: Path) ->
     # A file of plain code that misses a GPU is still an error.
     plain = _gate(tmp_path, [[sass(90, ["k"])]], "8.0")
     assert ("error", "no-device-code", "sm_80") in _codes(plain)
+
+
+def test_module_that_skips_a_gpu_between_its_targets_is_a_dispatch_target(tmp_path: Path) -> None:
+    # cuBLAS 13.0's FP8 kernels: sm_89, sm_120f and compute_120 (Ada, consumer Blackwell);
+    # Hopper and 10.0 run other kernels. Before, an error at 9.0 and at 10.0.
+    found = _gate(tmp_path, [
+        [sass(75, ["g"]), sass(80, ["g"]), sass(90, ["g"]), sass(100, ["g"]), sass(120, ["g"])],
+        [sass(89, ["fp8_gemm"]), sass(120, ["fp8_gemm"], variant="f"),
+         Entry("ptx", 120, ptx(["fp8_gemm"], target="sm_120"))],
+    ], "9.0 10.0")
+    assert [c for c in _codes(found) if c[0] in ("error", "warning")] == []
+
+
+def test_file_whose_modules_hold_no_kernel_is_no_error(tmp_path: Path) -> None:
+    # cuFFT's libcufftw.so.11: one sm_52 module with no kernel; before, an error at 8.0.
+    assert [c for c in _codes(_gate(tmp_path, [[sass(52, [])]], "8.0"))
+            if c[0] in ("error", "warning")] == []
+    # The same file with a kernel in it is the error it always was.
+    assert ("error", "no-device-code", "sm_80") in _codes(_gate(tmp_path, [[sass(52, ["k"])]],
+                                                                "8.0"))
+
+
+def test_kernels_kept_in_data_are_read(tmp_path: Path) -> None:
+    """cuFFT 11.4 keeps 24,454 containers in .ldata and loads them itself; its .nv_fatbin
+    holds one sm_52 module.  Before, the gate saw only sm_52 and failed it at 8.0."""
+    general = [[sass(80, ["fft_kernel"]), sass(90, ["fft_kernel"])]]
+    ok = _gate(tmp_path, [[sass(52, ["helper_k"])]], "8.0 9.0", in_data=general)
+    assert [c for c in _codes(ok) if c[0] in ("error", "warning")] == []
+    # The kernels in the data are judged as any others: none runs on 10.0.
+    bad = _gate(tmp_path, [[sass(52, ["helper_k"])]], "10.0", in_data=general)
+    assert ("error", "no-device-code", "sm_100") in _codes(bad)

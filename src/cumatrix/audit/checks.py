@@ -16,7 +16,7 @@ from functools import lru_cache
 from elftools.elf.elffile import ELFFile
 
 from cumatrix.audit import runtime_evidence
-from cumatrix.audit.coverage import file_device_checks, module_checks
+from cumatrix.audit.coverage import embedded_modules, file_device_checks, kernel_file_checks, module_checks
 from cumatrix.audit.findings import (
     AuditData,
     AuditSettings,
@@ -36,7 +36,7 @@ from cumatrix.binary.elf import (
     name_scan,
     scan_names,
 )
-from cumatrix.binary.fatbin import DeviceCode, find_fatbin, read_fatbin, read_fatbin_modules
+from cumatrix.binary.fatbin import DeviceCode, FatbinModule, find_fatbin, read_fatbin, read_fatbin_modules
 from cumatrix.core.model import CudaVersion
 from cumatrix.predict.rules import major_newer_than_driver, rules
 
@@ -456,6 +456,15 @@ def audit_one(name: str, elf: ELFFile, s: AuditSettings, data: AuditData,
     out += _runtime_floor_checks(f, s, data)
     out += _dispatch_checks(f, abi_changed)
     codes = elf_device_code(elf)
-    out += file_device_checks(name, codes, s)
-    out += module_checks(name, elf, s, out)
+    device = file_device_checks(name, codes, s)
+    extra: tuple[FatbinModule, ...] = ()
+    if any(f.severity == "error" for f in device):
+        # A library that loads its own kernels keeps them in its data, not in .nv_fatbin.
+        extra = embedded_modules(elf)
+        if extra:
+            codes = (*codes, *(c for m in extra for c in m.codes))
+            device = file_device_checks(name, codes, s)
+        device = kernel_file_checks(name, elf, s, device, extra)
+    out += device
+    out += module_checks(name, elf, s, out, extra)
     return out, codes, _linkage(f, found, data)

@@ -11,6 +11,8 @@ counted into one finding per GPU, with one kernel of theirs named.
 
 from __future__ import annotations
 
+import contextlib
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -18,8 +20,11 @@ from elftools.elf.elffile import ELFFile
 
 from cumatrix.audit import runtime_evidence
 from cumatrix.audit.findings import AuditSettings, Finding, _arch_key
+from cumatrix.binary.elf import data_ranges
 from cumatrix.binary.fatbin import (
+    FATBIN_MAGIC,
     DeviceCode,
+    FatbinError,
     FatbinModule,
     ModuleKernels,
     covering,
@@ -101,6 +106,36 @@ def file_device_checks(name: str, codes: tuple[DeviceCode, ...], s: AuditSetting
             for f in found]
 
 
+def kernel_file_checks(name: str, elf: ELFFile, s: AuditSettings, found: list[Finding],
+                       extra: Sequence[FatbinModule] = ()) -> list[Finding]:
+    """``found`` (a whole file's device-code findings) less those no kernel stands behind:
+    where every module of the file without code for that GPU holds no kernel (cuFFT's
+    ``libcufftw.so.11``: one sm_52 module of no kernel), nothing can fail to launch; where
+    such modules cannot be read, a warning (a module not read never decides an error)."""
+    if not any(f.code in _FAILS and f.severity == "error" for f in found):
+        return found
+    modules = [m for m in (*elf_device_modules(elf), *extra) if m.codes]
+    if len(modules) > _FILE_READ:
+        return found  # a library of many modules: its kernels are there (not read for this)
+    kernels = {m.offset: module_kernels(elf.stream, m) for m in modules}
+    out: list[Finding] = []
+    for f in found:
+        if f.code not in _FAILS or f.severity != "error":
+            out.append(f)
+            continue
+        arch = int(f.subject.removeprefix("sm_"))
+        only = replace(s, arch_list=((arch, ""),))
+        lacking = [kernels[m.offset] for m in modules if device_checks(name, m.codes, only)]
+        names = sorted({n for k in lacking for n in k.names})
+        unread = [k.unread for k in lacking if k.unread is not None]
+        if names:
+            out.append(replace(f, message=f"{f.message} (e.g. kernel {names[0]})"))
+        elif unread:
+            out.append(replace(f, severity="warning", message=(
+                f"{f.message}; whether its modules hold a kernel could not be read ({unread[0]})")))
+    return out
+
+
 _FAILS = {
     "no-device-code": ("nothing that runs on compute capability {gpu} (no SASS, no PTX for it)",
                        "`no kernel image is available for execution on the device`"),
@@ -111,7 +146,8 @@ _LISTED = 5
 #: Dispatch targets no larger than this are read to leave out those without a kernel (the
 #: statically linked runtime's own module is a few KiB); larger ones are counted unread: a
 #: library's hundreds of dispatch modules cost a second to inflate and change no verdict.
-_SMALL = 64 << 10  # kernels named in a finding; the rest are counted
+_SMALL = 64 << 10
+_FILE_READ = 64  #: modules of a file read for kernels when the whole file lacks a GPU's code  # kernels named in a finding; the rest are counted
 
 
 def elf_device_modules(elf: ELFFile) -> tuple[FatbinModule, ...]:
@@ -121,6 +157,47 @@ def elf_device_modules(elf: ELFFile) -> tuple[FatbinModule, ...]:
         return ()
     start, size, by_name = where
     return read_fatbin_modules(elf.stream, start, size, strict=by_name)
+
+
+_MAGIC = struct.pack("<I", FATBIN_MAGIC)
+_SEARCH_CHUNK = 16 << 20
+
+
+def embedded_modules(elf: ELFFile) -> tuple[FatbinModule, ...]:
+    """Fat binary containers that ``elf`` keeps in its loaded data outside ``.nv_fatbin``,
+    found by their magic (8-byte aligned, a container header that parses): a library that
+    loads its own kernels at run time (``cuModuleLoadData``, ``cuLibraryLoadData``) keeps
+    them there, as cuFFT 11.4's ``libcufft.so.11`` keeps 24,454 containers in ``.ldata``
+    beside a ``.nv_fatbin`` of one sm_52 module.  Read only where the ``.nv_fatbin`` alone
+    leaves an ``--arch-list`` GPU uncovered: it costs a pass over the data."""
+    stream = elf.stream
+    out: list[FatbinModule] = []
+    for start, size in data_ranges(elf):
+        pos, end = start, start + size
+        while pos < end:
+            stream.seek(pos)
+            chunk = stream.read(min(_SEARCH_CHUNK, end - pos))
+            if not chunk:
+                break
+            # Containers are parsed from the stream; the search goes on in this chunk past them.
+            at, resume = chunk.find(_MAGIC), pos + max(len(chunk) - 3, 1)
+            while at != -1:
+                hit = pos + at
+                mods: tuple[FatbinModule, ...] = ()
+                if hit % 8 == 0:
+                    with contextlib.suppress(FatbinError):
+                        mods = read_fatbin_modules(stream, hit, end - hit, strict=False)
+                if mods:
+                    out += mods
+                    after = mods[-1].offset + mods[-1].size
+                    if after >= pos + len(chunk):
+                        resume = after
+                        break
+                    at = chunk.find(_MAGIC, after - pos)
+                else:
+                    at = chunk.find(_MAGIC, at + 1)
+            pos = resume
+    return tuple(out)
 
 
 def _family(c: DeviceCode) -> int:
@@ -134,18 +211,21 @@ def _targets(codes: Sequence[DeviceCode]) -> str:
 def dispatch_reason(codes: Sequence[DeviceCode], arch: int, newest: int | None) -> str | None:
     """Why a module with no code for SM ``arch`` is a dispatch target, a kernel set that a
     library picks at run time for other GPUs and never launches on this one; ``None`` when
-    it is general code meant for a range of GPUs this one falls in.  ``newest``: the newest
-    family that the file's general code (modules spanning several families) reaches.
+    it is general code that should have covered this GPU: code for several families, all of
+    it for older GPUs, up to the newest family that the file's general code (its modules
+    spanning several families) reaches, ``newest``.
 
     Libraries ship both: cuBLAS 12.4's libcublasLt carries 204 modules of sm_90 SASS only
     (Hopper kernels), 14 of sm_89 only, 10 of sm_50/60/61 (Maxwell and Pascal kernels), next to
-    general modules built for sm_50 to sm_90 with compute_90 PTX; it runs on every 8.0 GPU."""
+    general modules built for sm_50 to sm_90 with compute_90 PTX, and runs on every 8.0 GPU;
+    cuBLAS 13.0's carries 21 FP8 modules of sm_89, sm_120f and compute_120 (Ada and
+    consumer Blackwell), which Hopper and 10.0 never launch."""
     if all(c.variant for c in codes):
         return "all of its code is architecture- or family-specific (a/f)"
-    if all(c.arch > arch for c in codes):
-        return "all of its code is for newer GPUs"
-    if len({_family(c) for c in codes}) == 1:
+    if len({_family(c) for c in codes if not c.variant}) == 1:
         return "all of its code is for one family of GPUs"
+    if any(c.arch > arch for c in codes):
+        return "it holds code for newer GPUs, and leaves this one out"
     top = max(_family(c) for c in codes if not c.variant)
     if newest is not None and top < newest:
         return (f"its code stops at family {top}, older than the file's general code "
@@ -153,7 +233,8 @@ def dispatch_reason(codes: Sequence[DeviceCode], arch: int, newest: int | None) 
     return None
 
 
-def module_checks(name: str, elf: ELFFile, s: AuditSettings, file_findings: Sequence[Finding]) -> list[Finding]:
+def module_checks(name: str, elf: ELFFile, s: AuditSettings, file_findings: Sequence[Finding],
+                  extra: Sequence[FatbinModule] = ()) -> list[Finding]:
     """Findings for the ``--arch-list`` GPUs that some modules of file ``name`` leave uncovered
     while the file as a whole covers them (what the whole file lacks, ``file_findings`` says).
 
@@ -163,7 +244,7 @@ def module_checks(name: str, elf: ELFFile, s: AuditSettings, file_findings: Sequ
     be read (its reason given) is a warning, never an error on its own."""
     if s.arch_list is None:
         return []
-    modules = [m for m in elf_device_modules(elf) if m.codes]
+    modules = [m for m in (*elf_device_modules(elf), *extra) if m.codes]
     if len(modules) < 2:
         return []
     general = [m for m in modules if len({_family(c) for c in m.codes if not c.variant}) > 1]
