@@ -164,3 +164,25 @@ def test_kernels_kept_in_data_are_read(tmp_path: Path) -> None:
     # The kernels in the data are judged as any others: none runs on 10.0.
     bad = _gate(tmp_path, [[sass(52, ["helper_k"])]], "10.0", in_data=general)
     assert ("error", "no-device-code", "sm_100") in _codes(bad)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH (builds real fat binaries)")
+@pytest.mark.parametrize(("mode", "flag"), [("size", 0x8000), ("speed", 0x2000)])
+def test_kernels_of_fat_binaries_nvcc_compresses(tmp_path: Path, mode: str, flag: int) -> None:
+    """nvcc 13's --compress-mode: zstd (entry flag 0x8000) for size, default and balance, LZ4
+    (0x2000) for speed; either way the kernels are read from the cubin's entry symbols."""
+    import struct
+    import subprocess
+
+    (tmp_path / "k.cu").write_text("__device__ __noinline__ float h(float x) { return x * x; }\n"
+                                   "__global__ void scale_rows(float *p) { p[0] = h(p[0]); }\n"
+                                   "extern \"C\" __global__ void plain_kernel(int *p) { p[0] = 1; }\n")
+    fatbin = tmp_path / "k.fatbin"
+    subprocess.run(["nvcc", "-fatbin", f"--compress-mode={mode}", "-Xfatbin", "-compress-all",
+                    "-gencode", "arch=compute_80,code=sm_80", "k.cu", "-o", str(fatbin)],
+                   cwd=tmp_path, check=True, capture_output=True)
+    data = fatbin.read_bytes()
+    (module,) = read_fatbin_modules(io.BytesIO(data), 0, len(data))
+    flags = struct.unpack_from("<Q", data, 16 + 40)[0]  # the first entry header's flags
+    assert flags & flag
+    assert module_kernels(io.BytesIO(data), module).names == ("_Z10scale_rowsPf", "plain_kernel")
