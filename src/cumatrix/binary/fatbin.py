@@ -4,7 +4,8 @@ A fat binary is a run of containers, each a 16-byte header (magic ``0xBA55ED50``
 header size, size of the entries that follow) and entries of one header each (kind 1 PTX,
 2 SASS cubin; the header's size, the padded payload size, the compressed payload size, the
 code version, the SM number, flags, the uncompressed size) followed by the payload.  Only
-the headers are read, so compressed entries (LZ4 before CUDA 12.8, zstd after) cost nothing
+the headers are read, so compressed entries (zstd: nvcc 13's ``--compress-mode`` default,
+``size`` and ``balance``; LZ4: nvcc before 12.8 and ``speed``) cost nothing
 to list: the payload is skipped with a seek.  The layout was checked against the fat binaries
 nvcc 13.0 writes for ``sm_80``, ``sm_90a``, ``sm_100a``, ``sm_100f``, ``compute_90`` and
 ``compute_120``, compressed and not (``tests/unit/test_fatbin.py`` builds them).
