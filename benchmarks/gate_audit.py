@@ -275,6 +275,11 @@ KINDS = (
     ("cubin-heavy", "flashinfer-cubin==0.4.0", "12"),
     ("one big member", "nvidia-cufft-cu12==11.4.1.4", "12"),
     ("framework-like", "cupy-cuda12x==13.6.0", "12"),
+    # The two largest wheels of the truth set (tests/truth/wheels.json): PyTorch (888 MB,
+    # members of 1.7 GB in all, libtorch_cuda.so 968 MiB) and cuDNN (707 MB, 1,370 modules in
+    # its precompiled engines).
+    ("truth set's largest", "torch==2.8.0", "12"),
+    ("truth set's second largest", "nvidia-cudnn-cu12==9.10.2.21", "12"),
     # One member that inflates to 1.15 GB (gcc-built, 1100 MiB of .rodata compressing ~3:1).
     ("member over 1 GiB", "synthetic:huge", "12"),
     # CuPy for CUDA 12 gated as a CUDA 13 wheel: every extension is an error, so the

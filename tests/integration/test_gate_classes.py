@@ -286,10 +286,13 @@ def test_arch_specific_sass_runs_only_on_its_arch(tmp_path: Path,
     ok = gate(wheel, "--static-only", "--min-driver", "13.0", "--arch-list", "9.0",
               capsys=capsys)
     assert ok.rc == 0, ok.out
-    bad = gate(wheel, "--static-only", "--min-driver", "13.0", "--arch-list", "9.0 10.0",
-               capsys=capsys)
-    assert bad.rc == 1
-    assert "sm_100" in bad.out
+    # Code for sm_90a only is a Hopper kernel set that a library loads on 9.0 alone (vLLM's
+    # _flashmla_C): a dispatch target for 10.0, said as a note, never an error.
+    other = gate(wheel, "--static-only", "--min-driver", "13.0", "--arch-list", "9.0 10.0",
+                 capsys=capsys)
+    assert other.rc == 0, other.out
+    assert "dispatch-target" in other.out
+    assert "sm_100" in other.out
 
 
 def test_bad_arch_list_exits_2(host: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:

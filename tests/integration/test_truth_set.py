@@ -28,15 +28,17 @@ def data() -> AuditData:
 
 
 def test_truth_set_spans_the_classes() -> None:
-    # At least 15 wheels; CUDA 11, 12 and 13 builds; static, linked and dlopen'd runtimes; a
+    # At least 40 wheels; CUDA 11, 12 and 13 builds; static, linked and dlopen'd runtimes; a
     # runtime vendored under a hashed name, driver symbols bound through the wheel's own stub
-    # libraries, other CUDA libraries of a major outside --runtimes, and fat binary modules of
-    # mixed device-code coverage.
-    assert len(ENTRIES) >= 15
+    # libraries, other CUDA libraries of a major outside --runtimes, fat binary modules of
+    # mixed device-code coverage, NVIDIA's libraries whose kernel sets are dispatched by GPU, and
+    # a library that keeps its kernels in its data.
+    assert len(ENTRIES) >= 40
     assert {c for e in ENTRIES for c in e["cuda"]} >= {"11", "12", "13"}
     assert {c for e in ENTRIES for c in e["classes"]} >= {"static", "dynamic", "dlopen",
                                                           "sass", "ptx", "vendored", "stub",
-                                                          "library", "modules"}
+                                                          "library", "modules", "dispatch",
+                                                          "embedded"}
     assert all(c.get("evidence") for e in ENTRIES for r in e["runs"] for c in r["checks"]
                if "exit" not in c)
 

@@ -16,7 +16,7 @@ from functools import lru_cache
 from elftools.elf.elffile import ELFFile
 
 from cumatrix.audit import runtime_evidence
-from cumatrix.audit.coverage import device_checks, module_checks
+from cumatrix.audit.coverage import embedded_modules, file_device_checks, kernel_file_checks, module_checks
 from cumatrix.audit.findings import (
     AuditData,
     AuditSettings,
@@ -30,12 +30,13 @@ from cumatrix.binary.elf import (
     NameScan,
     elf_defined_symbols,
     elf_needed,
+    elf_search_paths,
     elf_soname,
     elf_undefined_symbols,
     name_scan,
     scan_names,
 )
-from cumatrix.binary.fatbin import DeviceCode, read_fatbin
+from cumatrix.binary.fatbin import DeviceCode, FatbinModule, find_fatbin, read_fatbin, read_fatbin_modules
 from cumatrix.core.model import CudaVersion
 from cumatrix.predict.rules import major_newer_than_driver, rules
 
@@ -379,7 +380,7 @@ def _gather(name: str, elf: ELFFile, data: AuditData,
         exported=frozenset(elf_defined_symbols(elf)),
         cuda_strings=frozenset(cuda), cu_strings=frozenset(cu),
         static_runtime=_is_static_runtime(names, cuda, data),
-        sonames=frozenset(sonames), search_paths=runtime_evidence.elf_search_paths(elf),
+        sonames=frozenset(sonames), search_paths=elf_search_paths(elf),
         requires=data.requires, soname=elf_soname(elf),
     )
 
@@ -401,11 +402,17 @@ def _is_static_runtime(names: set[str], cuda: set[str], data: AuditData) -> bool
 
 
 def elf_device_code(elf: ELFFile) -> tuple[DeviceCode, ...]:
-    """The entries of ``elf``'s ``.nv_fatbin`` section (none when it has no such section)."""
-    section = elf.get_section_by_name(".nv_fatbin")
-    if section is None or section["sh_type"] == "SHT_NOBITS":
+    """The entries of ``elf``'s fat binary (none when it has none): its ``.nv_fatbin``
+    section, or without section headers the containers found by their magic
+    (:func:`cumatrix.binary.fatbin.find_fatbin`)."""
+    where = find_fatbin(elf)
+    if where is None:
         return ()
-    return read_fatbin(elf.stream, section["sh_offset"], section["sh_size"])
+    start, size, by_name = where
+    if by_name:
+        return read_fatbin(elf.stream, start, size)
+    return tuple(c for m in read_fatbin_modules(elf.stream, start, size, strict=False)
+                 for c in m.codes)
 
 
 def audit_elf(
@@ -449,6 +456,15 @@ def audit_one(name: str, elf: ELFFile, s: AuditSettings, data: AuditData,
     out += _runtime_floor_checks(f, s, data)
     out += _dispatch_checks(f, abi_changed)
     codes = elf_device_code(elf)
-    out += device_checks(name, codes, s)
-    out += module_checks(name, elf, s, out)
+    device = file_device_checks(name, codes, s)
+    extra: tuple[FatbinModule, ...] = ()
+    if any(f.severity == "error" for f in device):
+        # A library that loads its own kernels keeps them in its data, not in .nv_fatbin.
+        extra = embedded_modules(elf)
+        if extra:
+            codes = (*codes, *(c for m in extra for c in m.codes))
+            device = file_device_checks(name, codes, s)
+        device = kernel_file_checks(name, elf, s, device, extra)
+    out += device
+    out += module_checks(name, elf, s, out, extra)
     return out, codes, _linkage(f, found, data)

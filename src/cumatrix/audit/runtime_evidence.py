@@ -31,7 +31,7 @@ from elftools.elf.elffile import ELFFile
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-from cumatrix.binary.elf import _dynamic, data_chunks
+from cumatrix.binary.elf import data_chunks
 from cumatrix.core.model import CudaVersion
 from cumatrix.predict.rules import rules
 
@@ -147,20 +147,6 @@ def elf_sonames(elf: ELFFile) -> frozenset[str]:
             if prev == 0 or prev == ord("/"):
                 found.add(m.group()[:-1].decode("ascii"))
     return frozenset(found)
-
-
-def elf_search_paths(elf: ELFFile) -> tuple[str, ...]:
-    """The ``DT_RPATH`` and ``DT_RUNPATH`` entries of ``elf``, split at ``:``."""
-    dyn = _dynamic(elf)
-    out: list[str] = []
-    if dyn is None:
-        return ()
-    for tag in dyn.iter_tags():
-        if tag.entry.d_tag == "DT_RPATH":
-            out.extend(str(tag.rpath).split(":"))  # type: ignore[attr-defined]
-        elif tag.entry.d_tag == "DT_RUNPATH":
-            out.extend(str(tag.runpath).split(":"))  # type: ignore[attr-defined]
-    return tuple(dict.fromkeys(p for p in out if p))
 
 
 def wheel_requires(wheel: Path) -> tuple[str, ...]:

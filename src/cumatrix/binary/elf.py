@@ -42,10 +42,14 @@ from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
+from cumatrix.binary.loader import LoaderError, LoaderView, load_segments, loader_view, section_headers
+
 __all__ = [
     "ELF_MAGIC",
+    "data_ranges",
     "elf_defined_symbols",
     "elf_needed",
+    "elf_search_paths",
     "elf_soname",
     "elf_strings",
     "elf_undefined_symbols",
@@ -408,8 +412,22 @@ def _dynamic(elf: ELFFile) -> DynamicSection | None:
     return None
 
 
+def _view(elf: ELFFile) -> LoaderView | None:
+    """The loader's reading of ``elf`` (:func:`cumatrix.binary.loader.loader_view`), or
+    ``None`` where the file has no usable ``PT_DYNAMIC``: then its sections are read."""
+    try:
+        return loader_view(elf)
+    except (LoaderError, struct.error, OSError):
+        return None
+
+
 def elf_needed(elf: ELFFile) -> Iterator[str]:
-    """The ``DT_NEEDED`` entries of ``elf``, in order."""
+    """The ``DT_NEEDED`` entries of ``elf``, in order, as the loader reads them (through
+    ``PT_DYNAMIC``; the ``.dynamic`` section only where the file has no program headers)."""
+    view = _view(elf)
+    if view is not None:
+        yield from view.needed
+        return
     dynamic = _dynamic(elf)
     if dynamic is None:
         return
@@ -419,7 +437,10 @@ def elf_needed(elf: ELFFile) -> Iterator[str]:
 
 
 def elf_soname(elf: ELFFile) -> str | None:
-    """The ``DT_SONAME`` of ``elf``, or ``None``."""
+    """The ``DT_SONAME`` of ``elf``, or ``None`` (read as :func:`elf_needed` reads)."""
+    view = _view(elf)
+    if view is not None:
+        return view.soname
     dynamic = _dynamic(elf)
     if dynamic is None:
         return None
@@ -427,6 +448,24 @@ def elf_soname(elf: ELFFile) -> str | None:
         if tag.entry.d_tag == "DT_SONAME":
             return str(tag.soname)  # type: ignore[attr-defined]
     return None
+
+
+def elf_search_paths(elf: ELFFile) -> tuple[str, ...]:
+    """The ``DT_RPATH`` and ``DT_RUNPATH`` entries of ``elf``, split at ``:`` (read as
+    :func:`elf_needed` reads)."""
+    view = _view(elf)
+    if view is not None:
+        return tuple(dict.fromkeys((*view.rpath, *view.runpath)))
+    dyn = _dynamic(elf)
+    out: list[str] = []
+    if dyn is None:
+        return ()
+    for tag in dyn.iter_tags():
+        if tag.entry.d_tag == "DT_RPATH":
+            out.extend(str(tag.rpath).split(":"))  # type: ignore[attr-defined]
+        elif tag.entry.d_tag == "DT_RUNPATH":
+            out.extend(str(tag.runpath).split(":"))  # type: ignore[attr-defined]
+    return tuple(dict.fromkeys(p for p in out if p))
 
 
 _STB_LOCAL = 0
@@ -437,7 +476,11 @@ _MAX_DYNSYM = 256 << 20  # a bound on a crafted section size
 def _dynsym(elf: ELFFile) -> list[tuple[str, bool, bool]]:
     """``(name, defined, weak)`` of every named non-local dynamic symbol (glibc's lookup skips local
     ones), read with ``struct`` in one pass over ``.dynsym`` and its string table: pyelftools'
-    per-symbol parsing took 3.9 s for the 15,756 symbols of vLLM's ``_C.abi3.so``."""
+    per-symbol parsing took 3.9 s for the 15,756 symbols of vLLM's ``_C.abi3.so``.  The
+    table the loader binds from (``DT_SYMTAB``, :func:`_view`), else the ``.dynsym`` section."""
+    view = _view(elf)
+    if view is not None:
+        return list(view.symbols)
     section = elf.get_section_by_name(".dynsym")
     if not isinstance(section, SymbolTableSection):
         return []
@@ -505,6 +548,46 @@ DEVICE_SECTIONS = frozenset({".nv_fatbin", ".nvFatBinSegment", "__nv_relfatbin"}
 _IDENT = [bool(re.fullmatch(rb"[A-Za-z0-9_]", bytes([b]))) for b in range(256)]
 
 
+def data_ranges(elf: ELFFile, *, string_tables: bool = False) -> list[tuple[int, int]]:
+    """``(offset, size)`` of the loaded, non-executable data of ``elf`` (device code left
+    out): its data sections (:func:`is_data_section`), or, in a file without section
+    headers, its loadable non-executable segments less the dynamic symbol table, the
+    dynamic string table (unless ``string_tables``) and the fat binary; so too where its
+    sections cannot be made (:func:`cumatrix.binary.loader.section_headers`)."""
+    pairs = section_headers(elf)
+    if pairs is not None:
+        # (a NOBITS section is no PROGBITS or STRTAB one)
+        return [(h.sh_offset, h.sh_size) for name, h in pairs
+                if is_data_section(h, string_tables) and name not in DEVICE_SECTIONS]
+    # deferred: fatbin imports this module's neighbour loader; only a file without usable
+    # section headers needs it here
+    from cumatrix.binary.fatbin import FatbinError, find_fatbin, read_fatbin_modules
+
+    holes: list[tuple[int, int]] = []
+    view = _view(elf)
+    if view is not None:
+        holes += view.tables[1:] if string_tables else view.tables
+    try:
+        where = find_fatbin(elf)
+        if where is not None:
+            mods = read_fatbin_modules(elf.stream, where[0], where[1], strict=False)
+            if mods:
+                holes.append((where[0], mods[-1].offset + mods[-1].size - where[0]))
+    except (FatbinError, OSError):
+        pass
+    out: list[tuple[int, int]] = []
+    for offset, filesz, _, flags in load_segments(elf):
+        if flags & 1:  # PF_X: code
+            continue
+        pieces = [(offset, offset + filesz)]
+        for hs, hn in holes:
+            he = hs + hn
+            pieces = [q for a, b in pieces
+                      for q in ((a, min(b, hs)), (max(a, he), b)) if q[0] < q[1]]
+        out += [(a, b - a) for a, b in pieces]
+    return out
+
+
 def data_chunks(elf: ELFFile, *, string_tables: bool = False, keep: int) -> Iterator[bytes]:
     """The loaded, non-executable sections of ``elf`` (device code left out), read in chunks.
 
@@ -513,13 +596,7 @@ def data_chunks(elf: ELFFile, *, string_tables: bool = False, keep: int) -> Iter
     chunk boundary is seen whole in the next; position 0 is context, never a match's start.
     """
     stream = elf.stream
-    # FastELFFile lists the headers without making a Section object for each.
-    named = getattr(elf, "named_headers", None)
-    pairs = named() if named else [(s.name, s.header) for s in elf.iter_sections()]
-    for name, header in pairs:
-        if not is_data_section(header, string_tables) or name in DEVICE_SECTIONS:
-            continue  # (a NOBITS section is no PROGBITS or STRTAB one)
-        start, size = header.sh_offset, header.sh_size
+    for start, size in data_ranges(elf, string_tables=string_tables):
         carry = b"\x00"
         pos = 0
         while pos < size:

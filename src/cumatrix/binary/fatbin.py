@@ -4,7 +4,8 @@ A fat binary is a run of containers, each a 16-byte header (magic ``0xBA55ED50``
 header size, size of the entries that follow) and entries of one header each (kind 1 PTX,
 2 SASS cubin; the header's size, the padded payload size, the compressed payload size, the
 code version, the SM number, flags, the uncompressed size) followed by the payload.  Only
-the headers are read, so compressed entries (LZ4 before CUDA 12.8, zstd after) cost nothing
+the headers are read, so compressed entries (zstd: nvcc 13's ``--compress-mode`` default,
+``size`` and ``balance``; LZ4: nvcc before 12.8 and ``speed``) cost nothing
 to list: the payload is skipped with a seek.  The layout was checked against the fat binaries
 nvcc 13.0 writes for ``sm_80``, ``sm_90a``, ``sm_100a``, ``sm_100f``, ``compute_90`` and
 ``compute_120``, compressed and not (``tests/unit/test_fatbin.py`` builds them).
@@ -32,15 +33,21 @@ from typing import IO, BinaryIO, Literal
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
+from cumatrix.binary.loader import load_segments, section_headers
 from cumatrix.binary.ptx import ptx_isa_cuda, ptx_version
 
 __all__ = [
     "DeviceCode",
     "FatbinError",
     "FatbinModule",
+    "ModuleKernels",
     "covering",
+    "cubin_kernels",
+    "entry_payload",
     "file_device_code",
+    "find_fatbin",
     "module_kernel",
+    "module_kernels",
     "parse_arch",
     "ptx_isa_cuda",
     "read_fatbin",
@@ -212,6 +219,47 @@ def read_fatbin(stream: IO[bytes], start: int, size: int) -> tuple[DeviceCode, .
     return tuple(out)
 
 
+_MAGIC_BYTES = struct.pack("<I", FATBIN_MAGIC)
+_SEGMENT_SCAN = 16 << 20  # bytes of a segment read at a time when looking for the magic
+_PF_X = 1
+
+
+def find_fatbin(elf: ELFFile) -> tuple[int, int, bool] | None:
+    """Where ``elf``'s device code lies: ``(offset, size, by_name)``.  The ``.nv_fatbin``
+    section where the file has section headers (``by_name`` true); without them (a table
+    stripped or never written: the loader reads program headers only, and registers the
+    fat binary through a pointer in the data, never through the section), the first fat
+    binary container found by its magic, 8-byte aligned, in a loadable non-executable
+    segment, running to that segment's end (so too where the sections cannot be made:
+    :func:`cumatrix.binary.loader.section_headers`) (``by_name`` false: the run of containers ends
+    where none follows).  ``None`` where there is none."""
+    pairs = section_headers(elf)
+    if pairs is not None:
+        for name, h in pairs:
+            if name == ".nv_fatbin":
+                return None if h.sh_type == "SHT_NOBITS" else (h.sh_offset, h.sh_size, True)
+        return None
+    stream = elf.stream
+    for start, size, _, flags in load_segments(elf):
+        if flags & _PF_X:
+            continue
+        pos = 0
+        while pos < size:
+            stream.seek(start + pos)
+            chunk = stream.read(min(_SEGMENT_SCAN, size - pos))
+            if not chunk:
+                break
+            at = chunk.find(_MAGIC_BYTES)
+            while at != -1:
+                if (start + pos + at) % 8 == 0 and at + _CONTAINER.size <= len(chunk):
+                    _, _, header_size, body = _CONTAINER.unpack_from(chunk, at)
+                    if header_size == _CONTAINER.size and pos + at + header_size + body <= size:
+                        return start + pos + at, size - pos - at, False
+                at = chunk.find(_MAGIC_BYTES, at + 1)
+            pos += max(len(chunk) - _CONTAINER.size, 1)
+    return None
+
+
 def file_device_code(path: str | BinaryIO) -> tuple[DeviceCode, ...]:
     """The entries of the ``.nv_fatbin`` section of the ELF file at ``path`` (or an open,
     seekable binary file: a caller reading a file a cell could replace opens it its own safe
@@ -223,11 +271,14 @@ def file_device_code(path: str | BinaryIO) -> tuple[DeviceCode, ...]:
             fh = stack.enter_context(Path(path).open("rb")) if isinstance(path, str) else path
             if fh.read(4) != b"\x7fELF":
                 return ()
-            elf = ELFFile(fh)
-            section = elf.get_section_by_name(".nv_fatbin")
-            if section is None or section["sh_type"] == "SHT_NOBITS":
+            where = find_fatbin(ELFFile(fh))
+            if where is None:
                 return ()
-            return read_fatbin(fh, section["sh_offset"], section["sh_size"])
+            start, size, by_name = where
+            if by_name:
+                return read_fatbin(fh, start, size)
+            return tuple(c for m in read_fatbin_modules(fh, start, size, strict=False)
+                         for c in m.codes)
     except (OSError, ELFError, FatbinError, ValueError):
         return ()
 
@@ -238,9 +289,13 @@ def file_device_code(path: str | BinaryIO) -> tuple[DeviceCode, ...]:
 # where one of *its* entries runs.  These functions leave the whole-section reading above as
 # it is and read the same containers one by one.
 
-_SASS_KERNEL_RE = re.compile(rb"\.text\.([A-Za-z_$][\w$.]{0,255})\x00")
-_PTX_ENTRY_RE = re.compile(rb"\.entry\s+([A-Za-z_$][\w$]{0,255})")
-_NAME_SCAN = 4 << 20  # bytes of a payload searched for a kernel name
+_PTX_ENTRY_RE = re.compile(rb"\.entry\s+([A-Za-z_$%][\w$%]{0,1023})")
+#: The largest entry inflated to read its kernels: far above any cubin seen (cuBLASLt's
+#: largest, 11 MiB; TensorRT's, 60 MiB), low enough that a crafted size cannot exhaust memory.
+MAX_INFLATED = 512 << 20
+_STO_CUDA_ENTRY = 0x10  # st_other of a cubin's kernel (entry function) symbol
+_STT_FUNC = 2
+_SHT_SYMTAB = 2
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -252,10 +307,21 @@ class FatbinModule:
     codes: tuple[DeviceCode, ...]
 
 
-def read_fatbin_modules(stream: IO[bytes], start: int, size: int) -> tuple[FatbinModule, ...]:
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModuleKernels:
+    """The kernels of one module, as its code names them."""
+
+    names: tuple[str, ...]  #: sorted; empty when the module's code has no kernel
+    unread: str | None = None  #: why no entry of the module could be read (then ``names`` is empty)
+
+
+def read_fatbin_modules(stream: IO[bytes], start: int, size: int, *,
+                        strict: bool = True) -> tuple[FatbinModule, ...]:
     """The containers of the fat binaries in ``stream[start:start + size]``, each with its
     entries (:func:`read_fatbin` of that container alone).  Raises :class:`FatbinError` as
-    :func:`read_fatbin` does."""
+    :func:`read_fatbin` does; with ``strict=False`` the run of containers simply ends where
+    no container follows (a ``.nv_fatbin`` found by its magic inside a segment, which holds
+    other data after it)."""
     out: list[FatbinModule] = []
     pos, end = start, start + size
     while pos + _CONTAINER.size <= end:
@@ -266,6 +332,8 @@ def read_fatbin_modules(stream: IO[bytes], start: int, size: int) -> tuple[Fatbi
             pos += 8  # alignment padding before a container
             continue
         if magic != FATBIN_MAGIC or header_size < _CONTAINER.size or pos + header_size + body > end:
+            if not strict and out:
+                break
             raise FatbinError(f"no fat binary container at offset {pos - start:#x} of .nv_fatbin")
         length = header_size + body
         out.append(FatbinModule(offset=pos, size=length, codes=read_fatbin(stream, pos, length)))
@@ -273,40 +341,121 @@ def read_fatbin_modules(stream: IO[bytes], start: int, size: int) -> tuple[Fatbi
     return tuple(out)
 
 
-def module_kernel(stream: IO[bytes], module: FatbinModule) -> str | None:
-    """A kernel of ``module`` as its uncompressed code names it (a cubin's ``.text.<kernel>``
-    section, a PTX ``.entry``); ``""`` when its code, all of it read, has no kernel (the CUDA
-    runtime's own module: nothing to launch); ``None`` when that cannot be told (compressed)."""
+def _entries(stream: IO[bytes], module: FatbinModule) -> list[tuple[int, ...]]:
     head = _CONTAINER.unpack(_read_exact(stream, module.offset, _CONTAINER.size))[2]
     entry, cend = module.offset + head, module.offset + module.size
-    known = True
+    out: list[tuple[int, ...]] = []
     while entry + _ENTRY.size <= cend:
         kind, _, ehs, padded, _, csize, _, _, _, _, _, flags, _, usize = _ENTRY.unpack(
             _read_exact(stream, entry, _ENTRY.size))
         if ehs < _ENTRY.size or entry + ehs + padded > cend:
-            return None
-        payload: bytes | None = None
-        if flags & _FLAG_COMPRESSED_ZSTD and 0 < csize <= padded and usize <= _NAME_SCAN:
-            payload = _zstd(_read_exact(stream, entry + ehs, csize), usize)
-        elif not flags & (_FLAG_COMPRESSED_LZ4 | _FLAG_COMPRESSED_ZSTD) and padded <= _NAME_SCAN:
-            payload = _read_exact(stream, entry + ehs, padded)
-        if payload is None:
-            known = False  # LZ4 (CUDA before 12.8), or too large to read for a name
-        else:
-            m = (_SASS_KERNEL_RE if kind == _KIND_SASS else _PTX_ENTRY_RE).search(payload)
-            if m:
-                return m.group(1).decode("ascii")
+            break
+        out.append((kind, entry + ehs, padded, csize, flags, usize))
         entry += ehs + padded
-    return "" if known else None
+    return out
 
 
-def _zstd(data: bytes, size: int) -> bytes | None:
-    """``data`` inflated (a zstd frame of at most ``size`` bytes), or ``None`` if it is not one."""
-    # Imported here: only a module that fails a coverage check is ever inflated, and the
-    # audit reads the rest of a fat binary's headers without it.
-    import zstandard
+def entry_payload(stream: IO[bytes], payload: int, padded: int, csize: int, flags: int,
+                  usize: int) -> bytes:
+    """An entry's code, inflated where it is compressed (LZ4 before CUDA 12.8, zstd from
+    12.8 on: nvcc's ``--compress-mode``), at most :data:`MAX_INFLATED` bytes.  Raises
+    :class:`FatbinError` with the reason when it cannot be read."""
+    if not flags & (_FLAG_COMPRESSED_LZ4 | _FLAG_COMPRESSED_ZSTD):
+        if padded > MAX_INFLATED:
+            raise FatbinError(f"an entry of {padded >> 20} MiB, over the {MAX_INFLATED >> 20} "
+                              "MiB read")
+        return _read_exact(stream, payload, padded)
+    if not 0 < csize <= padded:
+        raise FatbinError(f"a compressed entry declares {csize} bytes in a payload of {padded}")
+    if not 0 < usize <= MAX_INFLATED:
+        raise FatbinError(f"a compressed entry declares {usize} bytes inflated (at most "
+                          f"{MAX_INFLATED >> 20} MiB are read)")
+    data = _read_exact(stream, payload, csize)
+    if flags & _FLAG_COMPRESSED_ZSTD:
+        import zstandard  # imported here: only modules that fail a check are ever inflated
 
-    try:
-        return zstandard.ZstdDecompressor().decompress(data, max_output_size=size)
-    except zstandard.ZstdError:
+        try:
+            out = zstandard.ZstdDecompressor().decompress(data, max_output_size=usize)
+        except zstandard.ZstdError as e:
+            raise FatbinError(f"its zstd data does not inflate ({e})") from None
+    else:
+        import lz4.block  # deferred: only modules that fail a check are ever inflated
+
+        # An LZ4 block (no frame), inflated into at most the declared size: a block that
+        # would write more fails instead.
+        try:
+            out = lz4.block.decompress(data, uncompressed_size=usize)
+        except lz4.block.LZ4BlockError as e:
+            raise FatbinError(f"its LZ4 data does not inflate ({e})") from None
+    if len(out) != usize:
+        raise FatbinError(f"it inflates to {len(out)} bytes, not the {usize} declared")
+    return out
+
+
+def cubin_kernels(data: bytes) -> tuple[str, ...]:
+    """The kernels a cubin defines: its function symbols marked as entries (``st_other``
+    ``STO_CUDA_ENTRY``, 0x10; a ``__device__`` function has no mark), else the names of its
+    ``.nv.info.<kernel>`` sections.  Raises :class:`FatbinError` when it is no 64-bit
+    little-endian ELF file or its tables lie outside it."""
+    if data[:6] != b"\x7fELF\x02\x01" or len(data) < 64:
+        raise FatbinError("its cubin is no 64-bit little-endian ELF file")
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    if shentsize != 64 or shoff + shnum * 64 > len(data) or shstrndx >= max(shnum, 1):
+        raise FatbinError("its cubin's section table lies outside it")
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + 64 * i) for i in range(shnum)]
+
+    def blob(i: int) -> bytes:
+        _, _, _, _, off, size, _, _, _, _ = sections[i]
+        if off + size > len(data):
+            raise FatbinError("a section of its cubin lies outside it")
+        return data[off:off + size]
+
+    def name(table: bytes, off: int) -> str:
+        stop = table.find(b"\0", off)
+        return table[off:stop if stop >= 0 else len(table)].decode("utf-8", "replace")
+
+    found: set[str] = set()
+    for i, (_, sh_type, _, _, _, _, link, _, _, entsize) in enumerate(sections):
+        if sh_type != _SHT_SYMTAB or entsize != 24 or link >= shnum:
+            continue
+        symtab, strtab = blob(i), blob(link)
+        for st_name, info, other, _, _, _ in struct.iter_unpack(
+                "<IBBHQQ", symtab[: len(symtab) - len(symtab) % 24]):
+            if info & 0xF == _STT_FUNC and other & _STO_CUDA_ENTRY and st_name:
+                found.add(name(strtab, st_name))
+    if not found:
+        names = blob(shstrndx)
+        found = {n.removeprefix(".nv.info.") for s in sections
+                 if (n := name(names, s[0])).startswith(".nv.info.")}
+    return tuple(sorted(found))
+
+
+def module_kernels(stream: IO[bytes], module: FatbinModule) -> ModuleKernels:
+    """The kernels of ``module``, read from one of its entries (every entry of a module is
+    the same translation unit compiled for another target, so any names them all): the
+    smallest cubin first, then PTX ``.entry`` directives; compressed entries are inflated
+    (:func:`entry_payload`).  A module none of whose entries can be read has ``unread`` say
+    why."""
+    reasons: list[str] = []
+    entries = sorted(_entries(stream, module), key=lambda e: (e[0] != _KIND_SASS, e[5] or e[2]))
+    for kind, payload, padded, csize, flags, usize in entries:
+        try:
+            data = entry_payload(stream, payload, padded, csize, flags, usize)
+            if kind == _KIND_SASS:
+                return ModuleKernels(names=cubin_kernels(data))
+            if kind == _KIND_PTX:
+                return ModuleKernels(names=tuple(sorted(
+                    {m.group(1).decode("ascii") for m in _PTX_ENTRY_RE.finditer(data)})))
+        except FatbinError as e:
+            reasons.append(str(e))
+    return ModuleKernels(names=(), unread="; ".join(dict.fromkeys(reasons)) or "it has no entry")
+
+
+def module_kernel(stream: IO[bytes], module: FatbinModule) -> str | None:
+    """A kernel of ``module`` (:func:`module_kernels`); ``""`` when it has none (the CUDA
+    runtime's own module: nothing to launch); ``None`` when it cannot be read."""
+    k = module_kernels(stream, module)
+    if k.unread is not None:
         return None
+    return k.names[0] if k.names else ""

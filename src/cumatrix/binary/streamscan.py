@@ -65,7 +65,8 @@ class StreamedNames:
     def resolve(self, elf: Any) -> list[set[str]]:
         """The names each scan finds in ``elf``'s loaded data sections (``elf`` reads the
         member this scanned): as :func:`cumatrix.binary.elf.scan_names` finds them."""
-        if not self.complete:
+        if not self.complete or not elf.num_sections():
+            # (a file without section headers: its data is told by its segments)
             return scan_names(elf, self.scans)
         named = elf.named_headers()
         out: list[set[str]] = [set() for _ in self.scans]

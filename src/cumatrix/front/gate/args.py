@@ -113,7 +113,14 @@ what the static audit reports (per ELF file, read from the zip without extractin
   ptx-too-new            an --arch-list GPU covered only by PTX whose ISA needs a newer
                          driver than --min-driver, or than the first driver that
                          supports that GPU generation (sm_100/sm_120: CUDA 12.8),
-                         whichever is newer: error
+                         whichever is newer: error. Judged per fat binary module too:
+                         a module of code for a range of GPUs (several families, up to
+                         the file's newest) and none for the GPU is an error naming its
+                         kernels; a dispatch target (only a/f-specific code, one
+                         family, only newer GPUs, or older GPUs than the file's
+                         general code) is not
+  dispatch-target        code for other GPUs only, picked by the library at run time:
+                         note
   optional-import        a failing file imported only under try/except ImportError:
                          note (suggests --optional)
   unreadable-elf         a file with the ELF magic that does not parse: error
