@@ -101,6 +101,7 @@
 #include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <stdarg.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -142,7 +143,14 @@ static int serve_nops;
 static long serve_uid = -1;
 static int serve_status_fd = -1;
 static int serve_status_sent;
-static int serve_net_fd = -1;  /* the network namespace the cell joins (-1: a new one) */
+/* The cell's host uid (kernel uid, seen as SERVE_UID inside the cell's own user namespace):
+ * one of the reserved range no other cell holds while this one lives (--serve BASE:COUNT, a
+ * root server), the server's own uid in its user namespace (--serve --userns: 0), or -1 (the
+ * program runs as SERVE_UID itself, sharing that uid's kernel state with every other cell). */
+static long serve_host_uid = -1;
+static long uid_base = -1, uid_count;
+static int serve_userns;  /* the server made its own user namespace (a non-root harness) */
+static int serve_idmap_fd = -1;  /* a user namespace mapping the harness's files to the cell's uid */
 static int serve_hold_fd = -1;  /* a held cell: its program starts at a byte on this pipe */
 /* The cell's mount namespace, held by its tracer: the last reference taken down (its mounts
  * unmounted, an expedited RCU grace period waited for) after the cell's pipes are closed, so
@@ -1046,12 +1054,14 @@ static void emit_record(void) {
  * same operations: a tmpfs for the cell's root, assembled from the host's paths, then made the
  * root and the host's root detached (build_root).  A bind is recursive and its mounts are made read-only, nosuid
  * and nodev (a --dev-bind keeps devices) at once with mount_setattr.  The operations are the
- * subset of bubblewrap's options that the harness writes (cumatrix.execute.sandbox):
- *   --ro-bind --bind --dev-bind SRC DEST   --symlink TARGET DEST   --dir DEST
+ * subset of bubblewrap's options that the harness writes (cumatrix.execute.sandbox), and one
+ * of its own (--ro-bind-idmap: read-only, the harness's files shown as the cell's own):
+ *   --ro-bind --ro-bind-idmap --bind --dev-bind SRC DEST   --symlink TARGET DEST   --dir DEST
  *   --tmpfs DEST   --dev DEST   --proc DEST   --remount-ro DEST   --perms MODE   --size BYTES
  *   --chdir DIR
- * Then this process forks the program's process, which leaves root (uid and gid SERVE_UID,
- * no groups, no capability in any set, no_new_privs), and waits as its init: it ends as the
+ * Then this process forks the program's process, which leaves root (uid and gid SERVE_UID in
+ * a user namespace of its own whose only id is the cell's host uid, no groups, no capability in
+ * any set, no_new_privs, a session keyring of its own), and waits as its init: it ends as the
  * program ended (128+N for a signal N, as bubblewrap reports it); its end ends the namespace
  * and every process left in it. */
 
@@ -1122,6 +1132,52 @@ static int bind_into(const char *src, const char *dest, unsigned long long attrs
     if (mount(src, dest, NULL, MS_BIND | MS_REC, NULL) != 0) return fail("bind", src);
     if (set_attrs(dest, attrs, 1) != 0) return fail("mount_setattr", dest);
     return 0;
+}
+
+#ifndef SYS_open_tree
+#define SYS_open_tree 428
+#endif
+#ifndef SYS_move_mount
+#define SYS_move_mount 429
+#endif
+#ifndef OPEN_TREE_CLONE
+#define OPEN_TREE_CLONE 1
+#endif
+#ifndef MOVE_MOUNT_F_EMPTY_PATH
+#define MOVE_MOUNT_F_EMPTY_PATH 0x00000004
+#endif
+#ifndef MOUNT_ATTR_IDMAP
+#define MOUNT_ATTR_IDMAP 0x00100000
+#endif
+
+/* --ro-bind-idmap: SRC read-only, its files of the harness's uid and gid shown as the cell's
+ * (an idmapped mount, Linux 5.12; ext4, xfs, btrfs, tmpfs since 6.3, overlayfs since 5.19):
+ * a private project (a 0700 directory) is readable by the cell, and nothing of the host's
+ * permissions changes.  Recursive where every file system below SRC allows it, else SRC's
+ * own mount alone; where SRC's refuses, one line says so and the cell does not start. */
+static int idmapped_bind(const char *src, const char *dest) {
+    if (mount_point_for(src, dest) != 0) return fail("mount point for", dest);
+    struct mount_attr_v0 a;
+    memset(&a, 0, sizeof a);
+    a.attr_set = MOUNT_ATTR_IDMAP | MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV;
+    a.userns_fd = (unsigned long long)serve_idmap_fd;
+    int tree = -1, err = 0;
+    for (int rec = 1; rec >= 0 && tree < 0; rec--) {
+        int t = (int)syscall(SYS_open_tree, AT_FDCWD, src, OPEN_TREE_CLONE | O_CLOEXEC | (rec ? AT_RECURSIVE : 0));
+        if (t < 0) return fail("open_tree", src);
+        if (syscall(SYS_mount_setattr, t, "", AT_EMPTY_PATH | (rec ? AT_RECURSIVE : 0), &a, sizeof a) == 0) tree = t;
+        else { err = errno; close(t); }
+    }
+    if (tree < 0) {
+        fprintf(stderr, "cumatrix-spawn: %s cannot be shown to the cell's uid: its file system refuses an idmapped "
+                "mount (%s); let others read it (chmod o+rx), or --no-sandbox\n", src, strerror(err));
+        return 126;
+    }
+    int r = (int)syscall(SYS_move_mount, tree, "", AT_FDCWD, dest, MOVE_MOUNT_F_EMPTY_PATH);
+    err = errno;
+    close(tree);
+    errno = err;
+    return r == 0 ? 0 : fail("move_mount", dest);
 }
 
 static int tmpfs_at(const char *dest, unsigned int perms, unsigned long long size) {
@@ -1212,8 +1268,9 @@ static int build_root(char **chdir_to) {
         const char *op = serve_ops[i];
         const char *a = i + 1 < serve_nops ? serve_ops[i + 1] : NULL;
         const char *b = i + 2 < serve_nops ? serve_ops[i + 2] : NULL;
+        int idmap = !strcmp(op, "--ro-bind-idmap");
         int two = !strcmp(op, "--ro-bind") || !strcmp(op, "--bind") || !strcmp(op, "--dev-bind") ||
-                  !strcmp(op, "--symlink");
+                  !strcmp(op, "--symlink") || idmap;
         if (!a || (two && !b)) { errno = EINVAL; return fail("operation without its arguments", op); }
         if (strlen(a) + 16 >= PATH_MAX || (b && strlen(b) + 16 >= PATH_MAX)) {
             errno = ENAMETOOLONG;
@@ -1230,8 +1287,10 @@ static int build_root(char **chdir_to) {
                 }
                 unsigned long long attrs = MOUNT_ATTR_NOSUID;
                 if (strcmp(op, "--dev-bind") != 0) attrs |= MOUNT_ATTR_NODEV;
-                if (!strcmp(op, "--ro-bind")) attrs |= MOUNT_ATTR_RDONLY;
-                if (bind_into(a, dest, attrs) != 0) return -1;
+                if (!strcmp(op, "--ro-bind") || idmap) attrs |= MOUNT_ATTR_RDONLY;
+                /* No cell uid of its own to map to (a non-root server's cells are its uid): a bind. */
+                int r = idmap && serve_idmap_fd >= 0 ? idmapped_bind(a, dest) : bind_into(a, dest, attrs);
+                if (r != 0) return r;
             }
             i += 2;
             continue;
@@ -1267,15 +1326,62 @@ static int build_root(char **chdir_to) {
     return 0;
 }
 
+static int write_text(const char *path, const char *text) {
+    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    size_t n = strlen(text);
+    int ok = write(fd, text, n) == (ssize_t)n;
+    int err = errno;
+    close(fd);
+    errno = err;
+    return ok ? 0 : -1;
+}
+
+/* Into a user namespace of the program's own, as UID there and HOST (the cell's uid in the
+ * namespace above) outside: its user keyring and user-session keyring are that namespace's,
+ * made empty and gone with it, whatever uid a cell before it had.  The namespace is owned by
+ * HOST, so what the kernel counts per uid (processes for RLIMIT_NPROC, inotify instances and
+ * watches, message queue bytes, locked memory, key quota) is counted against HOST above it.
+ * A root server becomes HOST first keeping its permitted set (the namespace is then made with
+ * CAP_SYS_ADMIN: no restriction on unprivileged user namespaces applies). */
+static int own_userns(long uid, long host) {
+    if (geteuid() != (uid_t)host) {
+        if (prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0) != 0) return fail("prctl", "keep capabilities");
+        if (setresgid((gid_t)host, (gid_t)host, (gid_t)host) != 0) return fail("setresgid", "");
+        if (setresuid((uid_t)host, (uid_t)host, (uid_t)host) != 0) return fail("setresuid", "");
+        struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
+        struct __user_cap_data_struct keep[2];
+        memset(keep, 0, sizeof keep);
+        keep[0].effective = keep[0].permitted = 1u << CAP_SYS_ADMIN;
+        syscall(SYS_capset, &hdr, keep);  /* refused: the namespace is made unprivileged */
+    }
+    if (unshare(CLONE_NEWUSER) != 0) return fail("unshare", "the cell's user namespace");
+    /* A change of uid made it not dumpable, and its /proc files root's: its maps are its own to
+     * write.  It holds nothing the program it becomes will not (no other process has its uid). */
+    if (prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) != 0) return fail("prctl", "dumpable");
+    char map[64];
+    snprintf(map, sizeof map, "%ld %ld 1\n", uid, host);
+    if (write_text("/proc/self/setgroups", "deny") != 0) return fail("write", "/proc/self/setgroups");
+    if (write_text("/proc/self/uid_map", map) != 0) return fail("write", "/proc/self/uid_map");
+    if (write_text("/proc/self/gid_map", map) != 0) return fail("write", "/proc/self/gid_map");
+    return 0;
+}
+
 /* Leave root for SERVE_UID with nothing left: no capability in any set (bounding and
- * ambient included), no supplementary group, no way to gain privileges. */
+ * ambient included), no supplementary group, no way to gain privileges.  Where the cell has a
+ * host uid of its own (serve_host_uid), SERVE_UID is its uid inside a user namespace of its own
+ * (own_userns).  A non-root server's supplementary groups cannot be dropped (setgroups is
+ * denied in its namespace, as under bubblewrap): they show as the overflow group. */
 static int drop_root(long uid) {
+    if (!serve_userns && setgroups(0, NULL) != 0) return fail("setgroups", "");
+    if (serve_host_uid >= 0 && own_userns(uid, serve_host_uid) != 0) return -1;
     for (int cap = 0; cap <= 63; cap++)
         if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL) return fail("drop capability", "bounding set");
     prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0);
-    if (setgroups(0, NULL) != 0) return fail("setgroups", "");
-    if (setresgid((gid_t)uid, (gid_t)uid, (gid_t)uid) != 0) return fail("setresgid", "");
-    if (setresuid((uid_t)uid, (uid_t)uid, (uid_t)uid) != 0) return fail("setresuid", "");
+    if (serve_host_uid < 0) {
+        if (setresgid((gid_t)uid, (gid_t)uid, (gid_t)uid) != 0) return fail("setresgid", "");
+        if (setresuid((uid_t)uid, (uid_t)uid, (uid_t)uid) != 0) return fail("setresuid", "");
+    }
     struct __user_cap_header_struct hdr = {_LINUX_CAPABILITY_VERSION_3, 0};
     struct __user_cap_data_struct none[2];
     memset(none, 0, sizeof none);
@@ -1287,11 +1393,8 @@ static int drop_root(long uid) {
 static int cell_init(char *limits, char **argv) {
     char *chdir_to = NULL;
     if (unshare(CLONE_NEWCGROUP) != 0) return fail("unshare", "cgroup namespace");
-    if (serve_net_fd >= 0) {
-        if (setns(serve_net_fd, CLONE_NEWNET) != 0) return fail("setns", "network namespace");
-        close(serve_net_fd);
-    }
-    if (build_root(&chdir_to) != 0 || (serve_net_fd < 0 && loopback_up() != 0)) return 126;
+    if (build_root(&chdir_to) != 0 || loopback_up() != 0) return 126;
+    if (serve_idmap_fd >= 0) close(serve_idmap_fd);
     if (serve_hold_fd >= 0) {
         /* A held cell: its sandbox is ready; the program starts when the harness says so (the
          * cell before it has ended).  EOF, or anything but the word: the cell was dropped. */
@@ -1307,6 +1410,11 @@ static int cell_init(char *limits, char **argv) {
         if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) _exit(128 + SIGKILL);
         if (chdir_to && chdir(chdir_to) != 0) _exit(fail("chdir", chdir_to));
         if (serve_uid >= 0 && drop_root(serve_uid) != 0) _exit(126);
+        /* A session keyring of its own: the one inherited is the harness's, and a process
+         * possesses its session keyring whatever its uid.  (No keyrings in the kernel: none
+         * to share.) */
+        if (syscall(SYS_keyctl, 1 /* KEYCTL_JOIN_SESSION_KEYRING */, NULL) < 0 && errno != ENOSYS)
+            _exit(fail("keyctl", "join session keyring"));
         _exit(run_program(limits, argv));
     }
     for (;;) {  /* the namespace's init: reaps what is orphaned, ends with the program */
@@ -1383,6 +1491,13 @@ static int traced_main(int fd, int argc, char **argv) {
         return run_program(argv[2], &argv[4]);
     }
     close(go[0]);
+    if (serve_status_fd >= 0) {
+        /* The cell's first process (its namespace's init): the harness ends the cell by it where
+         * the cell has no cgroup (a non-root harness). */
+        char line[32];
+        int n = snprintf(line, sizeof line, "p\t%d\n", (int)pid);
+        while (write(serve_status_fd, line, (size_t)n) < 0 && errno == EINTR) {}
+    }
     if (serve_hold_fd >= 0) close(serve_hold_fd);  /* the cell's init alone waits on it */
     if (serve_ops) {
         char ns[64];
@@ -1466,7 +1581,10 @@ static int watch(char **argv) {
     return 127;
 }
 
-/* --serve SOCKET_FD PARENT_PID: the fork server.  Each message on the socket (SOCK_SEQPACKET,
+/* --serve SOCKET_FD PARENT_PID [BASE:COUNT | --userns]: the fork server.  BASE:COUNT (a root
+ * server): each cell's host uid is one of that range that no other cell holds (take_uid);
+ * --userns (anyone else's): the server first makes a user namespace of its own, where its uid
+ * is root, and each cell's host uid is that one.  Each message on the socket (SOCK_SEQPACKET,
  * one message a cell) is a cell: NUL-separated strings
  *
  *   cumatrix-cell-2  CGROUP_PROCS  LIMITS  UID  N_OPS  N_ARGV  N_ENV  TARGETS  HOLD
@@ -1479,13 +1597,70 @@ static int watch(char **argv) {
  * 'g' comes on the hold pipe: the harness readies the next cell while one runs, and starts
  * it the moment that one has ended.  For each, a process is forked that does what
  * --trace does (the tracer), with the program's first process cloned into new mount, pid,
- * IPC, UTS and network namespaces and there building its sandbox (cell_init).  Where a
- * --trace run ends as its program did, this one writes "z <wait status>" on the status pipe
- * (nothing written: the cell was lost).  The server itself is not dumpable, dies with
+ * IPC, UTS and network namespaces and there building its sandbox (cell_init).  The tracer
+ * writes "p <pid>" on the status pipe when that first process exists (the harness ends a cell
+ * without a cgroup by it) and, where a --trace run ends as its program did, "z <wait status>"
+ * (no "z": the cell was lost).  The server itself is not dumpable, dies with
  * PARENT_PID (where one is given) and ends at the socket's EOF; it reaps its children as
  * each message comes. */
 #define SERVE_MAX_FDS 8
 #define SERVE_MAX_MSG (1 << 20)
+
+/* The cell's host uid, from the reserved range BASE:COUNT: one that no other cell of any
+ * server holds now.  A uid is held by binding an abstract socket named after it in the
+ * server's network namespace (the host's), which the kernel lets one socket hold at a time
+ * and frees when its last holder ends: this tracer, which ends only once no process of its
+ * cell is left.  The search starts at a place of this process's own, so that servers side by
+ * side seldom try the same uid.  -1 (errno EAGAIN): every uid of the range is held. */
+static long take_uid(void) {
+    int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (s < 0) return -1;
+    long start = (long)getpid() % uid_count;
+    for (long i = 0; i < uid_count; i++) {
+        long uid = uid_base + (start + i) % uid_count;
+        struct sockaddr_un a;
+        memset(&a, 0, sizeof a);
+        a.sun_family = AF_UNIX;
+        int n = snprintf(a.sun_path + 1, sizeof a.sun_path - 1, "cumatrix-cell-uid-%ld", uid);
+        if (bind(s, (struct sockaddr *)&a, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n)) == 0)
+            return uid;  /* S stays open (close-on-exec) for this process's life */
+        if (errno != EADDRINUSE) break;
+    }
+    close(s);
+    errno = EAGAIN;
+    return -1;
+}
+
+/* A user namespace whose only mapping is FROM (inside) to TO (outside), for an idmapped
+ * mount: files of the harness's uid FROM shown as the cell's TO.  Made by a child cloned into
+ * it, mapped from here (root in the namespace above) and let go once its descriptor is open;
+ * -1 on failure. */
+static int idmap_userns(long from, long to) {
+    int p[2];
+    if (pipe2(p, O_CLOEXEC) != 0) return -1;
+    pid_t child = (pid_t)syscall(SYS_clone, CLONE_NEWUSER | SIGCHLD, NULL, NULL, NULL, NULL);
+    if (child == 0) {
+        char c;
+        close(p[1]);
+        while (read(p[0], &c, 1) < 0 && errno == EINTR) {}
+        _exit(0);
+    }
+    close(p[0]);
+    int fd = -1;
+    if (child > 0) {
+        char path[64], map[64];
+        snprintf(map, sizeof map, "%ld %ld 1\n", from, to);
+        snprintf(path, sizeof path, "/proc/%d/uid_map", (int)child);
+        int ok = write_text(path, map) == 0;
+        snprintf(path, sizeof path, "/proc/%d/gid_map", (int)child);
+        ok = ok && write_text(path, map) == 0;
+        snprintf(path, sizeof path, "/proc/%d/ns/user", (int)child);
+        if (ok) fd = open(path, O_RDONLY | O_CLOEXEC);
+    }
+    close(p[1]);
+    if (child > 0) while (waitpid(child, NULL, 0) < 0 && errno == EINTR) {}
+    return fd;
+}
 
 static char **split_fields(char *buf, size_t len, int *count) {
     int n = 0;
@@ -1501,7 +1676,7 @@ static char **split_fields(char *buf, size_t len, int *count) {
     return out;
 }
 
-static void serve_cell(char **f, int nf, int *fds, int nfds, pid_t server, int net_fd) {
+static void serve_cell(char **f, int nf, int *fds, int nfds, pid_t server) {
     /* f: magic procs limits uid n_ops n_argv n_env targets hold ops... argv... env... */
     int n_ops = atoi(f[4]), n_argv = atoi(f[5]), n_env = atoi(f[6]), hold = !strcmp(f[8], "1");
     if (n_ops < 0 || n_argv < 1 || n_env < 0 || 9 + n_ops + n_argv + n_env > nf || nfds < 4 + hold) _exit(125);
@@ -1535,8 +1710,22 @@ static void serve_cell(char **f, int nf, int *fds, int nfds, pid_t server, int n
     serve_ops = &f[9];
     serve_nops = n_ops;
     serve_uid = strcmp(f[3], "-") ? atol(f[3]) : -1;
-    clone_ns_flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | (net_fd < 0 ? CLONE_NEWNET : 0);
-    serve_net_fd = net_fd;
+    /* A network namespace of its own, made new: nothing of a cell before it (a socket in
+     * TIME_WAIT on a port, a route, a conntrack entry) is there; it goes with the cell. */
+    clone_ns_flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET;
+    if (serve_uid >= 0 && serve_userns) serve_host_uid = 0;  /* the server's own uid, as its namespace names it */
+    if (serve_uid >= 0 && uid_base >= 0 && (serve_host_uid = take_uid()) < 0) {
+        fprintf(stderr, "cumatrix-spawn: no uid of the cells' range %ld-%ld is free (%ld cells hold them)\n",
+                uid_base, uid_base + uid_count - 1, uid_count);
+        _exit(0);  /* no status: a harness error */
+    }
+    int wants_idmap = 0;
+    for (int i = 0; i < n_ops; i++) wants_idmap |= !strcmp(f[9 + i], "--ro-bind-idmap");
+    if (wants_idmap && serve_host_uid >= 0 && !serve_userns &&
+        (serve_idmap_fd = idmap_userns((long)geteuid(), serve_host_uid)) < 0) {
+        fprintf(stderr, "cumatrix-spawn: no user namespace for an idmapped mount: %s\n", strerror(errno));
+        _exit(0);
+    }
     char **env = calloc((size_t)n_env + 1, sizeof *env);
     if (!env) _exit(125);
     for (int i = 0; i < n_env; i++) env[i] = f[9 + n_ops + n_argv + i];
@@ -1559,40 +1748,30 @@ static void serve_cell(char **f, int nf, int *fds, int nfds, pid_t server, int n
     _exit(0);
 }
 
-/* Network namespaces, each used by one cell at a time: making one costs about half a
- * millisecond, and its teardown more, in the kernel's own time.  A namespace goes back to the
- * pool when the tracer of the cell that used it has ended, that is when not one process of
- * the cell is left (its sockets closed with them); its loopback is up, as bubblewrap leaves it. */
-#define NET_POOL 64
-static struct { int fd; pid_t user; } net_pool[NET_POOL];
-static int net_pool_n;
-
-static void net_release(pid_t user) {
-    for (int i = 0; i < net_pool_n; i++)
-        if (net_pool[i].user == user) net_pool[i].user = 0;
+/* --serve ... --userns: the server in a user namespace of its own, made once for the run,
+ * its uid and gid mapped to root there (a non-root harness: the only ids it may map), so that
+ * it may make each cell's namespaces and mounts as a root server does. */
+static int enter_server_userns(void) {
+    char uid_map[64], gid_map[64];
+    snprintf(uid_map, sizeof uid_map, "0 %ld 1\n", (long)geteuid());
+    snprintf(gid_map, sizeof gid_map, "0 %ld 1\n", (long)getegid());
+    if (unshare(CLONE_NEWUSER) != 0) return fail("unshare", "user namespace");
+    if (write_text("/proc/self/setgroups", "deny") != 0) return fail("write", "/proc/self/setgroups");
+    if (write_text("/proc/self/uid_map", uid_map) != 0) return fail("write", "/proc/self/uid_map");
+    if (write_text("/proc/self/gid_map", gid_map) != 0) return fail("write", "/proc/self/gid_map");
+    serve_userns = 1;
+    return 0;
 }
 
-static int net_take(void) {
-    for (int i = 0; i < net_pool_n; i++)
-        if (net_pool[i].user == 0) return i;
-    if (net_pool_n == NET_POOL) return -1;
-    int here = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
-    if (here < 0) return -1;
-    int slot = -1;
-    if (unshare(CLONE_NEWNET) == 0) {
-        int fd = loopback_up() == 0 ? open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC) : -1;
-        if (setns(here, CLONE_NEWNET) != 0) _exit(125);  /* the server itself stays where it was */
-        if (fd >= 0) {
-            slot = net_pool_n++;
-            net_pool[slot].fd = fd;
-            net_pool[slot].user = 0;
-        }
+static int serve(int sock, pid_t parent, const char *how) {
+    /* Before it is made non-dumpable: its /proc/self maps are then root's to write. */
+    if (how && !strcmp(how, "--userns") && enter_server_userns() != 0) return 125;
+    if (how && how[0] >= '0' && how[0] <= '9') {
+        char *end = NULL;
+        uid_base = strtol(how, &end, 10);
+        uid_count = end && *end == ':' ? strtol(end + 1, NULL, 10) : 0;
+        if (uid_base <= 0 || uid_count <= 0) { errno = EINVAL; return fail("bad uid range", how); }
     }
-    close(here);
-    return slot;
-}
-
-static int serve(int sock, pid_t parent) {
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     if (parent > 0) {
         if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) return fail("prctl", "PR_SET_PDEATHSIG");
@@ -1612,7 +1791,7 @@ static int serve(int sock, pid_t parent) {
         msg.msg_control = control;
         msg.msg_controllen = sizeof control;
         ssize_t n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-        for (pid_t done; (done = waitpid(-1, NULL, WNOHANG)) > 0;) net_release(done);
+        while (waitpid(-1, NULL, WNOHANG) > 0) {}
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) return 0;  /* the harness closed its end (or is gone) */
         int fds[SERVE_MAX_FDS], nfds = 0;
@@ -1625,18 +1804,11 @@ static int serve(int sock, pid_t parent) {
         int nf = 0;
         char **f = (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) ? NULL : split_fields(buf, (size_t)n, &nf);
         if (f && nf >= 9 && !strcmp(f[0], "cumatrix-cell-2")) {
-            int slot = net_take();  /* -1: none free, the cell makes its own */
             pid_t pid = fork();
             if (pid == 0) {
                 close(sock);
-                /* Its own namespace's descriptor, above where the program's descriptors go
-                 * (TARGETS could name a number a pooled one has); none of the others. */
-                int mine = slot >= 0 ? fcntl(net_pool[slot].fd, F_DUPFD_CLOEXEC, 256) : -1;
-                if (slot >= 0 && mine < 0) _exit(125);
-                for (int i = 0; i < net_pool_n; i++) close(net_pool[i].fd);
-                serve_cell(f, nf, fds, nfds, self, mine);
+                serve_cell(f, nf, fds, nfds, self);
             }
-            if (pid > 0 && slot >= 0) net_pool[slot].user = pid;
         }
         /* A malformed message: its status pipe closes unwritten, and the harness says so. */
         free(f);
@@ -1645,7 +1817,8 @@ static int serve(int sock, pid_t parent) {
 }
 
 int main(int argc, char **argv) {
-    if (argc == 4 && strcmp(argv[1], "--serve") == 0) return serve(atoi(argv[2]), (pid_t)atol(argv[3]));
+    if ((argc == 4 || argc == 5) && strcmp(argv[1], "--serve") == 0)
+        return serve(atoi(argv[2]), (pid_t)atol(argv[3]), argc == 5 ? argv[4] : NULL);
     if (argc >= 3 && strcmp(argv[1], "--watch") == 0) return watch(&argv[2]);
     if (argc >= 8 && strcmp(argv[1], "--trace") == 0 && strcmp(argv[6], "--") == 0)
         return traced_main(atoi(argv[2]), argc - 3, &argv[3]);

@@ -376,11 +376,11 @@ def bwrap_argv(bwrap: str, job: Job, env: dict[str, str], cwd: str, policy: Poli
     return bwrap_command(bwrap, list(job.argv), cwd=cwd, policy=policy, read=read, write=write)
 
 
-def job_ops(job: Job, env: dict[str, str], cwd: str, policy: Policy) -> list[str]:
+def job_ops(job: Job, env: dict[str, str], cwd: str, policy: Policy, *, idmap: bool = False) -> list[str]:
     """What :func:`bwrap_argv` tells bubblewrap to build for ``job``, as the fork server is told
-    it (:func:`sandbox_ops`)."""
+    it (:func:`sandbox_ops`; ``idmap``: see there)."""
     read, write = _job_view(job, env, cwd, ())
-    return sandbox_ops(cwd=cwd, policy=policy, read=read, write=write)
+    return sandbox_ops(cwd=cwd, policy=policy, read=read, write=write, idmap=idmap)
 
 
 def _job_view(job: Job, env: dict[str, str], cwd: str, write_dirs: Iterable[str]) -> tuple[list[str], list[str]]:
@@ -407,7 +407,7 @@ def _reached(named: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(wanted)
 
 
-def _views(points: list[str], masks: list[str], write: Iterable[str]) -> list[str]:
+def _views(points: list[str], masks: list[str], write: Iterable[str], private: Iterable[str] = ()) -> list[str]:
     """bubblewrap's arguments for what the cell sees of the host beyond the system: ``points``
     read-only, ``masks`` (what the harness keeps, where a point shows it) empty, the files in
     ``write`` writable, and the host's socket directories hidden under a point."""
@@ -436,7 +436,7 @@ def _views(points: list[str], masks: list[str], write: Iterable[str]) -> list[st
         elif p in masks:
             out += ["--ro-bind", "/dev/null", p]
         else:
-            out += ["--ro-bind", p, p]
+            out += ["--ro-bind-idmap" if p in private else "--ro-bind", p, p]
     for hide in HIDDEN_ALWAYS[:-2]:  # a real directory (not a link to /run) under a bound one
         if any(_under(hide, p) for p in points) and os.path.isdir(hide) and not os.path.islink(hide):
             out += ["--perms", "0555", "--size", "4096", "--tmpfs", hide, "--remount-ro", hide]
@@ -479,12 +479,16 @@ def bwrap_command(bwrap: str, argv: list[str], *, cwd: str, policy: Policy | Non
     return [*out, *argv]
 
 
-def sandbox_ops(*, cwd: str, policy: Policy, read: Iterable[str] = (), write: Iterable[str] = ()) -> list[str]:
+def sandbox_ops(*, cwd: str, policy: Policy, read: Iterable[str] = (), write: Iterable[str] = (),
+                idmap: bool = False) -> list[str]:
     """What the cell sees, in bubblewrap's words: the system directories, the GPU's device nodes
     and ``read`` read-only (``/proc/sys`` and ``/sys`` too); no ``/run``, ``/var/run`` or other
     host socket; a private ``/tmp`` and ``/dev/shm`` of ``policy.write_limit`` bytes each; the
     files in ``write`` (which must exist) the only writable host paths; ``cwd`` its directory.
-    bubblewrap builds it per cell; the fork server (:mod:`.forkserver`) builds it from the same list."""
+    bubblewrap builds it per cell; the fork server (:mod:`.forkserver`) builds it from the same list.
+    ``idmap`` (the fork server of a root harness, whose cells have uids of their own): a bind
+    point the cell's uid could not enter (a 0700 project, pytest's ``tmp_path``) is bound as
+    ``--ro-bind-idmap``, an idmapped mount showing the harness's files there as the cell's."""
     size = str(policy.write_limit)
     out: list[str] = []
     for d in SYSTEM_DIRS:
@@ -502,7 +506,8 @@ def sandbox_ops(*, cwd: str, policy: Policy, read: Iterable[str] = (), write: It
     # key, the history) is masked from the next cell on.
     kept = tuple((k, os.path.lexists(k)) for k in (*kept_paths(), *policy.hidden))
     points, masks = _points_and_masks(tuple(read), kept)
-    out += _views(list(points), list(masks), write)
+    private = _private_points(points, tuple(read)) if idmap else ()
+    out += _views(list(points), list(masks), write, private)
     return [*out, "--chdir", cwd]
 
 
@@ -519,6 +524,25 @@ def _points_and_masks(read: tuple[str, ...], kept: tuple[tuple[str, bool], ...]
         _searchable(points)
     return tuple(points), tuple(masks)
 
+
+
+@functools.lru_cache(maxsize=256)
+def _private_points(points: tuple[str, ...], read: tuple[str, ...]) -> tuple[str, ...]:
+    """The bind points an unprivileged uid could not pass: the point itself, or a directory
+    between it and a path the job names under it, that others may not enter."""
+    out = []
+    for p in points:
+        dirs = {p}
+        for r in read:
+            if not r.startswith("/"):
+                continue
+            d = os.path.normpath(r if os.path.isdir(r) else os.path.dirname(r))
+            while _under(d, p) and d not in dirs:
+                dirs.add(d)
+                d = os.path.dirname(d)
+        if not all(_enterable(d) for d in dirs):
+            out.append(p)
+    return tuple(out)
 
 
 # --------------------------------------------------------------------------- the plan
@@ -539,7 +563,9 @@ def prepare(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | N
         env[SCOPE_ENV] = scope.marker
     extra: dict[str, object] = {"containment": scope.mode}
     shim = spawn_shim()
-    serve = serve and trace and scope.cgroup is not None and forkserver.serves(policy.sandbox, _probe_ops)
+    # A root harness ends a served cell by its cgroup; anyone else's by its first process.
+    served_here = scope.cgroup is not None or os.geteuid() != 0
+    serve = serve and trace and served_here and forkserver.serves(policy.sandbox, _probe_ops)
     argv, signal_in_exit, problem, ops = _sandboxed(job, env, policy, cwd, extra, serve=serve)
     lims = limits(job) if policy.limits else []
     if extra.get("sandbox") in SANDBOXED:
@@ -547,7 +573,7 @@ def prepare(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | N
     procs = str(scope.cgroup / "cgroup.procs") if scope.cgroup is not None else None
     if shim is not None:
         spec = ",".join(f"{n}={s}:{h}" for n, s, h in lims) or "-"
-        if ops is not None and scope.cgroup is not None and problem is None:
+        if ops is not None and served_here and problem is None:
             extra["spawn"] = "fork-server"
             return Plan(argv=argv, env=env, extra=extra, signal_in_exit=True, trace=TraceChannel(),
                         served=forkserver.ServedCell(ops=ops, uid=policy.uid, procs=procs, limits=spec,
@@ -578,7 +604,10 @@ def _sandboxed(job: Job, env: dict[str, str], policy: Policy, cwd: str | None, e
         return job.argv, False, None, None
     bwrap, why = bubblewrap()
     here = cwd or os.getcwd()
-    if bwrap is not None and os.geteuid() == 0 and not _enterable(here):
+    # The fork server of a root harness gives each cell a uid of its own, to which what it
+    # cannot enter is shown by an idmapped mount; bubblewrap runs it as nobody.
+    idmap = serve and os.geteuid() == 0 and forkserver.cell_uids() is not None
+    if bwrap is not None and os.geteuid() == 0 and not idmap and not _enterable(here):
         extra["sandbox"] = "bubblewrap"
         return job.argv, False, (
             f"the sandbox runs the cell as uid {policy.uid} (nobody), which may not enter its working "
@@ -589,7 +618,7 @@ def _sandboxed(job: Job, env: dict[str, str], policy: Policy, cwd: str | None, e
         env["HOME"] = "/tmp"  # the host's home is not there: a writable one of the cell's own
         if serve:
             extra["sandbox"] = "namespaces"
-            return job.argv, True, None, job_ops(job, env, here, policy)
+            return job.argv, True, None, job_ops(job, env, here, policy, idmap=idmap)
         extra["sandbox"] = "bubblewrap"
         return tuple(bwrap_argv(bwrap, job, env, here, policy)), True, None, None
     if policy.sandbox == "on":
