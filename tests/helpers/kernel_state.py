@@ -155,7 +155,8 @@ def cell(code: str, *args: str, flag: Path | None = None) -> Job:
 def run(code: str, *args: str) -> dict[str, object]:
     res = run_local(cell(code, *args), policy=ON, cwd="/")
     return {"rc": res.returncode, "out": res.stdout_tail.strip(), "err": res.stderr_tail.strip()[-400:],
-            "sandbox": res.extra.get("sandbox")}
+            "sandbox": res.extra.get("sandbox"), "traced": bool(res.trace and res.trace.complete),
+            "exe": res.trace.processes[0].exe if res.trace and res.trace.processes else None}
 
 
 def side_by_side(holder_code: str, holder_args: tuple[str, ...], probe: Callable[[], dict[str, object]]

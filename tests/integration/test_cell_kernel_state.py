@@ -73,6 +73,9 @@ def test_a_port_left_in_time_wait_is_free_to_the_next_cell(harness: str) -> None
     assert got["first"]["out"] != "time-wait 0", got  # the first cell did leave one
     assert "bound" in str(got["second"]["out"]), got
     assert "sockets 1" in str(got["second"]["out"]), got  # its own listener, and nothing else
+    # Served, the cells are traced whole by a tracer that sees them from the host's side.
+    assert got["second"]["traced"] is True, got
+    assert str(got["second"]["exe"]).startswith("/usr/bin/python3") or "python" in str(got["second"]["exe"]), got
 
 
 def test_no_key_a_cell_stores_is_found_by_a_later_cell_or_the_harness(harness: str) -> None:

@@ -1450,7 +1450,10 @@ static int traced_main(int fd, int argc, char **argv) {
     int go[2];
     if (pipe2(go, O_CLOEXEC) != 0) return fail("pipe", "");
     int ready[2] = {-1, -1};
-    if (record_mode && pipe2(ready, O_CLOEXEC) != 0) return fail("pipe", "");
+    /* The program's process makes itself traceable first where this one may not seize a
+     * process that is not (record_mode, serve_userns: below). */
+    int says_ready = record_mode || serve_userns;
+    if (says_ready && pipe2(ready, O_CLOEXEC) != 0) return fail("pipe", "");
     pid_t pid = -1;
     if (strcmp(argv[1], "-") != 0) pid = start_in_cgroup(argv[1], getpid());
     if (pid < 0) {
@@ -1465,8 +1468,11 @@ static int traced_main(int fd, int argc, char **argv) {
         memset(&ign, 0, sizeof ign);
         ign.sa_handler = SIG_IGN;
         for (size_t i = 0; i < N_PASSED; i++) sigaction(passed_on[i], &ign, &inherited[i]);
-        if (clone_ns_flags && unshare((int)clone_ns_flags) != 0) return fail("unshare", "namespaces");
-        pid = fork();
+        /* The program's process alone in the new namespaces (a clone, not an unshare here): this
+         * process reads /proc as the host sees it, and a root the cell's process pivots to in
+         * a mount namespace this one shared would be its root too. */
+        pid = clone_ns_flags ? (pid_t)syscall(SYS_clone, (unsigned long)clone_ns_flags | SIGCHLD, NULL, NULL, NULL, NULL)
+                             : fork();
         if (pid == 0) {
             for (size_t i = 0; i < N_PASSED; i++) sigaction(passed_on[i], &inherited[i], NULL);
             if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0) _exit(128 + SIGKILL);
@@ -1476,10 +1482,13 @@ static int traced_main(int fd, int argc, char **argv) {
     }
     if (pid == 0) {
         close(go[1]);
-        if (record_mode) {
+        if (says_ready) {
             /* A process of this non-dumpable one is not dumpable either, and a tracer without
-             * CAP_SYS_PTRACE (a container's user) may not seize it: the program's process says
-             * it may be traced (it forgets the secret first; nothing of the cell runs yet). */
+             * CAP_SYS_PTRACE where the process's memory was made (a container's user; a
+             * non-root server, whose memory is of the host's user namespace) may not seize it:
+             * the program's process says it may be traced (it forgets the secret first; nothing
+             * of the cell runs yet).  A served cell's program still cannot reach it: it is in a
+             * user namespace below, with no capability (and Yama's ptrace_scope, where set). */
             memset(secret, 0, sizeof secret);
             prctl(PR_SET_DUMPABLE, 1, 0, 0, 0);
             close(ready[0]);
@@ -1504,7 +1513,7 @@ static int traced_main(int fd, int argc, char **argv) {
         snprintf(ns, sizeof ns, "/proc/%d/ns/mnt", (int)pid);
         serve_mnt_ns = open(ns, O_RDONLY | O_CLOEXEC);  /* -1: the namespace goes with its init */
     }
-    if (record_mode) {
+    if (says_ready) {
         char r;
         close(ready[1]);
         while (read(ready[0], &r, 1) < 0 && errno == EINTR) {}

@@ -55,7 +55,7 @@ from typing import BinaryIO
 
 from cumatrix.core.options import NOBODY, uid_range
 from cumatrix.core.witness import tracing_enabled
-from cumatrix.execute.containment import containment
+from cumatrix.execute.containment import containment, keep_out_of_sweeps
 from cumatrix.execute.spawn import spawn_shim
 
 #: The message's first field; the server refuses anything else.
@@ -106,6 +106,7 @@ class ForkServer:
             raise ServerGone(f"the fork server cannot start ({helper}): {e}") from e
         finally:
             theirs.close()
+        keep_out_of_sweeps(self.proc.pid)  # it ends its own cells; a sweep would end it
 
     def alive(self) -> bool:
         return self.proc.poll() is None
