@@ -303,3 +303,86 @@ def test_the_prebuilt_interposer_refuses_as_the_compiled_one(interposers: dict[s
                                      prebuilt=prebuilt)
         assert patched.prebuilt
         assert _loads(patched, images) == _loads(compiled, images), v
+
+
+CORPUS = Path(__file__).resolve().parents[1] / "ptx_corpus"
+#: PTX ISA 9.0 as the driver's JIT reads it, written in the ways a reader of the first
+#: `.version` line missed (tests/ptx_corpus: the same files the C and Python readers share).
+COMMENT_FORMS = ("block-comment-before.ptx", "line-comment-decoy.ptx", "block-comment-decoy-across-lines.ptx",
+                 "byte-order-mark.ptx", "long-comment-prefix.ptx", "comment-inside-directive.ptx")
+
+
+def test_ptx_behind_comments_is_refused_at_every_entry_point(interposers: dict[str, D.Interposer]) -> None:
+    forms = {name: CORPUS / name for name in COMMENT_FORMS}
+    for v in ("12.4", "12.8"):
+        at = _loads(interposers[v], forms)
+        assert {name: _all(r) for name, r in at.items()} == {n: {tuple(REFUSED)} for n in COMMENT_FORMS}, v
+    at_13 = _loads(interposers["13.0"], forms)
+    assert {name: _all(r) for name, r in at_13.items()} == {n: {tuple(PASSED)} for n in COMMENT_FORMS}
+
+
+_LINK_INPUTS = r"""
+import ctypes, json, sys
+cuda = ctypes.CDLL("libcuda.so.1")
+real = ctypes.CDLL(sys.argv[1])
+inputs = json.loads(sys.argv[2])  # path -> CUjitInputType
+def counted(call):
+    before = real.cuStandInLoads()
+    rc = call()
+    return [rc, real.cuStandInLoads() - before]
+def gpa(name):
+    p = ctypes.c_void_p(0); st = ctypes.c_int(-1)
+    assert cuda.cuGetProcAddress_v2(name.encode(), ctypes.byref(p), 13000, ctypes.c_ulonglong(0), ctypes.byref(st)) == 0
+    return p.value
+add = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t,
+                       ctypes.c_char_p, ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p)(gpa("cuLinkAddData"))
+add_file = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint,
+                            ctypes.c_void_p, ctypes.c_void_p)(gpa("cuLinkAddFile"))
+out = {}
+for path, kind in inputs.items():
+    data = open(path, "rb").read()
+    buf = ctypes.create_string_buffer(data, len(data))
+    out[path] = {
+        "cuLinkAddData_v2": counted(lambda: cuda.cuLinkAddData_v2(None, kind, buf, ctypes.c_size_t(len(data)), b"k", 0, None, None)),
+        "cuLinkAddFile_v2": counted(lambda: cuda.cuLinkAddFile_v2(None, kind, path.encode(), 0, None, None)),
+        "gpa:cuLinkAddData": counted(lambda: add(None, kind, buf, len(data), b"k", 0, None, None)),
+        "gpa:cuLinkAddFile": counted(lambda: add_file(None, kind, path.encode(), 0, None, None)),
+    }
+print(json.dumps(out))
+"""
+
+CU_JIT_INPUT_OBJECT, CU_JIT_INPUT_LIBRARY = 3, 4
+
+
+def test_ptx_inside_host_objects_and_libraries_is_refused(interposers: dict[str, D.Interposer],
+                                                          tmp_path: Path) -> None:
+    """A PTX-only fat binary inside a host object's .nv_fatbin (CU_JIT_INPUT_OBJECT) and inside
+    an ar archive (CU_JIT_INPUT_LIBRARY), compressed by nvcc's default and not, by data and by
+    file: refused below 13.0 as a fat binary of the same PTX is; an object with SASS for the
+    device goes to the real driver."""
+    nvcc, ar = _nvcc(), shutil.which("ar")
+    if ar is None:
+        pytest.skip("ar (binutils) is not installed")
+    (tmp_path / "k.cu").write_text(KERNEL)
+    inputs: dict[str, int] = {}
+    for tag, gencode, flags in (("ptx", "arch=compute_90,code=compute_90", []),
+                                ("ptx-plain", "arch=compute_90,code=compute_90", ["--no-compress"]),
+                                ("sass", "arch=compute_90,code=[sm_90,compute_90]", [])):
+        obj, lib = tmp_path / f"{tag}.o", tmp_path / f"lib{tag}.a"
+        subprocess.run([nvcc, "-c", "-gencode", gencode, *flags, "-o", str(obj), str(tmp_path / "k.cu")],
+                       check=True, capture_output=True, timeout=300)
+        subprocess.run([ar, "rcs", str(lib), str(obj)], check=True, capture_output=True, timeout=60)
+        inputs[str(obj)], inputs[str(lib)] = CU_JIT_INPUT_OBJECT, CU_JIT_INPUT_LIBRARY
+
+    def run(ip: D.Interposer) -> dict[str, set[tuple[int, int]]]:
+        env = dict(os.environ, LD_LIBRARY_PATH=str(ip.lib_dir), STAND_IN_CC="90")
+        proc = subprocess.run([sys.executable, "-c", _LINK_INPUTS, str(ip.real_libcuda), json.dumps(inputs)],
+                              capture_output=True, text=True, env=env, timeout=120, check=False)
+        assert proc.returncode == 0, proc.stderr
+        return {Path(p).name: _all(r) for p, r in json.loads(proc.stdout).items()}
+
+    refused, passed = {tuple(REFUSED)}, {tuple(PASSED)}
+    at_128 = run(interposers["12.8"])
+    assert at_128 == {"ptx.o": refused, "libptx.a": refused, "ptx-plain.o": refused, "libptx-plain.a": refused,
+                      "sass.o": passed, "libsass.a": passed}
+    assert run(interposers["13.0"]) == dict.fromkeys(at_128, passed)
