@@ -7,7 +7,8 @@
 # kernel, programs (NVRTC and static-runtime C programs under real and emulated drivers),
 # nightly (the default matrix.yaml, as a user's first GPU run), tests (pytest -m gpu), repro (the bug catalog), swap (the swap benchmark),
 # jit (code compiled at run time and code for another GPU: examples/h200-jit.yaml),
-# wheel (the platform wheel from ./.dist installed as a user would, every cell observed from it).
+# wheel (the platform wheel from ./.dist installed as a user would, every cell observed from it),
+# sandbox-user (sandboxed cells of an ordinary user reaching the GPU, and their cost).
 # Runtime wheels from ./.wheels, extra Python packages from ./.whl, bubblewrap from ./.bwrap.
 # CUMATRIX_EVIDENCE_ROOT=DIR runs from a copy of the checkout in DIR.
 # Everything lands under $OUT/e/ and is packed into $OUT/evidence.tgz after every stage, so a
@@ -65,6 +66,7 @@ for s in ${*:-reference drivers clients gate sandbox kernel}; do
     gate) stage gate 200 env OUT="$E" bash scripts/gpu/gate.sh ;;
     programs) stage programs 200 env OUT="$E" bash scripts/gpu/programs.sh ;;
     sandbox) stage sandbox 480 env OUT="$E" bash scripts/gpu/sandbox.sh ;;
+    sandbox-user) stage sandbox-user 420 env OUT="$E" bash scripts/gpu/sandbox-user.sh ;;
     nightly) stage nightly 300 python3 -m cumatrix run matrix.yaml --require-gpu --out "$E/gpu-h200-nightly" -q -n "$NPROC"
              held "$E/gpu-h200-nightly" ;;
     kernel) stage kernel 120 python3 -m cumatrix run examples/h200-kernel.yaml --out "$E/gpu-h200-kernel" -q -n 2

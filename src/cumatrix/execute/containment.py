@@ -173,6 +173,9 @@ class Scope:
     start_ticks: int = 0
     ended: bool = False
     killed: int = 0  # processes the cell left running when it ended
+    #: Held by the fork server without a cgroup: every process of the cell is in its own pid
+    #: namespace, which ends with it; nothing is left to sweep.
+    served: bool = False
 
     @property
     def mode(self) -> str:
@@ -193,6 +196,8 @@ class Scope:
         try:
             if self.cgroup is not None:
                 self.killed = _kill_cgroup(self.cgroup, remove=True)
+            elif self.served:
+                self.killed = 0
             else:
                 self.killed = _sweep(self, sole=self.owner.sole())
         finally:

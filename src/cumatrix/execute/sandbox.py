@@ -590,6 +590,14 @@ def prepare(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | N
                 signal_in_exit=signal_in_exit, problem=problem), scope
 
 
+def served_without_cgroup(policy: Policy | None) -> bool:
+    """Whether a non-root harness's fork server holds this policy's sandboxed cells (no cgroup:
+    each cell ends with its pid namespace)."""
+    policy = policy or sandbox_policy()
+    return (os.geteuid() != 0 and policy.sandbox in ("auto", "on") and bubblewrap()[0] is not None
+            and forkserver.serves(policy.sandbox, _probe_ops))
+
+
 def _probe_ops() -> list[str]:
     return sandbox_ops(cwd="/", policy=Policy(sandbox="on"))
 
