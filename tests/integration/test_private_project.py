@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -94,3 +95,33 @@ def test_a_default_run_of_a_matrix_in_a_private_directory_passes(tmp_path: Path,
     assert "read the project's own" in records
     assert "write refused 30" in records
     assert stat.S_IMODE(project.stat().st_mode) == 0o700
+
+
+def test_where_the_file_system_refuses_an_idmapped_mount_the_cell_is_a_harness_error_that_says_so(
+        tmp_path: Path) -> None:
+    """overlayfs (the root of most containers) takes no idmapped mount of its own on the
+    kernels tried: the cell does not start, and its record says why, in one line: never an
+    exit status judged as the program's."""
+    layers = {n: tmp_path / n for n in ("lower", "upper", "work", "merged")}
+    for d in layers.values():
+        d.mkdir()
+    opts = f"lowerdir={layers['lower']},upperdir={layers['upper']},workdir={layers['work']}"
+    mounted = subprocess.run(["mount", "-t", "overlay", "overlay", "-o", opts, str(layers["merged"])],
+                             capture_output=True, text=True, check=False)
+    if mounted.returncode != 0:
+        pytest.skip(f"no overlayfs mount here: {mounted.stderr.strip()}")
+    try:
+        project, secret = _private(layers["merged"])
+        res = run_local(Job(cell_id="c", kind="command", timeout=60, argv=("/bin/cat", str(secret))),
+                        cwd=str(project), policy=Policy(sandbox="on"))
+    finally:
+        subprocess.run(["umount", "-l", str(layers["merged"])], check=False)
+    if HARNESS_PROBLEM not in res.extra:  # a kernel whose overlayfs takes one: the cell read it
+        assert res.returncode == 0, res.stderr_tail
+        assert "the project's own" in res.stdout_tail
+        return
+    problem = str(res.extra[HARNESS_PROBLEM])
+    assert "sandbox could not be built" in problem, problem
+    assert "refuses an idmapped mount" in problem, problem
+    assert "chmod o+rx" in problem, problem
+    assert res.returncode is None

@@ -1151,7 +1151,7 @@ static int bind_into(const char *src, const char *dest, unsigned long long attrs
 #endif
 
 /* --ro-bind-idmap: SRC read-only, its files of the harness's uid and gid shown as the cell's
- * (an idmapped mount, Linux 5.12; ext4, xfs, btrfs, tmpfs since 6.3, overlayfs since 5.19):
+ * (an idmapped mount, Linux 5.12; ext4, xfs, btrfs, tmpfs since 6.3; not an overlayfs mount):
  * a private project (a 0700 directory) is readable by the cell, and nothing of the host's
  * permissions changes.  Recursive where every file system below SRC allows it, else SRC's
  * own mount alone; where SRC's refuses, one line says so and the cell does not start. */
@@ -1393,7 +1393,13 @@ static int drop_root(long uid) {
 static int cell_init(char *limits, char **argv) {
     char *chdir_to = NULL;
     if (unshare(CLONE_NEWCGROUP) != 0) return fail("unshare", "cgroup namespace");
-    if (build_root(&chdir_to) != 0 || loopback_up() != 0) return 126;
+    if (build_root(&chdir_to) != 0 || loopback_up() != 0) {
+        /* Nothing of the program ran: the harness's failure, not the cell's (its stderr says
+         * which step); the status pipe says so before the status. */
+        static const char line[] = "h\tthe cell's sandbox could not be built\n";
+        if (serve_status_fd >= 0) while (write(serve_status_fd, line, sizeof line - 1) < 0 && errno == EINTR) {}
+        return 126;
+    }
     if (serve_idmap_fd >= 0) close(serve_idmap_fd);
     if (serve_hold_fd >= 0) {
         /* A held cell: its sandbox is ready; the program starts when the harness says so (the

@@ -339,6 +339,8 @@ class Served:
         self._cgroup = cgroup
         self.returncode: int | None = None
         self.lost = False
+        #: Why the cell's sandbox could not be built (None: it was): a harness error, not an outcome.
+        self.setup_failed: str | None = None
         self._init = -1  # a pidfd of the cell's first process (its namespace's init), where no cgroup ends it
 
     def release(self) -> None:
@@ -374,6 +376,8 @@ class Served:
                 word, _, value = line.partition("\t")
                 if word == "z" and value.lstrip("-").isdigit():
                     self.returncode = os.waitstatus_to_exitcode(int(value))
+                elif word == "h":  # its sandbox was not built: nothing of its program ran
+                    self.setup_failed = value
             if self.returncode is None:
                 self.lost = True
                 self.returncode = -9  # never reported as the cell's: ``lost`` says it has none

@@ -273,8 +273,11 @@ class LocalChild:
         verdict, verr = parse(chan.raw()) if chan else (None, None)
         trace = self._trace
         rc = proc.wait()
-        if isinstance(proc, forkserver.Served) and proc.lost and not timed_out:
+        if isinstance(proc, forkserver.Served) and (proc.lost or proc.setup_failed) and not timed_out:
             detail = "the fork server's tracer of this cell ended without its status: the cell has no outcome"
+            if proc.setup_failed:
+                last = err.text().strip().splitlines()
+                detail = f"{proc.setup_failed}: {last[-1] if last else 'no message'}"
             self.done = ChildResult(returncode=None, signal=None, timed_out=False, stdout_tail=out.text(),
                                     stderr_tail=err.text(), verdict=None, verdict_error=None,
                                     duration_s=time.monotonic() - self.start,
