@@ -24,7 +24,9 @@ import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -113,3 +115,55 @@ def test_processes_of_one_cell_do_not_count_against_the_next_cells_rlimit_nproc(
     got = attack("nproc", harness)
     assert got["first"]["out"] == "forked 30 error 0", got
     assert got["second"]["out"] == "forked 10 error 0", got
+
+
+#: The first cell of a default run: a port left in TIME_WAIT, a key in its user keyring.
+LEAVE = r"""
+import ctypes, socket, sys, time
+srv = socket.socket(); srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+srv.bind(("127.0.0.1", int(sys.argv[1]))); srv.listen()
+cli = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+conn, _ = srv.accept(); conn.close(); time.sleep(0.2); cli.close(); srv.close()
+libc = ctypes.CDLL(None, use_errno=True); libc.syscall.restype = ctypes.c_long
+print("key", libc.syscall(248, b"user", sys.argv[2].encode(), b"secret", 6, -4) > 0)
+"""
+
+#: The second: a plain bind of that port, and a search for that key.
+FIND = r"""
+import ctypes, socket, sys
+s = socket.socket()
+try:
+    s.bind(("127.0.0.1", int(sys.argv[1]))); print("bound")
+except OSError as e:
+    print("bind failed", e.errno)
+libc = ctypes.CDLL(None, use_errno=True); libc.syscall.restype = ctypes.c_long
+print("key found", libc.syscall(250, 10, -4, b"user", sys.argv[2].encode(), 0) >= 0)
+"""
+
+
+@pytest.mark.network  # the cells provision a real runtime wheel (cached after the first)
+def test_in_a_default_run_a_later_cell_finds_nothing_the_cell_before_left(tmp_path: Path, cli: Any,
+                                                                          wheel_cache: Path) -> None:
+    """The same attacks from the cells of a plain ``cumatrix run`` (one after the other, as a
+    serial run holds them: the next made ready while one runs)."""
+    require_bwrap()
+    tmp_path.chmod(0o755)
+    (tmp_path / "leave.py").write_text(LEAVE)
+    (tmp_path / "find.py").write_text(FIND)
+    port, desc = str(20000 + os.getpid() % 20000), f"cmxrun{os.getpid()}"
+    m = tmp_path / "m.yaml"
+    m.write_text(textwrap.dedent(f"""
+        runtimes: {{cu12.9: {{wheel: nvidia-cuda-runtime-cu12==12.9.79}}}}
+        drivers: [host]
+        probe: false
+        cases:
+          - {{name: a-leave, argv: [python3, {tmp_path / 'leave.py'}, "{port}", {desc}]}}
+          - {{name: b-find, argv: [python3, {tmp_path / 'find.py'}, "{port}", {desc}]}}
+        """).lstrip("\n"))
+    proc = cli("run", m, "--out", tmp_path / "out", "-q", cwd=tmp_path, timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = {json.loads(line).get("id", "").rsplit("/", 1)[-1]: json.loads(line)
+           for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()}
+    assert "key True" in out["a-leave"]["stdout_tail"], out["a-leave"]
+    assert "bound" in out["b-find"]["stdout_tail"], out["b-find"]
+    assert "key found False" in out["b-find"]["stdout_tail"], out["b-find"]
