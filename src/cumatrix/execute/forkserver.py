@@ -15,7 +15,7 @@ Nothing of one cell is left for another in the kernel: each cell's network names
 new for it, and its program is ``nobody`` inside a user namespace of its own (its user keyrings
 that namespace's) with a session keyring of its own.  Under a root harness each cell alive also
 has a host uid no other cell has (:func:`cell_uids`, held by the cell's tracer: see ``take_uid``
-in csrc/spawn.c), so that nothing the kernel keeps per uid (processes under ``RLIMIT_NPROC``,
+in csrc/spawn_server.c), so that nothing the kernel keeps per uid (processes under ``RLIMIT_NPROC``,
 inotify instances, key quota, pipe buffers) is shared; a directory that uid may not enter is
 shown to it read-only by an idmapped mount.  A non-root harness's server makes one user
 namespace for the run (``--userns``), where its uid is root, and builds each cell from there as
@@ -60,7 +60,7 @@ from cumatrix.execute.spawn import spawn_shim
 
 #: The message's first field; the server refuses anything else.
 MAGIC = "cumatrix-cell-2"
-#: The largest message the server reads (csrc/spawn.c SERVE_MAX_MSG, less a byte).
+#: The largest message the server reads (csrc/spawn_server.c SERVE_MAX_MSG, less a byte).
 MAX_MESSAGE = (1 << 20) - 1
 ENV_SWITCH = "CUMATRIX_FORK_SERVER"
 
@@ -317,7 +317,7 @@ def _close_all() -> None:
 
 def request(*, procs: str | None, limits: str, uid: int | None, ops: list[str], argv: list[str],
             env: dict[str, str], targets: list[int], hold: bool = False) -> list[str]:
-    """The fields of one cell's message (see ``serve`` in csrc/spawn.c)."""
+    """The fields of one cell's message (see ``serve`` in csrc/spawn_server.c)."""
     env_lines = [f"{k}={v}" for k, v in env.items()]
     return [MAGIC, procs or "-", limits, "-" if uid is None else str(uid), str(len(ops)), str(len(argv)),
             str(len(env_lines)), ",".join(map(str, targets)), "1" if hold else "0", *ops, *argv, *env_lines]
