@@ -28,6 +28,7 @@ from setuptools.command.build_py import build_py
 HERE = Path(__file__).parent
 # The flags observe.py and spawn.py compile with at first use: the same program either way.
 AUDIT_CFLAGS = ["-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror"]
+SPAWN_CFLAGS = ["-O2", "-Wall", "-Wextra", "-Werror"]  # cumatrix.execute.spawn.SPAWN_CFLAGS
 
 def _compiler() -> str | None:
     return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
@@ -54,12 +55,13 @@ def _compile(out: Path) -> None:
     interposer) into ``out``."""
     cc = _compiler()
     if cc is None:
-        raise SystemExit("building a cumatrix wheel compiles csrc/spawn.c, csrc/audit.c and data/interposer.c: "
+        raise SystemExit("building a cumatrix wheel compiles csrc/spawn*.c, csrc/audit.c and data/interposer.c: "
                          "no C compiler (cc, gcc or $CC) found; install gcc, or set CUMATRIX_PURE_WHEEL=1 for a "
                          "pure wheel whose helpers are compiled on the host at first use")
     out.mkdir(parents=True, exist_ok=True)
     csrc = HERE / "src" / "cumatrix" / "csrc"
-    spawn = [cc, "-O2", "-o", str(out / "cumatrix-spawn"), str(csrc / "spawn.c")]
+    # Every unit of the helper (spawn.c and spawn_*.c), as execute/spawn.py builds it.
+    spawn = [cc, *SPAWN_CFLAGS, "-o", str(out / "cumatrix-spawn"), *map(str, sorted(csrc.glob("spawn*.c")))]
     if subprocess.run([*spawn[:2], "-static", *spawn[2:]], check=False, capture_output=True).returncode != 0:
         subprocess.run(spawn, check=True)
     subprocess.run([cc, *AUDIT_CFLAGS, "-o", str(out / "libcumatrix_audit.so"), str(csrc / "audit.c")], check=True)

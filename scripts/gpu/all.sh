@@ -11,7 +11,8 @@
 # emulated-12.4 and emulated-12.8: scripts/gpu/driver_roads.sh; run it as `all.sh jit driver-roads`),
 # wheel (the platform wheel from ./.dist installed as a user would, every cell observed from it),
 # clients-tmp (the clients matrix kept directly in /tmp, its cases starting there: CuPy and JAX
-# write their caches and temporary files in the cell's own /tmp).
+# write their caches and temporary files in the cell's own /tmp),
+# sandbox-user (sandboxed cells of an ordinary user reaching the GPU, and their cost).
 # Runtime wheels from ./.wheels, extra Python packages from ./.whl, bubblewrap from ./.bwrap.
 # CUMATRIX_EVIDENCE_ROOT=DIR runs from a copy of the checkout in DIR.
 # Everything lands under $OUT/e/ and is packed into $OUT/evidence.tgz after every stage, so a
@@ -72,6 +73,7 @@ for s in ${*:-reference drivers clients gate sandbox kernel}; do
     gate) stage gate 200 env OUT="$E" bash scripts/gpu/gate.sh ;;
     programs) stage programs 200 env OUT="$E" bash scripts/gpu/programs.sh ;;
     sandbox) stage sandbox 480 env OUT="$E" bash scripts/gpu/sandbox.sh ;;
+    sandbox-user) stage sandbox-user 420 env OUT="$E" bash scripts/gpu/sandbox-user.sh ;;
     nightly) stage nightly 300 python3 -m cumatrix run matrix.yaml --require-gpu --out "$E/gpu-h200-nightly" -q -n "$NPROC"
              held "$E/gpu-h200-nightly" ;;
     kernel) stage kernel 120 python3 -m cumatrix run examples/h200-kernel.yaml --out "$E/gpu-h200-kernel" -q -n 2

@@ -26,8 +26,9 @@ def require_bwrap() -> str:
     return path
 
 
-#: How a sandboxed cell can be held: by the fork server (a root harness with cgroups) or by
-#: bubblewrap per cell (``CUMATRIX_FORK_SERVER=off``, and every non-root harness).
+#: How a sandboxed cell can be held: by the fork server (a root harness with cgroups, or any
+#: other harness from a user namespace of the server's own) or by bubblewrap per cell
+#: (``CUMATRIX_FORK_SERVER=off``).
 HOLDERS = ("namespaces", "bubblewrap")
 
 
@@ -37,7 +38,7 @@ def hold_with(holder: str, monkeypatch: pytest.MonkeyPatch) -> str:
         monkeypatch.setenv("CUMATRIX_FORK_SERVER", "off")
         return "bubblewrap"
     monkeypatch.delenv("CUMATRIX_FORK_SERVER", raising=False)
-    return "namespaces" if os.geteuid() == 0 else "bubblewrap"
+    return "namespaces"
 
 
 #: Connects to the Unix socket its argument (or ``$SOCK``) names; says what it got, exits 0.

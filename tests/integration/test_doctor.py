@@ -96,7 +96,7 @@ def _package_with_libexec(tmp: Path) -> Path:
     shutil.copytree(Path(cumatrix.__file__).resolve().parent, pkg, ignore=shutil.ignore_patterns("__pycache__"))
     libexec = pkg / "libexec"
     libexec.mkdir()
-    run_gcc("-O2", "-o", libexec / SPAWN, pkg / "csrc" / "spawn.c")
+    run_gcc("-O2", "-o", libexec / SPAWN, *sorted((pkg / "csrc").glob("spawn*.c")))
     run_gcc("-shared", "-fPIC", "-O2", "-o", libexec / AUDIT, pkg / "csrc" / "audit.c")
     run_gcc(*prebuilt_driver.COMPILE_FLAGS, "-o", libexec / prebuilt_driver.PREBUILT_NAME,
             pkg / "data" / "interposer.c", "-ldl")

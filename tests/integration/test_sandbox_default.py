@@ -197,10 +197,14 @@ def test_require_sandbox_makes_it_an_error(tmp_path: Path, cli: Any, wheel_cache
     assert not (tmp_path / "out" / "results.jsonl").exists()
 
 
-def test_a_working_directory_nobody_cannot_enter_is_a_harness_error_that_names_the_fixes(tmp_path: Path) -> None:
+def test_under_bubblewrap_a_working_directory_nobody_cannot_enter_is_a_harness_error_that_names_the_fixes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """bubblewrap runs a root harness's cells as nobody and cannot show them a private
+    directory (the fork server can: ``test_private_project.py``)."""
     if os.geteuid() != 0:
         pytest.skip("only a root harness runs its cells as another uid")
     require_bwrap()
+    monkeypatch.setenv("CUMATRIX_FORK_SERVER", "off")
     # deferred: the rest of this module drives the CLI; this one case asks the local backend
     from cumatrix.core.jobs import Job
     from cumatrix.execute.local import HARNESS_PROBLEM, run_local

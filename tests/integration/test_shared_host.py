@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from cumatrix.execute import sandbox
+from cumatrix.execute.spawn import spawn_source_bytes
 from helpers.users import local_user
 
 OTHER = "cmxother"
@@ -48,7 +49,7 @@ def as_user(user: pwd.struct_passwd, script: str) -> None:
 
 def shim_name() -> str:
     """The file name under which a run looks for its spawn helper in the cache."""
-    source = sandbox._SPAWN_SOURCE.read_bytes()
+    source = spawn_source_bytes()
     tag = hashlib.sha256(source + os.uname().machine.encode() + b" static").hexdigest()[:16]
     return f"cumatrix-spawn-{tag}"
 

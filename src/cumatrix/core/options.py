@@ -46,6 +46,13 @@ WRITE_LIMIT_RANGE = (4096, 1 << 40)
 #: The host id a root harness's sandboxed cells run as (``nobody``; ``$CUMATRIX_SANDBOX_UID``).
 NOBODY = 65534
 _UID_MAX = 2**32 - 2
+#: The host uids (and gids) a root harness's cells take under the fork server, one per cell
+#: alive (``$CUMATRIX_SANDBOX_UIDS`` = ``BASE:COUNT`` names another range): 2,000,000,000 and
+#: the 65,535 after it, inside the block systemd leaves unused (above the containers' ranges,
+#: 524288-1879048191, below 2^31, which some tools read as negative).  A cell is ``nobody``
+#: (:data:`NOBODY`) inside a user namespace of its own, and one of these outside, so that no
+#: two cells alive share what the kernel keeps per uid.
+CELL_UIDS = (2_000_000_000, 65536)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -139,6 +146,17 @@ def sandbox_policy(*, sandbox: str | None = None, pass_env: Iterable[str] | None
         write_limit=write_limit if write_limit is not None
         else _env_size(env, "CUMATRIX_SANDBOX_WRITE_LIMIT", WRITE_LIMIT, WRITE_LIMIT_RANGE[1]),
         uid=_env_size(env, "CUMATRIX_SANDBOX_UID", NOBODY, _UID_MAX))
+
+
+def uid_range(environ: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """The cells' host uid range (:data:`CELL_UIDS`, or ``$CUMATRIX_SANDBOX_UIDS``, ``BASE:COUNT``,
+    ignored unless it lies within 1..2^32-2 and holds at least one uid)."""
+    env = os.environ if environ is None else environ
+    base, _, count = env.get("CUMATRIX_SANDBOX_UIDS", "").strip().partition(":")
+    if base.isdigit() and count.isdigit() and int(base) > 0 and int(count) > 0 \
+            and int(base) + int(count) - 1 <= _UID_MAX:
+        return int(base), int(count)
+    return CELL_UIDS
 
 
 class _PytestConfig(Protocol):

@@ -173,6 +173,9 @@ class Scope:
     start_ticks: int = 0
     ended: bool = False
     killed: int = 0  # processes the cell left running when it ended
+    #: Held by the fork server without a cgroup: every process of the cell is in its own pid
+    #: namespace, which ends with it; nothing is left to sweep.
+    served: bool = False
 
     @property
     def mode(self) -> str:
@@ -193,6 +196,8 @@ class Scope:
         try:
             if self.cgroup is not None:
                 self.killed = _kill_cgroup(self.cgroup, remove=True)
+            elif self.served:
+                self.killed = 0
             else:
                 self.killed = _sweep(self, sole=self.owner.sole())
         finally:
@@ -332,16 +337,27 @@ def _only_known_children(me: int, known: set[int]) -> bool:
     return True
 
 
+#: Children of the harness that no sweep takes for a cell's leftovers: the fork server (a
+#: non-root harness's has no cgroups), which ends its own cells' trees (their pid namespaces).
+_KEPT: set[int] = set()
+
+
+def keep_out_of_sweeps(pid: int) -> None:
+    """Never sweep ``pid`` nor what it started (see :data:`_KEPT`)."""
+    _KEPT.add(pid)
+
+
 def _sweep(scope: Scope, *, sole: bool) -> int:
     """Kill what a cell left where there is no cgroup (the harness is the subreaper)."""
     me, watcher = os.getpid(), scope.owner.watcher_pid
-    if sole and _only_known_children(me, {p for p in (watcher, scope.leader) if p}):
+    if sole and _only_known_children(me, {p for p in (watcher, scope.leader, *_KEPT) if p}):
         return 0
     marker = f"{SCOPE_ENV}={scope.marker}".encode()
     found: set[int] = set()
     for _ in range(5):  # a process may fork while the sweep runs: sweep until none is left
         table = _table()
-        mine = _descendants(table, [me]) - {me} - _descendants(table, [watcher] if watcher else [])
+        kept = [p for p in (watcher, *_KEPT) if p and p in table]
+        mine = _descendants(table, [me]) - {me} - _descendants(table, kept)
         seeds = {pid for pid in mine if _left_by(scope, table, pid, me=me, sole=sole, marker=marker)}
         victims = _descendants(table, seeds) & mine
         if not victims:

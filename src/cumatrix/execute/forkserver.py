@@ -11,6 +11,16 @@ cgroup; that process builds the cell's root from the same operations bubblewrap 
 capability, no group and ``no_new_privs``.  What the cell sees and may do is what bubblewrap
 gives it; what it costs is a fork, a clone and a few mounts.
 
+Nothing of one cell is left for another in the kernel: each cell's network namespace is made
+new for it, and its program is ``nobody`` inside a user namespace of its own (its user keyrings
+that namespace's) with a session keyring of its own.  Under a root harness each cell alive also
+has a host uid no other cell has (:func:`cell_uids`, held by the cell's tracer: see ``take_uid``
+in csrc/spawn_server.c), so that nothing the kernel keeps per uid (processes under ``RLIMIT_NPROC``,
+inotify instances, key quota, pipe buffers) is shared; a directory that uid may not enter is
+shown to it read-only by an idmapped mount.  A non-root harness's server makes one user
+namespace for the run (``--userns``), where its uid is root, and builds each cell from there as
+a root server does: bubblewrap's cost per cell is gone, and its cells share that one uid.
+
 A cell travels as one message on a Unix ``SOCK_SEQPACKET`` socket with its descriptors
 (``SCM_RIGHTS``): its stdout and stderr, a status pipe, the tracer's pipe, a held cell's hold
 pipe and a harness child's verdict channel.  A held cell (``hold=True``) is made ready up to
@@ -29,8 +39,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import grp
 import os
+import pwd
 import select
+import signal
 import socket
 import subprocess
 import threading
@@ -40,14 +53,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from cumatrix.core.options import NOBODY
+from cumatrix.core.options import NOBODY, uid_range
 from cumatrix.core.witness import tracing_enabled
-from cumatrix.execute.containment import containment
+from cumatrix.execute.containment import containment, keep_out_of_sweeps
 from cumatrix.execute.spawn import spawn_shim
 
 #: The message's first field; the server refuses anything else.
 MAGIC = "cumatrix-cell-2"
-#: The largest message the server reads (csrc/spawn.c SERVE_MAX_MSG, less a byte).
+#: The largest message the server reads (csrc/spawn_server.c SERVE_MAX_MSG, less a byte).
 MAX_MESSAGE = (1 << 20) - 1
 ENV_SWITCH = "CUMATRIX_FORK_SERVER"
 
@@ -57,10 +70,10 @@ class ServedCell:
     """What the server needs of a cell beyond its argv and environment."""
 
     ops: list[str]  # the sandbox, in bubblewrap's words (sandbox.sandbox_ops)
-    uid: int  # the program's uid and gid
+    uid: int  # the program's uid and gid (inside its own user namespace)
     procs: str | None  # the cell's cgroup.procs
     limits: str  # the spawn helper's LIMITS
-    cgroup: Path
+    cgroup: Path | None  # None: no cgroup (a non-root harness), the cell is ended by its first process
 
 
 class ServerGone(OSError):
@@ -75,6 +88,7 @@ class ForkServer:
     """The running server of one harness process."""
 
     def __init__(self, helper: Path) -> None:
+        how = server_mode()
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         with contextlib.suppress(OSError):
             ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
@@ -83,7 +97,7 @@ class ForkServer:
         try:
             # No death signal: it ends at the socket's EOF, when this process has gone,
             # whichever thread started it (a death signal follows the thread).
-            self.proc = subprocess.Popen([str(helper), "--serve", str(theirs.fileno()), "0"],
+            self.proc = subprocess.Popen([str(helper), "--serve", str(theirs.fileno()), "0", *how],
                                          pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL,
                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                          start_new_session=True)
@@ -92,6 +106,7 @@ class ForkServer:
             raise ServerGone(f"the fork server cannot start ({helper}): {e}") from e
         finally:
             theirs.close()
+        keep_out_of_sweeps(self.proc.pid)  # it ends its own cells; a sweep would end it
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -131,17 +146,78 @@ def server(helper: Path) -> ForkServer:
         return got
 
 
+def server_mode() -> list[str]:
+    """How the server is started beyond its socket: a root harness gives it the reserved range
+    its cells' uids come from (``BASE:COUNT``; none where the range is not free of real users,
+    and the cells are then ``nobody``, as under bubblewrap); anyone else's server makes its
+    own user namespace (``--userns``)."""
+    if os.geteuid() != 0:
+        return ["--userns"]
+    ids = cell_uids()
+    return [] if ids is None else [f"{ids[0]}:{ids[1]}"]
+
+
+_UIDS: dict[str, tuple[int, int] | None] = {}
+
+
+def cell_uids() -> tuple[int, int] | None:
+    """The range a root harness's served cells take their host uids from (:data:`CELL_UIDS`,
+    or ``$CUMATRIX_SANDBOX_UIDS``), once it is checked that no user or group of this host, nor
+    a subordinate id range (``/etc/subuid``, ``/etc/subgid``), lies in it; None otherwise
+    (:func:`cell_uids_why` says why)."""
+    with _LOCK:
+        if "ids" not in _UIDS:
+            ids, why = _check_uids(uid_range())
+            _UIDS["ids"] = ids
+            _UIDS_WHY["why"] = why
+        return _UIDS["ids"]
+
+
+_UIDS_WHY: dict[str, str | None] = {}
+
+
+def cell_uids_why() -> str | None:
+    """Why the cells' uid range is not used (None: it is, or was not looked at)."""
+    return _UIDS_WHY.get("why")
+
+
+def _check_uids(ids: tuple[int, int]) -> tuple[tuple[int, int] | None, str | None]:
+    low, count = ids
+    high = low + count - 1
+    taken = [(e.pw_name, e.pw_uid) for e in pwd.getpwall() if low <= e.pw_uid <= high]
+    taken += [(e.gr_name, e.gr_gid) for e in grp.getgrall() if low <= e.gr_gid <= high]
+    if taken:
+        return None, f"{taken[0][0]} has id {taken[0][1]}, inside the cells' range {low}-{high}"
+    for path in ("/etc/subuid", "/etc/subgid"):
+        try:
+            lines = Path(path).read_text().splitlines()
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.strip().split(":")
+            if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+                start, n = int(parts[1]), int(parts[2])
+                if start <= high and low < start + n:
+                    return None, f"{path} gives {parts[0]} {start}-{start + n - 1}, across the cells' range {low}-{high}"
+    return ids, None
+
+
 def enabled() -> bool:
     return os.environ.get(ENV_SWITCH, "").strip().lower() not in ("off", "0", "no", "false")
 
 
 def serves(sandbox: str, probe_ops: Callable[[], list[str]]) -> bool:
-    """Whether this process's sandboxed cells (policy ``sandbox``) go to the server: a root
-    harness that traces its cells in their own cgroups (the server needs all three), and the
-    server's sandbox passed its check on this host."""
+    """Whether this process's sandboxed cells (policy ``sandbox``) go to the server: a harness
+    that traces its cells (root: in their own cgroups), and the server's sandbox passed its
+    check on this host."""
     shim = spawn_shim()
-    return (os.geteuid() == 0 and shim is not None and tracing_enabled() and containment().group is not None
-            and sandbox != "off" and usable(shim, probe_ops))
+    if shim is None or not tracing_enabled() or sandbox == "off":
+        return False
+    # Root: the cells' cgroups are how the harness ends them.  Anyone else: the server makes
+    # its own user namespace, and a cell is ended by its first process where it has no cgroup.
+    if os.geteuid() == 0 and containment().group is None:
+        return False
+    return usable(shim, probe_ops)
 
 
 _USABLE: dict[str, str | None] = {}
@@ -168,7 +244,7 @@ def why_not() -> str | None:
 
 
 def _check(helper: Path, ops: list[str]) -> str | None:
-    cell = ServedCell(ops=ops, uid=NOBODY, procs=None, limits="-", cgroup=Path("/nonexistent"))
+    cell = ServedCell(ops=ops, uid=NOBODY, procs=None, limits="-", cgroup=None)
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
         proc = start(cell, helper, ["/bin/sh", "-c", _CHECK], {"PATH": "/usr/bin:/bin"}, devnull, [])
@@ -241,7 +317,7 @@ def _close_all() -> None:
 
 def request(*, procs: str | None, limits: str, uid: int | None, ops: list[str], argv: list[str],
             env: dict[str, str], targets: list[int], hold: bool = False) -> list[str]:
-    """The fields of one cell's message (see ``serve`` in csrc/spawn.c)."""
+    """The fields of one cell's message (see ``serve`` in csrc/spawn_server.c)."""
     env_lines = [f"{k}={v}" for k, v in env.items()]
     return [MAGIC, procs or "-", limits, "-" if uid is None else str(uid), str(len(ops)), str(len(argv)),
             str(len(env_lines)), ",".join(map(str, targets)), "1" if hold else "0", *ops, *argv, *env_lines]
@@ -254,7 +330,7 @@ class Served:
 
     pid = 0  # not this process's child: nothing to signal by pid (kill goes through the cgroup)
 
-    def __init__(self, stdout: int, stderr: int, status: int, cgroup: Path, *, hold: int = -1) -> None:
+    def __init__(self, stdout: int, stderr: int, status: int, cgroup: Path | None, *, hold: int = -1) -> None:
         self.stdout: BinaryIO = os.fdopen(stdout, "rb", buffering=0)
         self.stderr: BinaryIO = os.fdopen(stderr, "rb", buffering=0)
         self._status = status
@@ -263,6 +339,9 @@ class Served:
         self._cgroup = cgroup
         self.returncode: int | None = None
         self.lost = False
+        #: Why the cell's sandbox could not be built (None: it was): a harness error, not an outcome.
+        self.setup_failed: str | None = None
+        self._init = -1  # a pidfd of the cell's first process (its namespace's init), where no cgroup ends it
 
     def release(self) -> None:
         """Start a held cell's program (its sandbox is ready, or is being made: the program
@@ -286,17 +365,33 @@ class Served:
             chunk = os.read(self._status, 256)
             if chunk:
                 self._buf += chunk
+                self._take_init()
                 continue
             os.close(self._status)
             self._status = -1
+            if self._init >= 0:  # the cell has ended: nothing left to end by it
+                os.close(self._init)
+                self._init = -1
             for line in self._buf.decode(errors="replace").splitlines():
                 word, _, value = line.partition("\t")
                 if word == "z" and value.lstrip("-").isdigit():
                     self.returncode = os.waitstatus_to_exitcode(int(value))
+                elif word == "h":  # its sandbox was not built: nothing of its program ran
+                    self.setup_failed = value
             if self.returncode is None:
                 self.lost = True
                 self.returncode = -9  # never reported as the cell's: ``lost`` says it has none
         return True
+
+    def _take_init(self) -> None:
+        """A pidfd of the cell's first process, from its "p" line (written as it starts; the
+        tracer, its parent, reaps it only once it ended: the pid is its until then)."""
+        if self._init >= 0 or self._cgroup is not None or not self._buf.startswith(b"p\t"):
+            return
+        line, nl, _ = self._buf.partition(b"\n")
+        if nl and line[2:].isdigit():
+            with contextlib.suppress(OSError):
+                self._init = os.pidfd_open(int(line[2:]))
 
     def poll(self) -> int | None:
         self._read(0)
@@ -311,11 +406,20 @@ class Served:
     def kill(self) -> None:
         """Kill the cell's tree (its cgroup); the tracer then ends and writes the status."""
         self._drop_hold()
+        if self._cgroup is None:
+            self._read(0)
+            if self._init >= 0:  # the init of the cell's pid namespace: every process of it goes
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(self._init, signal.SIGKILL)
+            return
         with contextlib.suppress(OSError):
             (self._cgroup / "cgroup.kill").write_text("1")
 
     def close(self) -> None:
         self._drop_hold()
+        if self._init >= 0:
+            os.close(self._init)
+            self._init = -1
         if self._status >= 0:
             os.close(self._status)
             self._status = -1

@@ -106,7 +106,10 @@ def ready_local(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str
     has no cgroups (the subreaper's sweep counts the cells open at once), nothing is made
     before ``go``.  ``now``: ``go`` follows at once (:func:`start_local`).
     """
-    if containment().group is None and not now:
+    # A cell the fork server holds is made ready ahead without a cgroup too: its processes are
+    # in a pid namespace of its own, which ends them, and no sweep counts it.
+    ahead = containment().group is not None or (serve and mode == "cell" and sandbox.served_without_cgroup(policy))
+    if not ahead and not now:
         return ReadyChild(lambda: ready_local(job, base_env=base_env, cwd=cwd, policy=policy, mode=mode,
                                               serve=serve, now=True).go())
     plan, scope = sandbox.prepare(job, base_env=base_env, cwd=cwd, policy=policy, trace=mode == "cell", serve=serve)
@@ -194,6 +197,7 @@ def _start_served(job: Job, plan: sandbox.Plan, scope: sandbox.Scope, start: flo
     if chan:
         chan.after_spawn()
     plan.trace.after_spawn()
+    scope.served = scope.cgroup is None
     return LocalChild(job, plan, scope, start, proc=proc, chan=chan)
 
 
@@ -269,8 +273,11 @@ class LocalChild:
         verdict, verr = parse(chan.raw()) if chan else (None, None)
         trace = self._trace
         rc = proc.wait()
-        if isinstance(proc, forkserver.Served) and proc.lost and not timed_out:
+        if isinstance(proc, forkserver.Served) and (proc.lost or proc.setup_failed) and not timed_out:
             detail = "the fork server's tracer of this cell ended without its status: the cell has no outcome"
+            if proc.setup_failed:
+                last = err.text().strip().splitlines()
+                detail = f"{proc.setup_failed}: {last[-1] if last else 'no message'}"
             self.done = ChildResult(returncode=None, signal=None, timed_out=False, stdout_tail=out.text(),
                                     stderr_tail=err.text(), verdict=None, verdict_error=None,
                                     duration_s=time.monotonic() - self.start,

@@ -1,6 +1,6 @@
 """The compiled parts a wheel carries, and what a run lacks without them.
 
-A platform wheel's build (``setup.py``) compiles ``csrc/spawn.c`` and ``csrc/audit.c`` into
+A platform wheel's build (``setup.py``) compiles ``csrc/spawn*.c`` and ``csrc/audit.c`` into
 ``cumatrix/libexec/``; a host without a compiler then has the same evidence as a checkout, which
 compiles them into the cache at first use.  The prebuilt driver interposer beside them
 (``libcumatrix_cuda.so``) is found by :mod:`cumatrix.provision.prebuilt_driver`, a stage below

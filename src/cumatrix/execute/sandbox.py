@@ -545,11 +545,11 @@ def bwrap_argv(bwrap: str, job: Job, env: dict[str, str], cwd: str, policy: Poli
     return bwrap_command(bwrap, list(job.argv), cwd=cwd, policy=policy, read=read, write=write, job=job)
 
 
-def job_ops(job: Job, env: dict[str, str], cwd: str, policy: Policy) -> list[str]:
+def job_ops(job: Job, env: dict[str, str], cwd: str, policy: Policy, *, idmap: bool = False) -> list[str]:
     """What :func:`bwrap_argv` tells bubblewrap to build for ``job``, as the fork server is told
-    it (:func:`sandbox_ops`)."""
+    it (:func:`sandbox_ops`; ``idmap``: see there)."""
     read, write = _job_view(job, env, cwd, ())
-    return sandbox_ops(cwd=cwd, policy=policy, read=read, write=write, job=job)
+    return sandbox_ops(cwd=cwd, policy=policy, read=read, write=write, job=job, idmap=idmap)
 
 
 def _job_view(job: Job, env: dict[str, str], cwd: str, write_dirs: Iterable[str]) -> tuple[list[str], list[str]]:
@@ -580,7 +580,8 @@ def _reached(named: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(wanted)
 
 
-def _views(points: Mapping[str, str], masks: list[tuple[str, str]], write: Iterable[str]) -> list[str]:
+def _views(points: Mapping[str, str], masks: list[tuple[str, str]], write: Iterable[str],
+           private: Iterable[str] = ()) -> list[str]:
     """bubblewrap's arguments for what the cell sees of the host beyond the system: ``points``
     (path in the view -> the host path it shows) read-only, ``masks`` (what the harness keeps,
     where a point shows it: path in the view, path on the host) empty, the files in ``write``
@@ -613,7 +614,7 @@ def _views(points: Mapping[str, str], masks: list[tuple[str, str]], write: Itera
         elif p in at_mask:
             out += ["--ro-bind", "/dev/null", p]
         else:
-            out += ["--ro-bind", points[p], p]
+            out += ["--ro-bind-idmap" if p in private else "--ro-bind", points[p], p]
     for view, src in points.items():  # a real directory (not a link to /run) under a bound one
         for hide in _hidden_roots():
             if _under(hide, src) and hide != src and os.path.isdir(hide) and not os.path.islink(hide):
@@ -658,12 +659,15 @@ def bwrap_command(bwrap: str, argv: list[str], *, cwd: str, policy: Policy | Non
 
 
 def sandbox_ops(*, cwd: str, policy: Policy, read: Iterable[str] = (), write: Iterable[str] = (),
-                job: Job | None = None) -> list[str]:
+                job: Job | None = None, idmap: bool = False) -> list[str]:
     """What the cell sees, in bubblewrap's words: the system directories, the GPU's device nodes
     and ``read`` read-only (``/proc/sys`` and ``/sys`` too); no ``/run``, ``/var/run`` or other
     host socket; a private ``/tmp`` and ``/dev/shm`` of ``policy.write_limit`` bytes each; the
     files in ``write`` (which must exist) the only writable host paths; ``cwd`` its directory.
-    bubblewrap builds it per cell, the fork server from the same list; ``job``'s driver: :mod:`.driverview`."""
+    bubblewrap builds it per cell, the fork server from the same list; ``job``'s driver: :mod:`.driverview`.
+    ``idmap`` (the fork server of a root harness, whose cells have uids of their own): a bind
+    point the cell's uid could not enter (a 0700 project, pytest's ``tmp_path``) is bound as
+    ``--ro-bind-idmap``, an idmapped mount showing the harness's files there as the cell's."""
     size = str(policy.write_limit)
     out: list[str] = []
     for d in SYSTEM_DIRS:
@@ -693,7 +697,8 @@ def sandbox_ops(*, cwd: str, policy: Policy, read: Iterable[str] = (), write: It
             why = _refusal(f, [(os.path.normpath(k), os.path.realpath(k)) for k, _ in kept])
             if why is not None:
                 raise Refused(why)
-    out += _views(dict(points), list(masks), write)
+    private = _private_points(tuple(p for p, _ in points), tuple(read)) if idmap else ()
+    out += _views(dict(points), list(masks), write, private)
     out += driverview.job_ops(job, lambda f: any(_under(f, d) for d in (*_system_dirs(), *(p for p, _ in points))))
     return [*out, "--chdir", cwd]
 
@@ -725,6 +730,25 @@ def _points_and_masks(read: tuple[str, ...], kept: tuple[tuple[str, bool], ...],
     return tuple((p, source[p]) for p in points), tuple(masks), None
 
 
+@functools.lru_cache(maxsize=256)
+def _private_points(points: tuple[str, ...], read: tuple[str, ...]) -> tuple[str, ...]:
+    """The bind points an unprivileged uid could not pass: the point itself, or a directory
+    between it and a path the job names under it, that others may not enter."""
+    out = []
+    for p in points:
+        dirs = {p}
+        for r in read:
+            if not r.startswith("/"):
+                continue
+            d = os.path.normpath(r if os.path.isdir(r) else os.path.dirname(r))
+            while _under(d, p) and d not in dirs:
+                dirs.add(d)
+                d = os.path.dirname(d)
+        if not all(_enterable(d) for d in dirs):
+            out.append(p)
+    return tuple(out)
+
+
 # --------------------------------------------------------------------------- the plan
 
 
@@ -743,7 +767,9 @@ def prepare(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | N
         env[SCOPE_ENV] = scope.marker
     extra: dict[str, object] = {"containment": scope.mode}
     shim = spawn_shim()
-    serve = serve and trace and scope.cgroup is not None and forkserver.serves(policy.sandbox, _probe_ops)
+    # A root harness ends a served cell by its cgroup; anyone else's by its first process.
+    served_here = scope.cgroup is not None or os.geteuid() != 0
+    serve = serve and trace and served_here and forkserver.serves(policy.sandbox, _probe_ops)
     argv, signal_in_exit, problem, ops = _sandboxed(job, env, policy, cwd, extra, serve=serve)
     lims = limits(job) if policy.limits else []
     if extra.get("sandbox") in SANDBOXED:
@@ -751,7 +777,7 @@ def prepare(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | N
     procs = str(scope.cgroup / "cgroup.procs") if scope.cgroup is not None else None
     if shim is not None:
         spec = ",".join(f"{n}={s}:{h}" for n, s, h in lims) or "-"
-        if ops is not None and scope.cgroup is not None and problem is None:
+        if ops is not None and served_here and problem is None:
             extra["spawn"] = "fork-server"
             return Plan(argv=argv, env=env, extra=extra, signal_in_exit=True, trace=TraceChannel(),
                         served=forkserver.ServedCell(ops=ops, uid=policy.uid, procs=procs, limits=spec,
@@ -784,6 +810,14 @@ def _unseen_cwd(cwd: str) -> str | None:
             "name another with cwd:, or --no-sandbox")
 
 
+def served_without_cgroup(policy: Policy | None) -> bool:
+    """Whether a non-root harness's fork server holds this policy's sandboxed cells (no cgroup:
+    each cell ends with its pid namespace)."""
+    policy = policy or sandbox_policy()
+    return (os.geteuid() != 0 and policy.sandbox in ("auto", "on") and bubblewrap()[0] is not None
+            and forkserver.serves(policy.sandbox, _probe_ops))
+
+
 def _probe_ops() -> list[str]:
     return sandbox_ops(cwd="/", policy=Policy(sandbox="on"))
 
@@ -798,7 +832,10 @@ def _sandboxed(job: Job, env: dict[str, str], policy: Policy, cwd: str | None, e
         return job.argv, False, None, None
     bwrap, why = bubblewrap()
     here = cwd or os.getcwd()
-    if bwrap is not None and os.geteuid() == 0 and not _enterable(here):
+    # The fork server of a root harness gives each cell a uid of its own, to which what it
+    # cannot enter is shown by an idmapped mount; bubblewrap runs it as nobody.
+    idmap = serve and os.geteuid() == 0 and forkserver.cell_uids() is not None
+    if bwrap is not None and os.geteuid() == 0 and not idmap and not _enterable(here):
         extra["sandbox"] = "bubblewrap"
         return job.argv, False, (
             f"the sandbox runs the cell as uid {policy.uid} (nobody), which may not enter its working "
@@ -811,7 +848,7 @@ def _sandboxed(job: Job, env: dict[str, str], policy: Policy, cwd: str | None, e
         refused = _unseen_cwd(here)
         try:
             if refused is None and serve:
-                return job.argv, True, None, job_ops(job, env, here, policy)
+                return job.argv, True, None, job_ops(job, env, here, policy, idmap=idmap)
             if refused is None:
                 return tuple(bwrap_argv(bwrap, job, env, here, policy)), True, None, None
         except Refused as e:

@@ -25,7 +25,23 @@ from cumatrix.execute.prebuilt import SPAWN, prebuilt
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
-_SPAWN_SOURCE = Path(__file__).resolve().parents[1] / "csrc" / "spawn.c"
+_CSRC = Path(__file__).resolve().parents[1] / "csrc"
+#: The spawn helper's main unit; the others (``spawn_*.c``, each with its header) are built with it.
+_SPAWN_SOURCE = _CSRC / "spawn.c"
+#: How the helper is compiled, at first use and by setup.py alike (warnings are errors).
+SPAWN_CFLAGS = ("-O2", "-Wall", "-Wextra", "-Werror")
+
+
+def spawn_sources() -> list[Path]:
+    """The helper's C units (``spawn.c`` and ``spawn_*.c``), in a stable order."""
+    return sorted(_CSRC.glob("spawn*.c"))
+
+
+def spawn_source_bytes() -> bytes:
+    """Every unit and header of the helper, concatenated with their names: what its build is
+    keyed by (a change to any of them builds it again)."""
+    return b"".join(p.name.encode() + b"\0" + p.read_bytes()
+                    for p in sorted([*_CSRC.glob("spawn*.c"), *_CSRC.glob("spawn*.h")]))
 
 
 # --------------------------------------------------------------------------- the spawn shim
@@ -58,7 +74,7 @@ def _build_shim() -> Path | None:
     if shipped is not None and os.access(shipped, os.X_OK):
         return shipped
     try:
-        source = _SPAWN_SOURCE.read_bytes()
+        source = spawn_source_bytes()
     except OSError:
         return None
     tag = hashlib.sha256(source + os.uname().machine.encode() + b" static").hexdigest()[:16]
@@ -77,7 +93,8 @@ def _build_shim() -> Path | None:
         # dynamic loader, and so without the cell's LD_AUDIT library, which the cell's
         # environment would otherwise load into the shim too (0.5 ms a cell).
         for static in (["-static"], []):
-            proc = subprocess.run([cc, "-O2", *static, "-o", str(tmp), str(_SPAWN_SOURCE)], capture_output=True,
+            proc = subprocess.run([cc, *SPAWN_CFLAGS, *static, "-o", str(tmp), *map(str, spawn_sources())],
+                                  capture_output=True,
                                   timeout=120, stdin=subprocess.DEVNULL, check=False)
             if proc.returncode == 0:
                 break
