@@ -34,7 +34,6 @@ import socket
 import tempfile
 import time
 import uuid
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
@@ -45,7 +44,7 @@ import docker.types
 import requests.exceptions
 
 from cumatrix.core.cache import temp_prefix
-from cumatrix.core.errors import CumatrixError, DaemonUnavailable, HarnessError
+from cumatrix.core.errors import CumatrixError, DaemonUnavailable
 from cumatrix.core.jobs import ChildResult, Job
 from cumatrix.core.model import Runtime
 from cumatrix.execute import docker_results as results
@@ -54,6 +53,9 @@ from cumatrix.execute.docker_gpu import DRIVER_LIB_DIR, GpuAccess, detect_gpu, d
 from cumatrix.execute.docker_images import (
     BASE_LABEL,
     RUNTIME_LABEL,
+    ImageBuildError,
+    ImageInfo,
+    cudart_in_wheel,
     find_base_image,
     listed,
     package_root,
@@ -98,28 +100,6 @@ def default_cpus() -> float:
     return max(1.0, (os.cpu_count() or 2) / 2)
 
 
-class ImageBuildError(HarnessError):
-    """A runtime image could not be built (the message holds the build log's tail)."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ImageInfo:
-    """The image a runtime's cells run in, or why there is none (a per-cell error)."""
-
-    runtime_name: str
-    tag: str
-    image_id: str | None
-    source: str  # "wheel <requirement> on <base>" or "image"
-    built: bool = False  # built by this call (False: it existed already)
-    cudart: str | None = None  # CUMATRIX_CUDART inside the image
-    python: str | None = None  # python3 version inside, when checked
-    problem: str | None = None  # set when cells of this runtime cannot run
-
-    @property
-    def ok(self) -> bool:
-        return self.problem is None
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class _ImageFacts:
     tag: str
@@ -129,16 +109,6 @@ class _ImageFacts:
 
 def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
-
-
-def cudart_in_wheel(wheel: Path) -> str:
-    """Path of ``libcudart.so.<major>`` inside a runtime wheel."""
-    with zipfile.ZipFile(wheel) as zf:
-        names = sorted(n for n in zf.namelist()
-                       if re.search(r"/lib/libcudart\.so\.\d+$", n))
-    if not names:
-        raise ImageBuildError(f"{wheel.name}: holds no lib/libcudart.so.<N>; not a CUDA runtime wheel")
-    return names[0]
 
 
 # ------------------------------------------------------------------------------ the backend

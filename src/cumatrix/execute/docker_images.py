@@ -1,7 +1,11 @@
-"""Docker images and containers the harness made: their recipes, and how they are found again by their labels."""
+"""Docker images and containers the harness made: their recipes, what a runtime's image is (or why
+there is none), and how they are found again by their labels."""
 
 from __future__ import annotations
 
+import re
+import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -75,3 +79,35 @@ def dockerfile(name: str) -> Path:
             return cand
     raise HarnessError(f"{name} not found (expected in containers/ of the source tree "
                        "or in cumatrix/data/); reinstall cumatrix")
+
+
+class ImageBuildError(HarnessError):
+    """A runtime image could not be built (the message holds the build log's tail)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ImageInfo:
+    """The image a runtime's cells run in, or why there is none (a per-cell error)."""
+
+    runtime_name: str
+    tag: str
+    image_id: str | None
+    source: str  # "wheel <requirement> on <base>" or "image"
+    built: bool = False  # built by this call (False: it existed already)
+    cudart: str | None = None  # CUMATRIX_CUDART inside the image
+    python: str | None = None  # python3 version inside, when checked
+    problem: str | None = None  # set when cells of this runtime cannot run
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+
+def cudart_in_wheel(wheel: Path) -> str:
+    """Path of ``libcudart.so.<major>`` inside a runtime wheel."""
+    with zipfile.ZipFile(wheel) as zf:
+        names = sorted(n for n in zf.namelist()
+                       if re.search(r"/lib/libcudart\.so\.\d+$", n))
+    if not names:
+        raise ImageBuildError(f"{wheel.name}: holds no lib/libcudart.so.<N>; not a CUDA runtime wheel")
+    return names[0]
