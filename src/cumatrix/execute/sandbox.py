@@ -518,22 +518,33 @@ def prepare(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | N
         lims.append(("fsize", policy.write_limit, policy.write_limit))
     procs = str(scope.cgroup / "cgroup.procs") if scope.cgroup is not None else None
     if shim is not None:
-        spec = ",".join(f"{n}={s}:{h}" for n, s, h in lims) or "-"
-        if ops is not None and served_here and problem is None:
-            extra["spawn"] = "fork-server"
-            return Plan(argv=argv, env=env, extra=extra, signal_in_exit=True, trace=TraceChannel(),
-                        served=forkserver.ServedCell(ops=ops, uid=policy.uid, procs=procs, limits=spec,
-                                                     cgroup=scope.cgroup)), scope
-        if trace and tracing_enabled() and problem is None:
-            chan = TraceChannel()
-            return Plan(argv=(str(shim), "--trace", str(chan.write_fd), str(os.getpid()), procs or "-", spec, "--",
-                              *argv), env=env, pass_fds=(chan.write_fd,), extra=extra, signal_in_exit=signal_in_exit,
-                        problem=problem, trace=chan), scope
-        return Plan(argv=(str(shim), str(os.getpid()), procs or "-", spec, "--", *argv), env=env,
-                    extra=extra, signal_in_exit=signal_in_exit, problem=problem), scope
+        served = ops if ops is not None and served_here and problem is None else None
+        return _with_shim(shim, argv, env, extra, lims, procs=procs, policy=policy, scope=scope, served=served,
+                          trace=trace and tracing_enabled() and problem is None, signal_in_exit=signal_in_exit,
+                          problem=problem), scope
     extra["spawn"] = "preexec"
     return Plan(argv=argv, env=env, preexec_fn=_preexec(os.getpid(), procs, lims), extra=extra,
                 signal_in_exit=signal_in_exit, problem=problem), scope
+
+
+def _with_shim(shim: Path, argv: tuple[str, ...], env: dict[str, str], extra: dict[str, object],
+               lims: list[tuple[str, int, int]], *, procs: str | None, policy: Policy, scope: Scope,
+               served: list[str] | None, trace: bool, signal_in_exit: bool, problem: str | None) -> Plan:
+    """The plan of a job the compiled helper spawns: built by the fork server (``served``: its
+    operations), traced by the helper (``trace``), or spawned alone."""
+    spec = ",".join(f"{n}={s}:{h}" for n, s, h in lims) or "-"
+    if served is not None:
+        extra["spawn"] = "fork-server"
+        return Plan(argv=argv, env=env, extra=extra, signal_in_exit=True, trace=TraceChannel(),
+                    served=forkserver.ServedCell(ops=served, uid=policy.uid, procs=procs, limits=spec,
+                                                 cgroup=scope.cgroup))
+    if trace:
+        chan = TraceChannel()
+        return Plan(argv=(str(shim), "--trace", str(chan.write_fd), str(os.getpid()), procs or "-", spec, "--",
+                          *argv), env=env, pass_fds=(chan.write_fd,), extra=extra, signal_in_exit=signal_in_exit,
+                    problem=problem, trace=chan)
+    return Plan(argv=(str(shim), str(os.getpid()), procs or "-", spec, "--", *argv), env=env,
+                extra=extra, signal_in_exit=signal_in_exit, problem=problem)
 
 
 def served_without_cgroup(policy: Policy | None) -> bool:
