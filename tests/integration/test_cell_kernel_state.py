@@ -49,7 +49,8 @@ def harness(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> 
 def attack(name: str, harness: str) -> dict[str, dict[str, object]]:
     """What the scenario's cells saw, run by a root harness or by a second local user's."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "CUMATRIX_"))}
-    env["PYTHONPATH"] = os.pathsep.join([TESTS, PACKAGE])
+    # The harness's own dependencies stay reachable where they come from PYTHONPATH (an offline GPU host).
+    env["PYTHONPATH"] = os.pathsep.join([TESTS, PACKAGE, *filter(None, [os.environ.get("PYTHONPATH")])])
     argv = [sys.executable, "-m", "helpers.kernel_state", name]
     with tempfile.TemporaryDirectory() as home:
         if harness == "user":
