@@ -247,16 +247,8 @@ def module_checks(name: str, elf: ELFFile, s: AuditSettings, file_findings: Sequ
     modules = [m for m in (*elf_device_modules(elf), *extra) if m.codes]
     if len(modules) < 2:
         return []
-    general = [m for m in modules if len({_family(c) for c in m.codes if not c.variant}) > 1]
-    newest = max((_family(c) for m in general for c in m.codes if not c.variant), default=None)
-    said = {(f.code, f.subject) for f in file_findings}
-    said |= {(code, f.subject) for f in file_findings if f.code == "dispatch-target"
-             for code in _FAILS}
-    failing: dict[tuple[str, str], list[FatbinModule]] = {}
-    for m in modules:
-        for f in device_checks(name, m.codes, s):
-            if (f.code, f.subject) not in said:
-                failing.setdefault((f.code, f.subject), []).append(m)
+    newest = _newest_general(modules)
+    failing = _failing_modules(name, modules, s, file_findings)
     kernels: dict[int, ModuleKernels] = {}
 
     def kernels_of(m: FatbinModule) -> ModuleKernels:
@@ -271,6 +263,28 @@ def module_checks(name: str, elf: ELFFile, s: AuditSettings, file_findings: Sequ
         total = len(modules) - sum(not k.names and k.unread is None for k in kernels.values())
         out += [replace(f, message=f.message.replace("{total}", str(total))) for f in found]
     return out
+
+
+def _newest_general(modules: Sequence[FatbinModule]) -> int | None:
+    """The newest family the general code reaches: of the modules whose (non-variant)
+    targets span several families."""
+    general = [m for m in modules if len({_family(c) for c in m.codes if not c.variant}) > 1]
+    return max((_family(c) for m in general for c in m.codes if not c.variant), default=None)
+
+
+def _failing_modules(name: str, modules: Sequence[FatbinModule], s: AuditSettings,
+                     file_findings: Sequence[Finding]) -> dict[tuple[str, str], list[FatbinModule]]:
+    """The modules failing each device check (``code``, ``subject``) that the file as a whole
+    passes (those it fails, or dispatches to, ``file_findings`` already says)."""
+    said = {(f.code, f.subject) for f in file_findings}
+    said |= {(code, f.subject) for f in file_findings if f.code == "dispatch-target"
+             for code in _FAILS}
+    failing: dict[tuple[str, str], list[FatbinModule]] = {}
+    for m in modules:
+        for f in device_checks(name, m.codes, s):
+            if (f.code, f.subject) not in said:
+                failing.setdefault((f.code, f.subject), []).append(m)
+    return failing
 
 
 def _module_findings(name: str, code: str, subject: str, lacking: list[FatbinModule],
