@@ -282,6 +282,12 @@ def data_ranges(elf: ELFFile, *, string_tables: bool = False) -> list[tuple[int,
                 holes.append((where[0], mods[-1].offset + mods[-1].size - where[0]))
     except (FatbinError, OSError):
         pass
+    return _data_segments(elf, holes)
+
+
+def _data_segments(elf: ELFFile, holes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``(offset, size)`` of the pieces of ``elf``'s loadable non-executable segments outside
+    every ``(offset, size)`` of ``holes``."""
     out: list[tuple[int, int]] = []
     for offset, filesz, _, flags in load_segments(elf):
         if flags & 1:  # PF_X: code
