@@ -112,18 +112,26 @@ def _wheel_findings(a: WheelAudit, wrap: textwrap.TextWrapper, fixwrap: textwrap
         code = (f"  [SASS {' '.join(d.sass) or '-'}; PTX {' '.join(d.ptx) or '-'}]"
                 if d else "")
         shown = [f for f in found if id(f) not in hidden]
-        if not shown:
-            n = len(found)
-            tail = f" ({n} note{'s' if n != 1 else ''} folded below)" if n else ""
-            lines.append(f"  {file}: ok{tail}{code}")
-            continue
-        lines.append(f"  {file}{code}")
-        for group in (fold_gpus(shown) if not verbose else [[f] for f in shown]):
-            lines += _finding_lines(group, wrap, fixwrap)
+        lines += _file_lines(file, code, found, shown, wrap, fixwrap, verbose=verbose)
     for fcode, found in folded.items():
         lines.append(f"  NOTE     {fcode} x{len(found)} (-v lists each)")
         lines.extend(_wrap(wrap, _fold_line(fcode, found)))
     lines.append("")
+    return lines
+
+
+def _file_lines(file: str, code: str, found: Sequence[Finding], shown: Sequence[Finding],
+                wrap: textwrap.TextWrapper, fixwrap: textwrap.TextWrapper, *,
+                verbose: bool) -> list[str]:
+    """One file's lines of :func:`_wheel_findings`: ``ok`` where all its ``found`` are folded,
+    else the findings ``shown`` (one GPU's each, unless folded over GPUs)."""
+    if not shown:
+        n = len(found)
+        tail = f" ({n} note{'s' if n != 1 else ''} folded below)" if n else ""
+        return [f"  {file}: ok{tail}{code}"]
+    lines = [f"  {file}{code}"]
+    for group in (fold_gpus(shown) if not verbose else [[f] for f in shown]):
+        lines += _finding_lines(group, wrap, fixwrap)
     return lines
 
 
