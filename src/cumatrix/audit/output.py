@@ -171,28 +171,33 @@ def findings_markdown(audits: Sequence[WheelAudit], *, verbose: bool = False) ->
         out.append(f"**{_md(a.wheel.name)}**: {n} ELF file{'s' if n != 1 else ''}, "
                    f"{_counts(a.errors, a.warnings)}")
         out.append("")
-        if not a.findings:
-            continue
-        folded = {} if verbose else folded_notes(a)
-        hidden = {id(f) for fs in folded.values() for f in fs}
-        out.append("| file | severity | code | subject | message | fix |")
-        out.append("|---|---|---|---|---|---|")
-        for f in a.findings:
-            if id(f) in hidden:
-                continue
-            sev = f.severity + (" (optional)" if f.optional else "")
-            out.append(f"| `{_md(f.file)}` | {sev} | {f.code} | `{_md(f.subject)}` | "
-                       f"{_md(f.message)} | {_md(f.fix)} |")
-        for fcode, found in folded.items():
-            files = len({f.file for f in found})
-            out.append(f"| {files} files | note x{len(found)} | {fcode} | "
-                       f"`{_md(found[0].subject)}`, ... | {_md(found[0].message)} | "
-                       f"{_md(found[0].fix)} |")
-        out.append("")
+        if a.findings:
+            out += _findings_table(a, verbose=verbose)
     device = device_markdown(audits)
     if device:
         out.append(device)
     return "\n".join(out) + "\n"
+
+
+def _findings_table(a: WheelAudit, *, verbose: bool) -> list[str]:
+    """One wheel's findings as a Markdown table (notes folded unless ``verbose``), then a
+    blank line."""
+    folded = {} if verbose else folded_notes(a)
+    hidden = {id(f) for fs in folded.values() for f in fs}
+    out = ["| file | severity | code | subject | message | fix |", "|---|---|---|---|---|---|"]
+    for f in a.findings:
+        if id(f) in hidden:
+            continue
+        sev = f.severity + (" (optional)" if f.optional else "")
+        out.append(f"| `{_md(f.file)}` | {sev} | {f.code} | `{_md(f.subject)}` | "
+                   f"{_md(f.message)} | {_md(f.fix)} |")
+    for fcode, found in folded.items():
+        files = len({f.file for f in found})
+        out.append(f"| {files} files | note x{len(found)} | {fcode} | "
+                   f"`{_md(found[0].subject)}`, ... | {_md(found[0].message)} | "
+                   f"{_md(found[0].fix)} |")
+    out.append("")
+    return out
 
 
 def findings_record(audits: Sequence[WheelAudit], *, settings: AuditSettings | None = None,
