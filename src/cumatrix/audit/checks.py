@@ -294,22 +294,29 @@ def _runtime_floor_checks(f: _Facts, s: AuditSettings, data: AuditData) -> list[
         # Exported by the oldest libcudart read: older than that is all the data says.
         if intro is None or intro <= floor or intro <= oldest:
             continue
-        v, fv = CudaVersion.from_int(intro), CudaVersion.from_int(floor)
-        before = max((x for x in older if x < intro), default=0)
-        # Versions between two read ones were not read: there, the date is a range.
-        exact = before >= floor
-        out.append(Finding(
-            file=f.name, severity="error" if exact else "warning",
-            code="runtime-symbol-too-new", subject=sym,
-            message=(f"links runtime entry point {sym}, first exported by libcudart {v} "
-                     f"({read}), newer than the oldest runtime "
-                     f"supported ({fv}): next to an older libcudart importing this file fails "
-                     f"with `undefined symbol: {sym}`"
-                     + ("" if exact else f" (libcudart {fv} was not read: it may be older)")),
-            fix=(f"look it up with cudaGetDriverEntryPoint/dlsym and fall back when absent, or "
-                 f"raise --min-runtime (and the runtime dependency) to {v}"),
-        ))
+        out.append(_symbol_too_new(f.name, sym, intro, floor, older, read))
     return out
+
+
+def _symbol_too_new(name: str, sym: str, intro: int, floor: int, older: list[int],
+                    read: str) -> Finding:
+    """The finding for runtime entry point ``sym``, first exported by libcudart ``intro``,
+    newer than the oldest runtime supported (``floor``); ``older``: the versions read."""
+    v, fv = CudaVersion.from_int(intro), CudaVersion.from_int(floor)
+    before = max((x for x in older if x < intro), default=0)
+    # Versions between two read ones were not read: there, the date is a range.
+    exact = before >= floor
+    return Finding(
+        file=name, severity="error" if exact else "warning",
+        code="runtime-symbol-too-new", subject=sym,
+        message=(f"links runtime entry point {sym}, first exported by libcudart {v} "
+                 f"({read}), newer than the oldest runtime "
+                 f"supported ({fv}): next to an older libcudart importing this file fails "
+                 f"with `undefined symbol: {sym}`"
+                 + ("" if exact else f" (libcudart {fv} was not read: it may be older)")),
+        fix=(f"look it up with cudaGetDriverEntryPoint/dlsym and fall back when absent, or "
+             f"raise --min-runtime (and the runtime dependency) to {v}"),
+    )
 
 
 def _dispatch_checks(f: _Facts,

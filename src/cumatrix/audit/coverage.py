@@ -61,32 +61,41 @@ def device_checks(name: str, codes: tuple[DeviceCode, ...], s: AuditSettings) ->
                      "for JIT: code=compute_XY)"),
             ))
             continue
-        # A GPU of this generation runs no driver older than the first that supports it, so
-        # the PTX must JIT on that driver, not on an older --min-driver.
-        gen = runtime_evidence.arch_min_cuda(arch)
-        floor = max(s.min_driver, gen) if gen is not None else s.min_driver
-        raised = (f"; a compute capability {gpu} GPU needs "
-                  f"{runtime_evidence.min_driver_text(floor)} anyway, so that is the floor here"
-                  if floor > s.min_driver else "")
-        usable = [c for c in ptx if c.isa is not None and (cv := ptx_isa_cuda(c.isa)) is not None
-                  and CudaVersion(*cv) <= floor]
-        if usable:
-            continue
-        newest = min(ptx, key=lambda c: c.isa or (99, 99))
-        isa = newest.isa
-        need = ptx_isa_cuda(isa) if isa else None
-        need_text = (f"a CUDA {need[0]}.{need[1]} driver" if need
-                     else "a driver newer than any this audit knows")
-        out.append(Finding(
-            file=name, severity="error", code="ptx-too-new", subject=f"sm_{arch}",
-            message=(f"the only code for compute capability {gpu} is {newest.label()}, which "
-                     f"needs {need_text} to JIT-compile, newer than --min-driver "
-                     f"{s.min_driver}{raised}: the load fails with "
-                     "CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222) there"),
-            fix=(f"add SASS for sm_{arch}, or build the PTX with a toolkit no newer than "
-                 f"CUDA {floor}"),
-        ))
+        too_new = _ptx_too_new(name, arch, gpu, ptx, s)
+        if too_new is not None:
+            out.append(too_new)
     return out
+
+
+def _ptx_too_new(name: str, arch: int, gpu: str, ptx: Sequence[DeviceCode],
+                 s: AuditSettings) -> Finding | None:
+    """The error for GPU ``arch`` where none of its (only) code, ``ptx``, JIT-compiles on the
+    oldest driver that can run it; ``None`` where some does."""
+    # A GPU of this generation runs no driver older than the first that supports it, so
+    # the PTX must JIT on that driver, not on an older --min-driver.
+    gen = runtime_evidence.arch_min_cuda(arch)
+    floor = max(s.min_driver, gen) if gen is not None else s.min_driver
+    raised = (f"; a compute capability {gpu} GPU needs "
+              f"{runtime_evidence.min_driver_text(floor)} anyway, so that is the floor here"
+              if floor > s.min_driver else "")
+    usable = [c for c in ptx if c.isa is not None and (cv := ptx_isa_cuda(c.isa)) is not None
+              and CudaVersion(*cv) <= floor]
+    if usable:
+        return None
+    newest = min(ptx, key=lambda c: c.isa or (99, 99))
+    isa = newest.isa
+    need = ptx_isa_cuda(isa) if isa else None
+    need_text = (f"a CUDA {need[0]}.{need[1]} driver" if need
+                 else "a driver newer than any this audit knows")
+    return Finding(
+        file=name, severity="error", code="ptx-too-new", subject=f"sm_{arch}",
+        message=(f"the only code for compute capability {gpu} is {newest.label()}, which "
+                 f"needs {need_text} to JIT-compile, newer than --min-driver "
+                 f"{s.min_driver}{raised}: the load fails with "
+                 "CUDA_ERROR_UNSUPPORTED_PTX_VERSION (222) there"),
+        fix=(f"add SASS for sm_{arch}, or build the PTX with a toolkit no newer than "
+             f"CUDA {floor}"),
+    )
 
 
 def file_device_checks(name: str, codes: tuple[DeviceCode, ...], s: AuditSettings) -> list[Finding]:
@@ -126,14 +135,23 @@ def kernel_file_checks(name: str, elf: ELFFile, s: AuditSettings, found: list[Fi
         arch = int(f.subject.removeprefix("sm_"))
         only = replace(s, arch_list=((arch, ""),))
         lacking = [kernels[m.offset] for m in modules if device_checks(name, m.codes, only)]
-        names = sorted({n for k in lacking for n in k.names})
-        unread = [k.unread for k in lacking if k.unread is not None]
-        if names:
-            out.append(replace(f, message=f"{f.message} (e.g. kernel {names[0]})"))
-        elif unread:
-            out.append(replace(f, severity="warning", message=(
-                f"{f.message}; whether its modules hold a kernel could not be read ({unread[0]})")))
+        kept = _kernel_backed(f, lacking)
+        if kept is not None:
+            out.append(kept)
     return out
+
+
+def _kernel_backed(f: Finding, lacking: list[ModuleKernels]) -> Finding | None:
+    """The error ``f`` with a kernel of the modules ``lacking`` named, a warning where they
+    cannot be read, or ``None`` where they hold no kernel."""
+    names = sorted({n for k in lacking for n in k.names})
+    unread = [k.unread for k in lacking if k.unread is not None]
+    if names:
+        return replace(f, message=f"{f.message} (e.g. kernel {names[0]})")
+    if unread:
+        return replace(f, severity="warning", message=(
+            f"{f.message}; whether its modules hold a kernel could not be read ({unread[0]})"))
+    return None
 
 
 _FAILS = {
@@ -247,16 +265,8 @@ def module_checks(name: str, elf: ELFFile, s: AuditSettings, file_findings: Sequ
     modules = [m for m in (*elf_device_modules(elf), *extra) if m.codes]
     if len(modules) < 2:
         return []
-    general = [m for m in modules if len({_family(c) for c in m.codes if not c.variant}) > 1]
-    newest = max((_family(c) for m in general for c in m.codes if not c.variant), default=None)
-    said = {(f.code, f.subject) for f in file_findings}
-    said |= {(code, f.subject) for f in file_findings if f.code == "dispatch-target"
-             for code in _FAILS}
-    failing: dict[tuple[str, str], list[FatbinModule]] = {}
-    for m in modules:
-        for f in device_checks(name, m.codes, s):
-            if (f.code, f.subject) not in said:
-                failing.setdefault((f.code, f.subject), []).append(m)
+    newest = _newest_general(modules)
+    failing = _failing_modules(name, modules, s, file_findings)
     kernels: dict[int, ModuleKernels] = {}
 
     def kernels_of(m: FatbinModule) -> ModuleKernels:
@@ -273,6 +283,28 @@ def module_checks(name: str, elf: ELFFile, s: AuditSettings, file_findings: Sequ
     return out
 
 
+def _newest_general(modules: Sequence[FatbinModule]) -> int | None:
+    """The newest family the general code reaches: of the modules whose (non-variant)
+    targets span several families."""
+    general = [m for m in modules if len({_family(c) for c in m.codes if not c.variant}) > 1]
+    return max((_family(c) for m in general for c in m.codes if not c.variant), default=None)
+
+
+def _failing_modules(name: str, modules: Sequence[FatbinModule], s: AuditSettings,
+                     file_findings: Sequence[Finding]) -> dict[tuple[str, str], list[FatbinModule]]:
+    """The modules failing each device check (``code``, ``subject``) that the file as a whole
+    passes (those it fails, or dispatches to, ``file_findings`` already says)."""
+    said = {(f.code, f.subject) for f in file_findings}
+    said |= {(code, f.subject) for f in file_findings if f.code == "dispatch-target"
+             for code in _FAILS}
+    failing: dict[tuple[str, str], list[FatbinModule]] = {}
+    for m in modules:
+        for f in device_checks(name, m.codes, s):
+            if (f.code, f.subject) not in said:
+                failing.setdefault((f.code, f.subject), []).append(m)
+    return failing
+
+
 def _module_findings(name: str, code: str, subject: str, lacking: list[FatbinModule],
                      newest: int | None,
                      kernels_of: Callable[[FatbinModule], ModuleKernels]) -> list[Finding]:
@@ -281,23 +313,7 @@ def _module_findings(name: str, code: str, subject: str, lacking: list[FatbinMod
     arch = int(subject.removeprefix("sm_"))
     gpu = f"{arch // 10}.{arch % 10}"
     lack, error = _FAILS.get(code, _FAILS["no-device-code"])
-    bad: list[FatbinModule] = []
-    unread: list[FatbinModule] = []
-    dispatch: dict[str, int] = {}
-    for m in lacking:
-        reason = dispatch_reason(m.codes, arch, newest)
-        if reason is not None and m.size <= _SMALL:
-            k = kernels_of(m)  # cheap: the runtime's own module, kernel-less, is not one
-            if k.unread is None and not k.names:
-                continue
-        if reason is not None:
-            dispatch[_targets(m.codes)] = dispatch.get(_targets(m.codes), 0) + 1
-            continue
-        k = kernels_of(m)
-        if k.unread is not None:
-            unread.append(m)
-        elif k.names:  # a module with no kernel (the runtime's own) has nothing to launch
-            bad.append(m)
+    bad, unread, dispatch = _sort_lacking(lacking, arch, newest, kernels_of)
     if bad:
         missing = sorted({n for m in bad for n in kernels_of(m).names})
         shown = ", ".join(missing[:_LISTED]) + (f" (+{len(missing) - _LISTED} more)"
@@ -327,14 +343,44 @@ def _module_findings(name: str, code: str, subject: str, lacking: list[FatbinMod
             fix=f"check with cuobjdump -lelf -lptx that each module has code for {subject}",
         ))
     if dispatch:
-        top = sorted(dispatch.items(), key=lambda kv: -kv[1])
-        listed = "; ".join(f"{n} with {t}" for t, n in top[:3]) + (
-            f"; {sum(n for _, n in top[3:])} more" if len(top) > 3 else "")
-        out.append(Finding(
-            file=name, severity="note", code="dispatch-target", subject=subject,
-            message=(f"{sum(dispatch.values())} of {{total}} kernel modules hold code "
-                     f"only for other GPUs ({listed}): kernels a library picks at run time "
-                     f"for those GPUs, not launched on compute capability {gpu}"),
-            fix="",
-        ))
+        out.append(_dispatch_note(name, subject, gpu, dispatch))
     return out
+
+
+def _sort_lacking(lacking: list[FatbinModule], arch: int, newest: int | None,
+                  kernels_of: Callable[[FatbinModule], ModuleKernels]
+                  ) -> tuple[list[FatbinModule], list[FatbinModule], dict[str, int]]:
+    """The modules of ``lacking`` that hold a kernel, those that could not be read, and how many
+    are dispatch targets of each target list; the runtime's own (no kernel) in none of them."""
+    bad: list[FatbinModule] = []
+    unread: list[FatbinModule] = []
+    dispatch: dict[str, int] = {}
+    for m in lacking:
+        reason = dispatch_reason(m.codes, arch, newest)
+        if reason is not None and m.size <= _SMALL:
+            k = kernels_of(m)  # cheap: the runtime's own module, kernel-less, is not one
+            if k.unread is None and not k.names:
+                continue
+        if reason is not None:
+            dispatch[_targets(m.codes)] = dispatch.get(_targets(m.codes), 0) + 1
+            continue
+        k = kernels_of(m)
+        if k.unread is not None:
+            unread.append(m)
+        elif k.names:  # a module with no kernel (the runtime's own) has nothing to launch
+            bad.append(m)
+    return bad, unread, dispatch
+
+
+def _dispatch_note(name: str, subject: str, gpu: str, dispatch: dict[str, int]) -> Finding:
+    """The note for the modules that are dispatch targets (how many of each target list)."""
+    top = sorted(dispatch.items(), key=lambda kv: -kv[1])
+    listed = "; ".join(f"{n} with {t}" for t, n in top[:3]) + (
+        f"; {sum(n for _, n in top[3:])} more" if len(top) > 3 else "")
+    return Finding(
+        file=name, severity="note", code="dispatch-target", subject=subject,
+        message=(f"{sum(dispatch.values())} of {{total}} kernel modules hold code "
+                 f"only for other GPUs ({listed}): kernels a library picks at run time "
+                 f"for those GPUs, not launched on compute capability {gpu}"),
+        fix="",
+    )

@@ -125,20 +125,9 @@ def wheel_checks(files: Mapping[str, Linkage], findings: Sequence[Finding],
         if not reached:
             continue
         added[member] = _attributed(member, link, reached, files, s)
-        defined: dict[str, str] = {}
-        for lib in reached:
-            for sym in files[lib].exported:
-                defined.setdefault(sym, lib)
-        if not any(sym in defined for sym in link.driver_undefined) and not any(
-                f.code == "runtime-symbol-too-new" for f in by_file.get(member, ())):
-            continue
-        own = _bound(by_file.get(member, []), defined)
-        if any(f.code == "underlinked-libcuda" for f in own):
-            missing = [sym for sym in link.driver_undefined if sym not in defined]
-            own = [f for f in own if f.code != "underlinked-libcuda"]
-            if missing:
-                own.append(underlinked_finding(member, missing))
-        by_file[member] = own
+        own = _rebound(member, link, reached, files, by_file.get(member, []))
+        if own is not None:
+            by_file[member] = own
     out: list[Finding] = []
     seen: set[str] = set()
     for f in findings:  # the files in their order, each file's own findings, then the added
@@ -150,3 +139,23 @@ def wheel_checks(files: Mapping[str, Linkage], findings: Sequence[Finding],
     for extra in added.values():
         out += extra
     return out
+
+
+def _rebound(member: str, link: Linkage, reached: Mapping[str, list[str]], files: Mapping[str, Linkage],
+             own: list[Finding]) -> list[Finding] | None:
+    """``own`` (the findings of ``member``) with the symbols that the wheel's libraries it
+    loads (``reached``) define bound to them; ``None`` where those bind none it needs."""
+    defined: dict[str, str] = {}
+    for lib in reached:
+        for sym in files[lib].exported:
+            defined.setdefault(sym, lib)
+    if not any(sym in defined for sym in link.driver_undefined) and not any(
+            f.code == "runtime-symbol-too-new" for f in own):
+        return None
+    own = _bound(own, defined)
+    if any(f.code == "underlinked-libcuda" for f in own):
+        missing = [sym for sym in link.driver_undefined if sym not in defined]
+        own = [f for f in own if f.code != "underlinked-libcuda"]
+        if missing:
+            own.append(underlinked_finding(member, missing))
+    return own

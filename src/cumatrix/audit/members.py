@@ -1,7 +1,7 @@
 """Reading the ELF members of a wheel for the static audit, on a pool of processes.
 
 The members whose first bytes are the ELF magic are listed once (:func:`candidates`); each is
-read straight from the archive (:func:`cumatrix.binary.elf.open_member`) and audited
+read straight from the archive (:func:`cumatrix.binary.wheelmember.open_member`) and audited
 (:func:`cumatrix.audit.checks.audit_one`); any failure to read one is its own
 ``unreadable-elf`` finding.
 """
@@ -24,18 +24,11 @@ from elftools.elf.elffile import ELFFile
 
 from cumatrix.audit.checks import DATA_SCANS, audit_one
 from cumatrix.audit.findings import AuditData, AuditSettings, Finding, Linkage
-from cumatrix.binary.elf import (
-    ELF_MAGIC,
-    SPOOL_MAX,
-    check_bounds,
-    data_start,
-    member_magic,
-    open_member,
-    scan_names,
-)
+from cumatrix.binary.elf import ELF_MAGIC, check_bounds, scan_names
 from cumatrix.binary.fastelf import reader as fastelf_reader
 from cumatrix.binary.fatbin import DeviceCode
 from cumatrix.binary.streamscan import StreamedNames, StreamUnavailable, stream_member
+from cumatrix.binary.wheelmember import SPOOL_MAX, data_start, member_magic, open_member
 
 # Below this much inflated ELF data a wheel is audited in-process (a pool costs more).
 _PARALLEL_BYTES = 64 << 20

@@ -112,18 +112,26 @@ def _wheel_findings(a: WheelAudit, wrap: textwrap.TextWrapper, fixwrap: textwrap
         code = (f"  [SASS {' '.join(d.sass) or '-'}; PTX {' '.join(d.ptx) or '-'}]"
                 if d else "")
         shown = [f for f in found if id(f) not in hidden]
-        if not shown:
-            n = len(found)
-            tail = f" ({n} note{'s' if n != 1 else ''} folded below)" if n else ""
-            lines.append(f"  {file}: ok{tail}{code}")
-            continue
-        lines.append(f"  {file}{code}")
-        for group in (fold_gpus(shown) if not verbose else [[f] for f in shown]):
-            lines += _finding_lines(group, wrap, fixwrap)
+        lines += _file_lines(file, code, found, shown, wrap, fixwrap, verbose=verbose)
     for fcode, found in folded.items():
         lines.append(f"  NOTE     {fcode} x{len(found)} (-v lists each)")
         lines.extend(_wrap(wrap, _fold_line(fcode, found)))
     lines.append("")
+    return lines
+
+
+def _file_lines(file: str, code: str, found: Sequence[Finding], shown: Sequence[Finding],
+                wrap: textwrap.TextWrapper, fixwrap: textwrap.TextWrapper, *,
+                verbose: bool) -> list[str]:
+    """One file's lines of :func:`_wheel_findings`: ``ok`` where all its ``found`` are folded,
+    else the findings ``shown`` (one GPU's each, unless folded over GPUs)."""
+    if not shown:
+        n = len(found)
+        tail = f" ({n} note{'s' if n != 1 else ''} folded below)" if n else ""
+        return [f"  {file}: ok{tail}{code}"]
+    lines = [f"  {file}{code}"]
+    for group in (fold_gpus(shown) if not verbose else [[f] for f in shown]):
+        lines += _finding_lines(group, wrap, fixwrap)
     return lines
 
 
@@ -163,28 +171,33 @@ def findings_markdown(audits: Sequence[WheelAudit], *, verbose: bool = False) ->
         out.append(f"**{_md(a.wheel.name)}**: {n} ELF file{'s' if n != 1 else ''}, "
                    f"{_counts(a.errors, a.warnings)}")
         out.append("")
-        if not a.findings:
-            continue
-        folded = {} if verbose else folded_notes(a)
-        hidden = {id(f) for fs in folded.values() for f in fs}
-        out.append("| file | severity | code | subject | message | fix |")
-        out.append("|---|---|---|---|---|---|")
-        for f in a.findings:
-            if id(f) in hidden:
-                continue
-            sev = f.severity + (" (optional)" if f.optional else "")
-            out.append(f"| `{_md(f.file)}` | {sev} | {f.code} | `{_md(f.subject)}` | "
-                       f"{_md(f.message)} | {_md(f.fix)} |")
-        for fcode, found in folded.items():
-            files = len({f.file for f in found})
-            out.append(f"| {files} files | note x{len(found)} | {fcode} | "
-                       f"`{_md(found[0].subject)}`, ... | {_md(found[0].message)} | "
-                       f"{_md(found[0].fix)} |")
-        out.append("")
+        if a.findings:
+            out += _findings_table(a, verbose=verbose)
     device = device_markdown(audits)
     if device:
         out.append(device)
     return "\n".join(out) + "\n"
+
+
+def _findings_table(a: WheelAudit, *, verbose: bool) -> list[str]:
+    """One wheel's findings as a Markdown table (notes folded unless ``verbose``), then a
+    blank line."""
+    folded = {} if verbose else folded_notes(a)
+    hidden = {id(f) for fs in folded.values() for f in fs}
+    out = ["| file | severity | code | subject | message | fix |", "|---|---|---|---|---|---|"]
+    for f in a.findings:
+        if id(f) in hidden:
+            continue
+        sev = f.severity + (" (optional)" if f.optional else "")
+        out.append(f"| `{_md(f.file)}` | {sev} | {f.code} | `{_md(f.subject)}` | "
+                   f"{_md(f.message)} | {_md(f.fix)} |")
+    for fcode, found in folded.items():
+        files = len({f.file for f in found})
+        out.append(f"| {files} files | note x{len(found)} | {fcode} | "
+                   f"`{_md(found[0].subject)}`, ... | {_md(found[0].message)} | "
+                   f"{_md(found[0].fix)} |")
+    out.append("")
+    return out
 
 
 def findings_record(audits: Sequence[WheelAudit], *, settings: AuditSettings | None = None,

@@ -223,6 +223,18 @@ def runtime_loads(*, sonames: Iterable[str], stub_names: int, search_paths: Sequ
         return []
     tree_m, dep_m, evidence = _declared_majors(search_paths, requires)
     agreed = tree_m is not None and tree_m == dep_m
+    out = _named_loads(named, tree_m, evidence, agreed=agreed)
+    if not out and stub_names:
+        stub = _stub_load(stub_names, tree_m, dep_m, evidence, agreed=agreed)
+        if stub is not None:
+            out.append(stub)
+    return out
+
+
+def _named_loads(named: list[str], tree_m: int | None, evidence: list[str], *,
+                 agreed: bool) -> list[RuntimeLoad]:
+    """The runtimes of the libcudart sonames ``named`` in a file's data: each its own major,
+    or the one its search path and wheel dependency agree on where the name has none."""
     out: list[RuntimeLoad] = []
     for soname in named:
         m = _LIBCUDART_SONAME_RE.match(soname)
@@ -234,15 +246,22 @@ def runtime_loads(*, sonames: Iterable[str], stub_names: int, search_paths: Sequ
         how += "; " + "; ".join(evidence) + ")" if evidence else ")"
         out.append(RuntimeLoad(major=major, subject=f"dlopen {soname}", how=how,
                                agreed=agreed and major == tree_m))
-    if not out and stub_names:
-        major = tree_m if agreed else (tree_m if tree_m is not None else dep_m)
-        if major is not None:
-            how = (f"loads a CUDA {major} runtime at run time (a cudart_stub-style table of "
-                   f"{stub_names} runtime entry-point names resolved with dlsym, no DT_NEEDED "
-                   "libcudart; " + "; ".join(evidence) + ")")
-            out.append(RuntimeLoad(major=major, subject=f"dlopen libcudart (CUDA {major})",
-                                   how=how, agreed=agreed))
     return out
+
+
+def _stub_load(stub_names: int, tree_m: int | None, dep_m: int | None, evidence: list[str], *,
+               agreed: bool) -> RuntimeLoad | None:
+    """The runtime a ``cudart_stub``-style loader (``stub_names`` entry-point names) loads:
+    the major its search path names, else its wheel's dependency's; ``None`` where neither
+    does."""
+    major = tree_m if agreed else (tree_m if tree_m is not None else dep_m)
+    if major is None:
+        return None
+    how = (f"loads a CUDA {major} runtime at run time (a cudart_stub-style table of "
+           f"{stub_names} runtime entry-point names resolved with dlsym, no DT_NEEDED "
+           "libcudart; " + "; ".join(evidence) + ")")
+    return RuntimeLoad(major=major, subject=f"dlopen libcudart (CUDA {major})",
+                       how=how, agreed=agreed)
 
 
 def _declared_majors(search_paths: Sequence[str], requires: Sequence[str]

@@ -25,7 +25,7 @@ import os
 import re
 import time
 import zipfile
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Container, Iterator, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import replace
 from pathlib import Path
@@ -267,6 +267,26 @@ def _store_imports(path: Path | None, found: Mapping[str, tuple[str, int]], plai
         tmp.replace(path)
 
 
+def _guarded_imports(wheel: Path, wanted: re.Pattern[bytes], modules: Container[str]
+                     ) -> tuple[dict[str, tuple[str, int]], set[str]]:
+    """Of ``modules``, where the wheel's Python code (the files ``wanted`` matches) first
+    imports each inside ``try/except ImportError``, and those it imports somewhere without
+    such a guard."""
+    found: dict[str, tuple[str, int]] = {}
+    plain: set[str] = set()  # imported somewhere without a guard: not optional
+    for filename, tree in _python_trees(wheel, wanted):
+        parts = filename[:-3].split("/")
+        package = ".".join(parts if parts[-1] == "__init__" else parts[:-1]).removesuffix(".__init__")
+        for mod, line, guarded in _imports(tree, package):
+            if mod not in modules:
+                continue
+            if not guarded:
+                plain.add(mod)
+            elif mod not in found:
+                found[mod] = (filename, line)
+    return found, plain
+
+
 def optional_import_notes(wheel: Path, findings: Sequence[Finding]) -> list[Finding]:
     """A note for each file with an error finding that the wheel's Python code imports only
     inside ``try/except ImportError``: the project may treat it as optional."""
@@ -283,19 +303,8 @@ def optional_import_notes(wheel: Path, findings: Sequence[Finding]) -> list[Find
     if cached is not None:
         found, plain = cached
     else:
-        found = {}
-        plain = set()  # imported somewhere without a guard: not optional
         try:
-            for filename, tree in _python_trees(wheel, wanted):
-                parts = filename[:-3].split("/")
-                package = ".".join(parts if parts[-1] == "__init__" else parts[:-1]).removesuffix(".__init__")
-                for mod, line, guarded in _imports(tree, package):
-                    if mod not in modules:
-                        continue
-                    if not guarded:
-                        plain.add(mod)
-                    elif mod not in found:
-                        found[mod] = (filename, line)
+            found, plain = _guarded_imports(wheel, wanted, modules)
         except (zipfile.BadZipFile, OSError, EOFError, ValueError):
             return []
         _store_imports(key, found, plain)

@@ -193,30 +193,37 @@ def read_fatbin(stream: IO[bytes], start: int, size: int) -> tuple[DeviceCode, .
             raise FatbinError(f"no fat binary magic at offset {pos - start:#x} of .nv_fatbin")
         if header_size < _CONTAINER.size or pos + header_size + body > end:
             raise FatbinError(f"fat binary at offset {pos - start:#x} overruns .nv_fatbin")
-        entry, cend = pos + header_size, pos + header_size + body
-        while entry + _ENTRY.size <= cend:
-            if len(out) >= _MAX_ENTRIES:
-                raise FatbinError(f"more than {_MAX_ENTRIES} fat binary entries")
-            (kind, _, ehs, padded, _, csize, _, version, sm, _, _, flags, _,
-             _) = _ENTRY.unpack(_read_exact(stream, entry, _ENTRY.size))
-            if ehs < _ENTRY.size or entry + ehs + padded > cend:
-                raise FatbinError(f"fat binary entry at offset {entry - start:#x} overruns "
-                                  "its container")
-            compressed = bool(flags & (_FLAG_COMPRESSED_LZ4 | _FLAG_COMPRESSED_ZSTD))
-            variant: Variant = ("a" if flags & _FLAG_ARCH_SPECIFIC
-                                else "f" if flags & _FLAG_FAMILY else "")
-            if kind == _KIND_SASS:
-                out.append(DeviceCode(kind="sass", arch=sm, variant=variant,
-                                      compressed=compressed))
-            elif kind == _KIND_PTX:
-                psize = csize if compressed and csize else padded
-                out.append(DeviceCode(kind="ptx", arch=sm, variant=variant,
-                                      isa=_ptx_isa(stream, entry + ehs, psize, version,
-                                                   compressed),
-                                      compressed=compressed))
-            entry += ehs + padded
+        cend = pos + header_size + body
+        _read_container(stream, start, pos + header_size, cend, out)
         pos = cend
     return tuple(out)
+
+
+def _read_container(stream: IO[bytes], start: int, entry: int, cend: int,
+                    out: list[DeviceCode]) -> None:
+    """Append to ``out`` the entries of one fat binary container, from its first entry header
+    at ``entry`` to its end ``cend`` (offsets in ``stream``; ``start``: the section's)."""
+    while entry + _ENTRY.size <= cend:
+        if len(out) >= _MAX_ENTRIES:
+            raise FatbinError(f"more than {_MAX_ENTRIES} fat binary entries")
+        (kind, _, ehs, padded, _, csize, _, version, sm, _, _, flags, _,
+         _) = _ENTRY.unpack(_read_exact(stream, entry, _ENTRY.size))
+        if ehs < _ENTRY.size or entry + ehs + padded > cend:
+            raise FatbinError(f"fat binary entry at offset {entry - start:#x} overruns "
+                              "its container")
+        compressed = bool(flags & (_FLAG_COMPRESSED_LZ4 | _FLAG_COMPRESSED_ZSTD))
+        variant: Variant = ("a" if flags & _FLAG_ARCH_SPECIFIC
+                            else "f" if flags & _FLAG_FAMILY else "")
+        if kind == _KIND_SASS:
+            out.append(DeviceCode(kind="sass", arch=sm, variant=variant,
+                                  compressed=compressed))
+        elif kind == _KIND_PTX:
+            psize = csize if compressed and csize else padded
+            out.append(DeviceCode(kind="ptx", arch=sm, variant=variant,
+                                  isa=_ptx_isa(stream, entry + ehs, psize, version,
+                                               compressed),
+                                  compressed=compressed))
+        entry += ehs + padded
 
 
 _MAGIC_BYTES = struct.pack("<I", FATBIN_MAGIC)
@@ -411,24 +418,32 @@ def cubin_kernels(data: bytes) -> tuple[str, ...]:
             raise FatbinError("a section of its cubin lies outside it")
         return data[off:off + size]
 
-    def name(table: bytes, off: int) -> str:
-        stop = table.find(b"\0", off)
-        return table[off:stop if stop >= 0 else len(table)].decode("utf-8", "replace")
-
     found: set[str] = set()
     for i, (_, sh_type, _, _, _, _, link, _, _, entsize) in enumerate(sections):
         if sh_type != _SHT_SYMTAB or entsize != 24 or link >= shnum:
             continue
-        symtab, strtab = blob(i), blob(link)
-        for st_name, info, other, _, _, _ in struct.iter_unpack(
-                "<IBBHQQ", symtab[: len(symtab) - len(symtab) % 24]):
-            if info & 0xF == _STT_FUNC and other & _STO_CUDA_ENTRY and st_name:
-                found.add(name(strtab, st_name))
+        found |= _entry_symbols(blob(i), blob(link))
     if not found:
         names = blob(shstrndx)
         found = {n.removeprefix(".nv.info.") for s in sections
-                 if (n := name(names, s[0])).startswith(".nv.info.")}
+                 if (n := _cstring(names, s[0])).startswith(".nv.info.")}
     return tuple(sorted(found))
+
+
+def _entry_symbols(symtab: bytes, strtab: bytes) -> set[str]:
+    """The names of the function symbols of a cubin's ``symtab`` marked as kernel entries."""
+    found: set[str] = set()
+    for st_name, info, other, _, _, _ in struct.iter_unpack(
+            "<IBBHQQ", symtab[: len(symtab) - len(symtab) % 24]):
+        if info & 0xF == _STT_FUNC and other & _STO_CUDA_ENTRY and st_name:
+            found.add(_cstring(strtab, st_name))
+    return found
+
+
+def _cstring(table: bytes, off: int) -> str:
+    """The NUL-terminated string at ``off`` of ``table`` (to its end where none ends it)."""
+    stop = table.find(b"\0", off)
+    return table[off:stop if stop >= 0 else len(table)].decode("utf-8", "replace")
 
 
 def module_kernels(stream: IO[bytes], module: FatbinModule) -> ModuleKernels:

@@ -100,11 +100,12 @@ class _Mapped:
 
 
 def _count_gnu_hash(m: _Mapped, addr: int, elfclass: int, end: str) -> int:
-    nbuckets, symoffset, bloom_size, _ = struct.unpack(end + "IIII", m.read(addr, 16))
+    header: tuple[int, int, int, int] = struct.unpack(end + "IIII", m.read(addr, 16))
+    nbuckets, symoffset, bloom_size, _ = header
     if nbuckets > MAX_SYMBOLS or bloom_size > MAX_SYMBOLS:
         raise LoaderError("its DT_GNU_HASH table is implausibly large")
     buckets_at = addr + 16 + bloom_size * (8 if elfclass == 64 else 4)
-    buckets = struct.unpack(end + f"{nbuckets}I", m.read(buckets_at, 4 * nbuckets))
+    buckets: tuple[int, ...] = struct.unpack(end + f"{nbuckets}I", m.read(buckets_at, 4 * nbuckets))
     last = max(buckets, default=0)
     if last < symoffset:
         return symoffset  # no hashed (defined) symbol
@@ -142,7 +143,29 @@ def _read(elf: Any) -> LoaderView | None:
     if not dyn:
         return None
     m = _Mapped(stream, [s for s in segs if s[0] == PT_LOAD])
-    _, _, doff, _, dsize = dyn[0]
+    tags = _dynamic_tags(stream, dyn[0], elfclass, end)
+    first: dict[int, int] = {}
+    for tag, val in tags:
+        first.setdefault(tag, val)
+    strsz, text = _string_table(m, first)
+    needed = tuple(text(v) for t, v in tags if t == DT_NEEDED)
+    soname = text(first[DT_SONAME]) if DT_SONAME in first else None
+    rpath = _search_path(tags, DT_RPATH, text)
+    runpath = _search_path(tags, DT_RUNPATH, text)
+    tables = [(m.offset(first[DT_STRTAB], strsz), strsz)]
+    symbols, symtab = _symbols(m, first, elfclass, end, text)
+    if symtab is not None:
+        tables.append(symtab)
+    versions = _versions(m, first, end, text) if DT_VERNEED in first else []
+    return LoaderView(needed=needed, soname=soname, rpath=rpath, runpath=runpath,
+                      symbols=tuple(symbols), versions_needed=tuple(versions),
+                      tables=tuple(tables))
+
+
+def _dynamic_tags(stream: IO[bytes], dyn: tuple[int, ...], elfclass: int,
+                  end: str) -> list[tuple[int, int]]:
+    """``(tag, value)`` of each entry of the ``PT_DYNAMIC`` segment ``dyn``, up to ``DT_NULL``."""
+    _, _, doff, _, dsize = dyn
     entry = struct.Struct(end + ("qQ" if elfclass == 64 else "iI"))
     stream.seek(doff)
     raw = stream.read(min(dsize, MAX_DYNAMIC * entry.size))
@@ -151,9 +174,11 @@ def _read(elf: Any) -> LoaderView | None:
         if tag == DT_NULL:
             break
         tags.append((tag, val))
-    first: dict[int, int] = {}
-    for tag, val in tags:
-        first.setdefault(tag, val)
+    return tags
+
+
+def _string_table(m: _Mapped, first: dict[int, int]) -> tuple[int, Callable[[int], str]]:
+    """``DT_STRSZ`` and a reader of the string at an offset into ``DT_STRTAB``."""
     if DT_STRTAB not in first:
         raise LoaderError("its dynamic array has no DT_STRTAB")
     strsz = first.get(DT_STRSZ, 0)
@@ -167,18 +192,13 @@ def _read(elf: Any) -> LoaderView | None:
         stop = strtab.find(b"\0", off)
         return strtab[off: stop if stop != -1 else len(strtab)].decode("utf-8", "replace")
 
-    needed = tuple(text(v) for t, v in tags if t == DT_NEEDED)
-    soname = text(first[DT_SONAME]) if DT_SONAME in first else None
-    rpath = tuple(p for t, v in tags if t == DT_RPATH for p in text(v).split(":") if p)
-    runpath = tuple(p for t, v in tags if t == DT_RUNPATH for p in text(v).split(":") if p)
-    tables = [(m.offset(first[DT_STRTAB], strsz), strsz)]
-    symbols, symtab = _symbols(m, first, elfclass, end, text)
-    if symtab is not None:
-        tables.append(symtab)
-    versions = _versions(m, first, end, text) if DT_VERNEED in first else []
-    return LoaderView(needed=needed, soname=soname, rpath=rpath, runpath=runpath,
-                      symbols=tuple(symbols), versions_needed=tuple(versions),
-                      tables=tuple(tables))
+    return strsz, text
+
+
+def _search_path(tags: list[tuple[int, int]], kind: int,
+                 text: Callable[[int], str]) -> tuple[str, ...]:
+    """The directories of every ``kind`` (``DT_RPATH``, ``DT_RUNPATH``) entry, in order."""
+    return tuple(p for t, v in tags if t == kind for p in text(v).split(":") if p)
 
 
 def _symbols(m: _Mapped, first: dict[int, int], elfclass: int, end: str,

@@ -87,6 +87,15 @@ def _version_after(text: bytes, i: int, n: int) -> tuple[int, int] | None:
     return int(major.group()[:4]), int(minor.group()[:4])
 
 
+def _after_string(text: bytes, i: int, n: int) -> int:
+    """Where the string opening at ``text[i]`` (a ``"``) ends, past its closing quote (a
+    backslash escapes the byte after it); -1 where none closes it before ``n``."""
+    i += 1
+    while i < n and text[i] != 0x22:
+        i += 2 if text[i] == 0x5C and i + 1 < n else 1
+    return i + 1 if i < n else -1
+
+
 def ptx_version(text: bytes) -> tuple[int, int] | None:
     """The ``.version`` of PTX source ``text``, read as the driver's JIT reads it, or ``None``.
 
@@ -104,12 +113,9 @@ def ptx_version(text: bytes) -> tuple[int, int] | None:
             return None
         c = text[i]
         if c == 0x22:  # a string (a .file name): nothing in it counts
-            i += 1
-            while i < n and text[i] != 0x22:
-                i += 2 if text[i] == 0x5C and i + 1 < n else 1
-            if i >= n:
+            i = _after_string(text, i, n)
+            if i < 0:
                 return None
-            i += 1
             continue
         if c == 0x2E:  # the first directive decides
             name = _NAME.match(text, i + 1, n)

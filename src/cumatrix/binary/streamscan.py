@@ -2,7 +2,7 @@
 
 A single deflate stream cannot be inflated on two cores, and ISA-L holds the GIL while it
 inflates, so a thread would not overlap it with the scans: a forked child inflates the member
-into an anonymous file (:func:`cumatrix.binary.elf.spool_file`) and reports how far it got on a
+into an anonymous file (:func:`cumatrix.binary.wheelmember.spool_file`) and reports how far it got on a
 pipe, while this process runs the name scans (:class:`cumatrix.binary.elf.NameScan`) over
 every byte written so far.  The scans do not know the sections yet (the section header table
 is at the end of the file), so each records the names it finds with their offsets, and
@@ -32,7 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from cumatrix.binary.elf import DEVICE_SECTIONS, NameScan, is_data_section, scan_names, spool_file
+from cumatrix.binary.elf import DEVICE_SECTIONS, NameScan, is_data_section, scan_names
+from cumatrix.binary.wheelmember import spool_file
 
 try:
     from isal import isal_zlib as _fast_zlib
