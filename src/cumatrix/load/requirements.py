@@ -40,6 +40,16 @@ def cuda_releases() -> tuple[str, ...]:
     return tuple(sorted(versions, key=lambda v: tuple(int(p) for p in v.split("."))))
 
 
+def driver_releases() -> tuple[str, ...]:
+    """Every CUDA release a driver can be named by (``--min-driver``), oldest first:
+    :func:`cuda_releases` and the releases of NVIDIA's PTX ISA table (``data/ptx_isa.json``:
+    CUDA 9.0 on), less 12.7, which that table names for PTX ISA 8.6 although no CUDA 12.7
+    toolkit or driver was released (12.6 was followed by 12.8)."""
+    table = json.loads(resources.files("cumatrix").joinpath("data", "ptx_isa.json").read_text(encoding="utf-8"))
+    versions = {*cuda_releases(), *table["isa_first_cuda"].values()} - {"12.7"}
+    return tuple(sorted(versions, key=lambda v: tuple(int(p) for p in v.split("."))))
+
+
 def _requirement(text: str) -> Requirement | None:
     """``text`` as PEP 508 reads it (``packaging.requirements``), or None where it is not one."""
     try:

@@ -23,13 +23,13 @@ DEFAULT_OUT = Path("gate-out")
 def _min_driver_arg(text: str) -> CudaVersion:
     # deferred: the release table is read only when a version is given
     from cumatrix.core.suggest import version_hint
-    from cumatrix.load.requirements import cuda_releases
+    from cumatrix.load.requirements import driver_releases
 
     try:
         v = CudaVersion.parse(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(f"{e}; for example --min-driver 12.4") from e
-    known = cuda_releases()
+    known = driver_releases()
     if str(v) not in known:  # 12.44, 12.7: no driver was released for such a CUDA version
         raise argparse.ArgumentTypeError(f"there is no CUDA {v} release{version_hint(str(v), known)} "
                                          f"(known: {', '.join(known)})")
