@@ -63,17 +63,20 @@ def test_a_hostile_cell_id_reaches_no_terminal_raw(tmp_path: Path, wheel_cache: 
         lines.append(json.dumps(rec))
     (tmp_path / "b" / "results.jsonl").write_text("\n".join(lines) + "\n")
 
+    # The merge refuses the uploaded directory, naming the file and the record, the id escaped.
+    merge = cli("merge", "a", "b", "--out", "merged", "--history", history, cwd=tmp_path)
+    assert merge.returncode == 2, merge.stderr
+    assert "b/results.jsonl" in merge.stderr and "control character" in merge.stderr, merge.stderr
+    assert _raw(merge.stdout + merge.stderr) == [], merge.stdout + merge.stderr
+    assert not (tmp_path / "merged" / "summary.md").exists()
     outputs = {}
-    outputs["merge"] = cli("merge", "a", "b", "--out", "merged", "--history", history, cwd=tmp_path)
     outputs["report"] = cli("report", "b", "--no-history", cwd=tmp_path)
     outputs["history"] = cli("history", "--history", history, cwd=tmp_path)
-    outputs["diff"] = cli("diff", "--history", history, cwd=tmp_path)
     for name, proc in outputs.items():
         assert proc.returncode in (0, 1), (name, proc.stderr)
         assert _raw(proc.stdout + proc.stderr) == [], (name, proc.stdout + proc.stderr)
-    assert "evil" in outputs["diff"].stdout  # the id is shown, its escapes are not
-    # The Markdown the merge wrote: no raw control byte, and the id cannot open or close a fence.
-    summary = (tmp_path / "merged" / "summary.md").read_text()
+    # The Markdown the report wrote: no raw control byte, and the id cannot open or close a fence.
+    summary = (tmp_path / "b" / "summary.md").read_text()
     assert _raw(summary) == []
     assert "\n```\nevil" not in summary
 
