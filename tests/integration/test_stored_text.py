@@ -66,7 +66,8 @@ def test_a_hostile_cell_id_reaches_no_terminal_raw(tmp_path: Path, wheel_cache: 
     # The merge refuses the uploaded directory, naming the file and the record, the id escaped.
     merge = cli("merge", "a", "b", "--out", "merged", "--history", history, cwd=tmp_path)
     assert merge.returncode == 2, merge.stderr
-    assert "b/results.jsonl" in merge.stderr and "control character" in merge.stderr, merge.stderr
+    assert "b/results.jsonl" in merge.stderr, merge.stderr
+    assert "control character" in merge.stderr, merge.stderr
     assert _raw(merge.stdout + merge.stderr) == [], merge.stdout + merge.stderr
     assert not (tmp_path / "merged" / "summary.md").exists()
     outputs = {}
