@@ -264,34 +264,11 @@ def _last_tests(hist: History, digest: str, before: int, names: dict[int, str],
     return found
 
 
-def _axes(name: str) -> dict[str, str]:
-    """The axes :data:`AXES` counts of a cell id (by position: ``axes_from_id`` less the family,
-    which a count of values does not need; 10,000 ids a report)."""
-    parts = name.split("/")
-    if len(parts) < 3:
-        return axes_from_id(name)
-    out = {"runtime": parts[0], "driver": parts[1]}
-    if len(parts) == 3:
-        if parts[2] == "probe":
-            out["kind"] = "probe"
-        else:
-            out["kind"] = "command"
-            out["case"] = parts[2]
-        return out
-    out["kind"] = "swap"
-    out["variant"] = parts[2]
-    if parts[3].startswith("h"):
-        out["build"] = parts[3][1:]
-    if len(parts) >= 5:
-        out["workload"] = "/".join(parts[4:])
-    return out
-
-
 def _values(every: Sequence[str], tested: set[str], pending: set[str]) -> tuple[AxisValue, ...]:
     """Per axis value: its cells, how many were tested, how many are pending."""
     counts: dict[tuple[str, str], list[int]] = {}
     for name in every:
-        axes = _axes(name)
+        axes = axes_from_id(name)  # the family it adds is no axis counted here
         hit, wait = name in tested, name in pending
         for a in AXES:
             v = axes.get(a)
