@@ -76,7 +76,9 @@ print("sockets", sum(len(open(f"/proc/net/{t}").read().splitlines()) - 1 for t i
 
 ADD_KEYS = PRELUDE + r"""
 desc = sys.argv[1]
-print("user", add_key(USER, desc + "-u") > 0, "session", add_key(SESSION, desc + "-s") > 0)
+print("user", add_key(USER, desc + "-u"), "session", add_key(SESSION, desc + "-s"))
+if len(sys.argv) > 2:
+    hold(sys.argv[2])
 """
 
 FIND_KEYS = PRELUDE + r"""
@@ -110,6 +112,36 @@ if sys.argv[2] == "make":
     hold(sys.argv[3])
 else:
     print("found", libc.shmget(key, 0, 0o666) >= 0, libc.semget(key, 0, 0o666) >= 0, libc.msgget(key, 0o666) >= 0)
+"""
+
+#: keyctl(KEYCTL_GET_KEYRING_ID, KEY_SPEC_USER_KEYRING) by each ABI's road into the kernel: the
+#: native number, x32's (bit 30 set) and i386's (int 0x80 from this 64-bit process, in a child:
+#: a kernel without ia32 emulation ends it with a signal).  Each prints its result or -errno.
+KEY_ROADS = PRELUDE + r"""
+import mmap
+def native():
+    return search_id(SYS_keyctl)
+def x32():
+    return search_id(0x40000000 | SYS_keyctl)
+def search_id(nr):
+    r = libc.syscall(nr, 0, USER, 0)
+    return r if r >= 0 else -ctypes.get_errno()
+def i386():
+    # push rbx; mov eax, 288 (i386 keyctl); xor ebx, ebx; mov ecx, -4; xor edx, edx; int 0x80; pop rbx; ret
+    code = bytes.fromhex("53b82001000031dbb9fcffffff31d2cd805bc3")
+    m = mmap.mmap(-1, 4096, prot=mmap.PROT_READ | mmap.PROT_WRITE | mmap.PROT_EXEC)
+    m.write(code)
+    fn = ctypes.CFUNCTYPE(ctypes.c_int)(ctypes.addressof(ctypes.c_char.from_buffer(m)))
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(w, str(fn()).encode())
+        os._exit(0)
+    os.close(w)
+    got = os.read(r, 64).decode()
+    _, st = os.waitpid(pid, 0)
+    return int(got) if got else f"signal{os.WTERMSIG(st)}"
+print("native", native(), "x32", x32(), "i386", i386())
 """
 
 INOTIFY = PRELUDE + r"""
@@ -152,8 +184,8 @@ def cell(code: str, *args: str, flag: Path | None = None) -> Job:
                writable=(str(flag),) if flag else ())
 
 
-def run(code: str, *args: str) -> dict[str, object]:
-    res = run_local(cell(code, *args), policy=ON, cwd="/")
+def run(code: str, *args: str, policy: Policy = ON) -> dict[str, object]:
+    res = run_local(cell(code, *args), policy=policy, cwd="/")
     return {"rc": res.returncode, "out": res.stdout_tail.strip(), "err": res.stderr_tail.strip()[-400:],
             "sandbox": res.extra.get("sandbox"), "traced": bool(res.trace and res.trace.complete),
             "exe": res.trace.processes[0].exe if res.trace and res.trace.processes else None}
@@ -186,10 +218,14 @@ def scenario(name: str) -> dict[str, object]:
         time.sleep(1)  # a later cell: the first one's processes, and its tracer, long gone
         return {"first": first, "second": run(BIND, port)}
     if name == "keys":
-        first = run(ADD_KEYS, tag)
-        time.sleep(1)  # a later cell: the first one's namespaces, and the keys in them, gone
-        return {"first": first, "second": run(FIND_KEYS, tag),
-                "harness": _harness_session_has(tag + "-s")}
+        # A cell looks for the keys of a cell alive beside it, then a later cell for them.
+        got = side_by_side(ADD_KEYS, (tag,), lambda: run(FIND_KEYS, tag))
+        got["later"] = run(FIND_KEYS, tag)
+        got["harness"] = _harness_session_has(tag + "-s")
+        return got
+    if name == "key-roads":
+        return {"first": run(KEY_ROADS), "second": run(KEY_ROADS),
+                "unsandboxed": run(KEY_ROADS, policy=Policy(sandbox="off"))}
     if name == "mqueue":
         return side_by_side(MQUEUE, (tag, "make"), lambda: run(MQUEUE, tag, "open"))
     if name == "sysv":

@@ -30,6 +30,7 @@ from cumatrix.core.model import Runtime
 from cumatrix.execute.local import run_local
 from cumatrix.judge.classify import classify
 from cumatrix.provision import runtimes
+from helpers.kernel_state import KEY_ROADS
 from helpers.sandbox import CONNECT, socket_under_run
 
 pytestmark = pytest.mark.docker
@@ -217,6 +218,17 @@ def test_mounts_are_read_only_and_network_is_off(backend: object, rt_image: obje
     assert "nets ['lo']" in res.stdout_tail
     assert "ld /opt/first" in res.stdout_tail
     assert not (tmp_path / "out.txt").exists()
+
+
+def test_no_abi_of_the_kernel_lets_a_container_cell_reach_a_keyring(backend: object, rt_image: object) -> None:
+    # A key is shown to every process of its host uid until the kernel collects it; docker's
+    # default seccomp profile (which the backend keeps) refuses the three key calls by every ABI.
+    res = backend.run_job(_job("keys", "python3", "-c", KEY_ROADS))  # type: ignore[attr-defined]
+    assert res.returncode == 0, res.stderr_tail
+    got = dict(zip(*[iter(res.stdout_tail.split())] * 2))
+    assert got["native"] in ("-1", "-38"), got  # EPERM (docker's profile) or ENOSYS
+    for road in ("x32", "i386"):
+        assert got[road] in ("-1", "-38") or got[road].startswith("signal"), (road, got)
 
 
 def test_a_cwd_through_a_link_to_run_mounts_nothing_of_run(backend: object, rt_image: object, tmp_path: Path) -> None:

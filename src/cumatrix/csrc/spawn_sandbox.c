@@ -1,5 +1,6 @@
 #include "spawn_common.h"
 #include "spawn_sandbox.h"
+#include "spawn_seccomp.h"
 #include "spawn_server.h"
 #include "spawn_util.h"
 
@@ -17,9 +18,9 @@
  *   --chdir DIR
  * Then this process forks the program's process, which leaves root (uid and gid SERVE_UID in
  * a user namespace of its own whose only id is the cell's host uid, no groups, no capability in
- * any set, no_new_privs, a session keyring of its own), and waits as its init: it ends as the
- * program ended (128+N for a signal N, as bubblewrap reports it); its end ends the namespace
- * and every process left in it. */
+ * any set, no_new_privs, a session keyring of its own, then no keyring call at all), and waits
+ * as its init: it ends as the program ended (128+N for a signal N, as bubblewrap reports it);
+ * its end ends the namespace and every process left in it. */
 
 
 #ifndef MOUNT_ATTR_RDONLY
@@ -366,6 +367,8 @@ int cell_init(char *limits, char **argv) {
          * to share.) */
         if (syscall(SYS_keyctl, 1 /* KEYCTL_JOIN_SESSION_KEYRING */, NULL) < 0 && errno != ENOSYS)
             _exit(fail("keyctl", "join session keyring"));
+        /* Then no keyring at all: what a key holds outlives the cell (spawn_seccomp.c). */
+        if (refuse_keyrings() != 0) _exit(fail("seccomp", "refuse the kernel's keyrings"));
         _exit(run_program(limits, argv));
     }
     for (;;) {  /* the namespace's init: reaps what is orphaned, ends with the program */

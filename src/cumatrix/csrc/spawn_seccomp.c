@@ -2,6 +2,59 @@
 #include "spawn_seccomp.h"
 #include "spawn_trace.h"
 
+/* The kernel's keyrings, refused to a served cell (ENOSYS, "this kernel has no keyrings", which
+ * programs already expect: CONFIG_KEYS may be off).  A key is owned by a host uid and shown to
+ * every process of that uid (/proc/keys, keyctl by serial number), whatever user namespace it
+ * is in, until the kernel's collector frees it a moment after its keyring is gone: the cells of
+ * an ordinary user's harness are all that user's uid, and the host uid a root harness gives a
+ * live cell is given again once it ends.  A key would be a channel between two such cells.
+ * Docker's default profile refuses the same three calls for the same reason.  Every ABI the
+ * kernel runs is filtered by its own numbers: the native one (and x32's, the native number with
+ * bit 30 set), and i386's (int 0x80) or 32-bit ARM's. */
+#if defined(__x86_64__)
+#define NATIVE_ARCH AUDIT_ARCH_X86_64
+#define COMPAT_ARCH AUDIT_ARCH_I386
+#define COMPAT_ADD_KEY 286  /* i386: add_key, request_key, keyctl */
+#define NATIVE_MASK (~0x40000000u)
+#elif defined(__aarch64__)
+#define NATIVE_ARCH AUDIT_ARCH_AARCH64
+#define COMPAT_ARCH AUDIT_ARCH_ARM
+#define COMPAT_ADD_KEY 309  /* arm: add_key, request_key, keyctl */
+#define NATIVE_MASK (~0u)
+#endif
+
+int refuse_keyrings(void) {
+#if defined(NATIVE_ARCH)
+    struct sock_filter prog[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, NATIVE_ARCH, 2, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, COMPAT_ARCH, 8, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        /* native (x32 too, its numbers are the native ones with bit 30 set) */
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_STMT(BPF_ALU | BPF_AND | BPF_K, NATIVE_MASK),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_add_key, 3, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_request_key, 2, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_keyctl, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+        /* the 32-bit ABI: its three numbers follow each other */
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, COMPAT_ADD_KEY, 0, 2),
+        BPF_JUMP(BPF_JMP | BPF_JGT | BPF_K, COMPAT_ADD_KEY + 2, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | ENOSYS),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog fprog = {(unsigned short)(sizeof prog / sizeof prog[0]), prog};
+    /* Without no_new_privs the kernel takes a filter only from a process with CAP_SYS_ADMIN. */
+    if (prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) != 1 && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return -1;
+    return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &fprog);
+#else
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
 /* The filter every traced process carries: execve and execveat stop in the tracer first
  * (SECCOMP_RET_TRACE), while the old image is still mapped.  Another ABI's system calls
  * (a 32-bit program on a 64-bit kernel) all ask the tracer: its numbers differ. */
