@@ -61,11 +61,12 @@ for cell in [c for c in M.cells(m) if c.id in want]:
                      "traced": bool(res.trace and res.trace.complete)}
     rows.append(row)
     print(f"{cell.id}: unsandboxed {row['off']['outcome']}; sandboxed {row['on']['outcome']} {row['on']['extra']}")
-(out / "cells.json").write_text(json.dumps(rows, indent=1, default=str))
+(Path("cells.json")).write_text(json.dumps(rows, indent=1, default=str))  # the user's own directory
 ok = rows and all(r.get("on", {}).get("outcome") == r.get("off", {}).get("outcome") and
                   r["on"]["extra"].get("sandbox") == "namespaces" for r in rows)
 print("SANDBOXED CELLS OF AN ORDINARY USER REACH THE GPU" if ok else "MISMATCH: see cells.json")
 PY
+cp "$U/cells.json" "$S/cells.json" 2>/dev/null
 # The kernel-state attacks, run by root: each as a root harness and as a second local user's
 # harness (the test makes that user and drops to it).
 python3 -m pytest -p no:cacheprovider -q -rfs tests/integration/test_cell_kernel_state.py \
