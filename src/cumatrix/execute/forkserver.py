@@ -13,8 +13,9 @@ gives it; what it costs is a fork, a clone and a few mounts.
 
 Nothing of one cell is left for another in the kernel: each cell's network namespace is made
 new for it, and its program is ``nobody`` inside a user namespace of its own (its user keyrings
-that namespace's) with a session keyring of its own.  Under a root harness each cell alive also
-has a host uid no other cell has (:func:`cell_uids`, held by the cell's tracer: see ``take_uid``
+that namespace's) with a session keyring of its own, then no keyring call at all (a seccomp
+filter: a key is shown to every process of its host uid until the kernel collects it).  Under a
+root harness each cell alive also has a host uid no other cell has (:func:`cell_uids`, held by the cell's tracer: see ``take_uid``
 in csrc/spawn_server.c), so that nothing the kernel keeps per uid (processes under ``RLIMIT_NPROC``,
 inotify instances, key quota, pipe buffers) is shared; a directory that uid may not enter is
 shown to it read-only by an idmapped mount.  A non-root harness's server makes one user
