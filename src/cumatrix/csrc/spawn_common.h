@@ -41,6 +41,16 @@
 #define CLONE_INTO_CGROUP 0x200000000ULL
 #endif
 
+/* The native ABI's audit architecture, as a seccomp filter and the tracer compare it (0: none
+ * this helper knows). */
+#if defined(__x86_64__)
+#define NATIVE_AUDIT_ARCH AUDIT_ARCH_X86_64
+#elif defined(__aarch64__)
+#define NATIVE_AUDIT_ARCH AUDIT_ARCH_AARCH64
+#else
+#define NATIVE_AUDIT_ARCH 0
+#endif
+
 /* SECCOMP_RET_DATA of the filter's stops: an execve (or another ABI's call), an executable mapping. */
 #define EXEC_STOP 0
 #define MMAP_EXEC 1

@@ -183,14 +183,22 @@ static void exec_file_seen(pid_t pid, unsigned int maj, unsigned int mnr, unsign
     close(rfd);
 }
 
+#ifdef PTRACE_GET_SYSCALL_INFO
+/* The call PID stopped at (a seccomp stop): 0, or -1 where the kernel says it is no such stop. */
+static int seccomp_stop_info(pid_t pid, struct __ptrace_syscall_info *info) {
+    memset(info, 0, sizeof *info);
+    if (ptrace(PTRACE_GET_SYSCALL_INFO, pid, (void *)sizeof *info, info) <= 0 || info->op != PTRACE_SYSCALL_INFO_SECCOMP)
+        return -1;
+    return 0;
+}
+#endif
+
 /* The file PID is about to map executable (the mmap's descriptor, read at the call's entry
  * while the process waits). */
 void mapping_made(pid_t pid) {
 #ifdef PTRACE_GET_SYSCALL_INFO
     struct __ptrace_syscall_info info;
-    memset(&info, 0, sizeof info);
-    if (ptrace(PTRACE_GET_SYSCALL_INFO, pid, (void *)sizeof info, &info) <= 0 || info.op != PTRACE_SYSCALL_INFO_SECCOMP)
-        return;
+    if (seccomp_stop_info(pid, &info) != 0) return;
     int fd = (int)info.seccomp.args[4];
     char name[64], path[4096];
     snprintf(name, sizeof name, "/proc/%d/fd/%d", (int)pid, fd);
@@ -211,9 +219,7 @@ void mapping_made(pid_t pid) {
 void protection_made(pid_t pid) {
 #ifdef PTRACE_GET_SYSCALL_INFO
     struct __ptrace_syscall_info info;
-    memset(&info, 0, sizeof info);
-    if (ptrace(PTRACE_GET_SYSCALL_INFO, pid, (void *)sizeof info, &info) <= 0 || info.op != PTRACE_SYSCALL_INFO_SECCOMP)
-        return;
+    if (seccomp_stop_info(pid, &info) != 0) return;
     unsigned long long lo = info.seccomp.args[0], hi = lo + info.seccomp.args[1];
     char name[64];
     snprintf(name, sizeof name, "/proc/%d/maps", (int)pid);

@@ -12,22 +12,20 @@
  * kernel runs is filtered by its own numbers: the native one (and x32's, the native number with
  * bit 30 set), and i386's (int 0x80) or 32-bit ARM's. */
 #if defined(__x86_64__)
-#define NATIVE_ARCH AUDIT_ARCH_X86_64
 #define COMPAT_ARCH AUDIT_ARCH_I386
 #define COMPAT_ADD_KEY 286  /* i386: add_key, request_key, keyctl */
 #define NATIVE_MASK (~0x40000000u)
 #elif defined(__aarch64__)
-#define NATIVE_ARCH AUDIT_ARCH_AARCH64
 #define COMPAT_ARCH AUDIT_ARCH_ARM
 #define COMPAT_ADD_KEY 309  /* arm: add_key, request_key, keyctl */
 #define NATIVE_MASK (~0u)
 #endif
 
 int refuse_keyrings(void) {
-#if defined(NATIVE_ARCH)
+#if defined(COMPAT_ARCH)
     struct sock_filter prog[] = {
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, NATIVE_ARCH, 2, 0),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, NATIVE_AUDIT_ARCH, 2, 0),
         BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, COMPAT_ARCH, 8, 0),
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
         /* native (x32 too, its numbers are the native ones with bit 30 set) */
@@ -59,13 +57,7 @@ int refuse_keyrings(void) {
  * (SECCOMP_RET_TRACE), while the old image is still mapped.  Another ABI's system calls
  * (a 32-bit program on a 64-bit kernel) all ask the tracer: its numbers differ. */
 static int install_exec_filter(void) {
-#if defined(__x86_64__)
-    const unsigned int arch = AUDIT_ARCH_X86_64;
-#elif defined(__aarch64__)
-    const unsigned int arch = AUDIT_ARCH_AARCH64;
-#else
-    const unsigned int arch = 0;
-#endif
+    const unsigned int arch = NATIVE_AUDIT_ARCH;
     if (arch == 0) { errno = ENOSYS; return -1; }
     struct sock_filter prog[] = {
         BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),

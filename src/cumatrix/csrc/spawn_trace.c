@@ -328,13 +328,7 @@ static void resolve_claims(void) {
 
 /* Trace the tree rooted at LEADER until the leader ends; its wait status. */
 int trace_tree(pid_t leader) {
-#if defined(__x86_64__)
-    const unsigned int native_arch = AUDIT_ARCH_X86_64;
-#elif defined(__aarch64__)
-    const unsigned int native_arch = AUDIT_ARCH_AARCH64;
-#else
-    const unsigned int native_arch = 0;
-#endif
+    const unsigned int native_arch = NATIVE_AUDIT_ARCH;
     int leader_status = -1, leader_execd = 0, leader_gone = 0, killed = 0;
     char exe[4096];
     for (;;) {

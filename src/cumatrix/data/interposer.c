@@ -80,18 +80,9 @@ __attribute__((visibility("hidden"), used)) struct cumatrix_config cumatrix_conf
 #define N_FORWARDED 0
 #define FORWARDED(X)
 #define HIDDEN(X)
-#define HAS_cuModuleLoad 1
-#define HAS_cuModuleLoadData 1
-#define HAS_cuModuleLoadDataEx 1
-#define HAS_cuModuleLoadFatBinary 1
-#define HAS_cuLibraryLoadData 1
-#define HAS_cuLibraryLoadFromFile 1
-#define HAS_cuLinkAddData 1
-#define HAS_cuLinkAddData_v2 1
-#define HAS_cuLinkAddFile 1
-#define HAS_cuLinkAddFile_v2 1
 #elif defined(CUMATRIX_TABLES)
 #include CUMATRIX_TABLES
+#define LOADERS_FROM_TABLES 1  /* HAS_cu*: those loaders the real driver exports */
 #else
 #define EMULATED_VERSION 12000
 #define REAL_PATH "/usr/lib/x86_64-linux-gnu/libcuda.so.1"
@@ -101,6 +92,10 @@ __attribute__((visibility("hidden"), used)) struct cumatrix_config cumatrix_conf
 #define FORWARDED(X)
 #define HIDDEN(X)
 #define PTX_CEILING 800
+#endif
+
+#ifndef LOADERS_FROM_TABLES
+/* Prebuilt (configured after the build) or built without tables: every loader entry point. */
 #define HAS_cuModuleLoad 1
 #define HAS_cuModuleLoadData 1
 #define HAS_cuModuleLoadDataEx 1
