@@ -367,7 +367,7 @@ def prepare(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | N
     served_here = _served_here(scope)
     serve = serve and trace and served_here and forkserver.serves(policy.sandbox, _probe_ops)
     argv, signal_in_exit, problem, ops = _sandboxed(job, env, policy, cwd, extra, serve=serve)
-    lims = _limits(job, policy, extra)
+    lims = _cell_limits(job, policy, extra)
     procs = _procs(scope)
     if shim is not None:
         served = ops if served_here and problem is None else None
@@ -389,9 +389,9 @@ def _procs(scope: Scope) -> str | None:
     return str(scope.cgroup / "cgroup.procs") if scope.cgroup is not None else None
 
 
-def _limits(job: Job, policy: Policy, extra: dict[str, object]) -> list[tuple[str, int, int]]:
-    """The cell's resource limits (none where the policy sets none but a sandboxed cell's file
-    size, which keeps it within its private /tmp's size)."""
+def _cell_limits(job: Job, policy: Policy, extra: dict[str, object]) -> list[tuple[str, int, int]]:
+    """The cell's resource limits where the policy sets them, and a sandboxed cell's file size
+    limit (``policy.write_limit``) in any case."""
     lims = limits(job) if policy.limits else []
     if extra.get("sandbox") in SANDBOXED:
         lims.append(("fsize", policy.write_limit, policy.write_limit))
