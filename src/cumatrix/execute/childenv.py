@@ -128,23 +128,33 @@ def child_env(job: Job, *, base_env: Mapping[str, str] | None = None,
     passed = tuple(policy.pass_env)
     env = dict(_allowed_environ(harness, passed)) if base_env is None else _filtered(base_env, harness, passed)
     if not harness and "PATH" in env:
-        env["PATH"] = _without_harness_bin(env["PATH"])
-        if job.harness_python:  # `python: harness`: asked for by the case, so first
-            env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env["PATH"]])
+        _command_path(env, job)
     env.update(job.env)  # a case that sets PATH itself gets exactly that
     if not harness and "PYTHONPATH" in env:
-        own = harness_paths()
-        keep = [p for p in env["PYTHONPATH"].split(os.pathsep)
-                if p and str(Path(p).resolve()) not in own]
-        if keep:
-            env["PYTHONPATH"] = os.pathsep.join(keep)
-        else:
-            del env["PYTHONPATH"]
+        _without_harness_packages(env)
     if job.lib_path:
         old = env.get("LD_LIBRARY_PATH", "")
         env["LD_LIBRARY_PATH"] = os.pathsep.join([*job.lib_path, *([old] if old else [])])
     env.setdefault("PYTHONFAULTHANDLER", "1")
     return env
+
+
+def _command_path(env: dict[str, str], job: Job) -> None:
+    """A command cell's ``PATH``: without the harness's venv, but where the case asks for it."""
+    env["PATH"] = _without_harness_bin(env["PATH"])
+    if job.harness_python:  # `python: harness`: asked for by the case, so first
+        env["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), env["PATH"]])
+
+
+def _without_harness_packages(env: dict[str, str]) -> None:
+    """A command cell's ``PYTHONPATH`` without the harness's package directories (none left: unset)."""
+    own = harness_paths()
+    keep = [p for p in env["PYTHONPATH"].split(os.pathsep)
+            if p and str(Path(p).resolve()) not in own]
+    if keep:
+        env["PYTHONPATH"] = os.pathsep.join(keep)
+    else:
+        del env["PYTHONPATH"]
 
 
 def limits(job: Job) -> list[tuple[str, int, int]]:

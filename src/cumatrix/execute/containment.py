@@ -355,16 +355,23 @@ def _sweep(scope: Scope, *, sole: bool) -> int:
     marker = f"{SCOPE_ENV}={scope.marker}".encode()
     found: set[int] = set()
     for _ in range(5):  # a process may fork while the sweep runs: sweep until none is left
-        table = _table()
-        kept = [p for p in (watcher, *_KEPT) if p and p in table]
-        mine = _descendants(table, [me]) - {me} - _descendants(table, kept)
-        seeds = {pid for pid in mine if _left_by(scope, table, pid, me=me, sole=sole, marker=marker)}
-        victims = _descendants(table, seeds) & mine
+        victims = _sweep_once(scope, me, watcher, sole=sole, marker=marker)
         if not victims:
             break
-        _kill_and_reap(victims, table, me)
         found |= victims
     return len(found - ({scope.leader} if scope.leader else set()))
+
+
+def _sweep_once(scope: Scope, me: int, watcher: int | None, *, sole: bool, marker: bytes) -> set[int]:
+    """One pass of :func:`_sweep`: what the cell left now, killed and reaped."""
+    table = _table()
+    kept = [p for p in (watcher, *_KEPT) if p and p in table]
+    mine = _descendants(table, [me]) - {me} - _descendants(table, kept)
+    seeds = {pid for pid in mine if _left_by(scope, table, pid, me=me, sole=sole, marker=marker)}
+    victims = _descendants(table, seeds) & mine
+    if victims:
+        _kill_and_reap(victims, table, me)
+    return victims
 
 
 def _left_by(scope: Scope, table: Mapping[int, tuple[int, int, int, int]], pid: int, *, me: int, sole: bool,

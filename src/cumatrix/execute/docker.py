@@ -49,6 +49,7 @@ from cumatrix.core.jobs import ChildResult, Job
 from cumatrix.core.model import Runtime
 from cumatrix.execute import docker_results as results
 from cumatrix.execute import docker_trace, driverview, sandbox
+from cumatrix.execute.docker_cell import NOBODY, cell_environment, cell_mounts
 from cumatrix.execute.docker_gpu import DRIVER_LIB_DIR, GpuAccess, detect_gpu, driver_libraries
 from cumatrix.execute.docker_images import (
     BASE_LABEL,
@@ -83,8 +84,6 @@ _NAME_RE = re.compile(r"[^a-zA-Z0-9_.-]+")
 # What the NVIDIA container toolkit says when an image's NVIDIA_REQUIRE_CUDA exceeds the driver.
 _REFUSED_RE = re.compile(r"unsatisfied condition: cuda[^\n]*")
 _ANSI_RE = re.compile(r"\x1b\[[0-9;]*m")
-#: The user cells run as when the harness runs as root (``nobody``: owns nothing).
-NOBODY = "65534:65534"
 #: The writable scratch of a read-only container (exec allowed: JIT caches, test binaries).
 TMPFS_OPTIONS = "rw,exec,nosuid,nodev,size=1g,mode=1777"
 
@@ -109,6 +108,52 @@ class _ImageFacts:
 
 def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def _removed(container: Any) -> bool:
+    """Remove a stale container; whether this call removed it."""
+    try:
+        container.remove(force=True)
+    except docker.errors.NotFound:
+        return False  # removed meanwhile (auto-remove, or another cleaner)
+    except docker.errors.APIError as e:
+        if e.status_code != 409:  # 409: another cleaner's removal of it is in progress
+            raise
+        return False
+    return True
+
+
+def _build_log_tail(e: docker.errors.BuildError) -> str:
+    """The last lines of a failed build's log, without terminal colours."""
+    log = _ANSI_RE.sub("", "".join(str(c.get("stream") or c.get("error") or "") for c in e.build_log))
+    return "\n".join(log.strip().splitlines()[-12:])
+
+
+def _gather_wheels(wheels: Path, runtime: Runtime, wheel_dir: Path | None, pyver: str) -> None:
+    """Put an environment runtime's wheels in ``wheels``: those of the wheel directory, else
+    downloaded on the host for the base image's Python (``pyver``)."""
+    # deferred: only an environment image needs the installer's modules (provisioning, ~45 ms)
+    from cumatrix.core.cache import wheel_dir as default_wheel_dir
+    from cumatrix.provision import pip
+
+    wd = default_wheel_dir(wheel_dir)
+    if wd is not None:
+        for w in sorted(wd.glob("*.whl")):
+            shutil.copyfile(w, wheels / w.name)
+    else:
+        plat = pip.platform_tags(f"manylinux_2_28_{os.uname().machine}")
+        pip.pip_download(list(runtime.requirements), wheels, deps=True, python_version=pyver,
+                         platforms=plat, what=f"runtime {runtime.name}")
+
+
+def _env_image_tag(dockerfile: Path, runtime: Runtime, wheels: Path, base_image_id: str) -> str:
+    """``cumatrix-env:<name>-<hash of Dockerfile + requirements + wheels + base image id>``."""
+    h = hashlib.sha256(dockerfile.read_bytes() + "\n".join(runtime.requirements).encode())
+    for w in sorted(wheels.iterdir()):
+        h.update(sha256_file(w).encode())
+    h.update(base_image_id.encode())
+    slug = _NAME_RE.sub("-", runtime.name).strip("-.")[:60] or "runtime"
+    return f"cumatrix-env:{slug}-{h.hexdigest()[:16]}"
 
 
 # ------------------------------------------------------------------------------ the backend
@@ -138,6 +183,17 @@ class DockerBackend:
         self._own_client = client is None
         if client is None:
             results.check_unix_socket()
+        self._connect(client, base_image)
+        self.gpu = gpu if gpu is not None else detect_gpu(self._info)
+        self._host = socket.gethostname()
+        self._owner = _process_token(os.getpid()) or str(os.getpid())
+        self._facts: dict[str, _ImageFacts] = {}
+        self._images: dict[str, ImageInfo] = {}
+        self.cleanup_stale()
+
+    def _connect(self, client: docker.DockerClient | None, base_image: str | None) -> None:
+        """Ask the daemon (``client``, else the environment's) its version and facts, and find
+        the base image; raises :class:`DaemonUnavailable` where none answers."""
         try:
             self.client = client or docker.from_env(timeout=120)
             self._version = self.client.version()
@@ -147,12 +203,6 @@ class DockerBackend:
             self.close()
             where = os.environ.get("DOCKER_HOST") or results.DEFAULT_HOST
             raise DaemonUnavailable(f"no Docker daemon answers at {where}: {results.short(e)}; {results.START_HINT}") from e
-        self.gpu = gpu if gpu is not None else detect_gpu(self._info)
-        self._host = socket.gethostname()
-        self._owner = _process_token(os.getpid()) or str(os.getpid())
-        self._facts: dict[str, _ImageFacts] = {}
-        self._images: dict[str, ImageInfo] = {}
-        self.cleanup_stale()
 
     def close(self) -> None:
         """Close the connection to the daemon (when this backend opened it)."""
@@ -201,26 +251,19 @@ class DockerBackend:
         Containers of a live run (another pytest-xdist worker, a parallel ``cumatrix run``)
         stay; so do those kept on purpose (``CUMATRIX_KEEP_CONTAINERS``).
         """
-        removed = []
-        for c, labels, name, status in listed(self.client, f"{LABEL}=1"):
-            if labels.get("cumatrix.keep") == "1":
-                continue
-            owner = labels.get("cumatrix.owner", "")
-            if labels.get("cumatrix.host") == self._host and owner:
-                pid = owner.split(".", 1)[0]
-                if pid.isdigit() and _process_token(int(pid)) == owner:
-                    continue  # its run is alive
-            elif labels.get("cumatrix.host") not in (None, self._host) and status == "running":
-                continue  # another machine's run on a shared daemon: cannot tell if it is alive
-            try:
-                c.remove(force=True)
-                removed.append(name)
-            except docker.errors.NotFound:
-                pass  # removed meanwhile (auto-remove, or another cleaner)
-            except docker.errors.APIError as e:
-                if e.status_code != 409:  # 409: another cleaner's removal of it is in progress
-                    raise
-        return removed
+        return [name for c, labels, name, status in listed(self.client, f"{LABEL}=1")
+                if not self._left_alone(labels, status) and _removed(c)]
+
+    def _left_alone(self, labels: dict[str, str], status: str) -> bool:
+        """Whether a listed container stays: kept on purpose, or its run may be alive."""
+        if labels.get("cumatrix.keep") == "1":
+            return True
+        owner = labels.get("cumatrix.owner", "")
+        if labels.get("cumatrix.host") == self._host and owner:
+            pid = owner.split(".", 1)[0]
+            return pid.isdigit() and _process_token(int(pid)) == owner  # its run is alive
+        # Another machine's run on a shared daemon: cannot tell if it is alive.
+        return labels.get("cumatrix.host") not in (None, self._host) and status == "running"
 
     # -------------------------------------------------------------------- images
 
@@ -272,21 +315,9 @@ class DockerBackend:
         with tempfile.TemporaryDirectory(prefix=temp_prefix("build")) as ctx:
             shutil.copyfile(runtime_dockerfile(), Path(ctx, "Dockerfile"))
             shutil.copyfile(wheel, Path(ctx, wheel.name))
-            try:
-                image, _ = self.client.images.build(
-                    path=ctx, tag=tag, pull=False, rm=True, forcerm=True, network_mode="none",
-                    labels={LABEL: "1", "cumatrix.runtime": runtime.name},
-                    buildargs={"BASE_IMAGE": self.base_image, "WHEEL": wheel.name,
-                               "CUDART_RELPATH": relpath, "RUNTIME_NAME": runtime.name,
-                               "RUNTIME_VERSION": version, "RUNTIME_REQUIREMENT": runtime.requirement})
-            except docker.errors.BuildError as e:
-                log = _ANSI_RE.sub("", "".join(str(c.get("stream") or c.get("error") or "") for c in e.build_log))
-                tail = "\n".join(log.strip().splitlines()[-12:])
-                raise ImageBuildError(
-                    f"building the image of runtime {runtime.name!r} ({runtime.requirement}) on "
-                    f"{self.base_image} failed: {e.msg}\n--- build log (tail) ---\n{tail}") from e
-            except docker.errors.APIError as e:
-                raise ImageBuildError(f"building the image of runtime {runtime.name!r} failed: {results.short(e)}") from e
+            image = self._build_image(ctx, tag, runtime, f"({runtime.requirement}) on {self.base_image}", {
+                "BASE_IMAGE": self.base_image, "WHEEL": wheel.name, "CUDART_RELPATH": relpath,
+                "RUNTIME_NAME": runtime.name, "RUNTIME_VERSION": version, "RUNTIME_REQUIREMENT": runtime.requirement})
         facts = self._image_facts(tag)
         return ImageInfo(runtime_name=runtime.name, tag=tag, image_id=image.id,
                          source=f"wheel {runtime.requirement} on {self.base_image}", built=True,
@@ -333,8 +364,6 @@ class DockerBackend:
         downloaded on the host for the base image's Python.
         """
         # deferred: only an environment image needs the installer's modules (provisioning, ~45 ms)
-        from cumatrix.core.cache import wheel_dir as default_wheel_dir
-        from cumatrix.provision import pip
         from cumatrix.provision.runtimes import uv_binary
 
         base = self._image_facts(self.base_image)
@@ -342,30 +371,13 @@ class DockerBackend:
             raise ImageBuildError(f"base image {self.base_image} not found locally: build one with "
                                   "containers/build-base.sh and pass its tag as --base-image")
         source = f"environment {' '.join(runtime.requirements)} on {self.base_image}"
-        check = Job(cell_id=f"{runtime.name}/python3-version", kind="command", timeout=60.0,
-                    argv=("python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"))
-        res = self._run(check, self.base_image, base, with_gpu=False)
-        pyver = (res.stdout_tail.strip().splitlines() or [""])[-1]
-        if not re.fullmatch(r"3\.\d+", pyver):
-            raise ImageBuildError(f"base image {self.base_image}: no working python3 ({res.stderr_tail.strip()[-200:]})")
+        pyver = self._base_python(base, runtime.name)
         dockerfile = find_dockerfile("env-runtime.Dockerfile")
         with tempfile.TemporaryDirectory(prefix=temp_prefix("build")) as ctx:
             wheels = Path(ctx, "wheels")
             wheels.mkdir()
-            wd = default_wheel_dir(wheel_dir)
-            if wd is not None:
-                for w in sorted(wd.glob("*.whl")):
-                    shutil.copyfile(w, wheels / w.name)
-            else:
-                plat = pip.platform_tags(f"manylinux_2_28_{os.uname().machine}")
-                pip.pip_download(list(runtime.requirements), wheels, deps=True, python_version=pyver,
-                                    platforms=plat, what=f"runtime {runtime.name}")
-            h = hashlib.sha256(dockerfile.read_bytes() + "\n".join(runtime.requirements).encode())
-            for w in sorted(wheels.iterdir()):
-                h.update(sha256_file(w).encode())
-            h.update(base.image_id.encode())
-            slug = _NAME_RE.sub("-", runtime.name).strip("-.")[:60] or "runtime"
-            tag = f"cumatrix-env:{slug}-{h.hexdigest()[:16]}"
+            _gather_wheels(wheels, runtime, wheel_dir, pyver)
+            tag = _env_image_tag(dockerfile, runtime, wheels, base.image_id)
             existing = self._image_facts(tag)
             if existing is not None:
                 return ImageInfo(runtime_name=runtime.name, tag=tag, image_id=existing.image_id, source=source,
@@ -373,20 +385,36 @@ class DockerBackend:
             shutil.copyfile(dockerfile, Path(ctx, "Dockerfile"))
             shutil.copy2(uv_binary(), Path(ctx, "uv"))
             Path(ctx, "requirements.txt").write_text("".join(f"{r}\n" for r in runtime.requirements))
-            try:
-                image, _ = self.client.images.build(
-                    path=ctx, tag=tag, pull=False, rm=True, forcerm=True, network_mode="none",
-                    labels={LABEL: "1", "cumatrix.runtime": runtime.name},
-                    buildargs={"BASE_IMAGE": self.base_image, "RUNTIME_NAME": runtime.name})
-            except docker.errors.BuildError as e:
-                log = _ANSI_RE.sub("", "".join(str(c.get("stream") or c.get("error") or "") for c in e.build_log))
-                raise ImageBuildError(f"building the image of runtime {runtime.name!r} ({source}) failed: {e.msg}\n"
-                                      f"--- build log (tail) ---\n" + "\n".join(log.strip().splitlines()[-12:])) from e
-            except docker.errors.APIError as e:
-                raise ImageBuildError(f"building the image of runtime {runtime.name!r} failed: {results.short(e)}") from e
+            image = self._build_image(ctx, tag, runtime, f"({source})",
+                                      {"BASE_IMAGE": self.base_image, "RUNTIME_NAME": runtime.name})
         facts = self._image_facts(tag)
         return ImageInfo(runtime_name=runtime.name, tag=tag, image_id=image.id, source=source, built=True,
                          cudart=facts.env.get("CUMATRIX_CUDART") if facts else None, python=pyver)
+
+    def _base_python(self, base: _ImageFacts, name: str) -> str:
+        """The base image's python3 version (``3.N``), asked by runtime ``name``'s check; raises
+        :class:`ImageBuildError` without one."""
+        check = Job(cell_id=f"{name}/python3-version", kind="command", timeout=60.0,
+                    argv=("python3", "-c", "import sys; print('%d.%d' % sys.version_info[:2])"))
+        res = self._run(check, self.base_image, base, with_gpu=False)
+        pyver = (res.stdout_tail.strip().splitlines() or [""])[-1]
+        if not re.fullmatch(r"3\.\d+", pyver):
+            raise ImageBuildError(f"base image {self.base_image}: no working python3 ({res.stderr_tail.strip()[-200:]})")
+        return pyver
+
+    def _build_image(self, ctx: str, tag: str, runtime: Runtime, what: str, buildargs: dict[str, str]) -> Any:
+        """Build the image of ``runtime`` from context ``ctx`` (``what``: the runtime, as the
+        error names it); raises :class:`ImageBuildError` on failure."""
+        try:
+            image, _ = self.client.images.build(
+                path=ctx, tag=tag, pull=False, rm=True, forcerm=True, network_mode="none",
+                labels={LABEL: "1", "cumatrix.runtime": runtime.name}, buildargs=buildargs)
+        except docker.errors.BuildError as e:
+            raise ImageBuildError(f"building the image of runtime {runtime.name!r} {what} failed: {e.msg}\n"
+                                  f"--- build log (tail) ---\n{_build_log_tail(e)}") from e
+        except docker.errors.APIError as e:
+            raise ImageBuildError(f"building the image of runtime {runtime.name!r} failed: {results.short(e)}") from e
+        return image
 
     def _check_foreign_image(self, runtime: Runtime) -> ImageInfo:
         ref = runtime.image or ""
@@ -428,68 +456,10 @@ class DockerBackend:
         return self._run(job, ref, facts, with_gpu=True)
 
     def _mounts(self, job: Job, with_gpu: bool) -> list[docker.types.Mount] | str:
-        paths = dict.fromkeys([str(package_root()), *job.mounts, *job.writable,
-                               *results.workdir(job, others_read=self.user == NOBODY)])
-        mounts = []
-        masks: list[docker.types.Mount] = []
-        for p in paths:
-            if not Path(p).exists():
-                return f"cannot mount {p} into the container: no such file or directory on the host"
-            if self.user == NOBODY and not results.world_readable(p):
-                return (f"cannot mount {p} into the container: cells run as the non-root user {NOBODY}, "
-                        f"which cannot read it (mode {Path(p).stat().st_mode & 0o777:o}); make it readable "
-                        f"(chmod o+rX) or run the harness as a user that owns it")
-            # The source is where the path leads, checked: a link into the host's /run (the
-            # daemon's own socket) is refused, naming it; what the harness keeps under it is masked.
-            try:
-                source, kept = sandbox.host_mount(p, self.hidden)
-            except sandbox.Refused as e:
-                return f"cannot mount {p} into the container: {e}"
-            mounts.append(docker.types.Mount(target=p, source=source, type="bind", read_only=p not in job.writable))
-            for at, real in kept:
-                masks.append(docker.types.Mount(target=at, source="", type="tmpfs", read_only=True,
-                                                tmpfs_size=4096) if Path(real).is_dir() else
-                             docker.types.Mount(target=at, source="/dev/null", type="bind", read_only=True))
-        mounts += masks  # docker mounts a path's parents first, whatever the order given
-        if not self.user.startswith("0:") and self.user != "0" and any(p.startswith("/root/") for p in paths):
-            # The image's /root is 0700: a non-root user could not reach paths mounted below it.
-            mounts.append(docker.types.Mount(target="/root", source="", type="tmpfs", tmpfs_mode=0o755))
-        mounts += [docker.types.Mount(target=inside, source=host, type="bind", read_only=True)
-                   for host, inside in driverview.container_files(driverview.container_gpu(self.gpu, job), job, with_gpu)]
-        return mounts
+        return cell_mounts(job, with_gpu, user=self.user, hidden=self.hidden, gpu=self.gpu)
 
     def _environment(self, job: Job, facts: _ImageFacts, with_gpu: bool) -> dict[str, str]:
-        env = dict(job.env)
-        lib_path = list(job.lib_path)
-        gpu = driverview.container_gpu(self.gpu, job)  # an emulated driver's: device nodes
-        if with_gpu and gpu.mode == "device-nodes":
-            lib_path.append(DRIVER_LIB_DIR)
-        # Prepended to the image's own LD_LIBRARY_PATH (nvidia/cuda images set one).
-        own = env.get("LD_LIBRARY_PATH", facts.env.get("LD_LIBRARY_PATH", ""))
-        joined = ":".join([*lib_path, *([own] if own else [])])
-        if joined:
-            env["LD_LIBRARY_PATH"] = joined
-        root = str(package_root())
-        py = [p for p in env.get("PYTHONPATH", "").split(":") if p]
-        if job.reports_verdict or job.kind in sandbox.HARNESS_KINDS:
-            if root not in py:
-                py.insert(0, root)
-        else:  # a command cell sees none of the harness's packages
-            harness = sandbox.harness_paths() | {root}
-            py = [p for p in py if p not in harness]
-        if py:
-            env["PYTHONPATH"] = ":".join(py)
-        else:
-            env.pop("PYTHONPATH", None)
-        env.setdefault("HOME", "/tmp")  # the user has no home in the image; /tmp is writable
-        env.setdefault("PYTHONFAULTHANDLER", "1")
-        env.setdefault("PYTHONDONTWRITEBYTECODE", "1")  # the package is mounted read-only
-        if with_gpu and gpu is not self.gpu and self.gpu.mode == "nvidia-runtime":
-            env["NVIDIA_VISIBLE_DEVICES"] = "void"  # no hook of a default NVIDIA runtime: no GPU named
-        if with_gpu and gpu.mode == "nvidia-runtime":
-            env.setdefault("NVIDIA_VISIBLE_DEVICES", "all")
-            env.setdefault("NVIDIA_DRIVER_CAPABILITIES", facts.env.get("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"))
-        return env
+        return cell_environment(job, facts.env, with_gpu, self.gpu)
 
     def _run(self, job: Job, ref: str, facts: _ImageFacts, *, with_gpu: bool) -> ChildResult:
         # Only a harness child gets the verdict channel: a directory mounted for it alone.
@@ -517,23 +487,10 @@ class DockerBackend:
     def _run_in(self, job: Job, ref: str, facts: _ImageFacts, *, with_gpu: bool,
                 chan: FileChannel | None, rec: docker_trace.RecordChannel | None = None) -> ChildResult:
         extra: dict[str, object] = {"image": ref, "image_id": facts.image_id, "backend": "docker"}
-        mounts = self._mounts(job, with_gpu)
-        if isinstance(mounts, str):
-            return results.harness_error(mounts, image=ref, image_id=facts.image_id)
-        environment = self._environment(job, facts, with_gpu)
-        for key in (ENV_FD, ENV_FILE):
-            environment.pop(key, None)
-        if chan is not None:
-            mounts.append(docker.types.Mount(target=chan.container_dir, source=str(chan.mount_dir), type="bind",
-                                             read_only=False))
-            environment.update(chan.env())
-        command = list(job.argv)
-        if rec is not None:  # the spawn helper is the entry and traces the cell's tree
-            mounts.append(docker.types.Mount(target=docker_trace.SPAWN_IN_CONTAINER, source=str(rec.shim),
-                                             type="bind", read_only=True))
-            mounts.append(docker.types.Mount(target=docker_trace.SECRET_DIR_IN_CONTAINER, source=str(rec.dir),
-                                             type="bind", read_only=False))
-            command = rec.command(job.argv)
+        spec = self._container_spec(job, facts, with_gpu=with_gpu, chan=chan, rec=rec)
+        if isinstance(spec, str):
+            return results.harness_error(spec, image=ref, image_id=facts.image_id)
+        mounts, environment, command = spec
         kwargs = self._gpu_kwargs(with_gpu, job)
         slug = _NAME_RE.sub("-", job.cell_id).strip("-.")[:80]
         name = f"cumatrix-{slug}-{uuid.uuid4().hex[:8]}"
@@ -556,27 +513,63 @@ class DockerBackend:
                 start = time.monotonic()
                 container.start()
             except docker.errors.APIError as e:
-                msg = results.short(e)
-                m = _REFUSED_RE.search(msg)
-                if m:
-                    extra["refused"] = msg
-                    return ChildResult(returncode=None, signal=None, timed_out=False, stdout_tail="",
-                                       stderr_tail=msg, verdict=None, verdict_error=None,
-                                       duration_s=time.monotonic() - start, extra=extra)
-                return results.harness_error(f"container for {job.cell_id} did not start: {msg}", **extra)
+                return _not_started(job, e, extra, start)
             status, timed_out = results.wait(container, job.timeout)
             return results.collect(container, status, timed_out=timed_out, duration=time.monotonic() - start,
                             chan=chan, extra=extra, rec=rec)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
             return results.harness_error(f"docker failed while running {job.cell_id}: {results.short(e)}", **extra)
         finally:
-            if container is not None and not self.keep:
-                try:
-                    container.remove(force=True)
-                    sandbox.unwatch_container(name)
-                except docker.errors.NotFound:
-                    sandbox.unwatch_container(name)
-                except docker.errors.APIError:
-                    pass  # left for the watcher, or cleanup_stale on the next start (it carries our label)
-            elif container is None and not self.keep:
-                sandbox.unwatch_container(name)
+            if not self.keep:
+                _discard(container, name)
+
+    def _container_spec(self, job: Job, facts: _ImageFacts, *, with_gpu: bool, chan: FileChannel | None,
+                        rec: docker_trace.RecordChannel | None
+                        ) -> tuple[list[docker.types.Mount], dict[str, str], list[str]] | str:
+        """The container's mounts, environment and command (the spawn helper's, tracing the
+        cell, where ``rec``), or why it cannot be made."""
+        mounts = self._mounts(job, with_gpu)
+        if isinstance(mounts, str):
+            return mounts
+        environment = self._environment(job, facts, with_gpu)
+        for key in (ENV_FD, ENV_FILE):
+            environment.pop(key, None)
+        if chan is not None:
+            mounts.append(docker.types.Mount(target=chan.container_dir, source=str(chan.mount_dir), type="bind",
+                                             read_only=False))
+            environment.update(chan.env())
+        command = list(job.argv)
+        if rec is not None:  # the spawn helper is the entry and traces the cell's tree
+            mounts.append(docker.types.Mount(target=docker_trace.SPAWN_IN_CONTAINER, source=str(rec.shim),
+                                             type="bind", read_only=True))
+            mounts.append(docker.types.Mount(target=docker_trace.SECRET_DIR_IN_CONTAINER, source=str(rec.dir),
+                                             type="bind", read_only=False))
+            command = rec.command(job.argv)
+        return mounts, environment, command
+
+
+def _not_started(job: Job, e: docker.errors.APIError, extra: dict[str, object], start: float) -> ChildResult:
+    """The result of a container the daemon did not start: refused by the NVIDIA toolkit (an
+    image that wants a newer driver: an outcome), else a harness error."""
+    msg = results.short(e)
+    m = _REFUSED_RE.search(msg)
+    if m:
+        extra["refused"] = msg
+        return ChildResult(returncode=None, signal=None, timed_out=False, stdout_tail="",
+                           stderr_tail=msg, verdict=None, verdict_error=None,
+                           duration_s=time.monotonic() - start, extra=extra)
+    return results.harness_error(f"container for {job.cell_id} did not start: {msg}", **extra)
+
+
+def _discard(container: Any, name: str) -> None:
+    """Remove a cell's container (None: none was created) and stop watching it."""
+    if container is None:
+        sandbox.unwatch_container(name)
+        return
+    try:
+        container.remove(force=True)
+        sandbox.unwatch_container(name)
+    except docker.errors.NotFound:
+        sandbox.unwatch_container(name)
+    except docker.errors.APIError:
+        pass  # left for the watcher, or cleanup_stale on the next start (it carries our label)

@@ -51,23 +51,9 @@ def collect(container: Any, status: dict[str, Any], *, timed_out: bool, duration
     state = container.attrs.get("State") or {}
     code = int(status.get("StatusCode", state.get("ExitCode", -1)))
     oom = bool(state.get("OOMKilled"))
-    out, err = _Capture(), _Capture()
-    for chunk in logs(container, stdout=True, stderr=False):
-        out.feed(chunk)
-    trace: KernelTrace | None = None
-    if rec is None:
-        for chunk in logs(container, stdout=False, stderr=True):
-            err.feed(chunk)
-    else:  # the whole stream: the helper's record is its end, taken out of what the cell wrote
-        cell_err, trace = rec.split(b"".join(logs(container, stdout=False, stderr=True)))
-        err.feed(cell_err)
+    out, err, trace = _streams(container, rec)
     verdict, verr = parse(chan.raw()) if chan is not None else (None, None)
-    sig: int | None = None
-    rc: int | None = code
-    if oom:
-        sig, rc = 9, None
-    elif _SIGNAL_BASE < code < _SIGNAL_BASE + 65:
-        sig, rc = code - _SIGNAL_BASE, None
+    rc, sig = _exit(code, oom=oom)
     extra.update(exit_code_raw=code, container=container.name, containment="container")
     if trace is docker_trace.NO_RECORD and not timed_out and not oom and sig is None:
         # The helper ended the container itself and its record is not in the log: the cell
@@ -81,6 +67,32 @@ def collect(container: Any, status: dict[str, Any], *, timed_out: bool, duration
     return ChildResult(returncode=rc, signal=sig, timed_out=timed_out, stdout_tail=out.text(),
                        stderr_tail=err.text(), verdict=verdict, verdict_error=verr,
                        duration_s=duration, oom_killed=oom, extra=extra, trace=trace)
+
+
+def _streams(container: Any, rec: docker_trace.RecordChannel | None
+             ) -> tuple[_Capture, _Capture, KernelTrace | None]:
+    """The container's stdout and stderr, and the tracer's record (None: untraced) taken out
+    of the stderr it ends."""
+    out, err = _Capture(), _Capture()
+    for chunk in logs(container, stdout=True, stderr=False):
+        out.feed(chunk)
+    trace: KernelTrace | None = None
+    if rec is None:
+        for chunk in logs(container, stdout=False, stderr=True):
+            err.feed(chunk)
+    else:  # the whole stream: the helper's record is its end, taken out of what the cell wrote
+        cell_err, trace = rec.split(b"".join(logs(container, stdout=False, stderr=True)))
+        err.feed(cell_err)
+    return out, err, trace
+
+
+def _exit(code: int, *, oom: bool) -> tuple[int | None, int | None]:
+    """(exit code, signal) of a container that exited with ``code`` (or was killed for memory)."""
+    if oom:
+        return None, 9
+    if _SIGNAL_BASE < code < _SIGNAL_BASE + 65:
+        return None, code - _SIGNAL_BASE
+    return code, None
 
 
 def record_channel(user: str) -> tuple[docker_trace.RecordChannel | None, KernelTrace | None]:

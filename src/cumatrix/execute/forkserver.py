@@ -190,17 +190,25 @@ def _check_uids(ids: tuple[int, int]) -> tuple[tuple[int, int] | None, str | Non
     if taken:
         return None, f"{taken[0][0]} has id {taken[0][1]}, inside the cells' range {low}-{high}"
     for path in ("/etc/subuid", "/etc/subgid"):
-        try:
-            lines = Path(path).read_text().splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            parts = line.strip().split(":")
-            if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
-                start, n = int(parts[1]), int(parts[2])
-                if start <= high and low < start + n:
-                    return None, f"{path} gives {parts[0]} {start}-{start + n - 1}, across the cells' range {low}-{high}"
+        why = _subids_across(path, low, high)
+        if why is not None:
+            return None, why
     return ids, None
+
+
+def _subids_across(path: str, low: int, high: int) -> str | None:
+    """Which subordinate id range of ``path`` lies across the cells' range (None: none, or no file)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.strip().split(":")
+        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+            start, n = int(parts[1]), int(parts[2])
+            if start <= high and low < start + n:
+                return f"{path} gives {parts[0]} {start}-{start + n - 1}, across the cells' range {low}-{high}"
+    return None
 
 
 def enabled() -> bool:
@@ -280,24 +288,32 @@ def start(cell: ServedCell, helper: Path, argv: list[str], env: dict[str, str], 
                      targets=extra_fds, hold=hold)
     held = [hold_r] if hold else []
     try:
-        for attempt in (1, 2):
-            try:
-                server(helper).submit(fields, [out_w, err_w, st_w, trace_fd, *held, *extra_fds])
-                break
-            except ServerGone as e:
-                if attempt == 2 or isinstance(e, TooLarge):
-                    raise
-                _forget()
+        _submit(helper, fields, [out_w, err_w, st_w, trace_fd, *held, *extra_fds])
     except BaseException:
-        for fd in (out_r, err_r, st_r, hold_w):
-            if fd >= 0:
-                os.close(fd)
+        _close_open(out_r, err_r, st_r, hold_w)
         raise
     finally:
-        for fd in (out_w, err_w, st_w, hold_r):
-            if fd >= 0:
-                os.close(fd)
+        _close_open(out_w, err_w, st_w, hold_r)
     return Served(out_r, err_r, st_r, cell.cgroup, hold=hold_w)
+
+
+def _submit(helper: Path, fields: list[str], fds: list[int]) -> None:
+    """Hand a request to the server, once more to a fresh one where the first has ended."""
+    for attempt in (1, 2):
+        try:
+            server(helper).submit(fields, fds)
+            return
+        except ServerGone as e:
+            if attempt == 2 or isinstance(e, TooLarge):
+                raise
+            _forget()
+
+
+def _close_open(*fds: int) -> None:
+    """Close each of ``fds`` that is open (-1: none)."""
+    for fd in fds:
+        if fd >= 0:
+            os.close(fd)
 
 
 def _forget() -> None:
@@ -368,21 +384,25 @@ class Served:
                 self._buf += chunk
                 self._take_init()
                 continue
-            os.close(self._status)
-            self._status = -1
-            if self._init >= 0:  # the cell has ended: nothing left to end by it
-                os.close(self._init)
-                self._init = -1
-            for line in self._buf.decode(errors="replace").splitlines():
-                word, _, value = line.partition("\t")
-                if word == "z" and value.lstrip("-").isdigit():
-                    self.returncode = os.waitstatus_to_exitcode(int(value))
-                elif word == "h":  # its sandbox was not built: nothing of its program ran
-                    self.setup_failed = value
-            if self.returncode is None:
-                self.lost = True
-                self.returncode = -9  # never reported as the cell's: ``lost`` says it has none
+            self._ended()
         return True
+
+    def _ended(self) -> None:
+        """The status pipe ended: the cell's exit status (or its sandbox's failure) from what it said."""
+        os.close(self._status)
+        self._status = -1
+        if self._init >= 0:  # the cell has ended: nothing left to end by it
+            os.close(self._init)
+            self._init = -1
+        for line in self._buf.decode(errors="replace").splitlines():
+            word, _, value = line.partition("\t")
+            if word == "z" and value.lstrip("-").isdigit():
+                self.returncode = os.waitstatus_to_exitcode(int(value))
+            elif word == "h":  # its sandbox was not built: nothing of its program ran
+                self.setup_failed = value
+        if self.returncode is None:
+            self.lost = True
+            self.returncode = -9  # never reported as the cell's: ``lost`` says it has none
 
     def _take_init(self) -> None:
         """A pidfd of the cell's first process, from its "p" line (written as it starts; the

@@ -73,6 +73,18 @@ def _sandboxed(argv: list[str], target: Path, files: Sequence[Path], wheel_dir: 
         return None
     target.mkdir(parents=True, exist_ok=True)
     given = target.with_name(target.name + ".in")
+    argv = _given(argv, files, given)
+    if root:
+        os.chown(target, policy.uid, policy.uid)  # the sandbox's uid writes the install
+    read = [str(given), *([str(wheel_dir)] if wheel_dir is not None else [])]
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp", "TMPDIR": "/tmp",
+           "LANG": os.environ.get("LANG", "C.UTF-8"), "PIP_NO_CACHE_DIR": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    job = Job(cell_id="pip", kind="command", argv=tuple(argv), mounts=tuple(read))
+    return sandbox.bwrap_argv(bwrap, job, env, str(target), policy, write_dirs=[str(target)]), env
+
+
+def _given(argv: list[str], files: Sequence[Path], given: Path) -> list[str]:
+    """``argv`` naming copies of ``files`` in ``given`` (made readable to every uid)."""
     given.mkdir(mode=0o755, exist_ok=True)
     given.chmod(0o755)
     argv = list(argv)
@@ -81,10 +93,4 @@ def _sandboxed(argv: list[str], target: Path, files: Sequence[Path], wheel_dir: 
         shutil.copyfile(f, copy)
         copy.chmod(0o644)
         argv = [str(copy) if a == str(f) else a for a in argv]
-    if root:
-        os.chown(target, policy.uid, policy.uid)  # the sandbox's uid writes the install
-    read = [str(given), *([str(wheel_dir)] if wheel_dir is not None else [])]
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": "/tmp", "TMPDIR": "/tmp",
-           "LANG": os.environ.get("LANG", "C.UTF-8"), "PIP_NO_CACHE_DIR": "1", "PYTHONDONTWRITEBYTECODE": "1"}
-    job = Job(cell_id="pip", kind="command", argv=tuple(argv), mounts=tuple(read))
-    return sandbox.bwrap_argv(bwrap, job, env, str(target), policy, write_dirs=[str(target)]), env
+    return argv

@@ -254,16 +254,8 @@ class LocalChild:
             return self.done
         proc, chan, scope = self.proc, self.chan, self.scope
         assert proc is not None
-        assert proc.stdout is not None
-        assert proc.stderr is not None
         out, err = _Capture(), _Capture()
-        sel = selectors.DefaultSelector()
-        sel.register(proc.stdout, selectors.EVENT_READ, out)
-        sel.register(proc.stderr, selectors.EVENT_READ, err)
-        if chan:
-            sel.register(chan.read_fd, selectors.EVENT_READ, chan)
-        if self.plan.trace:
-            sel.register(self.plan.trace.read_fd, selectors.EVENT_READ, self.plan.trace)
+        sel = self._selector(out, err)
         timed_out = False
         try:
             timed_out = _pump(sel, proc, scope, self.start + self.job.timeout)
@@ -273,19 +265,41 @@ class LocalChild:
         verdict, verr = parse(chan.raw()) if chan else (None, None)
         trace = self._trace
         rc = proc.wait()
-        if isinstance(proc, forkserver.Served) and (proc.lost or proc.setup_failed) and not timed_out:
-            detail = "the fork server's tracer of this cell ended without its status: the cell has no outcome"
-            if proc.setup_failed:
-                last = err.text().strip().splitlines()
-                detail = f"{proc.setup_failed}: {last[-1] if last else 'no message'}"
-            self.done = ChildResult(returncode=None, signal=None, timed_out=False, stdout_tail=out.text(),
-                                    stderr_tail=err.text(), verdict=None, verdict_error=None,
-                                    duration_s=time.monotonic() - self.start,
-                                    extra={**self.plan.extra, HARNESS_PROBLEM: detail})
-            return self.done
-        self.done = _result(rc, self.plan, scope, timed_out=timed_out, out=out, err=err, verdict=verdict,
-                            verr=verr, start=self.start, trace=trace)
+        lost = self._lost(out, err) if isinstance(proc, forkserver.Served) and not timed_out else None
+        self.done = lost or _result(rc, self.plan, scope, timed_out=timed_out, out=out, err=err, verdict=verdict,
+                                    verr=verr, start=self.start, trace=trace)
         return self.done
+
+    def _selector(self, out: _Capture, err: _Capture) -> selectors.BaseSelector:
+        """A selector over what the child writes: its streams, its verdict channel, its trace."""
+        proc = self.proc
+        assert proc is not None
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ, out)
+        sel.register(proc.stderr, selectors.EVENT_READ, err)
+        if self.chan:
+            sel.register(self.chan.read_fd, selectors.EVENT_READ, self.chan)
+        if self.plan.trace:
+            sel.register(self.plan.trace.read_fd, selectors.EVENT_READ, self.plan.trace)
+        return sel
+
+    def _lost(self, out: _Capture, err: _Capture) -> ChildResult | None:
+        """The result of a served cell whose tracer ended without its status, or whose sandbox
+        was not built: no outcome, a harness problem (None: the cell has its status)."""
+        proc = self.proc
+        assert isinstance(proc, forkserver.Served)
+        if not (proc.lost or proc.setup_failed):
+            return None
+        detail = "the fork server's tracer of this cell ended without its status: the cell has no outcome"
+        if proc.setup_failed:
+            last = err.text().strip().splitlines()
+            detail = f"{proc.setup_failed}: {last[-1] if last else 'no message'}"
+        return ChildResult(returncode=None, signal=None, timed_out=False, stdout_tail=out.text(),
+                           stderr_tail=err.text(), verdict=None, verdict_error=None,
+                           duration_s=time.monotonic() - self.start,
+                           extra={**self.plan.extra, HARNESS_PROBLEM: detail})
 
     def cancel(self) -> None:
         """End the child and everything it started, unread (a cell that will not be reported)."""

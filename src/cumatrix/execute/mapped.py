@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from cumatrix.binary.fatbin import DeviceCode, file_device_code
-from cumatrix.core.witness import open_cell_file, read_cell_file
+from cumatrix.core.witness import ClaimIndex, KernelTrace, TracedObject, claim_key, open_cell_file, read_cell_file
 
 
 def _basename(path: str) -> str:
@@ -146,19 +146,24 @@ def _record_index(directory: str) -> dict[str, str]:
     except OSError:
         return out
     for info in infos:
-        dist = _metadata_name_version(Path(info.path) / "METADATA")
-        if dist is None:
-            continue
-        try:
-            # Under a cell's directories: read as a cell's file (no FIFO waited on).
-            record = read_cell_file(Path(info.path) / "RECORD", links=True).decode(errors="replace")
-        except OSError:
-            continue
-        for line in record.splitlines():
-            rel = line.rsplit(",", 2)[0] if line.count(",") >= 2 else line
-            if rel:
-                out.setdefault(rel.strip('"'), dist)
+        _index_record(Path(info.path), out)
     return out
+
+
+def _index_record(info: Path, out: dict[str, str]) -> None:
+    """Add the files the RECORD of dist-info directory ``info`` lists to ``out``."""
+    dist = _metadata_name_version(info / "METADATA")
+    if dist is None:
+        return
+    try:
+        # Under a cell's directories: read as a cell's file (no FIFO waited on).
+        record = read_cell_file(info / "RECORD", links=True).decode(errors="replace")
+    except OSError:
+        return
+    for line in record.splitlines():
+        rel = line.rsplit(",", 2)[0] if line.count(",") >= 2 else line
+        if rel:
+            out.setdefault(rel.strip('"'), dist)
 
 
 def _metadata_name_version(path: Path) -> str | None:
@@ -307,16 +312,10 @@ _SONAME_BY_NAME_RE = re.compile(r"^(lib[\w+.-]*?\.so\.\d+)(?:\.\d+)*$")
 
 def described(rows: Iterable[tuple[int, str, str]], *, roots: Mapping[str, Path], cuda_only: bool,
                soname_from_file: bool = False) -> tuple[MappedLibrary, ...]:
-    pids: dict[str, list[int]] = {}
-    sonames: dict[str, str] = {}
-    for pid, soname, path in rows:
-        if "/" not in path:  # the vDSO
-            continue
-        seen = pids.setdefault(path, [])
-        if pid not in seen:
-            seen.append(pid)
-        if soname:
-            sonames.setdefault(path, soname)
+    """Each object of ``rows`` (pid, SONAME or "", path) described once, with every pid that
+    mapped it; ``cuda_only``: NVIDIA's CUDA libraries alone; ``soname_from_file``: a SONAME
+    the rows do not give is read from the file."""
+    pids, sonames = _by_path(rows)
     out = []
     for path, who in pids.items():
         so = sonames.get(path, "")
@@ -327,6 +326,21 @@ def described(rows: Iterable[tuple[int, str, str]], *, roots: Mapping[str, Path]
         out.append(describe(path, so, roots=roots, pids=who,
                             wheel_versions=is_cuda_library(so) or is_cuda_library(path)))
     return tuple(out)
+
+
+def _by_path(rows: Iterable[tuple[int, str, str]]) -> tuple[dict[str, list[int]], dict[str, str]]:
+    """The pids that mapped each path (the vDSO aside), and the first SONAME given for each."""
+    pids: dict[str, list[int]] = {}
+    sonames: dict[str, str] = {}
+    for pid, soname, path in rows:
+        if "/" not in path:  # the vDSO
+            continue
+        seen = pids.setdefault(path, [])
+        if pid not in seen:
+            seen.append(pid)
+        if soname:
+            sonames.setdefault(path, soname)
+    return pids, sonames
 
 
 def special_files(paths: Iterable[str]) -> tuple[str, ...]:
@@ -369,3 +383,49 @@ def _device_code_by_identity(path: str, dev: int, ino: int, size: int,  # noqa: 
             return file_device_code(fh)
     except OSError:
         return ()
+
+
+def kernel_mapped(log: AuditLog, trace: KernelTrace, roots: Mapping[str, Path]
+                  ) -> tuple[tuple[MappedLibrary, ...], tuple[str, ...], str | None, str]:
+    """Every object the kernel saw mapped, the log's paths it never saw, why the record is incomplete, notes."""
+    logged, unbacked = _logged(log, trace)
+    rows: list[tuple[int, str, str]] = []
+    for o in trace.objects:
+        rows += _object_rows(o, logged)
+    every = described(rows, roots=roots, cuda_only=False, soname_from_file=True)
+    extra = "; ".join(trace.notes + special_files(o.path.removesuffix(" (deleted)") for o in trace.objects))
+    incomplete = None
+    if not trace.complete:
+        incomplete = "the tracer's record is incomplete (it was killed, or its record was cut)"
+        extra = "; ".join(x for x in (incomplete, extra) if x)
+    return every, tuple(unbacked), incomplete, extra
+
+
+def _logged(log: AuditLog, trace: KernelTrace) -> tuple[dict[tuple[str, int], str], list[str]]:
+    """The path the loader opened for each file the kernel saw mapped (by device and inode),
+    and the log's paths the kernel never saw."""
+    # The audit log adds detail to what the kernel saw: the path as the loader opened it
+    # (through $ORIGIN, not normalised: where it came from is read from it), taken only
+    # where it is the same file under its own name (or a versioned link's: libcudart.so.12
+    # for libcudart.so.12.9.79), so that no link a process made can rename what it mapped.
+    # SONAMEs are read from the files, not from the log.
+    logged: dict[tuple[str, int], str] = {}
+    index, unbacked = ClaimIndex.of(trace), []
+    for path in dict.fromkeys(path for _, _, path in log.opened if "/" in path):
+        key = claim_key(path, trace, index)
+        if key is None:
+            unbacked.append(path)
+        else:
+            logged.setdefault(key, path)
+    return logged, unbacked
+
+
+def _object_rows(o: TracedObject, logged: Mapping[tuple[str, int], str]) -> list[tuple[int, str, str]]:
+    """(pid, SONAME, path) of each process that mapped ``o``: the path the loader opened where
+    it names the same file, else the kernel's."""
+    real = o.path.removesuffix(" (deleted)")
+    path = logged.get((o.device, o.inode), real)
+    if not real.rpartition("/")[2].startswith(path.rpartition("/")[2]):
+        path = real
+    # A nameless file's SONAME (a memfd's) comes from the tracer, read from its bytes.
+    return [(pid, o.soname or "", path) for pid in o.pids]

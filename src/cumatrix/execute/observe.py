@@ -46,7 +46,7 @@ from cumatrix.binary.staticcudart import StaticRuntime, static_runtime_in
 from cumatrix.core.cache import cache_dir
 from cumatrix.core.errors import CumatrixError
 from cumatrix.core.model import CudaVersion
-from cumatrix.core.witness import ClaimIndex, KernelTrace, claim_key
+from cumatrix.core.witness import KernelTrace
 from cumatrix.execute import provenance as _provenance
 from cumatrix.execute.mapped import (
     AuditLog,
@@ -58,11 +58,11 @@ from cumatrix.execute.mapped import (
     exports_runtime,
     host_path,
     is_cuda_library,
+    kernel_mapped,
     owning_wheel,
     read_log,
     read_mapped,
     soname_from_file,
-    special_files,
     version_from_name,
 )
 from cumatrix.execute.prebuilt import AUDIT, prebuilt
@@ -299,14 +299,7 @@ def observed_runtime(mapped: Sequence[MappedLibrary], statics: Sequence[StaticRu
     library of some CUDA major (``libnvrtc.so.13``) says nothing of a runtime."""
     runtimes = [m for m in mapped if is_runtime(m)]
     if runtimes:
-        rt = runtimes[0]
-        version = cuda_int(rt.version)
-        major = _soname_major(rt.name)
-        if version is None and major is not None:
-            version = major * 1000
-        more = f" (and {len(runtimes) - 1} more)" if len(runtimes) > 1 else ""
-        return ObservedRuntime(file=rt.path, soname=rt.soname, version=version,
-                               evidence=f"mapped {rt.name} {rt.version or ''} from {rt.path}{more}".replace("  ", " "))
+        return _mapped_observed(runtimes)
     for st in statics:
         if st.major is not None:
             return _static_observed(st, st.major)
@@ -316,6 +309,18 @@ def observed_runtime(mapped: Sequence[MappedLibrary], statics: Sequence[StaticRu
     return ObservedRuntime(file=None, soname=None, version=None,
                            evidence="no libcudart mapped: the driver API only, a statically linked runtime, or no CUDA"
                                     + also)
+
+
+def _mapped_observed(runtimes: Sequence[MappedLibrary]) -> ObservedRuntime:
+    """The first of the mapped runtimes, its version from its file (else its SONAME's major)."""
+    rt = runtimes[0]
+    version = cuda_int(rt.version)
+    major = _soname_major(rt.name)
+    if version is None and major is not None:
+        version = major * 1000
+    more = f" (and {len(runtimes) - 1} more)" if len(runtimes) > 1 else ""
+    return ObservedRuntime(file=rt.path, soname=rt.soname, version=version,
+                           evidence=f"mapped {rt.name} {rt.version or ''} from {rt.path}{more}".replace("  ", " "))
 
 
 def _static_observed(st: StaticRuntime, major: int) -> ObservedRuntime:
@@ -369,17 +374,26 @@ def runtime_not_used(cell: CellRuntime, mapped: Sequence[MappedLibrary], *,
     if mode == "offered":
         return None
     runtimes = [m for m in mapped if is_runtime(m)]
-    for rt in runtimes:
-        if rt.name != cell.soname:
-            return (f"the process used {rt.name} ({rt.version or 'version unknown'}) from {rt.path}, "
-                    f"not the cell's {cell.soname} ({CudaVersion.from_int(cell.version)})")
-        if cell.path is not None and not _provenance.same_file(rt.path, cell.path):
-            return (f"the process mapped {rt.name} ({rt.version or 'version unknown'}) from {rt.path} "
-                    f"past the enforced {cell.path}")
     if not runtimes:
         seen = observed_runtime(mapped, statics)
         if seen.version is not None and seen.version // 1000 != cell.version // 1000:
             return f"{seen.evidence}, not the cell's {cell.soname} ({CudaVersion.from_int(cell.version)})"
+        return None
+    for rt in runtimes:
+        why = _not_the_cells(cell, rt)
+        if why is not None:
+            return why
+    return None
+
+
+def _not_the_cells(cell: CellRuntime, rt: MappedLibrary) -> str | None:
+    """Why the mapped runtime ``rt`` is not the cell's (None: it is)."""
+    if rt.name != cell.soname:
+        return (f"the process used {rt.name} ({rt.version or 'version unknown'}) from {rt.path}, "
+                f"not the cell's {cell.soname} ({CudaVersion.from_int(cell.version)})")
+    if cell.path is not None and not _provenance.same_file(rt.path, cell.path):
+        return (f"the process mapped {rt.name} ({rt.version or 'version unknown'}) from {rt.path} "
+                f"past the enforced {cell.path}")
     return None
 
 
@@ -490,7 +504,7 @@ def _everything_mapped(log: AuditLog, trace: KernelTrace | None, roots: Mapping[
     """(source, every object mapped, the log's paths the kernel never saw, why the record is
     incomplete, a note): from the kernel's record where the tree was traced, else the audit log."""
     if trace is not None and trace.traced:
-        every, unbacked, incomplete, extra = _kernel_mapped(log, trace, roots)
+        every, unbacked, incomplete, extra = kernel_mapped(log, trace, roots)
         return "kernel", every, unbacked, incomplete, "; ".join(x for x in (log.problem, extra) if x) or None
     why = (trace.note if trace is not None else None) or "no tracer for this backend"
     note = "; ".join(x for x in (f"{AUDIT_ONLY}: {why}", log.problem) if x)
@@ -500,39 +514,6 @@ def _everything_mapped(log: AuditLog, trace: KernelTrace | None, roots: Mapping[
 def _nameless(trace: KernelTrace | None) -> tuple[tuple[str, str, int], ...]:
     """The files with no name on disk (a memfd) the tracer read, each with its bytes' digest."""
     return tuple((o.path, *o.digest) for o in trace.objects if o.digest) if trace is not None else ()
-
-
-def _kernel_mapped(log: AuditLog, trace: KernelTrace, roots: Mapping[str, Path]
-                   ) -> tuple[tuple[MappedLibrary, ...], tuple[str, ...], str | None, str]:
-    """Every object the kernel saw mapped, the log's paths it never saw, why the record is incomplete, notes."""
-    # The audit log adds detail to what the kernel saw: the path as the loader opened it
-    # (through $ORIGIN, not normalised: where it came from is read from it), taken only
-    # where it is the same file under its own name (or a versioned link's: libcudart.so.12
-    # for libcudart.so.12.9.79), so that no link a process made can rename what it mapped.
-    # SONAMEs are read from the files, not from the log.
-    logged: dict[tuple[str, int], str] = {}
-    index, unbacked = ClaimIndex.of(trace), []
-    for path in dict.fromkeys(path for _, _, path in log.opened if "/" in path):
-        key = claim_key(path, trace, index)
-        if key is None:
-            unbacked.append(path)
-        else:
-            logged.setdefault(key, path)
-    rows = []
-    for o in trace.objects:
-        real = o.path.removesuffix(" (deleted)")
-        path = logged.get((o.device, o.inode), real)
-        if not real.rpartition("/")[2].startswith(path.rpartition("/")[2]):
-            path = real
-        # A nameless file's SONAME (a memfd's) comes from the tracer, read from its bytes.
-        rows += [(pid, o.soname or "", path) for pid in o.pids]
-    every = described(rows, roots=roots, cuda_only=False, soname_from_file=True)
-    extra = "; ".join(trace.notes + special_files(o.path.removesuffix(" (deleted)") for o in trace.objects))
-    incomplete = None
-    if not trace.complete:
-        incomplete = "the tracer's record is incomplete (it was killed, or its record was cut)"
-        extra = "; ".join(x for x in (incomplete, extra) if x)
-    return every, tuple(unbacked), incomplete, extra
 
 
 def _cell_version(cell: CellRuntime | None, mapped: tuple[MappedLibrary, ...], statics: tuple[StaticRuntime, ...]

@@ -82,16 +82,23 @@ def parse_searches(lines: Iterable[str]) -> dict[str, Found]:
         parts = line.split("\t", 3)
         if len(parts) != 4 or not parts[1].isdigit():
             continue
-        kind, pid, fld, path = parts
-        if kind == "q":
-            current[pid] = (fld, path, [])
-        elif kind == "s" and pid in current and fld in _STEPS:
-            current[pid][2].append((fld, path))
-        elif kind == "r":
-            redirected.setdefault(pid, {})[path] = fld
-        elif kind == "o" and "/" in path and path not in out:
-            out[path] = _found(path, current.get(pid), redirected.get(pid, {}))
+        _take(parts, current, redirected, out)
     return out
+
+
+def _take(parts: list[str], current: dict[str, tuple[str, str, list[tuple[str, str]]]],
+          redirected: dict[str, dict[str, str]], out: dict[str, Found]) -> None:
+    """One log line of :func:`parse_searches` (its four fields): a request (``q``), a candidate
+    of it (``s``), a request the harness answered (``r``), or an object mapped (``o``)."""
+    kind, pid, fld, path = parts
+    if kind == "q":
+        current[pid] = (fld, path, [])
+    elif kind == "s" and pid in current and fld in _STEPS:
+        current[pid][2].append((fld, path))
+    elif kind == "r":
+        redirected.setdefault(pid, {})[path] = fld
+    elif kind == "o" and "/" in path and path not in out:
+        out[path] = _found(path, current.get(pid), redirected.get(pid, {}))
 
 
 def _found(path: str, request: tuple[str, str, list[tuple[str, str]]] | None, redirected: Mapping[str, str]) -> Found:
@@ -324,18 +331,37 @@ def _by_place(path: str, f: Found, tree: str | None, inherited: bool) -> tuple[O
         return "outside", "a host library directory"
     if inherited:
         return "outside", "an LD_LIBRARY_PATH entry inherited from the environment cumatrix ran in"
+    relative = _origin_relative(path, f)
+    if relative is not None:
+        return relative
+    if host_location(path):
+        return _in_host_place(f)
+    return _in_own_place(f, tree)
+
+
+def _origin_relative(path: str, f: Found) -> tuple[Origin, str] | None:
+    """A file outside the host's toolkits an RPATH entry names relative to its requester: the
+    program's own (None: it is not)."""
     if f.step == "rpath" and not _TOOLKIT.match(os.path.normpath(path)):
         entry = _rpath_entry(f)
         if entry is not None and "ORIGIN" in entry[1]:
             # Relative to the requester's own file: a program installed under /usr or /opt
             # with its runtime beside it still brings its own.
             return "bundled", f"the program's own {entry[0]} names it relative to {f.requester}"
-    if host_location(path):
-        if f.step == "ld_library_path":
-            return "outside", "the case's LD_LIBRARY_PATH names a host toolkit or system directory"
-        if f.step == "rpath":
-            return "outside", "the program's RPATH/RUNPATH names a host toolkit or system directory"
-        return "outside", "a host toolkit or system directory"
+    return None
+
+
+def _in_host_place(f: Found) -> tuple[Origin, str]:
+    """A file in a host toolkit or system directory: from outside, however it was reached."""
+    if f.step == "ld_library_path":
+        return "outside", "the case's LD_LIBRARY_PATH names a host toolkit or system directory"
+    if f.step == "rpath":
+        return "outside", "the program's RPATH/RUNPATH names a host toolkit or system directory"
+    return "outside", "a host toolkit or system directory"
+
+
+def _in_own_place(f: Found, tree: str | None) -> tuple[Origin, str]:
+    """A file outside the host's directories: the program's own, by how it was reached."""
     if tree is not None:
         return "bundled", f"a Python package tree ({tree}) the program reached by itself"
     if f.step == "ld_library_path":
@@ -380,14 +406,9 @@ def _in_package_tree(f: Found, s: Setting, tree: str) -> tuple[Origin, str] | No
 def _how(f: Found, s: Setting) -> str:
     asked = f" (requested as {f.request} by {f.requester or 'the program'})" if f.request else ""
     if f.step == "rpath":
-        clause = _rpath_clause(f)
-        # The RPATH's holder is named already when it is the requester.
-        return clause + (f" (requested as {f.request})" if f.requester and clause.endswith(f.requester) else asked)
+        return _how_rpath(f, asked)
     if f.step == "ld_library_path":
-        entry = _dirname(f.path)
-        who = ("set by the harness" if _under(entry, s.harness_dirs) else
-               "set by the case" if _under(entry, s.case_dirs) else "inherited: set by neither the harness nor the case")
-        return f"found through LD_LIBRARY_PATH entry {entry} ({who}){asked}"
+        return _how_ld_library_path(f, s, asked)
     if f.step in ("ld.so.cache", "default", "secure"):
         return f"found through {_STEP_WORDS[f.step]}{asked}"
     if f.step == "path":
@@ -395,6 +416,21 @@ def _how(f: Found, s: Setting) -> str:
     if f.step == "enforced":
         return f"the harness answered the request for {f.request} with it"
     return "no search was logged for it"
+
+
+def _how_rpath(f: Found, asked: str) -> str:
+    """:func:`_how` of a file found through an RPATH/RUNPATH entry."""
+    clause = _rpath_clause(f)
+    # The RPATH's holder is named already when it is the requester.
+    return clause + (f" (requested as {f.request})" if f.requester and clause.endswith(f.requester) else asked)
+
+
+def _how_ld_library_path(f: Found, s: Setting, asked: str) -> str:
+    """:func:`_how` of a file found through an LD_LIBRARY_PATH entry, with who set the entry."""
+    entry = _dirname(f.path)
+    who = ("set by the harness" if _under(entry, s.harness_dirs) else
+           "set by the case" if _under(entry, s.case_dirs) else "inherited: set by neither the harness nor the case")
+    return f"found through LD_LIBRARY_PATH entry {entry} ({who}){asked}"
 
 
 def leaked(provs: Iterable[Provenance]) -> Provenance | None:

@@ -44,11 +44,10 @@ Knobs: ``CUMATRIX_SANDBOX`` (off | auto | on; read by :mod:`cumatrix.core.option
 
 # Paths stay strings here on purpose (ruff's PTH rules off for this module): they are what
 # bwrap's argv, /proc and the kernel take, and this runs for every cell.
-# ruff: noqa: PTH109, PTH112, PTH113, PTH114, PTH115, PTH116, PTH118
+# ruff: noqa: PTH109, PTH113, PTH116
 
 from __future__ import annotations
 
-import functools
 import os
 import shutil
 import subprocess
@@ -66,7 +65,7 @@ from cumatrix.core.options import (
     sandbox_policy,
 )
 from cumatrix.core.witness import TraceChannel, tracing_enabled
-from cumatrix.execute import driverview, forkserver
+from cumatrix.execute import forkserver
 from cumatrix.execute.childenv import (
     _SECRET_RE,
     CPU_SLACK_S,
@@ -102,24 +101,14 @@ from cumatrix.execute.spawn import (
     harden,
     spawn_shim,
 )
+from cumatrix.execute.viewops import _job_view, _points_and_masks, sandbox_ops
 from cumatrix.execute.viewpaths import (
     HIDDEN_ALWAYS,
     PRIVATE_DIRS,
     RUN_FILES,
     SYSTEM_DIRS,
     Refused,
-    _bind_dir,
     _enterable,
-    _environments,
-    _hidden_roots,
-    _masks,
-    _outermost,
-    _private_points,
-    _refusal,
-    _run_files,
-    _searchable,
-    _system_dirs,
-    _under,
     _unseen_cwd,
     earlier_outs,
     gpu_nodes,
@@ -163,6 +152,7 @@ __all__ = [
     "Refused",
     "Scope",
     "_cgroup2_home",
+    "_points_and_masks",
     "_preexec",
     "bubblewrap",
     "bwrap_argv",
@@ -183,6 +173,7 @@ __all__ = [
     "limits",
     "parse_size",
     "prepare",
+    "sandbox_ops",
     "spawn_shim",
     "unwatch_container",
     "watch_cleanup",
@@ -231,15 +222,27 @@ def _find_bwrap() -> tuple[str | None, str]:
         return None, f"${BWRAP_ENV}={named}: no such program"
     if path is None:
         return None, "bubblewrap is not installed"
-    if os.geteuid() == 0:
-        setpriv = shutil.which("setpriv")
-        if setpriv is None:
-            return None, "the harness runs as root and setpriv (util-linux) is missing to drop the cell's uid"
-        real = os.path.realpath(setpriv)
-        if not any(real == d or real.startswith(d + "/") for d in SYSTEM_DIRS):
-            # It runs inside the sandbox, which shows the cell the system directories only.
-            return None, (f"the harness runs as root and its setpriv ({setpriv}) lies outside the directories the "
-                          f"sandbox shows a cell ({', '.join(SYSTEM_DIRS)}), so the cell's uid cannot be dropped")
+    why = _setpriv_problem() if os.geteuid() == 0 else None
+    if why is not None:
+        return None, why
+    return _probe_bwrap(path)
+
+
+def _setpriv_problem() -> str | None:
+    """Why a root harness could not drop its cells' uid with setpriv (None: it can)."""
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        return "the harness runs as root and setpriv (util-linux) is missing to drop the cell's uid"
+    real = os.path.realpath(setpriv)
+    if any(real == d or real.startswith(d + "/") for d in SYSTEM_DIRS):
+        return None
+    # It runs inside the sandbox, which shows the cell the system directories only.
+    return (f"the harness runs as root and its setpriv ({setpriv}) lies outside the directories the "
+            f"sandbox shows a cell ({', '.join(SYSTEM_DIRS)}), so the cell's uid cannot be dropped")
+
+
+def _probe_bwrap(path: str) -> tuple[str | None, str]:
+    """``path`` where it sandboxes a probe here, else None and why not."""
     # The boundary itself, checked once: kernel settings and the host's sockets out of reach.
     probe = ["sh", "-c", "test ! -w /proc/sys/vm/swappiness && test ! -e /run/."]
     try:
@@ -313,82 +316,6 @@ def job_ops(job: Job, env: dict[str, str], cwd: str, policy: Policy, *, idmap: b
     return sandbox_ops(cwd=cwd, policy=policy, read=read, write=write, job=job, idmap=idmap)
 
 
-def _job_view(job: Job, env: dict[str, str], cwd: str, write_dirs: Iterable[str]) -> tuple[list[str], list[str]]:
-    """The host paths a job's cell reads (its mounts, libraries, working directory, programs,
-    search paths and their environments) and the files it may write."""
-    named = [*job.mounts, *job.lib_path, cwd, *(a for a in job.argv if a.startswith("/"))]
-    if cwd == "/tmp":
-        # The cell's /tmp is its own: of the host's, it sees what its command names there.
-        named += [p for p in (os.path.join(cwd, a) for a in job.argv if a and not a.startswith("/"))
-                  if os.path.lexists(p)]
-    for var in ("PYTHONPATH", "LD_LIBRARY_PATH", "PATH"):
-        named += env.get(var, "").split(os.pathsep)
-    writable = [os.path.normpath(p) for p in job.writable if os.path.isfile(p)]
-    writable += [os.path.normpath(d) for d in write_dirs if os.path.isdir(d)]
-    return list(_reached(tuple(dict.fromkeys(named)))), writable  # each once (a PATH names some twice)
-
-
-@functools.lru_cache(maxsize=256)
-def _reached(named: tuple[str, ...]) -> tuple[str, ...]:
-    """The paths a cell reads for the paths its job names: those, the Python environments their
-    programs live in, and what links among them lead to.  Kept per harness process (a run's
-    cells name the same few sets; each look-up is some 40 stat calls): a path that appears later
-    under a name already looked up is not shown, and a cell then misses it, it never gains one."""
-    wanted = list(named)
-    wanted += _environments(wanted)
-    # What links lead to (a venv's python -> a pyenv or conda install under a private home).
-    wanted += [r for r in (os.path.realpath(p) for p in wanted if p.startswith("/")) if r not in wanted]
-    return tuple(wanted)
-
-
-def _views(points: Mapping[str, str], masks: list[tuple[str, str]], write: Iterable[str],
-           private: Iterable[str] = ()) -> list[str]:
-    """bubblewrap's arguments for what the cell sees of the host beyond the system: ``points``
-    (path in the view -> the host path it shows) read-only, ``masks`` (what the harness keeps,
-    where a point shows it: path in the view, path on the host) empty, the files in ``write``
-    writable, and the host's socket directories hidden under a point.  Every source is the
-    resolved path that was checked (:func:`_refusal`), never a link the bind would follow."""
-    out: list[str] = []
-    made = {"/tmp"}
-    at_mask = {view for view, _ in masks}
-    dir_mask = {view for view, real in masks if os.path.isdir(real)}
-
-    def above(p: str) -> None:
-        # The directories above a bind point: made searchable (bubblewrap makes them 0700,
-        # which an unprivileged cell could not pass), and nothing of the host's in them;
-        # those inside a mask are the mask's (empty) and made too.
-        parts = p.strip("/").split("/")[:-1]
-        for i in range(1, len(parts) + 1):
-            d = "/" + "/".join(parts[:i])
-            shown = any(_under(d, q) for q in points if q != p) and not any(
-                _under(d, m) and m != d for m in at_mask)
-            if d not in made and not shown:
-                out.extend(["--perms", "0755", "--dir", d])
-                made.add(d)
-
-    # A mask is an empty tmpfs over a directory, /dev/null over a file, mounted before what
-    # the job names inside it (sorted: a directory comes before what it holds), read-only last.
-    for p in sorted({*points, *at_mask}):
-        above(p)
-        if p in dir_mask:
-            out += ["--perms", "0755", "--size", "4096", "--tmpfs", p]
-        elif p in at_mask:
-            out += ["--ro-bind", "/dev/null", p]
-        else:
-            out += ["--ro-bind-idmap" if p in private else "--ro-bind", points[p], p]
-    for view, src in points.items():  # a real directory (not a link to /run) under a bound one
-        for hide in _hidden_roots():
-            if _under(hide, src) and hide != src and os.path.isdir(hide) and not os.path.islink(hide):
-                at = os.path.join(view, os.path.relpath(hide, src))
-                out += ["--perms", "0555", "--size", "4096", "--tmpfs", at, "--remount-ro", at]
-    for f in write:  # the file alone, never its directory (a directory only where named)
-        above(f)
-        out += ["--bind", os.path.realpath(f), f]
-    for m in sorted(dir_mask):
-        out += ["--remount-ro", m]
-    return out
-
-
 def bwrap_command(bwrap: str, argv: list[str], *, cwd: str, policy: Policy | None = None,
                   read: Iterable[str] = (), write: Iterable[str] = (), job: Job | None = None) -> list[str]:
     """A bubblewrap command line: no network, no host IPC, its own pid, UTS and cgroup
@@ -419,78 +346,6 @@ def bwrap_command(bwrap: str, argv: list[str], *, cwd: str, policy: Policy | Non
     return [*out, *argv]
 
 
-def sandbox_ops(*, cwd: str, policy: Policy, read: Iterable[str] = (), write: Iterable[str] = (),
-                job: Job | None = None, idmap: bool = False) -> list[str]:
-    """What the cell sees, in bubblewrap's words: the system directories, the GPU's device nodes
-    and ``read`` read-only (``/proc/sys`` and ``/sys`` too); no ``/run``, ``/var/run`` or other
-    host socket; a private ``/tmp`` and ``/dev/shm`` of ``policy.write_limit`` bytes each; the
-    files in ``write`` (which must exist) the only writable host paths; ``cwd`` its directory.
-    bubblewrap builds it per cell, the fork server from the same list; ``job``'s driver: :mod:`.driverview`.
-    ``idmap`` (the fork server of a root harness, whose cells have uids of their own): a bind
-    point the cell's uid could not enter (a 0700 project, pytest's ``tmp_path``) is bound as
-    ``--ro-bind-idmap``, an idmapped mount showing the harness's files there as the cell's."""
-    size = str(policy.write_limit)
-    out: list[str] = []
-    for d in SYSTEM_DIRS:
-        if os.path.islink(d):
-            out += ["--symlink", os.readlink(d), d]
-        elif os.path.isdir(d):
-            out += ["--ro-bind", d, d]
-    out += ["--dev", "/dev"]
-    for node in gpu_nodes():
-        out += ["--dev-bind", node, node]
-    out += ["--perms", "1777", "--size", size, "--tmpfs", "/dev/shm", "--remount-ro", "/dev",
-            "--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys",
-            "--perms", "1777", "--size", size, "--tmpfs", "/tmp"]
-    # What the harness keeps, with whether each exists now: one made since the last look (the
-    # key, the history) is masked from the next cell on.
-    kept = tuple((k, os.path.lexists(k)) for k in (*kept_paths(), *policy.hidden))
-    # The runs' --out directories existed when listed: looked at again only where they are
-    # masked (a mask over one removed since would have nothing to go on).
-    outs = earlier_outs()
-    points, masks, refused = _points_and_masks(tuple(read), kept, outs)
-    if any(not os.path.lexists(real) for _, real in masks):
-        points, masks, refused = _points_and_masks.__wrapped__(tuple(read), kept, outs)
-    if refused is not None:
-        raise Refused(refused)
-    for f in write:  # the harness's own files (a cell's audit log): through a link only where it was planted
-        if os.path.realpath(f) != os.path.normpath(f):
-            why = _refusal(f, [(os.path.normpath(k), os.path.realpath(k)) for k, _ in kept])
-            if why is not None:
-                raise Refused(why)
-    private = _private_points(tuple(p for p, _ in points), tuple(read)) if idmap else ()
-    out += _views(dict(points), list(masks), write, private)
-    out += driverview.job_ops(job, lambda f: any(_under(f, d) for d in (*_system_dirs(), *(p for p, _ in points))))
-    return [*out, "--chdir", cwd]
-
-
-@functools.lru_cache(maxsize=256)
-def _points_and_masks(read: tuple[str, ...], kept: tuple[tuple[str, bool], ...], outs: tuple[str, ...] = ()
-                      ) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...], str | None]:
-    """The directories to bind for ``read`` (path in the view, the host path it shows: where
-    it leads), the kept paths (and runs' ``outs``) they would show (to mask: path in the view,
-    path on the host), and why the view is refused (None: it is not), once per harness process
-    for the same paths and kept paths present (as :func:`_reached`)."""
-    known = [(os.path.normpath(k), os.path.realpath(k)) for k in (*(k for k, _ in kept), *outs)]
-    source: dict[str, str] = {}
-    for n in read:
-        d = _bind_dir(n)
-        if d is None or d in source:
-            continue
-        why = _refusal(d, known, named=n)
-        if why is not None:
-            return (), (), why
-        source[d] = os.path.realpath(d)
-    outer = {p: source[p] for p in _outermost(set(source))}
-    masks = _masks([*(k for k, _ in kept), *_run_files(outs, outer.values())], outer)
-    at_mask = [view for view, _ in masks]
-    # What a mask would hide of a job's own paths, bound again; a kept directory itself never.
-    points = [p for p in _outermost(set(source), at_mask) if p not in at_mask]
-    if os.geteuid() == 0:
-        _searchable([source[p] for p in points])
-    return tuple((p, source[p]) for p in points), tuple(masks), None
-
-
 # --------------------------------------------------------------------------- the plan
 
 
@@ -509,36 +364,52 @@ def prepare(job: Job, *, base_env: Mapping[str, str] | None = None, cwd: str | N
         env[SCOPE_ENV] = scope.marker
     extra: dict[str, object] = {"containment": scope.mode}
     shim = spawn_shim()
-    # A root harness ends a served cell by its cgroup; anyone else's by its first process.
-    served_here = scope.cgroup is not None or os.geteuid() != 0
+    served_here = _served_here(scope)
     serve = serve and trace and served_here and forkserver.serves(policy.sandbox, _probe_ops)
     argv, signal_in_exit, problem, ops = _sandboxed(job, env, policy, cwd, extra, serve=serve)
-    lims = limits(job) if policy.limits else []
-    if extra.get("sandbox") in SANDBOXED:
-        lims.append(("fsize", policy.write_limit, policy.write_limit))
-    procs = str(scope.cgroup / "cgroup.procs") if scope.cgroup is not None else None
+    lims = _cell_limits(job, policy, extra)
+    procs = _procs(scope)
     if shim is not None:
-        served = ops if ops is not None and served_here and problem is None else None
+        served = ops if served_here and problem is None else None
         return _with_shim(shim, argv, env, extra, lims, procs=procs, policy=policy, scope=scope, served=served,
-                          trace=trace and tracing_enabled() and problem is None, signal_in_exit=signal_in_exit,
-                          problem=problem), scope
+                          trace=trace and problem is None, signal_in_exit=signal_in_exit, problem=problem), scope
     extra["spawn"] = "preexec"
     return Plan(argv=argv, env=env, preexec_fn=_preexec(os.getpid(), procs, lims), extra=extra,
                 signal_in_exit=signal_in_exit, problem=problem), scope
+
+
+def _served_here(scope: Scope) -> bool:
+    """Whether the fork server may hold this scope's cell."""
+    # A root harness ends a served cell by its cgroup; anyone else's by its first process.
+    return scope.cgroup is not None or os.geteuid() != 0
+
+
+def _procs(scope: Scope) -> str | None:
+    """The ``cgroup.procs`` file the cell's first process joins (None: no cgroup)."""
+    return str(scope.cgroup / "cgroup.procs") if scope.cgroup is not None else None
+
+
+def _cell_limits(job: Job, policy: Policy, extra: dict[str, object]) -> list[tuple[str, int, int]]:
+    """The cell's resource limits where the policy sets them, and a sandboxed cell's file size
+    limit (``policy.write_limit``) in any case."""
+    lims = limits(job) if policy.limits else []
+    if extra.get("sandbox") in SANDBOXED:
+        lims.append(("fsize", policy.write_limit, policy.write_limit))
+    return lims
 
 
 def _with_shim(shim: Path, argv: tuple[str, ...], env: dict[str, str], extra: dict[str, object],
                lims: list[tuple[str, int, int]], *, procs: str | None, policy: Policy, scope: Scope,
                served: list[str] | None, trace: bool, signal_in_exit: bool, problem: str | None) -> Plan:
     """The plan of a job the compiled helper spawns: built by the fork server (``served``: its
-    operations), traced by the helper (``trace``), or spawned alone."""
+    operations), traced by the helper (``trace``, where tracing is on), or spawned alone."""
     spec = ",".join(f"{n}={s}:{h}" for n, s, h in lims) or "-"
     if served is not None:
         extra["spawn"] = "fork-server"
         return Plan(argv=argv, env=env, extra=extra, signal_in_exit=True, trace=TraceChannel(),
                     served=forkserver.ServedCell(ops=served, uid=policy.uid, procs=procs, limits=spec,
                                                  cgroup=scope.cgroup))
-    if trace:
+    if trace and tracing_enabled():
         chan = TraceChannel()
         return Plan(argv=(str(shim), "--trace", str(chan.write_fd), str(os.getpid()), procs or "-", spec, "--",
                           *argv), env=env, pass_fds=(chan.write_fd,), extra=extra, signal_in_exit=signal_in_exit,
@@ -572,25 +443,38 @@ def _sandboxed(job: Job, env: dict[str, str], policy: Policy, cwd: str | None, e
     # The fork server of a root harness gives each cell a uid of its own, to which what it
     # cannot enter is shown by an idmapped mount; bubblewrap runs it as nobody.
     idmap = serve and os.geteuid() == 0 and forkserver.cell_uids() is not None
-    if bwrap is not None and os.geteuid() == 0 and not idmap and not _enterable(here):
+    if bwrap is None:
+        return _unsandboxed(job, policy, why, extra)
+    if os.geteuid() == 0 and not idmap and not _enterable(here):
         extra["sandbox"] = "bubblewrap"
         return job.argv, False, (
             f"the sandbox runs the cell as uid {policy.uid} (nobody), which may not enter its working "
             f"directory {here} (mode {os.stat(here).st_mode & 0o777:o}; the matrix file's directory unless "
             "the case names a cwd:): let others enter it (chmod o+rx), name another with cwd:, or --no-sandbox"), None
-    if bwrap is not None:
-        env["TMPDIR"] = "/tmp"
-        env["HOME"] = "/tmp"  # the host's home is not there: a writable one of the cell's own
-        extra["sandbox"] = "namespaces" if serve else "bubblewrap"
-        refused = _unseen_cwd(here)
-        try:
-            if refused is None and serve:
-                return job.argv, True, None, job_ops(job, env, here, policy, idmap=idmap)
-            if refused is None:
-                return tuple(bwrap_argv(bwrap, job, env, here, policy)), True, None, None
-        except Refused as e:
-            refused = str(e)
-        return job.argv, False, refused, None
+    env["TMPDIR"] = "/tmp"
+    env["HOME"] = "/tmp"  # the host's home is not there: a writable one of the cell's own
+    extra["sandbox"] = "namespaces" if serve else "bubblewrap"
+    return _in_sandbox(bwrap, job, env, policy, here, serve=serve, idmap=idmap)
+
+
+def _in_sandbox(bwrap: str, job: Job, env: dict[str, str], policy: Policy, here: str, *, serve: bool,
+                idmap: bool) -> tuple[tuple[str, ...], bool, str | None, list[str] | None]:
+    """:func:`_sandboxed` where bubblewrap runs: the cell's view as the fork server's operations
+    (``serve``) or bubblewrap's command line, or why it is refused."""
+    refused = _unseen_cwd(here)
+    try:
+        if refused is None and serve:
+            return job.argv, True, None, job_ops(job, env, here, policy, idmap=idmap)
+        if refused is None:
+            return tuple(bwrap_argv(bwrap, job, env, here, policy)), True, None, None
+    except Refused as e:
+        refused = str(e)
+    return job.argv, False, refused, None
+
+
+def _unsandboxed(job: Job, policy: Policy, why: str, extra: dict[str, object]
+                 ) -> tuple[tuple[str, ...], bool, str | None, list[str] | None]:
+    """:func:`_sandboxed` where no bubblewrap runs: an error where the policy demands a sandbox."""
     if policy.sandbox == "on":
         extra["sandbox"] = "none"
         return job.argv, False, f"--sandbox asked for a sandbox and there is none: {why}; fix: {fix_for(why)}", None

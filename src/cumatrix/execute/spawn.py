@@ -73,32 +73,34 @@ def _build_shim() -> Path | None:
     shipped = prebuilt(SPAWN)
     if shipped is not None and os.access(shipped, os.X_OK):
         return shipped
+    target = _shim_target()
+    if target is None or os.access(target, os.X_OK):
+        return target
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        return None
+    return _compile_shim(cc, target)
+
+
+def _shim_target() -> Path | None:
+    """Where the helper built from this source lies in the user cache (None: no source, or no
+    cache of this user's alone)."""
     try:
         source = spawn_source_bytes()
     except OSError:
         return None
     tag = hashlib.sha256(source + os.uname().machine.encode() + b" static").hexdigest()[:16]
     try:
-        target = cache_dir("bin") / f"cumatrix-spawn-{tag}"
+        return cache_dir("bin") / f"cumatrix-spawn-{tag}"
     except (OSError, EnvironmentProblem):
         return None  # a cache that is not this user's alone: nothing in it is executed
-    if os.access(target, os.X_OK):
-        return target
-    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        return None
+
+
+def _compile_shim(cc: str, target: Path) -> Path | None:
+    """Build the helper at ``target`` with ``cc`` (None: it did not build)."""
     tmp = target.with_name(f".{target.name}.{os.getpid()}")
     try:
-        # Linked statically where the C library allows it (libc.a): it then starts without the
-        # dynamic loader, and so without the cell's LD_AUDIT library, which the cell's
-        # environment would otherwise load into the shim too (0.5 ms a cell).
-        for static in (["-static"], []):
-            proc = subprocess.run([cc, *SPAWN_CFLAGS, *static, "-o", str(tmp), *map(str, spawn_sources())],
-                                  capture_output=True,
-                                  timeout=120, stdin=subprocess.DEVNULL, check=False)
-            if proc.returncode == 0:
-                break
-        else:
+        if not _compiled(cc, tmp):
             return None
         os.replace(tmp, target)  # atomic: parallel workers may build it at once
     except (OSError, subprocess.TimeoutExpired):
@@ -106,6 +108,20 @@ def _build_shim() -> Path | None:
     finally:
         tmp.unlink(missing_ok=True)
     return target
+
+
+def _compiled(cc: str, out: Path) -> bool:
+    """Whether ``cc`` built the helper at ``out``."""
+    # Linked statically where the C library allows it (libc.a): it then starts without the
+    # dynamic loader, and so without the cell's LD_AUDIT library, which the cell's
+    # environment would otherwise load into the shim too (0.5 ms a cell).
+    for static in (["-static"], []):
+        proc = subprocess.run([cc, *SPAWN_CFLAGS, *static, "-o", str(out), *map(str, spawn_sources())],
+                              capture_output=True,
+                              timeout=120, stdin=subprocess.DEVNULL, check=False)
+        if proc.returncode == 0:
+            return True
+    return False
 
 
 def _prctl() -> Callable[..., int] | None:

@@ -128,13 +128,17 @@ def _bind_dir(p: str) -> str | None:
     d = p if os.path.isdir(p) else os.path.dirname(p)
     if d == "/tmp" or os.path.realpath(d) == "/tmp":
         return p if p != d else None
+    return None if _never_bound(d) else d
+
+
+def _never_bound(d: str) -> bool:
+    """Whether directory ``d`` is never bound: the root, the host's hidden places, its ``/dev``
+    but the GPU's nodes, and what the system directories show already."""
     if d == "/" or any(_under(d, h) for h in HIDDEN_ALWAYS if h not in ("/dev",)):
-        return None
+        return True
     if d.startswith("/dev/") and not d.startswith("/dev/nvidia"):
-        return None
-    if any(_under(d, s) for s in _system_dirs()):
-        return None  # shown already (a path under /bin, a link to usr/bin, too)
-    return d
+        return True
+    return any(_under(d, s) for s in _system_dirs())  # shown already (a path under /bin, a link to usr/bin, too)
 
 
 def _hidden_roots() -> tuple[str, ...]:
@@ -316,14 +320,22 @@ def _masks(kept: Iterable[str], points: Mapping[str, str]) -> list[tuple[str, st
         if not os.path.lexists(k):
             continue
         real = os.path.realpath(k)
-        for view, src in points.items():
-            if _under(real, src):
-                at = view if real == src else os.path.join(view, os.path.relpath(real, src))
-                if (at, real) not in out:
-                    out.append((at, real))
-    # One inside another masked directory is hidden already (a run's files under its --out).
-    dirs = [at for at, real in out if os.path.isdir(real)]
-    return [(at, real) for at, real in out if not any(_under(at, d) and at != d for d in dirs)]
+        for at in _shown_at(real, points):
+            if (at, real) not in out:
+                out.append((at, real))
+    return _outermost_masks(out)
+
+
+def _shown_at(real: str, points: Mapping[str, str]) -> list[str]:
+    """Where host path ``real`` shows in the cell's view: under each bind point whose source holds it."""
+    return [view if real == src else os.path.join(view, os.path.relpath(real, src))
+            for view, src in points.items() if _under(real, src)]
+
+
+def _outermost_masks(masks: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``masks`` but those inside another masked directory, hidden already (a run's files under its --out)."""
+    dirs = [at for at, real in masks if os.path.isdir(real)]
+    return [(at, real) for at, real in masks if not any(_under(at, d) and at != d for d in dirs)]
 
 
 @functools.lru_cache(maxsize=256)
