@@ -242,6 +242,20 @@ def _load(final: Path, lib_name: str, *, cache_hit: bool) -> BuildResult | None:
                        command=tuple(info["command"]), cache_hit=cache_hit)
 
 
+def _chosen_variant(variant: str, family: str | None) -> tuple[str, str | None]:
+    """The library ``variant`` names (``loop`` with a family is that family's), and why it is
+    refused (None: it is not)."""
+    if variant == "loop" and family in ("driver", "runtime"):
+        variant = f"{family}-loop"
+    if variant == "loop":
+        return variant, "`loop` exists in both families; say driver-loop or runtime-loop"
+    if variant not in SOURCES:
+        return variant, f"unknown variant {variant!r}{did_you_mean(variant, SOURCES)}; known: {', '.join(SOURCES)}"
+    if family is not None and family != library_family(variant):
+        return variant, f"{variant} is a {library_family(variant)}-family variant, not {family}"
+    return variant, None
+
+
 def cli_build(variant: str, headers_version: str, wheel_dir: Path | None, *, family: str | None = None) -> int:
     """``cumatrix build VARIANT [--headers X.Y]``: print the library path last, or the compiler's message.
 
@@ -249,17 +263,9 @@ def cli_build(variant: str, headers_version: str, wheel_dir: Path | None, *, fam
     ``loop`` together with ``family``.
     Returns 0 (built), 1 (``build-error``: the compiler refused the source) or 2 (bad input).
     """
-    if variant == "loop" and family in ("driver", "runtime"):
-        variant = f"{family}-loop"
-    if variant == "loop":
-        print("error: `loop` exists in both families; say driver-loop or runtime-loop", file=sys.stderr)
-        return 2
-    if variant not in SOURCES:
-        print(f"error: unknown variant {variant!r}{did_you_mean(variant, SOURCES)}; known: {', '.join(SOURCES)}",
-              file=sys.stderr)
-        return 2
-    if family is not None and family != library_family(variant):
-        print(f"error: {variant} is a {library_family(variant)}-family variant, not {family}", file=sys.stderr)
+    variant, problem = _chosen_variant(variant, family)
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
     family = library_family(variant)
     base = "loop" if variant.endswith("-loop") else variant

@@ -263,29 +263,64 @@ def build_interposer(emulated: CudaVersion, *, real_libcuda: Path | None, introd
     version = int(emulated)
     real = _check_build_inputs(emulated, real_libcuda, introductions, real_driver_version)
     bases = dict(base_introductions) if base_introductions is not None else _bases_from(introductions)
-    exports = tuple(n for n in exported_functions(real) if _NAME_RE.match(n))
-    hidden = tuple(n for n in exports if introductions.get(n, 0) > version)
-    kept = tuple(n for n in exports if n not in hidden)
-    unknown = tuple(n for n in kept if n not in introductions)
-    hidden_bases = tuple(sorted(b for b, v in bases.items() if v > version))
+    ex = _Exports.of(real, introductions, bases, version)
     root = cache if cache is not None else cache_dir("drivers")
     root.mkdir(parents=True, exist_ok=True)
     cc_path = shutil.which(cc) if prebuilt is None else None
     if cc_path is None:
-        prebuilt = prebuilt or prebuilt_driver.prebuilt_interposer()
-        if prebuilt is None:
-            raise InterposerError(
-                f"emulated-{emulated}: no C compiler {cc!r} on PATH and no prebuilt interposer in this "
-                "install; emulated drivers are compiled on the host at run time: install gcc (e.g. "
-                "apt-get install gcc), or a platform wheel of cumatrix"
-            )
-        config = prebuilt_driver.RuntimeConfig(
+        return _from_prebuilt(emulated, _prebuilt_or_refuse(emulated, cc, prebuilt), ex.config(version, real),
+                              ex.kept, ex.hidden, root)
+    return _compiled(emulated, cc_path, real, ex, root)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Exports:
+    """What an interposer for one emulated version does with the real driver's functions."""
+
+    kept: tuple[str, ...]  #: exported, forwarding to the real driver
+    hidden: tuple[str, ...]  #: introduced after the emulated version: not exported
+    unknown: tuple[str, ...]  #: kept, though no header says when they came
+    hidden_bases: tuple[str, ...]  #: cuGetProcAddress names introduced after the emulated version
+
+    @classmethod
+    def of(cls, real: Path, introductions: Mapping[str, int], bases: Mapping[str, int], version: int) -> _Exports:
+        """The real driver's C-named functions, sorted by whether ``version`` has them."""
+        exports = tuple(n for n in exported_functions(real) if _NAME_RE.match(n))
+        hidden = tuple(n for n in exports if introductions.get(n, 0) > version)
+        kept = tuple(n for n in exports if n not in hidden)
+        return cls(kept=kept, hidden=hidden, unknown=tuple(n for n in kept if n not in introductions),
+                   hidden_bases=_newer_than(bases, version))
+
+    def config(self, version: int, real: Path) -> prebuilt_driver.RuntimeConfig:
+        """What the prebuilt interposer is patched with to emulate ``version`` over ``real``."""
+        return prebuilt_driver.RuntimeConfig(
             version=version, ptx_ceiling=ptx_ceiling_define(version), real_libcuda=real,
-            has_gpa="cuGetProcAddress" in kept, has_gpa_v2="cuGetProcAddress_v2" in kept,
-            hidden_bases=hidden_bases)
-        return _from_prebuilt(emulated, prebuilt, config, kept, hidden, root)
-    tables = generate_tables(version=version, real_libcuda=real, exports=kept,
-                             hidden_bases=hidden_bases, unknown=unknown)
+            has_gpa="cuGetProcAddress" in self.kept, has_gpa_v2="cuGetProcAddress_v2" in self.kept,
+            hidden_bases=self.hidden_bases)
+
+
+def _newer_than(introductions: Mapping[str, int], version: int) -> tuple[str, ...]:
+    """The names introduced after ``version``, sorted."""
+    return tuple(sorted(b for b, v in introductions.items() if v > version))
+
+
+def _prebuilt_or_refuse(emulated: CudaVersion, cc: str, prebuilt: Path | None) -> Path:
+    """``prebuilt``, else this install's prebuilt interposer, else the error that says what to install."""
+    found = prebuilt or prebuilt_driver.prebuilt_interposer()
+    if found is None:
+        raise InterposerError(
+            f"emulated-{emulated}: no C compiler {cc!r} on PATH and no prebuilt interposer in this "
+            "install; emulated drivers are compiled on the host at run time: install gcc (e.g. "
+            "apt-get install gcc), or a platform wheel of cumatrix"
+        )
+    return found
+
+
+def _compiled(emulated: CudaVersion, cc_path: str, real: Path, ex: _Exports, root: Path) -> Interposer:
+    """The interposer compiled from the template with ``cc_path`` (cached by every input)."""
+    version = int(emulated)
+    tables = generate_tables(version=version, real_libcuda=real, exports=ex.kept,
+                             hidden_bases=ex.hidden_bases, unknown=ex.unknown)
     source = interposer_template()
 
     st = real.stat()
@@ -297,7 +332,7 @@ def build_interposer(emulated: CudaVersion, *, real_libcuda: Path | None, introd
     if not cached:
         cached = _compile(emulated, cc_path, source, tables, root, lib_dir) == "cache-hit"
     _ship_every_name(lib_dir, real)
-    return Interposer(lib_dir=lib_dir, version=version, hidden=hidden, exported=len(kept),
+    return Interposer(lib_dir=lib_dir, version=version, hidden=ex.hidden, exported=len(ex.kept),
                       cache_hit=cached, real_libcuda=real)
 
 
@@ -346,25 +381,33 @@ def _from_prebuilt(emulated: CudaVersion, prebuilt: Path, config: prebuilt_drive
     lib_dir = root / f"emulated-{emulated}-prebuilt-{hashlib.sha256(key).hexdigest()[:20]}"
     cached = (lib_dir / "libcuda.so.1").is_file()
     if not cached:
-        tmp = Path(tempfile.mkdtemp(prefix=".patch-", dir=root))
-        try:
-            prebuilt_driver.patch_interposer(prebuilt, tmp / "libcuda.so.1", config, hide)
-            (tmp / "libcuda.so.1").chmod(0o755)
-            (tmp / "interposer.txt").write_text(
-                f"emulated {emulated} from the prebuilt {prebuilt}, forwarding to {config.real_libcuda}\n"
-                + "".join(f"hidden: {n}\n" for n in hide) + "".join(f"missing: {n}\n" for n in missing))
-            tmp.rename(lib_dir)
-        except prebuilt_driver.PatchError as e:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise InterposerError(f"emulated-{emulated}: {e}") from e
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if not (lib_dir / "libcuda.so.1").is_file():
-                raise
-            cached = True  # another worker wrote the same one first
+        cached = _patch(emulated, prebuilt, config, hide, missing, root, lib_dir) == "cache-hit"
     _ship_every_name(lib_dir, config.real_libcuda)
     return Interposer(lib_dir=lib_dir, version=config.version, hidden=hidden, exported=len(kept) - len(missing),
                       cache_hit=cached, real_libcuda=config.real_libcuda, prebuilt=True, missing=missing)
+
+
+def _patch(emulated: CudaVersion, prebuilt: Path, config: prebuilt_driver.RuntimeConfig, hide: tuple[str, ...],
+           missing: tuple[str, ...], root: Path, lib_dir: Path) -> str:
+    """Patch a copy of ``prebuilt`` in a fresh directory, then rename it into place; "built" or
+    "cache-hit" (another worker wrote the same one first)."""
+    tmp = Path(tempfile.mkdtemp(prefix=".patch-", dir=root))
+    try:
+        prebuilt_driver.patch_interposer(prebuilt, tmp / "libcuda.so.1", config, hide)
+        (tmp / "libcuda.so.1").chmod(0o755)
+        (tmp / "interposer.txt").write_text(
+            f"emulated {emulated} from the prebuilt {prebuilt}, forwarding to {config.real_libcuda}\n"
+            + "".join(f"hidden: {n}\n" for n in hide) + "".join(f"missing: {n}\n" for n in missing))
+        tmp.rename(lib_dir)
+    except prebuilt_driver.PatchError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise InterposerError(f"emulated-{emulated}: {e}") from e
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (lib_dir / "libcuda.so.1").is_file():
+            raise
+        return "cache-hit"
+    return "built"
 
 
 def _compile(emulated: CudaVersion, cc_path: str, source: str, tables: str, root: Path, lib_dir: Path) -> str:

@@ -61,10 +61,7 @@ def pfn_exports(typedefs_text: str) -> dict[tuple[str, int, str | None], str]:
     for base, ver, pt, _ in entries:
         if pt is None:
             plain.setdefault(base, []).append(ver)
-    ordinal_name: dict[tuple[str, int], str] = {}
-    for base, versions in plain.items():
-        for k, ver in enumerate(sorted(set(versions)), start=1):
-            ordinal_name[(base, ver)] = base if k == 1 else f"{base}_v{k}"
+    ordinal_name = _ordinal_names(plain)
     out: dict[tuple[str, int, str | None], str] = {}
     for base, ver, pt, _ in entries:
         if pt is None:
@@ -76,6 +73,16 @@ def pfn_exports(typedefs_text: str) -> dict[tuple[str, int, str | None], str]:
         stem = ordinal_name[(base, max(older))] if older else base
         out[(base, ver, pt)] = f"{stem}_{pt}"
     return out
+
+
+def _ordinal_names(plain: dict[str, list[int]]) -> dict[tuple[str, int], str]:
+    """``{(base, version): exported name}`` of the plain typedefs: the k-th distinct version of a
+    base is exported as ``base_vk`` (the first as ``base``)."""
+    ordinal_name: dict[tuple[str, int], str] = {}
+    for base, versions in plain.items():
+        for k, ver in enumerate(sorted(set(versions)), start=1):
+            ordinal_name[(base, ver)] = base if k == 1 else f"{base}_v{k}"
+    return ordinal_name
 
 
 def pfn_introductions(typedefs_text: str) -> dict[str, int]:
@@ -172,25 +179,29 @@ def _active_text(text: str) -> str:
     stack: list[bool] = []  # True while in the first branch of an INTERNAL-only #if
     for line in text.splitlines():
         s = line.strip()
-        if s.startswith("#"):
-            directive = s[1:].strip()
-            if directive.startswith(("if ", "ifdef", "ifndef", "if(")):
-                cond = directive
-                stack.append("VERSION_INTERNAL" in cond and "!" not in cond
-                             and not directive.startswith("ifndef"))
-                continue
-            if directive.startswith(("elif", "else")):
-                if stack:
-                    stack[-1] = False
-                continue
-            if directive.startswith("endif"):
-                if stack:
-                    stack.pop()
-                continue
+        if s.startswith("#") and _conditional(s[1:].strip(), stack):
+            continue
         if any(stack):
             continue
         out.append(line)
     return "\n".join(out)
+
+
+def _conditional(directive: str, stack: list[bool]) -> bool:
+    """Follow a preprocessor conditional in ``stack`` (see :func:`_active_text`); True when
+    ``directive`` is one (``#if``, ``#elif``, ``#else``, ``#endif``: the line itself is dropped)."""
+    if directive.startswith(("if ", "ifdef", "ifndef", "if(")):
+        stack.append("VERSION_INTERNAL" in directive and "!" not in directive and not directive.startswith("ifndef"))
+        return True
+    if directive.startswith(("elif", "else")):
+        if stack:
+            stack[-1] = False
+        return True
+    if directive.startswith("endif"):
+        if stack:
+            stack.pop()
+        return True
+    return False
 
 
 def _split_params(params: str) -> list[str]:

@@ -25,19 +25,10 @@ _KINDS = {stat.S_IFLNK: "a symbolic link", stat.S_IFCHR: "a character device", s
 
 def _refusal(info: zipfile.ZipInfo, root: Path, seen: set[str]) -> str | None:
     """Why a member must not be unpacked under ``root``, or None when it is a plain file or directory."""
+    why = _name_refusal(info.filename) or _type_refusal(info)
+    if why is not None:
+        return why
     name = info.filename
-    if not name or "\x00" in name:
-        return "an empty name or a NUL byte in the name"
-    if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name):
-        return "an absolute path"
-    if ".." in PurePosixPath(name.replace("\\", "/")).parts:
-        return "a `..` component (it would land outside the target)"
-    kind = stat.S_IFMT(info.external_attr >> 16)
-    if kind in _KINDS:
-        return _KINDS[kind]
-    if kind not in (0, stat.S_IFREG, stat.S_IFDIR):
-        # zip has no hard-link entry; any other type bits are refused rather than guessed at
-        return f"an entry of unknown type {oct(kind)} (only regular files and directories are unpacked)"
     key = name.rstrip("/")
     if key in seen:
         return "a second member of the same name (it would overwrite the first)"
@@ -45,6 +36,28 @@ def _refusal(info: zipfile.ZipInfo, root: Path, seen: set[str]) -> str | None:
     dest = (root / name).resolve()
     if dest != root and not dest.is_relative_to(root):
         return f"a path that resolves outside the target ({dest})"
+    return None
+
+
+def _name_refusal(name: str) -> str | None:
+    """Why a member's name alone is refused: empty, NUL, absolute, or climbing out with ``..``."""
+    if not name or "\x00" in name:
+        return "an empty name or a NUL byte in the name"
+    if name.startswith(("/", "\\")) or re.match(r"^[A-Za-z]:", name):
+        return "an absolute path"
+    if ".." in PurePosixPath(name.replace("\\", "/")).parts:
+        return "a `..` component (it would land outside the target)"
+    return None
+
+
+def _type_refusal(info: zipfile.ZipInfo) -> str | None:
+    """Why a member's file type is refused: anything but a regular file or a directory."""
+    kind = stat.S_IFMT(info.external_attr >> 16)
+    if kind in _KINDS:
+        return _KINDS[kind]
+    if kind not in (0, stat.S_IFREG, stat.S_IFDIR):
+        # zip has no hard-link entry; any other type bits are refused rather than guessed at
+        return f"an entry of unknown type {oct(kind)} (only regular files and directories are unpacked)"
     return None
 
 

@@ -7,8 +7,11 @@ Cells with no record are placed where their id says, as ``not run``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
 
 from cumatrix.results.records import Category, CellResult, RunData, axes_from_id
 
@@ -29,27 +32,12 @@ LEGEND: dict[Category, str] = {
 }
 NO_HOST = "(no host)"
 
-#: What each outcome word means, for the reader of a report (shown for the words a run used).
-#: A cell's word is its observed outcome; ``ok`` of a swap cell names the copy path it took.
-GLOSSARY: dict[str, tuple[str, str]] = {
-    "ok": ("ok", "ran and succeeded (a command exited 0; the probe loaded the runtime)"),
-    "ok:batch": ("ok:batch", "the swap ran, using the runtime's batch copy (cudaMemcpyBatchAsync)"),
-    "ok:fallback": ("ok:fallback", "the swap ran, falling back to one copy per block"),
-    "ok:kernel": ("ok:kernel", "the swap ran, using a copy kernel"),
-    "exit": ("exit:N", "the command exited with status N"),
-    "crash": ("crash:SIG", "the process was killed by signal SIG"),
-    "cuda-error": ("cuda-error:N", "a CUDA call returned error N"),
-    "undefined-symbol": ("undefined-symbol:SYM", "the loader could not resolve SYM"),
-    "build-error": ("build-error", "the variant did not compile against these headers"),
-    "timeout": ("timeout", "killed after its time limit"),
-    "cannot-emulate": ("cannot-emulate", "this host's driver cannot stand in for the emulated one"),
-    "refused": ("refused", "the container toolkit refused the image"),
-    "skipped": ("skipped:REASON", "not run here, for REASON (no-cuda-driver: this host has no NVIDIA driver)"),
-    "runtime-leak": ("runtime-leak:PATH", ("the process used the CUDA runtime at PATH, from outside both the "
-                                           "program and the cell")),
-    "harness-error": ("harness-error", "cumatrix itself failed on this cell"),
-    "not run": ("not run", "in the matrix, but no result was recorded"),
-}
+@lru_cache(maxsize=1)
+def _glossary() -> dict[str, tuple[str, str]]:
+    """``{outcome word or its prefix: (the word as shown, its meaning)}``, from ``glossary.json``
+    (prose kept as data beside the templates), in the order a report lists them."""
+    words = json.loads(resources.files(__package__).joinpath("glossary.json").read_text(encoding="utf-8"))["words"]
+    return {key: (str(shown), str(meaning)) for key, (shown, meaning) in words.items()}
 
 
 def readable(label: str) -> str:
@@ -60,10 +48,9 @@ def readable(label: str) -> str:
 
 def glossary(labels: list[str]) -> list[tuple[str, str]]:
     """``(word, meaning)`` for each outcome word among ``labels``, in the glossary's order."""
-    used = set()
-    for label in labels:
-        used.add(label if label in GLOSSARY else label.split(":", 1)[0])
-    return [shown for w, shown in GLOSSARY.items() if w in used]
+    known = _glossary()
+    used = {label if label in known else label.split(":", 1)[0] for label in labels}
+    return [shown for w, shown in known.items() if w in used]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -30,6 +30,7 @@ from markupsafe import Markup
 
 from cumatrix.report.grid import LEGEND, Entry, Grid, entries, glossary, grids, timed
 from cumatrix.report.headline import headline
+from cumatrix.report.meta import chosen_by, gpu_names
 from cumatrix.report.since import html_data
 from cumatrix.report.text import clean
 from cumatrix.report.untested import html_data as untested_html
@@ -208,6 +209,20 @@ def layout(g: Grid) -> Layout:
 def _page_data(run: RunData, items: list[Entry], gs: list[Grid]) -> tuple[dict[str, object], list[object]]:
     """(the index every grid is drawn from, the per-cell details) as JSON-ready values."""
     s = _Strings()
+    grid_json, where = _grid_index(gs)
+    cells: list[list[object]] = []
+    details: list[object] = []
+    for e in items:
+        gi, ri, ci = where[e.index]
+        cells.append([clean(e.id), _CAT_CODE[e.category], s(e.label), gi, ri, ci, s(e.host)])
+        details.append(_detail(e.cell, s) if e.cell is not None else None)
+    data = {"strings": s.table, "grids": grid_json, "cells": cells, "charts": _charts(run, items), "merged": run.merged,
+            "cats": list(CATEGORIES), "names": NAMES, "glyphs": GLYPHS}
+    return data, details
+
+
+def _grid_index(gs: list[Grid]) -> tuple[list[dict[str, object]], dict[int, tuple[int, int, int]]]:
+    """(each grid as the script draws it, ``{entry index: (grid, line, column)}``)."""
     where: dict[int, tuple[int, int, int]] = {}
     grid_json = []
     for gi, g in enumerate(gs):
@@ -221,14 +236,13 @@ def _page_data(run: RunData, items: list[Entry], gs: list[Grid]) -> tuple[dict[s
                           "t": lay.transposed, "fr": list(lay.folded_rows), "fc": list(lay.folded_cols),
                           "co": list(lay.col_order), "skip": g.all_skipped,
                           "n": {cat: g.count(cat) for cat in CATEGORIES if g.count(cat)}})
-    cells: list[list[object]] = []
-    details: list[object] = []
-    for e in items:
-        gi, ri, ci = where[e.index]
-        cells.append([clean(e.id), _CAT_CODE[e.category], s(e.label), gi, ri, ci, s(e.host)])
-        details.append(_detail(e.cell, s) if e.cell is not None else None)
+    return grid_json, where
+
+
+def _charts(run: RunData, items: list[Entry]) -> list[dict[str, object]]:
+    """One bandwidth chart per workload: a row per timed cell, naming it by its entry index."""
     index = {(e.id, e.host): e.index for e in items}
-    charts = []
+    charts: list[dict[str, object]] = []
     for workload, tcells in timed(run).items():
         chart_rows: list[list[object]] = []
         for c in tcells:
@@ -237,15 +251,21 @@ def _page_data(run: RunData, items: list[Entry], gs: list[Grid]) -> tuple[dict[s
             chart_rows.append([index[(c.id, c.host if run.merged else None)], t.gbps, t.loop_gbps,
                          sp.p10 if sp else None, sp.p90 if sp else None, t.speedup])
         charts.append({"workload": clean(workload), "rows": chart_rows})
-    data = {"strings": s.table, "grids": grid_json, "cells": cells, "charts": charts, "merged": run.merged,
-            "cats": list(CATEGORIES), "names": NAMES, "glyphs": GLYPHS}
-    return data, details
+    return charts
 
 
 def _meta(run: RunData) -> list[tuple[str, str]]:
+    rows = _run_meta(run)
+    chosen = chosen_by(run)
+    if chosen is not None:  # a covering plan's cells, not every cell
+        rows.append(("cells chosen by", chosen))
+    return rows + (_hosts_meta(run) if run.merged else _host_meta(run))
+
+
+def _run_meta(run: RunData) -> list[tuple[str, str]]:
+    """The run header's rows: which matrix ran, when, and with what."""
     head = run.header
-    fp = head.host_fingerprint
-    rows: list[tuple[str, str]] = [
+    return [
         ("matrix", head.matrix),
         ("sha256", head.matrix_sha256[:16]),
         ("started", run.started or "—"),
@@ -254,19 +274,26 @@ def _meta(run: RunData) -> list[tuple[str, str]]:
         ("backend", head.backend or "—"),
         ("sandbox", head.sandbox or "—"),
     ]
-    if head.selection is not None and not head.selection.full:  # a covering plan's cells, not every cell
-        rows.append(("cells chosen by", head.selection.label()))
-    if run.merged:
-        rows.append(("hosts", ", ".join(run.hosts)))
-        if run.missing_hosts:
-            rows.append(("no run from", ", ".join(run.missing_hosts)))
-        return rows
+
+
+def _hosts_meta(run: RunData) -> list[tuple[str, str]]:
+    """A merge's hosts, and the planned hosts it has no run from."""
+    rows = [("hosts", ", ".join(run.hosts))]
+    if run.missing_hosts:
+        rows.append(("no run from", ", ".join(run.missing_hosts)))
+    return rows
+
+
+def _host_meta(run: RunData) -> list[tuple[str, str]]:
+    """One host's driver, GPUs and name, as its fingerprint names them."""
+    fp = run.header.host_fingerprint
+    rows: list[tuple[str, str]] = []
     if fp.get("driver_string"):
         rows.append(("driver", str(fp["driver_string"])))
-    gpus = fp.get("gpus")
-    if isinstance(gpus, list) and gpus:
-        names = sorted({str(g.get("name", "?")) for g in gpus if isinstance(g, dict)})
-        rows.append(("GPU", f"{len(gpus)}× " + ", ".join(names)))
+    gpus = gpu_names(run)
+    if gpus is not None:
+        count, names = gpus
+        rows.append(("GPU", f"{count}× " + ", ".join(names)))
     if fp.get("hostname"):
         rows.append(("host", str(fp["hostname"])))
     return rows
@@ -279,13 +306,18 @@ def _uniq(values: list[str]) -> list[str]:
 def _filters(run: RunData, items: list[Entry]) -> list[Mapping[str, object]]:
     filters: list[Mapping[str, object]] = [
         {"key": "cat", "label": "status", "options": [(k, NAMES[k]) for k in CATEGORIES]},
-        {"key": "outcome", "label": "outcome", "options": [(v, v) for v in sorted(_uniq([e.label for e in items]))]},
-        {"key": "driver", "label": "driver", "options": [(v, v) for v in _uniq([e.axes.get("driver", "") for e in items])]},
-        {"key": "runtime", "label": "runtime", "options": [(v, v) for v in _uniq([e.axes.get("runtime", "") for e in items])]},
+        {"key": "outcome", "label": "outcome", "options": _choices(sorted(_uniq([e.label for e in items])))},
+        {"key": "driver", "label": "driver", "options": _choices(_uniq([e.axes.get("driver", "") for e in items]))},
+        {"key": "runtime", "label": "runtime", "options": _choices(_uniq([e.axes.get("runtime", "") for e in items]))},
     ]
     if run.merged:
-        filters.append({"key": "host", "label": "host", "options": [(v, v) for v in _uniq([e.host or "" for e in items])]})
+        filters.append({"key": "host", "label": "host", "options": _choices(_uniq([e.host or "" for e in items]))})
     return filters
+
+
+def _choices(values: list[str]) -> list[tuple[str, str]]:
+    """A filter's options where each value is shown as itself."""
+    return [(v, v) for v in values]
 
 
 def _failed(items: list[Entry]) -> list[Mapping[str, object]]:
@@ -311,27 +343,37 @@ def to_html(run: RunData) -> str:
     )
     verdict, _, line = headline(run).partition(" — ")
     verdict = verdict.removeprefix("cumatrix: ")
-    per_cat = dict.fromkeys(CATEGORIES, 0)
-    for e in items:
-        per_cat[e.category] += 1
     data, details = _page_data(run, items, gs)
     extra_kinds = sorted({str(e.get("type", "?")) for e in run.extra})
     return _template().render(
         csp=Markup(csp), css=Markup(css), js=Markup(js), verdict=verdict, line=line,
         title=f"cumatrix {verdict} — {run.header.matrix}",
-        stats=[(cat, per_cat[cat], NAMES[cat]) for cat in CATEGORIES if per_cat[cat] or cat in ("ok", "fail")],
+        stats=_stats(items),
         meta=_meta(run), warnings=list(run.warnings), failed=_failed(items), filters=_filters(run, items),
         legend=[(cat, GLYPHS[cat], LEGEND[cat]) for cat in CATEGORIES],
         words=glossary([e.label for e in items]),
-        grids=[{"index": n, "title": g.title, "attention": g.count("fail") > 0, "folded": g.all_skipped,
-                "skips": g.skip_reasons() if g.all_skipped else "",
-                "counts": [(cat, GLYPHS[cat], g.count(cat)) for cat in CATEGORIES if g.count(cat)],
-                "rows": len(g.rows)} for n, g in enumerate(gs)],
+        grids=[_grid_head(n, g) for n, g in enumerate(gs)],
         charts=[str(ch["workload"]) for ch in data["charts"]],  # type: ignore[attr-defined]
         extra_count=len(run.extra), extra_kinds=", ".join(extra_kinds),
         data=_json_for_script(data), details=_json_for_script(details), total=c.total,
         since=_since(run), untested=untested_html(run.untested) if run.untested is not None else None,
     )
+
+
+def _stats(items: list[Entry]) -> list[tuple[str, int, str]]:
+    """``(category, how many cells, its name)`` of the headline's counts: ok and mismatch always."""
+    per_cat = dict.fromkeys(CATEGORIES, 0)
+    for e in items:
+        per_cat[e.category] += 1
+    return [(cat, per_cat[cat], NAMES[cat]) for cat in CATEGORIES if per_cat[cat] or cat in ("ok", "fail")]
+
+
+def _grid_head(n: int, g: Grid) -> dict[str, object]:
+    """What the page's markup says of grid ``n`` before the script draws it."""
+    return {"index": n, "title": g.title, "attention": g.count("fail") > 0, "folded": g.all_skipped,
+            "skips": g.skip_reasons() if g.all_skipped else "",
+            "counts": [(cat, GLYPHS[cat], g.count(cat)) for cat in CATEGORIES if g.count(cat)],
+            "rows": len(g.rows)}
 
 
 def _since(run: RunData) -> dict[str, object] | None:

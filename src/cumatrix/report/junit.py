@@ -12,6 +12,7 @@ from pathlib import Path
 
 from cumatrix.report.grid import readable
 from cumatrix.report.headline import headline
+from cumatrix.report.meta import chosen_by
 from cumatrix.report.since import junit_properties
 from cumatrix.report.since import text as since_text
 from cumatrix.report.static import static_record, static_suites
@@ -110,40 +111,52 @@ def to_xml(run: RunData) -> ET.ElementTree:
     suite = ET.SubElement(root, "testsuite", {"name": clean(f"cumatrix {run.header.matrix}"), **attrs})
     if run.started:
         suite.set("timestamp", run.started)
-    head = run.header
-    _props(
-        suite,
-        [
-            ("verdict", run.verdict),
-            ("headline", headline(run)),
-            ("matrix", head.matrix),
-            ("matrix_sha256", head.matrix_sha256),
-            ("run_id", head.run_id),
-            ("harness_version", head.harness_version),
-            ("backend", head.backend),
-            ("sandbox", head.sandbox),
-            ("hosts", ", ".join(run.hosts) or head.host),
-            ("driver_string", head.host_fingerprint.get("driver_string")),
-            ("started", run.started),
-            ("finished", run.finished),
-            *((("selection", head.selection.label()),) if head.selection is not None and not head.selection.full
-              else ()),
-            *_since_properties(run),
-            *(untested_properties(run.untested) if run.untested is not None else ()),
-        ],
-    )
+    _props(suite, _suite_properties(run))
     for cell in run.cells:
         suite.append(_case(cell))
     for cid, host in run.not_run_where():
         suite.append(_not_run_case(cid, host))
-    out = [since_text(run.since)] if run.since is not None else []  # where CI shows a suite's output
-    if run.untested is not None and run.untested.cells:
-        out.append(untested_text(run.untested))
+    out = _system_out(run)
     if out:
         ET.SubElement(suite, "system-out").text = clean("\n".join(out))
     _static_suites(root, run)
     ET.indent(root)
     return ET.ElementTree(root)
+
+
+def _suite_properties(run: RunData) -> list[tuple[str, object]]:
+    """The suite's ``<properties>``: the run's verdict, header and what the history said of it."""
+    head = run.header
+    return [
+        ("verdict", run.verdict),
+        ("headline", headline(run)),
+        ("matrix", head.matrix),
+        ("matrix_sha256", head.matrix_sha256),
+        ("run_id", head.run_id),
+        ("harness_version", head.harness_version),
+        ("backend", head.backend),
+        ("sandbox", head.sandbox),
+        ("hosts", ", ".join(run.hosts) or head.host),
+        ("driver_string", head.host_fingerprint.get("driver_string")),
+        ("started", run.started),
+        ("finished", run.finished),
+        *_selection_properties(run),
+        *_since_properties(run),
+        *(untested_properties(run.untested) if run.untested is not None else ()),
+    ]
+
+
+def _selection_properties(run: RunData) -> list[tuple[str, object]]:
+    chosen = chosen_by(run)
+    return [] if chosen is None else [("selection", chosen)]
+
+
+def _system_out(run: RunData) -> list[str]:
+    """The texts the suite's ``<system-out>`` joins (where CI shows a suite's output)."""
+    out = [since_text(run.since)] if run.since is not None else []
+    if run.untested is not None and run.untested.cells:
+        out.append(untested_text(run.untested))
+    return out
 
 
 def _since_properties(run: RunData) -> list[tuple[str, object]]:

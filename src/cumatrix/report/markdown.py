@@ -13,11 +13,12 @@ from pathlib import Path
 
 from cumatrix.report.grid import LEGEND, SYMBOLS, Grid, glossary, grids, readable, timed
 from cumatrix.report.headline import headline
+from cumatrix.report.meta import chosen_by, gpu_names
 from cumatrix.report.since import markdown as since_markdown
 from cumatrix.report.static import static_markdown, static_record
 from cumatrix.report.text import clean, md_code, md_fenced, md_inline, shorten
 from cumatrix.report.untested import markdown as untested_markdown
-from cumatrix.results.records import CellResult, RunData
+from cumatrix.results.records import CellResult, RunData, Timings
 
 #: GitHub caps a step summary at 1 MiB; stay well under it.
 _MAX_MISMATCHES_LISTED = 100
@@ -52,35 +53,34 @@ def _gbps(x: float | None) -> str:
 
 def _meta(run: RunData) -> list[str]:
     head = run.header
-    fp = head.host_fingerprint
     bits = [f"matrix {md_code(head.matrix)} (sha256 {md_code(head.matrix_sha256[:12])})"]
-    if run.started:
-        bits.append(f"started {md_inline(run.started)}")
-    if run.finished:
-        bits.append(f"finished {md_inline(run.finished)}")
-    if head.harness_version:
-        bits.append(f"cumatrix {md_inline(head.harness_version)}")
-    if head.backend:
-        bits.append(f"backend {md_inline(head.backend)}")
-    if head.sandbox:
-        bits.append(f"sandbox {md_inline(head.sandbox)}")
-    if head.selection is not None and not head.selection.full:  # a covering plan's cells, not every cell
-        bits.append(f"cells chosen by {md_inline(head.selection.label())}")
-    if run.merged or run.missing_hosts:
-        bits.append("hosts " + ", ".join(md_inline(h) for h in run.hosts))
-        if run.missing_hosts:
-            bits.append("no run from " + ", ".join(md_inline(h) for h in run.missing_hosts))
-    else:
-        if fp.get("driver_string"):
-            bits.append(f"driver {md_inline(str(fp['driver_string']))}")
-        gpus = fp.get("gpus")
-        if isinstance(gpus, list) and gpus:
-            names = sorted({str(g.get("name", "?")) for g in gpus if isinstance(g, dict)})
-            bits.append(f"{len(gpus)}× " + ", ".join(md_inline(n) for n in names))
-    lines = [" · ".join(bits)]
-    for w in run.warnings:
-        lines.append(f"> ⚠️ {md_inline(w)}")
-    return lines
+    fields = (("started", run.started), ("finished", run.finished), ("cumatrix", head.harness_version),
+              ("backend", head.backend), ("sandbox", head.sandbox))
+    bits += [f"{label} {md_inline(value)}" for label, value in fields if value]
+    chosen = chosen_by(run)
+    if chosen is not None:  # a covering plan's cells, not every cell
+        bits.append(f"cells chosen by {md_inline(chosen)}")
+    bits += _hosts_meta(run) if run.merged or run.missing_hosts else _host_meta(run)
+    return [" · ".join(bits), *(f"> ⚠️ {md_inline(w)}" for w in run.warnings)]
+
+
+def _hosts_meta(run: RunData) -> list[str]:
+    """A merge's hosts, and the planned hosts it has no run from."""
+    bits = ["hosts " + ", ".join(md_inline(h) for h in run.hosts)]
+    if run.missing_hosts:
+        bits.append("no run from " + ", ".join(md_inline(h) for h in run.missing_hosts))
+    return bits
+
+
+def _host_meta(run: RunData) -> list[str]:
+    """One host's driver and GPUs, as its fingerprint names them."""
+    fp = run.header.host_fingerprint
+    bits = [f"driver {md_inline(str(fp['driver_string']))}"] if fp.get("driver_string") else []
+    gpus = gpu_names(run)
+    if gpus is not None:
+        count, names = gpus
+        bits.append(f"{count}× " + ", ".join(md_inline(n) for n in names))
+    return bits
 
 
 def _expected(cell: CellResult) -> str:
@@ -93,27 +93,35 @@ def _mismatches(run: RunData) -> list[str]:
         return []
     out = [f"### ❌ Mismatches ({len(failed)})", ""]
     for n, cell in enumerate(failed[:_MAX_MISMATCHES_LISTED]):
-        where = f" on {md_inline(cell.host)}" if run.merged and cell.host else ""
-        out.append(
-            f"- {md_code(cell.id)}{where}: observed **{md_inline(readable(cell.outcome_label))}**, "
-            f"expected {_expected(cell)} — {md_inline(cell.mismatch or 'no reason recorded')}"
-        )
-        if cell.expected.reason:
-            out.append(f"  <br>prediction: {md_inline(cell.expected.reason)}")
-        not_used = cell.fingerprint.get("runtime_not_used")
-        if isinstance(not_used, str):  # a fact on a failed cell: it failed with a runtime not the cell's
-            out.append(f"  <br>the cell's runtime was not used: {md_inline(not_used)}")
+        out += _mismatch(run, cell)
         if cell.stderr_tail.strip() and n < _MAX_STDERR_EXCERPTS:
-            excerpt = shorten(clean(cell.stderr_tail).strip(), _STDERR_EXCERPT_CHARS)
-            # A fenced block no output can close, indented into the list item: the child's
-            # blank lines, links, images and headings stay text (an HTML <pre> ends at a
-            # blank line and lets Markdown render what follows).
-            out += ["", "  <details><summary>stderr</summary>", "", *md_fenced(excerpt, "  "), "",
-                    "  </details>", ""]
+            out += _stderr_excerpt(cell)
     if len(failed) > _MAX_MISMATCHES_LISTED:
         out.append(f"- … and {len(failed) - _MAX_MISMATCHES_LISTED} more: see results.json")
     out.append("")
     return out
+
+
+def _mismatch(run: RunData, cell: CellResult) -> list[str]:
+    """The list item of one failed cell: what it did, what was expected, and why not."""
+    where = f" on {md_inline(cell.host)}" if run.merged and cell.host else ""
+    line = (f"- {md_code(cell.id)}{where}: observed **{md_inline(readable(cell.outcome_label))}**, "
+            f"expected {_expected(cell)} — {md_inline(cell.mismatch or 'no reason recorded')}")
+    out = [line]
+    if cell.expected.reason:
+        out.append(f"  <br>prediction: {md_inline(cell.expected.reason)}")
+    not_used = cell.fingerprint.get("runtime_not_used")
+    if isinstance(not_used, str):  # a fact on a failed cell: it failed with a runtime not the cell's
+        out.append(f"  <br>the cell's runtime was not used: {md_inline(not_used)}")
+    return out
+
+
+def _stderr_excerpt(cell: CellResult) -> list[str]:
+    excerpt = shorten(clean(cell.stderr_tail).strip(), _STDERR_EXCERPT_CHARS)
+    # A fenced block no output can close, indented into the list item: the child's
+    # blank lines, links, images and headings stay text (an HTML <pre> ends at a
+    # blank line and lets Markdown render what follows).
+    return ["", "  <details><summary>stderr</summary>", "", *md_fenced(excerpt, "  "), "", "  </details>", ""]
 
 
 def _other_runtime(run: RunData) -> list[str]:
@@ -197,23 +205,29 @@ def _speed(run: RunData) -> list[str]:
         host_col = "host | " if run.merged else ""
         out.append(f"| variant | build | runtime | driver | {host_col}GB/s | p10–p90 | loop GB/s | speedup | reps |")
         out.append("|---|---|---|---|" + ("---|" if run.merged else "") + "--:|---|--:|--:|--:|")
-        for c in cells:
-            t = c.timings
-            spread = (
-                f"{_gbps(t.spread.p10)}–{_gbps(t.spread.p90)}"
-                if t.spread and t.spread.p10 is not None and t.spread.p90 is not None
-                else "—"
-            )
-            speedup = "—" if t.speedup is None else f"{t.speedup:.2f}×"
-            host = f"{md_inline(c.host or '')} | " if run.merged else ""
-            a = c.axes
-            out.append(
-                f"| {md_inline(a.get('variant', '?'))} | {md_inline(a.get('build', ''))} | {md_inline(a.get('runtime', '?'))} "
-                f"| {md_inline(a.get('driver', '?'))} | {host}{_gbps(t.gbps)} | {spread} | {_gbps(t.loop_gbps)} "
-                f"| {speedup} | {t.repetitions if t.repetitions is not None else '—'} |"
-            )
+        out += [_speed_row(run, c) for c in cells]
         out += ["", "</details>", ""]
     return out
+
+
+def _spread(t: Timings) -> str:
+    """``p10–p90`` of the repetitions, or a dash where either is unknown."""
+    if t.spread and t.spread.p10 is not None and t.spread.p90 is not None:
+        return f"{_gbps(t.spread.p10)}–{_gbps(t.spread.p90)}"
+    return "—"
+
+
+def _speed_row(run: RunData, c: CellResult) -> str:
+    """One timed cell's line of the bandwidth table."""
+    t = c.timings
+    speedup = "—" if t.speedup is None else f"{t.speedup:.2f}×"
+    host = f"{md_inline(c.host or '')} | " if run.merged else ""
+    a = c.axes
+    return (
+        f"| {md_inline(a.get('variant', '?'))} | {md_inline(a.get('build', ''))} | {md_inline(a.get('runtime', '?'))} "
+        f"| {md_inline(a.get('driver', '?'))} | {host}{_gbps(t.gbps)} | {_spread(t)} | {_gbps(t.loop_gbps)} "
+        f"| {speedup} | {t.repetitions if t.repetitions is not None else '—'} |"
+    )
 
 
 def to_markdown(run: RunData) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -35,11 +35,7 @@ def merge_runs(dirs: list[Path], *, host_names: list[str] | None = None,
     its host not-run with the reason in the warnings, after its note in ``notes`` (``{host:
     what the scheduler says of its task}``).  :class:`NothingToMerge` when no run is left.
     """
-    if not dirs:
-        raise ConfigError("merge: no run directories given")
-    if host_names is not None and len(host_names) != len(dirs):
-        raise ConfigError(f"merge: {len(host_names)} host names for {len(dirs)} run directories")
-
+    _check_arguments(dirs, host_names)
     loaded = [_load(d, host_names[i] if host_names else None) for i, d in enumerate(dirs)]
     refused = _refused(loaded, plan, submission, notes or {})
     loaded = [entry for entry in loaded if entry[2] not in refused]
@@ -47,14 +43,27 @@ def merge_runs(dirs: list[Path], *, host_names: list[str] | None = None,
         raise NothingToMerge("merge: no run to merge: " + "; ".join(f"host {h}: {why}" for h, why in refused.items()))
     _check_same_matrix(loaded)
     _check_distinct_hosts(loaded)
-    if plan is not None and plan.matrix_sha256 != loaded[0][1].header.matrix_sha256:
+    run = _combine(loaded, _plan_of(loaded, plan))
+    return replace(run, warnings=tuple(f"host {h} not-run: {why}" for h, why in refused.items()) + run.warnings)
+
+
+def _check_arguments(dirs: list[Path], host_names: list[str] | None) -> None:
+    if not dirs:
+        raise ConfigError("merge: no run directories given")
+    if host_names is not None and len(host_names) != len(dirs):
+        raise ConfigError(f"merge: {len(host_names)} host names for {len(dirs)} run directories")
+
+
+def _plan_of(loaded: list[tuple[Path, RunData, str]], plan: PlannedCells | None) -> PlannedCells | None:
+    """The plan of the merge: ``plan`` (``merge --matrix``), which must be of the matrix the runs
+    ran, else the first plan a run recorded, else none."""
+    if plan is None:
+        return next((info.plan for _, run, _ in loaded for info in run.runs if info.plan is not None), None)
+    if plan.matrix_sha256 != loaded[0][1].header.matrix_sha256:
         first_file, first, _ = loaded[0]
         raise ConfigError(f"merge: --matrix has sha256 {plan.matrix_sha256}, but {first_file} ran {first.header.matrix} "
                           f"(sha256 {first.header.matrix_sha256}): name the matrix file these runs ran")
-    if plan is None:
-        plan = next((info.plan for _, run, _ in loaded for info in run.runs if info.plan is not None), None)
-    run = _combine(loaded, plan)
-    return replace(run, warnings=tuple(f"host {h} not-run: {why}" for h, why in refused.items()) + run.warnings)
+    return plan
 
 
 class NothingToMerge(CumatrixError):
@@ -107,6 +116,27 @@ def _verify_seals(jsonl: Path, host: str) -> str | None:
     here: the warning returned says so, naming the host and the keys, for every report to show."""
     mine = recordkey.key_id()
     others: dict[str, int] = {}
+    for n, line, rec in _cell_lines(jsonl):
+        kid = rec.get(recordkey.KEY_ID_FIELD)
+        if kid == mine:
+            problem = recordkey.line_problem(line, rec)
+            if problem is not None:
+                cid = rec.get("id")
+                raise ConfigError(f"{jsonl}:{n}: the record of cell {cid!r} names this user's key, but {problem}: "
+                                  "refused; run the host's cells again")
+            continue
+        shown = _shown_key(kid)
+        others[shown] = others.get(shown, 0) + 1
+    if not others:
+        return None
+    n = sum(others.values())
+    keys = ", ".join(f"{k} ({v})" for k, v in sorted(others.items()))
+    return (f"host {host}: {n} record{'s' if n != 1 else ''} not verifiable here (sealed with key {keys}; this "
+            f"user's key is {mine}): taken as the host wrote them")
+
+
+def _cell_lines(jsonl: Path) -> Iterator[tuple[int, bytes, dict[str, object]]]:
+    """``(line number, line, record)`` of each cell record of ``jsonl``."""
     with jsonl.open("rb") as f:
         for n, raw in enumerate(f, 1):
             line = raw.rstrip(b"\n")
@@ -114,25 +144,15 @@ def _verify_seals(jsonl: Path, host: str) -> str | None:
                 rec = json.loads(line)
             except ValueError:  # a line the loader read past (a run killed mid-write): nothing to verify
                 continue
-            if not isinstance(rec, dict) or rec.get("type") != "cell":
-                continue
-            kid = rec.get(recordkey.KEY_ID_FIELD)
-            if kid == mine:
-                problem = recordkey.line_problem(line, rec)
-                if problem is not None:
-                    cid = rec.get("id")
-                    raise ConfigError(f"{jsonl}:{n}: the record of cell {cid!r} names this user's key, but {problem}: "
-                                      "refused; run the host's cells again")
-                continue
-            shown = kid if isinstance(kid, str) and recordkey.KEY_ID_RE.fullmatch(kid) else (
-                "none" if kid is None else "an unreadable key id")
-            others[shown] = others.get(shown, 0) + 1
-    if not others:
-        return None
-    n = sum(others.values())
-    keys = ", ".join(f"{k} ({v})" for k, v in sorted(others.items()))
-    return (f"host {host}: {n} record{'s' if n != 1 else ''} not verifiable here (sealed with key {keys}; this "
-            f"user's key is {mine}): taken as the host wrote them")
+            if isinstance(rec, dict) and rec.get("type") == "cell":
+                yield n, line, rec
+
+
+def _shown_key(kid: object) -> str:
+    """A record's key id as a warning names it."""
+    if kid is None:
+        return "none"
+    return kid if isinstance(kid, str) and recordkey.KEY_ID_RE.fullmatch(kid) else "an unreadable key id"
 
 
 #: A control character (C0, DEL, C1: a newline, a carriage return, a terminal escape) in a name.
@@ -199,19 +219,14 @@ def _check_distinct_hosts(loaded: list[tuple[Path, RunData, str]]) -> None:
 def _combine(loaded: list[tuple[Path, RunData, str]], plan: PlannedCells | None) -> RunData:
     runs: list[RunInfo] = []
     cells: list[CellResult] = []
-    order: dict[str, int] = {}
+    order = _planned_order(plan)
     ran: set[tuple[str, str]] = set()
     warnings: list[str] = []
     extra = []
-    for _, p in (plan.hosts if plan is not None else ()):
-        for cid in p:
-            order.setdefault(cid, len(order))
     for _, run, host in loaded:
         runs += [replace(info, host=host) for info in run.runs]
-        for cid in (c for info in run.runs for c in info.cells):
-            order.setdefault(cid, len(order))
+        _extend_order(order, run)
         for cell in run.cells:
-            order.setdefault(cell.id, len(order))
             ran.add((cell.id, host))
             cells.append(replace(cell, host=host))
         warnings += run.warnings
@@ -226,6 +241,28 @@ def _combine(loaded: list[tuple[Path, RunData, str]], plan: PlannedCells | None)
     return RunData(runs=tuple(runs), cells=tuple(cells), not_run=tuple(cid for cid, _ in not_run),
                    not_run_hosts=tuple(h for _, h in not_run), missing_hosts=tuple(missing), plan=plan,
                    warnings=tuple(warnings), extra=tuple(extra), hosts=tuple(hosts))
+
+
+def _planned_hosts(plan: PlannedCells | None) -> tuple[tuple[str | None, tuple[str, ...]], ...]:
+    """``(host, cell ids)`` of the plan; none without one."""
+    return plan.hosts if plan is not None else ()
+
+
+def _planned_order(plan: PlannedCells | None) -> dict[str, int]:
+    """``{cell id: place}``: the merged cells are ordered as the plan lists them, then as the runs do."""
+    order: dict[str, int] = {}
+    for _, ids in _planned_hosts(plan):
+        for cid in ids:
+            order.setdefault(cid, len(order))
+    return order
+
+
+def _extend_order(order: dict[str, int], run: RunData) -> None:
+    """Places for the cells ``run`` names that ``order`` has none for: its headers' cells, then its records'."""
+    for cid in (c for info in run.runs for c in info.cells):
+        order.setdefault(cid, len(order))
+    for cell in run.cells:
+        order.setdefault(cell.id, len(order))
 
 
 def _not_run_by_host(plan: PlannedCells, hosts: list[str], ran: set[tuple[str, str]],
@@ -248,6 +285,7 @@ def _not_run_anywhere(loaded: list[tuple[Path, RunData, str]], plan: PlannedCell
                       ran: set[tuple[str, str]]) -> list[tuple[str, str | None]]:
     """No hosts planned: each cell planned, or named by a run's header, that no host ran."""
     ran_ids = {cid for cid, _ in ran}
-    any_host = {cid for _, ids in (plan.hosts if plan is not None else ()) for cid in ids}
+    any_host = {cid for _, ids in _planned_hosts(plan) for cid in ids}
     headers = {c for _, run, _ in loaded for info in run.runs for c in info.cells}
-    return [(cid, None) for cid in order if cid not in ran_ids and (cid in any_host or cid in headers)]
+    wanted = any_host | headers
+    return [(cid, None) for cid in order if cid not in ran_ids and cid in wanted]

@@ -65,31 +65,46 @@ def markdown(d: Diff) -> list[str]:
     """The summary.md section."""
     out = ["### Since the last run", "", md_inline(headline(d)) + ".", ""]
     for _, title, changes in _lists(d):
-        out.append(f"**{title}** ({len(changes)}):")
-        for c in changes[:MAX_LISTED]:
-            out.append(f"- {md_code(str(c.cell))}: {md_inline(_label(c, True))} → **{md_inline(_label(c, False))}**")
-        if len(changes) > MAX_LISTED:
-            out.append(f"- … and {len(changes) - MAX_LISTED} more: see results.json `since_last_run`")
-        out.append("")
+        out += _md_changes(title, changes)
     if d.speed:
-        out.append(f"**Speed beyond run-to-run noise** ({len(d.speed)}; median and noise of up to {d.window} runs):")
-        for s in d.speed[:MAX_LISTED]:
-            change = f" ({s.after / s.median - 1:+.1%})" if s.median else ""
-            out.append(f"- {md_code(str(s.cell))}: {s.metric} {s.after:.4g}, median {s.median:.4g} ± {s.noise:.2g}"
-                       f"{change}")
-        out.append("")
+        out += _md_speed(d)
     if d.flaky:
         out.append(f"**Flaky** ({len(d.flaky)}; outcome flipped twice or more in the last {d.window} runs):")
-        for f in d.flaky[:MAX_LISTED]:
-            out.append(f"- {md_code(str(f.cell))}: {f.flips} flips ({md_inline(' → '.join(f.outcomes))})")
+        out += [f"- {md_code(str(f.cell))}: {f.flips} flips ({md_inline(' → '.join(f.outcomes))})"
+                for f in d.flaky[:MAX_LISTED]]
         out.append("")
     if d.newly_untested:
-        out.append(f"**Newly untested** ({len(d.newly_untested)}; tested in no run of the last {d.window}, "
-                   "on any host):")
-        out += [f"- {md_code(c)}" for c in d.newly_untested[:MAX_LISTED]]
-        if len(d.newly_untested) > MAX_LISTED:
-            out.append(f"- … and {len(d.newly_untested) - MAX_LISTED} more: see results.json `since_last_run`")
-        out.append("")
+        out += _md_untested(d)
+    return out
+
+
+def _md_changes(title: str, changes: tuple[Change, ...]) -> list[str]:
+    """One list of changed outcomes: each cell's outcome before and after."""
+    out = [f"**{title}** ({len(changes)}):"]
+    out += [f"- {md_code(str(c.cell))}: {md_inline(_label(c, True))} → **{md_inline(_label(c, False))}**"
+            for c in changes[:MAX_LISTED]]
+    if len(changes) > MAX_LISTED:
+        out.append(f"- … and {len(changes) - MAX_LISTED} more: see results.json `since_last_run`")
+    out.append("")
+    return out
+
+
+def _md_speed(d: Diff) -> list[str]:
+    out = [f"**Speed beyond run-to-run noise** ({len(d.speed)}; median and noise of up to {d.window} runs):"]
+    for s in d.speed[:MAX_LISTED]:
+        change = f" ({s.after / s.median - 1:+.1%})" if s.median else ""
+        out.append(f"- {md_code(str(s.cell))}: {s.metric} {s.after:.4g}, median {s.median:.4g} ± {s.noise:.2g}"
+                   f"{change}")
+    out.append("")
+    return out
+
+
+def _md_untested(d: Diff) -> list[str]:
+    out = [f"**Newly untested** ({len(d.newly_untested)}; tested in no run of the last {d.window}, on any host):"]
+    out += [f"- {md_code(c)}" for c in d.newly_untested[:MAX_LISTED]]
+    if len(d.newly_untested) > MAX_LISTED:
+        out.append(f"- … and {len(d.newly_untested) - MAX_LISTED} more: see results.json `since_last_run`")
+    out.append("")
     return out
 
 
@@ -131,23 +146,30 @@ def sparkline(points: Sequence[tuple[int, float]], title: str) -> Markup:
 
 def html_data(d: Diff) -> dict[str, object]:
     """What the page's "since the last run" section shows (the template escapes every text)."""
-    lists = [{"title": title, "n": len(changes), "more": max(0, len(changes) - MAX_LISTED),
-              "attention": name == "new_failures",
-              "entries": [(clean(str(c.cell)), clean(_label(c, True)), clean(_label(c, False)))
-                        for c in changes[:MAX_LISTED]]}
-             for name, title, changes in _lists(d)]
+    lists = [_html_changes(name, title, changes) for name, title, changes in _lists(d)]
     speed = [(clean(str(s.cell)), s.metric, f"{s.after:.4g}", f"{s.median:.4g} ± {s.noise:.2g}",
               f"{s.after / s.median - 1:+.1%}" if s.median else "") for s in d.speed[:MAX_LISTED]]
     flaky = [(clean(str(f.cell)), f.flips, " → ".join(clean(o) for o in f.outcomes)) for f in d.flaky[:MAX_LISTED]]
-    moved = {s.cell for s in d.speed}
-    # the diff chose the cells (moved first) and the runs; drawn in that order
-    plots = [{"cell": clean(str(k)), "svg": sparkline(pts, clean(str(k))), "last": f"{pts[-1][1]:.3g}",
-              "range": f"{min(v for _, v in pts):.3g}–{max(v for _, v in pts):.3g}", "n": len(pts),
-              "moved": k in moved}
-             for k, pts in (d.trends or {}).items() if len(pts) >= 2]
     if d.newly_untested:
         lists.append({"title": f"Newly untested (in no run of the last {d.window})", "n": len(d.newly_untested),
                       "more": max(0, len(d.newly_untested) - MAX_LISTED), "attention": False,
                       "entries": [(clean(c), "tested", "untested") for c in d.newly_untested[:MAX_LISTED]]})
     return {"headline": headline(d), "lists": lists, "speed": speed, "flaky": flaky, "window": d.window,
-            "trends": plots, "trends_more": d.trends_left_out}
+            "trends": _html_trends(d), "trends_more": d.trends_left_out}
+
+
+def _html_changes(name: str, title: str, changes: tuple[Change, ...]) -> dict[str, object]:
+    return {"title": title, "n": len(changes), "more": max(0, len(changes) - MAX_LISTED),
+            "attention": name == "new_failures",
+            "entries": [(clean(str(c.cell)), clean(_label(c, True)), clean(_label(c, False)))
+                        for c in changes[:MAX_LISTED]]}
+
+
+def _html_trends(d: Diff) -> list[dict[str, object]]:
+    """A sparkline per cell of two or more stored points."""
+    moved = {s.cell for s in d.speed}
+    # the diff chose the cells (moved first) and the runs; drawn in that order
+    return [{"cell": clean(str(k)), "svg": sparkline(pts, clean(str(k))), "last": f"{pts[-1][1]:.3g}",
+             "range": f"{min(v for _, v in pts):.3g}–{max(v for _, v in pts):.3g}", "n": len(pts),
+             "moved": k in moved}
+            for k, pts in (d.trends or {}).items() if len(pts) >= 2]

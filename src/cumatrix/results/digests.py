@@ -59,16 +59,7 @@ def _digest(matrix: Matrix, cell: Cell, harness_version: str, shared: dict[tuple
     """:func:`cell_digest`, with the runtime and driver entries (the same for many cells) in ``shared``."""
     rkey, dkey = ("runtime", cell.runtime), ("driver", cell.driver)
     if rkey not in shared:
-        runtime = None if cell.runtime == NO_RUNTIME else matrix.runtime(cell.runtime)
-        entry = _plain(dataclasses.replace(runtime, where="")) if runtime is not None else None
-        if runtime is not None and runtime.requirement:
-            # The wheel's bytes, not only its name and version: a wheel rebuilt or replaced
-            # under the same name is another input.
-            entry = {"entry": entry, "wheel_sha256": wheel_sha256(runtime.requirement, wheel_dir)}
-        elif runtime is not None and runtime.requirements:
-            # An environment runtime: keyed by the bytes of the wheels it resolves to.
-            entry = {"entry": entry, "environment": _environment_key(runtime.requirements, wheel_dir)}
-        shared[rkey] = dumps(entry)
+        shared[rkey] = dumps(_runtime_entry(matrix, cell, wheel_dir))
     if dkey not in shared:
         shared[dkey] = dumps(_plain(matrix.driver(cell.driver)))
     expect = [{"select": list(ov.selector.values), "outcomes": sorted(ov.outcomes), "reason": ov.reason}
@@ -79,6 +70,23 @@ def _digest(matrix: Matrix, cell: Cell, harness_version: str, shared: dict[tuple
             f'"harness":{dumps(harness_version)},"headers":{dumps(_headers_source(matrix, cell))},'
             f'"runtime":{shared[rkey]}}}')
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _runtime_entry(matrix: Matrix, cell: Cell, wheel_dir: Path | None) -> Any:
+    """The cell's runtime entry as its digest sees it (its place in the file left out), with the
+    bytes of the wheels it comes from; ``None`` for a cell that loads no runtime."""
+    if cell.runtime == NO_RUNTIME:
+        return None
+    runtime = matrix.runtime(cell.runtime)
+    entry = _plain(dataclasses.replace(runtime, where=""))
+    if runtime.requirement:
+        # The wheel's bytes, not only its name and version: a wheel rebuilt or replaced
+        # under the same name is another input.
+        return {"entry": entry, "wheel_sha256": wheel_sha256(runtime.requirement, wheel_dir)}
+    if runtime.requirements:
+        # An environment runtime: keyed by the bytes of the wheels it resolves to.
+        return {"entry": entry, "environment": _environment_key(runtime.requirements, wheel_dir)}
+    return entry
 
 
 def _plain(value: Any) -> Any:

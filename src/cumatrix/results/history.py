@@ -58,17 +58,6 @@ class _HeaderToStore(Protocol):
     def selection(self) -> Selection | None: ...
 
 
-class _CountsToStore(Protocol):
-    @property
-    def passed(self) -> int: ...
-    @property
-    def failed(self) -> int: ...
-    @property
-    def skipped(self) -> int: ...
-    @property
-    def not_run(self) -> int: ...
-
-
 class RunToStore(Protocol):
     """What :meth:`History.append` reads of a run: :class:`cumatrix.results.records.RunData`
     has it all.  A protocol, not that class, because the records module names a history diff
@@ -77,8 +66,6 @@ class RunToStore(Protocol):
 
     @property
     def header(self) -> _HeaderToStore: ...
-    @property
-    def counts(self) -> _CountsToStore: ...
     @property
     def hosts(self) -> tuple[str, ...]: ...
     @property
@@ -371,10 +358,10 @@ class History:
         ``series``: the digest that keys the run's series (default: its matrix's sha256); the
         gate keys each wheel's runs apart, so one wheel's cells are never another's history."""
         head = run.header
-        c = run.counts
         host = ", ".join(run.hosts) if run.merged else (head.host or str(head.host_fingerprint.get("hostname") or ""))
         now = recorded or datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         rows = _rows_of(run)
+        passed, failed, skipped, not_run = _counts(rows)
         with self._write():
             cur = self.conn.execute(
                 "INSERT INTO runs(run_uid, kind, recorded, started, finished, matrix, digest, host, fingerprint, "
@@ -382,7 +369,7 @@ class History:
                 "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                 (head.run_id, kind, now, run.started, run.finished, head.matrix, series or head.matrix_sha256, host,
                  json.dumps(dict(head.host_fingerprint), sort_keys=True, default=str), head.harness_version, commit,
-                 run.verdict, c.passed, c.failed, c.skipped, c.not_run,
+                 run.verdict, passed, failed, skipped, not_run,
                  json.dumps(head.selection.to_json(), sort_keys=True) if head.selection is not None else None))
             run_id = int(cur.lastrowid or 0)
             self._insert_results(run_id, head.matrix_sha256, rows)
@@ -394,24 +381,28 @@ class History:
         cell_ids = self._ids_of_cells([(k, kind_) for k, kind_, _ in rows])
         labels = {cell.outcome_label if cell else NOT_RUN for _, _, cell in rows}
         outcome_ids = self._ids_of_outcomes(labels)
-        prev = self.conn.execute("SELECT max(id) FROM runs WHERE digest = ? AND id < ?",
-                                 (digest, run_id)).fetchone()[0]
-        before = {c: (s, o) for c, s, o in self.conn.execute(
-            "SELECT cell, status, outcome FROM results WHERE run = ?", (prev,))} if prev is not None else {}
+        before = self._previous_outcomes(run_id, digest)
         results = []
         records = []
         for key, _, cell in rows:
             cid = cell_ids[key]
             status = STATUS_CODES[cell.status] if cell else STATUS_CODES[NOT_RUN]
             outcome = outcome_ids[cell.outcome_label if cell else NOT_RUN]
-            t = cell.timings if cell else None
-            results.append((run_id, cid, status, outcome, t.gbps if t else None, t.speedup if t else None))
+            results.append((run_id, cid, status, outcome, *_speed_of(cell)))
             if _keeps_record(cell, before.get(cid), (status, outcome)):
                 assert cell is not None  # _keeps_record is false without one
-                body = json.dumps(cell.to_json(), sort_keys=True, separators=(",", ":"), default=str)
-                records.append((run_id, cid, zlib.compress(body.encode("utf-8"), 6)))
+                records.append((run_id, cid, _compressed(cell)))
         self.conn.executemany("INSERT OR REPLACE INTO results VALUES (?,?,?,?,?,?)", results)
         self.conn.executemany("INSERT OR REPLACE INTO records VALUES (?,?,?)", records)
+
+    def _previous_outcomes(self, run_id: int, digest: str) -> dict[int, tuple[int, int]]:
+        """``{cell: (status, outcome)}`` of the run of ``digest`` stored before ``run_id``."""
+        prev = self.conn.execute("SELECT max(id) FROM runs WHERE digest = ? AND id < ?",
+                                 (digest, run_id)).fetchone()[0]
+        if prev is None:
+            return {}
+        return {c: (s, o) for c, s, o in self.conn.execute(
+            "SELECT cell, status, outcome FROM results WHERE run = ?", (prev,))}
 
     def _ids_of_cells(self, keys: Sequence[tuple[CellKey, str]]) -> dict[CellKey, int]:
         known = {CellKey(name=n, host=h): i for i, n, h in self.conn.execute("SELECT id, name, host FROM cells")}
@@ -559,6 +550,25 @@ def _rows_of(run: RunToStore) -> list[tuple[CellKey, str, CellRecord | None]]:
     for name, where in run.not_run_where():
         rows.append((CellKey(name=name, host=(where or "") if run.merged else ""), _kind_of(name), None))
     return rows
+
+
+def _counts(rows: Sequence[tuple[CellKey, str, CellRecord | None]]) -> tuple[int, int, int, int]:
+    """``(passed, failed, skipped, not run)`` of the rows stored: the run's own counts (every
+    skipped cell, whether a process of it ran or not), counted from what the history keeps."""
+    statuses = [cell.status if cell else NOT_RUN for _, _, cell in rows]
+    return statuses.count("pass"), statuses.count("fail"), statuses.count("skip"), statuses.count(NOT_RUN)
+
+
+def _speed_of(cell: CellRecord | None) -> tuple[float | None, float | None]:
+    """``(GB/s, speedup)`` of a cell's timings, each ``None`` where not measured or not run."""
+    t = cell.timings if cell else None
+    return (t.gbps if t else None, t.speedup if t else None)
+
+
+def _compressed(cell: CellRecord) -> bytes:
+    """A cell's whole record as the ``records`` table keeps it: sorted compact JSON, zlib."""
+    body = json.dumps(cell.to_json(), sort_keys=True, separators=(",", ":"), default=str)
+    return zlib.compress(body.encode("utf-8"), 6)
 
 
 def _keeps_record(cell: CellRecord | None, was: tuple[int, int] | None, now: tuple[int, int]) -> bool:

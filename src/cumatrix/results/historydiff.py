@@ -159,10 +159,18 @@ def _label(r: Result | None) -> str:
 
 def classify(before: Result | None, after: Result | None) -> str | None:
     """The list a cell's change belongs in (see the module's text), or None: unchanged."""
-    sb = before.status if before else NOT_RUN
-    sa = after.status if after else NOT_RUN
+    sb, sa = _status(before), _status(after)
     if sb == sa and _label(before) == _label(after):
         return None
+    return _list_of(sb, sa)
+
+
+def _status(r: Result | None) -> str:
+    return r.status if r else NOT_RUN
+
+
+def _list_of(sb: str, sa: str) -> str:
+    """The list of a cell whose status went from ``sb`` to ``sa`` (or whose outcome changed)."""
     if sa == "fail" and sb != "fail":
         return "new_failures"
     if sb == "fail" and sa == "pass":
@@ -227,17 +235,20 @@ def diff(hist: History, a: StoredRun, b: StoredRun, *, window: int = DEFAULT_WIN
     lists = _changes(ra, rb, keys, labels)
     speed = _speed(hist, before_a, ra, rb, keys)
     flaky = _flaky(hist, span, keys, labels)
-    trend, left_out = None, 0
-    if trends:
-        moved = keys.numbers(s.cell for s in speed)
-        trend, left_out = _trends(hist, [r.id for r in hist.runs(digest=b.digest, upto=b.id,
-                                                                   limit=max(window, TREND_RUNS))],
-                                  rb, keys, first=[cid for cid in rb if cid in moved])
+    trend, left_out = _trends_of(hist, b, window, rb, keys, speed) if trends else (None, 0)
     # A cell becomes untested when the window up to B (of the same length) no longer holds a
     # run that tested it, where the window up to A did.
     untested = (tuple(sorted(tested_in(hist, before_a) - tested_in(hist, span))) if a.digest == b.digest else ())
     return Diff(a=a, b=b, window=window, **{k: tuple(v) for k, v in lists.items()}, speed=tuple(speed),
                 flaky=tuple(flaky), trends=trend, trends_left_out=left_out, newly_untested=untested)
+
+
+def _trends_of(hist: History, b: StoredRun, window: int, rb: Mapping[int, Row], keys: CellKeys,
+               speed: Sequence[SpeedMove]) -> tuple[dict[CellKey, tuple[tuple[int, float], ...]], int]:
+    """:func:`_trends` over the last runs of B's matrix, the cells whose speed moved first."""
+    moved = keys.numbers(s.cell for s in speed)
+    return _trends(hist, [r.id for r in hist.runs(digest=b.digest, upto=b.id, limit=max(window, TREND_RUNS))],
+                   rb, keys, first=[cid for cid in rb if cid in moved])
 
 
 def _changes(ra: Mapping[int, Row], rb: Mapping[int, Row], keys: CellKeys,
@@ -288,10 +299,29 @@ def _speed(hist: History, runs: Sequence[int], ra: Mapping[int, Row], rb: Mappin
            keys: Mapping[int, CellKey]) -> list[SpeedMove]:
     """Cells of B (passed) whose GB/s or speedup lies beyond the noise of their earlier values."""
     passed = STATUS_CODES["pass"]
+    earlier = _earlier_values(hist, runs)
+    out = []
+    for cid, row in rb.items():
+        if row[1] != passed or cid not in earlier:
+            continue
+        for col, metric, values in ((3, "gbps", earlier[cid][0]), (4, "speedup", earlier[cid][1])):
+            value = row[col]
+            moved = _moved(value, values) if value is not None else None
+            if value is not None and moved is not None:
+                before = ra.get(cid)
+                m, noise = moved
+                out.append(SpeedMove(cell=keys[cid], metric=metric, before=before[col] if before else None,
+                                     after=value, median=m, noise=noise, samples=len(values)))
+    return out
+
+
+def _earlier_values(hist: History, runs: Sequence[int]) -> dict[int, tuple[list[float], list[float]]]:
+    """``{cell: (GB/s values, speedups)}`` of the passed cells of ``runs`` that measured either."""
     earlier: dict[int, tuple[list[float], list[float]]] = {}
     for rid in runs:
         for cid, g, sp in hist.conn.execute("SELECT cell, gbps, speedup FROM results WHERE run = ? AND status = ? "
-                                            "AND (gbps IS NOT NULL OR speedup IS NOT NULL)", (rid, passed)):
+                                            "AND (gbps IS NOT NULL OR speedup IS NOT NULL)",
+                                            (rid, STATUS_CODES["pass"])):
             lists = earlier.get(cid)
             if lists is None:
                 lists = earlier[cid] = ([], [])
@@ -299,25 +329,23 @@ def _speed(hist: History, runs: Sequence[int], ra: Mapping[int, Row], rb: Mappin
                 lists[0].append(g)
             if sp is not None:
                 lists[1].append(sp)
-    out = []
-    for cid, row in rb.items():
-        if row[1] != passed or cid not in earlier:
-            continue
-        for col, metric, values in ((3, "gbps", earlier[cid][0]), (4, "speedup", earlier[cid][1])):
-            value = row[col]
-            n = len(values)
-            if value is None or n < MIN_SAMPLES:
-                continue
-            values.sort()
-            m = values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
-            if abs(value - m) <= NOISE_K * NOISE_FLOOR * abs(m):
-                continue  # within the floor: not moved whatever the spread (the common case, no MAD needed)
-            m, noise = noise_of(values)
-            if noise > 0 and abs(value - m) > NOISE_K * noise:
-                before = ra.get(cid)
-                out.append(SpeedMove(cell=keys[cid], metric=metric, before=before[col] if before else None,
-                                     after=value, median=m, noise=noise, samples=n))
-    return out
+    return earlier
+
+
+def _moved(value: float, values: list[float]) -> tuple[float, float] | None:
+    """``(median, noise)`` of the earlier ``values`` (sorted here) where ``value`` lies beyond
+    that noise, else ``None`` (too few samples, or within the noise)."""
+    n = len(values)
+    if n < MIN_SAMPLES:
+        return None
+    values.sort()
+    m = values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+    if abs(value - m) <= NOISE_K * NOISE_FLOOR * abs(m):
+        return None  # within the floor: not moved whatever the spread (the common case, no MAD needed)
+    m, noise = noise_of(values)
+    if noise > 0 and abs(value - m) > NOISE_K * noise:
+        return m, noise
+    return None
 
 
 def _trends(hist: History, span: Sequence[int], rb: Mapping[int, Row],
@@ -325,8 +353,7 @@ def _trends(hist: History, span: Sequence[int], rb: Mapping[int, Row],
             first: Sequence[int]) -> tuple[dict[CellKey, tuple[tuple[int, float], ...]], int]:
     """GB/s over the runs of ``span`` (oldest first) of up to :data:`TREND_CELLS` swap cells
     of B (``first``, then the others in B's order), and how many more there are."""
-    swap = {cid for (cid,) in hist.conn.execute("SELECT id FROM cells WHERE kind = 'swap'")}
-    chosen = list(dict.fromkeys([*first, *(cid for cid in rb if cid in swap and rb[cid][3] is not None)]))
+    chosen = _trend_cells(hist, rb, first)
     left_out = max(0, len(chosen) - TREND_CELLS)
     chosen = chosen[:TREND_CELLS]
     points: dict[int, list[tuple[int, float]]] = {cid: [] for cid in chosen}
@@ -339,6 +366,12 @@ def _trends(hist: History, span: Sequence[int], rb: Mapping[int, Row],
     return {keys[cid]: tuple(pts) for cid, pts in points.items() if pts}, left_out
 
 
+def _trend_cells(hist: History, rb: Mapping[int, Row], first: Sequence[int]) -> list[int]:
+    """``first``, then B's swap cells that measured GB/s, in B's order, each once."""
+    swap = {cid for (cid,) in hist.conn.execute("SELECT id FROM cells WHERE kind = 'swap'")}
+    return list(dict.fromkeys([*first, *(cid for cid in rb if cid in swap and rb[cid][3] is not None)]))
+
+
 def to_text(d: Diff) -> str:
     """``cumatrix diff`` as a person reads it."""
     a, b = d.a, d.b
@@ -346,26 +379,47 @@ def to_text(d: Diff) -> str:
               f"{a.started or a.recorded}), matrix {one_line(b.matrix)}")]
     if a.digest != b.digest:
         lines.append(f"note: the runs are of different matrices (sha256 {a.digest[:12]} and {b.digest[:12]})")
-    titles = {"new_failures": "new failures", "fixed": "fixed", "changed": "changed outcomes",
-              "newly_skipped": "newly skipped", "newly_not_run": "newly not run"}
-    for name in LISTS:
-        changes = getattr(d, name)
-        if changes:
-            lines.append(f"{titles[name]} ({len(changes)}):")
-            lines += [f"  {one_line(str(c.cell))}: {one_line(_label(c.before))} -> {one_line(_label(c.after))}"
-                      for c in changes]
+    lines += _text_changes(d)
     if d.speed:
         lines.append(f"speed beyond noise ({len(d.speed)}; noise from up to {d.window} runs):")
-        for s in d.speed:
-            lines.append(f"  {one_line(str(s.cell))}: {s.metric} {s.after:.4g} (median {s.median:.4g} +- {s.noise:.2g}, "
-                         f"{s.after / s.median - 1:+.1%})" if s.median else f"  {one_line(str(s.cell))}: {s.metric} {s.after:.4g}")
+        lines += [_text_speed(s) for s in d.speed]
+    lines += _text_flaky_untested(d)
+    if d.empty:
+        lines.append("no change")
+    return "\n".join(lines) + "\n"
+
+
+def _text_flaky_untested(d: Diff) -> list[str]:
+    """The flaky cells and the newly untested ones, a cell a line."""
+    lines = []
     if d.flaky:
         lines.append(f"flaky ({len(d.flaky)}; outcome flipped {FLAKY_FLIPS}+ times in the last {d.window} runs):")
         lines += [f"  {one_line(str(f.cell))}: {f.flips} flips ({one_line(' '.join(f.outcomes))})" for f in d.flaky]
     if d.newly_untested:
         lines.append(f"newly untested ({len(d.newly_untested)}; tested in no run of the last {d.window} up to "
-                     f"#{b.id}, on any host):")
+                     f"#{d.b.id}, on any host):")
         lines += [f"  {one_line(str(c))}" for c in d.newly_untested]
-    if d.empty:
-        lines.append("no change")
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+_TEXT_TITLES = {"new_failures": "new failures", "fixed": "fixed", "changed": "changed outcomes",
+                "newly_skipped": "newly skipped", "newly_not_run": "newly not run"}
+
+
+def _text_changes(d: Diff) -> list[str]:
+    """Each non-empty list of changed outcomes, a cell a line."""
+    lines = []
+    for name in LISTS:
+        changes = getattr(d, name)
+        if changes:
+            lines.append(f"{_TEXT_TITLES[name]} ({len(changes)}):")
+            lines += [f"  {one_line(str(c.cell))}: {one_line(_label(c.before))} -> {one_line(_label(c.after))}"
+                      for c in changes]
+    return lines
+
+
+def _text_speed(s: SpeedMove) -> str:
+    if not s.median:
+        return f"  {one_line(str(s.cell))}: {s.metric} {s.after:.4g}"
+    return (f"  {one_line(str(s.cell))}: {s.metric} {s.after:.4g} (median {s.median:.4g} +- {s.noise:.2g}, "
+            f"{s.after / s.median - 1:+.1%})")

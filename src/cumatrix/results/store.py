@@ -176,6 +176,14 @@ class _Reader:
         self.unsigned = sorted(cid for cid in same if not recordkey.signed(self.latest[cid][1]))
         return same - set(self.unsigned)
 
+    def seals(self, reuse: set[str]) -> dict[str, str]:
+        """``{cell id: seal}`` of the records kept."""
+        return {cid: str(self.latest[cid][1][recordkey.FIELD]) for cid in reuse}
+
+    def changed(self, reuse: set[str]) -> tuple[str, ...]:
+        """The cells with a record that is not kept, though signed: their inputs changed."""
+        return tuple(cid for cid in self.latest if cid not in reuse and cid not in self.unsigned)
+
     def compacted(self, reuse: set[str]) -> list[dict[str, Any]]:
         for cid, (g, rec) in self.latest.items():
             if cid in reuse:
@@ -384,8 +392,8 @@ class Store:
         reader = _Reader(digests)
         reader.read(raw)
         reuse = reader.reusable()
-        self.sealed.update({cid: str(reader.latest[cid][1][recordkey.FIELD]) for cid in reuse})
-        changed = tuple(cid for cid in reader.latest if cid not in reuse and cid not in reader.unsigned)
+        self.sealed.update(reader.seals(reuse))
+        changed = reader.changed(reuse)
         kept = reader.compacted(reuse)
         text = "".join(dumps(r) + "\n" for r in kept).encode()
         warnings = self._resume_warnings(reader.foreign, changed, reader.unsigned)

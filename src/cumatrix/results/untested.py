@@ -159,12 +159,8 @@ def find(hist: History, *, digest: str | None = None, universe: Sequence[str] | 
     """The cells of matrix ``digest`` (default: the newest run's) that no run of the window
     tested (see the module's text).  ``universe``: every cell id of the matrix (from its file);
     without it, the cells the window's runs hold."""
-    if digest is None:  # the newest run of a matrix (a gate's series is its wheels')
-        row = hist.conn.execute("SELECT digest FROM runs WHERE kind IN ('run', 'merge') AND id <= ? "
-                                "ORDER BY id DESC LIMIT 1", (upto if upto is not None else 2**62,)).fetchone()
-        if row is None:
-            raise HistoryError(f"{hist.path}: the history holds no run of a matrix yet")
-        digest = str(row[0])
+    if digest is None:
+        digest = _newest_digest(hist, upto)
     span = window(hist, digest, runs=runs, days=days, upto=upto)
     if not span:
         raise HistoryError(f"{hist.path}: no run of this matrix (sha256 {digest[:12]}) in the history")
@@ -172,15 +168,31 @@ def find(hist: History, *, digest: str | None = None, universe: Sequence[str] | 
     seen, tested, since = _read_window(hist, [r.id for r in span], names)
     every = list(dict.fromkeys(universe)) if universe is not None else sorted(seen)
     rotation, nights = _rotation(span)
-    pending: list[str] = []
-    if rotation is not None and rotation.rotate is not None and nights < rotation.rotate:
-        pending = [n for n in every if n not in tested and n not in seen]
+    pending = _pending(every, seen, tested, rotation, nights)
     pend = set(pending)
     missed = [n for n in every if n not in tested and n not in pend]
     cells = _details(hist, digest, span, names, missed, since)
     return Untested(matrix=matrix or span[-1].matrix, digest=digest, runs=tuple(span), total=len(every),
                     cells=cells, values=_values(every, tested, pend), pending=tuple(pending), rotation=rotation,
                     nights_seen=nights)
+
+
+def _newest_digest(hist: History, upto: int | None) -> str:
+    """The matrix digest of the newest run (up to ``upto``) of a matrix (a gate's series is its wheels')."""
+    row = hist.conn.execute("SELECT digest FROM runs WHERE kind IN ('run', 'merge') AND id <= ? "
+                            "ORDER BY id DESC LIMIT 1", (upto if upto is not None else 2**62,)).fetchone()
+    if row is None:
+        raise HistoryError(f"{hist.path}: the history holds no run of a matrix yet")
+    return str(row[0])
+
+
+def _pending(every: Sequence[str], seen: set[str], tested: set[str], rotation: Selection | None,
+             nights: int) -> list[str]:
+    """The cells a rotation has not reached yet: in no run of the window while the window holds
+    fewer of its nights than the rotation has (none without a rotation)."""
+    if rotation is None or rotation.rotate is None or nights >= rotation.rotate:
+        return []
+    return [n for n in every if n not in tested and n not in seen]
 
 
 def _read_window(hist: History, ids: Sequence[int],
@@ -257,11 +269,15 @@ def _last_tests(hist: History, digest: str, before: int, names: dict[int, str],
                 f"SELECT cell, max(run), outcome FROM results WHERE run IN ({run_marks}) "
                 f"AND cell IN ({','.join('?' * len(part))}) AND status IN ({_TESTED[0]}, {_TESTED[1]}) "
                 "GROUP BY cell", [*runs, *part]):
-            n, r = names[cid], runs[rid]
+            n = names[cid]
             if n not in found or rid > found[n].run:
-                found[n] = LastTest(run=rid, when=r.started or r.recorded, host=hosts[cid] or r.host,
-                                    outcome=labels[outcome])
+                found[n] = _last_test(runs[rid], hosts[cid], labels[outcome])
     return found
+
+
+def _last_test(r: StoredRun, host: str, outcome: str) -> LastTest:
+    """A cell's test in stored run ``r``: on its own host (a merge's), else the run's."""
+    return LastTest(run=r.id, when=r.started or r.recorded, host=host or r.host, outcome=outcome)
 
 
 def _values(every: Sequence[str], tested: set[str], pending: set[str]) -> tuple[AxisValue, ...]:
