@@ -179,6 +179,12 @@ for k in kids:
 """
 
 
+def fields(out: str) -> dict[str, str]:
+    """``"native -38 x32 -38"`` -> ``{"native": "-38", "x32": "-38"}`` (what :data:`KEY_ROADS` prints)."""
+    words = out.split()
+    return dict(zip(words[::2], words[1::2], strict=True))
+
+
 def cell(code: str, *args: str, flag: Path | None = None) -> Job:
     return Job(cell_id="k", kind="command", timeout=60, argv=(PY, "-c", code, *args),
                writable=(str(flag),) if flag else ())

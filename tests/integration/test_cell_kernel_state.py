@@ -30,6 +30,7 @@ from typing import Any
 
 import pytest
 
+from helpers.kernel_state import fields
 from helpers.sandbox import require_bwrap
 from helpers.users import local_user
 
@@ -96,17 +97,17 @@ def test_no_key_a_cell_stores_is_found_by_a_later_cell_or_the_harness(harness: s
 
 def test_no_abi_of_the_kernel_lets_a_cell_reach_a_keyring(harness: str) -> None:
     got = attack("key-roads", harness)
-    host = dict(zip(*[iter(str(got["unsandboxed"]["out"]).split())] * 2))
+    host = fields(str(got["unsandboxed"]["out"]))
     assert int(host["native"]) > 0, got  # the road exists here: the user keyring's serial number
     for side in ("first", "second"):
-        cell = dict(zip(*[iter(str(got[side]["out"]).split())] * 2))
+        cell = fields(str(got[side]["out"]))
         assert cell["native"] == str(ENOSYS), got
         # x32's numbers and i386's int 0x80 are refused too where the kernel runs them at all
         # (a kernel without them answers ENOSYS, or ends an int 0x80 with a signal).
         for road in ("x32", "i386"):
             # Refused by the filter, or (int 0x80 where the kernel has no ia32 emulation) ended
             # with a signal in the cell as outside it.
-            assert cell[road] == str(ENOSYS) or cell[road].startswith("signal") and host[road].startswith("signal"), \
+            assert cell[road] == str(ENOSYS) or (cell[road].startswith("signal") and host[road].startswith("signal")), \
                 (road, got)
     opened = [road for road in ("x32", "i386") if host[road].isdigit() and int(host[road]) > 0]
     print("roads the kernel runs unsandboxed:", ["native", *opened])

@@ -30,7 +30,7 @@ from cumatrix.core.model import Runtime
 from cumatrix.execute.local import run_local
 from cumatrix.judge.classify import classify
 from cumatrix.provision import runtimes
-from helpers.kernel_state import KEY_ROADS
+from helpers.kernel_state import KEY_ROADS, fields
 from helpers.sandbox import CONNECT, socket_under_run
 
 pytestmark = pytest.mark.docker
@@ -225,7 +225,7 @@ def test_no_abi_of_the_kernel_lets_a_container_cell_reach_a_keyring(backend: obj
     # default seccomp profile (which the backend keeps) refuses the three key calls by every ABI.
     res = backend.run_job(_job("keys", "python3", "-c", KEY_ROADS))  # type: ignore[attr-defined]
     assert res.returncode == 0, res.stderr_tail
-    got = dict(zip(*[iter(res.stdout_tail.split())] * 2))
+    got = fields(res.stdout_tail)
     assert got["native"] in ("-1", "-38"), got  # EPERM (docker's profile) or ENOSYS
     for road in ("x32", "i386"):
         assert got[road] in ("-1", "-38") or got[road].startswith("signal"), (road, got)
