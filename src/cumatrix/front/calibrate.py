@@ -348,15 +348,21 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _print_measured(measurements: list[dict[str, Any]], rows: list[CalibrationRow]) -> None:
-    """The measured GB/s per (direction, block size, blocks) and path, with the path chosen."""
-    print(f"{'dir':4} {'block':>8} {'blocks':>6}  " + "  ".join(f"{p:>8}" for p in PATHS) + "  best")
+def _best_gbps(measurements: list[dict[str, Any]]) -> dict[tuple[str, int, int], dict[str, float | None]]:
+    """Per (direction, block size, blocks): each path's best GB/s, None where it never measured."""
     by_key: dict[tuple[str, int, int], dict[str, float | None]] = {}
     for m in measurements:
         vals = by_key.setdefault((m["direction"], m["block_bytes"], m["blocks"]), {})
         if m["gbps"] is not None and (vals.get(m["policy"]) or 0.0) < m["gbps"]:
             vals[m["policy"]] = m["gbps"]  # the batch's best fan-out
         vals.setdefault(m["policy"], None)
+    return by_key
+
+
+def _print_measured(measurements: list[dict[str, Any]], rows: list[CalibrationRow]) -> None:
+    """The measured GB/s per (direction, block size, blocks) and path, with the path chosen."""
+    print(f"{'dir':4} {'block':>8} {'blocks':>6}  " + "  ".join(f"{p:>8}" for p in PATHS) + "  best")
+    by_key = _best_gbps(measurements)
     best = {(r.direction, r.block_bytes, r.blocks): f"{r.path} ({r.streams} streams)" if r.path == "batch" else r.path
             for r in rows}
     for key, vals in by_key.items():

@@ -73,17 +73,22 @@ def _requirement_problem(req_text: str, wheel_dir: Path | None) -> str | None:
         return f"not a requirement ({e})"
     if req.marker is not None and not req.marker.evaluate({"extra": ""}):
         return None  # not installed for this interpreter (see the module's docstring)
-    spec = f" {req.specifier}" if req.specifier else ""
     if wheel_dir is not None:
         return None if satisfied(req, dir_versions(wheel_dir, req.name)) else f"no matching wheel in {wheel_dir}"
+    return _index_problem(req)
+
+
+def _index_problem(req: Requirement) -> str | None:
+    """Why the package index holds no version meeting ``req``, or None."""
     listed, why = index_versions(req.name)
     if listed is None:
         return f"the package index has no {req.name} ({why})"
-    if not satisfied(req, listed):
-        pins = [s.version for s in req.specifier if s.operator in ("==", "===")]
-        what = f"version {pins[0]}" if len(pins) == 1 and len(req.specifier) == 1 else f"version{spec}"
-        return f"no {what} of {req.name} on the package index (newest: {', '.join(listed[:8])})"
-    return None
+    if satisfied(req, listed):
+        return None
+    pins = [s.version for s in req.specifier if s.operator in ("==", "===")]
+    spec = f" {req.specifier}" if req.specifier else ""
+    what = f"version {pins[0]}" if len(pins) == 1 and len(req.specifier) == 1 else f"version{spec}"
+    return f"no {what} of {req.name} on the package index (newest: {', '.join(listed[:8])})"
 
 
 def check_wheels(m: Matrix, *, wheel_dir: Path | None = None) -> list[Problem]:

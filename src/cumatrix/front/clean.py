@@ -164,16 +164,21 @@ def stale_temp_dirs(tmp: Path | None = None) -> list[Path]:
     for p in entries:
         if not p.name.startswith("cumatrix-") or not p.is_dir() or p.is_symlink():
             continue
-        m = TEMP_RE.match(p.name)
         try:
-            if m is not None:
-                if not _alive(int(m.group(1))):
-                    stale.append(p)
-            elif now - p.stat().st_mtime > LEGACY_AGE:
+            if _is_stale(p, now):
                 stale.append(p)
         except OSError:
             continue
     return sorted(stale)
+
+
+def _is_stale(p: Path, now: float) -> bool:
+    """Whether cumatrix's temporary directory ``p`` outlived its run: its process is gone, or
+    (a name without a pid) it is older than :data:`LEGACY_AGE`."""
+    m = TEMP_RE.match(p.name)
+    if m is not None:
+        return not _alive(int(m.group(1)))
+    return now - p.stat().st_mtime > LEGACY_AGE
 
 
 def _du(path: Path) -> int:
@@ -236,6 +241,14 @@ def _clean_docker_images(*, dry_run: bool, yes: bool) -> list[str]:
     return [k for k in kept if ": used by container" not in k]
 
 
+def _print_plan(go: list[Any], stages: list[str]) -> None:
+    """The images and untagged build stages that removal would take, one line each."""
+    for img in go:
+        print(f"  image {_image_name(img)}")
+    if stages:
+        print(f"  {len(stages)} untagged build stage{'s' if len(stages) != 1 else ''}")
+
+
 def _list_and_remove(client: Any, *, dry_run: bool, yes: bool) -> list[str]:
     go, kept = planned_images(client)
     stages = remove_build_stages(client, dry_run=True)
@@ -244,10 +257,7 @@ def _list_and_remove(client: Any, *, dry_run: bool, yes: bool) -> list[str]:
     if not go and not stages:
         print("cumatrix: no cumatrix images to remove")
         return kept
-    for img in go:
-        print(f"  image {_image_name(img)}")
-    if stages:
-        print(f"  {len(stages)} untagged build stage{'s' if len(stages) != 1 else ''}")
+    _print_plan(go, stages)
     if dry_run:
         for img in go:
             print(f"cumatrix: would remove image {_image_name(img)}")

@@ -135,22 +135,29 @@ def rotation(rows: Sequence[Row], nights: int, strength: int, seed: int = 0,
     tups = _encoded(rows, strength)
     every = {t for i, ts in enumerate(tups) if i not in skip for t in ts}
     rank = _rank(len(rows), seed)
+    runnable = [i for i in range(len(rows)) if i not in skip]
     taken: set[int] = set()
     plans: list[list[int]] = []
     for _ in range(nights):
         uncovered = set(every)
-        fresh = [i for i in range(len(rows)) if i not in taken and i not in skip]
+        fresh = [i for i in runnable if i not in taken]
         # the cells no earlier night ran first, then any cell for what they leave uncovered
         chosen = _greedy(tups, uncovered, rank, fresh)
-        chosen += _greedy(tups, uncovered, rank, [i for i in range(len(rows)) if i not in skip])
+        chosen += _greedy(tups, uncovered, rank, runnable)
         plan = sorted(_prune(tups, chosen))
         taken.update(plan)
         plans.append(plan)
-    left = sorted((i for i in range(len(rows)) if i not in taken), key=lambda i: rank[i])
-    for i in left:  # to the night with the fewest cells, the earliest of equals
-        j = min(range(nights), key=lambda n: (len(plans[n]), n))
-        plans[j].append(i)
+    _spread(plans, rank)
     return [sorted(p) for p in plans]
+
+
+def _spread(plans: list[list[int]], rank: Sequence[int]) -> None:
+    """Add each index of ``rank`` that no plan holds yet, in ``rank`` order, to the night with
+    the fewest cells then, the earliest of equals."""
+    taken = {i for p in plans for i in p}
+    for i in sorted((i for i in range(len(rank)) if i not in taken), key=lambda i: rank[i]):
+        j = min(range(len(plans)), key=lambda n: (len(plans[n]), n))
+        plans[j].append(i)
 
 
 def missing(rows: Sequence[Row], chosen: Sequence[int], strength: int) -> set[tuple[tuple[str, Hashable], ...]]:
@@ -177,12 +184,18 @@ def choose(m: Matrix, cells: Sequence[Cell] | None, sel: Selection) -> list[Cell
         return every
     strength = sel.strength or 2
     if sel.rotate is not None:
-        rows = [cell_row(c) for c in every]
-        unbuilt = [i for i, c in enumerate(every) if not buildable(c)]
-        plans = rotation(rows, sel.rotate, strength, sel.seed, also=unbuilt)
-        return [every[i] for i in plans[sel.slot or 0]]
+        return _night(every, sel.rotate, sel.slot or 0, strength, sel.seed)
     pool = [c for c in every if buildable(c)]
     return [pool[i] for i in cover([cell_row(c) for c in pool], strength, sel.seed)]
+
+
+def _night(every: list[Cell], nights: int, slot: int, strength: int, seed: int) -> list[Cell]:
+    """Night ``slot`` of a rotation over ``nights`` of ``every`` (cells that cannot be built run
+    on some night but pair with nothing)."""
+    rows = [cell_row(c) for c in every]
+    unbuilt = [i for i, c in enumerate(every) if not buildable(c)]
+    plans = rotation(rows, nights, strength, seed, also=unbuilt)
+    return [every[i] for i in plans[slot]]
 
 
 def packing_bound(rows: Sequence[Row], strength: int) -> int:

@@ -274,12 +274,7 @@ def check_runtimes(matrix: Path | None, wheel_dir: Path | None) -> Check:
 
     cached = cached_runtimes()
     reqs = _matrix_requirements(matrix)
-    dirs = [d for d in (wheel_dir, cache_dir("wheels")) if d is not None]
-    absent: list[tuple[str, str]] = []
-    for name, req in reqs:
-        dist, version = parse_requirement(req)
-        if not any(d.is_dir() and find_wheel(d, dist, version) for d in dirs):
-            absent.append((name, req))
+    absent = _absent_wheels(reqs, [d for d in (wheel_dir, cache_dir("wheels")) if d is not None])
     head = f"{len(cached)} unpacked in the cache"
     if matrix is not None and reqs:
         head += f"; {matrix}: {len(reqs) - len(absent)} of {len(reqs)} wheels at hand"
@@ -290,6 +285,21 @@ def check_runtimes(matrix: Path | None, wheel_dir: Path | None) -> Check:
                      found=f"{head}; not in {wheel_dir}: {', '.join(r for _, r in absent)}",
                      fix=f"pip download --no-deps --only-binary=:all: -d {wheel_dir} " + " ".join(
                          f"'{r}'" for _, r in absent))
+    return _index_check(head, absent)
+
+
+def _absent_wheels(reqs: list[tuple[str, str]], dirs: list[Path]) -> list[tuple[str, str]]:
+    """The (runtime name, requirement) of ``reqs`` whose wheel no directory of ``dirs`` holds."""
+    absent: list[tuple[str, str]] = []
+    for name, req in reqs:
+        dist, version = parse_requirement(req)
+        if not any(d.is_dir() and find_wheel(d, dist, version) for d in dirs):
+            absent.append((name, req))
+    return absent
+
+
+def _index_check(head: str, absent: list[tuple[str, str]]) -> Check:
+    """The runtimes check when ``absent`` wheels must come from the package index: ok while it answers."""
     ok, why = _pip_reaches_index(parse_requirement(absent[0][1])[0])
     if ok:
         return Check(name="runtimes", features=("run",), status="ok",

@@ -51,27 +51,32 @@ def needs(m: Matrix | None, *, gate: bool = False, harness: bool = False) -> Nee
     """What :func:`fetch` downloads for ``m`` (and for the gate)."""
     pinned: dict[str, str] = {}
     envs: list[tuple[tuple[str, ...], str]] = []
-    rts = m.runtimes if m else ()
-    for rt in rts:
-        if rt.requirement:
-            pinned.setdefault(rt.requirement, f"runtime {rt.name}")
-        elif rt.requirements:
-            envs.append((rt.requirements, f"environment runtime {rt.name}"))
     if m is not None:
-        for b in m.builds:
-            _, req = runtimes.headers_wheel(b, rts)
-            pinned.setdefault(req, f"headers {b}")
-        # The interposer of an emulated driver reads symbol versions from the runtimes' headers,
-        # else from the newest known wheel (session.Runner.interposer_dir).
-        if any(d.emulated for d in m.drivers) and not any(rt.requirement for rt in rts):
-            newest = max(runtimes.KNOWN_WHEELS, key=lambda v: tuple(int(x) for x in v.split(".")))
-            pinned.setdefault(runtimes.KNOWN_WHEELS[newest], "headers of the driver interposer")
+        _add_matrix_needs(m, pinned, envs)
     if gate:
         for v, req in runtimes.KNOWN_WHEELS.items():
             pinned.setdefault(req, f"the gate (cu{v})")
     if harness:
         envs.append((harness_requirements(), "cumatrix's own dependencies"))
     return Needs(pinned=tuple(pinned.items()), environments=tuple(envs))
+
+
+def _add_matrix_needs(m: Matrix, pinned: dict[str, str], envs: list[tuple[tuple[str, ...], str]]) -> None:
+    """Add to ``pinned`` and ``envs`` the wheels of ``m``'s runtimes and the header wheels of its builds."""
+    rts = m.runtimes
+    for rt in rts:
+        if rt.requirement:
+            pinned.setdefault(rt.requirement, f"runtime {rt.name}")
+        elif rt.requirements:
+            envs.append((rt.requirements, f"environment runtime {rt.name}"))
+    for b in m.builds:
+        _, req = runtimes.headers_wheel(b, rts)
+        pinned.setdefault(req, f"headers {b}")
+    # The interposer of an emulated driver reads symbol versions from the runtimes' headers,
+    # else from the newest known wheel (session.Runner.interposer_dir).
+    if any(d.emulated for d in m.drivers) and not any(rt.requirement for rt in rts):
+        newest = max(runtimes.KNOWN_WHEELS, key=lambda v: tuple(int(x) for x in v.split(".")))
+        pinned.setdefault(runtimes.KNOWN_WHEELS[newest], "headers of the driver interposer")
 
 
 def harness_requirements() -> tuple[str, ...]:

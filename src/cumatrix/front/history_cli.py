@@ -183,10 +183,16 @@ def cmd_history(args: argparse.Namespace) -> int:
 
 
 def _check_prune_options(args: argparse.Namespace) -> None:
-    if (args.keep is not None or args.older_than is not None) and not args.prune:
+    limited = args.keep is not None or args.older_than is not None
+    if limited and not args.prune:
         raise UsageError("--keep and --older-than go with --prune")
-    if args.prune and args.keep is None and args.older_than is None:
+    if args.prune and not limited:
         raise UsageError("--prune needs --keep N or --older-than DAYS")
+    _check_prune_limits(args)
+
+
+def _check_prune_limits(args: argparse.Namespace) -> None:
+    """--keep and --older-than hold values prune can use."""
     if args.keep is not None and args.keep < 1:
         raise UsageError(f"--keep {args.keep}: must be at least 1")
     if args.older_than is not None and not args.older_than >= 0:

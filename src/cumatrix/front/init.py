@@ -147,29 +147,39 @@ def find_project(d: Path, *, name: str | None = None) -> Project:
     (no Python project here) the directory's own name."""
     wheels = tuple(sorted(str(p.relative_to(d)) for p in (d / "dist").glob("*.whl"))) \
         if (d / "dist").is_dir() else ()
-    found: tuple[str, str] | None = None
-    for where, fn in (("pyproject.toml", _from_pyproject), ("setup.cfg", _from_setup_cfg), ("setup.py", _from_setup_py)):
-        declared = fn(d)
-        if declared:
-            found = (declared, where)
-            break
-    python = found is not None or any((d / f).is_file() for f in ("pyproject.toml", "setup.cfg", "setup.py"))
-    if name is not None:
-        if not _NAME_RE.fullmatch(name):
-            raise UsageError(f"--name {name!r}: {_NAME_RULE}")
-        found = (name, "--name")
-    elif found is not None:
-        # Text from the project's files, checked as --name is: it is written into YAML, an import and the terminal.
-        _checked_name(found[0], str(d / found[1]))
-    else:
-        base = re.sub(r"[^A-Za-z0-9._-]+", "-", d.resolve().name).strip("-._")
-        if not base:
-            raise UsageError(f"{d}: no project name found (no pyproject.toml, setup.cfg or setup.py, and the "
-                             "directory's name is not one); name it with --name NAME")
-        found = (base, "the directory's name")
+    declared = _declared_name(d)
+    python = declared is not None or any((d / f).is_file() for f in ("pyproject.toml", "setup.cfg", "setup.py"))
+    found = _project_name(d, name, declared)
     where = found[1] if found[1] in ("--name", "the directory's name") else str(d / found[1])
     module = _module_of(found[0], where) if python else re.sub(r"[-.]+", "_", found[0]).lower()
     return Project(name=found[0], module=module, found_in=found[1], wheels=wheels, python=python)
+
+
+def _declared_name(d: Path) -> tuple[str, str] | None:
+    """(name, file) of the first packaging file in ``d`` that declares a project name, or None."""
+    for where, fn in (("pyproject.toml", _from_pyproject), ("setup.cfg", _from_setup_cfg), ("setup.py", _from_setup_py)):
+        declared = fn(d)
+        if declared:
+            return (declared, where)
+    return None
+
+
+def _project_name(d: Path, name: str | None, found: tuple[str, str] | None) -> tuple[str, str]:
+    """(name, where it came from): ``name`` (--name), else ``found`` (a packaging file of ``d``),
+    else ``d``'s own name; each checked before it is written into YAML, an import and the terminal."""
+    if name is not None:
+        if not _NAME_RE.fullmatch(name):
+            raise UsageError(f"--name {name!r}: {_NAME_RULE}")
+        return (name, "--name")
+    if found is not None:
+        # Text from the project's files, checked as --name is: it is written into YAML, an import and the terminal.
+        _checked_name(found[0], str(d / found[1]))
+        return found
+    base = re.sub(r"[^A-Za-z0-9._-]+", "-", d.resolve().name).strip("-._")
+    if not base:
+        raise UsageError(f"{d}: no project name found (no pyproject.toml, setup.cfg or setup.py, and the "
+                         "directory's name is not one); name it with --name NAME")
+    return (base, "the directory's name")
 
 
 def _matrix_body(runtimes: str, case: str) -> str:
@@ -285,18 +295,24 @@ def cmd_init(args: argparse.Namespace) -> int:
         raise UsageError(f"{', '.join(existing)} exist{'s' if len(existing) == 1 else ''}: not overwriting "
                          "(--force replaces them)")
     for p, text in targets.items():
-        p.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            write_new(p, text, replace=args.force)  # never through a link; --force replaces the link itself
-        except FileExistsError:
-            raise UsageError(f"{p} appeared while init ran: not overwriting (--force replaces it)") from None
-        except OSError as e:
-            raise UsageError(f"{p}: cannot write it: {e.strerror or e}") from None
-        print(f"cumatrix: wrote {p}")
+        _write_target(p, text, force=args.force)
     wheels = f"; wheels in dist/: {', '.join(project.wheels)}" if project.wheels else ""
     print(f"cumatrix: package {project.name} (from {project.found_in}, imported as {project.module}){wheels}")
     print(f"next: cumatrix validate {d / MATRIX_FILE} && cumatrix run {d / MATRIX_FILE}")
     return 0
+
+
+def _write_target(p: Path, text: str, *, force: bool) -> None:
+    """Write ``text`` to ``p`` (never through a link; ``force`` replaces the link itself); a
+    failure is a usage error that names the file."""
+    p.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        write_new(p, text, replace=force)
+    except FileExistsError:
+        raise UsageError(f"{p} appeared while init ran: not overwriting (--force replaces it)") from None
+    except OSError as e:
+        raise UsageError(f"{p}: cannot write it: {e.strerror or e}") from None
+    print(f"cumatrix: wrote {p}")
 
 
 def add_init_parser(sub: Any) -> None:

@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,18 +110,8 @@ def write_scripts(matrix: Path, out: Path, *, run_args: Sequence[str] = (), sbat
     """
     matrix = matrix.resolve()
     out = out.resolve()
-    check_text(str(matrix), "the matrix's path")
-    check_text(str(out), "--out")
-    if "\\" in str(out):
-        # Slurm reads a backslash in a file-name pattern (--output) as "replace nothing" and drops
-        # it: the log's directory then does not exist and every task fails before it starts.
-        raise UsageError(f"--out {str(out)!r}: a backslash cannot reach Slurm's --output (its file-name patterns "
-                         "read it as an escape and drop it); choose a directory without one")
-    m = _matrix.load(matrix)
-    cells = _matrix.cells(m)
-    tasks = tuple(HostTask(index=i, host=h.name, cells=sum(1 for c in cells if c.driver in ds),
-                           partition=h.partition, constraint=h.constraint)
-                  for i, (h, ds) in enumerate(assign(m, matrix, cells)))
+    _check_paths(matrix, out)
+    tasks = _host_tasks(matrix)
     _check_placement(matrix, tasks)
     d = out / "slurm"
     d.mkdir(parents=True, exist_ok=True)
@@ -163,12 +153,44 @@ if [ "${{#dirs[@]}}" -eq 0 ]; then
 fi
 exec {_q(cm)} merge "${{dirs[@]}}" --matrix {_q([matrix])} --submission "$submission" --out {_q([merged])}
 """
+    paths = []
+    for name, text in (("array.sbatch", array), ("merge.sbatch", merge), ("submit.sh", _submit_text(d, out, tasks))):
+        p = d / name
+        write_new(p, text, replace=True, mode=0o755)  # a new file renamed into place: never through a link
+        paths.append(p)
+    return SlurmPlan(matrix=matrix, out=out, tasks=tasks, array_script=paths[0], merge_script=paths[1],
+                     submit_script=paths[2])
+
+
+def _check_paths(matrix: Path, out: Path) -> None:
+    """The matrix's path and ``out`` can be written into the scripts and reach Slurm as they are."""
+    check_text(str(matrix), "the matrix's path")
+    check_text(str(out), "--out")
+    if "\\" in str(out):
+        # Slurm reads a backslash in a file-name pattern (--output) as "replace nothing" and drops
+        # it: the log's directory then does not exist and every task fails before it starts.
+        raise UsageError(f"--out {str(out)!r}: a backslash cannot reach Slurm's --output (its file-name patterns "
+                         "read it as an escape and drop it); choose a directory without one")
+
+
+def _host_tasks(matrix: Path) -> tuple[HostTask, ...]:
+    """One array task per host of ``matrix``'s plan, with its count of cells and its placement."""
+    m = _matrix.load(matrix)
+    cells = _matrix.cells(m)
+    return tuple(HostTask(index=i, host=h.name, cells=sum(1 for c in cells if c.driver in ds),
+                          partition=h.partition, constraint=h.constraint)
+                 for i, (h, ds) in enumerate(assign(m, matrix, cells)))
+
+
+def _submit_text(d: Path, out: Path, tasks: Sequence[HostTask]) -> str:
+    """submit.sh: the array (held while its tasks are placed, when any is), then the merge after it."""
+    merged = out / "merged"
     updates = "".join(_update_line(t) for t in tasks if t.partition or t.constraint)
     held = "--hold " if updates else ""
     logs = _q([f"--output={_pattern(d)}/%x-%A_%a.out"])
     merge_logs = _q([f"--output={_pattern(d)}/%x-%j.out"])
     chdir = _q([f"--chdir={out}"])
-    submit = f"""#!/bin/bash
+    return f"""#!/bin/bash
 # Submit the nightly of the plan: the host array, then the merge after it, both under a new
 # submission id (each host's run records it; the merge takes only results that carry it).
 # (`cumatrix submit --slurm` does the same, waits, and exits with the merge's status.)
@@ -179,13 +201,6 @@ array=${{array%%;*}}
 {updates}{"scontrol release " + chr(36) + "array" + chr(10) if updates else ""}merge=$(sbatch --parsable --dependency=afterany:$array --export="ALL,CUMATRIX_SUBMISSION=$submission" {chdir} {merge_logs} {_q([d / "merge.sbatch"])})
 echo "submission $submission: array job $array, merge job ${{merge%%;*}}; results in "{_q([merged])}
 """
-    paths = []
-    for name, text in (("array.sbatch", array), ("merge.sbatch", merge), ("submit.sh", submit)):
-        p = d / name
-        write_new(p, text, replace=True, mode=0o755)  # a new file renamed into place: never through a link
-        paths.append(p)
-    return SlurmPlan(matrix=matrix, out=out, tasks=tasks, array_script=paths[0], merge_script=paths[1],
-                     submit_script=paths[2])
 
 
 def _pattern(d: Path) -> str:
@@ -276,20 +291,36 @@ def job_states(job_ids: Sequence[str]) -> dict[str, str]:
 
 
 def _ended(jid: str) -> dict[str, str]:
+    found = _scontrol_states(jid)
+    if found or shutil.which("sacct") is None:
+        return found
+    return _sacct_states(jid)
+
+
+def _scontrol_states(jid: str) -> dict[str, str]:
+    """``{job id: state}`` of job ``jid`` (its array tasks as ``ARRAY_TASK``) as ``scontrol show job`` has them."""
     proc = subprocess.run([_tool("scontrol"), "show", "job", "-o", jid], capture_output=True, text=True,
                           timeout=60, check=False)
     found: dict[str, str] = {}
     for line in proc.stdout.splitlines():
         kv = dict(w.split("=", 1) for w in line.split() if "=" in w)
-        key = kv.get("JobId", jid)
-        if kv.get("ArrayTaskId") and kv.get("ArrayJobId"):
-            key = f"{kv['ArrayJobId']}_{kv['ArrayTaskId']}"
         if "JobState" in kv:
-            found[key] = kv["JobState"]
-    if found or shutil.which("sacct") is None:
-        return found
+            found[_job_key(kv, jid)] = kv["JobState"]
+    return found
+
+
+def _job_key(kv: Mapping[str, str], jid: str) -> str:
+    """The id of the job an ``scontrol show job`` line describes: ``ARRAY_TASK`` for an array task."""
+    if kv.get("ArrayTaskId") and kv.get("ArrayJobId"):
+        return f"{kv['ArrayJobId']}_{kv['ArrayTaskId']}"
+    return kv.get("JobId", jid)
+
+
+def _sacct_states(jid: str) -> dict[str, str]:
+    """``{job id: state}`` of job ``jid`` from Slurm's accounting (when scontrol has forgotten it)."""
     proc = subprocess.run(["sacct", "-n", "-X", "-P", "-j", jid, "-o", "JobID,State"], capture_output=True,
                           text=True, timeout=60, check=False)
+    found: dict[str, str] = {}
     for line in proc.stdout.splitlines():
         job, _, state = line.partition("|")
         if job:
@@ -301,14 +332,9 @@ def wait(plan: SlurmPlan, array: str, merge: str, *, poll: float = 5.0,
          say: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict[str, str]:
     """Poll until every array task and the merge job have ended; say each change of state.
     Returns the final ``{host or 'merge': state}``."""
-    names = {f"{array}_{t.index}": t.host for t in plan.tasks}
     last: dict[str, str] = {}
     while True:
-        states = job_states([array, merge])
-        now = {names.get(k, k): v for k, v in states.items() if k in names}
-        for t in plan.tasks:  # a task squeue has not split out of the pending array yet
-            now.setdefault(t.host, states.get(array, states.get(f"{array}_[0-{len(plan.tasks) - 1}]", "PENDING")))
-        now["merge"] = states.get(merge, "UNKNOWN")
+        now = _host_states(plan, array, merge)
         if now != last:
             done = sum(1 for t in plan.tasks if _final(now[t.host]))
             say(f"cumatrix: slurm: {done} of {len(plan.tasks)} hosts done ("
@@ -317,6 +343,18 @@ def wait(plan: SlurmPlan, array: str, merge: str, *, poll: float = 5.0,
         if all(_final(now[t.host]) for t in plan.tasks) and (_final(now["merge"]) or now["merge"] == "UNKNOWN"):
             return now
         time.sleep(poll)
+
+
+def _host_states(plan: SlurmPlan, array: str, merge: str) -> dict[str, str]:
+    """``{host or 'merge': state}`` now: a task not yet split out of the pending array has the
+    array's state (else PENDING), a merge job Slurm no longer knows is UNKNOWN."""
+    names = {f"{array}_{t.index}": t.host for t in plan.tasks}
+    states = job_states([array, merge])
+    now = {names.get(k, k): v for k, v in states.items() if k in names}
+    for t in plan.tasks:  # a task squeue has not split out of the pending array yet
+        now.setdefault(t.host, states.get(array, states.get(f"{array}_[0-{len(plan.tasks) - 1}]", "PENDING")))
+    now["merge"] = states.get(merge, "UNKNOWN")
+    return now
 
 
 def _final(state: str) -> bool:

@@ -45,12 +45,7 @@ def universe_of(matrix: Path | str | None, digest: str | None = None) -> tuple[l
 
 def cmd_untested(args: argparse.Namespace) -> int:
     """``cumatrix untested [MATRIX] [--runs N | --days D] [--fail] [--json]``."""
-    if args.runs is not None and args.runs < 1:
-        raise UsageError(f"--runs {args.runs}: must be at least 1")
-    if args.days is not None and not args.days > 0:
-        raise UsageError(f"--days {args.days}: must be more than 0")
-    if args.matrix is not None and not Path(args.matrix).is_file():
-        raise UsageError(f"{args.matrix}: no such matrix file")
+    _check_options(args)
     universe, digest = universe_of(args.matrix)
     path = Path(args.history) if args.history else default_path()
     with History.open(path, create=False) as hist:
@@ -61,6 +56,16 @@ def cmd_untested(args: argparse.Namespace) -> int:
     else:
         print(to_text(found), end="")
     return 1 if args.fail and _any(found) else 0
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """A window of at least one run or some days, and a matrix file that is there: else exit 2."""
+    if args.runs is not None and args.runs < 1:
+        raise UsageError(f"--runs {args.runs}: must be at least 1")
+    if args.days is not None and not args.days > 0:
+        raise UsageError(f"--days {args.days}: must be more than 0")
+    if args.matrix is not None and not Path(args.matrix).is_file():
+        raise UsageError(f"{args.matrix}: no such matrix file")
 
 
 def _any(u: Untested) -> bool:

@@ -111,15 +111,14 @@ class Bug:
     good: BugCell
 
     def needs_text(self) -> str:
-        emulated = {c.driver.emulated for c in (self.bad, self.good) if c.driver.emulated}
-        heads = sorted({str(c.build) for c in (self.bad, self.good)})
-        rts = sorted({f"cu{c.runtime}" for c in (self.bad, self.good) if c.runtime is not None})
+        cells = (self.bad, self.good)
+        heads = sorted({str(c.build) for c in cells})
         parts = [f"gpu {'yes' if self.needs.gpu else 'no'}"]
         if self.needs.driver_min:
             parts.append(f"driver >= CUDA {self.needs.driver_min}")
-        parts.append(f"emulated driver {', '.join(str(e) for e in sorted(emulated)) if emulated else 'no'}")
+        parts.append(f"emulated driver {_emulated_text(cells)}")
         parts.append(f"headers {', '.join(heads)}")
-        parts.append(f"runtime {', '.join(rts) if rts else 'none (driver API only)'}")
+        parts.append(f"runtime {_runtimes_text(cells)}")
         return "; ".join(parts)
 
     def matrix(self) -> Matrix:
@@ -134,6 +133,18 @@ class Bug:
                       builds=tuple(sorted({c.build for c in cells})),
                       variants=tuple(dict.fromkeys(c.variant for c in cells)),
                       workloads=tuple({c.workload.name: c.workload for c in cells}.values()), probe=False)
+
+
+def _emulated_text(cells: tuple[BugCell, ...]) -> str:
+    """The emulated drivers of ``cells``, or ``no``."""
+    emulated = {c.driver.emulated for c in cells if c.driver.emulated}
+    return ", ".join(str(e) for e in sorted(emulated)) if emulated else "no"
+
+
+def _runtimes_text(cells: tuple[BugCell, ...]) -> str:
+    """The CUDA runtimes ``cells`` load, or that they use the driver API alone."""
+    rts = sorted({f"cu{c.runtime}" for c in cells if c.runtime is not None})
+    return ", ".join(rts) if rts else "none (driver API only)"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -218,22 +229,38 @@ def _bug(ctx: _Ctx, i: int, raw: Mapping[str, Any], workloads: Mapping[str, Work
     path: yamldoc.Path = ("bugs", i)
     bad = _cell(ctx, (*path, "bad"), raw["bad"], workloads)
     good = _cell(ctx, (*path, "good"), raw["good"], workloads)
-    if bad is not None and any(is_neutral(o) or is_ok(o) for o in bad.outcomes):
-        ctx.err((*path, "bad", "outcome"), f"{bad.outcome!r} is not a failure signature")
-        bad = None
-    if good is not None and not all(is_ok(o) for o in good.outcomes):
-        ctx.err((*path, "good", "outcome"), f"the good cell must pass (ok...), not {good.outcome!r}")
-        good = None
-    needs = raw["needs"]
-    dmin = needs.get("driver_min")
+    bad = _bad_cell(ctx, path, bad)
+    good = _good_cell(ctx, path, good)
     refs = tuple(BugRef(project=r["project"], kind=r["kind"], number=int(r["number"]), role=r["role"], url=r["url"])
                  for r in raw["refs"])
     if bad is None or good is None:
         return None
     return Bug(id=raw["id"], title=raw["title"], refs=refs, bad=bad, good=good,
-               needs=BugNeeds(gpu=needs["gpu"], build_only_without_gpu=needs.get("build_only_without_gpu", False),
-                              static_without_gpu=needs.get("static_without_gpu", False),
-                              driver_min=_version(ctx, (*path, "needs", "driver_min"), dmin) if dmin is not None else None))
+               needs=_needs(ctx, (*path, "needs"), raw["needs"]))
+
+
+def _bad_cell(ctx: _Ctx, path: yamldoc.Path, bad: BugCell | None) -> BugCell | None:
+    """``bad`` when its outcome is a failure signature (not ok, not neutral), else None (said)."""
+    if bad is not None and any(is_neutral(o) or is_ok(o) for o in bad.outcomes):
+        ctx.err((*path, "bad", "outcome"), f"{bad.outcome!r} is not a failure signature")
+        return None
+    return bad
+
+
+def _good_cell(ctx: _Ctx, path: yamldoc.Path, good: BugCell | None) -> BugCell | None:
+    """``good`` when every outcome it allows passes, else None (said)."""
+    if good is not None and not all(is_ok(o) for o in good.outcomes):
+        ctx.err((*path, "good", "outcome"), f"the good cell must pass (ok...), not {good.outcome!r}")
+        return None
+    return good
+
+
+def _needs(ctx: _Ctx, path: yamldoc.Path, needs: Mapping[str, Any]) -> BugNeeds:
+    """An entry's ``needs`` (its ``driver_min``, when given, a CUDA version)."""
+    dmin = needs.get("driver_min")
+    return BugNeeds(gpu=needs["gpu"], build_only_without_gpu=needs.get("build_only_without_gpu", False),
+                    static_without_gpu=needs.get("static_without_gpu", False),
+                    driver_min=_version(ctx, (*path, "driver_min"), dmin) if dmin is not None else None)
 
 
 def _unique_ids(ctx: _Ctx, bugs: list[Any]) -> None:
@@ -261,6 +288,24 @@ def _parse(text: str, source: str) -> yamldoc.Doc:
     return doc
 
 
+def _broken_entries(problems: list[Problem], bad: set[yamldoc.Path]) -> set[str | int]:
+    """The indices of the entries with a shape problem (``bad``: the schema's paths).
+
+    An entry with a shape problem is not built; the others still are, so one load lists
+    every problem.  A problem outside the entries leaves nothing to build on: ConfigError."""
+    broken = {p[1] for p in bad if len(p) > 1 and p[0] == "bugs"}
+    if any(len(p) < 2 or p[0] != "bugs" for p in bad):
+        raise ConfigError(problems)
+    return broken
+
+
+def _workloads(raw: Mapping[str, Any]) -> dict[str, Workload]:
+    """The catalog's named workloads."""
+    return {name: Workload(name=name, direction=w["direction"], block_bytes=int(w["block_bytes"]),
+                           blocks=int(w["blocks"]), stream=w.get("stream", "dedicated"))
+            for name, w in raw.items()}
+
+
 def load_catalog(text: str | None = None, *, source: str = CATALOG_FILE) -> Catalog:
     """Parse and validate the bug catalog (the packaged one unless ``text`` is given).
 
@@ -270,15 +315,9 @@ def load_catalog(text: str | None = None, *, source: str = CATALOG_FILE) -> Cata
         text = resources.files("cumatrix").joinpath("data/bugs.json").read_text()
     doc = _parse(text, source)
     problems, bad = check(doc, SCHEMA, "catalog")
-    # An entry with a shape problem is not built; the others still are, so one load lists
-    # every problem.  A problem outside the entries leaves nothing to build on.
-    broken = {p[1] for p in bad if len(p) > 1 and p[0] == "bugs"}
-    if any(len(p) < 2 or p[0] != "bugs" for p in bad):
-        raise ConfigError(problems)
+    broken = _broken_entries(problems, bad)
     ctx = _Ctx(doc, problems)
-    workloads = {name: Workload(name=name, direction=w["direction"], block_bytes=int(w["block_bytes"]),
-                                blocks=int(w["blocks"]), stream=w.get("stream", "dedicated"))
-                 for name, w in doc.data["workloads"].items()}
+    workloads = _workloads(doc.data["workloads"])
     bugs = [_bug(ctx, i, b, workloads) for i, b in enumerate(doc.data["bugs"]) if i not in broken]
     _unique_ids(ctx, doc.data["bugs"])
     if ctx.problems:

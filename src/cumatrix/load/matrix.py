@@ -16,7 +16,7 @@ import math
 import os
 import re
 import shlex
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -42,9 +42,31 @@ from cumatrix.core.options import matrix_sandbox
 from cumatrix.core.suggest import outcome_hint, version_hint
 from cumatrix.load import gcpause, saved, workdir
 from cumatrix.load import requirements as _runtimes
+from cumatrix.load.expansion import cells, expand
 
 if TYPE_CHECKING:  # PyYAML (25 ms to import) only where a matrix is parsed, not read back from the cache
     from cumatrix.load import yamldoc
+
+# cells and expand live in cumatrix.load.expansion; callers know them as this module's.
+__all__ = [
+    "BLOCK_BYTES_MAX",
+    "MAX_CELLS",
+    "NAME_RE",
+    "RUNTIME_FORMS",
+    "SCHEMA",
+    "TIMEOUT_MAX",
+    "cell_bound",
+    "cells",
+    "check_env_name",
+    "check_name",
+    "check_timeout",
+    "expand",
+    "known_builds",
+    "load",
+    "loads",
+    "parse_driver",
+    "schema_path",
+]
 
 #: The JSON Schema of a matrix file, shipped in the package.  Editors that speak the YAML
 #: language server complete and check a matrix from it when the file's first line is
@@ -465,9 +487,14 @@ def _built_sections(ctx: _Ctx, data: dict[str, Any], broken: set[Any]) -> dict[s
     built = {key: fn(ctx, data[key]) for key, fn in _SECTIONS if key in data and key not in broken}
     if "runtimes" not in broken and not any(p.message.startswith("runtimes") for p in ctx.problems):
         _check_builds(ctx, built)  # beside other sections' problems: one validate lists them all
-    if not ctx.problems and built.get("variants") and not (built.get("builds") and built.get("workloads")):
+    if not ctx.problems and _swapless_variants(built):
         ctx.err(("variants",), "variants need `builds` (header versions) and `workloads` to make swap cells", key=True)
     return built
+
+
+def _swapless_variants(built: Mapping[str, Any]) -> bool:
+    """Whether the built sections name variants but no builds or no workloads to make them swap cells of."""
+    return bool(built.get("variants")) and not (built.get("builds") and built.get("workloads"))
 
 
 def known_builds(runtimes: tuple[Runtime, ...]) -> list[str]:
@@ -521,16 +548,25 @@ def _check_selectors(ctx: _Ctx, m: Matrix) -> None:
                               "or keep the probe", key=True)
         return
     kept = [c for c in everything if not any(s.matches(c) for s in m.exclude)]
-    for sel in m.exclude:
-        if not any(sel.matches(c) for c in everything):
-            ctx.problems.append(Problem(ctx.doc.file, sel.line, sel.col, f"exclude selects no cell: {_sel_text(sel)}{_axis_hint(sel, everything)}"))
-    if m.exclude and not kept:
-        first = m.exclude[0]
-        ctx.problems.append(Problem(ctx.doc.file, first.line, first.col, "exclude removes every cell of the matrix"))
+    _check_excludes(ctx, m.exclude, everything, kept)
     for ov in m.expect:
-        if not any(ov.selector.matches(c) for c in kept):
-            ctx.problems.append(Problem(ctx.doc.file, ov.selector.line, ov.selector.col,
-                                        f"expect selects no cell: {_sel_text(ov.selector)}{_axis_hint(ov.selector, kept)}"))
+        _check_selects(ctx, "expect", ov.selector, kept)
+
+
+def _check_excludes(ctx: _Ctx, exclude: Sequence[Selector], everything: list[Cell], kept: list[Cell]) -> None:
+    """Each exclude selects some cell of ``everything``, and together they leave some ``kept``."""
+    for sel in exclude:
+        _check_selects(ctx, "exclude", sel, everything)
+    if exclude and not kept:
+        first = exclude[0]
+        ctx.problems.append(Problem(ctx.doc.file, first.line, first.col, "exclude removes every cell of the matrix"))
+
+
+def _check_selects(ctx: _Ctx, what: str, sel: Selector, among: list[Cell]) -> None:
+    """``sel`` (of ``what``: exclude or expect) selects some cell of ``among``, else a problem at its place."""
+    if not any(sel.matches(c) for c in among):
+        ctx.problems.append(Problem(ctx.doc.file, sel.line, sel.col,
+                                    f"{what} selects no cell: {_sel_text(sel)}{_axis_hint(sel, among)}"))
 
 
 def _sel_text(sel: Selector) -> str:
@@ -544,51 +580,3 @@ def _axis_hint(sel: Selector, cells: list[Cell]) -> str:
             return f" ({k} {v!r} is not in the matrix{did_you_mean(v, known)}; known: {', '.join(known) or 'none'})"
     return ""
 
-
-# --------------------------------------------------------------------------- expansion
-
-
-def expand(m: Matrix, *, apply_exclude: bool = True) -> Iterator[Cell]:
-    """Every cell of the matrix, in a stable order (driver, runtime, kind, variant, build, workload)."""
-    for drv in m.drivers:
-        for rt in m.runtimes:
-            cells: list[Cell] = []
-            if m.probe:
-                cells.append(Cell(kind="probe", runtime=rt.name, driver=drv.name))
-            cells += [Cell(kind="command", runtime=rt.name, driver=drv.name, case=c) for c in m.cases]
-            cells += _swap_cells(m, "runtime", rt.name, drv.name)
-            yield from _keep(m, cells, apply_exclude)
-        yield from _keep(m, _swap_cells(m, "driver", NO_RUNTIME, drv.name), apply_exclude)
-
-
-def _swap_cells(m: Matrix, family: str, runtime: str, driver: str) -> list[Cell]:
-    """The swap cells of one family on one runtime and driver: each of its variants, per build and workload."""
-    return [Cell(kind="swap", runtime=runtime, driver=driver, variant=variant, family=family, build=b, workload=w)
-            for variant in m.variants if family in VARIANT_FAMILIES[variant]
-            for b in m.builds for w in m.workloads]
-
-
-def _keep(m: Matrix, cells: list[Cell], apply_exclude: bool) -> Iterator[Cell]:
-    for c in cells:
-        if not apply_exclude or not any(s.matches(c) for s in m.exclude):
-            yield c
-
-
-#: The cells of the last matrices expanded: pytest's collection and the controller's selection
-#: both ask, each for 10,000 Cell objects at 10,000 cells.  load() hands each caller its own
-#: copy of a Matrix (its path as that caller named it) with the same sections: those are what
-#: the cells come from, so they are the key, compared by identity.
-_CELLS: dict[str, tuple[tuple[object, ...], tuple[Cell, ...]]] = {}
-
-
-def _sections(m: Matrix) -> tuple[object, ...]:
-    return (m.runtimes, m.drivers, m.builds, m.variants, m.workloads, m.cases, m.exclude, m.probe)
-
-
-def cells(m: Matrix) -> list[Cell]:
-    hit = _CELLS.get(m.sha256)
-    if hit is None or any(a is not b for a, b in zip(hit[0], _sections(m), strict=True)):
-        if len(_CELLS) >= _CACHE_SIZE:
-            _CELLS.pop(next(iter(_CELLS)))
-        hit = _CELLS[m.sha256] = (_sections(m), tuple(expand(m)))
-    return list(hit[1])

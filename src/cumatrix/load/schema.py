@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cache
 from importlib import resources
 from typing import TYPE_CHECKING, Any
@@ -143,26 +143,35 @@ class _Words:
     def add(self, e: ValidationError) -> None:
         path: Path = tuple(e.absolute_path)
         if "propertyNames" in e.relative_schema_path:  # the key is the instance; the path, its mapping's
-            key = str(e.instance)
-            if (at := (*path, key), True) in self._said:
-                return
-            self._said.add((at, True))
-            detail = self.value_words(e.validator, e.validator_value, e.instance, e.schema)
-            self.report(at, f"key {key!r}: {detail}", key=True, subject=path)
+            self.bad_key(path, e)
         elif e.validator == "additionalProperties" and e.validator_value is False:
             self.unknown_keys(path, e.instance, e.schema)
         elif e.validator == "required":
-            if (path, False) not in self._said and isinstance(e.instance, dict):
-                self._said.add((path, False))  # one error a missing key: each said once, here
-                for k in e.validator_value:
-                    if k not in e.instance:
-                        self.report(path, f"missing required key {k!r}")
+            self.missing_keys(path, e.validator_value, e.instance)
         elif e.validator in _VALUE_KEYWORDS:
             if (path, False) not in self._said:
                 self._said.add((path, False))
                 self.report(path, self.value_words(e.validator, e.validator_value, e.instance, e.schema))
         else:  # a keyword the shipped schemas do not use yet: jsonschema's own words
             self.report(path, e.message)
+
+    def bad_key(self, path: Path, e: ValidationError) -> None:
+        """A key of the mapping at ``path`` that its ``propertyNames`` refuse, said once a key."""
+        key = str(e.instance)
+        if (at := (*path, key), True) in self._said:
+            return
+        self._said.add((at, True))
+        detail = self.value_words(e.validator, e.validator_value, e.instance, e.schema)
+        self.report(at, f"key {key!r}: {detail}", key=True, subject=path)
+
+    def missing_keys(self, path: Path, required: Sequence[str], value: Any) -> None:
+        """Every required key the mapping at ``path`` lacks, said once (one error a missing key)."""
+        if (path, False) in self._said or not isinstance(value, dict):
+            return
+        self._said.add((path, False))  # one error a missing key: each said once, here
+        for k in required:
+            if k not in value:
+                self.report(path, f"missing required key {k!r}")
 
     def unknown_keys(self, path: Path, value: Mapping[str, Any], s: Mapping[str, Any]) -> None:
         props: Mapping[str, Any] = s.get("properties", {})
@@ -176,16 +185,26 @@ class _Words:
         """What is wrong with one value, by the keyword it fails."""
         custom = s.get("errorMessage")
         if keyword == "enum":
-            hint = did_you_mean(value, [str(c) for c in wanted]) if isinstance(value, str) else ""
-            return f"{value!r}{hint}; one of {', '.join(str(c) for c in wanted)}"
+            return _enum_words(wanted, value)
         if keyword == "type":
-            names = [wanted] if isinstance(wanted, str) else list(wanted)
-            number = _finite_number(None, value)
-            hint = " (quote it to make it a string)" if "string" in names and number else ""
-            default = " or ".join(_TYPE_WORDS[t] for t in names) + hint
+            default = _type_words(wanted, value)
         else:
             default = _DEFAULTS[keyword](s) if keyword in _DEFAULTS else keyword
         return f"expected {custom or default}, got {kind(value)}"
+
+
+def _enum_words(wanted: Any, value: Any) -> str:
+    """A value that is none of ``wanted``: it, the nearest of them, and all of them."""
+    hint = did_you_mean(value, [str(c) for c in wanted]) if isinstance(value, str) else ""
+    return f"{value!r}{hint}; one of {', '.join(str(c) for c in wanted)}"
+
+
+def _type_words(wanted: str | Sequence[str], value: Any) -> str:
+    """The type(s) ``wanted`` in words; a number where a string may go is told to quote it."""
+    names = [wanted] if isinstance(wanted, str) else list(wanted)
+    number = _finite_number(None, value)
+    hint = " (quote it to make it a string)" if "string" in names and number else ""
+    return " or ".join(_TYPE_WORDS[t] for t in names) + hint
 
 
 _DEFAULTS: dict[str, Callable[[Mapping[str, Any]], str]] = {
