@@ -22,6 +22,12 @@
  *
  * A PROGRAM that cannot be executed exits 127 (not found) or 126, as a shell does.
  *
+ *   cumatrix-spawn --no-keys ...
+ *
+ * Before either form (this one or --trace's): the program's process puts in place the filter
+ * that refuses the kernel's keyrings just before its exec (spawn_seccomp.h), inherited by all
+ * it starts: a cell bubblewrap holds, as the fork server's cells are.
+ *
  *   cumatrix-spawn --trace FD PARENT_PID CGROUP_PROCS LIMITS -- PROGRAM [ARGS...]
  *
  * The same, and this process traces the program's whole tree (ptrace, PTRACE_SEIZE with
@@ -350,6 +356,12 @@ static int watch(char **argv) {
 }
 
 int main(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "--no-keys") == 0) {  /* the program makes no keyring call */
+        no_keyrings = 1;
+        argv[1] = argv[0];
+        argv++;
+        argc--;
+    }
     if ((argc == 4 || argc == 5) && strcmp(argv[1], "--serve") == 0)
         return serve(atoi(argv[2]), (pid_t)atol(argv[3]), argc == 5 ? argv[4] : NULL);
     if (argc >= 3 && strcmp(argv[1], "--watch") == 0) return watch(&argv[2]);

@@ -1,6 +1,5 @@
 #include "spawn_common.h"
 #include "spawn_sandbox.h"
-#include "spawn_seccomp.h"
 #include "spawn_server.h"
 #include "spawn_util.h"
 
@@ -367,8 +366,7 @@ int cell_init(char *limits, char **argv) {
          * to share.) */
         if (syscall(SYS_keyctl, 1 /* KEYCTL_JOIN_SESSION_KEYRING */, NULL) < 0 && errno != ENOSYS)
             _exit(fail("keyctl", "join session keyring"));
-        /* Then no keyring at all: what a key holds outlives the cell (spawn_seccomp.c). */
-        if (refuse_keyrings() != 0) _exit(fail("seccomp", "refuse the kernel's keyrings"));
+        no_keyrings = 1;  /* then no keyring at all (run_program) */
         _exit(run_program(limits, argv));
     }
     for (;;) {  /* the namespace's init: reaps what is orphaned, ends with the program */

@@ -44,8 +44,10 @@ int refuse_keyrings(void) {
         BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
     };
     struct sock_fprog fprog = {(unsigned short)(sizeof prog / sizeof prog[0]), prog};
-    /* Without no_new_privs the kernel takes a filter only from a process with CAP_SYS_ADMIN. */
-    if (prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) != 1 && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return -1;
+    if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &fprog) == 0) return 0;
+    /* Without CAP_SYS_ADMIN the kernel takes a filter only under no_new_privs (root keeps its
+     * privileges: bubblewrap's and setpriv's changes of uid still work under it). */
+    if (errno != EACCES || prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) return -1;
     return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &fprog);
 #else
     errno = ENOSYS;

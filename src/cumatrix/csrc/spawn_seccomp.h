@@ -8,7 +8,8 @@
  *                calls all stop.  A filter refused is said on the record ("n").
  * refuse_keyrings()  puts in place the filter of a served cell's program: add_key, request_key
  *                and keyctl fail with ENOSYS, by every ABI's numbers (native, x32, i386 or
- *                32-bit ARM); sets no_new_privs where it is not set.  0, or -1 with errno. */
+ *                32-bit ARM); sets no_new_privs where the kernel asks for it (no CAP_SYS_ADMIN).
+ *                0, or -1 with errno. */
 #ifndef CUMATRIX_SPAWN_SECCOMP_H
 #define CUMATRIX_SPAWN_SECCOMP_H
 void traced_child_setup(int go_fd);

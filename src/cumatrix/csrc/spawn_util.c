@@ -1,5 +1,6 @@
 #include "spawn_common.h"
 #include "spawn_util.h"
+#include "spawn_seccomp.h"
 
 int fail(const char *what, const char *arg) {
     fprintf(stderr, "cumatrix-spawn: %s %s: %s\n", what, arg, strerror(errno));
@@ -31,9 +32,14 @@ static int set_limits(char *spec) {
     return 0;
 }
 
-/* The program's side: limits, then exec; returns only on failure (the exit code to use). */
+int no_keyrings;
+
+/* The program's side: limits, the keyring filter, then exec; returns only on failure (the exit
+ * code to use). */
 int run_program(char *limits, char **argv) {
     if (strcmp(limits, "-") != 0 && set_limits(limits) != 0) return 126;
+    /* Last before the exec: what a key holds outlives the cell (spawn_seccomp.c). */
+    if (no_keyrings && refuse_keyrings() != 0) return fail("seccomp", "refuse the kernel's keyrings");
     execvp(argv[0], argv);
     int err = errno;
     fprintf(stderr, "cannot start '%s': %s\n", argv[0], strerror(err));

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -404,6 +405,10 @@ def _with_shim(shim: Path, argv: tuple[str, ...], env: dict[str, str], extra: di
     """The plan of a job the compiled helper spawns: built by the fork server (``served``: its
     operations), traced by the helper (``trace``, where tracing is on), or spawned alone."""
     spec = ",".join(f"{n}={s}:{h}" for n, s, h in lims) or "-"
+    if extra.get("sandbox") == "bubblewrap" and _bwrap_takes_filter():
+        shim_argv: tuple[str, ...] = (str(shim), "--no-keys")  # no keyring, as in a served cell
+    else:
+        shim_argv = (str(shim),)
     if served is not None:
         extra["spawn"] = "fork-server"
         return Plan(argv=argv, env=env, extra=extra, signal_in_exit=True, trace=TraceChannel(),
@@ -411,11 +416,24 @@ def _with_shim(shim: Path, argv: tuple[str, ...], env: dict[str, str], extra: di
                                                  cgroup=scope.cgroup))
     if trace and tracing_enabled():
         chan = TraceChannel()
-        return Plan(argv=(str(shim), "--trace", str(chan.write_fd), str(os.getpid()), procs or "-", spec, "--",
+        return Plan(argv=(*shim_argv, "--trace", str(chan.write_fd), str(os.getpid()), procs or "-", spec, "--",
                           *argv), env=env, pass_fds=(chan.write_fd,), extra=extra, signal_in_exit=signal_in_exit,
                     problem=problem, trace=chan)
-    return Plan(argv=(str(shim), str(os.getpid()), procs or "-", spec, "--", *argv), env=env,
+    return Plan(argv=(*shim_argv, str(os.getpid()), procs or "-", spec, "--", *argv), env=env,
                 extra=extra, signal_in_exit=signal_in_exit, problem=problem)
+
+
+def _bwrap_takes_filter() -> bool:
+    """Whether the cell's bubblewrap may start under the keyring filter: always for root (the
+    filter needs no ``no_new_privs`` there); for anyone else only a bubblewrap that is not
+    setuid (``no_new_privs``, which the filter then needs, would keep a setuid one from working)."""
+    if os.geteuid() == 0:
+        return True
+    path = bubblewrap()[0]
+    try:
+        return path is not None and not os.stat(path).st_mode & stat.S_ISUID
+    except OSError:
+        return False
 
 
 def served_without_cgroup(policy: Policy | None) -> bool:
