@@ -8,7 +8,7 @@ from real CUDA headers (:class:`cumatrix.audit.findings.AuditData`).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Container, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from functools import lru_cache
@@ -276,13 +276,19 @@ def _versions(texts: tuple[str, ...]) -> list[int]:
     return [int(CudaVersion.parse(x)) for x in texts]
 
 
+def _runtime_floor(f: _Facts, min_runtime: CudaVersion) -> int:
+    """The oldest runtime file ``f`` can meet: ``--min-runtime``, or the major of a libcudart
+    it loads where that is newer."""
+    majors = [int(m.group(1)) for lib in f.needed if (m := _LIBCUDART_RE.match(lib))]
+    # A file that loads libcudart.so.13 cannot meet a 12.x runtime: runtime-major says so.
+    return max([int(min_runtime)] + [m * 1000 for m in majors])
+
+
 def _runtime_floor_checks(f: _Facts, s: AuditSettings, data: AuditData) -> list[Finding]:
     if s.min_runtime is None or not data.runtime_introductions:
         return []
     out: list[Finding] = []
-    majors = [int(m.group(1)) for lib in f.needed if (m := _LIBCUDART_RE.match(lib))]
-    # A file that loads libcudart.so.13 cannot meet a 12.x runtime: runtime-major says so.
-    floor = max([int(s.min_runtime)] + [m * 1000 for m in majors])
+    floor = _runtime_floor(f, s.min_runtime)
     older = _versions(data.runtime_sources)
     oldest = min(older, default=0)
     read = (f"libcudart {data.runtime_sources[0]}-{data.runtime_sources[-1]} read"
@@ -324,46 +330,54 @@ def _dispatch_checks(f: _Facts,
     # A statically linked runtime names every runtime function (its own tables): not lookups.
     if not abi_changed or f.static_runtime:
         return []
-    out: list[Finding] = []
     asked = f.undefined | f.cuda_strings | f.cu_strings
     driver_q = sorted(q for q in _DRIVER_VERSION_QUERIES if q in asked)
     runtime_q = sorted(q for q in _RUNTIME_VERSION_QUERIES if q in asked)
+    return [_abi_lookup(f.name, text, _abi_text(base, abi_changed), runtime_q, driver_q)
+            for text, base in _abi_changed_strings(f, abi_changed)]
+
+
+def _abi_changed_strings(f: _Facts, abi_changed: Container[str]) -> Iterator[tuple[str, str]]:
+    """``(string, function)`` of each ``cuda`` string of ``f`` naming a runtime function whose
+    ABI changed (its ``_ptsz``/``_ptds`` form too), in order."""
     for text in sorted(f.cuda_strings):
         base = _PER_THREAD_RE.sub("", text)
         # A file that exports the name is a runtime itself (a vendored libcudart).
-        if base not in abi_changed or base in f.exported or text in f.exported:
-            continue
-        abi = _abi_text(base, abi_changed)
-        if runtime_q:
-            out.append(Finding(
-                file=f.name, severity="note", code="abi-lookup-runtime-version", subject=text,
-                message=(f"names \"{text}\" as a string (looked up at run time; its ABI changed "
-                         f"between CUDA majors: {abi}) and asks {runtime_q[0]}: the ABI is "
-                         "chosen from the runtime actually loaded, as it must be"),
-                fix="none needed (SGLang PR 23183)",
-            ))
-        elif driver_q:
-            out.append(Finding(
-                file=f.name, severity="error", code="abi-lookup-driver-version", subject=text,
-                message=(f"names \"{text}\" as a string (looked up at run time; its ABI changed "
-                         f"between CUDA majors: {abi}) and asks {driver_q[0]} but never "
-                         "cudaRuntimeGetVersion: it picks the ABI from the driver, so a CUDA 12 "
-                         "runtime on a 13.x driver is called with the 13.x ABI and crashes "
-                         "(SIGSEGV, SGLang PR 23172)"),
-                fix=("choose the ABI from cudaRuntimeGetVersion of the runtime actually loaded "
-                     "(SGLang PR 23183)"),
-            ))
-        else:
-            out.append(Finding(
-                file=f.name, severity="warning", code="abi-lookup", subject=text,
-                message=(f"names \"{text}\" as a string, so it is looked up at run time "
-                         f"(dlsym): its ABI changed between CUDA majors ({abi}), and the static "
-                         "audit cannot see which ABI the code assumes"),
-                fix=("choose the ABI from cudaRuntimeGetVersion of the runtime actually loaded, "
-                     "never from cudaDriverGetVersion or compile-time CUDA_VERSION "
-                     "(SGLang PR 23183, SGLang issue 36302)"),
-            ))
-    return out
+        if base in abi_changed and base not in f.exported and text not in f.exported:
+            yield text, base
+
+
+def _abi_lookup(name: str, text: str, abi: str, runtime_q: list[str], driver_q: list[str]) -> Finding:
+    """The finding for a looked-up runtime function of a changed ABI: a note where the file asks
+    the runtime's version, an error where it asks only the driver's, else a warning."""
+    if runtime_q:
+        return Finding(
+            file=name, severity="note", code="abi-lookup-runtime-version", subject=text,
+            message=(f"names \"{text}\" as a string (looked up at run time; its ABI changed "
+                     f"between CUDA majors: {abi}) and asks {runtime_q[0]}: the ABI is "
+                     "chosen from the runtime actually loaded, as it must be"),
+            fix="none needed (SGLang PR 23183)",
+        )
+    if driver_q:
+        return Finding(
+            file=name, severity="error", code="abi-lookup-driver-version", subject=text,
+            message=(f"names \"{text}\" as a string (looked up at run time; its ABI changed "
+                     f"between CUDA majors: {abi}) and asks {driver_q[0]} but never "
+                     "cudaRuntimeGetVersion: it picks the ABI from the driver, so a CUDA 12 "
+                     "runtime on a 13.x driver is called with the 13.x ABI and crashes "
+                     "(SIGSEGV, SGLang PR 23172)"),
+            fix=("choose the ABI from cudaRuntimeGetVersion of the runtime actually loaded "
+                 "(SGLang PR 23183)"),
+        )
+    return Finding(
+        file=name, severity="warning", code="abi-lookup", subject=text,
+        message=(f"names \"{text}\" as a string, so it is looked up at run time "
+                 f"(dlsym): its ABI changed between CUDA majors ({abi}), and the static "
+                 "audit cannot see which ABI the code assumes"),
+        fix=("choose the ABI from cudaRuntimeGetVersion of the runtime actually loaded, "
+             "never from cudaDriverGetVersion or compile-time CUDA_VERSION "
+             "(SGLang PR 23183, SGLang issue 36302)"),
+    )
 
 
 #: The two scans of a file's loaded data, made in one reading: names starting with ``cu`` or

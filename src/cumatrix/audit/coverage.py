@@ -67,26 +67,40 @@ def device_checks(name: str, codes: tuple[DeviceCode, ...], s: AuditSettings) ->
     return out
 
 
+def _jit_floor(arch: int, s: AuditSettings) -> CudaVersion:
+    """The oldest driver a GPU of SM ``arch`` runs: ``--min-driver``, or the first driver of its
+    generation where that is newer."""
+    # A GPU of this generation runs no driver older than the first that supports it, so
+    # the PTX must JIT on that driver, not on an older --min-driver.
+    gen = runtime_evidence.arch_min_cuda(arch)
+    return max(s.min_driver, gen) if gen is not None else s.min_driver
+
+
+def _jits_on(c: DeviceCode, floor: CudaVersion) -> bool:
+    """Whether PTX entry ``c`` is of an ISA a driver of CUDA ``floor`` compiles."""
+    cv = ptx_isa_cuda(c.isa) if c.isa is not None else None
+    return cv is not None and CudaVersion(*cv) <= floor
+
+
+def _jit_driver_text(isa: tuple[int, int] | None) -> str:
+    """The driver PTX of ISA ``isa`` needs to JIT-compile, in words."""
+    need = ptx_isa_cuda(isa) if isa else None
+    return (f"a CUDA {need[0]}.{need[1]} driver" if need
+            else "a driver newer than any this audit knows")
+
+
 def _ptx_too_new(name: str, arch: int, gpu: str, ptx: Sequence[DeviceCode],
                  s: AuditSettings) -> Finding | None:
     """The error for GPU ``arch`` where none of its (only) code, ``ptx``, JIT-compiles on the
     oldest driver that can run it; ``None`` where some does."""
-    # A GPU of this generation runs no driver older than the first that supports it, so
-    # the PTX must JIT on that driver, not on an older --min-driver.
-    gen = runtime_evidence.arch_min_cuda(arch)
-    floor = max(s.min_driver, gen) if gen is not None else s.min_driver
+    floor = _jit_floor(arch, s)
     raised = (f"; a compute capability {gpu} GPU needs "
               f"{runtime_evidence.min_driver_text(floor)} anyway, so that is the floor here"
               if floor > s.min_driver else "")
-    usable = [c for c in ptx if c.isa is not None and (cv := ptx_isa_cuda(c.isa)) is not None
-              and CudaVersion(*cv) <= floor]
-    if usable:
+    if any(_jits_on(c, floor) for c in ptx):
         return None
     newest = min(ptx, key=lambda c: c.isa or (99, 99))
-    isa = newest.isa
-    need = ptx_isa_cuda(isa) if isa else None
-    need_text = (f"a CUDA {need[0]}.{need[1]} driver" if need
-                 else "a driver newer than any this audit knows")
+    need_text = _jit_driver_text(newest.isa)
     return Finding(
         file=name, severity="error", code="ptx-too-new", subject=f"sm_{arch}",
         message=(f"the only code for compute capability {gpu} is {newest.label()}, which "
@@ -121,24 +135,38 @@ def kernel_file_checks(name: str, elf: ELFFile, s: AuditSettings, found: list[Fi
     where every module of the file without code for that GPU holds no kernel (cuFFT's
     ``libcufftw.so.11``: one sm_52 module of no kernel), nothing can fail to launch; where
     such modules cannot be read, a warning (a module not read never decides an error)."""
-    if not any(f.code in _FAILS and f.severity == "error" for f in found):
+    if not any(_fails(f) for f in found):
         return found
-    modules = [m for m in (*elf_device_modules(elf), *extra) if m.codes]
+    modules = _coded_modules(elf, extra)
     if len(modules) > _FILE_READ:
         return found  # a library of many modules: its kernels are there (not read for this)
     kernels = {m.offset: module_kernels(elf.stream, m) for m in modules}
     out: list[Finding] = []
     for f in found:
-        if f.code not in _FAILS or f.severity != "error":
+        if not _fails(f):
             out.append(f)
             continue
-        arch = int(f.subject.removeprefix("sm_"))
-        only = replace(s, arch_list=((arch, ""),))
-        lacking = [kernels[m.offset] for m in modules if device_checks(name, m.codes, only)]
-        kept = _kernel_backed(f, lacking)
+        kept = _kernel_backed(f, _lacking_kernels(name, f, modules, kernels, s))
         if kept is not None:
             out.append(kept)
     return out
+
+
+def _fails(f: Finding) -> bool:
+    """Whether ``f`` is an error that a kernel launch fails (:data:`_FAILS`)."""
+    return f.code in _FAILS and f.severity == "error"
+
+
+def _coded_modules(elf: ELFFile, extra: Sequence[FatbinModule]) -> list[FatbinModule]:
+    """The modules of ``elf`` (and ``extra``) that hold any code."""
+    return [m for m in (*elf_device_modules(elf), *extra) if m.codes]
+
+
+def _lacking_kernels(name: str, f: Finding, modules: Sequence[FatbinModule],
+                     kernels: dict[int, ModuleKernels], s: AuditSettings) -> list[ModuleKernels]:
+    """The kernels of the ``modules`` without code for the GPU of finding ``f``."""
+    only = replace(s, arch_list=((int(f.subject.removeprefix("sm_")), ""),))
+    return [kernels[m.offset] for m in modules if device_checks(name, m.codes, only)]
 
 
 def _kernel_backed(f: Finding, lacking: list[ModuleKernels]) -> Finding | None:
@@ -226,6 +254,11 @@ def _targets(codes: Sequence[DeviceCode]) -> str:
     return ", ".join(sorted({c.name for c in codes}, key=_arch_key))
 
 
+def _general_families(codes: Sequence[DeviceCode]) -> set[int]:
+    """The families of GPUs the general (not ``a``/``f``) entries of ``codes`` are for."""
+    return {_family(c) for c in codes if not c.variant}
+
+
 def dispatch_reason(codes: Sequence[DeviceCode], arch: int, newest: int | None) -> str | None:
     """Why a module with no code for SM ``arch`` is a dispatch target, a kernel set that a
     library picks at run time for other GPUs and never launches on this one; ``None`` when
@@ -240,11 +273,12 @@ def dispatch_reason(codes: Sequence[DeviceCode], arch: int, newest: int | None) 
     consumer Blackwell), which Hopper and 10.0 never launch."""
     if all(c.variant for c in codes):
         return "all of its code is architecture- or family-specific (a/f)"
-    if len({_family(c) for c in codes if not c.variant}) == 1:
+    families = _general_families(codes)
+    if len(families) == 1:
         return "all of its code is for one family of GPUs"
     if any(c.arch > arch for c in codes):
         return "it holds code for newer GPUs, and leaves this one out"
-    top = max(_family(c) for c in codes if not c.variant)
+    top = max(families)
     if newest is not None and top < newest:
         return (f"its code stops at family {top}, older than the file's general code "
                 f"(family {newest}): kernels for older GPUs")
@@ -262,7 +296,7 @@ def module_checks(name: str, elf: ELFFile, s: AuditSettings, file_findings: Sequ
     be read (its reason given) is a warning, never an error on its own."""
     if s.arch_list is None:
         return []
-    modules = [m for m in (*elf_device_modules(elf), *extra) if m.codes]
+    modules = _coded_modules(elf, extra)
     if len(modules) < 2:
         return []
     newest = _newest_general(modules)
@@ -286,7 +320,7 @@ def module_checks(name: str, elf: ELFFile, s: AuditSettings, file_findings: Sequ
 def _newest_general(modules: Sequence[FatbinModule]) -> int | None:
     """The newest family the general code reaches: of the modules whose (non-variant)
     targets span several families."""
-    general = [m for m in modules if len({_family(c) for c in m.codes if not c.variant}) > 1]
+    general = [m for m in modules if len(_general_families(m.codes)) > 1]
     return max((_family(c) for m in general for c in m.codes if not c.variant), default=None)
 
 

@@ -108,43 +108,60 @@ def library_checks(name: str, uses: Iterable[LibraryUse], judged: Iterable[int],
     for use in uses:
         if len(use.cuda) == 1 and use.cuda[0] in done:
             continue
-        lib, majors = use.library, _majors_text(use.cuda)
         # Linked: the loader refuses the file without it; loaded: only where the name is used.
         worst: Severity = "error" if use.how.startswith("DT_NEEDED") else "warning"
-        if s.runtimes is not None and not set(use.cuda) & set(s.runtimes):
-            declared = ",".join(map(str, s.runtimes))
-            out.append(Finding(
-                file=name, severity=worst, code="library-major", subject=use.soname,
-                message=(f"{use.how}: {use.soname} is {lib.name} of {majors} ({DATA_FILE}), "
-                         f"outside the declared runtime majors ({declared}): this file works "
-                         f"only next to a CUDA {use.cuda[-1]} toolkit library"),
-                fix=(f"build and link it against the {lib.name} of CUDA {declared}, publish "
-                     "one wheel per CUDA major, or declare the major with --runtimes"),
-            ))
-        oldest = min(use.cuda)
-        if not major_newer_than_driver(int(CudaVersion(oldest, 0)), int(s.min_driver)):
-            continue
-        if lib.uses == "compiler":
-            out.append(Finding(
-                file=name, severity="warning", code="library-needs-newer-driver", subject=use.soname,
-                message=(f"{use.how}: {lib.name} of {majors} needs no driver itself, but the "
-                         f"device code it builds targets CUDA {oldest}: a driver older than "
-                         f"{oldest}.0 (--min-driver {s.min_driver}) refuses PTX of that ISA "
-                         "(CUDA_ERROR_UNSUPPORTED_PTX_VERSION, 222) and cubins built for it"),
-                fix=(f"ask {lib.name} for PTX no newer than the oldest driver runs (NVRTC: "
-                     "-arch=compute_XY of an older target, or the driver's own JIT), or raise "
-                     f"--min-driver to {oldest}.0"),
-            ))
-            continue
-        severity: Severity = "note" if s.forward_compat else worst
-        out.append(Finding(
-            file=name, severity=severity, code="library-needs-newer-driver", subject=use.soname,
-            message=(f"{use.how}: {lib.name} of {majors} runs on a CUDA {oldest} runtime, which "
-                     f"needs a CUDA {oldest}.0 driver, newer than --min-driver {s.min_driver}"
-                     + ("; accepted with --forward-compat (cuda-compat, data-centre GPUs only)"
-                        if s.forward_compat else
-                        ": on older drivers its calls fail with cudaErrorInsufficientDriver (35)")),
-            fix=(f"link the {lib.name} of an older CUDA major, raise --min-driver to {oldest}.0, "
-                 "or, for data-centre GPUs with cuda-compat only, pass --forward-compat"),
-        ))
+        outside = _outside_majors(name, use, worst, s)
+        if outside is not None:
+            out.append(outside)
+        newer = _needs_newer_driver(name, use, worst, s)
+        if newer is not None:
+            out.append(newer)
     return out
+
+
+def _outside_majors(name: str, use: LibraryUse, worst: Severity, s: AuditSettings) -> Finding | None:
+    """``library-major`` where ``use``'s library is of no runtime major ``--runtimes`` declares."""
+    if s.runtimes is None or set(use.cuda) & set(s.runtimes):
+        return None
+    lib, majors = use.library, _majors_text(use.cuda)
+    declared = ",".join(map(str, s.runtimes))
+    return Finding(
+        file=name, severity=worst, code="library-major", subject=use.soname,
+        message=(f"{use.how}: {use.soname} is {lib.name} of {majors} ({DATA_FILE}), "
+                 f"outside the declared runtime majors ({declared}): this file works "
+                 f"only next to a CUDA {use.cuda[-1]} toolkit library"),
+        fix=(f"build and link it against the {lib.name} of CUDA {declared}, publish "
+             "one wheel per CUDA major, or declare the major with --runtimes"),
+    )
+
+
+def _needs_newer_driver(name: str, use: LibraryUse, worst: Severity,
+                        s: AuditSettings) -> Finding | None:
+    """``library-needs-newer-driver`` where ``use``'s oldest major needs a driver newer than
+    ``--min-driver``."""
+    lib, majors = use.library, _majors_text(use.cuda)
+    oldest = min(use.cuda)
+    if not major_newer_than_driver(int(CudaVersion(oldest, 0)), int(s.min_driver)):
+        return None
+    if lib.uses == "compiler":
+        return Finding(
+            file=name, severity="warning", code="library-needs-newer-driver", subject=use.soname,
+            message=(f"{use.how}: {lib.name} of {majors} needs no driver itself, but the "
+                     f"device code it builds targets CUDA {oldest}: a driver older than "
+                     f"{oldest}.0 (--min-driver {s.min_driver}) refuses PTX of that ISA "
+                     "(CUDA_ERROR_UNSUPPORTED_PTX_VERSION, 222) and cubins built for it"),
+            fix=(f"ask {lib.name} for PTX no newer than the oldest driver runs (NVRTC: "
+                 "-arch=compute_XY of an older target, or the driver's own JIT), or raise "
+                 f"--min-driver to {oldest}.0"),
+        )
+    severity: Severity = "note" if s.forward_compat else worst
+    return Finding(
+        file=name, severity=severity, code="library-needs-newer-driver", subject=use.soname,
+        message=(f"{use.how}: {lib.name} of {majors} runs on a CUDA {oldest} runtime, which "
+                 f"needs a CUDA {oldest}.0 driver, newer than --min-driver {s.min_driver}"
+                 + ("; accepted with --forward-compat (cuda-compat, data-centre GPUs only)"
+                    if s.forward_compat else
+                    ": on older drivers its calls fail with cudaErrorInsufficientDriver (35)")),
+        fix=(f"link the {lib.name} of an older CUDA major, raise --min-driver to {oldest}.0, "
+             "or, for data-centre GPUs with cuda-compat only, pass --forward-compat"),
+    )

@@ -145,17 +145,31 @@ def _rebound(member: str, link: Linkage, reached: Mapping[str, list[str]], files
              own: list[Finding]) -> list[Finding] | None:
     """``own`` (the findings of ``member``) with the symbols that the wheel's libraries it
     loads (``reached``) define bound to them; ``None`` where those bind none it needs."""
-    defined: dict[str, str] = {}
-    for lib in reached:
-        for sym in files[lib].exported:
-            defined.setdefault(sym, lib)
+    defined = _defined_by(reached, files)
     if not any(sym in defined for sym in link.driver_undefined) and not any(
             f.code == "runtime-symbol-too-new" for f in own):
         return None
     own = _bound(own, defined)
     if any(f.code == "underlinked-libcuda" for f in own):
-        missing = [sym for sym in link.driver_undefined if sym not in defined]
-        own = [f for f in own if f.code != "underlinked-libcuda"]
-        if missing:
-            own.append(underlinked_finding(member, missing))
+        own = _underlinked_again(member, link, own, defined)
+    return own
+
+
+def _defined_by(reached: Mapping[str, list[str]], files: Mapping[str, Linkage]) -> dict[str, str]:
+    """Symbol -> the first library of ``reached`` (the wheel's, loaded) that defines it."""
+    defined: dict[str, str] = {}
+    for lib in reached:
+        for sym in files[lib].exported:
+            defined.setdefault(sym, lib)
+    return defined
+
+
+def _underlinked_again(member: str, link: Linkage, own: list[Finding],
+                       defined: Mapping[str, str]) -> list[Finding]:
+    """``own`` with its ``underlinked-libcuda`` finding naming only the driver symbols no
+    library of the wheel defines (none where they define them all)."""
+    missing = [sym for sym in link.driver_undefined if sym not in defined]
+    own = [f for f in own if f.code != "underlinked-libcuda"]
+    if missing:
+        own.append(underlinked_finding(member, missing))
     return own

@@ -192,29 +192,46 @@ def _run_members(wheel: Path, members: list[tuple[str, int]], s: AuditSettings,
     n = min(jobs or workers(), len(members))
     total = sum(size for _, size in members)
     _PLAN["share"] = total // max(1, n)
-    if n <= 1 or total < _PARALLEL_BYTES or "fork" not in multiprocessing.get_all_start_methods():
-        return {m: _audit_member(wheel, m, s, data, abi) for m, _ in members}
+    if not _parallel(n, total):
+        return _in_process(wheel, members, s, data, abi)
     _WORKER_STATE["audit"] = (wheel, s, data, abi)
     try:
-        # Largest first, so the long members start at once and the small ones fill in.
-        order = [m for m, _ in sorted(members, key=lambda x: -x[1])]
-        big = [m for m, size in sorted(members, key=lambda x: -x[1]) if size > _SMALL_MEMBER]
-        small = order[len(big):]
-        # Small members go to the workers in batches: one round trip per cubin cost more
-        # than auditing it in a wheel of thousands.  Large ones one at a time, for balance.
-        batch = max(1, min(64, len(small) // (n * 8)))
-        try:
-            with ProcessPoolExecutor(max_workers=n,
-                                     mp_context=multiprocessing.get_context("fork")) as pool:
-                first = pool.map(_worker, big)
-                rest = pool.map(_worker, small, chunksize=batch)
-                return {r.name: r for r in itertools.chain(first, rest)}
-        except BrokenProcessPool:
-            # A worker died (out of memory, a crash in a native inflater on a hostile file):
-            # audit in this process instead, where each member's failure is its own finding.
-            return {m: _audit_member(wheel, m, s, data, abi) for m, _ in members}
+        return _pooled(wheel, members, n, s, data, abi)
     finally:
         _WORKER_STATE.clear()
+
+
+def _parallel(n: int, total: int) -> bool:
+    """Whether ``total`` bytes of members are worth ``n`` forked workers (and fork exists)."""
+    return n > 1 and total >= _PARALLEL_BYTES and "fork" in multiprocessing.get_all_start_methods()
+
+
+def _in_process(wheel: Path, members: list[tuple[str, int]], s: AuditSettings, data: AuditData,
+                abi: Mapping[str, tuple[str, str]] | AbstractSet[str]) -> dict[str, _MemberResult]:
+    return {m: _audit_member(wheel, m, s, data, abi) for m, _ in members}
+
+
+def _pooled(wheel: Path, members: list[tuple[str, int]], n: int, s: AuditSettings,
+            data: AuditData, abi: Mapping[str, tuple[str, str]] | AbstractSet[str]
+            ) -> dict[str, _MemberResult]:
+    """The members audited on ``n`` forked workers (:data:`_WORKER_STATE` set)."""
+    # Largest first, so the long members start at once and the small ones fill in.
+    order = [m for m, _ in sorted(members, key=lambda x: -x[1])]
+    big = [m for m, size in sorted(members, key=lambda x: -x[1]) if size > _SMALL_MEMBER]
+    small = order[len(big):]
+    # Small members go to the workers in batches: one round trip per cubin cost more
+    # than auditing it in a wheel of thousands.  Large ones one at a time, for balance.
+    batch = max(1, min(64, len(small) // (n * 8)))
+    try:
+        with ProcessPoolExecutor(max_workers=n,
+                                 mp_context=multiprocessing.get_context("fork")) as pool:
+            first = pool.map(_worker, big)
+            rest = pool.map(_worker, small, chunksize=batch)
+            return {r.name: r for r in itertools.chain(first, rest)}
+    except BrokenProcessPool:
+        # A worker died (out of memory, a crash in a native inflater on a hostile file):
+        # audit in this process instead, where each member's failure is its own finding.
+        return _in_process(wheel, members, s, data, abi)
 
 
 def audit_members(wheel: Path, s: AuditSettings, data: AuditData,

@@ -7,7 +7,7 @@ import textwrap
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 
-from cumatrix.audit.findings import AuditSettings, Finding, StaticAudit, WheelAudit
+from cumatrix.audit.findings import AuditSettings, FileDevice, Finding, StaticAudit, WheelAudit
 
 
 def _counts(errors: int, warnings: int) -> str:
@@ -108,16 +108,28 @@ def _wheel_findings(a: WheelAudit, wrap: textwrap.TextWrapper, fixwrap: textwrap
     folded = {} if verbose else folded_notes(a)
     hidden = {id(f) for fs in folded.values() for f in fs}
     for file, found in _by_file(a).items():
-        d = device.get(file)
-        code = (f"  [SASS {' '.join(d.sass) or '-'}; PTX {' '.join(d.ptx) or '-'}]"
-                if d else "")
         shown = [f for f in found if id(f) not in hidden]
-        lines += _file_lines(file, code, found, shown, wrap, fixwrap, verbose=verbose)
+        lines += _file_lines(file, _code_text(device.get(file)), found, shown, wrap, fixwrap,
+                             verbose=verbose)
+    lines += _folded_lines(folded, wrap)
+    lines.append("")
+    return lines
+
+
+def _folded_lines(folded: dict[str, list[Finding]], wrap: textwrap.TextWrapper) -> list[str]:
+    """One line per code of notes folded (:func:`folded_notes`), and what they share."""
+    lines: list[str] = []
     for fcode, found in folded.items():
         lines.append(f"  NOTE     {fcode} x{len(found)} (-v lists each)")
         lines.extend(_wrap(wrap, _fold_line(fcode, found)))
-    lines.append("")
     return lines
+
+
+def _code_text(d: FileDevice | None) -> str:
+    """A file's device code after its name (``[SASS ...; PTX ...]``), or nothing without any."""
+    if not d:
+        return ""
+    return f"  [SASS {' '.join(d.sass) or '-'}; PTX {' '.join(d.ptx) or '-'}]"
 
 
 def _file_lines(file: str, code: str, found: Sequence[Finding], shown: Sequence[Finding],
@@ -229,19 +241,24 @@ def junit_suites(audits: Sequence[WheelAudit]) -> list[ET.Element]:
         suite = ET.Element("testsuite", name=f"static {a.wheel.name}", tests=str(len(files)),
                            failures=str(failures), time=f"{a.seconds:.3f}")
         for file, found in files.items():
-            case = ET.SubElement(suite, "testcase", classname="cumatrix.front.gate.static",
-                                 name=f"{a.wheel.name}::{file}")
-            errs = [f for f in found if f.severity == "error"]
-            body = "\n".join(f"{f.severity} {f.code} {f.subject}: {f.message}\nfix: {f.fix}"
-                             for f in found)
-            if errs:
-                fail = ET.SubElement(case, "failure",
-                                     message="; ".join(f"{f.code} {f.subject}" for f in errs))
-                fail.text = body
-            elif found:
-                ET.SubElement(case, "system-out").text = body
+            _junit_case(suite, a, file, found)
         suites.append(suite)
     return suites
+
+
+def _junit_case(suite: ET.Element, a: WheelAudit, file: str, found: Sequence[Finding]) -> None:
+    """The testcase of one file: failed on an error finding, its other findings as output."""
+    case = ET.SubElement(suite, "testcase", classname="cumatrix.front.gate.static",
+                         name=f"{a.wheel.name}::{file}")
+    errs = [f for f in found if f.severity == "error"]
+    body = "\n".join(f"{f.severity} {f.code} {f.subject}: {f.message}\nfix: {f.fix}"
+                     for f in found)
+    if errs:
+        fail = ET.SubElement(case, "failure",
+                             message="; ".join(f"{f.code} {f.subject}" for f in errs))
+        fail.text = body
+    elif found:
+        ET.SubElement(case, "system-out").text = body
 
 
 def findings_junit(audits: Sequence[WheelAudit]) -> str:

@@ -44,7 +44,7 @@ from cumatrix.audit.findings import (
     StaticAudit,
     WheelAudit,
 )
-from cumatrix.audit.members import ELF_READER, audit_members, workers
+from cumatrix.audit.members import ELF_READER, _MemberResult, audit_members, workers
 from cumatrix.audit.output import (
     device_markdown,
     findings_junit,
@@ -120,6 +120,16 @@ def audit_wheel(
         introductions=introductions, abi_changes={}, sources=())
     d = replace(d, requires=runtime_evidence.wheel_requires(wheel))
     members, results = audit_members(wheel, s, d, abi_changed, jobs)
+    elves, findings, device, links = _gathered(members, results)
+    findings = _marked_optional(linkage.wheel_checks(links, findings, s), s.optional or optional)
+    findings.extend(optional_import_notes(wheel, findings))
+    return WheelAudit(wheel=wheel, elves=tuple(elves), findings=tuple(findings),
+                      seconds=time.perf_counter() - start, device=tuple(device))
+
+
+def _gathered(members: list[tuple[str, int]], results: Mapping[str, _MemberResult]
+              ) -> tuple[list[str], list[Finding], list[FileDevice], dict[str, Linkage]]:
+    """The ELF members, in archive order, their findings, their device code and linkage."""
     elves: list[str] = []
     findings: list[Finding] = []
     device: list[FileDevice] = []
@@ -134,19 +144,21 @@ def audit_wheel(
             links[m] = r.link
         if r.codes:
             device.append(FileDevice(file=m, codes=r.codes))
-    findings = linkage.wheel_checks(links, findings, s)
-    globs = s.optional or optional
-    if globs:
-        findings = [
-            replace(f, severity="warning", optional=True)
-            if f.severity == "error" and any(fnmatch.fnmatchcase(f.file, g) for g in globs)
-            else replace(f, optional=True)
-            if any(fnmatch.fnmatchcase(f.file, g) for g in globs) else f
-            for f in findings
-        ]
-    findings.extend(optional_import_notes(wheel, findings))
-    return WheelAudit(wheel=wheel, elves=tuple(elves), findings=tuple(findings),
-                      seconds=time.perf_counter() - start, device=tuple(device))
+    return elves, findings, device, links
+
+
+def _marked_optional(findings: list[Finding], globs: tuple[str, ...]) -> list[Finding]:
+    """``findings`` with those of files matching a glob of ``globs`` marked optional, an error
+    among them downgraded to a warning."""
+    out: list[Finding] = []
+    for f in findings:
+        if not any(fnmatch.fnmatchcase(f.file, g) for g in globs):
+            out.append(f)
+        elif f.severity == "error":
+            out.append(replace(f, severity="warning", optional=True))
+        else:
+            out.append(replace(f, optional=True))
+    return out
 
 
 # ------------------------------------------------------------ guarded (optional) imports
@@ -287,11 +299,16 @@ def _guarded_imports(wheel: Path, wanted: re.Pattern[bytes], modules: Container[
     return found, plain
 
 
+def _failing_extensions(findings: Sequence[Finding]) -> dict[str, str]:
+    """Module name -> file, for each file with an error finding that Python imports."""
+    failing = {f.file for f in findings if f.severity == "error"}
+    return {m: f for f in failing if (m := _module_of(f)) is not None}
+
+
 def optional_import_notes(wheel: Path, findings: Sequence[Finding]) -> list[Finding]:
     """A note for each file with an error finding that the wheel's Python code imports only
     inside ``try/except ImportError``: the project may treat it as optional."""
-    failing = {f.file for f in findings if f.severity == "error"}
-    modules = {m: f for f in failing if (m := _module_of(f)) is not None}
+    modules = _failing_extensions(findings)
     if not modules:
         return []
     stems = {m.rsplit(".", 1)[-1] for m in modules}

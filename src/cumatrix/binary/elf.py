@@ -22,6 +22,7 @@ from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
 from cumatrix.binary.loader import LoaderError, LoaderView, load_segments, loader_view, section_headers
+from cumatrix.binary.ranges import range_chunks
 from cumatrix.binary.wheelmember import SPOOL_MAX, data_start, member_magic, open_member, spool_file
 
 __all__ = [
@@ -191,15 +192,7 @@ def _dynsym(elf: ELFFile) -> list[tuple[str, bool, bool]]:
     section = elf.get_section_by_name(".dynsym")
     if not isinstance(section, SymbolTableSection):
         return []
-    strtab = elf.get_section(section["sh_link"])
-    size, ssize = section["sh_size"], strtab["sh_size"]
-    if size > _MAX_DYNSYM or ssize > _MAX_DYNSYM:
-        raise ELFError(f".dynsym or its string table is implausibly large ({size}, {ssize})")
-    stream = elf.stream
-    stream.seek(section["sh_offset"])
-    data = stream.read(size)
-    stream.seek(strtab["sh_offset"])
-    names = stream.read(ssize)
+    data, names = _dynsym_tables(elf, section)
     end = "<" if elf.little_endian else ">"
     if elf.elfclass == 64:  # st_name, st_info, st_other, st_shndx, st_value, st_size
         fmt, iname, iinfo, ishndx = struct.Struct(end + "IBBHQQ"), 0, 1, 3
@@ -214,6 +207,19 @@ def _dynsym(elf: ELFFile) -> list[tuple[str, bool, bool]]:
         name = names[off: stop if stop != -1 else len(names)].decode("utf-8", "replace")
         out.append((name, entry[ishndx] != 0, entry[iinfo] >> 4 == _STB_WEAK))
     return out
+
+
+def _dynsym_tables(elf: ELFFile, section: SymbolTableSection) -> tuple[bytes, bytes]:
+    """The bytes of the ``.dynsym`` ``section`` and of its string table (bounded in size)."""
+    strtab = elf.get_section(section["sh_link"])
+    size, ssize = section["sh_size"], strtab["sh_size"]
+    if size > _MAX_DYNSYM or ssize > _MAX_DYNSYM:
+        raise ELFError(f".dynsym or its string table is implausibly large ({size}, {ssize})")
+    stream = elf.stream
+    stream.seek(section["sh_offset"])
+    data = stream.read(size)
+    stream.seek(strtab["sh_offset"])
+    return data, stream.read(ssize)
 
 
 def elf_undefined_symbols(elf: ELFFile) -> Iterator[str]:
@@ -311,13 +317,7 @@ def data_chunks(elf: ELFFile, *, string_tables: bool = False, keep: int) -> Iter
     stream = elf.stream
     for start, size in data_ranges(elf, string_tables=string_tables):
         carry = b"\x00"
-        pos = 0
-        while pos < size:
-            stream.seek(start + pos)
-            chunk = stream.read(min(_SCAN_CHUNK, size - pos))
-            if not chunk:
-                break
-            pos += len(chunk)
+        for _, chunk in range_chunks(stream, start, size, _SCAN_CHUNK):
             buf = carry + chunk
             yield buf
             carry = buf[-keep:]

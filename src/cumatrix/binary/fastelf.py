@@ -88,13 +88,19 @@ def _plain_section(h: Any, name: str, table: list[Container],
     if kind in ("SHT_REL", "SHT_RELA"):
         return bool(h.sh_entsize == rel_sizes[kind == "SHT_RELA"])
     if kind in _SYMBOL_KINDS:
-        link = h.sh_link
-        if not 0 <= link < len(table):
-            return False
-        linked: Any = table[link]
-        return bool(linked.sh_type == "SHT_STRTAB" and not linked.sh_flags & _SHF_COMPRESSED
-                    and h.sh_entsize > 0 and h.sh_size % h.sh_entsize == 0)
+        return _plain_symbol_table(h, table)
     return False  # dynamic, hash, version and other sections: pyelftools decides
+
+
+def _plain_symbol_table(h: Any, table: list[Container]) -> bool:
+    """Whether a symbol table's section is made without raising: linked to a plain string
+    table, of whole entries."""
+    link = h.sh_link
+    if not 0 <= link < len(table):
+        return False
+    linked: Any = table[link]
+    return bool(linked.sh_type == "SHT_STRTAB" and not linked.sh_flags & _SHF_COMPRESSED
+                and h.sh_entsize > 0 and h.sh_size % h.sh_entsize == 0)
 
 
 class FastELFFile(ELFFile):

@@ -35,6 +35,7 @@ from elftools.elf.elffile import ELFFile
 
 from cumatrix.binary.loader import load_segments, section_headers
 from cumatrix.binary.ptx import ptx_isa_cuda, ptx_version
+from cumatrix.binary.ranges import range_chunks
 
 __all__ = [
     "DeviceCode",
@@ -199,6 +200,13 @@ def read_fatbin(stream: IO[bytes], start: int, size: int) -> tuple[DeviceCode, .
     return tuple(out)
 
 
+def _variant(flags: int) -> Variant:
+    """An entry's variant, by its flags: ``"a"`` arch-specific, ``"f"`` family-specific."""
+    if flags & _FLAG_ARCH_SPECIFIC:
+        return "a"
+    return "f" if flags & _FLAG_FAMILY else ""
+
+
 def _read_container(stream: IO[bytes], start: int, entry: int, cend: int,
                     out: list[DeviceCode]) -> None:
     """Append to ``out`` the entries of one fat binary container, from its first entry header
@@ -212,8 +220,7 @@ def _read_container(stream: IO[bytes], start: int, entry: int, cend: int,
             raise FatbinError(f"fat binary entry at offset {entry - start:#x} overruns "
                               "its container")
         compressed = bool(flags & (_FLAG_COMPRESSED_LZ4 | _FLAG_COMPRESSED_ZSTD))
-        variant: Variant = ("a" if flags & _FLAG_ARCH_SPECIFIC
-                            else "f" if flags & _FLAG_FAMILY else "")
+        variant = _variant(flags)
         if kind == _KIND_SASS:
             out.append(DeviceCode(kind="sass", arch=sm, variant=variant,
                                   compressed=compressed))
@@ -246,25 +253,33 @@ def find_fatbin(elf: ELFFile) -> tuple[int, int, bool] | None:
             if name == ".nv_fatbin":
                 return None if h.sh_type == "SHT_NOBITS" else (h.sh_offset, h.sh_size, True)
         return None
-    stream = elf.stream
     for start, size, _, flags in load_segments(elf):
-        if flags & _PF_X:
-            continue
-        pos = 0
-        while pos < size:
-            stream.seek(start + pos)
-            chunk = stream.read(min(_SEGMENT_SCAN, size - pos))
-            if not chunk:
-                break
-            at = chunk.find(_MAGIC_BYTES)
-            while at != -1:
-                if (start + pos + at) % 8 == 0 and at + _CONTAINER.size <= len(chunk):
-                    _, _, header_size, body = _CONTAINER.unpack_from(chunk, at)
-                    if header_size == _CONTAINER.size and pos + at + header_size + body <= size:
-                        return start + pos + at, size - pos - at, False
-                at = chunk.find(_MAGIC_BYTES, at + 1)
-            pos += max(len(chunk) - _CONTAINER.size, 1)
+        if not flags & _PF_X:
+            found = _container_in_segment(elf.stream, start, size)
+            if found is not None:
+                return found
     return None
+
+
+def _container_in_segment(stream: IO[bytes], start: int, size: int) -> tuple[int, int, bool] | None:
+    """``(offset, size, False)`` of the first fat binary container in the segment
+    ``stream[start:start + size]`` (:func:`find_fatbin`), or ``None``."""
+    for pos, chunk in range_chunks(stream, start, size, _SEGMENT_SCAN, overlap=_CONTAINER.size):
+        at = chunk.find(_MAGIC_BYTES)
+        while at != -1:
+            if _is_container(chunk, at, start + pos, size - pos):
+                return start + pos + at, size - pos - at, False
+            at = chunk.find(_MAGIC_BYTES, at + 1)
+    return None
+
+
+def _is_container(chunk: bytes, at: int, offset: int, left: int) -> bool:
+    """Whether the magic at ``chunk[at]`` (``chunk`` read at ``offset``, ``left`` bytes of its
+    segment from there) starts an 8-byte aligned container header that fits the segment."""
+    if (offset + at) % 8 or at + _CONTAINER.size > len(chunk):
+        return False
+    _, _, header_size, body = _CONTAINER.unpack_from(chunk, at)
+    return bool(header_size == _CONTAINER.size and at + header_size + body <= left)
 
 
 def file_device_code(path: str | BinaryIO) -> tuple[DeviceCode, ...]:
@@ -404,13 +419,8 @@ def cubin_kernels(data: bytes) -> tuple[str, ...]:
     ``STO_CUDA_ENTRY``, 0x10; a ``__device__`` function has no mark), else the names of its
     ``.nv.info.<kernel>`` sections.  Raises :class:`FatbinError` when it is no 64-bit
     little-endian ELF file or its tables lie outside it."""
-    if data[:6] != b"\x7fELF\x02\x01" or len(data) < 64:
-        raise FatbinError("its cubin is no 64-bit little-endian ELF file")
-    shoff, = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
-    if shentsize != 64 or shoff + shnum * 64 > len(data) or shstrndx >= max(shnum, 1):
-        raise FatbinError("its cubin's section table lies outside it")
-    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + 64 * i) for i in range(shnum)]
+    sections, shstrndx = _cubin_sections(data)
+    shnum = len(sections)
 
     def blob(i: int) -> bytes:
         _, _, _, _, off, size, _, _, _, _ = sections[i]
@@ -420,14 +430,30 @@ def cubin_kernels(data: bytes) -> tuple[str, ...]:
 
     found: set[str] = set()
     for i, (_, sh_type, _, _, _, _, link, _, _, entsize) in enumerate(sections):
-        if sh_type != _SHT_SYMTAB or entsize != 24 or link >= shnum:
-            continue
-        found |= _entry_symbols(blob(i), blob(link))
+        if sh_type == _SHT_SYMTAB and entsize == 24 and link < shnum:
+            found |= _entry_symbols(blob(i), blob(link))
     if not found:
-        names = blob(shstrndx)
-        found = {n.removeprefix(".nv.info.") for s in sections
-                 if (n := _cstring(names, s[0])).startswith(".nv.info.")}
+        found = _info_kernels(blob(shstrndx), sections)
     return tuple(sorted(found))
+
+
+def _cubin_sections(data: bytes) -> tuple[list[tuple[int, ...]], int]:
+    """The section headers of a cubin (:func:`cubin_kernels`), checked to lie inside it, and
+    the index of its section name table."""
+    if data[:6] != b"\x7fELF\x02\x01" or len(data) < 64:
+        raise FatbinError("its cubin is no 64-bit little-endian ELF file")
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    if shentsize != 64 or shoff + shnum * 64 > len(data) or shstrndx >= max(shnum, 1):
+        raise FatbinError("its cubin's section table lies outside it")
+    return [struct.unpack_from("<IIQQQQIIQQ", data, shoff + 64 * i) for i in range(shnum)], shstrndx
+
+
+def _info_kernels(names: bytes, sections: list[tuple[int, ...]]) -> set[str]:
+    """The kernels named by a cubin's ``.nv.info.<kernel>`` sections (``names``: its section
+    name table)."""
+    return {n.removeprefix(".nv.info.") for s in sections
+            if (n := _cstring(names, s[0])).startswith(".nv.info.")}
 
 
 def _entry_symbols(symtab: bytes, strtab: bytes) -> set[str]:

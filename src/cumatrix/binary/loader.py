@@ -144,12 +144,9 @@ def _read(elf: Any) -> LoaderView | None:
         return None
     m = _Mapped(stream, [s for s in segs if s[0] == PT_LOAD])
     tags = _dynamic_tags(stream, dyn[0], elfclass, end)
-    first: dict[int, int] = {}
-    for tag, val in tags:
-        first.setdefault(tag, val)
+    first = _first_values(tags)
     strsz, text = _string_table(m, first)
-    needed = tuple(text(v) for t, v in tags if t == DT_NEEDED)
-    soname = text(first[DT_SONAME]) if DT_SONAME in first else None
+    needed, soname = _names(tags, first, text)
     rpath = _search_path(tags, DT_RPATH, text)
     runpath = _search_path(tags, DT_RUNPATH, text)
     tables = [(m.offset(first[DT_STRTAB], strsz), strsz)]
@@ -177,6 +174,21 @@ def _dynamic_tags(stream: IO[bytes], dyn: tuple[int, ...], elfclass: int,
     return tags
 
 
+def _first_values(tags: list[tuple[int, int]]) -> dict[int, int]:
+    """The value of each tag's first entry (the loader reads the first of a tag it holds one of)."""
+    first: dict[int, int] = {}
+    for tag, val in tags:
+        first.setdefault(tag, val)
+    return first
+
+
+def _names(tags: list[tuple[int, int]], first: dict[int, int],
+           text: Callable[[int], str]) -> tuple[tuple[str, ...], str | None]:
+    """``DT_NEEDED``, in order, and ``DT_SONAME`` (``None`` without one)."""
+    needed = tuple(text(v) for t, v in tags if t == DT_NEEDED)
+    return needed, text(first[DT_SONAME]) if DT_SONAME in first else None
+
+
 def _string_table(m: _Mapped, first: dict[int, int]) -> tuple[int, Callable[[int], str]]:
     """``DT_STRSZ`` and a reader of the string at an offset into ``DT_STRTAB``."""
     if DT_STRTAB not in first:
@@ -201,12 +213,8 @@ def _search_path(tags: list[tuple[int, int]], kind: int,
     return tuple(p for t, v in tags if t == kind for p in text(v).split(":") if p)
 
 
-def _symbols(m: _Mapped, first: dict[int, int], elfclass: int, end: str,
-             text: Callable[[int], str]
-             ) -> tuple[list[tuple[str, bool, bool]], tuple[int, int] | None]:
-    """The named non-local symbols of ``DT_SYMTAB``, as many as the hash table says."""
-    if DT_SYMTAB not in first:
-        return [], None
+def _symbol_count(m: _Mapped, first: dict[int, int], elfclass: int, end: str) -> int:
+    """How many symbols ``DT_SYMTAB`` holds, as its hash table says."""
     if DT_HASH in first:
         count = struct.unpack(end + "II", m.read(first[DT_HASH], 8))[1]
     elif DT_GNU_HASH in first:
@@ -215,6 +223,16 @@ def _symbols(m: _Mapped, first: dict[int, int], elfclass: int, end: str,
         count = 0  # no table says how many: the loader could look none of them up
     if count > MAX_SYMBOLS:
         raise LoaderError(f"its hash table declares {count} symbols")
+    return int(count)
+
+
+def _symbols(m: _Mapped, first: dict[int, int], elfclass: int, end: str,
+             text: Callable[[int], str]
+             ) -> tuple[list[tuple[str, bool, bool]], tuple[int, int] | None]:
+    """The named non-local symbols of ``DT_SYMTAB``, as many as the hash table says."""
+    if DT_SYMTAB not in first:
+        return [], None
+    count = _symbol_count(m, first, elfclass, end)
     sym = struct.Struct(end + ("IBBHQQ" if elfclass == 64 else "IIIBBH"))
     iname, iinfo, ishndx = (0, 1, 3) if elfclass == 64 else (0, 3, 5)
     data = m.read(first[DT_SYMTAB], count * sym.size) if count else b""

@@ -96,6 +96,20 @@ def _after_string(text: bytes, i: int, n: int) -> int:
     return i + 1 if i < n else -1
 
 
+def _bounds(text: bytes) -> tuple[int, int]:
+    """Where PTX ``text`` starts (past a UTF-8 byte-order mark) and ends (at its first NUL)."""
+    nul = text.find(b"\0")
+    n = len(text) if nul < 0 else nul
+    return (len(_BOM) if text.startswith(_BOM) and n >= len(_BOM) else 0), n
+
+
+def _directive_version(text: bytes, i: int, n: int) -> tuple[int, int] | None:
+    """The version the directive at ``text[i]`` (a ``.``) gives: ``.version``'s, else none."""
+    name = _NAME.match(text, i + 1, n)
+    end = name.end() if name else i + 1
+    return _version_after(text, end, n) if text[i + 1:end] == b"version" else None
+
+
 def ptx_version(text: bytes) -> tuple[int, int] | None:
     """The ``.version`` of PTX source ``text``, read as the driver's JIT reads it, or ``None``.
 
@@ -104,9 +118,7 @@ def ptx_version(text: bytes) -> tuple[int, int] | None:
     directive are skipped; the first directive decides: ``.version X.Y`` is the version, any
     other means there is none.  A ``.version`` in a comment or a string is not the version.
     The text ends at its first NUL (PTX handed to the driver is a C string)."""
-    nul = text.find(b"\0")
-    n = len(text) if nul < 0 else nul
-    i = len(_BOM) if text.startswith(_BOM) and n >= len(_BOM) else 0
+    i, n = _bounds(text)
     while True:
         i = _skip_blank(text, i, n)
         if i >= n:
@@ -118,8 +130,6 @@ def ptx_version(text: bytes) -> tuple[int, int] | None:
                 return None
             continue
         if c == 0x2E:  # the first directive decides
-            name = _NAME.match(text, i + 1, n)
-            end = name.end() if name else i + 1
-            return _version_after(text, end, n) if text[i + 1:end] == b"version" else None
+            return _directive_version(text, i, n)
         tok = _TOKEN.match(text, i, n)
         i = tok.end() if tok else i + 1

@@ -27,7 +27,7 @@ import pickle
 import struct
 import zipfile
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -69,17 +69,21 @@ class StreamedNames:
         if not self.complete or not elf.num_sections():
             # (a file without section headers: its data is told by its segments)
             return scan_names(elf, self.scans)
-        named = elf.named_headers()
         out: list[set[str]] = [set() for _ in self.scans]
         stream = elf.stream
-        for name, header in named:
-            if not is_data_section(header, False) or name in DEVICE_SECTIONS:
-                continue
-            start, end = header.sh_offset, header.sh_offset + header.sh_size
+        for start, end in _data_sections(elf):
             for scan, found, names in zip(self.scans, self.found, out, strict=True):
                 names.update(t for s, e, t in found if start < s and e <= end)
                 _anchored(stream, start, end, scan, names)
         return out
+
+
+def _data_sections(elf: Any) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` in the file of each section of ``elf`` whose names are scanned (data,
+    not device code: :func:`cumatrix.binary.elf.scan_names`)."""
+    for name, header in elf.named_headers():
+        if is_data_section(header, False) and name not in DEVICE_SECTIONS:
+            yield header.sh_offset, header.sh_offset + header.sh_size
 
 
 def _anchored(stream: IO[bytes], start: int, end: int, scan: NameScan, names: set[str]) -> None:
@@ -196,6 +200,29 @@ def stream_member(archive: Path, data_start: int, compressed: int, size: int,
 
 def _run(archive: Path, data_start: int, compressed: int, size: int, fd: int,
          scans: tuple[NameScan, ...]) -> StreamedNames:
+    r, pid = _start_child(archive, data_start, compressed, size, fd)
+    # This core allocates the file's pages while the child inflates on the other: its writes
+    # then only copy.  Where the file system has no fallocate, the child's writes allocate them.
+    with contextlib.suppress(OSError):
+        os.posix_fallocate(fd, 0, size)
+    scanner = _Scanner(fd, scans)
+    try:
+        with os.fdopen(r, "rb", buffering=0) as pipe:
+            failure = _follow(pipe, scanner)
+    finally:
+        _, status = os.waitpid(pid, 0)
+    if failure is not None:
+        raise pickle.loads(failure)
+    if status != 0 or scanner.done != size:
+        raise zipfile.BadZipFile(f"inflating the member stopped after {scanner.done} of its "
+                                 f"{size} bytes")
+    return scanner.result
+
+
+def _start_child(archive: Path, data_start: int, compressed: int, size: int,
+                 fd: int) -> tuple[int, int]:
+    """Fork the child that inflates the member into ``fd`` (:func:`_child`): the read end of
+    its progress pipe and its pid."""
     try:
         r, w = os.pipe()
     except OSError as e:
@@ -216,38 +243,30 @@ def _run(archive: Path, data_start: int, compressed: int, size: int, fd: int,
         finally:
             os._exit(code)
     os.close(w)
-    # This core allocates the file's pages while the child inflates on the other: its writes
-    # then only copy.  Where the file system has no fallocate, the child's writes allocate them.
-    with contextlib.suppress(OSError):
-        os.posix_fallocate(fd, 0, size)
-    scanner = _Scanner(fd, scans)
+    return r, pid
+
+
+def _follow(pipe: IO[bytes], scanner: _Scanner) -> bytes | None:
+    """Scan as far as the child reports, until its pipe closes; the pickled exception it
+    reported, or ``None``."""
     pending = b""
     failure: bytes | None = None
-    try:
-        with os.fdopen(r, "rb", buffering=0) as pipe:
-            while True:
-                got = pipe.read(1 << 16)
-                if not got:
-                    break
-                pending += got
-                if failure is not None:
-                    failure += got
-                    continue
-                usable = len(pending) - len(pending) % _PROGRESS.size
-                marks = [v for (v,) in _PROGRESS.iter_unpack(pending[:usable])]
-                if -1 in marks:
-                    at = marks.index(-1)
-                    scanner.upto(max([0, *marks[:at]]))
-                    failure = pending[(at + 1) * _PROGRESS.size:]
-                    continue
-                pending = pending[usable:]
-                if marks:
-                    scanner.upto(marks[-1])
-    finally:
-        _, status = os.waitpid(pid, 0)
-    if failure is not None:
-        raise pickle.loads(failure)
-    if status != 0 or scanner.done != size:
-        raise zipfile.BadZipFile(f"inflating the member stopped after {scanner.done} of its "
-                                 f"{size} bytes")
-    return scanner.result
+    while True:
+        got = pipe.read(1 << 16)
+        if not got:
+            break
+        pending += got
+        if failure is not None:
+            failure += got
+            continue
+        usable = len(pending) - len(pending) % _PROGRESS.size
+        marks = [v for (v,) in _PROGRESS.iter_unpack(pending[:usable])]
+        if -1 in marks:
+            at = marks.index(-1)
+            scanner.upto(max([0, *marks[:at]]))
+            failure = pending[(at + 1) * _PROGRESS.size:]
+            continue
+        pending = pending[usable:]
+        if marks:
+            scanner.upto(marks[-1])
+    return failure

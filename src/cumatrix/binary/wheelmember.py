@@ -25,6 +25,8 @@ import zlib
 from collections import OrderedDict
 from typing import IO, Any, cast
 
+from cumatrix.core.readers import SeekableReader
+
 try:
     # Inflating 242 MiB of vLLM 0.19.1's _moe_C.abi3.so in 64 KiB steps took 1.63 s with
     # zlib, 0.91 s with zlib-ng and 0.73 s with python-isal (ISA-L): isal inflates spooled
@@ -51,19 +53,13 @@ _SPOOL_CHUNK = 1 << 20  # compressed bytes inflated at a time when spooling
 _COPY_CHUNK = 4 << 20  # bytes copied at a time from a member of any other method
 
 
-class _MemberView(io.RawIOBase):
+class _MemberView(SeekableReader):
     """Common ``seek``/``tell``/``read`` over a member of known uncompressed size."""
 
     def __init__(self, size: int) -> None:
         super().__init__()
         self._size = size
         self._pos = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
 
     def tell(self) -> int:
         return self._pos

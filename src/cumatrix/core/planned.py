@@ -101,51 +101,67 @@ class Selection:
                 "rotate": self.rotate, "night": self.night, "slot": self.slot, "label": self.label()}
 
 
+def _whole(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _none_or_whole(v: object) -> bool:
+    return v is None or _whole(v)
+
+
+def _int_or_none(v: object) -> int | None:
+    return int(str(v)) if v is not None else None
+
+
 def selection_from_json(obj: object) -> Selection | None:
     """A run header's ``selection`` read back; None when absent or not of that shape."""
     if not isinstance(obj, dict):
         return None
     cover, seed, rotate, night = obj.get("cover"), obj.get("seed", 0), obj.get("rotate"), obj.get("night")
-
-    def whole(v: object) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
-
-    if not (cover == "all" or whole(cover)) or not whole(seed) or not (rotate is None or whole(rotate)) \
-            or not (night is None or whole(night)):
+    if not (cover == "all" or _whole(cover)) or not _whole(seed) or not _none_or_whole(rotate) \
+            or not _none_or_whole(night):
         return None
     return Selection(strength=None if cover == "all" else int(str(cover)), seed=int(str(seed)),
-                     rotate=int(str(rotate)) if rotate is not None else None,
-                     night=int(str(night)) if night is not None else None)
+                     rotate=_int_or_none(rotate), night=_int_or_none(night))
 
 
 def parse_selection(cover: str | None, seed: int | None, rotate: int | None, night: int | None) -> Selection:
     """``--cover``, ``--seed``, ``--rotate``, ``--night`` as given (None: not given) into a
     :class:`Selection`; :class:`ValueError` with the message for bad input."""
-    strength: int | None
-    if cover is None or cover == "all":
-        strength = None
-    else:
-        try:
-            strength = int(cover)
-        except ValueError:
-            raise ValueError(f"--cover {cover}: give 2 (every pair of axis values), 3 (triples), any "
-                             "whole number of 1 or more, or all") from None
-        if strength < 1:
-            raise ValueError(f"--cover {cover}: must be 1 or more, or all")
+    strength = _strength(cover)
     if rotate is not None:
-        if rotate < 1:
-            raise ValueError(f"--rotate {rotate}: must be 1 or more (the nights a full matrix is spread over)")
-        if night is None:
-            raise ValueError(f"--rotate {rotate} needs --night I: the night of the rotation to run "
-                             "(taken modulo the rotation, so a day number works)")
-        if night < 0:
-            raise ValueError(f"--night {night}: must be 0 or more")
-        if cover == "all":
-            raise ValueError("--rotate with --cover all: each night of a rotation is a covering plan; "
-                             "give --cover 2 or 3 (2 is the default with --rotate)")
+        _check_rotation(cover, rotate, night)
         strength = 2 if strength is None else strength
     elif night is not None:
         raise ValueError("--night goes with --rotate K")
     if seed is not None and seed < 0:
         raise ValueError(f"--seed {seed}: must be 0 or more")
     return Selection(strength=strength, seed=seed or 0, rotate=rotate, night=night)
+
+
+def _strength(cover: str | None) -> int | None:
+    """``--cover`` as given: None for every cell (not given, or ``all``)."""
+    if cover is None or cover == "all":
+        return None
+    try:
+        strength = int(cover)
+    except ValueError:
+        raise ValueError(f"--cover {cover}: give 2 (every pair of axis values), 3 (triples), any "
+                         "whole number of 1 or more, or all") from None
+    if strength < 1:
+        raise ValueError(f"--cover {cover}: must be 1 or more, or all")
+    return strength
+
+
+def _check_rotation(cover: str | None, rotate: int, night: int | None) -> None:
+    """ValueError where ``--rotate`` goes with a ``--night`` and ``--cover`` it cannot run."""
+    if rotate < 1:
+        raise ValueError(f"--rotate {rotate}: must be 1 or more (the nights a full matrix is spread over)")
+    if night is None:
+        raise ValueError(f"--rotate {rotate} needs --night I: the night of the rotation to run "
+                         "(taken modulo the rotation, so a day number works)")
+    if night < 0:
+        raise ValueError(f"--night {night}: must be 0 or more")
+    if cover == "all":
+        raise ValueError("--rotate with --cover all: each night of a rotation is a covering plan; "
+                         "give --cover 2 or 3 (2 is the default with --rotate)")

@@ -148,23 +148,21 @@ def axes_from_id(cell_id: str) -> dict[str, str]:
         return {"runtime": parts[0] if parts else "", "driver": parts[1] if len(parts) > 1 else ""}
     out = {"runtime": parts[0], "driver": parts[1]}
     if len(parts) == 3:
-        if parts[2] == "probe":
-            out["kind"] = "probe"
-        else:
-            out["kind"] = "command"
-            out["case"] = parts[2]
-        return out
-    out["kind"] = "swap"
-    out["variant"] = parts[2]
+        return out | ({"kind": "probe"} if parts[2] == "probe" else {"kind": "command", "case": parts[2]})
+    return out | _swap_axes(parts)
+
+
+def _swap_axes(parts: list[str]) -> dict[str, str]:
+    """The axes after runtime and driver of a swap cell's id (its parts, four or more)."""
+    out = {"kind": "swap", "variant": parts[2]}
     families = VARIANT_FAMILIES.get(parts[2], ())
     if families:
         out["family"] = "driver" if parts[0] == NO_RUNTIME or families == ("driver",) else "runtime"
-    if len(parts) >= 4 and parts[3].startswith("h"):
+    if parts[3].startswith("h"):
         out["build"] = parts[3][1:]
     if len(parts) >= 5:
         out["workload"] = "/".join(parts[4:])
     return out
-
 
 
 # --------------------------------------------------------------------------- reading
@@ -263,24 +261,44 @@ def _one(shared: dict[object, Any], key: object, value: Any) -> Any:
     return shared.setdefault(key, value)
 
 
-def _cell(r: _Reader, shared: dict[object, Any]) -> CellRecord:
-    cell_id = r.need_text("id")
+def _status(r: _Reader) -> str:
     status = r.text("status", required=True)
     if status not in STATUSES:
         raise r.fail(f"status {status!r} is not one of {', '.join(STATUSES)}")
-    exp = r.obj("expected")
-    obs = r.obj("observed")
+    return status
+
+
+def _outcome(r: _Reader, obs: Mapping[str, object]) -> str:
     outcome = r.need_text("outcome", obs)
     if not OUTCOME_RE.match(outcome):  # the reports take it apart (is_ok): refuse what is not an outcome
         raise r.fail(f"outcome {outcome!r} is not an outcome word")
+    return outcome
+
+
+def _axes(r: _Reader, cell_id: str, shared: dict[object, Any]) -> dict[str, str]:
+    """The record's axes (from its id where it has none), held once in ``shared``."""
     axes_raw = r.obj("axes")
     axes = {str(k): str(v) for k, v in axes_raw.items()} if axes_raw else axes_from_id(cell_id)
-    axes = _one(shared, ("axes", *sorted(axes.items())), axes)
+    held: dict[str, str] = _one(shared, ("axes", *sorted(axes.items())), axes)
+    return held
+
+
+def _expected(r: _Reader, exp: Mapping[str, object]) -> Expected:
+    return Expected(outcomes=frozenset(r.strings("outcomes", exp)), reason=r.text("reason", exp) or "",
+                    rule=r.text("rule", exp) or "")
+
+
+def _cell(r: _Reader, shared: dict[object, Any]) -> CellRecord:
+    cell_id = r.need_text("id")
+    status = _status(r)
+    exp = r.obj("expected")
+    obs = r.obj("observed")
+    outcome = _outcome(r, obs)
+    axes = _axes(r, cell_id, shared)
     data = r.obj("data", obs)
     fingerprint = dict(r.obj("fingerprint"))
     fingerprint = _one(shared, ("fingerprint", json.dumps(fingerprint, sort_keys=True, default=str)), fingerprint)
-    expected = Expected(outcomes=frozenset(r.strings("outcomes", exp)), reason=r.text("reason", exp) or "",
-                        rule=r.text("rule", exp) or "")
+    expected = _expected(r, exp)
     return CellRecord(
         id=cell_id,
         axes=axes,

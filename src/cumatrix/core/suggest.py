@@ -95,16 +95,22 @@ def version_hint(text: str, known: Iterable[str]) -> str:
     typo = [k for k, _ in keyed if edit_distance(text, k) == 1]
     if len(typo) == 1:
         return hint(typo)
-    same = [(k, v) for k, v in keyed if v is not None and v[0] == want[0]]
-    pool = same or [(k, v) for k, v in keyed if v is not None]
+    return hint(_nearest_by_number(want, keyed))
+
+
+def _nearest_by_number(want: tuple[int, int],
+                       keyed: list[tuple[str, tuple[int, int] | None]]) -> list[str]:
+    """The versions of ``keyed`` nearest ``want`` by number, those of its major if any."""
+    numbered = [(k, v) for k, v in keyed if v is not None]
+    pool = [(k, v) for k, v in numbered if v[0] == want[0]] or numbered
     if not pool:
-        return ""
+        return []
+    d = min(_distance(v, want) for _, v in pool)
+    return [k for k, v in pool if _distance(v, want) == d]
 
-    def dist(v: tuple[int, int]) -> int:
-        return abs((v[0] * 1000 + v[1] * 10) - (want[0] * 1000 + want[1] * 10))
 
-    d = min(dist(v) for _, v in pool)
-    return hint([k for k, v in pool if dist(v) == d])
+def _distance(a: tuple[int, int], b: tuple[int, int]) -> int:
+    return abs((a[0] * 1000 + a[1] * 10) - (b[0] * 1000 + b[1] * 10))
 
 
 def outcome_hint(word: str) -> str:

@@ -27,11 +27,13 @@ import os
 import re
 import stat
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
+
+from cumatrix.core.readers import BoundedChannel, SeekableReader
 
 #: The most a tracer may write for one cell; past it the record is marked incomplete.
 MAX_TRACE_BYTES = 16 << 20
@@ -153,21 +155,41 @@ class _Side:
 
     def take(self, tag: str, parts: list[str]) -> None:
         """r: a log's path resolved in the container; c: the log's paths were; s: a nameless
-        file's SONAME; h: its bytes' SHA-256; l: the first process ended, leaving N; u: an escape, stopped."""
-        if tag == "r" and len(parts) >= 3:
-            self.resolved.setdefault(parts[1], parts[2])
-        elif tag == "c":
-            self.resolved_inside = True
-        elif tag == "s" and len(parts) >= 4:
-            self.sonames.setdefault((parts[1], int(parts[2])), parts[3])
-        elif tag == "h" and len(parts) >= 5:
-            self.digests.setdefault((parts[1], int(parts[2])), (parts[3], int(parts[4])))
-        elif tag == "l" and len(parts) >= 3:
-            self.left = int(parts[2])
-        elif tag == "u" and len(parts) >= 3:
-            self.escapes.append(f"process {int(parts[1])} tried {parts[2]}")
-        elif tag == "M" and len(parts) >= 5:
-            self.mapped_at_mmap.append((parts[4], parts[2], int(parts[3]), int(parts[1])))
+        file's SONAME; h: its bytes' SHA-256; l: the first process ended, leaving N; u: an escape,
+        stopped; M: a file mapped executable at its mmap.  Lines of other tags, and lines with
+        fewer fields than their tag has, are left."""
+        line = _SIDE_LINES.get(tag)
+        if line is not None and len(parts) >= line[0]:
+            line[1](self, parts)
+
+    def _resolved(self, parts: list[str]) -> None:
+        self.resolved.setdefault(parts[1], parts[2])
+
+    def _inside(self, _parts: list[str]) -> None:  # a line of no fields
+        self.resolved_inside = True
+
+    def _soname(self, parts: list[str]) -> None:
+        self.sonames.setdefault((parts[1], int(parts[2])), parts[3])
+
+    def _digest(self, parts: list[str]) -> None:
+        self.digests.setdefault((parts[1], int(parts[2])), (parts[3], int(parts[4])))
+
+    def _left(self, parts: list[str]) -> None:
+        self.left = int(parts[2])
+
+    def _escape(self, parts: list[str]) -> None:
+        self.escapes.append(f"process {int(parts[1])} tried {parts[2]}")
+
+    def _mapped(self, parts: list[str]) -> None:
+        self.mapped_at_mmap.append((parts[4], parts[2], int(parts[3]), int(parts[1])))
+
+
+#: A side line's tag -> the fields it must have at the least (the tag's included), and its reader.
+_SIDE_LINES: dict[str, tuple[int, Callable[[_Side, list[str]], None]]] = {
+    "r": (3, _Side._resolved), "c": (0, _Side._inside), "s": (4, _Side._soname),
+    "h": (5, _Side._digest), "l": (3, _Side._left), "u": (3, _Side._escape),
+    "M": (5, _Side._mapped),
+}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -186,33 +208,49 @@ class _Tree:
 
     def take(self, tag: str, parts: list[str]) -> bool:
         """t: traced; n: a note; e: an image a process ran; m: an object mapped; x: a process's
-        exit; z: the record is whole.  False for a line of another tag."""
-        if tag == "t":
-            self.traced = True
-        elif tag == "n" and len(parts) >= 2:
-            if self.traced:
-                self.notes.append(parts[1])
-            else:
-                self.note = parts[1]
-        elif tag == "e" and len(parts) >= 3:
-            images = self.proc(int(parts[1]))["images"]
-            assert isinstance(images, list)
-            images.append(parts[2])
-        elif tag == "m" and len(parts) >= 5:
-            self.mapped(parts[4], parts[2], int(parts[3]), int(parts[1]))
-        elif tag == "x" and len(parts) >= 4:
-            p = self.proc(int(parts[1]))
-            p["status"], p["exe"] = int(parts[2]), parts[3] or None
-        elif tag == "z":
-            self.complete = True
-        else:
+        exit; z: the record is whole.  False for a line of another tag (or one with fewer
+        fields than its tag has)."""
+        line = _TREE_LINES.get(tag)
+        if line is None or len(parts) < line[0]:
             return False
+        line[1](self, parts)
         return True
+
+    def _traced(self, _parts: list[str]) -> None:  # a line of no fields
+        self.traced = True
+
+    def _note(self, parts: list[str]) -> None:
+        if self.traced:
+            self.notes.append(parts[1])
+        else:
+            self.note = parts[1]
+
+    def _image(self, parts: list[str]) -> None:
+        images = self.proc(int(parts[1]))["images"]
+        assert isinstance(images, list)
+        images.append(parts[2])
+
+    def _map_line(self, parts: list[str]) -> None:
+        self.mapped(parts[4], parts[2], int(parts[3]), int(parts[1]))
+
+    def _exit(self, parts: list[str]) -> None:
+        p = self.proc(int(parts[1]))
+        p["status"], p["exe"] = int(parts[2]), parts[3] or None
+
+    def _whole(self, _parts: list[str]) -> None:  # a line of no fields
+        self.complete = True
 
     def mapped(self, path: str, dev: str, ino: int, pid: int) -> None:
         pids = self.objects.setdefault((path, dev, ino), [])
         if pid not in pids:
             pids.append(pid)
+
+
+#: A tree line's tag -> the fields it must have at the least (the tag's included), and its reader.
+_TREE_LINES: dict[str, tuple[int, Callable[[_Tree, list[str]], None]]] = {
+    "t": (0, _Tree._traced), "n": (2, _Tree._note), "e": (3, _Tree._image),
+    "m": (5, _Tree._map_line), "x": (4, _Tree._exit), "z": (0, _Tree._whole),
+}
 
 
 def parse_trace(raw: bytes, *, overflow: bool = False) -> KernelTrace:
@@ -242,34 +280,16 @@ def parse_trace(raw: bytes, *, overflow: bool = False) -> KernelTrace:
                        resolved_inside=side.resolved_inside, left=side.left, escapes=tuple(side.escapes))
 
 
-class TraceChannel:
+class TraceChannel(BoundedChannel):
     """The pipe the tracer writes to: its write end goes to the spawn helper alone."""
 
+    limit = MAX_TRACE_BYTES
+
     def __init__(self) -> None:
-        self.read_fd, self.write_fd = os.pipe2(os.O_CLOEXEC)
-        self.buffer = bytearray()
-        self.overflow = False
-
-    def after_spawn(self) -> None:
-        """Close the harness's copy of the write end (the helper holds its own)."""
-        if self.write_fd >= 0:
-            os.close(self.write_fd)
-            self.write_fd = -1
-
-    def feed(self, chunk: bytes) -> None:
-        if len(self.buffer) + len(chunk) > MAX_TRACE_BYTES:
-            self.overflow = True
-            return
-        self.buffer += chunk
+        super().__init__(*os.pipe2(os.O_CLOEXEC))
 
     def result(self) -> KernelTrace:
         return parse_trace(bytes(self.buffer), overflow=self.overflow)
-
-    def close(self) -> None:
-        self.after_spawn()
-        if self.read_fd >= 0:
-            os.close(self.read_fd)
-            self.read_fd = -1
 
 
 # --------------------------------------------------------------------------- loader outcomes
@@ -363,18 +383,12 @@ CELL_READ_LIMIT = 8 << 30
 _OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | getattr(os, "O_NOCTTY", 0)
 
 
-class _Bounded(io.RawIOBase):
+class _Bounded(SeekableReader):
     """A regular file's descriptor read with a byte bound and a deadline (checked at each read)."""
 
     def __init__(self, fd: int, name: str, *, limit: int, deadline: float) -> None:
         super().__init__()
         self._fd, self.name, self._left, self._deadline = fd, name, limit, deadline
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
 
     def fileno(self) -> int:
         return self._fd

@@ -35,6 +35,7 @@ from cumatrix.child.channel import ENV_FD, ENV_FILE, MAX_BYTES, TAG, emit, encod
 from cumatrix.core.cache import temp_prefix
 from cumatrix.core.jobs import Verdict
 from cumatrix.core.model import OUTCOME_RE
+from cumatrix.core.readers import BoundedChannel
 from cumatrix.core.witness import read_cell_file
 
 __all__ = ["ENV_FD", "ENV_FILE", "MAX_BYTES", "TAG", "Verdict", "emit", "encode", "parse", "take_channel"]
@@ -83,7 +84,7 @@ def _typed(value: dict[str, object], body: str) -> tuple[Verdict | None, str | N
                    detail=str(value.get("detail") or ""), timings=timings, data=data), None
 
 
-class PipeChannel:
+class PipeChannel(BoundedChannel):
     """The local backend's channel: a connected Unix socket whose one end only the harness child gets.
 
     Not a pipe: a pipe's end held by a process can be opened by any process of its user
@@ -93,41 +94,19 @@ class PipeChannel:
     name, so nothing can connect to it either.
     """
 
+    limit = MAX_BYTES  # a verdict's size; the tracer's channel (core/witness.py) holds a trace
+
     def __init__(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         ours.shutdown(socket.SHUT_WR)  # the harness only reads
-        self.read_fd, self.write_fd = ours.detach(), theirs.detach()
+        super().__init__(ours.detach(), theirs.detach())
         os.set_inheritable(self.read_fd, False)
-        self.buffer = bytearray()
-        self.overflow = False
 
     def env(self) -> tuple[tuple[str, str], ...]:
         return ((ENV_FD, str(self.write_fd)),)
 
-    # after_spawn and feed read like core/witness.py's TraceChannel: two channels, not one with
-    # a flag.  This one is a socket that only a harness child may hold, capped at a verdict's
-    # size; that one is the tracer helper's pipe, capped at a trace's size, and reads a
-    # different record.  What they share is six lines of buffering.
-    def after_spawn(self) -> None:
-        """Close the parent's copy of the write end (the child holds its own)."""
-        if self.write_fd >= 0:
-            os.close(self.write_fd)
-            self.write_fd = -1
-
-    def feed(self, chunk: bytes) -> None:
-        if len(self.buffer) + len(chunk) > MAX_BYTES:
-            self.overflow = True
-            return
-        self.buffer += chunk
-
     def raw(self) -> bytes:
         return b"x" * (MAX_BYTES + 1) if self.overflow else bytes(self.buffer)
-
-    def close(self) -> None:
-        self.after_spawn()
-        if self.read_fd >= 0:
-            os.close(self.read_fd)
-            self.read_fd = -1
 
 
 class FileChannel:
