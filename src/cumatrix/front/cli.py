@@ -13,12 +13,11 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cumatrix import __version__
 from cumatrix.core import sinks
 from cumatrix.core.errors import (
-    EXIT_NOTHING_RAN,
     ConfigError,
     CumatrixError,
     EnvironmentProblem,
@@ -27,12 +26,17 @@ from cumatrix.core.errors import (
 )
 from cumatrix.core.options import DEFAULT_MATRIX, DEFAULT_OUT, RunOptions
 from cumatrix.front.flags import add_cover_options
-from cumatrix.front.history_cli import add_history_options, add_history_parsers, check_history, record, since_for
+from cumatrix.front.history_cli import add_history_options, add_history_parsers
 from cumatrix.front.init import add_init_parser
-from cumatrix.front.run_cmd import add_run
+from cumatrix.front.merge_cmd import cmd_merge, cmd_report
+from cumatrix.front.run_cmd import add_run, wheel_dir_arg
 from cumatrix.front.run_cmd import matrix_arg as _matrix_arg
 from cumatrix.load import gcpause
 from cumatrix.load import matrix as _matrix
+
+if TYPE_CHECKING:
+    from cumatrix.core.model import Cell, Matrix
+    from cumatrix.front.slurm import SlurmPlan
 
 EPILOG_CALIBRATE = """\
 examples:
@@ -131,38 +135,20 @@ def _plugin_args() -> list[str]:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     path = _matrix_arg(args.matrix)
-    wheel_dir = Path(args.wheel_dir) if args.wheel_dir else None
-    if wheel_dir is not None and not wheel_dir.is_dir():
-        raise UsageError(f"--wheel-dir {args.wheel_dir}: no such directory")
+    wheel_dir = wheel_dir_arg(args.wheel_dir)
     try:
-        m = _matrix.load(path)
-        if args.check_wheels:
-            # deferred: only `validate --check-wheels` asks the index (~50 ms of imports)
-            from cumatrix.front.checkwheels import check_wheels
-
-            problems = check_wheels(m, wheel_dir=wheel_dir)
-            if problems:
-                raise ConfigError(problems)
+        m = _load_checked(path, check_wheels=args.check_wheels, wheel_dir=wheel_dir)
     except ConfigError as e:
         if not args.json:
             raise
-        found: list[dict[str, object]] = [{"file": p.file, "line": p.line, "col": p.col, "message": p.message}
-                                          for p in e.problems]
-        if not found:  # an error without a place (a whole-file problem)
-            found = [{"file": str(path), "line": None, "col": None, "message": str(e)}]
-        _print_json({"schema": "cumatrix-validate/1", "file": str(path), "ok": False, "problems": found})
+        _print_json({"schema": "cumatrix-validate/1", "file": str(path), "ok": False, "problems": _problems(path, e)})
         return 2
     cells = _matrix.cells(m)
     kinds: dict[str, int] = {}
     for c in cells:
         kinds[c.kind] = kinds.get(c.kind, 0) + 1
     if args.json:
-        doc: dict[str, object] = {"schema": "cumatrix-validate/1", "file": m.path, "ok": True, "problems": [],
-                                  "cells": len(cells), "kinds": kinds, "runtimes": [r.name for r in m.runtimes],
-                                  "drivers": [d.name for d in m.drivers], "wheels_checked": bool(args.check_wheels)}
-        if args.list:
-            doc["cell_ids"] = [c.id for c in cells]
-        _print_json(doc)
+        _print_json(_validated_doc(args, m, cells, kinds))
         return 0
     parts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
     checked = "; every wheel requirement resolves" if args.check_wheels else ""
@@ -172,6 +158,39 @@ def cmd_validate(args: argparse.Namespace) -> int:
         for c in cells:
             print(c.id)
     return 0
+
+
+def _load_checked(path: Path, *, check_wheels: bool, wheel_dir: Path | None) -> Matrix:
+    """The matrix at ``path``; with ``check_wheels``, once every wheel requirement resolves
+    (a :class:`ConfigError` naming each that does not)."""
+    m = _matrix.load(path)
+    if check_wheels:
+        # deferred: only `validate --check-wheels` asks the index (~50 ms of imports)
+        from cumatrix.front.checkwheels import check_wheels as check
+
+        problems = check(m, wheel_dir=wheel_dir)
+        if problems:
+            raise ConfigError(problems)
+    return m
+
+
+def _problems(path: Path, e: ConfigError) -> list[dict[str, object]]:
+    """``validate --json``'s problems: each with its place, or the error alone."""
+    found: list[dict[str, object]] = [{"file": p.file, "line": p.line, "col": p.col, "message": p.message}
+                                      for p in e.problems]
+    if not found:  # an error without a place (a whole-file problem)
+        found = [{"file": str(path), "line": None, "col": None, "message": str(e)}]
+    return found
+
+
+def _validated_doc(args: argparse.Namespace, m: Matrix, cells: list[Cell], kinds: dict[str, int]) -> dict[str, object]:
+    """``validate --json``'s document of a good matrix."""
+    doc: dict[str, object] = {"schema": "cumatrix-validate/1", "file": m.path, "ok": True, "problems": [],
+                              "cells": len(cells), "kinds": kinds, "runtimes": [r.name for r in m.runtimes],
+                              "drivers": [d.name for d in m.drivers], "wheels_checked": bool(args.check_wheels)}
+    if args.list:
+        doc["cell_ids"] = [c.id for c in cells]
+    return doc
 
 
 def _print_json(doc: dict[str, object]) -> None:
@@ -187,16 +206,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from cumatrix.front import plan
 
     if args.format == "slurm":
-        # deferred: slurm (~80 ms of imports), only for --format slurm
-        from cumatrix.front import slurm
-
         mpath = _matrix_arg(args.matrix)
-        sp = slurm.write_scripts(mpath, Path(args.out or DEFAULT_OUT),
-                                 run_args=[*slurm.check_args(args.run_arg, "--run-arg"), *_cover_words(args)],
-                                 sbatch_args=slurm.check_args(args.sbatch_arg, "--sbatch-arg"))
+        sp = _slurm_scripts(args, mpath, Path(args.out or DEFAULT_OUT))
         for p in (sp.array_script, sp.merge_script, sp.submit_script):
             print(p)
-        print(f"cumatrix: {len(sp.tasks)} array tasks ({', '.join(t.host for t in sp.tasks)}); submit with "
+        print(f"cumatrix: {len(sp.tasks)} array tasks ({_hosts(sp)}); submit with "
               f"`bash {sp.submit_script}` or `cumatrix submit --slurm {mpath} --out {args.out or DEFAULT_OUT}`",
               file=sys.stderr)
         return 0
@@ -232,25 +246,20 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if not args.slurm:
         raise UsageError("submit: name the scheduler: `cumatrix submit --slurm MATRIX`")
     mpath = _matrix_arg(args.matrix)
-    out = Path(args.out)
-    sp = slurm.write_scripts(mpath, out, run_args=[*slurm.check_args(args.run_arg, "--run-arg"), *_cover_words(args)],
-                             sbatch_args=slurm.check_args(args.sbatch_arg, "--sbatch-arg"))
+    sp = _slurm_scripts(args, mpath, Path(args.out))
     submission = slurm.new_submission()
     array, merge = slurm.submit(sp, submission)
-    print(f"cumatrix: slurm: submission {submission}: array job {array} ({len(sp.tasks)} hosts: {', '.join(t.host for t in sp.tasks)}), "
+    print(f"cumatrix: slurm: submission {submission}: array job {array} ({len(sp.tasks)} hosts: {_hosts(sp)}), "
           f"merge job {merge}; scripts in {sp.array_script.parent}", file=sys.stderr, flush=True)
     try:
         final = slurm.wait(sp, array, merge, poll=args.poll)
     except KeyboardInterrupt:
         print(f"cumatrix: stopped waiting; the jobs go on (scancel {array} {merge} to stop them)", file=sys.stderr)
         return 130
-    bad = {h: s for h, s in final.items() if h != "merge" and s.split()[0] != "COMPLETED"}
-    if bad:
-        print(f"cumatrix: slurm: host tasks that did not complete: {', '.join(f'{h} {s}' for h, s in bad.items())}",
-              file=sys.stderr)
+    bad = _unfinished_tasks(final)
     dirs = [sp.host_dir(t.host) for t in sp.tasks if (sp.host_dir(t.host) / "results.jsonl").is_file()]
     if not dirs:
-        print(f"cumatrix: merge: no host wrote results ({', '.join(t.host for t in sp.tasks)}); see the job logs in "
+        print(f"cumatrix: merge: no host wrote results ({_hosts(sp)}); see the job logs in "
               f"{sp.array_script.parent}", file=sys.stderr)
         return 1
     # Only this submission's results: a task that failed before it wrote any leaves the last
@@ -260,83 +269,28 @@ def cmd_submit(args: argparse.Namespace) -> int:
                                         notes={h: f"its task ended {s}" for h, s in bad.items()}))
 
 
-# --------------------------------------------------------------------------- reports
+def _slurm_scripts(args: argparse.Namespace, mpath: Path, out: Path) -> SlurmPlan:
+    """The Slurm scripts of the matrix at ``mpath`` under ``out``, with the options' words
+    (``--run-arg``, ``--sbatch-arg``, the covering plan's) checked."""
+    # deferred: slurm (~80 ms of imports), only for plan --format slurm and submit
+    from cumatrix.front import slurm
+
+    return slurm.write_scripts(mpath, out, run_args=[*slurm.check_args(args.run_arg, "--run-arg"), *_cover_words(args)],
+                               sbatch_args=slurm.check_args(args.sbatch_arg, "--sbatch-arg"))
 
 
-def cmd_report(args: argparse.Namespace) -> int:
-    # deferred: cumatrix.report costs ~110 ms and ~85 modules (jinja2); only the commands that write reports
-    from cumatrix.report import load_records, write_all
-    from cumatrix.report.headline import headline
-
-    d = Path(args.dir)
-    if not (d / "results.jsonl").is_file():
-        raise UsageError(f"{d}: no results.jsonl here (a run's --out directory holds one)")
-    run = load_records(d / "results.jsonl")
-    for w in getattr(run, "warnings", ()):
-        print(f"cumatrix: warning: {w}", file=sys.stderr)
-    for p in write_all(since_for(args, run), d):
-        print(p)
-    print(headline(run), file=sys.stderr)
-    return 0
+def _hosts(sp: SlurmPlan) -> str:
+    """The hosts of the scripts' tasks, as the messages list them."""
+    return ", ".join(t.host for t in sp.tasks)
 
 
-def cmd_merge(args: argparse.Namespace) -> int:
-    # deferred: cumatrix.report costs ~110 ms and ~85 modules (jinja2); only the commands that write reports
-    from cumatrix.report import write_all
-    from cumatrix.report.headline import headline
-    from cumatrix.report.merge import merge_runs
-    from cumatrix.results.records import is_blank
-
-    dirs = [Path(d) for d in args.dirs]
-    if args.submission is not None:
-        _matrix.check_name(args.submission, "--submission")
-    for d in dirs:
-        if not (d / "results.jsonl").is_file():
-            raise UsageError(f"{d}: no results.jsonl here (merge takes the --out directories of runs)")
-    # A run killed as it started (a scheduler's task cancelled, a runner lost) leaves an empty
-    # results.jsonl: its host ran nothing, which the merge reports; it is not bad input.
-    empty = [d for d in dirs if is_blank(d / "results.jsonl")]
-    for d in empty:
-        print(f"cumatrix: merge: {d}/results.jsonl is empty (the run was stopped before it began); "
-              "its host ran nothing", file=sys.stderr)
-    dirs = [d for d in dirs if d not in empty]
-    if not dirs:
-        print("cumatrix: merge: no run to merge: every results.jsonl given is empty", file=sys.stderr)
-        return 1
-    plan = None
-    if args.matrix:
-        # deferred: plan costs ~45 ms and ~35 modules; only merge --matrix
-        from cumatrix.front.plan import planned_cells, recorded_selection
-
-        plan = planned_cells(_matrix.load(_matrix_arg(args.matrix)), selection=recorded_selection(dirs))
-    check_history(args)
-    merged = merge_runs(dirs, host_names=None, plan=plan, submission=args.submission, notes=args.notes)
-    for w in merged.warnings:
-        if " not-run: " in w or " not verifiable here " in w:
-            print(f"cumatrix: merge: {w}", file=sys.stderr)
-    run = record(args, merged, kind="merge")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    for p in write_all(run, out):
-        print(p)
-    print(headline(run), file=sys.stderr)
-    return merge_status(run, allow_empty=bool(getattr(args, "allow_empty", False)))
-
-
-def merge_status(run: Any, *, allow_empty: bool = False) -> int:
-    """The merge's exit status, as ``run``'s comes from its records (:func:`exit_status`): 1
-    when a cell missed its expectation or a planned cell was not run, naming each host that
-    left cells unrun; 5 when no cell was tested (0 with ``--allow-empty``); else 0."""
-    # deferred: cumatrix.report costs ~110 ms and ~85 modules (jinja2); only the commands that write reports
-    from cumatrix.report.headline import exit_status, not_run_by_host
-
-    who = not_run_by_host(run)
-    if who:
-        print(f"cumatrix: merge incomplete: {who}", file=sys.stderr)
-    status = exit_status(run, allow_empty=allow_empty)
-    if status == EXIT_NOTHING_RAN:
-        print("cumatrix: merge: no cell was tested: exit 5; --allow-empty makes it 0", file=sys.stderr)
-    return status
+def _unfinished_tasks(final: dict[str, str]) -> dict[str, str]:
+    """The host tasks that ended in another state than COMPLETED (said), by host."""
+    bad = {h: s for h, s in final.items() if h != "merge" and s.split()[0] != "COMPLETED"}
+    if bad:
+        print(f"cumatrix: slurm: host tasks that did not complete: {', '.join(f'{h} {s}' for h, s in bad.items())}",
+              file=sys.stderr)
+    return bad
 
 
 # --------------------------------------------------------------------------- doctor, build
@@ -364,10 +318,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     # deferred: the build module costs ~25 ms and ~30 modules; only this command
     from cumatrix.provision import build
 
-    if args.wheel_dir and not Path(args.wheel_dir).is_dir():
-        raise UsageError(f"--wheel-dir {args.wheel_dir}: no such directory")
-    return build.cli_build(args.variant, args.headers, Path(args.wheel_dir) if args.wheel_dir else None,
-                           family=args.family)
+    return build.cli_build(args.variant, args.headers, wheel_dir_arg(args.wheel_dir), family=args.family)
 
 
 #: The matrix a command takes when none is named: the one `run` takes.

@@ -36,6 +36,17 @@ def assign(m: Matrix, path: Path | str, cells: list[Cell] | None = None) -> list
         raise ConfigError([Problem(str(path), 1, 1, "plan needs a `hosts:` section (name: {driver: '580.159', label: RUNNER})")])
     drivers_used = {c.driver for c in (_matrix.cells(m) if cells is None else cells)}
     hosts = sorted(m.hosts, key=lambda h: (host_cuda(h), h.name))
+    chosen = _drivers_of_hosts(m, hosts, drivers_used, path)
+    idle = [h.name for h in hosts if not chosen[h.name]]
+    if idle:
+        raise ConfigError([Problem(str(path), 1, 1, f"host {n!r} runs no cell of this matrix: remove it, or add drivers it should run")
+                           for n in idle])
+    return [(h, chosen[h.name]) for h in hosts]
+
+
+def _drivers_of_hosts(m: Matrix, hosts: list[Host], drivers_used: set[str], path: Path | str) -> dict[str, list[str]]:
+    """Each host's drivers (``hosts`` oldest first): ``host`` on every one, each emulated
+    driver of the cells on the oldest host that can emulate it."""
     chosen: dict[str, list[str]] = {h.name: [] for h in hosts}
     if "host" in drivers_used:
         for h in hosts:
@@ -47,11 +58,7 @@ def assign(m: Matrix, path: Path | str, cells: list[Cell] | None = None) -> list
         if not able:
             raise ConfigError([Problem(str(path), 1, 1, f"no host can emulate {d.name}: every host's driver is older")])
         chosen[able[0].name].append(d.name)
-    idle = [h.name for h in hosts if not chosen[h.name]]
-    if idle:
-        raise ConfigError([Problem(str(path), 1, 1, f"host {n!r} runs no cell of this matrix: remove it, or add drivers it should run")
-                           for n in idle])
-    return [(h, chosen[h.name]) for h in hosts]
+    return chosen
 
 
 def _selected(m: Matrix, cells: list[Cell] | None, selection: Selection | None) -> list[Cell]:

@@ -7,22 +7,13 @@ import argparse
 import contextlib
 import gc
 import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from cumatrix import __version__
-from cumatrix.core.cache import cache_root
-from cumatrix.core.errors import (
-    EXIT_NOTHING_RAN,
-    ConfigError,
-    CumatrixError,
-    EnvironmentProblem,
-    HarnessError,
-    UsageError,
-)
+from cumatrix.core.errors import EXIT_NOTHING_RAN, CumatrixError, HarnessError, UsageError
 from cumatrix.core.options import (
     BACKENDS,
     DEFAULT_BACKEND,
@@ -31,13 +22,16 @@ from cumatrix.core.options import (
     DEFAULT_TIMEOUT,
     RUN_SANDBOX_DEFAULT,
     RunOptions,
-    SandboxPolicy,
 )
 from cumatrix.front.flags import add_cli_options, add_cover_options, count_arg
 from cumatrix.front.history_cli import add_history_options, check_history, record
+from cumatrix.front.run_preflight import _check_compiler, preflight
 from cumatrix.load import gcpause, workdir
 from cumatrix.load import matrix as _matrix
 from cumatrix.load.keyword import KeywordExpression
+
+#: Names callers used from here before the run's preflight checks had a module of their own.
+__all__ = ["_check_compiler", "add_run", "bundled_matrix", "cmd_run", "matrix_arg", "wheel_dir_arg"]
 
 EPILOG_RUN = """\
 examples:
@@ -86,6 +80,16 @@ def matrix_arg(path: str | None) -> Path:
         raise UsageError(f"{p}: no such matrix file")
     return p
 
+
+def wheel_dir_arg(value: str | None) -> Path | None:
+    """``--wheel-dir DIR`` as a command takes it: a directory (exit 2 when it is none), or
+    ``None`` when the option is not given."""
+    if not value:
+        return None
+    if not Path(value).is_dir():
+        raise UsageError(f"--wheel-dir {value}: no such directory")
+    return Path(value)
+
 #: pytest's own plugins a run of cells has no use for, each of which costs every cell's three
 #: phases something (log capture, gc after each test, output capture: a cell's output is
 #: the harness's to capture, through its pipes).
@@ -120,7 +124,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_history(args)  # a bad --history is exit 2 before anything is written
     out = Path(args.out)
     failed_before = _previously_failed(out, args) if (args.last_failed or args.failed_first) else None
-    _preflight(opts, m, mpath, quiet=bool(args.quiet))
+    preflight(opts, m, mpath, quiet=bool(args.quiet))
     code, pending, seal = _run_pytest(args, mpath, out, failed_before)
     gcpause.end()  # the run's items (frozen as its loop started) are garbage now, for _write_reports
     run = None
@@ -134,6 +138,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _checked(args: argparse.Namespace, mpath: Path) -> Any:
     """The matrix, once every option of the run is good input (exit 2 before anything runs)."""
+    _check_options(args)
+    m = _matrix.load(mpath)
+    if args.host is not None and m.hosts:
+        _check_planned_host(args.host, m, mpath)
+    wheel_dir_arg(args.wheel_dir)
+    return m
+
+
+def _check_options(args: argparse.Namespace) -> None:
+    """The run's options that need no matrix: bad input is exit 2 before anything runs (the
+    timeout and ``-n`` are stored back as the run takes them)."""
     if args.timeout is not None:  # --timeout nan, -5 and 0 are bad input, as in the matrix
         args.timeout = _matrix.check_timeout(args.timeout)
     if args.host is not None:
@@ -143,26 +158,30 @@ def _checked(args: argparse.Namespace, mpath: Path) -> Any:
     if args.keyword:
         KeywordExpression.compile(args.keyword)  # a malformed -k is bad input (exit 2) before anything runs
     if args.numprocesses not in (None, "auto", "0"):
-        try:  # -n 10**20 is bad input, not a crash in xdist
-            args.numprocesses = str(count_arg(args.numprocesses))
-        except argparse.ArgumentTypeError as e:
-            raise UsageError(f"-n {e} (or auto)") from None
+        args.numprocesses = _process_count(args.numprocesses)
     RunOptions.from_cli(args)  # --cover, --rotate, --night: bad input (exit 2) before anything runs
     if args.last_failed and args.failed_first:
         raise UsageError("--lf and --ff exclude each other: --lf runs only the cells that failed last time, "
                          "--ff runs them first and then the rest")
-    m = _matrix.load(mpath)
-    if args.host is not None and m.hosts:
-        # deferred: plan costs ~45 ms and ~35 modules; only a run of a hosts file
-        from cumatrix.front.plan import planned_cells
 
-        names = planned_cells(m).host_names  # a matrix that cannot be planned is bad input (exit 2)
-        if args.host not in names:
-            raise UsageError(f"--host {args.host}: {mpath} plans the hosts {', '.join(names)}; "
-                             "name one of them (the run takes the cells the plan gives it)")
-    if args.wheel_dir and not Path(args.wheel_dir).is_dir():
-        raise UsageError(f"--wheel-dir {args.wheel_dir}: no such directory")
-    return m
+
+def _process_count(value: str) -> str:
+    """``-n N`` as xdist takes it: -n 10**20 is bad input, not a crash in xdist."""
+    try:
+        return str(count_arg(value))
+    except argparse.ArgumentTypeError as e:
+        raise UsageError(f"-n {e} (or auto)") from None
+
+
+def _check_planned_host(host: str, m: Any, mpath: Path) -> None:
+    """``--host`` of a matrix with ``hosts:``: one of the hosts its plan names."""
+    # deferred: plan costs ~45 ms and ~35 modules; only a run of a hosts file
+    from cumatrix.front.plan import planned_cells
+
+    names = planned_cells(m).host_names  # a matrix that cannot be planned is bad input (exit 2)
+    if host not in names:
+        raise UsageError(f"--host {host}: {mpath} plans the hosts {', '.join(names)}; "
+                         "name one of them (the run takes the cells the plan gives it)")
 
 
 def _run_pytest(args: argparse.Namespace, mpath: Path, out: Path,
@@ -254,139 +273,6 @@ def _write_reports(args: argparse.Namespace, out: Path, seal: Any) -> Any:
     return run
 
 
-def _preflight(opts: RunOptions, m: Any, mpath: Path, *, quiet: bool) -> None:
-    """What must hold before any cell runs: --out is free and writable (exit 2 / 3), the daemon
-    answers, every runtime resolves (a requirement that does not resolve is bad input, exit 2,
-    found once rather than per cell)."""
-    # deferred: the results store costs ~40 ms, which --help and validate do without
-    from cumatrix.results.store import Store
-
-    cache_root()  # this user's alone, or exit 3 before anything from it runs
-    # deferred: the record key's module, with the results store below
-    from cumatrix.results.recordkey import record_key
-
-    record_key()  # every record is sealed with it: a state directory that cannot hold it is exit 3 here
-    if opts.backend == "local":
-        _require_sandbox(opts.for_matrix(m.sandbox))
-    with Store.open(opts.out or Path(DEFAULT_OUT), fresh=False):
-        pass
-    _say_missing_evidence()
-    _check_compiler(m)
-    if opts.backend == "docker":
-        # deferred: the docker SDK costs ~80 ms and ~200 modules; only the docker backend needs it
-        from cumatrix.execute.docker import DockerBackend
-
-        with DockerBackend(opts.base_image) as be:  # the daemon must answer before any cell runs
-            if be.base_image_problem() is not None:
-                raise EnvironmentProblem(str(be.base_image_problem()))
-    # deferred: the orchestrator costs ~215 ms and ~190 modules, which --help and validate do without
-    from cumatrix.orchestrate import Orchestrator
-
-    # Both backends say the same first lines: what will not be tested here, then each runtime.
-    policy = opts.for_matrix(m.sandbox)
-    with Orchestrator(matrix=m, backend=opts.backend, wheel_dir=opts.wheel_dir, policy=policy) as orch:
-        _say_untested(m, orch, require_gpu=opts.require_gpu, selection=opts.selection)
-        _preflight_local(m, mpath, orch, quiet=quiet)
-
-
-def _require_sandbox(policy: SandboxPolicy) -> None:
-    """``--require-sandbox`` (or ``--sandbox``, ``sandbox: on``): a host that cannot sandbox runs
-    nothing (exit 3), rather than every cell failing the same way."""
-    if policy.sandbox != "on":
-        return
-    # deferred: the sandbox module is the execute stage's; only a run that requires it checks here
-    from cumatrix.execute import sandbox
-
-    held, _line = sandbox.describe(policy)
-    if held not in sandbox.SANDBOXED:
-        why = held.removeprefix("none: ")
-        raise EnvironmentProblem(f"--require-sandbox: this host cannot sandbox cells: {why}; "
-                                 f"fix: {sandbox.fix_for(why)}")
-
-
-def _say_untested(m: Any, orch: Any, *, require_gpu: bool, selection: Any = None) -> None:
-    """The run's first line, on a host without a CUDA driver: how many cells will be skipped,
-    not tested, and how to test them.  The headline at the end counts them again; a reader who
-    stops at the first line must not take the cells that follow for a GPU run."""
-    if orch.host().driver_version is not None:
-        return
-    # deferred: the prediction rules cost ~20 ms, which --help and validate do without
-    from cumatrix.predict.oracle import expect
-
-    every = _matrix.cells(m)
-    if selection is not None and not selection.full:  # of the cells the covering plan takes
-        # deferred: the covering plans, only for a run that asks for one
-        from cumatrix.front.cover import choose
-
-        every = choose(m, every, selection)
-    gpu = 0
-    for c in every:
-        # What the run will do with the cell, decided as the run decides it: a cell stopped before
-        # its child for another reason (no gcc, an image runtime under --backend local) is counted
-        # there, not here; the rest need a driver where the run's own decision (an emulated
-        # driver, a swap) or the prediction (a probe) says so.  The headline counts the same cells.
-        early = orch.provisioner.stopped_before_child(c)
-        predicted = expect(c, orch.host(), runtime_version=None)
-        if early is not None:
-            # A variant predicted not to compile is built first and is a build-error on any host.
-            gpu += early.why == "no-driver" and set(predicted.outcomes) != {"build-error"}
-        elif predicted.rule == "no-driver":
-            gpu += 1
-    if gpu:
-        what = "each is an error (--require-gpu)" if require_gpu else "run on a GPU host to test them"
-        print(f"cumatrix: no CUDA driver on this host: {gpu} of {len(every)} cells need a GPU and will be "
-              f"skipped, NOT tested; {what}", file=sys.stderr, flush=True)
-
-
-def _preflight_local(m: Any, mpath: Path, orch: Any, *, quiet: bool) -> None:
-    # deferred: the prediction rules cost ~20 ms, which --help and validate do without
-    from cumatrix.predict.rules import emulation_newer_than_host
-
-    real = orch.host().driver_version
-    for d in m.drivers:
-        if d.emulated is not None and real is not None and emulation_newer_than_host(int(d.emulated), real):
-            raise ConfigError(f"{mpath}: drivers: {d.name} is newer than this host's driver "
-                              f"({real // 1000}.{real % 1000 // 10}): an interposer can only hide what the real "
-                              "driver has; emulate an older version, or run this on a newer host")
-    for rt in m.runtimes:
-        if rt.requirement or rt.site or rt.requirements:
-            if not quiet:
-                print(f"cumatrix: runtime {rt.name}: {rt.source}", file=sys.stderr)
-            orch.provisioner.runtime(rt.name)
-
-
-def _say_missing_evidence() -> None:
-    """First, before any cell: what no cell of this run will be observed by (every record names
-    it too), so that a run without its compiled parts never passes as if observed in full."""
-    # deferred: the audit's module costs the provisioner's imports, which --help and validate do without
-    from cumatrix.execute.cellaudit import missing_evidence
-
-    for m in missing_evidence():
-        print(f"cumatrix: WARNING: evidence missing on this host: {m}", file=sys.stderr)
-
-
-def _check_compiler(m: Any) -> None:
-    """Swap cells (compiled variants) and emulated drivers (a generated libcuda, where the install
-    carries no prebuilt one) need gcc: without it their cells are skipped:no-compiler, and the
-    run says so first; the rest runs."""
-    emulated = any(d.emulated for d in m.drivers)
-    if emulated and shutil.which("gcc") is None:
-        # Here, not at the top: only a matrix with emulated drivers pays for the ELF reader it loads.
-        from cumatrix.provision.prebuilt_driver import prebuilt_interposer
-
-        emulated = prebuilt_interposer() is None
-        if not emulated:
-            print(f"cumatrix: NOTE: {m.path}: no gcc on PATH: the emulated drivers are made from the prebuilt "
-                  "interposer of this install; an entry point of the real driver it lacks is named on every "
-                  "record of a cell under it (fingerprint.missing_evidence)", file=sys.stderr)
-    needs = [what for what, used in (("the reference variants", bool(m.variants and m.workloads)),
-                                     ("emulated drivers", emulated)) if used]
-    if needs and shutil.which("gcc") is None:
-        print(f"cumatrix: WARNING: {m.path}: {' and '.join(needs)} are compiled with gcc at run time, and there "
-              "is no gcc on PATH: their cells are skipped:no-compiler (install gcc: apt-get install gcc)",
-              file=sys.stderr)
-
-
 def _pytest_args(args: argparse.Namespace, mpath: Path, out: Path) -> list[str]:
     # ``-c /dev/null`` alone would put pytest's conftest cut at /dev: every directory above the
     # matrix would be searched for conftest.py files and listed entry by entry to reach the file
@@ -398,15 +284,7 @@ def _pytest_args(args: argparse.Namespace, mpath: Path, out: Path) -> list[str]:
              "--cumatrix-backend", args.backend,
              "-o", "console_output_style=classic", "-rfE"]
     pargs += ["-v"] if args.verbose else (["-qq"] if args.quiet else ["-q"])
-    options = (("--cumatrix-keyword", args.keyword), ("-n", args.numprocesses), ("--cumatrix-wheel-dir", args.wheel_dir),
-               ("--cumatrix-timeout", str(args.timeout) if args.timeout is not None else None),
-               ("--cumatrix-base-image", args.base_image), ("--cumatrix-host", args.host),
-               ("--cumatrix-submission", args.submission), ("--junitxml", args.junitxml),
-               ("--cumatrix-cover", args.cover), ("--cumatrix-seed", _given(args.seed)),
-               ("--cumatrix-rotate", _given(args.rotate)), ("--cumatrix-night", _given(args.night)))
-    for flag, value in options:
-        if value:
-            pargs += [flag, value]
+    pargs += _valued_options(args)
     if args.resume:
         pargs.append("--cumatrix-resume")
     if args.require_gpu:
@@ -418,29 +296,58 @@ def _pytest_args(args: argparse.Namespace, mpath: Path, out: Path) -> list[str]:
     return pargs
 
 
+def _valued_options(args: argparse.Namespace) -> list[str]:
+    """The plugin's (and pytest's, xdist's) options that carry a value, for those given."""
+    options = (("--cumatrix-keyword", args.keyword), ("-n", args.numprocesses), ("--cumatrix-wheel-dir", args.wheel_dir),
+               ("--cumatrix-timeout", str(args.timeout) if args.timeout is not None else None),
+               ("--cumatrix-base-image", args.base_image), ("--cumatrix-host", args.host),
+               ("--cumatrix-submission", args.submission), ("--junitxml", args.junitxml),
+               ("--cumatrix-cover", args.cover), ("--cumatrix-seed", _given(args.seed)),
+               ("--cumatrix-rotate", _given(args.rotate)), ("--cumatrix-night", _given(args.night)))
+    words: list[str] = []
+    for flag, value in options:
+        if value:
+            words += [flag, value]
+    return words
+
+
 def _given(value: int | None) -> str | None:
     return str(value) if value is not None else None
+
+
+#: The last words of a run that tested nothing.
+_EMPTY_HINT = "exit 5: nothing was tested; --allow-empty makes it 0"
 
 
 def _exit_status(code: int, args: argparse.Namespace, mpath: Path, out: Path, run: Any = None) -> int:
     """The exit status of the run: from its records as read back (the same run as the
     reports and the headline), pytest's own code only where there are none."""
-    empty_hint = "exit 5: nothing was tested; --allow-empty makes it 0"
     if code == 2:
         print(f"cumatrix: interrupted; finished cells are kept in {out}/results.jsonl (resume with --resume)", file=sys.stderr)
         return 130
     if code == 4:
         return 2
     if code == 5 and run is None:  # no cell selected
-        what = (f"no cell of {mpath} matches -k {args.keyword!r}" if args.keyword else f"{mpath}: no cells to run")
-        print(f"cumatrix: EMPTY — {what}; nothing ran" + ("" if args.allow_empty else f"; {empty_hint}"),
-              file=sys.stderr)
-        return 0 if args.allow_empty else EXIT_NOTHING_RAN
+        return _nothing_selected(args, mpath)
     if code not in (0, 1, 5):  # pytest's own error (3): not a verdict on the cells
         return code
     if run is None:  # the run's results cannot be read back: nothing it did can be taken as a pass
         print(f"cumatrix: the results in {out}/ could not be read back; exit 3", file=sys.stderr)
         return HarnessError.exit_code
+    return _records_status(code, args, out, run)
+
+
+def _nothing_selected(args: argparse.Namespace, mpath: Path) -> int:
+    """The status of a run whose selection held no cell: 5, or 0 with ``--allow-empty``."""
+    what = (f"no cell of {mpath} matches -k {args.keyword!r}" if args.keyword else f"{mpath}: no cells to run")
+    print(f"cumatrix: EMPTY — {what}; nothing ran" + ("" if args.allow_empty else f"; {_EMPTY_HINT}"),
+          file=sys.stderr)
+    return 0 if args.allow_empty else EXIT_NOTHING_RAN
+
+
+def _records_status(code: int, args: argparse.Namespace, out: Path, run: Any) -> int:
+    """The status of a run whose records were read back, from them; pytest's ``code`` only
+    where it saw a failure the records do not hold."""
     # deferred: cumatrix.report costs ~110 ms and ~85 modules (jinja2), which --help and validate do without
     from cumatrix.report.headline import exit_status
 
@@ -453,7 +360,7 @@ def _exit_status(code: int, args: argparse.Namespace, mpath: Path, out: Path, ru
         print(f"cumatrix: a cell failed, but {out}/results.jsonl does not record it; exit 1", file=sys.stderr)
         return 1
     if status == EXIT_NOTHING_RAN:
-        print(f"cumatrix: {empty_hint}", file=sys.stderr)
+        print(f"cumatrix: {_EMPTY_HINT}", file=sys.stderr)
     return status
 
 

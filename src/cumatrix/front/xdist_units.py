@@ -12,7 +12,7 @@ no other cell's result is lost.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -80,15 +80,14 @@ class CellUnitScheduling:
         """A worker ended (done, or crashed); returns the cell it was running when it crashed.
         Its cells not yet run go back to the queue, in their units."""
         work = self.assigned.pop(node)
-        crashed = next((nid for unit in work.values() for nid, done in unit.items() if not done), None)
+        crashed = next(_not_done(work), None)
         if crashed is None:
             return None
         for unit, cells in work.items():
             left = {nid: False for nid, done in cells.items() if not done and nid != crashed}
             if left:
                 self.workqueue[unit] = left
-        for other in self.nodes:
-            self._top_up(other)
+        self._top_up_all()
         return crashed
 
     def mark_test_complete(self, node: Any, item_index: int, duration: float = 0) -> None:  # noqa: ARG002
@@ -111,18 +110,13 @@ class CellUnitScheduling:
         """Build the queue of units (largest first) once every worker has collected, and give
         each worker its first units; later calls only top workers up."""
         if self.collection is not None:
-            for node in self.nodes:
-                self._top_up(node)
+            self._top_up_all()
             return
-        collections = list(self.collections.values())
-        if any(c != collections[0] for c in collections[1:]):
-            self.log("**Different tests collected, aborting run**")
-            return
-        self.collection = collections[0]
-        if not self.collection:
+        collection = self._take_collection()
+        if not collection:
             return
         units: dict[str, dict[str, bool]] = {}
-        for nodeid in self.collection:
+        for nodeid in collection:
             units.setdefault(self.unit_of(nodeid), {})[nodeid] = False
         self.workqueue = dict(sorted(units.items(), key=lambda kv: -len(kv[1])))
         for _ in range(max(0, len(self.nodes) - len(self.workqueue))):  # more workers than units
@@ -130,11 +124,24 @@ class CellUnitScheduling:
             idle.shutdown()
         for node in self.nodes:
             self._give(node)
-        for node in self.nodes:
-            self._top_up(node)
+        self._top_up_all()
         if not self.workqueue:
             for node in self.nodes:
                 node.shutdown()
+
+    def _take_collection(self) -> list[str]:
+        """The collection every worker made, kept as the run's; empty (nothing to hand out)
+        when the workers differ or collected nothing."""
+        collections = list(self.collections.values())
+        if any(c != collections[0] for c in collections[1:]):
+            self.log("**Different tests collected, aborting run**")
+            return []
+        self.collection = collections[0]
+        return self.collection
+
+    def _top_up_all(self) -> None:
+        for node in self.nodes:
+            self._top_up(node)
 
     def _give(self, node: Any) -> None:
         unit = next(iter(self.workqueue))
@@ -151,6 +158,11 @@ class CellUnitScheduling:
             return
         if _pending(self.assigned[node]) <= LOW_WATER:
             self._give(node)
+
+
+def _not_done(work: Mapping[str, Mapping[str, bool]]) -> Iterator[str]:
+    """The cells of ``work`` a worker has not finished, in the order it was given them."""
+    return (nid for unit in work.values() for nid, done in unit.items() if not done)
 
 
 def _pending(work: Mapping[str, Mapping[str, bool]]) -> int:

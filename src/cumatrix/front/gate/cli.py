@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cumatrix.audit.static import (
+    AuditData,
     AuditSettings,
     WheelAudit,
     audit_wheel,
@@ -134,58 +135,41 @@ def gate_main(args: argparse.Namespace) -> int:
             print(f"cumatrix gate: error: {e}", file=sys.stderr)
             status = e.exit_code
     if quiet and not as_json:
-        # The lines a reader of a quiet gate needs: findings that fail, FAIL cells, the verdicts.
-        keep = ("static audit:", "ERROR", "FAIL", "dynamic stage: pass", "dynamic stage: FAIL",
-                "dynamic stage: NOTHING TESTED")
-        for line in buf.getvalue().splitlines():
-            if line.lstrip().startswith(keep):
-                print(line)
+        _print_quiet(buf.getvalue())
     if as_json:
-        doc: dict[str, object] = {"schema": "cumatrix-gate/1", "exit_code": status,
-                                  "verdict": {0: "PASS", 1: "FAIL", EXIT_NOTHING_RAN: "NOTHING TESTED"}.get(status, "ERROR"),
-                                  "static": collected.get("static"), "dynamic": None}
-        out = collected.get("dynamic_out")
-        if isinstance(out, Path) and (out / "results.json").is_file():
-            doc["dynamic"] = json.loads((out / "results.json").read_text(encoding="utf-8"))
-        sys.stdout.write(dumps(doc))
+        sys.stdout.write(dumps(_json_doc(status, collected)))
     return status
 
 
+def _print_quiet(text: str) -> None:
+    """The lines a reader of a quiet gate needs: findings that fail, FAIL cells, the verdicts."""
+    keep = ("static audit:", "ERROR", "FAIL", "dynamic stage: pass", "dynamic stage: FAIL",
+            "dynamic stage: NOTHING TESTED")
+    for line in text.splitlines():
+        if line.lstrip().startswith(keep):
+            print(line)
+
+
+def _json_doc(status: int, collected: dict[str, object]) -> dict[str, object]:
+    """``gate --json``'s document: the verdict, the static findings and the dynamic stage's results."""
+    doc: dict[str, object] = {"schema": "cumatrix-gate/1", "exit_code": status,
+                              "verdict": {0: "PASS", 1: "FAIL", EXIT_NOTHING_RAN: "NOTHING TESTED"}.get(status, "ERROR"),
+                              "static": collected.get("static"), "dynamic": None}
+    out = collected.get("dynamic_out")
+    if isinstance(out, Path) and (out / "results.json").is_file():
+        doc["dynamic"] = json.loads((out / "results.json").read_text(encoding="utf-8"))
+    return doc
+
+
 def _gate(args: argparse.Namespace) -> int:
-    spawn.harden(RunOptions.from_cli(args).policy.pass_env)
-    cache_root()  # this user's alone, or exit 3 before anything from it runs
     wheels: list[Path] = [Path(w) for w in args.wheels]
-    for w in wheels:
-        _check_wheel(w)
-    if not args.static_only:
-        _check_dynamic_inputs(args)  # bad input is exit 2 before any work
-    if args.out is not None or not args.static_only:
-        # A file where --out belongs is this host's problem (exit 3, as `run` says it), found
-        # before any work: exit 1 is the wheel's verdict, never a harness's crash.
-        prepare_out(Path(args.out if args.out is not None else DEFAULT_OUT))
+    _check_inputs(args, wheels)
     runtime_majors: tuple[int, ...] | None = args.runtimes
     min_driver: CudaVersion = args.min_driver or _default_min_driver(runtime_majors)
     data = load_audit_data(wheel_dir=args.wheel_dir)
-    settings = AuditSettings(
-        min_driver=min_driver, runtimes=runtime_majors, strict=args.strict,
-        optional=tuple(args.optional), forward_compat=getattr(args, "forward_compat", False),
-        min_runtime=getattr(args, "min_runtime", None) or _default_min_runtime(runtime_majors),
-        arch_list=getattr(args, "arch_list", None))
-    audits: list[WheelAudit] = []
-    for w in wheels:
-        try:
-            audits.append(audit_wheel(
-                w, min_driver=min_driver, runtimes=runtime_majors, strict=args.strict,
-                optional=tuple(args.optional), introductions=data.introductions,
-                abi_changed=data.abi_changes, settings=settings, data=data,
-            ))
-        except (zipfile.BadZipFile, OSError) as e:
-            raise UsageError(f"{w}: cannot read the wheel: {e}") from e
-    exports = (f" and the exports of libcudart {data.runtime_sources[0]}-"
-               f"{data.runtime_sources[-1]}" if data.runtime_sources else "")
-    print(f"static audit: --min-driver {min_driver}, runtimes "
-          f"{','.join(map(str, runtime_majors)) if runtime_majors else 'any'}, "
-          f"facts from CUDA {' and '.join(data.sources)} headers{exports}")
+    settings = _audit_settings(args, min_driver, runtime_majors)
+    audits = [_audit(args, w, settings, data) for w in wheels]
+    print(_audit_line(min_driver, runtime_majors, data))
     print(format_findings(audits, verbose=getattr(args, "verbose", False)), end="")
     status = 1 if any(a.errors for a in audits) else 0
     record = findings_record(audits, settings=settings, sources=data.sources)
@@ -197,3 +181,49 @@ def _gate(args: argparse.Namespace) -> int:
         return status
     dynamic = run_dynamic_stage(args, wheels, record)
     return max(status, dynamic)
+
+
+def _audit_line(min_driver: CudaVersion, runtime_majors: tuple[int, ...] | None, data: AuditData) -> str:
+    """The static audit's first line: what it checks against, and where its facts come from."""
+    exports = (f" and the exports of libcudart {data.runtime_sources[0]}-"
+               f"{data.runtime_sources[-1]}" if data.runtime_sources else "")
+    return (f"static audit: --min-driver {min_driver}, runtimes "
+            f"{','.join(map(str, runtime_majors)) if runtime_majors else 'any'}, "
+            f"facts from CUDA {' and '.join(data.sources)} headers{exports}")
+
+
+def _check_inputs(args: argparse.Namespace, wheels: list[Path]) -> None:
+    """Everything the gate needs before any work: bad input is exit 2, a host that cannot
+    hold the run exit 3."""
+    spawn.harden(RunOptions.from_cli(args).policy.pass_env)
+    cache_root()  # this user's alone, or exit 3 before anything from it runs
+    for w in wheels:
+        _check_wheel(w)
+    if not args.static_only:
+        _check_dynamic_inputs(args)  # bad input is exit 2 before any work
+    if args.out is not None or not args.static_only:
+        # A file where --out belongs is this host's problem (exit 3, as `run` says it), found
+        # before any work: exit 1 is the wheel's verdict, never a harness's crash.
+        prepare_out(Path(args.out if args.out is not None else DEFAULT_OUT))
+
+
+def _audit_settings(args: argparse.Namespace, min_driver: CudaVersion,
+                    runtime_majors: tuple[int, ...] | None) -> AuditSettings:
+    """The static audit's settings, from the options (the defaults for those not given)."""
+    return AuditSettings(
+        min_driver=min_driver, runtimes=runtime_majors, strict=args.strict,
+        optional=tuple(args.optional), forward_compat=getattr(args, "forward_compat", False),
+        min_runtime=getattr(args, "min_runtime", None) or _default_min_runtime(runtime_majors),
+        arch_list=getattr(args, "arch_list", None))
+
+
+def _audit(args: argparse.Namespace, wheel: Path, settings: AuditSettings, data: AuditData) -> WheelAudit:
+    """The static audit of one wheel; a wheel that cannot be read is bad input (exit 2)."""
+    try:
+        return audit_wheel(
+            wheel, min_driver=settings.min_driver, runtimes=settings.runtimes, strict=args.strict,
+            optional=tuple(args.optional), introductions=data.introductions,
+            abi_changed=data.abi_changes, settings=settings, data=data,
+        )
+    except (zipfile.BadZipFile, OSError) as e:
+        raise UsageError(f"{wheel}: cannot read the wheel: {e}") from e

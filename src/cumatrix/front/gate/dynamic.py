@@ -113,17 +113,24 @@ def wheel_packages(wheel: Path) -> tuple[str, ...]:
             text = zf.read(top[0]).decode("utf-8", errors="replace")
             found = [line.strip().replace("/", ".") for line in text.splitlines()]
         else:
-            record = [n for n in names if re.fullmatch(r"[^/]+\.dist-info/RECORD", n)]
-            listed = names
-            if record:
-                rows = csv.reader(io.StringIO(zf.read(record[0]).decode("utf-8", errors="replace")))
-                listed = [row[0] for row in rows if row]
-            found = []
-            for path in listed:
-                m = _PACKAGE_INIT_RE.match(path) or _MODULE_RE.match(path)
-                if m:
-                    found.append(m.group(1))
+            found = _recorded_packages(zf, names)
     return tuple(dict.fromkeys(n for n in found if _IDENT_RE.match(n)))
+
+
+def _recorded_packages(zf: zipfile.ZipFile, names: list[str]) -> list[str]:
+    """The top-level packages (a directory with ``__init__.py``) and modules of a wheel
+    without ``top_level.txt``: of the files its ``RECORD`` lists, else of its members."""
+    record = [n for n in names if re.fullmatch(r"[^/]+\.dist-info/RECORD", n)]
+    listed = names
+    if record:
+        rows = csv.reader(io.StringIO(zf.read(record[0]).decode("utf-8", errors="replace")))
+        listed = [row[0] for row in rows if row]
+    found = []
+    for path in listed:
+        m = _PACKAGE_INIT_RE.match(path) or _MODULE_RE.match(path)
+        if m:
+            found.append(m.group(1))
+    return found
 
 
 def _gate_wheels(wheels: Sequence[Path]) -> list[GateWheel]:
@@ -178,31 +185,34 @@ def gate_cells(matrix: Matrix, wheels: Sequence[GateWheel], *, smoke: str | None
     """Command cells for every wheel on every pairing of ``matrix``, with their install targets."""
     python = "python3" if backend == "docker" else sys.executable
     pairings = [c for c in _matrix.expand(replace(matrix, probe=True)) if c.kind == "probe"]
+    kinds: list[tuple[str, str | None]] = [("import", None)] + ([("smoke", smoke)] if smoke else [])
     cells: list[Cell] = []
     plan: dict[str, _CellSite] = {}
     for pair in pairings:
         for w in wheels:
-            kinds = [("import", False)] + ([("smoke", True)] if smoke else [])
-            for prefix, is_smoke in kinds:
+            for prefix, command in kinds:
                 name = f"{prefix}-{w.name}"
-                cell_id = f"{pair.runtime}/{pair.driver}/{name}"
-                site = sites / _sanitise(cell_id)
-                env: list[tuple[str, str]] = [("PYTHONPATH", str(site))]
-                if is_smoke:
-                    assert smoke is not None
-                    argv: tuple[str, ...] = ("sh", "-c", smoke)
-                    if backend == "local":
-                        # `python3` in the smoke command is the interpreter that imported the wheel.
-                        path = os.environ.get("PATH", "")
-                        env.append(("PATH", os.pathsep.join([str(Path(sys.executable).parent),
-                                                             *([path] if path else [])])))
-                else:
-                    argv = (python, "-c", _IMPORT_SCRIPT, str(site), *w.packages)
-                case = Case(name=name, argv=argv, timeout=timeout, env=tuple(env))
+                site = sites / _sanitise(f"{pair.runtime}/{pair.driver}/{name}")
+                argv, env = _cell_command(w, site, smoke=command, python=python, backend=backend)
+                case = Case(name=name, argv=argv, timeout=timeout, env=env)
                 cell = Cell(kind="command", runtime=pair.runtime, driver=pair.driver, case=case)
                 cells.append(cell)
-                plan[cell.id] = _CellSite(wheel=w.name, site=site, smoke=is_smoke)
+                plan[cell.id] = _CellSite(wheel=w.name, site=site, smoke=command is not None)
     return cells, plan
+
+
+def _cell_command(w: GateWheel, site: Path, *, smoke: str | None, python: str,
+                  backend: str) -> tuple[tuple[str, ...], tuple[tuple[str, str], ...]]:
+    """The argv and environment of a cell that imports ``w`` from ``site`` (``smoke`` None),
+    or runs the ``smoke`` command under ``sh -c``."""
+    env: list[tuple[str, str]] = [("PYTHONPATH", str(site))]
+    if smoke is None:
+        return (python, "-c", _IMPORT_SCRIPT, str(site), *w.packages), tuple(env)
+    if backend == "local":
+        # `python3` in the smoke command is the interpreter that imported the wheel.
+        path = os.environ.get("PATH", "")
+        env.append(("PATH", os.pathsep.join([str(Path(sys.executable).parent), *([path] if path else [])])))
+    return ("sh", "-c", smoke), tuple(env)
 
 
 def direct_references(wheel: Path) -> list[str]:
@@ -366,29 +376,57 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path], static: 
     when every cell was skipped (nothing installed and imported: not green).
     """
     out = Path(args.out if args.out is not None else DEFAULT_OUT)
-    backend: str = args.backend
-    wheel_dir = Path(args.wheel_dir) if args.wheel_dir else None
     matrix = gate_matrix(Path(args.matrix) if args.matrix is not None else None)
     gws = _gate_wheels(wheels)
     sites = (out / SITES_DIR).resolve()
-    cells, plan = gate_cells(matrix, gws, smoke=args.smoke, sites=sites, backend=backend,
+    cells, plan = gate_cells(matrix, gws, smoke=args.smoke, sites=sites, backend=args.backend,
                              timeout=args.timeout)
     if not cells:
         raise UsageError(f"{matrix.path}: no runtime x driver pairing to run the wheels on")
+    seal = _install_and_run(args, _Stage(matrix=matrix, wheels=gws, cells=cells, plan=plan, out=out, sites=sites),
+                            static)
+    # The reports and the verdict come from the records as read back, each checked against what
+    # this gate sealed: a cell that edited the results (an unsandboxed gate) is refused there.
+    run = load_records(out / JSONL, seal=seal)
+    write_all(record(args, run, kind="gate", series=history_series(matrix, gws)), out)
+    if isinstance(getattr(args, "gate_json", None), dict):
+        args.gate_json["dynamic_out"] = out
+    return _verdict(args, run.cells, gws, out, len(cells))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Stage:
+    """What the dynamic stage runs: its cells of the wheels on the matrix's pairings, each
+    cell's install target (under ``sites``), and where its results go."""
+
+    matrix: Matrix
+    wheels: Sequence[GateWheel]
+    cells: list[Cell]
+    plan: dict[str, _CellSite]
+    out: Path
+    sites: Path
+
+
+def _install_and_run(args: argparse.Namespace, stage: _Stage, static: dict[str, object]) -> Seal:
+    """Install the wheels, run the cells and write their records (after the run header and the
+    ``static`` findings) to the stage's results; what the records must show when read back."""
+    matrix, gws, cells, out = stage.matrix, stage.wheels, stage.cells, stage.out
+    backend: str = args.backend
+    wheel_dir = Path(args.wheel_dir) if args.wheel_dir else None
     opts = RunOptions.from_cli(args)
     orch = first = Orchestrator(matrix=matrix, backend=backend, wheel_dir=wheel_dir, timeout=opts.timeout,
                                 base_image=args.base_image, policy=opts.policy)
     try:
         # The daemon must answer before any cell runs (its facts join the host fingerprint).
         fingerprint = orch.host_fingerprint()
-        hooks = GateHooks(host=orch.host(), runtime_version=orch.provisioner.runtime_version, sites=plan,
+        hooks = GateHooks(host=orch.host(), runtime_version=orch.provisioner.runtime_version, sites=stage.plan,
                           matrix=matrix, wheel_files={w.name: w.path for w in gws}, wheel_dir=wheel_dir)
         orch = orch.with_hooks(hooks)
         npairs = len(cells) // (len(gws) * (2 if args.smoke else 1))
         print(f"dynamic stage: {len(gws)} wheel{'s' if len(gws) != 1 else ''} x {npairs} "
               f"pairing{'s' if npairs != 1 else ''} of {matrix.path} ({backend} backend), "
               f"{len(cells)} cells; reports in {out}/", flush=True)
-        _install_wheels(args, gws, sites, hooks, opts.policy)
+        _install_wheels(args, gws, stage.sites, hooks, opts.policy)
         store = Store.open(out, fresh=True)
         store.append(run_header(matrix, [c.id for c in cells], backend=backend,
                                 argv=_gate_argv(args), host=None, fingerprint=fingerprint,
@@ -402,13 +440,7 @@ def run_dynamic_stage(args: argparse.Namespace, wheels: Sequence[Path], static: 
         orch.close()
         if first is not orch:  # the copy with hooks has its own provisioner; both hold temporary files
             first.close()
-    # The reports and the verdict come from the records as read back, each checked against what
-    # this gate sealed: a cell that edited the results (an unsandboxed gate) is refused there.
-    run = load_records(out / JSONL, seal=Seal(written=dict(store.sealed)))
-    write_all(record(args, run, kind="gate", series=history_series(matrix, gws)), out)
-    if isinstance(getattr(args, "gate_json", None), dict):
-        args.gate_json["dynamic_out"] = out
-    return _verdict(args, run.cells, gws, out, len(cells))
+    return Seal(written=dict(store.sealed))
 
 
 def _verdict(args: argparse.Namespace, ran: Sequence[CellRecord], gws: Sequence[GateWheel], out: Path,

@@ -256,20 +256,31 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def pytest_collection_modifyitems(config: pytest.Config,
                                   items: list[pytest.Item]) -> Generator[None, None, None]:
     select_cells(config, items, CellItem)
-    # A cumatrix run's cells use no fixtures, and the CLI passes no -k, -m or --deselect and
-    # autoloads no plugin: the other implementations (pytest's fixture reordering above all,
-    # 0.15 s at 10,000 cells for an order it keeps) are given the rest of the items only.
-    cells: list[pytest.Item] = []
-    if options(config).reports_after and not (
-            config.getoption("keyword") or config.getoption("markexpr") or config.getoption("deselect")):
-        cells = [it for it in items if isinstance(it, CellItem)]
-        if cells:
-            items[:] = [it for it in items if not isinstance(it, CellItem)]
+    cells = _hold_back_cells(config, items)
     try:
         return (yield)
     finally:
         if cells:
             items[:] = cells + items
+
+
+def _hold_back_cells(config: pytest.Config, items: list[pytest.Item]) -> list[pytest.Item]:
+    """The cells taken out of ``items`` while the other implementations of the hook run (put
+    back ahead of the rest after them); none where the user's own selection must see them."""
+    # A cumatrix run's cells use no fixtures, and the CLI passes no -k, -m or --deselect and
+    # autoloads no plugin: the other implementations (pytest's fixture reordering above all,
+    # 0.15 s at 10,000 cells for an order it keeps) are given the rest of the items only.
+    if not options(config).reports_after or _user_selects(config):
+        return []
+    cells: list[pytest.Item] = [it for it in items if isinstance(it, CellItem)]
+    if cells:
+        items[:] = [it for it in items if not isinstance(it, CellItem)]
+    return cells
+
+
+def _user_selects(config: pytest.Config) -> bool:
+    """Whether pytest's own -k, -m or --deselect was given."""
+    return bool(config.getoption("keyword") or config.getoption("markexpr") or config.getoption("deselect"))
 
 
 def pytest_report_teststatus(report: pytest.TestReport, config: pytest.Config) -> tuple[str, str, str] | None:

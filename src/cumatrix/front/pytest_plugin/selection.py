@@ -7,6 +7,7 @@ xdist worker, which collects every cell, applies it to its items (:func:`select_
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -136,14 +137,27 @@ def select_cells(config: pytest.Config, items: list[pytest.Item], cell_type: typ
     _skip_finished(config, items, cell_type)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _CellFilter:
+    """What a cell of one matrix file must pass to run: ``-k``, its host's share of the plan,
+    the covering plan's choice and ``--lf``'s ids (``None``: that one takes every cell)."""
+
+    expr: KeywordExpression | None = None
+    share: frozenset[str] | None = None
+    cover: frozenset[str] | None = None
+    only: frozenset[str] | None = None
+
+    def admits(self, cell_id: str, filename: str) -> bool:
+        """Whether the cell ``cell_id`` of the matrix file named ``filename`` runs."""
+        if not all(ids is None or cell_id in ids for ids in (self.share, self.cover, self.only)):
+            return False
+        return self.expr is None or self.expr.matches(cell_id, filename)
+
+
 def _select_by_name(config: pytest.Config, items: list[pytest.Item], cell_type: type[CellItem]) -> None:
     """``--cumatrix-keyword`` and ``--host``'s share of a plan."""
-    opts = options(config)
-    expr = keyword(config) if opts.keyword else None
-    paths = {it.path for it in items if isinstance(it, cell_type)}
-    shares = {p: host_share(config, p) for p in paths} if opts.host else {}
-    covers = {p: cover_share(config, p) for p in paths} if not opts.selection.full else {}
-    if expr is None and all(s is None for s in shares.values()) and not covers:
+    filters = _name_filters(config, {it.path for it in items if isinstance(it, cell_type)})
+    if filters is None:
         return
     # The controller matched every cell already (selected); a worker matches them here.
     ids = {cid for cid, _ in config.stash[SELECTED]} if SELECTED in config.stash else None
@@ -151,12 +165,21 @@ def _select_by_name(config: pytest.Config, items: list[pytest.Item], cell_type: 
     def wanted(it: CellItem) -> bool:
         if ids is not None:
             return it.cell.id in ids
-        share = shares.get(it.path)
-        plan = covers.get(it.path)
-        return ((share is None or it.cell.id in share) and (plan is None or it.cell.id in plan)
-                and (expr is None or expr.matches(it.cell.id, it.path.name)))
+        return filters[it.path].admits(it.cell.id, it.path.name)
 
     _keep(config, items, [it for it in items if not isinstance(it, cell_type) or wanted(it)])
+
+
+def _name_filters(config: pytest.Config, paths: set[Path]) -> dict[Path, _CellFilter] | None:
+    """Each matrix file's filter of ``-k``, ``--host`` and the covering plan; ``None`` when
+    none of them is given (every cell runs)."""
+    opts = options(config)
+    expr = keyword(config) if opts.keyword else None
+    shares = {p: host_share(config, p) for p in paths} if opts.host else {}
+    covers = _covers(config, paths)
+    if expr is None and all(s is None for s in shares.values()) and not covers:
+        return None
+    return {p: _CellFilter(expr=expr, share=shares.get(p), cover=covers.get(p)) for p in paths}
 
 
 def _skip_finished(config: pytest.Config, items: list[pytest.Item], cell_type: type[CellItem]) -> None:
@@ -179,13 +202,19 @@ def out_dir(config: pytest.Config) -> Path | None:
     return Path(DEFAULT_OUT) if matrix_args(config) else None
 
 
+def _covers(config: pytest.Config, paths: set[Path]) -> dict[Path, frozenset[str] | None]:
+    """Each matrix file's cells the covering plan chooses; empty when the run takes every cell."""
+    if options(config).selection.full:
+        return {}
+    return {p: cover_share(config, p) for p in paths}
+
+
 def selected(config: pytest.Config) -> list[tuple[Matrix, list[Cell]]]:
     """The cells this run intends, computed in the controller (xdist workers collect)."""
     out = []
     chosen: list[tuple[str, str]] = []
     expr = keyword(config)
     only = id_file(options(config).only)
-    plans = config.stash.setdefault(_PLANS, {})
     for p in matrix_args(config):
         try:
             m = _matrix.load(p)
@@ -193,16 +222,20 @@ def selected(config: pytest.Config) -> list[tuple[Matrix, list[Cell]]]:
             continue
         every = _matrix.cells(m)
         plan = cover_share(config, p, m, every)
-        try:  # planned from the cells at hand (those the covering plan takes): a matrix is expanded once
-            plans[str(p)] = plans[m.path] = planned_cells(m, every if plan is None else
-                                                          [c for c in every if c.id in plan])
-        except ConfigError:
-            plans[str(p)] = plans[m.path] = None
-        share = host_share(config, p)
-        cells = [c for c in every if (expr is None or expr.matches(c.id, p.name))
-                 and (share is None or c.id in share) and (plan is None or c.id in plan)
-                 and (only is None or c.id in only)]
+        _plan_once(config, p, m, every if plan is None else [c for c in every if c.id in plan])
+        keep = _CellFilter(expr=expr, share=host_share(config, p), cover=plan, only=only)  # the share: of that plan
+        cells = [c for c in every if keep.admits(c.id, p.name)]
         chosen += [(c.id, _schedule.provision_key(c)) for c in cells]
         out.append((m, cells))
     config.stash[SELECTED] = chosen
     return out
+
+
+def _plan_once(config: pytest.Config, p: Path, m: Matrix, cells: list[Cell]) -> None:
+    """The plan of matrix ``m`` (file ``p``), from the cells at hand (those the covering plan
+    takes): a matrix is expanded once; ``None`` when it cannot be planned."""
+    plans = config.stash.setdefault(_PLANS, {})
+    try:
+        plans[str(p)] = plans[m.path] = planned_cells(m, cells)
+    except ConfigError:
+        plans[str(p)] = plans[m.path] = None

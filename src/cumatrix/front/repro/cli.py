@@ -68,26 +68,9 @@ def standalone_command(runner: Orchestrator, job: Job) -> str:
         audit_lib = env.pop("LD_AUDIT", None)
         env.pop(LOG_ENV, None)
         env.pop(ENFORCE_ENV, None)
-        mounts = [m for m in mounts if m != audit_lib]
-    elif log is not None:
+        return _docker_command(runner, job, env, [m for m in mounts if m != audit_lib])
+    if log is not None:
         env[LOG_ENV] = os.devnull
-    if runner.backend == "docker":
-        own = list(job.lib_path)
-        if own:
-            env["LD_LIBRARY_PATH"] = ":".join(own)
-        env.setdefault("PYTHONPATH", PACKAGE_PARENT)
-        env.setdefault("PYTHONFAULTHANDLER", "1")
-        parts = ["docker", "run", "--rm", "--init", "--network", "none"]
-        if runner.host().driver_version is not None:
-            parts += ["--gpus", "all"]
-        for m in dict.fromkeys([PACKAGE_PARENT, *mounts, *([job.cwd] if job.cwd else [])]):
-            parts += ["-v", f"{m}:{m}:ro"]
-        if job.cwd:  # the case's cwd: (else its matrix file's directory), as the backend mounts it
-            parts += ["-w", job.cwd]
-        for k, v in env.items():
-            parts += ["-e", f"{k}={v}"]
-        parts.append(job.image or "IMAGE")
-        return _portable([*parts, *job.argv])
     if job.lib_path:
         env["LD_LIBRARY_PATH"] = os.pathsep.join(job.lib_path)
     env.setdefault("PYTHONFAULTHANDLER", "1")
@@ -95,6 +78,27 @@ def standalone_command(runner: Orchestrator, job: Job) -> str:
     # bundled default matrix, whose cases start where the command is run.
     chdir = ["-C", job.cwd] if job.cwd else []
     return _portable(["env", *chdir, *(f"{k}={v}" for k, v in env.items()), *job.argv])
+
+
+def _docker_command(runner: Orchestrator, job: Job, env: dict[str, str], mounts: list[str]) -> str:
+    """The ``docker run`` command of :func:`standalone_command`: ``job`` in its image, with
+    ``env`` (the audit's variables gone) and ``mounts`` read-only."""
+    own = list(job.lib_path)
+    if own:
+        env["LD_LIBRARY_PATH"] = ":".join(own)
+    env.setdefault("PYTHONPATH", PACKAGE_PARENT)
+    env.setdefault("PYTHONFAULTHANDLER", "1")
+    parts = ["docker", "run", "--rm", "--init", "--network", "none"]
+    if runner.host().driver_version is not None:
+        parts += ["--gpus", "all"]
+    for m in dict.fromkeys([PACKAGE_PARENT, *mounts, *([job.cwd] if job.cwd else [])]):
+        parts += ["-v", f"{m}:{m}:ro"]
+    if job.cwd:  # the case's cwd: (else its matrix file's directory), as the backend mounts it
+        parts += ["-w", job.cwd]
+    for k, v in env.items():
+        parts += ["-e", f"{k}={v}"]
+    parts.append(job.image or "IMAGE")
+    return _portable([*parts, *job.argv])
 
 
 #: How the standalone command finds cumatrix's cache: as cumatrix does (core.cache.cache_location).
@@ -120,24 +124,36 @@ def run_one(runner: Orchestrator, cell: Cell) -> CellRun:
     """Run ``cell`` once; on a crash, re-run its job under gdb (local backend)."""
     ran = runner.run(cell)
     record, job = ran.record, ran.job
-    command = None
-    if job is not None:
-        command = standalone_command(runner, job)
-    elif cell.kind == "swap" and cell.build is not None and cell.variant:
-        command = " ".join(shlex.quote(p) for p in ("python3", "-m", "cumatrix", "build", cell.variant,
-                                                    "--headers", str(cell.build), "--family", str(cell.family)))
-    native = None
-    build_log = ""
-    if record.observed.outcome == "build-error" and cell.build is not None and cell.variant and cell.family:
-        headers = _runtimes.headers_for(cell.build, wheel_dir=runner.wheel_dir, runtimes=runner.matrix.runtimes)
-        build_log = _build.build_variant(cell.variant, cell.family, headers).log  # cached: no recompile
-    if outcome_kind(record.observed.outcome) is Kind.CRASH:
-        if runner.backend == "docker":
-            native = NativeTrace(tool=None, backtrace="", libraries="", maps=(),
-                                 note="docker backend: the image carries no gdb; fallback to the faulthandler stack only")
-        elif job is not None:
-            native = gdb_backtrace(job, policy=runner.policy)
+    command = standalone_command(runner, job) if job is not None else _build_command(cell)
+    build_log = _build_log(runner, cell, record.observed.outcome)
+    native = _native_trace(runner, job, record.observed.outcome)
     return CellRun(cell=cell, record=record, command=command, native=native, build_log=build_log)
+
+
+def _build_command(cell: Cell) -> str | None:
+    """The command that builds a swap cell's variant, for a cell that ran no job."""
+    if cell.kind == "swap" and cell.build is not None and cell.variant:
+        return " ".join(shlex.quote(p) for p in ("python3", "-m", "cumatrix", "build", cell.variant,
+                                                 "--headers", str(cell.build), "--family", str(cell.family)))
+    return None
+
+
+def _build_log(runner: Orchestrator, cell: Cell, outcome: str) -> str:
+    """The compiler's message of a cell whose variant did not build (else empty)."""
+    if outcome == "build-error" and cell.build is not None and cell.variant and cell.family:
+        headers = _runtimes.headers_for(cell.build, wheel_dir=runner.wheel_dir, runtimes=runner.matrix.runtimes)
+        return _build.build_variant(cell.variant, cell.family, headers).log  # cached: no recompile
+    return ""
+
+
+def _native_trace(runner: Orchestrator, job: Job | None, outcome: str) -> NativeTrace | None:
+    """A crashed cell's native backtrace: its job re-run under gdb (local backend only)."""
+    if outcome_kind(outcome) is not Kind.CRASH:
+        return None
+    if runner.backend == "docker":
+        return NativeTrace(tool=None, backtrace="", libraries="", maps=(),
+                           note="docker backend: the image carries no gdb; fallback to the faulthandler stack only")
+    return gdb_backtrace(job, policy=runner.policy) if job is not None else None
 
 
 # --------------------------------------------------------------------------- commands
@@ -168,7 +184,11 @@ def _foreign_axis(m: Matrix, cell_id: str) -> bool:
         return True
     if len(parts) == 3:
         return parts[2] != "probe" and parts[2] not in {c.name for c in m.cases}
-    variant, build, workload = parts[2], parts[3][1:], parts[4]
+    return _foreign_swap(m, variant=parts[2], build=parts[3][1:], workload=parts[4])
+
+
+def _foreign_swap(m: Matrix, *, variant: str, build: str, workload: str) -> bool:
+    """Whether a swap cell's variant, build headers or workload is none of ``m``'s."""
     return (variant not in m.variants or build not in {str(b) for b in m.builds}
             or workload not in {w.name for w in m.workloads})
 
@@ -392,6 +412,12 @@ def _repro(args: argparse.Namespace) -> int:
         return list_bugs(catalog)
     if args.bug:
         return repro_bug(args, catalog.get(args.bug))
+    return _repro_catalog(args, catalog)
+
+
+def _repro_catalog(args: argparse.Namespace, catalog: Catalog) -> int:
+    """``repro --all``: every entry; 1 when one did not reproduce, or (without
+    ``--allow-missing``) when one could not run here."""
     codes = {b.id: repro_bug(args, b) for b in catalog.bugs}
     words = {0: "reproduced", 1: "not reproduced", EXIT_CANNOT_RUN_HERE: "not run here"}
     print(f"catalog: {', '.join(f'{k}: {words[v]}' for k, v in codes.items())}")

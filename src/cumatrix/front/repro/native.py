@@ -104,8 +104,25 @@ def gdb_backtrace(job: Job, *, gdb: str | None = None, extra_s: float = GDB_TIME
 def _read_gdb(tool: str, text: str, res: ChildResult, spawn: dict[str, object]) -> NativeTrace:
     lines = text.splitlines()
     bt = [ln for ln in lines if re.match(r"^#\d+\s", ln)]
-    sig = [ln for ln in lines if ln.startswith("Program received signal")
-           or (ln.startswith("Thread ") and "received signal" in ln)]
+    sig = [ln for ln in lines if _is_signal_line(ln)]
+    libs = _shared_libraries(lines)
+    if not bt:
+        tail = "\n".join(lines[-15:])
+        why = "could not run it" if res.returncode is None and res.signal is None else "the child did not crash"
+        return NativeTrace(tool=tool, backtrace="", libraries="\n".join(libs), maps=parse_maps(text), spawn=spawn,
+                           log=text, note=f"under {tool} {why} (it may depend on timing or memory layout); "
+                                          f"gdb said:\n{tail}")
+    return NativeTrace(tool=tool, backtrace="\n".join([*sig, *bt]), libraries="\n".join(libs),
+                       maps=parse_maps(text), note="", spawn=spawn, log=text)
+
+
+def _is_signal_line(ln: str) -> bool:
+    """gdb's line saying which signal stopped the program (of a thread, in a threaded one)."""
+    return ln.startswith("Program received signal") or (ln.startswith("Thread ") and "received signal" in ln)
+
+
+def _shared_libraries(lines: list[str]) -> list[str]:
+    """The table of gdb's ``info sharedlibrary``: from its header to its ``(*)`` footnote."""
     libs: list[str] = []
     in_libs = False
     for ln in lines:
@@ -115,11 +132,4 @@ def _read_gdb(tool: str, text: str, res: ChildResult, spawn: dict[str, object]) 
             libs.append(ln)
             if ln.startswith("(*)"):
                 break
-    if not bt:
-        tail = "\n".join(lines[-15:])
-        why = "could not run it" if res.returncode is None and res.signal is None else "the child did not crash"
-        return NativeTrace(tool=tool, backtrace="", libraries="\n".join(libs), maps=parse_maps(text), spawn=spawn,
-                           log=text, note=f"under {tool} {why} (it may depend on timing or memory layout); "
-                                          f"gdb said:\n{tail}")
-    return NativeTrace(tool=tool, backtrace="\n".join([*sig, *bt]), libraries="\n".join(libs),
-                       maps=parse_maps(text), note="", spawn=spawn, log=text)
+    return libs

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from cumatrix import __version__
@@ -53,32 +54,49 @@ def _fence(text: str, lang: str = "") -> list[str]:
 
 
 def _env_table(runner: Orchestrator, runs: list[CellRun]) -> list[str]:
+    rows = _host_rows(runner)
+    for r in runs:
+        rows += _run_rows(r)
+    out = ["| | |", "|---|---|"]
+    out += [f"| {k} | {clean(str(v)).replace(chr(10), ' ').replace('|', '/')} |" for k, v in rows]
+    return out
+
+
+def _host_rows(runner: Orchestrator) -> list[tuple[str, object]]:
+    """The environment table's rows of this host and this run's setup."""
     fp = runner.host_fingerprint()
-    dv = fp.get("driver_version")
     raw_gpus = fp.get("gpus")
     gpus = [g for g in raw_gpus if isinstance(g, dict)] if isinstance(raw_gpus, list) else []
-    rows = [
+    return [
         ("cumatrix", __version__),
         ("host", f"{fp.get('hostname')} ({fp.get('platform')})"),
         ("python", str(fp.get("python"))),
-        ("driver", (f"CUDA {CudaVersion.from_int(int(str(dv)))} ({dv})" if dv else "none")
-         + (f", {fp['driver_string']}" if fp.get("driver_string") else "")),
+        ("driver", _driver_text(fp)),
         ("GPUs", ", ".join(f"{g.get('name')} (cc {g.get('compute_capability')})" for g in gpus) or "none"),
         ("forward compatibility", "in use" if fp.get("forward_compat") else "not in use"),
         ("backend", runner.backend),
         ("debugger", find_debugger() or "gdb/cuda-gdb not installed"),
     ]
-    for r in runs:
-        f = r.record.fingerprint
-        if f.get("runtime_file"):
-            rows.append((f"runtime of {r.cell.id}", f"{f['runtime_file']} ({f.get('runtime_version')})"))
-        if f.get("libcuda_file"):
-            rows.append((f"libcuda of {r.cell.id}", str(f["libcuda_file"])))
-        if f.get("image"):
-            rows.append((f"image of {r.cell.id}", f"{f['image']} ({f.get('image_id')})"))
-    out = ["| | |", "|---|---|"]
-    out += [f"| {k} | {clean(str(v)).replace(chr(10), ' ').replace('|', '/')} |" for k, v in rows]
-    return out
+
+
+def _driver_text(fp: Mapping[str, object]) -> str:
+    """The host's driver as a report names it: its CUDA version and number, and its string."""
+    dv = fp.get("driver_version")
+    return ((f"CUDA {CudaVersion.from_int(int(str(dv)))} ({dv})" if dv else "none")
+            + (f", {fp['driver_string']}" if fp.get("driver_string") else ""))
+
+
+def _run_rows(r: CellRun) -> list[tuple[str, object]]:
+    """The environment table's rows of one re-run cell: the runtime, libcuda and image it used."""
+    f = r.record.fingerprint
+    rows: list[tuple[str, object]] = []
+    if f.get("runtime_file"):
+        rows.append((f"runtime of {r.cell.id}", f"{f['runtime_file']} ({f.get('runtime_version')})"))
+    if f.get("libcuda_file"):
+        rows.append((f"libcuda of {r.cell.id}", str(f["libcuda_file"])))
+    if f.get("image"):
+        rows.append((f"image of {r.cell.id}", f"{f['image']} ({f.get('image_id')})"))
+    return rows
 
 
 def _python_stack(stderr: str) -> str:
@@ -133,11 +151,7 @@ def _crash_stacks(r: CellRun) -> list[str]:
 
 
 def _loaded_libraries(r: CellRun, crashed: bool) -> list[str]:
-    listed = r.record.observed.data.get("loaded_libraries")
-    maps = tuple(str(x) for x in listed) if isinstance(listed, list) else ()
-    maps = maps or parse_maps(r.record.stderr_tail)
-    if not maps and r.native is not None:
-        maps = r.native.maps
+    maps = _mapped_libraries(r)
     native_libs = r.native.libraries if r.native is not None else ""
     if not maps and not native_libs:
         if not crashed:
@@ -150,6 +164,17 @@ def _loaded_libraries(r: CellRun, crashed: bool) -> list[str]:
     if native_libs:
         lines += ["gdb's `info sharedlibrary` at the crash:", "", *_fence(native_libs), ""]
     return lines
+
+
+def _mapped_libraries(r: CellRun) -> tuple[str, ...]:
+    """The libraries the child had mapped: as its record lists them, else from the maps block in
+    its stderr, else from the debugger's run."""
+    listed = r.record.observed.data.get("loaded_libraries")
+    maps = tuple(str(x) for x in listed) if isinstance(listed, list) else ()
+    maps = maps or parse_maps(r.record.stderr_tail)
+    if not maps and r.native is not None:
+        maps = r.native.maps
+    return maps
 
 
 def cell_report(runner: Orchestrator, r: CellRun, matrix_path: str) -> str:
