@@ -76,7 +76,8 @@ class LibraryFacts:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ResolvedRuntime:
-    """One runtime of a matrix, resolved in one step (:func:`resolve`): everything the oracle
+    """One runtime of a matrix, resolved in one step (:func:`from_pin`, :func:`resolve_installed`;
+    once per run, by :class:`~cumatrix.provision.runtimeset.RuntimeSet`): everything the oracle
     (its version) and the executor (the library, its directory, an environment's variables) need
     of it, with what it was established from (the wheel file, the library's own facts)."""
 
