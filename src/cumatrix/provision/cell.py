@@ -1,12 +1,12 @@
 """Stage two: provision a cell.  ``Cell`` (+ its expectation) -> :class:`~cumatrix.core.jobs.Job`.
 
-Puts the cell's runtime in its job (provisioned once per run by :mod:`~cumatrix.provision.runtimeset`:
-a wheel unpacked into the cache, an environment, a site install; an image is the docker
-backend's), builds the reference variant against the cell's headers, generates the driver interposer
-for an emulated driver, and assembles the child's command line and environment.  A cell
-that is decided without running (a variant that does not compile, no driver to run on)
-comes back as a :class:`~cumatrix.provision.facts.NotRun` fact instead of a job: the judge
-names its outcome.  Which container image a job runs in, and the rtld-audit around its
+Puts the cell's runtime in its job (provisioned once per run by
+:mod:`~cumatrix.provision.runtimeset`: a wheel unpacked into the cache, an environment, a site
+install; an image is the docker backend's), builds the reference variant against the cell's
+headers, generates the driver interposer for an emulated driver, and assembles the child's
+command line and environment.  A cell that is decided without running (a variant that does
+not compile, no driver to run on) comes back as a :class:`~cumatrix.provision.facts.NotRun`
+fact instead of a job: the judge names its outcome.  Which container image a job runs in, and the rtld-audit around its
 child, are the execute stage's (the orchestrator adds both).
 
 What it provisions is cached on disk by content, so pytest-xdist workers share it.
