@@ -1,6 +1,7 @@
 """The text of runtime requirements in a matrix file: pinned wheels and environment requirements.
 
-Pure parsing, shared by the loader (which checks a matrix) and provisioning (which fetches).
+Pure parsing, shared by the loader (which checks a matrix) and provisioning (which fetches): a
+run reads each ``wheel:`` runtime's pin once (:func:`wheel_pins`) before any is provisioned.
 """
 
 from __future__ import annotations
