@@ -1,11 +1,12 @@
 """The one orchestrator: a cell through every stage, for every front end.
 
-``Cell -> Expected`` (:mod:`~cumatrix.predict.oracle`) ``-> Job`` (:mod:`~cumatrix.provision.cell`)
-``-> ChildResult`` (:mod:`~cumatrix.execute.local` or :mod:`~cumatrix.execute.docker`, under the
-rtld-audit of :mod:`~cumatrix.execute.cellaudit`) ``-> Observed`` (:mod:`~cumatrix.judge.classify`)
-``-> CellRecord`` (:mod:`~cumatrix.judge.verdict`).  Provisioning and a front end's hooks give
-facts (a job, or a :class:`~cumatrix.provision.facts.NotRun`); only the oracle and the judge
-name outcomes.
+The cell's runtime is provisioned first, once per run (:mod:`~cumatrix.provision.runtimeset`),
+and handed to every stage after it: ``Cell -> Expected`` (:mod:`~cumatrix.predict.oracle`)
+``-> Job`` (:mod:`~cumatrix.provision.cell`) ``-> ChildResult`` (:mod:`~cumatrix.execute.local`
+or :mod:`~cumatrix.execute.docker`, under the rtld-audit of :mod:`~cumatrix.execute.cellaudit`)
+``-> Observed`` (:mod:`~cumatrix.judge.classify`) ``-> CellRecord`` (:mod:`~cumatrix.judge.verdict`).
+Provisioning and a front end's hooks give facts (a job, or a
+:class:`~cumatrix.provision.facts.NotRun`); only the oracle and the judge name outcomes.
 
 The pytest plugin (and so ``cumatrix run``), the gate's dynamic stage, ``repro`` and
 ``calibrate`` all run cells through :meth:`Orchestrator.run`, which hands back the record
@@ -41,6 +42,7 @@ from cumatrix.judge.verdict import Facts, decide_child, judge, utcnow
 from cumatrix.predict import oracle
 from cumatrix.provision.cell import Provisioner, Settings
 from cumatrix.provision.facts import NotRun
+from cumatrix.provision.runtimeset import ProvisionedRuntime, RuntimeSet
 
 if TYPE_CHECKING:
     from cumatrix.execute.docker import DockerBackend
@@ -78,6 +80,7 @@ class _Turn:
     started: str
     t0: float
     expected: Expected
+    runtime: ProvisionedRuntime | None = None  # the cell's runtime, as the run provisioned it
     job: Job | None = None
     audit: Audit | None = None
     not_run: NotRun | None = None  # decided without a child (or failed to provision)
@@ -106,6 +109,7 @@ class Orchestrator:
     _missing: tuple[str, ...] | None = None
     _docker: DockerBackend | None = None
     _provisioner: Provisioner | None = field(default=None, repr=False)
+    _runtimes: RuntimeSet | None = field(default=None, repr=False)
     _auditor: CellAuditor | None = field(default=None, repr=False)
     _ahead: _Turn | None = field(default=None, repr=False)
 
@@ -141,11 +145,20 @@ class Orchestrator:
         return self._docker
 
     @property
+    def runtimes(self) -> RuntimeSet:
+        """The run's runtimes, each provisioned once, when its first cell asks (shared by the
+        copies :meth:`with_hooks` makes)."""
+        if self._runtimes is None:
+            self._runtimes = RuntimeSet(matrix=self.matrix, wheel_dir=self.wheel_dir)
+        return self._runtimes
+
+    @property
     def provisioner(self) -> Provisioner:
         if self._provisioner is None:
             settings = Settings(matrix=self.matrix, backend=self.backend, wheel_dir=self.wheel_dir,
                                 timeout=self.timeout, child_env=self.child_env)
-            self._provisioner = Provisioner(settings=settings, host_driver=self.host().driver_version)
+            self._provisioner = Provisioner(settings=settings, host_driver=self.host().driver_version,
+                                            runtime_set=self.runtimes)
         return self._provisioner
 
     @property
@@ -174,12 +187,10 @@ class Orchestrator:
 
     # ----------------------------------------------------------------- stages
 
-    def expected(self, cell: Cell) -> Expected:
-        """Stage one: what the oracle (and the front end's hooks) predict for ``cell``."""
-        try:
-            rv = self.provisioner.runtime_version(cell)
-        except CumatrixError:
-            rv = None
+    def expected(self, cell: Cell, runtime: ProvisionedRuntime | None) -> Expected:
+        """Stage one: what the oracle (and the front end's hooks) predict for ``cell``, whose
+        runtime the run provisioned as ``runtime`` (None: it loads none)."""
+        rv = runtime.version if runtime is not None else None
         exp = oracle.expect(cell, self.host(), runtime_version=rv, matrix=self.matrix)
         return self.hooks.expected(cell, exp) if self.hooks else exp
 
@@ -220,15 +231,17 @@ class Orchestrator:
         return self._conclude(turn, child)
 
     def _begin(self, cell: Cell) -> _Turn:
-        """Stages one and two: the expectation and the job (with its audit), not yet run."""
-        t0 = time.monotonic()
-        turn = _Turn(cell=cell, started=utcnow(), t0=t0, expected=self.expected(cell))
+        """Stages one and two: the expectation and the job (with its audit), not yet run; the
+        cell's runtime, provisioned once per run, first: each stage is handed it."""
+        t0, started = time.monotonic(), utcnow()
+        runtime = self.runtimes.for_cell(cell)
+        turn = _Turn(cell=cell, started=started, t0=t0, expected=self.expected(cell, runtime), runtime=runtime)
         try:
             prepared = (self.hooks.before_run(cell, turn.expected) if self.hooks else None) \
-                or self.provisioner.prepare(cell)
+                or self.provisioner.prepare(cell, runtime)
             if isinstance(prepared, Job):
-                job = self._in_image(cell, self.hooks.job(cell, prepared) if self.hooks else prepared)
-                turn.job, turn.audit = self.auditor.audited(cell, job)
+                job = self._in_image(runtime, self.hooks.job(cell, prepared) if self.hooks else prepared)
+                turn.job, turn.audit = self.auditor.audited(cell, job, runtime)
             else:
                 turn.not_run = prepared
         except CumatrixError as e:
@@ -267,7 +280,7 @@ class Orchestrator:
         finally:
             if turn.audit is not None:
                 turn.audit.discard()  # the cell's private directory goes with it, whatever happened
-        record = judge(cell, expected, observed, child, self._facts(cell, seen, child), started=turn.started,
+        record = judge(cell, expected, observed, child, self._facts(turn, seen, child), started=turn.started,
                        duration_s=time.monotonic() - turn.t0)
         return CellRun(record=record, job=turn.job)
 
@@ -281,7 +294,7 @@ class Orchestrator:
             return False
         if cell.driver.startswith("emulated-") and not self.provisioner.has_interposer(cell.driver):
             return False
-        return cell.runtime == NO_RUNTIME or self.provisioner.resolved(cell.runtime) is not None
+        return cell.runtime == NO_RUNTIME or self.runtimes.resolved(cell.runtime) is not None
 
     def _ready_ahead(self, cell: Cell) -> _Turn | None:
         try:
@@ -318,16 +331,15 @@ class Orchestrator:
         if turn.audit is not None:
             turn.audit.discard()
 
-    def _in_image(self, cell: Cell, job: Job) -> Job:
+    def _in_image(self, runtime: ProvisionedRuntime | None, job: Job) -> Job:
         """A docker cell's job names the image it runs in: its runtime's, built here once
         (a problem building it is the backend's to report), else the base image."""
         if self.backend != "docker":
             return job
         docker = self.docker()
-        if cell.runtime == NO_RUNTIME:
+        if runtime is None:
             return replace(job, image=docker.base_image)  # driver-family cells load no runtime
-        rt = self.matrix.runtime(cell.runtime)
-        return replace(job, image=docker.prepare_runtime(rt, self.wheel_dir).tag)
+        return replace(job, image=docker.prepare_runtime(runtime.entry, self.wheel_dir).tag)
 
     def _program_expectation(self, cell: Cell, expected: Expected, seen: observe.Observation | None) -> Expected:
         """A cell re-predicted from what its processes really mapped: a command from the runtime
@@ -351,8 +363,8 @@ class Orchestrator:
         major, _, minor = str(first.get("compute_capability", "")).partition(".")
         return int(major) * 10 + int(minor) if major.isdigit() and minor.isdigit() else None
 
-    def _facts(self, cell: Cell, seen: observe.Observation | None, child: ChildResult | None = None) -> Facts:
-        res = self.provisioner.resolved(cell.runtime)
+    def _facts(self, turn: _Turn, seen: observe.Observation | None, child: ChildResult | None = None) -> Facts:
+        cell, res = turn.cell, turn.runtime.ok if turn.runtime is not None else None
         return Facts(host=self.host(), host_fingerprint=self.host_fingerprint(), backend=self.backend,
                      host_label=self.host_label, provisioned_runtime=res.version if res else None,
                      provisioned_runtime_file=str(res.libcudart) if res else None, require_gpu=self.require_gpu,
@@ -373,7 +385,7 @@ class Orchestrator:
 
     def with_hooks(self, hooks: CellHooks) -> Orchestrator:
         """A copy of this orchestrator that uses ``hooks``."""
-        return replace(self, hooks=hooks, _provisioner=None, _auditor=None, _ahead=None)
+        return replace(self, hooks=hooks, _provisioner=None, _auditor=None, _ahead=None)  # the runtimes are shared
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

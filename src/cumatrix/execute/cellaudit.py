@@ -1,6 +1,7 @@
 """The rtld-audit of a cell: what its process tree maps, and the cell's runtime enforced.
 
-The orchestrator hands each provisioned job to :meth:`CellAuditor.audited`, which adds the
+The orchestrator hands each provisioned job, with the cell's runtime as the run provisioned it
+(:class:`~cumatrix.provision.runtimeset.ProvisionedRuntime`), to :meth:`CellAuditor.audited`, which adds the
 audit's variables and mounts and keeps what the cell intended (its runtime, the program's
 own environment) to judge the audit's log against after the child ends
 (:meth:`Audit.conclude`).  It lives with execution: provisioning says what a cell is, the
@@ -21,11 +22,12 @@ from typing import TYPE_CHECKING
 from cumatrix.core.cache import temp_prefix
 from cumatrix.core.errors import CumatrixError
 from cumatrix.core.jobs import Job
-from cumatrix.core.model import NO_RUNTIME, Cell
+from cumatrix.core.model import Cell
 from cumatrix.core.private import replace_new
 from cumatrix.core.witness import KernelTrace
 from cumatrix.execute import observe, provenance, spawn
 from cumatrix.provision.cell import Provisioner
+from cumatrix.provision.runtimeset import ProvisionedRuntime
 
 if TYPE_CHECKING:
     from cumatrix.execute.docker import DockerBackend
@@ -82,17 +84,18 @@ class CellAuditor:
             raise CumatrixError("the docker backend was not started")
         return self.docker
 
-    def runtime_mode(self, cell: Cell) -> observe.RuntimeMode:
-        """``offered`` where the runtime or the case says so; else the cell's runtime is enforced."""
-        rt = self.provisioner.settings.matrix.runtime(cell.runtime) if cell.runtime != NO_RUNTIME else None
-        offered = (rt is not None and rt.offered) or (cell.case is not None and cell.case.offered)
+    @staticmethod
+    def runtime_mode(cell: Cell, runtime: ProvisionedRuntime | None) -> observe.RuntimeMode:
+        """``offered`` where the cell's runtime or its case says so; else the cell's runtime is enforced."""
+        offered = (runtime is not None and runtime.entry.offered) or (cell.case is not None and cell.case.offered)
         return "offered" if offered else "enforced"
 
-    def audited(self, cell: Cell, job: Job) -> tuple[Job, Audit | None]:
+    def audited(self, cell: Cell, job: Job, runtime: ProvisionedRuntime | None) -> tuple[Job, Audit | None]:
         """``job`` under the rtld-audit that records what its process tree maps and enforces the
-        cell's runtime over a bundled copy of the same soname (issue: programs that carry their own)."""
-        cell_rt = self._cell_runtime(cell)
-        mode = self.runtime_mode(cell)
+        cell's runtime (``runtime``, as the run provisioned it; None: the cell loads none) over a
+        bundled copy of the same soname (issue: programs that carry their own)."""
+        cell_rt = self._cell_runtime(runtime)
+        mode = self.runtime_mode(cell, runtime)
         if self._audit_dir is None:
             # Removed by close(); `cumatrix clean` removes one a killed run left behind.
             self._audit_dir = tempfile.mkdtemp(prefix=temp_prefix("audit"))
@@ -106,20 +109,20 @@ class CellAuditor:
                                       enforce=observe.enforce_rules(cell_rt, mode) if cell_rt else ())
         except observe.AuditError:
             return job, None  # no compiler: the cell runs unobserved
-        setting = self._provenance_setting(cell, job, cell_rt)
+        setting = self._provenance_setting(cell, job, cell_rt, runtime)
         job = dataclasses.replace(job, env=job.env + plan.env, mounts=job.mounts + plan.mounts,
                                   writable=job.writable + plan.writable)
         return job, Audit(plan=plan, cell=cell_rt, mode=mode, setting=setting)
 
-    def _provenance_setting(self, cell: Cell, job: Job, cell_rt: observe.CellRuntime | None) -> provenance.Setting:
+    def _provenance_setting(self, cell: Cell, job: Job, cell_rt: observe.CellRuntime | None,
+                            runtime: ProvisionedRuntime | None) -> provenance.Setting:
         """What ``cell`` intended its processes to load (before the audit's variables are added).
 
         A command's own Python environment is the program's distribution (read on this host;
         in a container the paths are the image's, so only the rest applies); a ``site: true``
         runtime's cell runs in the environment of cumatrix itself."""
-        rt = self.provisioner.settings.matrix.runtime(cell.runtime) if cell.runtime != NO_RUNTIME else None
         local = self.backend != "docker"
-        extra = provenance.this_environment() if local and rt is not None and rt.site else ()
+        extra = provenance.this_environment() if local and runtime is not None and runtime.entry.site else ()
         argv0 = job.argv[0] if local and cell.kind == "command" and job.argv else None
         return provenance.setting(cell_file=cell_rt.path if cell_rt else None, lib_path=job.lib_path, job_env=job.env,
                                   argv0=argv0, allow=cell.case.allow_runtime if cell.case else (),
@@ -153,16 +156,17 @@ class CellAuditor:
         self._container_lib = target
         return target
 
-    def _cell_runtime(self, cell: Cell) -> observe.CellRuntime | None:
-        if cell.runtime == NO_RUNTIME:
+    def _cell_runtime(self, runtime: ProvisionedRuntime | None) -> observe.CellRuntime | None:
+        """The runtime the audit enforces: the resolved library here, the image's copy of the
+        wheel's in a container."""
+        if runtime is None:
             return None
-        rt = self.provisioner.settings.matrix.runtime(cell.runtime)
         if self.backend != "docker":
-            res = self.provisioner.runtime(cell.runtime)
+            res = runtime.need()
             return observe.cell_runtime(res.libcudart, res.version, soname=res.soname)
-        version = self.provisioner.runtime_version(cell)
-        if rt.requirement and version is not None:
-            inside = self._need_docker().prepare_runtime(rt, self.provisioner.settings.wheel_dir).cudart
+        version = runtime.known_version()
+        if runtime.entry.requirement and version is not None:
+            inside = self._need_docker().prepare_runtime(runtime.entry, self.provisioner.settings.wheel_dir).cudart
             if inside:
                 return observe.CellRuntime(soname=Path(inside).name, version=version, path=inside)
         return None

@@ -1,12 +1,14 @@
 """The text of runtime requirements in a matrix file: pinned wheels and environment requirements.
 
-Pure parsing, shared by the loader (which checks a matrix) and provisioning (which fetches).
+Pure parsing, shared by the loader (which checks a matrix) and provisioning (which fetches): a
+run reads each ``wheel:`` runtime's pin once (:func:`wheel_pins`) before any is provisioned.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
@@ -62,13 +64,11 @@ def parse_requirement(text: str) -> tuple[str, str]:
     """``name==version`` -> (name, version); a pinned version is required (no extras, markers,
     URLs or other specifiers: the matrix names one wheel)."""
     req = _requirement(text)
-    pins = list(req.specifier) if req is not None else []
-    if (req is None or req.url or req.extras or req.marker or len(pins) != 1 or pins[0].operator != "=="
-            or "*" in pins[0].version):
+    version = _pinned_version(req) if req is not None else None
+    if req is None or version is None:
         raise ValueError(
             f"not a pinned requirement: {text!r} (want NAME==VERSION, e.g. nvidia-cuda-runtime-cu12==12.9.79)"
         )
-    version = pins[0].version
     # Every part of a version is read as a number later (sorting, the headers' X.Y): a part of
     # thousands of digits is past what Python converts, and no release has one.
     if any(len(part) > MAX_VERSION_DIGITS for part in version.replace("-", ".").replace("+", ".").split(".")):
@@ -76,6 +76,48 @@ def parse_requirement(text: str) -> tuple[str, str]:
                          f"{MAX_VERSION_DIGITS} characters is no release's (want NAME==VERSION, e.g. "
                          "nvidia-cuda-runtime-cu12==12.9.79)")
     return req.name, version
+
+
+def _pinned_version(req: Requirement) -> str | None:
+    """The one exact version ``req`` pins (``==``, no wildcard), or None where it names more
+    than one wheel or says more than a name and a version (a URL, extras, a marker)."""
+    if req.url or req.extras or req.marker:
+        return None
+    pins = list(req.specifier)
+    if len(pins) != 1 or pins[0].operator != "==" or "*" in pins[0].version:
+        return None
+    return pins[0].version
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WheelPin:
+    """A ``wheel:`` runtime's requirement, read once: the one wheel it names."""
+
+    requirement: str  # as the matrix writes it (what messages and ``pip download`` are given)
+    name: str
+    version: str
+
+
+def wheel_pin(requirement: str) -> WheelPin:
+    """``requirement`` read as :func:`parse_requirement` reads it (a ``ValueError`` where it pins no wheel)."""
+    name, version = parse_requirement(requirement)
+    return WheelPin(requirement=requirement, name=name, version=version)
+
+
+def wheel_pins(runtimes: Iterable[Runtime]) -> dict[str, WheelPin | ValueError]:
+    """The pin of every ``wheel:`` runtime, by runtime name, read before anything is provisioned.
+
+    A requirement that pins no wheel maps to the error that says so: the loader refuses such a
+    matrix, but one made in code may carry it, and then its cells meet the error when they are
+    provisioned, as they would have without this reading ahead."""
+    pins: dict[str, WheelPin | ValueError] = {}
+    for rt in runtimes:
+        if rt.requirement:
+            try:
+                pins[rt.name] = wheel_pin(rt.requirement)
+            except ValueError as e:
+                pins[rt.name] = e
+    return pins
 
 
 def check_env_requirement(text: str) -> str:

@@ -1,11 +1,12 @@
 """Stage two: provision a cell.  ``Cell`` (+ its expectation) -> :class:`~cumatrix.core.jobs.Job`.
 
-Resolves the cell's runtime (a wheel unpacked into the cache, a site install, an image),
-builds the reference variant against the cell's headers, generates the driver interposer
-for an emulated driver, and assembles the child's command line and environment.  A cell
-that is decided without running (a variant that does not compile, no driver to run on)
-comes back as a :class:`~cumatrix.provision.facts.NotRun` fact instead of a job: the judge
-names its outcome.  Which container image a job runs in, and the rtld-audit around its
+Puts the cell's runtime in its job (provisioned once per run by
+:mod:`~cumatrix.provision.runtimeset`: a wheel unpacked into the cache, an environment, a site
+install; an image is the docker backend's), builds the reference variant against the cell's
+headers, generates the driver interposer for an emulated driver, and assembles the child's
+command line and environment.  A cell that is decided without running (a variant that does
+not compile, no driver to run on) comes back as a :class:`~cumatrix.provision.facts.NotRun`
+fact instead of a job: the judge names its outcome.  Which container image a job runs in, and the rtld-audit around its
 child, are the execute stage's (the orchestrator adds both).
 
 What it provisions is cached on disk by content, so pytest-xdist workers share it.
@@ -27,11 +28,12 @@ from cumatrix.core.jobs import Job
 from cumatrix.core.model import NO_RUNTIME, Cell, CudaVersion, Matrix
 from cumatrix.core.options import DEFAULT_TIMEOUT
 from cumatrix.host.fingerprint import SearchLog, search_real_libcuda
-from cumatrix.predict.oracle import emulate_newer_reason, image_runtime_version
+from cumatrix.predict.oracle import emulate_newer_reason
 from cumatrix.predict.rules import emulation_newer_than_host
 from cumatrix.provision import build, drivers, headers, prebuilt_driver
 from cumatrix.provision import runtimes as _runtimes
 from cumatrix.provision.facts import NotRun
+from cumatrix.provision.runtimeset import ProvisionedRuntime, RuntimeSet
 
 #: The directory holding the ``cumatrix`` package: a harness child's ``PYTHONPATH``.
 PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
@@ -56,7 +58,9 @@ class Provisioner:
 
     settings: Settings
     host_driver: int | None = None
-    _resolved: dict[str, _runtimes.ResolvedRuntime | CumatrixError] = field(default_factory=dict)
+    #: The run's runtimes, each provisioned once (None: its own, made from the settings); the
+    #: orchestrator shares one among its copies, so that the gate's hooks see the same.
+    runtime_set: RuntimeSet | None = None
     _interposers: dict[str, drivers.Interposer] = field(default_factory=dict)
     #: The ``include/`` serving each header version (``builds:``), found once for the run.
     _headers: dict[str, Path] = field(default_factory=dict)
@@ -65,22 +69,20 @@ class Provisioner:
 
     # ----------------------------------------------------------------- runtimes
 
+    @property
+    def runtimes(self) -> RuntimeSet:
+        """The run's runtimes, each provisioned once."""
+        if self.runtime_set is None:
+            self.runtime_set = RuntimeSet(matrix=self.settings.matrix, wheel_dir=self.settings.wheel_dir)
+        return self.runtime_set
+
     def runtime(self, name: str) -> _runtimes.ResolvedRuntime:
         """The resolved runtime ``name`` (resolved once; a failure is remembered)."""
-        if name not in self._resolved:
-            try:
-                self._resolved[name] = _runtimes.resolve(self.settings.matrix.runtime(name), wheel_dir=self.settings.wheel_dir)
-            except CumatrixError as e:
-                self._resolved[name] = e
-        got = self._resolved[name]
-        if isinstance(got, CumatrixError):
-            raise got
-        return got
+        return self.runtimes.provisioned(name).need()
 
     def resolved(self, name: str) -> _runtimes.ResolvedRuntime | None:
         """The runtime ``name`` if it was resolved without error, else ``None``."""
-        got = self._resolved.get(name)
-        return got if isinstance(got, _runtimes.ResolvedRuntime) else None
+        return self.runtimes.resolved(name)
 
     def headers(self, version: str | CudaVersion) -> Path:
         """The ``include/`` of the runtime wheel serving headers ``version`` (a runtime of the
@@ -94,12 +96,8 @@ class Provisioner:
 
     def runtime_version(self, cell: Cell) -> int | None:
         """``cudaRuntimeGetVersion`` of the cell's runtime, as far as it is known before the run."""
-        if cell.runtime == NO_RUNTIME:
-            return None
-        rt = self.settings.matrix.runtime(cell.runtime)
-        if rt.image:
-            return image_runtime_version(rt.image)
-        return self.runtime(cell.runtime).version
+        got = self.runtimes.for_cell(cell)
+        return got.known_version() if got is not None else None
 
     def interposer_dir(self, cell: Cell) -> str | None:
         """Directory of the generated ``libcuda.so.1`` for an emulated driver."""
@@ -146,12 +144,15 @@ class Provisioner:
 
     # ----------------------------------------------------------------- jobs
 
-    def prepare(self, cell: Cell) -> Job | NotRun:
-        """The job that runs ``cell``, or the fact that decides it without running."""
+    def prepare(self, cell: Cell, runtime: ProvisionedRuntime | None = None) -> Job | NotRun:
+        """The job that runs ``cell``, or the fact that decides it without running.
+
+        ``runtime``: the cell's runtime as the run provisioned it (the orchestrator's, handed
+        on); None: looked up here, where the job needs it."""
         early = self._decided_early(cell)
         if early is not None:
             return early
-        return self.job(cell)
+        return self.job(cell, runtime)
 
     def _decided_early(self, cell: Cell) -> NotRun | None:
         early = self.stopped_before_child(cell)
@@ -204,49 +205,51 @@ class Provisioner:
                           "install: install gcc (apt-get install gcc), or a platform wheel of cumatrix")
         return None
 
-    def job(self, cell: Cell) -> Job | NotRun:
-        """The child's command line, environment and mounts for ``cell``."""
-        env: list[tuple[str, str]] = [("CUMATRIX_CELL", cell.id)]
-        lib_path: list[str] = []
-        mounts: list[str] = []
-        libcudart: str | None = None
-        ip = self.interposer_dir(cell)
-        interposer = real_driver = ""
-        if ip:
-            lib_path.append(ip)
-            mounts.append(ip)
-            built = self._interposers[cell.driver]
-            interposer, real_driver = str(built.library), str(built.real_libcuda)
+    def job(self, cell: Cell, runtime: ProvisionedRuntime | None = None) -> Job | NotRun:
+        """The child's command line, environment and mounts for ``cell`` (``runtime``: as for
+        :meth:`prepare`)."""
+        parts = _JobParts(env=[("CUMATRIX_CELL", cell.id)])
+        self._add_interposer(cell, parts)
         if cell.runtime != NO_RUNTIME and self.settings.backend != "docker":  # a container's runtime is its image's
-            res = self.runtime(cell.runtime)
-            lib_path.append(str(res.lib_dir))
-            libcudart = str(res.libcudart)
-            env.append(("CUMATRIX_CUDART", libcudart))
-            env += list(res.cell_env())  # an environment runtime: the cell runs inside its venv
+            parts.add_runtime((runtime or self.runtimes.provisioned(cell.runtime)).need())
         if cell.kind == "command":
             case = cell.need_case()
-            return Job(cell_id=cell.id, kind=cell.kind, argv=case.argv, env=(*env, *case.env),
+            return Job(cell_id=cell.id, kind=cell.kind, argv=case.argv, env=(*parts.env, *case.env),
                        harness_python=case.harness_python, cwd=case.cwd or "",
-                       lib_path=tuple(lib_path), timeout=case.timeout or self.settings.timeout, mounts=tuple(mounts),
-                       runtime_name=cell.runtime, interposer=interposer,
-                       real_driver=real_driver)
-        # A harness child: it alone gets the harness's package on its path, and the verdict channel.
+                       lib_path=tuple(parts.lib_path), timeout=case.timeout or self.settings.timeout,
+                       mounts=tuple(parts.mounts), runtime_name=cell.runtime, interposer=parts.interposer,
+                       real_driver=parts.real_driver)
+        return self._harness_job(cell, parts)
+
+    def _add_interposer(self, cell: Cell, parts: _JobParts) -> None:
+        """An emulated driver's interposer first on the cell's library path (built once)."""
+        ip = self.interposer_dir(cell)
+        if ip:
+            parts.lib_path.append(ip)
+            parts.mounts.append(ip)
+            built = self._interposers[cell.driver]
+            parts.interposer, parts.real_driver = str(built.library), str(built.real_libcuda)
+
+    def _harness_job(self, cell: Cell, parts: _JobParts) -> Job | NotRun:
+        """A harness child's job (probe, swap): it alone gets the harness's package on its path,
+        and the verdict channel."""
         python = "python3" if self.settings.backend == "docker" else sys.executable
+        env, mounts = parts.env, parts.mounts
         env += [("PYTHONPATH", PACKAGE_PARENT), *self.settings.child_env]
         mounts.append(PACKAGE_PARENT)
         if cell.kind == "probe":
-            spec: dict[str, object] = {"kind": "probe", "libcudart": libcudart}
+            spec: dict[str, object] = {"kind": "probe", "libcudart": parts.libcudart}
         else:
-            got = self.swap_spec(cell, libcudart)
+            got = self.swap_spec(cell, parts.libcudart)
             if isinstance(got, NotRun):
                 return got
             spec = got
             mounts += [str(spec["library"]), str(spec["baseline"])]
             env += self._swap_env(cell, mounts)
         return Job(cell_id=cell.id, kind=cell.kind, argv=(python, "-m", "cumatrix.child.case", json.dumps(spec)),
-                   env=tuple(env), lib_path=tuple(lib_path), timeout=self.settings.timeout, mounts=tuple(mounts),
-                   runtime_name=cell.runtime, reports_verdict=True, interposer=interposer,
-                   real_driver=real_driver)
+                   env=tuple(env), lib_path=tuple(parts.lib_path), timeout=self.settings.timeout, mounts=tuple(mounts),
+                   runtime_name=cell.runtime, reports_verdict=True, interposer=parts.interposer,
+                   real_driver=parts.real_driver)
 
     # ----------------------------------------------------------------- swap cells
 
@@ -280,6 +283,25 @@ class Provisioner:
         if cell.variant == "proc-address":  # the only variant with a path policy
             spec["policy"] = w.policy
         return spec
+
+
+@dataclass(slots=True)
+class _JobParts:
+    """What a cell's job is assembled from, gathered step by step (interposer, runtime, kind)."""
+
+    env: list[tuple[str, str]]
+    lib_path: list[str] = field(default_factory=list)
+    mounts: list[str] = field(default_factory=list)
+    interposer: str = ""
+    real_driver: str = ""
+    libcudart: str | None = None
+
+    def add_runtime(self, res: _runtimes.ResolvedRuntime) -> None:
+        """The cell's runtime: its directory on the library path, its library named to the child."""
+        self.lib_path.append(str(res.lib_dir))
+        self.libcudart = str(res.libcudart)
+        self.env.append(("CUMATRIX_CUDART", self.libcudart))
+        self.env += list(res.cell_env())  # an environment runtime: the cell runs inside its venv
 
 
 @functools.lru_cache(maxsize=8)

@@ -40,7 +40,14 @@ from cumatrix.core.cache import wheel_dir as default_wheel_dir
 from cumatrix.core.errors import ConfigError, RuntimeNotFound, UnsafeArchive
 from cumatrix.core.model import CudaVersion, Runtime
 from cumatrix.core.wheelname import maybe_wheel_name
-from cumatrix.load.requirements import KNOWN_WHEELS, check_env_requirement, matrix_headers_wheel, parse_requirement
+from cumatrix.load.requirements import (
+    KNOWN_WHEELS,
+    WheelPin,
+    check_env_requirement,
+    matrix_headers_wheel,
+    parse_requirement,
+    wheel_pin,
+)
 from cumatrix.provision.environments import (
     build_environment,
     built_environment,
@@ -69,7 +76,8 @@ class LibraryFacts:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ResolvedRuntime:
-    """One runtime of a matrix, resolved in one step (:func:`resolve`): everything the oracle
+    """One runtime of a matrix, resolved in one step (:func:`from_pin`, :func:`resolve_installed`;
+    once per run, by :class:`~cumatrix.provision.runtimeset.RuntimeSet`): everything the oracle
     (its version) and the executor (the library, its directory, an environment's variables) need
     of it, with what it was established from (the wheel file, the library's own facts)."""
 
@@ -141,11 +149,11 @@ def fetch_wheel(requirement: str, *, wheel_dir: Path | None = None) -> Path:
     The wheel directory is ``wheel_dir``, else ``$CUMATRIX_WHEEL_DIR``; with one, nothing is
     fetched.  ``pip download --only-binary=:all: --no-deps`` runs no code of the package.
     """
-    return _fetch(requirement, parse_requirement(requirement), wheel_dir)
+    return _fetch(wheel_pin(requirement), wheel_dir)
 
 
-def _fetch(requirement: str, pin: tuple[str, str], wheel_dir: Path | None) -> Path:
-    name, version = pin
+def _fetch(pin: WheelPin, wheel_dir: Path | None) -> Path:
+    requirement, name, version = pin.requirement, pin.name, pin.version
     wheel_dir = default_wheel_dir(wheel_dir)
     for d in ([wheel_dir] if wheel_dir else []) + [cache_dir("wheels")]:
         found = find_wheel(d, name, version)
@@ -293,11 +301,10 @@ def _not_a_runtime(label: str, requirement: str, wheel: Path, why: str) -> Runti
                            "(runtime wheels are nvidia-cuda-runtime-cu12 and nvidia-cuda-runtime)")
 
 
-def _check_metadata(wheel: Path, requirement: str, pin: tuple[str, str], label: str, meta_name: str,
-                    meta_version: str) -> None:
-    name, version = pin
-    if canonicalize_name(meta_name) != canonicalize_name(name) or not _same_version(meta_version, version):
-        raise RuntimeNotFound(f"{label}: {wheel.name} is {meta_name}=={meta_version} by its METADATA, not {requirement}")
+def _check_metadata(wheel: Path, pin: WheelPin, label: str, meta_name: str, meta_version: str) -> None:
+    if canonicalize_name(meta_name) != canonicalize_name(pin.name) or not _same_version(meta_version, pin.version):
+        raise RuntimeNotFound(f"{label}: {wheel.name} is {meta_name}=={meta_version} by its METADATA, "
+                              f"not {pin.requirement}")
 
 
 def _same_version(a: str, b: str) -> bool:
@@ -310,15 +317,15 @@ def _same_version(a: str, b: str) -> bool:
 
 def check_runtime_wheel(wheel: Path, requirement: str, *, label: str = "") -> str:
     """Check, without unpacking, that ``wheel`` is the CUDA runtime ``requirement`` names; return its libcudart member."""
-    return _checked_reading(wheel, requirement, parse_requirement(requirement), label or requirement).cudart or ""
+    return _checked_reading(wheel, wheel_pin(requirement), label or requirement).cudart or ""
 
 
-def _checked_reading(wheel: Path, requirement: str, pin: tuple[str, str], label: str) -> WheelReading:
-    """The wheel read once, and checked: the release ``requirement`` pins, a libcudart, every member safe."""
+def _checked_reading(wheel: Path, pin: WheelPin, label: str) -> WheelReading:
+    """The wheel read once, and checked: the release ``pin`` names, a libcudart, every member safe."""
     reading = read_wheel(wheel)
-    _check_metadata(wheel, requirement, pin, label, reading.name, reading.version)
+    _check_metadata(wheel, pin, label, reading.name, reading.version)
     if reading.cudart is None:
-        raise _not_a_runtime(label, requirement, wheel, "holds no lib/libcudart.so.<N>")
+        raise _not_a_runtime(label, pin.requirement, wheel, "holds no lib/libcudart.so.<N>")
     if reading.unsafe:
         raise UnsafeArchive(reading.unsafe)
     return reading
@@ -327,9 +334,8 @@ def _checked_reading(wheel: Path, requirement: str, pin: tuple[str, str], label:
 _FACTS_NOTE = ".cumatrix-wheel-facts.json"
 
 
-def _checked_wheel(wheel: Path, requirement: str, pin: tuple[str, str],
-                   label: str) -> tuple[Path, str, str, LibraryFacts]:
-    """``wheel`` checked against ``requirement`` and unpacked: (its directory, the libcudart
+def _checked_wheel(wheel: Path, pin: WheelPin, label: str) -> tuple[Path, str, str, LibraryFacts]:
+    """``wheel`` checked against ``pin`` and unpacked: (its directory, the libcudart
     member, its release, that library's facts).
 
     What the checks found is noted beside the unpacked files, under the wheel's SHA-256: a
@@ -344,11 +350,11 @@ def _checked_wheel(wheel: Path, requirement: str, pin: tuple[str, str],
         lib = note.parent / str(d["member"])
         st = lib.stat()
         if d["sha256"] == sha and d["library"] == [st.st_size, st.st_mtime_ns]:
-            _check_metadata(wheel, requirement, pin, label, str(d["name"]), str(d["version"]))
+            _check_metadata(wheel, pin, label, str(d["name"]), str(d["version"]))
             return note.parent, str(d["member"]), str(d["version"]), LibraryFacts(**d["facts"])
     except (OSError, ValueError, KeyError, TypeError):
         pass  # no note (or one this version cannot read): check the wheel itself
-    reading = _checked_reading(wheel, requirement, pin, label)
+    reading = _checked_reading(wheel, pin, label)
     member, meta_name, release = reading.cudart or "", reading.name, reading.version
     root = _unpack_cached(wheel, sha)
     facts = library_facts(root / member)
@@ -363,12 +369,17 @@ def _checked_wheel(wheel: Path, requirement: str, pin: tuple[str, str],
 
 def from_wheel(name: str, requirement: str, *, wheel_dir: Path | None = None, where: str = "") -> ResolvedRuntime:
     """A wheel runtime: fetched, checked, unpacked safely; its version read as data."""
+    return from_pin(name, wheel_pin(requirement), wheel_dir=wheel_dir, where=where)
+
+
+def from_pin(name: str, pin: WheelPin, *, wheel_dir: Path | None = None, where: str = "") -> ResolvedRuntime:
+    """The wheel runtime ``pin`` names (its requirement read already): fetched, checked against
+    the pin, unpacked safely; its version read as data."""
     label = f"{where}: runtimes.{name}" if where else f"runtimes.{name}"
-    pin = parse_requirement(requirement)  # once: the fetch and the checks use the same pin
-    wheel = _fetch(requirement, pin, wheel_dir)
-    root, member, release, facts = _checked_wheel(wheel, requirement, pin, label)
+    wheel = _fetch(pin, wheel_dir)
+    root, member, release, facts = _checked_wheel(wheel, pin, label)
     lib = root / member
-    version, how = checked_version(f"{label} ({requirement})", release, facts)
+    version, how = checked_version(f"{label} ({pin.requirement})", release, facts)
     meta = root / ".cumatrix-runtime.json"  # read by `cumatrix doctor`
     if not meta.exists():
         meta.write_text(json.dumps({"version": version, "batch": facts.batch_exported, "source": how}))
@@ -520,6 +531,12 @@ def resolve(rt: Runtime, *, wheel_dir: Path | None = None) -> ResolvedRuntime:
     """
     if rt.requirement:
         return from_wheel(rt.name, rt.requirement, wheel_dir=wheel_dir, where=rt.where)
+    return resolve_installed(rt, wheel_dir=wheel_dir)
+
+
+def resolve_installed(rt: Runtime, *, wheel_dir: Path | None = None) -> ResolvedRuntime:
+    """An environment runtime or this Python's (a ``wheel:`` runtime is :func:`from_pin`'s;
+    an image is refused: it is the docker backend's)."""
     if rt.requirements:
         return from_environment(rt.name, rt.requirements, wheel_dir=wheel_dir, where=rt.where)
     if rt.site:
