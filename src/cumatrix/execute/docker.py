@@ -323,10 +323,12 @@ class DockerBackend:
                          source=f"wheel {runtime.requirement} on {self.base_image}", built=True,
                          cudart=facts.env.get("CUMATRIX_CUDART") if facts else None)
 
-    def prepare_runtime(self, runtime: Runtime, wheel_dir: Path | None = None) -> ImageInfo:
+    def prepare_runtime(self, runtime: Runtime, wheel_dir: Path | None = None, *,
+                        wheel: Path | None = None) -> ImageInfo:
         """The image a runtime's cells run in; problems come back in ``ImageInfo.problem``.
 
-        A wheel runtime is built from the base image and the wheel (fetched on the host);
+        A wheel runtime is built from the base image and the wheel (``wheel``: the one the run
+        provisioned and checked already; else fetched on the host and checked here);
         an ``image:`` runtime is used as it is, after checking it exists locally and has
         python3.  A ``site`` runtime has no meaning in a container.
         """
@@ -336,8 +338,9 @@ class DockerBackend:
         if runtime.requirement:
             source = f"wheel {runtime.requirement} on {self.base_image}"
             try:
-                wheel = fetch_wheel(runtime.requirement, wheel_dir=wheel_dir)
-                check_runtime_wheel(wheel, runtime.requirement, label=runtime.label)  # a runtime, nothing unsafe
+                if wheel is None:
+                    wheel = fetch_wheel(runtime.requirement, wheel_dir=wheel_dir)
+                    check_runtime_wheel(wheel, runtime.requirement, label=runtime.label)  # a runtime, nothing unsafe
                 info = self.build_runtime_image(runtime, wheel)
             except CumatrixError as e:
                 info = ImageInfo(runtime_name=runtime.name, tag="", image_id=None, source=source, problem=str(e))
