@@ -339,9 +339,7 @@ class Orchestrator:
         docker = self.docker()
         if runtime is None:
             return replace(job, image=docker.base_image)  # driver-family cells load no runtime
-        resolved = runtime.ok  # a wheel runtime's wheel, fetched and checked once for the run
-        return replace(job, image=docker.prepare_runtime(runtime.entry, self.wheel_dir,
-                                                         wheel=resolved.wheel if resolved else None).tag)
+        return replace(job, image=docker.runtime_image(runtime.entry, runtime.wheel(), self.wheel_dir).tag)
 
     def _program_expectation(self, cell: Cell, expected: Expected, seen: observe.Observation | None) -> Expected:
         """A cell re-predicted from what its processes really mapped: a command from the runtime

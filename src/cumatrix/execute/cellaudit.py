@@ -166,7 +166,8 @@ class CellAuditor:
             return observe.cell_runtime(res.libcudart, res.version, soname=res.soname)
         version = runtime.known_version()
         if runtime.entry.requirement and version is not None:
-            inside = self._need_docker().prepare_runtime(runtime.entry, self.provisioner.settings.wheel_dir).cudart
+            inside = self._need_docker().runtime_image(runtime.entry, runtime.wheel(),
+                                                       self.provisioner.settings.wheel_dir).cudart
             if inside:
                 return observe.CellRuntime(soname=Path(inside).name, version=version, path=inside)
         return None

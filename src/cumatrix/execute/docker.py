@@ -323,27 +323,35 @@ class DockerBackend:
                          source=f"wheel {runtime.requirement} on {self.base_image}", built=True,
                          cudart=facts.env.get("CUMATRIX_CUDART") if facts else None)
 
-    def prepare_runtime(self, runtime: Runtime, wheel_dir: Path | None = None, *,
-                        wheel: Path | None = None) -> ImageInfo:
-        """The image a runtime's cells run in; problems come back in ``ImageInfo.problem``.
+    def prepare_runtime(self, runtime: Runtime, wheel_dir: Path | None = None) -> ImageInfo:
+        """The image a runtime's cells run in, its wheel fetched on the host and checked here
+        (outside a run; a run hands :meth:`runtime_image` the wheel it provisioned already);
+        problems come back in ``ImageInfo.problem``."""
+        wheel: Path | CumatrixError | None = None
+        if runtime.requirement and runtime.name not in self._images:
+            try:
+                wheel = fetch_wheel(runtime.requirement, wheel_dir=wheel_dir)
+                check_runtime_wheel(wheel, runtime.requirement, label=runtime.label)  # a runtime, nothing unsafe
+            except CumatrixError as e:
+                wheel = e
+        return self.runtime_image(runtime, wheel, wheel_dir)
 
-        A wheel runtime is built from the base image and the wheel (``wheel``: the one the run
-        provisioned and checked already; else fetched on the host and checked here);
-        an ``image:`` runtime is used as it is, after checking it exists locally and has
-        python3.  A ``site`` runtime has no meaning in a container.
+    def runtime_image(self, runtime: Runtime, wheel: Path | CumatrixError | None,
+                      wheel_dir: Path | None = None) -> ImageInfo:
+        """The image a runtime's cells run in, made once per runtime; problems come back in
+        ``ImageInfo.problem``.
+
+        A wheel runtime is built from the base image and ``wheel``, fetched and checked on the
+        host already (or why it could not be); an environment runtime's venv is built inside
+        the image (its wheels from ``wheel_dir``); an ``image:`` runtime is used as it is, after
+        checking it exists locally and has python3.  A ``site`` runtime has no meaning in a
+        container.
         """
         if runtime.name in self._images:
             return self._images[runtime.name]
         info: ImageInfo
         if runtime.requirement:
-            source = f"wheel {runtime.requirement} on {self.base_image}"
-            try:
-                if wheel is None:
-                    wheel = fetch_wheel(runtime.requirement, wheel_dir=wheel_dir)
-                    check_runtime_wheel(wheel, runtime.requirement, label=runtime.label)  # a runtime, nothing unsafe
-                info = self.build_runtime_image(runtime, wheel)
-            except CumatrixError as e:
-                info = ImageInfo(runtime_name=runtime.name, tag="", image_id=None, source=source, problem=str(e))
+            info = self._wheel_image(runtime, wheel)
         elif runtime.requirements:
             try:
                 info = self.build_env_image(runtime, wheel_dir)
@@ -358,6 +366,18 @@ class DockerBackend:
                                      "(give it a wheel: or image: to run it with --backend docker)")
         self._images[runtime.name] = info
         return info
+
+    def _wheel_image(self, runtime: Runtime, wheel: Path | CumatrixError | None) -> ImageInfo:
+        """A wheel runtime's image, from its checked wheel (or why there is none)."""
+        source = f"wheel {runtime.requirement} on {self.base_image}"
+        try:
+            if isinstance(wheel, CumatrixError):
+                raise wheel
+            if wheel is None:
+                raise CumatrixError(f"runtime {runtime.name!r}: its wheel {runtime.requirement} was not provisioned")
+            return self.build_runtime_image(runtime, wheel)
+        except CumatrixError as e:
+            return ImageInfo(runtime_name=runtime.name, tag="", image_id=None, source=source, problem=str(e))
 
     def build_env_image(self, runtime: Runtime, wheel_dir: Path | None = None) -> ImageInfo:
         """Bake an environment runtime into an image: uv builds its venv offline inside the build.

@@ -49,6 +49,13 @@ class ProvisionedRuntime:
         (an image's version is its tag's: nothing is resolved here for it)."""
         return self.version if self.entry.image else self.need().version
 
+    def wheel(self) -> Path | CumatrixError | None:
+        """A wheel runtime's wheel, fetched and checked against its pin once for the run; the
+        error that kept it from being resolved; None for any other runtime."""
+        if isinstance(self.resolved, CumatrixError):
+            return self.resolved
+        return self.resolved.wheel
+
     @property
     def ok(self) -> ResolvedRuntime | None:
         """The resolved runtime, or None where it could not be resolved."""
