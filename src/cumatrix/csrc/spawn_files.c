@@ -1,6 +1,6 @@
 #include "spawn_common.h"
 #include "spawn_files.h"
-#include "spawn_trace.h"
+#include "spawn_record.h"
 
 /* The most bytes of a nameless file hashed at its stop (a libcudart is about 1 MiB, the
  * largest CUDA library some hundreds): a bound on the time a process waits. */

@@ -1,6 +1,6 @@
 #include "spawn_common.h"
 #include "spawn_sandbox.h"
-#include "spawn_server.h"
+#include "spawn_cell.h"
 #include "spawn_util.h"
 
 /* ------------------------------------------------------------------ the served sandbox (--serve)

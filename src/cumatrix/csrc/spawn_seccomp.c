@@ -1,6 +1,6 @@
 #include "spawn_common.h"
 #include "spawn_seccomp.h"
-#include "spawn_trace.h"
+#include "spawn_record.h"
 
 /* The kernel's keyrings, refused to a served cell (ENOSYS, "this kernel has no keyrings", which
  * programs already expect: CONFIG_KEYS may be off).  A key is owned by a host uid and shown to

@@ -6,20 +6,8 @@
  *          HOW: NULL, "BASE:COUNT" (the range a root server's cells take their host uids from,
  *          one no other live cell holds) or "--userns" (the server first makes a user namespace
  *          of its own, where its uid is root).
- * The variables below are one cell's, set in its tracer before the cell's first process is
- * cloned, and read there and in that process. */
+ *          The cell's settings it hands that tracer: spawn_cell.h. */
 #ifndef CUMATRIX_SPAWN_SERVER_H
 #define CUMATRIX_SPAWN_SERVER_H
-extern unsigned long long clone_ns_flags;
-extern char **serve_ops;
-extern int serve_nops;
-extern long serve_uid;
-extern int serve_status_fd;
-extern int serve_status_sent;
-extern long serve_host_uid;
-extern int serve_userns;
-extern int serve_idmap_fd;
-extern int serve_hold_fd;
-extern int serve_mnt_ns;
 int serve(int sock, pid_t parent, const char *how);
 #endif
