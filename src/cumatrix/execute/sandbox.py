@@ -48,6 +48,7 @@ Knobs: ``CUMATRIX_SANDBOX`` (off | auto | on; read by :mod:`cumatrix.core.option
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import stat
@@ -430,10 +431,17 @@ def _bwrap_takes_filter() -> bool:
     if os.geteuid() == 0:
         return True
     path = bubblewrap()[0]
+    return path is not None and not _setuid(path)
+
+
+@functools.lru_cache(maxsize=4)
+def _setuid(path: str) -> bool:
+    """Whether the program at ``path`` is setuid (looked at once per harness process, as
+    :func:`bubblewrap` finds it once; unreadable: taken as setuid, so no filter)."""
     try:
-        return path is not None and not os.stat(path).st_mode & stat.S_ISUID
+        return bool(os.stat(path).st_mode & stat.S_ISUID)
     except OSError:
-        return False
+        return True
 
 
 def served_without_cgroup(policy: Policy | None) -> bool:
