@@ -179,7 +179,7 @@ int traced_main(int fd, int argc, char **argv) {
         int n = snprintf(line, sizeof line, "p\t%d\n", (int)pid);
         while (write(serve_status_fd, line, (size_t)n) < 0 && errno == EINTR) {}
     }
-    if (serve_hold_fd >= 0) close(serve_hold_fd);  /* the cell's init alone waits on it */
+    if (serve_hold_fd >= 0) close(serve_hold_fd);  /* the cell's program alone waits on it */
     if (serve_ops) {
         char ns[64];
         snprintf(ns, sizeof ns, "/proc/%d/ns/mnt", (int)pid);

@@ -346,15 +346,9 @@ int cell_init(char *limits, char **argv) {
         return 126;
     }
     if (serve_idmap_fd >= 0) close(serve_idmap_fd);
-    if (serve_hold_fd >= 0) {
-        /* A held cell: its sandbox is ready; the program starts when the harness says so (the
-         * cell before it has ended).  EOF, or anything but the word: the cell was dropped. */
-        char word = 0;
-        ssize_t n;
-        do n = read(serve_hold_fd, &word, 1); while (n < 0 && errno == EINTR);
-        close(serve_hold_fd);
-        if (n != 1 || word != 'g') return 125;
-    }
+    /* The program's process is made whole before the cell's turn (a held cell: its root left,
+     * its user namespace, keyring, limits and filter in place) and waits, last, for the
+     * harness's word before its exec, so that what is left between two cells is the exec. */
     pid_t program = fork();
     if (program < 0) return fail("fork", "program");
     if (program == 0) {
@@ -367,8 +361,9 @@ int cell_init(char *limits, char **argv) {
         if (syscall(SYS_keyctl, 1 /* KEYCTL_JOIN_SESSION_KEYRING */, NULL) < 0 && errno != ENOSYS)
             _exit(fail("keyctl", "join session keyring"));
         no_keyrings = 1;  /* then no keyring at all (run_program) */
-        _exit(run_program(limits, argv));
+        _exit(run_program_held(limits, argv, serve_hold_fd));
     }
+    if (serve_hold_fd >= 0) close(serve_hold_fd);  /* the program's process alone waits on it */
     for (;;) {  /* the namespace's init: reaps what is orphaned, ends with the program */
         int st;
         pid_t got = waitpid(-1, &st, 0);

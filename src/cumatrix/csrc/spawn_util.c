@@ -36,10 +36,21 @@ int no_keyrings;
 
 /* The program's side: limits, the keyring filter, then exec; returns only on failure (the exit
  * code to use). */
-int run_program(char *limits, char **argv) {
+int run_program(char *limits, char **argv) { return run_program_held(limits, argv, -1); }
+
+int run_program_held(char *limits, char **argv, int hold_fd) {
     if (strcmp(limits, "-") != 0 && set_limits(limits) != 0) return 126;
-    /* Last before the exec: what a key holds outlives the cell (spawn_seccomp.c). */
+    /* What a key holds outlives the cell (spawn_seccomp.c): no keyring call from here on. */
     if (no_keyrings && refuse_keyrings() != 0) return fail("seccomp", "refuse the kernel's keyrings");
+    if (hold_fd >= 0) {
+        /* A held cell: everything but the exec is done; the program starts when the harness
+         * says so (the cell before it has ended).  EOF, or anything but the word: dropped. */
+        char word = 0;
+        ssize_t n;
+        do n = read(hold_fd, &word, 1); while (n < 0 && errno == EINTR);
+        close(hold_fd);
+        if (n != 1 || word != 'g') return 125;
+    }
     execvp(argv[0], argv);
     int err = errno;
     fprintf(stderr, "cannot start '%s': %s\n", argv[0], strerror(err));

@@ -6,7 +6,7 @@ server from the same list (:mod:`.forkserver`)."""
 
 # Paths stay strings here on purpose (ruff's PTH rules off for this module): they are what
 # bwrap's argv, /proc and the kernel take, and this runs for every cell.
-# ruff: noqa: PTH112, PTH113, PTH114, PTH115, PTH118
+# ruff: noqa: PTH112, PTH113, PTH114, PTH115, PTH118, PTH120
 
 from __future__ import annotations
 
@@ -86,21 +86,50 @@ def _views(points: Mapping[str, str], masks: list[tuple[str, str]], write: Itera
     made = {"/tmp"}
     at_mask = {view for view, _ in masks}
     dir_mask = {view for view, real in masks if os.path.isdir(real)}
+    shown = _Shown(points, at_mask)
     # A mask is an empty tmpfs over a directory, /dev/null over a file, mounted before what
     # the job names inside it (sorted: a directory comes before what it holds), read-only last.
     for p in sorted({*points, *at_mask}):
-        out += _dirs_above(p, points, at_mask, made)
+        out += _dirs_above(p, shown, made)
         out += _point_ops(p, points, at_mask, dir_mask, private)
     out += _hidden_under(points)
     for f in write:  # the file alone, never its directory (a directory only where named)
-        out += _dirs_above(f, points, at_mask, made)
+        out += _dirs_above(f, shown, made)
         out += ["--bind", os.path.realpath(f), f]
     for m in sorted(dir_mask):
         out += ["--remount-ro", m]
     return out
 
 
-def _dirs_above(p: str, points: Iterable[str], at_mask: set[str], made: set[str]) -> list[str]:
+def _above(d: str) -> list[str]:
+    """``d`` and every directory above it, up to ``/`` (``d`` normalized)."""
+    out = [os.path.normpath(d)]
+    while out[-1] != "/":
+        out.append(os.path.dirname(out[-1]))
+    return out
+
+
+class _Shown:
+    """Which directories a view's points already show: a look-up along a directory's few
+    ancestors, not a pass over every point and mask for each (a run that kept many ``--out``
+    directories masks each of them, in every cell)."""
+
+    def __init__(self, points: Iterable[str], at_mask: Iterable[str]) -> None:
+        self.points: dict[str, set[str]] = {}  # a point, normalized -> the points written so
+        for q in points:
+            self.points.setdefault(os.path.normpath(q), set()).add(q)
+        self.masks = {os.path.normpath(m) for m in at_mask}
+
+    def by_another(self, d: str, p: str) -> bool:
+        """Whether a point other than ``p`` shows ``d`` (``d`` is it or lies under it), and no
+        mask lies above ``d`` (its inside is the mask's, empty)."""
+        chain = _above(d)
+        if any(m in self.masks for m in chain[1:]):
+            return False
+        return any(self.points.get(a, set()) - {p} for a in chain)
+
+
+def _dirs_above(p: str, shown: _Shown, made: set[str]) -> list[str]:
     """The directories above a bind point ``p`` not yet ``made`` (added to it): made searchable
     (bubblewrap makes them 0700, which an unprivileged cell could not pass), and nothing of the
     host's in them; those inside a mask are the mask's (empty) and made too."""
@@ -108,9 +137,7 @@ def _dirs_above(p: str, points: Iterable[str], at_mask: set[str], made: set[str]
     parts = p.strip("/").split("/")[:-1]
     for i in range(1, len(parts) + 1):
         d = "/" + "/".join(parts[:i])
-        shown = any(_under(d, q) for q in points if q != p) and not any(
-            _under(d, m) and m != d for m in at_mask)
-        if d not in made and not shown:
+        if d not in made and not shown.by_another(d, p):
             out.extend(["--perms", "0755", "--dir", d])
             made.add(d)
     return out
