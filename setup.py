@@ -15,6 +15,7 @@ compiler (``pip install .`` on a GPU runner's image), unless ``CUMATRIX_PURE_WHE
 """
 
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -27,7 +28,10 @@ from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).parent
 # The flags observe.py and spawn.py compile with at first use: the same program either way.
-AUDIT_CFLAGS = ["-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror"]
+AUDIT_CFLAGS = ["-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror"]  # cumatrix.execute.observe._CFLAGS
+if platform.machine() in ("x86_64", "aarch64"):  # audit.c makes its own system calls there: no libc
+    AUDIT_CFLAGS += ["-nostdlib", "-fno-builtin", "-fno-tree-loop-distribute-patterns", "-fno-stack-protector",
+                     "-Wl,-z,defs"]
 SPAWN_CFLAGS = ["-O2", "-Wall", "-Wextra", "-Werror"]  # cumatrix.execute.spawn.SPAWN_CFLAGS
 
 def _compiler() -> str | None:

@@ -13,7 +13,8 @@
 # clients-tmp (the clients matrix kept directly in /tmp, its cases starting there: CuPy and JAX
 # write their caches and temporary files in the cell's own /tmp),
 # sandbox-user (sandboxed cells of an ordinary user reaching the GPU, and their cost),
-# harness-root (a root harness's default run of 1,000 trivial cells against a bare spawn loop).
+# harness-root (a root harness's default run of 1,000 trivial cells against a bare spawn loop;
+# HARNESS_REPS=N interleaved reps, 3 by default: the host's python3 -c pass takes ~57 ms, 2 fit its limit).
 # Runtime wheels from ./.wheels, extra Python packages from ./.whl, bubblewrap from ./.bwrap.
 # CUMATRIX_EVIDENCE_ROOT=DIR runs from a copy of the checkout in DIR.
 # Everything lands under $OUT/e/ and is packed into $OUT/evidence.tgz after every stage, so a
@@ -86,7 +87,7 @@ for s in ${*:-reference drivers clients gate sandbox kernel}; do
     driver-roads) stage driver-roads 300 env OUT="$E" NPROC=4 bash scripts/gpu/driver_roads.sh ;;
     wheel) stage wheel 200 env OUT="$E" bash scripts/gpu/wheel.sh ;;
     harness-root) mkdir -p "$E/harness-root"
-                  stage harness-root 420 python3 benchmarks/harness_scale.py --sizes 1000 --reps 3 \
+                  stage harness-root 420 python3 benchmarks/harness_scale.py --sizes 1000 --reps "${HARNESS_REPS:-3}" \
                     --configs floor cumatrix cumatrix-nosb --wheel-dir "$PWD/.wheels" --json "$E/harness-root/harness-scale.json"
                   tail -6 "$E/harness-root.log" > "$E/harness-root/harness-scale.txt" ;;
     swap) stage swap 330 env OUT="$E" SWAP_SWEEP="${SWAP_SWEEP:-0}" bash scripts/gpu/swap.sh ;;

@@ -9,6 +9,7 @@ absolute path (the way torch, CuPy and JAX find theirs), run through the local b
 from __future__ import annotations
 
 import contextlib
+import platform
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from elftools.elf.elffile import ELFFile
 
+from cumatrix.binary.loader import loader_view
 from cumatrix.core.jobs import Job
 from cumatrix.core.model import Cell
 from cumatrix.execute import observe as O
@@ -69,6 +72,31 @@ def rts(wheel_cache: Path) -> dict[str, R.ResolvedRuntime]:
 def audit_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
     gcc()
     return O.build_audit_library(cache=tmp_path_factory.mktemp("audit-cache"))
+
+
+def test_the_audit_library_loads_no_second_c_library(audit_lib: Path, tmp_path: Path) -> None:
+    """An audit library's dependencies are loaded again in a namespace of their own: every
+    process of every cell would map a second libc.  It needs none, and still reads its
+    environment (handed to its constructor by the loader) and steers a request."""
+    if platform.machine() not in ("x86_64", "aarch64"):
+        pytest.skip("the audit library makes its own system calls on x86-64 and AArch64 only")
+    with audit_lib.open("rb") as f:
+        view = loader_view(ELFFile(f))
+    assert view is not None
+    assert view.needed == (), view
+    copy = tmp_path / "libz-copy.so.1"
+    libz = subprocess.run([sys.executable, "-c", "import ctypes.util; print(ctypes.util.find_library('z'))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    found = next(p for d in ("/lib/x86_64-linux-gnu", "/lib/aarch64-linux-gnu", "/usr/lib64", "/lib64")
+                 if (p := Path(d) / libz).exists())
+    shutil.copy(found, copy)
+    log = tmp_path / "audit.log"
+    env = {"PATH": "/usr/bin:/bin", "LD_AUDIT": str(audit_lib), "CUMATRIX_AUDIT_LOG": str(log),
+           "CUMATRIX_AUDIT_ENFORCE": f"{libz}={copy}"}
+    subprocess.run([sys.executable, "-c", f"import ctypes; ctypes.CDLL({libz!r})"], env=env, check=True)
+    lines = [ln.split("\t") for ln in log.read_text().splitlines()]
+    assert ["r", libz, str(copy)] in [[ln[0], *ln[2:]] for ln in lines], lines
+    assert any(ln[0] == "o" and ln[-1] == str(copy) for ln in lines), lines
 
 
 def _build(tmp: Path, name: str, source: str, *args: str) -> Path:

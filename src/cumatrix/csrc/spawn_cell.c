@@ -16,7 +16,7 @@ int serve_status_sent;
 long serve_host_uid = -1;
 int serve_userns;  /* the server made its own user namespace (a non-root harness) */
 int serve_idmap_fd = -1;  /* a user namespace mapping the harness's files to the cell's uid */
-int serve_hold_fd = -1;  /* a held cell: its program starts at a byte on this pipe */
+int serve_hold_fd = -1;  /* a held cell: its program's exec waits for a byte on this pipe */
 /* The cell's mount namespace, held by its tracer: the last reference taken down (its mounts
  * unmounted, an expedited RCU grace period waited for) after the cell's pipes are closed, so
  * that the harness, told the cell ended, need not wait for it. */

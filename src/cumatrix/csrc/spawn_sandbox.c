@@ -15,7 +15,8 @@
  *   --ro-bind --ro-bind-idmap --bind --dev-bind SRC DEST   --symlink TARGET DEST   --dir DEST
  *   --tmpfs DEST   --dev DEST   --proc DEST   --remount-ro DEST   --perms MODE   --size BYTES
  *   --chdir DIR
- * Then this process forks the program's process, which leaves root (uid and gid SERVE_UID in
+ * Then this process forks the program's process (before the cell's turn, for a held cell: it
+ * waits for the harness's word last, just before its exec), which leaves root (uid and gid SERVE_UID in
  * a user namespace of its own whose only id is the cell's host uid, no groups, no capability in
  * any set, no_new_privs, a session keyring of its own, then no keyring call at all), and waits
  * as its init: it ends as the program ended (128+N for a signal N, as bubblewrap reports it);

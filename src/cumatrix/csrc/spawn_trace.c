@@ -303,7 +303,10 @@ int trace_tree(pid_t leader) {
              * of the process will (the group leader is gone), not at each of a CUDA program's
              * threads' exits.  A pid no clone event made is a process: nothing to ask. */
             struct pid_note *n = note_of(pid, 0);
-            if (!(n && n->maybe_thread && sibling_of_live_leader(pid))) snapshot(pid);
+            /* The leader that never exec'd (a served cell's init) is this program's own image,
+             * nothing of the cell's: the process it forked read the same before its exec. */
+            int own_image = pid == leader && !leader_execd;
+            if (!own_image && !(n && n->maybe_thread && sibling_of_live_leader(pid))) snapshot(pid);
             out_line("x\t%d\t%lu\t%s\n", (int)pid, how, exe);
         } else if (event == PTRACE_EVENT_SECCOMP && (ptrace(PTRACE_GETEVENTMSG, pid, 0, &msg), msg == MMAP_EXEC)) {
             mapping_made(pid);

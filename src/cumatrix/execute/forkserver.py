@@ -25,7 +25,8 @@ a root server does: bubblewrap's cost per cell is gone, and its cells share that
 A cell travels as one message on a Unix ``SOCK_SEQPACKET`` socket with its descriptors
 (``SCM_RIGHTS``): its stdout and stderr, a status pipe, the tracer's pipe, a held cell's hold
 pipe and a harness child's verdict channel.  A held cell (``hold=True``) is made ready up to
-its program (tracer, cgroup, namespaces, root) and its program starts at :meth:`Served.release`:
+its program's exec (tracer, cgroup, namespaces, root, and the program's process as the cell's
+user with its limits and filters) and its program starts at :meth:`Served.release`:
 the local backend readies the next cell while one runs, so that what the sandbox costs is
 paid beside a running cell, not between two.  The tracer writes ``z <wait status>`` on the status pipe when the
 cell's tree has ended; a status pipe that closes without it is a lost cell, a harness error,

@@ -31,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -137,7 +138,13 @@ def _ask_compiler(cc_path: str) -> str:
     return f"{Path(cc_path).resolve()} {out.splitlines()[0] if out else ''}"
 
 
-_CFLAGS = ("-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror")
+#: Where audit.c makes its own system calls (x86-64, AArch64) it is built without the C library:
+#: an audit library's every dependency is loaded again in its own namespace (a second libc in
+#: each process of each cell).  ``-z defs`` turns a call the compiler adds into a build error.
+NOLIBC_CFLAGS = ("-nostdlib", "-fno-builtin", "-fno-tree-loop-distribute-patterns", "-fno-stack-protector",
+                 "-Wl,-z,defs")
+_CFLAGS = ("-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror",
+           *(NOLIBC_CFLAGS if platform.machine() in ("x86_64", "aarch64") else ()))
 
 
 #: The library each ``(cache, cc, PATH)`` gave in this process: every cell asks, and the
