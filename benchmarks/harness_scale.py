@@ -9,7 +9,10 @@ One run measures, interleaved so that every configuration sees the same machine 
                the store and the reports; sandboxed, as a run is by default where bubblewrap
                runs (``cumatrix-nosb``: the same with ``--no-sandbox``);
   pytest       plain pytest (and pytest-xdist ``-n 2``) running N tests that each spawn
-               that same command.
+               that same command;
+  baseline     with ``--baseline-src DIR`` (the ``src`` of another checkout, e.g. a
+               ``git worktree`` of an older commit): ``cumatrix run`` of that code, sandboxed
+               as by default, beside this code's, so that a change is measured in one run.
 
 For every run it records the wall time and the peak memory of the harness's processes
 (the controller and its xdist workers, not the cells they spawn): ``tree_mb`` sums each
@@ -18,6 +21,7 @@ process (``wait4``'s ``ru_maxrss``).  At the largest size it also times what a r
 before its first cell: ``cumatrix validate`` and ``pytest --collect-only`` of the matrix.
 
     python benchmarks/harness_scale.py [--sizes 100 1000 10000] [--reps 1] [--large-reps N] [--json FILE]
+                                       [--baseline-src DIR]
 
 The runtime is a wheel from the cache (fetched once; ``--wheel-dir`` for offline runs).
 """
@@ -46,7 +50,7 @@ RUNTIME = "nvidia-cuda-runtime-cu12==12.0.146"
 PYTHON = sys.executable
 #: The one spawned command: the floor's loop, every cell and every pytest test run it.
 SPAWN = (PYTHON, "-c", "pass")
-CONFIGS = ("floor", "cumatrix", "cumatrix-nosb", "pytest", "floor-n2", "cumatrix-n2", "xdist-n2")
+CONFIGS = ("floor", "cumatrix", "cumatrix-nosb", "pytest", "floor-n2", "cumatrix-n2", "xdist-n2", "baseline")
 
 
 @dataclass
@@ -189,7 +193,7 @@ def commands(work: Path, n: int, wheel_dir: str | None) -> dict[str, list[str]]:
     t = work / f"test_spawn{n}.py"
     cm = [PYTHON, "-m", "cumatrix", "run", str(m), "-q", *(["--wheel-dir", wheel_dir] if wheel_dir else [])]
     pt = [PYTHON, "-m", "pytest", str(t), "-q", "-p", "no:cacheprovider", "-c", os.devnull, "--rootdir", str(work)]
-    return {"cumatrix": [*cm, "--out", str(work / f"out{n}")],
+    return {"cumatrix": [*cm, "--out", str(work / f"out{n}")], "baseline": [*cm, "--out", str(work / f"out{n}-base")],
             "cumatrix-nosb": [*cm, "--out", str(work / f"out{n}-nosb"), "--no-sandbox"],
             "cumatrix-n2": [*cm, "--out", str(work / f"out{n}-n2"), "-n", "2"],
             "pytest": pt, "xdist-n2": [*pt, "-n", "2"]}
@@ -265,6 +269,7 @@ def summarise(samples: list[Sample], sizes: Sequence[int]) -> list[dict[str, obj
             "cells": n, **{f"{c}_s": round(med[c], 3) for c in CONFIGS},
             "cumatrix_vs_floor": round(med["cumatrix"] / med["floor"], 3),
             "nosb_vs_floor": round(med["cumatrix-nosb"] / med["floor"], 3),
+            "baseline_vs_floor": round(med["baseline"] / med["floor"], 3),
             "pytest_vs_floor": round(med["pytest"] / med["floor"], 3),
             "cumatrix_n2_vs_floor_n2": round(med["cumatrix-n2"] / med["floor-n2"], 3),
             "xdist_n2_vs_floor_n2": round(med["xdist-n2"] / med["floor-n2"], 3),
@@ -301,6 +306,10 @@ def show(rows: list[dict[str, object]], pre: dict[str, float] | None, n_pre: int
     for r in rows:
         print(f"{r['cells']:>6} --no-sandbox: {r['cumatrix-nosb_s']:.2f} s, {r['nosb_vs_floor']:.2f}x the floor "
               f"(sandboxed {r['cumatrix_vs_floor']:.2f}x)")
+    for r in rows:
+        if r["baseline_s"] == r["baseline_s"]:  # measured (not NaN)
+            print(f"{r['cells']:>6} baseline (--baseline-src): {r['baseline_s']:.2f} s, {r['baseline_vs_floor']:.2f}x "
+                  f"the floor (this code {r['cumatrix_vs_floor']:.2f}x)")
     if rows:
         print("run/fl: cumatrix run / floor; pyt/fl: pytest / floor; xd: pytest-xdist -n 2; "
               "MB: peak of the harness's processes (controller + workers, summed)")
@@ -314,6 +323,19 @@ def show(rows: list[dict[str, object]], pre: dict[str, float] | None, n_pre: int
                   f"{t['validate_plus_collect_s']:.2f} s; cold {t['collect_cold_s']:.2f} s")
 
 
+def _baseline_env(env: dict[str, str], src: Path | None) -> dict[str, str] | None:
+    """The environment that runs ``src``'s cumatrix (its package first on ``PYTHONPATH``)."""
+    if src is None:
+        return None
+    src = src.resolve()
+    if not (src / "cumatrix" / "__init__.py").is_file():
+        sys.exit(f"--baseline-src {src}: no cumatrix package there (give a checkout's src directory)")
+    import compileall
+
+    compileall.compile_dir(str(src / "cumatrix"), quiet=1)
+    return {**env, "PYTHONPATH": os.pathsep.join(p for p in (str(src), env.get("PYTHONPATH")) if p)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 10000], help="cells per run")
@@ -322,6 +344,8 @@ def main() -> int:
     ap.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS))
     ap.add_argument("--wheel-dir", help="take the runtime wheel from here (offline)")
     ap.add_argument("--json", type=Path, help="write every sample and the summary here")
+    ap.add_argument("--baseline-src", type=Path, help="another checkout's src directory, run beside this code "
+                                                       "(config 'baseline', added to --configs)")
     ap.add_argument("--startup-only", action="store_true", help="only what a run does before its first cell, "
                                                                  "at the largest size")
     a = ap.parse_args()
@@ -338,6 +362,9 @@ def main() -> int:
     # Timed runs parse the matrix in every process (controller and each xdist worker), as on a
     # machine that never saw it; what the cache of a validated matrix saves is timed apart.
     env["CUMATRIX_NO_MATRIX_CACHE"] = "1"
+    base_env = _baseline_env(env, a.baseline_src)
+    if base_env is not None and "baseline" not in a.configs:
+        a.configs.append("baseline")
     samples: list[Sample] = []
     pre: dict[str, float] | None = None
     load0 = os.getloadavg()[0]  # a busy machine stretches the wall times of every configuration
@@ -358,8 +385,12 @@ def main() -> int:
                     if c.startswith("floor"):
                         wall, cpu = floor(n, parallel=2 if c == "floor-n2" else 1, cwd=work, env=env)
                         samples.append(Sample(c, n, rep, round(wall, 3), round(cpu, 3), 0.0, 0.0, 0, 0))
+                    elif c == "baseline" and base_env is None:
+                        sys.exit("the baseline config needs --baseline-src DIR")
                     else:
-                        wall, cpu, mx, tree, procs, rc = measure(cmds[c], cwd=work, env=env, sample=True,
+                        wall, cpu, mx, tree, procs, rc = measure(cmds[c], cwd=work,
+                                                                 env=base_env if c == "baseline" and base_env else env,
+                                                                 sample=True,
                                                                  ok=(0,) if c.startswith("cumatrix") else (0, 1))
                         samples.append(Sample(c, n, rep, round(wall, 3), round(cpu, 3), round(mx, 1), round(tree, 1),
                                               procs, rc))
