@@ -14,7 +14,8 @@
 # write their caches and temporary files in the cell's own /tmp),
 # sandbox-user (sandboxed cells of an ordinary user reaching the GPU, and their cost),
 # harness-root (a root harness's default run of 1,000 trivial cells against a bare spawn loop;
-# HARNESS_REPS=N interleaved reps, 3 by default: the host's python3 -c pass takes ~57 ms, 2 fit its limit).
+# HARNESS_REPS=N interleaved reps, 3 by default: the host's python3 -c pass takes ~57 ms, 2 fit its limit),
+# cell-cycle (the time between two cells' programs: benchmarks/cell_cycle.py, 1,000 cells of a 9 ms program).
 # Runtime wheels from ./.wheels, extra Python packages from ./.whl, bubblewrap from ./.bwrap.
 # CUMATRIX_EVIDENCE_ROOT=DIR runs from a copy of the checkout in DIR.
 # Everything lands under $OUT/e/ and is packed into $OUT/evidence.tgz after every stage, so a
@@ -90,6 +91,7 @@ for s in ${*:-reference drivers clients gate sandbox kernel}; do
                   stage harness-root 420 python3 benchmarks/harness_scale.py --sizes 1000 --reps "${HARNESS_REPS:-3}" \
                     --configs floor cumatrix cumatrix-nosb --wheel-dir "$PWD/.wheels" --json "$E/harness-root/harness-scale.json"
                   tail -6 "$E/harness-root.log" > "$E/harness-root/harness-scale.txt" ;;
+    cell-cycle) stage cell-cycle 300 python3 benchmarks/cell_cycle.py -N 1000 --reps 3 --wheel-dir "$PWD/.wheels" ;;
     swap) stage swap 330 env OUT="$E" SWAP_SWEEP="${SWAP_SWEEP:-0}" bash scripts/gpu/swap.sh ;;
     *) echo "unknown stage $s" ;;
   esac
