@@ -6,11 +6,12 @@ exec) is read apart from the programs' own run.
     python benchmarks/cell_cycle.py [-N 300] [--cpu-ms 9] [--baseline-src DIR] [--reps 2]
 
 The program is compiled here (gcc): it spins for ``--cpu-ms`` of CPU time, then prints its two
-stamps.  One run each, interleaved per rep: the bare loop (``subprocess.run`` of the program N
+stamps and how often it was preempted.  One run each, interleaved per rep: the bare loop (``subprocess.run`` of the program N
 times, the same stamps), ``cumatrix run`` sandboxed (the default), ``--no-sandbox``, and with
 ``--baseline-src`` (another checkout's ``src``) that code sandboxed.  Per configuration: the
 cycle (first start to last end, over N), the program's own run (its wall time for a fixed CPU
-time: more than ``--cpu-ms`` where something else took its CPU) and the gap, medians over reps.
+time: more than ``--cpu-ms`` where something else took its CPU), the gap, and how many times the
+program lost its CPU to another task while it ran (``ru_nivcsw``), medians over reps.
 """
 
 from __future__ import annotations
@@ -32,32 +33,38 @@ RUNTIME = "nvidia-cuda-runtime-cu12==12.0.146"
 PROGRAM = r"""
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <time.h>
 static double now(clockid_t c) { struct timespec t; clock_gettime(c, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
 int main(int argc, char **argv) {
+    struct rusage before, after;
+    getrusage(RUSAGE_SELF, &before);
     double start = now(CLOCK_REALTIME), ms = argc > 1 ? atof(argv[1]) : 9;
     volatile unsigned long spin = 0;
     while (now(CLOCK_PROCESS_CPUTIME_ID) < ms / 1000) spin++;
-    printf("%.6f %.6f\n", start, now(CLOCK_REALTIME));
+    double end = now(CLOCK_REALTIME);
+    getrusage(RUSAGE_SELF, &after);
+    printf("%.6f %.6f %ld\n", start, end, after.ru_nivcsw - before.ru_nivcsw);
     return 0;
 }
 """
 
 
-def stamps_of(out: Path) -> list[tuple[float, float]]:
+def stamps_of(out: Path) -> list[tuple[float, float, float]]:
     cells = json.loads((out / "results.json").read_text())["cells"]
     return sorted(tuple(map(float, c["stdout_tail"].split())) for c in cells)  # type: ignore[misc]
 
 
-def figures(stamps: list[tuple[float, float]]) -> dict[str, float]:
-    run = [(e - s) * 1e3 for s, e in stamps]
+def figures(stamps: list[tuple[float, float, float]]) -> dict[str, float]:
+    run = [(e - s) * 1e3 for s, e, _ in stamps]
     gap = [(stamps[i + 1][0] - stamps[i][1]) * 1e3 for i in range(len(stamps) - 1)]
     return {"cycle_ms": (stamps[-1][1] - stamps[0][0]) / len(stamps) * 1e3,
             "run_ms": statistics.mean(run), "gap_ms": statistics.mean(gap),
-            "gap_median_ms": statistics.median(gap), "gap_p90_ms": sorted(gap)[int(0.9 * len(gap))]}
+            "gap_median_ms": statistics.median(gap), "gap_p90_ms": sorted(gap)[int(0.9 * len(gap))],
+            "preempted": statistics.mean(p for _, _, p in stamps)}
 
 
-def bare_loop(program: Path, n: int, cpu_ms: float) -> list[tuple[float, float]]:
+def bare_loop(program: Path, n: int, cpu_ms: float) -> list[tuple[float, float, float]]:
     out = []
     for _ in range(n):
         got = subprocess.run([str(program), str(cpu_ms)], capture_output=True, text=True, check=True).stdout
@@ -104,11 +111,13 @@ def main() -> int:
                 print(f"  rep {rep} {name:14} {time.perf_counter() - t0:6.2f} s", file=sys.stderr, flush=True)
     print(f"{a.N} cells of a program spinning {a.cpu_ms} ms of CPU, {os.cpu_count()} cores, medians of {a.reps} rep(s); "
           "ms a cell")
-    print(f"{'':16}{'cycle':>8}{'run':>8}{'gap':>8}{'gap med':>9}{'gap p90':>9}")
+    print(f"{'':16}{'cycle':>8}{'run':>8}{'gap':>8}{'gap med':>9}{'gap p90':>9}{'preempted':>10}")
     for name, runs in got.items():
         med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         print(f"{name:16}{med['cycle_ms']:8.2f}{med['run_ms']:8.2f}{med['gap_ms']:8.2f}"
-              f"{med['gap_median_ms']:9.2f}{med['gap_p90_ms']:9.2f}")
+              f"{med['gap_median_ms']:9.2f}{med['gap_p90_ms']:9.2f}{med['preempted']:10.2f}")
+    print("run: the program's wall time between its stamps (its CPU time is fixed); preempted: the times "
+          "another task took its CPU meanwhile (ru_nivcsw), a mean a cell")
     return 0
 
 
