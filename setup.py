@@ -28,10 +28,13 @@ from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).parent
 # The flags observe.py and spawn.py compile with at first use: the same program either way.
-AUDIT_CFLAGS = ["-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror"]  # cumatrix.execute.observe._CFLAGS
-if platform.machine() in ("x86_64", "aarch64"):  # audit.c makes its own system calls there: no libc
-    AUDIT_CFLAGS += ["-nostdlib", "-fno-builtin", "-fno-tree-loop-distribute-patterns", "-fno-stack-protector",
-                     "-Wl,-z,defs"]
+# cumatrix.execute.observe.AUDIT_CFLAGS and NOLIBC_CFLAGS (a test compares them): where audit.c
+# makes its own system calls (x86-64, AArch64) it is linked without the C library.
+AUDIT_CFLAGS = ["-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror"]
+NOLIBC_CFLAGS = ["-nostdlib", "-fno-builtin", "-fno-tree-loop-distribute-patterns", "-fno-stack-protector",
+                 "-Wl,-z,defs"]
+if platform.machine() in ("x86_64", "aarch64"):
+    AUDIT_CFLAGS += NOLIBC_CFLAGS
 SPAWN_CFLAGS = ["-O2", "-Wall", "-Wextra", "-Werror"]  # cumatrix.execute.spawn.SPAWN_CFLAGS
 
 def _compiler() -> str | None:

@@ -8,6 +8,7 @@ absolute path (the way torch, CuPy and JAX find theirs), run through the local b
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import platform
 import shutil
@@ -97,6 +98,13 @@ def test_the_audit_library_loads_no_second_c_library(audit_lib: Path, tmp_path: 
     lines = [ln.split("\t") for ln in log.read_text().splitlines()]
     assert ["r", libz, str(copy)] in [[ln[0], *ln[2:]] for ln in lines], lines
     assert any(ln[0] == "o" and ln[-1] == str(copy) for ln in lines), lines
+
+
+def test_setup_py_builds_the_audit_library_as_a_checkout_does() -> None:
+    tree = ast.parse((Path(__file__).resolve().parents[2] / "setup.py").read_text())
+    flags = {t.id: tuple(ast.literal_eval(n.value)) for n in ast.walk(tree) if isinstance(n, ast.Assign)
+             for t in n.targets if isinstance(t, ast.Name) and t.id in ("AUDIT_CFLAGS", "NOLIBC_CFLAGS")}
+    assert flags == {"AUDIT_CFLAGS": O.AUDIT_CFLAGS, "NOLIBC_CFLAGS": O.NOLIBC_CFLAGS}
 
 
 def _build(tmp: Path, name: str, source: str, *args: str) -> Path:

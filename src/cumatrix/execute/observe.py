@@ -143,8 +143,8 @@ def _ask_compiler(cc_path: str) -> str:
 #: each process of each cell).  ``-z defs`` turns a call the compiler adds into a build error.
 NOLIBC_CFLAGS = ("-nostdlib", "-fno-builtin", "-fno-tree-loop-distribute-patterns", "-fno-stack-protector",
                  "-Wl,-z,defs")
-_CFLAGS = ("-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror",
-           *(NOLIBC_CFLAGS if platform.machine() in ("x86_64", "aarch64") else ()))
+AUDIT_CFLAGS = ("-shared", "-fPIC", "-O2", "-Wall", "-Wextra", "-Werror")
+_CFLAGS = (*AUDIT_CFLAGS, *(NOLIBC_CFLAGS if platform.machine() in ("x86_64", "aarch64") else ()))
 
 
 #: The library each ``(cache, cc, PATH)`` gave in this process: every cell asks, and the
