@@ -25,6 +25,7 @@
 #include <linux/sched.h>
 #include <linux/seccomp.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/ptrace.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>

@@ -365,6 +365,12 @@ int cell_init(char *limits, char **argv) {
         _exit(run_program_held(limits, argv, serve_hold_fd));
     }
     if (serve_hold_fd >= 0) close(serve_hold_fd);  /* the program's process alone waits on it */
+    /* Its children's ends come by waitpid alone: SIGCHLD blocked, no signal to stop the
+     * tracer for (a traced process's signal stops it even where ignored). */
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &chld, NULL);
     for (;;) {  /* the namespace's init: reaps what is orphaned, ends with the program */
         int st;
         pid_t got = waitpid(-1, &st, 0);

@@ -5,14 +5,81 @@
 
 /* ------------------------------------------------------------------ the tracer (--trace) */
 
+/* The kernel's PROCMAP_QUERY (Linux 6.11): one VMA of a process at a time, by address, with its
+ * permissions, device, inode and path; its struct is the kernel's ABI (uapi/linux/fs.h), named
+ * here for the C libraries whose headers predate it. */
+struct maps_query {
+    unsigned long long size, query_flags, query_addr, vma_start, vma_end, vma_flags, vma_page_size,
+        vma_offset, inode;
+    unsigned int dev_major, dev_minor, vma_name_size, build_id_size;
+    unsigned long long vma_name_addr, build_id_addr;
+};
+#define MAPS_QUERY _IOWR('f', 17, struct maps_query)
+#define MAPS_QUERY_EXECUTABLE 0x04
+#define MAPS_QUERY_COVERING_OR_NEXT 0x10
+#define MAPS_QUERY_FILE_BACKED 0x20
+
+/* One executable mapping's line, unless (pid, file) was written already: PATH as the text of
+ * /proc/PID/maps shows it (a newline in a file's name as \012). */
+static void mapped_line(pid_t pid, unsigned int major, unsigned int minor, unsigned long long ino, const char *path) {
+    if (!path[0] || path[0] == '[' || (ino == 0 && path[0] != '/')) return;
+    unsigned long long dev = ((unsigned long long)major << 20) | minor;  /* the kernel's MKDEV */
+    if (seen_before((int)pid, dev, ino, path)) return;
+    out_line("m\t%d\t%02x:%02x\t%llu\t%s\n", (int)pid, major, minor, ino, path);
+}
+
+static int no_maps_query;  /* the kernel has no PROCMAP_QUERY: the text is read */
+
+/* snapshot() by PROCMAP_QUERY: the kernel is asked for each executable file-backed mapping
+ * alone, no text made for the rest (a Python process maps some 100 areas, 5 of them code; a
+ * CUDA program thousands).  0: done (the process may have ended meanwhile); -1: read the text. */
+static int snapshot_by_query(int fd, pid_t pid) {
+    static char name[PATH_MAX], shown[4 * PATH_MAX];
+    unsigned long long addr = 0;
+    for (;;) {
+        struct maps_query q;
+        memset(&q, 0, sizeof q);
+        q.size = sizeof q;
+        q.query_flags = MAPS_QUERY_COVERING_OR_NEXT | MAPS_QUERY_EXECUTABLE | MAPS_QUERY_FILE_BACKED;
+        q.query_addr = addr;
+        q.vma_name_addr = (unsigned long long)(uintptr_t)name;
+        q.vma_name_size = sizeof name;
+        if (ioctl(fd, MAPS_QUERY, &q) != 0) {
+            if (errno == ENOENT || errno == ESRCH) return 0;  /* no mapping past ADDR; the process is gone */
+            if (errno == ENOTTY || errno == EINVAL) no_maps_query = 1;
+            return -1;
+        }
+        if (q.vma_end <= addr) return -1;  /* never: the next area starts past the last */
+        addr = q.vma_end;
+        name[sizeof name - 1] = 0;
+        if (!q.vma_name_size) name[0] = 0;
+        size_t k = 0;
+        for (const char *c = name; *c && k + 5 < sizeof shown; c++) {
+            if (*c == '\n') { memcpy(shown + k, "\\012", 4); k += 4; }
+            else shown[k++] = *c;
+        }
+        shown[k] = 0;
+        mapped_line(pid, q.dev_major, q.dev_minor, q.inode, shown);
+    }
+}
+
 /* Every file PID mapped executable (anonymous memory, [heap], [stack], the vDSO left out):
  * a file mapped as data (mmap PROT_READ of a runtime, a font, a locale archive) was not
  * loaded and never ran, so it is not what the process used. */
 static void snapshot(pid_t pid) {
     char name[64];
     snprintf(name, sizeof name, "/proc/%d/maps", (int)pid);
-    FILE *f = fopen(name, "re");
-    if (!f) return;
+    int fd = open(name, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    if (!no_maps_query && snapshot_by_query(fd, pid) == 0) {
+        close(fd);
+        return;
+    }
+    FILE *f = fdopen(fd, "re");
+    if (!f) {
+        close(fd);
+        return;
+    }
     static char buf[1 << 17];  /* a large process's maps in a few reads, not one per 4 KiB */
     setvbuf(f, buf, _IOFBF, sizeof buf);
     char line[8192];
@@ -28,10 +95,7 @@ static void snapshot(pid_t pid) {
         while (*path == ' ') path++;
         size_t n = strlen(path);
         if (n && path[n - 1] == '\n') path[--n] = 0;
-        if (!n || path[0] == '[' || (ino == 0 && path[0] != '/')) continue;
-        unsigned long long dev = ((unsigned long long)major << 20) | minor;  /* the kernel's MKDEV */
-        if (seen_before((int)pid, dev, ino, path)) continue;
-        out_line("m\t%d\t%02x:%02x\t%llu\t%s\n", (int)pid, major, minor, ino, path);
+        mapped_line(pid, major, minor, ino, path);
     }
     fclose(f);
 }
@@ -155,7 +219,11 @@ static void live_drop(pid_t pid) {
  * new one is written at its next stop), and whether it may be a thread (a clone event made
  * it; fork and vfork make processes).  Open addressing; a full table only costs reads. */
 #define PID_SLOTS 8192
-static struct pid_note { pid_t pid; unsigned char exec_pending, maybe_thread; unsigned long old_exe; } notes[PID_SLOTS];
+static struct pid_note {
+    pid_t pid;
+    unsigned char exec_pending, maybe_thread, helper_image;
+    unsigned long old_exe;
+} notes[PID_SLOTS];
 
 static struct pid_note *note_of(pid_t pid, int create) {
     unsigned long k = ((unsigned long)pid * 2654435761UL) % PID_SLOTS;
@@ -183,7 +251,9 @@ static void exec_done(pid_t pid, const char *exe) {
     struct pid_note *n = note_of(pid, 0);
     if (!n || !n->exec_pending) return;
     n->exec_pending = 0;
-    if (hash_text(exe) != n->old_exe) out_line("e\t%d\t%s\n", (int)pid, exe);
+    if (hash_text(exe) == n->old_exe) return;  /* the execve failed: the image is the one it had */
+    n->helper_image = 0;
+    out_line("e\t%d\t%s\n", (int)pid, exe);
 }
 
 /* --trace-record: kill what the leader left and wait until no traced process is left, so that
@@ -248,8 +318,8 @@ static void resolve_claims(void) {
 /* Trace the tree rooted at LEADER until the leader ends; its wait status. */
 int trace_tree(pid_t leader) {
     const unsigned int native_arch = NATIVE_AUDIT_ARCH;
-    int leader_status = -1, leader_execd = 0, leader_gone = 0, killed = 0;
-    char exe[4096];
+    int leader_status = -1, leader_execd = 0, leader_gone = 0, killed = 0, leader_stops_at_exit = 1;
+    char exe[4096], leader_exe[4096] = "";
     for (;;) {
         if (grace_over && !killed) {
             /* What the leader left has had its time: killed, each still followed to its exit. */
@@ -266,10 +336,11 @@ int trace_tree(pid_t leader) {
         if (WIFEXITED(st) || WIFSIGNALED(st)) {
             live_drop(pid);
             struct pid_note *gone = note_of(pid, 0);
-            if (gone) gone->exec_pending = gone->maybe_thread = 0;  /* the pid may come back as another */
+            if (gone) gone->exec_pending = gone->maybe_thread = gone->helper_image = 0;  /* the pid may come back */
             if (pid == leader) {
                 leader_status = st;
                 leader_gone = 1;
+                if (!leader_stops_at_exit) out_line("x\t%d\t%d\t%s\n", (int)pid, st, leader_exe);
                 /* What it left is read now (it may be killed before its own exit is seen
                  * whole), then followed until it ends. */
                 int left = 0;
@@ -305,7 +376,7 @@ int trace_tree(pid_t leader) {
             struct pid_note *n = note_of(pid, 0);
             /* The leader that never exec'd (a served cell's init) is this program's own image,
              * nothing of the cell's: the process it forked read the same before its exec. */
-            int own_image = pid == leader && !leader_execd;
+            int own_image = (pid == leader && !leader_execd) || (n && n->helper_image);
             if (!own_image && !(n && n->maybe_thread && sibling_of_live_leader(pid))) snapshot(pid);
             out_line("x\t%d\t%lu\t%s\n", (int)pid, how, exe);
         } else if (event == PTRACE_EVENT_SECCOMP && (ptrace(PTRACE_GETEVENTMSG, pid, 0, &msg), msg == MMAP_EXEC)) {
@@ -320,10 +391,20 @@ int trace_tree(pid_t leader) {
              * process's next stop: another execve, or its exit (which comes even after SIGKILL). */
             exe_of(pid, exe, sizeof exe);
             exec_done(pid, exe);
-            if (pid != leader || leader_execd) snapshot(pid);
-            leader_execd |= pid == leader;
             struct pid_note *n = note_of(pid, 1);
+            if ((pid != leader || leader_execd) && !(n && n->helper_image)) snapshot(pid);
+            leader_execd |= pid == leader;
             if (n) { n->exec_pending = 1; n->old_exe = hash_text(exe); }
+        } else if (pid == leader && !leader_execd && (event == PTRACE_EVENT_FORK || event == PTRACE_EVENT_VFORK)) {
+            /* A served cell's init forking its program: the program took its options with it;
+             * the init's own exit needs no stop (its image is this program's, nothing to read):
+             * its "x" line is written from its wait status. */
+            exe_of(pid, leader_exe, sizeof leader_exe);
+            unsigned long child = 0;  /* the program's process, this program's image until its exec */
+            struct pid_note *n = ptrace(PTRACE_GETEVENTMSG, pid, 0, &child) == 0 ? note_of((pid_t)child, 1) : NULL;
+            if (n) n->helper_image = 1;
+            if (ptrace(PTRACE_SETOPTIONS, pid, 0, (void *)(long)(trace_options & ~PTRACE_O_TRACEEXIT)) == 0)
+                leader_stops_at_exit = 0;
         } else if (event == PTRACE_EVENT_CLONE) {
             unsigned long tid = 0;
             if (ptrace(PTRACE_GETEVENTMSG, pid, 0, &tid) == 0) {

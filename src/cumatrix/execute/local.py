@@ -321,6 +321,9 @@ class LocalChild:
             # The group may hold children that outlive the leader; end them too, and then
             # whatever left the group (setsid daemons): the cell's cgroup, or the sweep.
             _kill_group(proc, quiet=True)
+            if gone is not None and _all_gone(proc):
+                gone()  # the next cell's program starts now, its cgroup's removal beside it
+                gone = None
             self.scope.end()
             if gone is not None:
                 gone()
@@ -331,6 +334,13 @@ class LocalChild:
                 self.chan.close()
             if self.plan.trace:
                 self._trace = _drain_trace(self.plan.trace)
+
+
+def _all_gone(proc: subprocess.Popen[bytes] | forkserver.Served) -> bool:
+    """Whether every process of the cell has ended, by its tracer's word: a served cell's
+    status came (the tracer writes it once no process it traced is left, its init reaped, and
+    its pid namespace with it)."""
+    return isinstance(proc, forkserver.Served) and proc.returncode is not None and not proc.lost
 
 
 def _drain_trace(chan: TraceChannel) -> KernelTrace:
@@ -383,13 +393,20 @@ def _with_channel(job: Job, plan: sandbox.Plan) -> tuple[dict[str, str], sandbox
 
 def _pump(sel: selectors.BaseSelector, proc: subprocess.Popen[bytes] | forkserver.Served, scope: sandbox.Scope,
           deadline: float) -> bool:
-    """Read the child's streams until they close; True when the deadline passed first."""
+    """Read the child's streams until they close; True when the deadline passed first.
+
+    Once a served cell's program has closed its output and only the tracer's record is still
+    to come (its end, a fraction of a millisecond away), the streams are polled, not waited on,
+    for up to :data:`END_POLL_S`: an idle CPU's wake-up would cost about as much again."""
+    ending = _Ending(proc)
     while sel.get_map():
-        remaining = deadline - time.monotonic()
+        now = time.monotonic()
+        remaining = deadline - now
         if remaining <= 0:
             return True
-        events = sel.select(timeout=min(remaining, 0.5))
-        if not events and proc.poll() is not None:
+        timeout = ending.timeout(sel, now, remaining)
+        events = sel.select(timeout=timeout)
+        if not events and timeout and proc.poll() is not None:
             # The cell's process is done and its pipes are quiet: whatever still holds
             # them open (a daemon it left) is killed, which closes them.
             scope.end()
@@ -404,6 +421,25 @@ def _pump(sel: selectors.BaseSelector, proc: subprocess.Popen[bytes] | forkserve
     except subprocess.TimeoutExpired:
         return True
     return False
+
+
+#: How long a served cell's end is polled for once only its record is left to come (:func:`_pump`).
+END_POLL_S = 0.002
+
+
+class _Ending:
+    """How long :func:`_pump` waits for the child's streams: up to half a second at a time,
+    and not at all (a poll) for :data:`END_POLL_S` from when a served cell's program closed its
+    output and only its tracer's record is left to come."""
+
+    def __init__(self, proc: subprocess.Popen[bytes] | forkserver.Served) -> None:
+        self.served = isinstance(proc, forkserver.Served)
+        self.since = 0.0
+
+    def timeout(self, sel: selectors.BaseSelector, now: float, remaining: float) -> float:
+        if self.served and not self.since and all(isinstance(k.data, TraceChannel) for k in sel.get_map().values()):
+            self.since = now
+        return 0.0 if self.since and now - self.since < END_POLL_S else min(remaining, 0.5)
 
 
 def _kill_group(proc: subprocess.Popen[bytes] | forkserver.Served, *, quiet: bool = False) -> None:
