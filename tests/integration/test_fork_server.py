@@ -348,3 +348,21 @@ def test_a_ready_cells_timeout_counts_from_its_go(tmp_path: Path) -> None:
     assert not res.timed_out, (res.stdout_tail, res.stderr_tail)
     assert res.returncode == 0, (res.stdout_tail, res.stderr_tail)
     assert 0.5 <= res.duration_s < 2, res.duration_s
+
+
+def test_a_served_cells_record_names_its_program_and_its_init_and_nothing_of_the_helper() -> None:
+    """The tracer stops neither at the init's exit nor for its SIGCHLD, and reads no maps of the
+    helper's image the program's process leaves at its exec: the record still says how the init
+    and the program ended, and names only what the program mapped."""
+    res = run_local(job("import sys; sys.exit(3)"), policy=ON)
+    assert res.returncode == 3, res.stderr_tail
+    trace = res.trace
+    assert trace is not None and trace.traced and trace.complete, trace
+    helper = str(spawn_shim())
+    assert not [o.path for o in trace.objects if o.path == helper], "the helper's image is not the cell's"
+    assert any(o.path.endswith("libc.so.6") or "/libc-" in o.path for o in trace.objects), trace.objects
+    ends = {p.exe: p.exit_code for p in trace.processes if p.exe}
+    assert ends.get(helper) == 3, f"the init ends as its program did, on the record: {trace.processes}"
+    program = [p for p in trace.processes if p.images and p.exe and p.exe != helper]
+    assert [p.exit_code for p in program] == [3], trace.processes
+    assert os.path.realpath(program[0].images[-1]) == os.path.realpath(PY), program
