@@ -357,7 +357,9 @@ def test_a_served_cells_record_names_its_program_and_its_init_and_nothing_of_the
     res = run_local(job("import sys; sys.exit(3)"), policy=ON)
     assert res.returncode == 3, res.stderr_tail
     trace = res.trace
-    assert trace is not None and trace.traced and trace.complete, trace
+    assert trace is not None
+    assert trace.traced, trace
+    assert trace.complete, trace
     helper = str(spawn_shim())
     assert not [o.path for o in trace.objects if o.path == helper], "the helper's image is not the cell's"
     assert any(o.path.endswith("libc.so.6") or "/libc-" in o.path for o in trace.objects), trace.objects
