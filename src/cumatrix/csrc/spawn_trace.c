@@ -31,8 +31,9 @@ static void mapped_line(pid_t pid, unsigned int major, unsigned int minor, unsig
 static int no_maps_query;  /* the kernel has no PROCMAP_QUERY: the text is read */
 
 /* snapshot() by PROCMAP_QUERY: the kernel is asked for each executable file-backed mapping
- * alone, no text made for the rest (a small Python process maps tens of areas, a handful of them code; a
- * CUDA program thousands).  0: done (the process may have ended meanwhile); -1: read the text. */
+ * alone, no text made for the rest (a small Python process maps tens of areas, a handful of
+ * them code; a CUDA program thousands).  0: done (the process may have ended meanwhile); -1:
+ * read the text. */
 static int snapshot_by_query(int fd, pid_t pid) {
     static char name[PATH_MAX], shown[4 * PATH_MAX];
     unsigned long long addr = 0;
