@@ -9,6 +9,7 @@ these tests hold it to the plain definition, on random views and on a view with 
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 from cumatrix.execute import viewops
 from cumatrix.execute.viewpaths import _under
@@ -56,3 +57,23 @@ def test_a_view_with_many_masks_makes_the_same_directories() -> None:
         expected += _defined(p, points, masks, made)
     dirs = [views[i + 1] for i, op in enumerate(views) if op == "--dir"]
     assert dirs == [expected[i + 1] for i, op in enumerate(expected) if op == "--dir"]
+
+
+def test_a_view_is_the_same_made_anew_or_from_the_points_a_cell_before_named(tmp_path: Path) -> None:
+    """The ops of a view's points and masks are kept per harness process (every cell of a run
+    names the same paths); what each cell writes, and what the host holds now (which masks are
+    directories), is looked at for each cell: a view made from the kept ops is the one made anew."""
+    rnd = random.Random(4949)
+    (tmp_path / "a").mkdir()
+    for _ in range(400):
+        points = {_path(rnd): _path(rnd) for _ in range(rnd.randint(0, 6))}
+        masked = {_path(rnd) for _ in range(rnd.randint(0, 3))}
+        masks = [(m, str(tmp_path / "a") if rnd.random() < 0.5 else m) for m in sorted(masked)]
+        writes = [[f"{_path(rnd)}/w{i}.log" for i in range(rnd.randint(0, 2))] for _ in range(3)]
+        fresh = []
+        for w in writes:
+            viewops._point_views.cache_clear()
+            fresh.append(viewops._views(points, masks, w))
+        viewops._views(points, masks, [f"{_path(rnd)}/first.log"])  # a cell before, another file written
+        kept = [viewops._views(points, masks, w) for w in writes]
+        assert kept == fresh, (points, masks, writes)

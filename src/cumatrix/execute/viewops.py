@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING
 
 from cumatrix.core.options import SandboxPolicy
@@ -82,16 +83,9 @@ def _views(points: Mapping[str, str], masks: list[tuple[str, str]], write: Itera
     where a point shows it: path in the view, path on the host) empty, the files in ``write``
     writable, and the host's socket directories hidden under a point.  Every source is the
     resolved path that was checked (:func:`_refusal`), never a link the bind would follow."""
-    out: list[str] = []
-    made = {"/tmp"}
-    at_mask = {view for view, _ in masks}
-    dir_mask = {view for view, real in masks if os.path.isdir(real)}
-    shown = _Shown(points, at_mask)
-    # A mask is an empty tmpfs over a directory, /dev/null over a file, mounted before what
-    # the job names inside it (sorted: a directory comes before what it holds), read-only last.
-    for p in sorted({*points, *at_mask}):
-        out += _dirs_above(p, shown, made)
-        out += _point_ops(p, points, at_mask, dir_mask, private)
+    dir_mask = frozenset(view for view, real in masks if os.path.isdir(real))
+    ops, made_by_points, shown = _point_views(tuple(points.items()), tuple(masks), dir_mask, tuple(private))
+    out, made = list(ops), set(made_by_points)
     out += _hidden_under(points)
     for f in write:  # the file alone, never its directory (a directory only where named)
         out += _dirs_above(f, shown, made)
@@ -99,6 +93,25 @@ def _views(points: Mapping[str, str], masks: list[tuple[str, str]], write: Itera
     for m in sorted(dir_mask):
         out += ["--remount-ro", m]
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _point_views(points: _Points, masks: _Points, dir_mask: frozenset[str], private: tuple[str, ...]
+                 ) -> tuple[tuple[str, ...], frozenset[str], _Shown]:
+    """The ops of :func:`_views` for its points and masks, with the directories they made and
+    what they show: the same for every cell of a run that names the same paths (a pure
+    function of its arguments; what the host holds is read before, in ``dir_mask``)."""
+    out: list[str] = []
+    made = {"/tmp"}
+    at_mask = {view for view, _ in masks}
+    shown = _Shown(dict(points), at_mask)
+    by_view = dict(points)
+    # A mask is an empty tmpfs over a directory, /dev/null over a file, mounted before what
+    # the job names inside it (sorted: a directory comes before what it holds), read-only last.
+    for p in sorted({*by_view, *at_mask}):
+        out += _dirs_above(p, shown, made)
+        out += _point_ops(p, by_view, at_mask, dir_mask, private)
+    return tuple(out), frozenset(made), shown
 
 
 def _above(d: str) -> list[str]:
@@ -143,7 +156,7 @@ def _dirs_above(p: str, shown: _Shown, made: set[str]) -> list[str]:
     return out
 
 
-def _point_ops(p: str, points: Mapping[str, str], at_mask: set[str], dir_mask: set[str],
+def _point_ops(p: str, points: Mapping[str, str], at_mask: AbstractSet[str], dir_mask: AbstractSet[str],
                private: Iterable[str]) -> list[str]:
     """One point of the view: a masked directory (an empty tmpfs), a masked file (/dev/null),
     or the host path it shows, read-only (idmapped where it is ``private``)."""
