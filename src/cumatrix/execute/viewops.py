@@ -104,8 +104,8 @@ def _point_views(points: _Points, masks: _Points, dir_mask: frozenset[str], priv
     out: list[str] = []
     made = {"/tmp"}
     at_mask = {view for view, _ in masks}
-    shown = _Shown(dict(points), at_mask)
     by_view = dict(points)
+    shown = _Shown(by_view, at_mask)
     # A mask is an empty tmpfs over a directory, /dev/null over a file, mounted before what
     # the job names inside it (sorted: a directory comes before what it holds), read-only last.
     for p in sorted({*by_view, *at_mask}):
