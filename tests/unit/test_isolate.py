@@ -342,6 +342,12 @@ def test_a_bind_is_made_from_where_its_path_leads_and_refused_where_that_is_hidd
         bad = Job(cell_id="t", kind="command", argv=("true",), mounts=(str(tmp_path / name),))
         with pytest.raises(sandbox.Refused, match=f"symbolic link {tmp_path / name} \\(-> {leads}\\)"):
             sandbox.bwrap_argv("bwrap", bad, {}, "/")
+    # The same place written another way, no link on the way (POSIX keeps a path's two leading
+    # slashes): refused, and the message names no link that is not there.
+    doubled = Job(cell_id="t", kind="command", argv=("true",), mounts=("//run",))
+    with pytest.raises(sandbox.Refused, match=r"^//run is /run: ") as refused:
+        sandbox.bwrap_argv("bwrap", doubled, {}, "/")
+    assert "symbolic link" not in str(refused.value)
 
 
 def test_a_file_named_in_tmp_is_bound_alone_never_the_hosts_tmp(tmp_path: Path) -> None:

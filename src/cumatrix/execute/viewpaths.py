@@ -190,14 +190,15 @@ def _refusal(point: str, kept: Iterable[tuple[str, str]], named: str | None = No
     if why is None:
         return None
     parts = written.strip("/").split("/")
-    link, says = written, real
     for i in range(1, len(parts) + 1):
         prefix = "/" + "/".join(parts[:i])
         if os.path.islink(prefix) and _forbidden(os.path.realpath(prefix), prefix, kept) is not None:
-            link, says = prefix, os.readlink(prefix)
-            break
-    return (f"{named or point} leads through the symbolic link {link} (-> {says}) to {real}: the sandbox "
-            f"shows no cell anything of {why}; name a path that does not lead there, or remove the link")
+            return (f"{named or point} leads through the symbolic link {prefix} (-> {os.readlink(prefix)}) to "
+                    f"{real}: the sandbox shows no cell anything of {why}; name a path that does not lead there, "
+                    "or remove the link")
+    # No link on the way: the same place written another way (``//run``, the kernel's two slashes).
+    return (f"{named or point} is {real}: the sandbox shows no cell anything of {why}; name a path that does "
+            "not lead there")
 
 
 def host_mount(path: str, hidden: Iterable[str] = ()) -> tuple[str, list[tuple[str, str]]]:
