@@ -196,7 +196,7 @@ def _refusal(point: str, kept: Iterable[tuple[str, str]], named: str | None = No
             return (f"{named or point} leads through the symbolic link {prefix} (-> {os.readlink(prefix)}) to "
                     f"{real}: the sandbox shows no cell anything of {why}; name a path that does not lead there, "
                     "or remove the link")
-    # No link on the way: the same place written another way (``//run``, the kernel's two slashes).
+    # No link on the way: the same place written another way (``//run``: POSIX keeps two leading slashes).
     return (f"{named or point} is {real}: the sandbox shows no cell anything of {why}; name a path that does "
             "not lead there")
 
